@@ -1,0 +1,1 @@
+//! sluice-engine: the continuous-batching scheduler, paged block manager, sampler and engine loop.

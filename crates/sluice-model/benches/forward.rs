@@ -1,0 +1,107 @@
+//! Forward-step time of the real model: decode batches of B sequences at 256 tokens of context,
+//! and a 512-token prefill, for each weight kind. Prints a table; asserts nothing.
+//!
+//! `SLUICE_BENCH_WEIGHTS=f32,auto` picks the weight kinds; `SLUICE_BENCH_BATCHES=1,64` the sizes.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use sluice_model::{LlamaModel, LoadOptions, StepBatch, WeightsKind};
+
+const BLOCK: usize = 16;
+const CONTEXT: usize = 256;
+const PREFILL: usize = 512;
+
+fn model_path() -> PathBuf {
+    std::env::var_os("SLUICE_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        })
+}
+
+fn list<T: std::str::FromStr>(var: &str, default: &str) -> Vec<T>
+where
+    T::Err: std::fmt::Debug,
+{
+    std::env::var(var)
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .map(|s| s.trim().parse().unwrap())
+        .collect()
+}
+
+/// Median time of `f` over enough runs to fill about two seconds (at least 3).
+fn time(mut f: impl FnMut()) -> Duration {
+    f(); // warm-up: first-touch of buffers, rayon pool start
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while samples.len() < 3 || (start.elapsed() < Duration::from_secs(2) && samples.len() < 50) {
+        let t = Instant::now();
+        f();
+        samples.push(t.elapsed());
+    }
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn main() {
+    let path = model_path();
+    assert!(
+        path.is_file(),
+        "model not found at {}: run scripts/fetch-model.sh",
+        path.display()
+    );
+    let kinds: Vec<WeightsKind> = list("SLUICE_BENCH_WEIGHTS", "f32,quantized,auto");
+    let batches: Vec<usize> = list("SLUICE_BENCH_BATCHES", "1,8,32,64");
+    println!("threads: {}", rayon::current_num_threads());
+    println!("| weights | step | tokens | ms/step | tokens/s |");
+    println!("| --- | --- | ---: | ---: | ---: |");
+    for kind in kinds {
+        let model = LlamaModel::load(
+            &path,
+            &LoadOptions {
+                weights: kind,
+                ..LoadOptions::default()
+            },
+        )
+        .unwrap();
+        let blocks_per_seq = (CONTEXT + 1).div_ceil(BLOCK);
+        let max_b = batches.iter().copied().max().unwrap_or(1);
+        let mut kv = model
+            .new_kv_cache((max_b * blocks_per_seq).max(PREFILL.div_ceil(BLOCK)), BLOCK)
+            .unwrap();
+        let mut batch = StepBatch::new(BLOCK);
+        for &b in &batches {
+            // Cache contents do not change the work, so the contexts are not prefilled.
+            batch.clear();
+            for s in 0..b {
+                let table: Vec<u32> = (0..blocks_per_seq)
+                    .map(|i| (s * blocks_per_seq + i) as u32)
+                    .collect();
+                batch.push_sequence(&[(100 + s) as u32], CONTEXT, &table, true);
+            }
+            let t = time(|| {
+                model.forward(&batch, &mut kv).unwrap();
+            });
+            println!(
+                "| {kind} | decode B={b} @ctx {CONTEXT} | {b} | {:.2} | {:.1} |",
+                t.as_secs_f64() * 1e3,
+                b as f64 / t.as_secs_f64()
+            );
+        }
+        batch.clear();
+        let tokens: Vec<u32> = (0..PREFILL as u32).map(|i| 100 + i % 1000).collect();
+        let table: Vec<u32> = (0..PREFILL.div_ceil(BLOCK) as u32).collect();
+        batch.push_sequence(&tokens, 0, &table, true);
+        let t = time(|| {
+            model.forward(&batch, &mut kv).unwrap();
+        });
+        println!(
+            "| {kind} | prefill {PREFILL} | {PREFILL} | {:.2} | {:.1} |",
+            t.as_secs_f64() * 1e3,
+            PREFILL as f64 / t.as_secs_f64()
+        );
+    }
+}

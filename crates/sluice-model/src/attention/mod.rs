@@ -1,0 +1,62 @@
+//! Attention of every query token in a step over its own sequence's paged keys and values.
+//!
+//! Two implementations with one contract: `q: [T, num_heads, head_dim]` in, `[T, num_heads *
+//! head_dim]` out, query `i` of a sequence attending causally to keys `0..=position(i)`.
+//! [`reference`] is built from device-generic candle ops and is the test oracle; [`cpu`] reads
+//! blocks in place and is what CPU serving runs.
+
+pub mod cpu;
+pub mod reference;
+
+use std::str::FromStr;
+
+use candle_core::Tensor;
+
+use crate::batch::StepBatch;
+use crate::error::Result;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionBackend {
+    /// Gather each sequence's K/V and attend with matmuls; works on every device.
+    Reference,
+    /// The in-place paged kernel for CPU tensors.
+    Cpu,
+}
+
+impl FromStr for AttentionBackend {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "reference" => Ok(Self::Reference),
+            "cpu" => Ok(Self::Cpu),
+            _ => Err(format!(
+                "unknown attention backend `{s}` (expected reference or cpu)"
+            )),
+        }
+    }
+}
+
+/// Shapes an attention call needs beyond its tensors.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+pub fn paged_attention(
+    backend: AttentionBackend,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    batch: &StepBatch,
+    shape: &AttentionShape,
+) -> Result<Tensor> {
+    match backend {
+        AttentionBackend::Reference => {
+            reference::paged_attention(q, k_cache, v_cache, batch, shape)
+        }
+        AttentionBackend::Cpu => cpu::paged_attention(q, k_cache, v_cache, batch, shape),
+    }
+}

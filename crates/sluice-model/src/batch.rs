@@ -1,0 +1,133 @@
+//! The flat description of one engine step: every token that is computed this step, from every
+//! sequence, laid end to end with no padding. The scheduler fills it; the model consumes it.
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceSlice {
+    /// Index of this sequence's first token in the flat token arrays.
+    pub query_start: usize,
+    /// Tokens computed for this sequence in this step (a prefill chunk, or 1 when decoding).
+    pub query_len: usize,
+    /// Tokens in the KV cache for this sequence once this step has written its own: the
+    /// already-computed ones plus `query_len`. Queries attend to keys `0..context_len`, causally.
+    pub context_len: usize,
+    /// Where this sequence's block table starts in [`StepBatch::block_tables`].
+    pub block_table_start: usize,
+    /// Number of blocks in this sequence's table (enough to hold `context_len` tokens).
+    pub block_table_len: usize,
+}
+
+/// Inputs of one batched forward. Reuse one value across steps ([`StepBatch::clear`]) so the
+/// step loop does not allocate.
+#[derive(Debug, Clone, Default)]
+pub struct StepBatch {
+    pub block_size: usize,
+    /// `[T]` token ids.
+    pub input_ids: Vec<u32>,
+    /// `[T]` absolute position of each token in its sequence.
+    pub positions: Vec<u32>,
+    /// `[T]` KV-cache slot each token's K/V is written to: `block_id * block_size + offset`.
+    pub slot_mapping: Vec<u32>,
+    /// Per-sequence metadata, in the order the sequences appear in the flat arrays.
+    pub sequences: Vec<SequenceSlice>,
+    /// All sequences' block tables, concatenated.
+    pub block_tables: Vec<u32>,
+    /// Rows of the flat batch whose logits are wanted (the last token of each sequence that
+    /// samples this step), in output order.
+    pub logits_indices: Vec<u32>,
+}
+
+impl StepBatch {
+    pub fn new(block_size: usize) -> Self {
+        assert!(block_size > 0, "block_size must be positive");
+        Self {
+            block_size,
+            ..Self::default()
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.input_ids.clear();
+        self.positions.clear();
+        self.slot_mapping.clear();
+        self.sequences.clear();
+        self.block_tables.clear();
+        self.logits_indices.clear();
+    }
+
+    /// Adds `tokens` of one sequence, starting at absolute position `start_pos` (the number of
+    /// its tokens already in the cache). `block_table` must cover `start_pos + tokens.len()`
+    /// tokens. When `sample` is set, the last token's logits are returned by the forward.
+    pub fn push_sequence(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        block_table: &[u32],
+        sample: bool,
+    ) {
+        assert!(
+            !tokens.is_empty(),
+            "a sequence in a step computes at least one token"
+        );
+        let context_len = start_pos + tokens.len();
+        assert!(
+            block_table.len() * self.block_size >= context_len,
+            "block table of {} blocks cannot hold {} tokens",
+            block_table.len(),
+            context_len
+        );
+        let query_start = self.input_ids.len();
+        self.input_ids.extend_from_slice(tokens);
+        for pos in start_pos..context_len {
+            self.positions.push(pos as u32);
+            let block = block_table[pos / self.block_size];
+            self.slot_mapping
+                .push(block * self.block_size as u32 + (pos % self.block_size) as u32);
+        }
+        self.sequences.push(SequenceSlice {
+            query_start,
+            query_len: tokens.len(),
+            context_len,
+            block_table_start: self.block_tables.len(),
+            block_table_len: block_table.len(),
+        });
+        self.block_tables.extend_from_slice(block_table);
+        if sample {
+            self.logits_indices.push((self.input_ids.len() - 1) as u32);
+        }
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.input_ids.len()
+    }
+
+    pub fn num_sequences(&self) -> usize {
+        self.sequences.len()
+    }
+
+    pub fn block_table(&self, seq: &SequenceSlice) -> &[u32] {
+        &self.block_tables[seq.block_table_start..seq.block_table_start + seq.block_table_len]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.input_ids.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_block_table() {
+        let mut b = StepBatch::new(4);
+        b.push_sequence(&[1, 2, 3], 3, &[7, 2], true);
+        b.push_sequence(&[9], 0, &[5], false);
+        assert_eq!(b.positions, vec![3, 4, 5, 0]);
+        assert_eq!(b.slot_mapping, vec![7 * 4 + 3, 2 * 4, 2 * 4 + 1, 5 * 4]);
+        assert_eq!(b.sequences[0].context_len, 6);
+        assert_eq!(b.sequences[1].query_start, 3);
+        assert_eq!(b.block_table(&b.sequences[1]), &[5]);
+        assert_eq!(b.logits_indices, vec![2]);
+    }
+}

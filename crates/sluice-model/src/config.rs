@@ -1,0 +1,81 @@
+//! Hyper-parameters of a llama-family transformer, independent of the file they came from.
+
+/// The architectures whose forward we implement. They share one code path; the differences are
+/// data (biases, QK-norm) rather than structure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// llama, SmolLM, Mistral: no biases.
+    Llama,
+    /// qwen2: biases on the Q, K and V projections.
+    Qwen2,
+}
+
+impl Architecture {
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "llama" | "mistral" => Some(Self::Llama),
+            "qwen2" => Some(Self::Qwen2),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+        }
+    }
+
+    pub fn has_qkv_bias(self) -> bool {
+        matches!(self, Self::Qwen2)
+    }
+}
+
+/// How rotary frequencies are stretched for contexts longer than the model was trained on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Positions divided by `factor` (equivalently, every frequency divided by it).
+    Linear { factor: f32 },
+    /// A per-frequency divisor (llama3-style scaling as GGUF stores it: `rope_freqs.weight`).
+    FreqFactors(Vec<f32>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f32,
+    pub rope_scaling: Option<RopeScaling>,
+    /// Longest sequence the model supports (prompt + generated tokens).
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+}
+
+impl ModelConfig {
+    /// Query heads that share one KV head.
+    pub fn gqa_group(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+
+    /// Bytes of K and V that one token occupies across all layers at `bytes_per_value`.
+    pub fn kv_bytes_per_token(&self, bytes_per_value: usize) -> usize {
+        2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
+    }
+
+    /// Parameters of the transformer (embedding counted once when tied), for FLOP estimates.
+    pub fn num_parameters(&self) -> usize {
+        let attn = self.hidden_size * self.num_heads * self.head_dim * 2
+            + self.hidden_size * self.num_kv_heads * self.head_dim * 2;
+        let mlp = 3 * self.hidden_size * self.intermediate_size;
+        let embed = self.vocab_size * self.hidden_size;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        self.num_layers * (attn + mlp + 2 * self.hidden_size) + embed + head + self.hidden_size
+    }
+}

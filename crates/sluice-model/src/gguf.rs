@@ -1,0 +1,226 @@
+//! Reading a GGUF file: its metadata (hyper-parameters, tokenizer) and its tensors.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::QTensor;
+use candle_core::Device;
+
+use crate::config::{Architecture, ModelConfig, RopeScaling};
+use crate::error::{ModelError, Result};
+
+/// An opened GGUF file: the parsed header, and a reader for tensor data.
+pub struct GgufFile {
+    pub path: PathBuf,
+    pub content: Content,
+    reader: BufReader<File>,
+}
+
+impl GgufFile {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|source| ModelError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let mut reader = BufReader::new(file);
+        let content = Content::read(&mut reader).map_err(|e| ModelError::Gguf {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(Self {
+            path,
+            content,
+            reader,
+        })
+    }
+
+    pub fn metadata(&self) -> &HashMap<String, Value> {
+        &self.content.metadata
+    }
+
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// Reads one tensor. A truncated file shows up here, with the tensor's name in the message.
+    pub fn tensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
+        if !self.has_tensor(name) {
+            return Err(ModelError::Gguf {
+                path: self.path.clone(),
+                reason: format!("tensor `{name}` is missing"),
+            });
+        }
+        self.content
+            .tensor(&mut self.reader, name, device)
+            .map_err(|e| ModelError::Gguf {
+                path: self.path.clone(),
+                reason: format!("cannot read tensor `{name}`: {e}"),
+            })
+    }
+
+    fn meta_err(&self, key: &str, reason: impl Into<String>) -> ModelError {
+        ModelError::Metadata {
+            path: self.path.clone(),
+            key: key.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    fn get(&self, key: &str) -> Result<&Value> {
+        self.metadata()
+            .get(key)
+            .ok_or_else(|| self.meta_err(key, "not present"))
+    }
+
+    pub fn get_string(&self, key: &str) -> Result<&str> {
+        let v = self.get(key)?;
+        v.to_string()
+            .map(|s| s.as_str())
+            .map_err(|e| self.meta_err(key, e.to_string()))
+    }
+
+    /// Integer metadata of any width, as GGUF writers disagree on u32 vs u64 vs i32.
+    pub fn get_usize(&self, key: &str) -> Result<usize> {
+        let v = self.get(key)?;
+        let n = match v {
+            Value::U8(x) => *x as i128,
+            Value::I8(x) => *x as i128,
+            Value::U16(x) => *x as i128,
+            Value::I16(x) => *x as i128,
+            Value::U32(x) => *x as i128,
+            Value::I32(x) => *x as i128,
+            Value::U64(x) => *x as i128,
+            Value::I64(x) => *x as i128,
+            other => {
+                return Err(self.meta_err(key, format!("expected an integer, found {other:?}")))
+            }
+        };
+        usize::try_from(n).map_err(|_| self.meta_err(key, format!("{n} is out of range")))
+    }
+
+    pub fn get_f32(&self, key: &str) -> Result<f32> {
+        match self.get(key)? {
+            Value::F32(x) => Ok(*x),
+            Value::F64(x) => Ok(*x as f32),
+            other => Err(self.meta_err(key, format!("expected a float, found {other:?}"))),
+        }
+    }
+
+    fn opt<T>(&self, key: &str, f: impl Fn(&Self, &str) -> Result<T>) -> Result<Option<T>> {
+        if self.metadata().contains_key(key) {
+            f(self, key).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    pub fn architecture(&self) -> Result<Architecture> {
+        let name = self.get_string("general.architecture")?;
+        Architecture::from_name(name).ok_or_else(|| ModelError::Unsupported {
+            path: self.path.clone(),
+            what: format!("architecture `{name}` (supported: llama, mistral, qwen2)"),
+        })
+    }
+
+    /// Hyper-parameters from `{arch}.*` metadata. `rope_freqs` is the optional per-frequency
+    /// scaling tensor some llama3 GGUFs carry.
+    pub fn model_config(&mut self) -> Result<ModelConfig> {
+        let architecture = self.architecture()?;
+        let arch = self.get_string("general.architecture")?.to_string();
+        let key = |k: &str| format!("{arch}.{k}");
+        let hidden_size = self.get_usize(&key("embedding_length"))?;
+        let num_heads = self.get_usize(&key("attention.head_count"))?;
+        let num_kv_heads = self
+            .opt(&key("attention.head_count_kv"), Self::get_usize)?
+            .unwrap_or(num_heads);
+        if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(self.meta_err(
+                &key("attention.head_count_kv"),
+                format!("{num_heads} query heads cannot be grouped over {num_kv_heads} KV heads"),
+            ));
+        }
+        let head_dim = match self.opt(&key("attention.key_length"), Self::get_usize)? {
+            Some(d) => d,
+            None => hidden_size / num_heads,
+        };
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(self.meta_err(
+                &key("attention.key_length"),
+                format!("head_dim {head_dim} must be even"),
+            ));
+        }
+        let vocab_size = match self.opt(&key("vocab_size"), Self::get_usize)? {
+            Some(v) => v,
+            None => match self.metadata().get("tokenizer.ggml.tokens") {
+                Some(Value::Array(tokens)) => tokens.len(),
+                _ => self.content.tensor_infos["token_embd.weight"].shape.dims()[0],
+            },
+        };
+        let rope_scaling = self.rope_scaling(&arch, head_dim)?;
+        let tie_word_embeddings = !self.has_tensor("output.weight");
+        Ok(ModelConfig {
+            architecture,
+            hidden_size,
+            intermediate_size: self.get_usize(&key("feed_forward_length"))?,
+            num_layers: self.get_usize(&key("block_count"))?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size,
+            rms_norm_eps: self
+                .opt(&key("attention.layer_norm_rms_epsilon"), Self::get_f32)?
+                .unwrap_or(1e-5) as f64,
+            rope_theta: self
+                .opt(&key("rope.freq_base"), Self::get_f32)?
+                .unwrap_or(10_000.0),
+            rope_scaling,
+            max_position_embeddings: self
+                .opt(&key("context_length"), Self::get_usize)?
+                .unwrap_or(4096),
+            tie_word_embeddings,
+        })
+    }
+
+    fn rope_scaling(&mut self, arch: &str, head_dim: usize) -> Result<Option<RopeScaling>> {
+        if self.has_tensor("rope_freqs.weight") {
+            let factors = self
+                .tensor("rope_freqs.weight", &Device::Cpu)?
+                .dequantize(&Device::Cpu)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            if factors.len() != head_dim / 2 {
+                return Err(self.meta_err(
+                    "rope_freqs.weight",
+                    format!("expected {} factors, found {}", head_dim / 2, factors.len()),
+                ));
+            }
+            return Ok(Some(RopeScaling::FreqFactors(factors)));
+        }
+        let type_key = format!("{arch}.rope.scaling.type");
+        let Some(kind) = self.opt(&type_key, |s, k| s.get_string(k).map(str::to_string))? else {
+            return Ok(None);
+        };
+        match kind.as_str() {
+            "none" => Ok(None),
+            "linear" => {
+                let factor = self.get_f32(&format!("{arch}.rope.scaling.factor"))?;
+                if !(factor > 0.0) {
+                    return Err(
+                        self.meta_err(&format!("{arch}.rope.scaling.factor"), "must be positive")
+                    );
+                }
+                Ok(Some(RopeScaling::Linear { factor }))
+            }
+            other => Err(ModelError::Unsupported {
+                path: self.path.clone(),
+                what: format!(
+                    "rope scaling type `{other}` (supported: none, linear, llama3 rope_freqs)"
+                ),
+            }),
+        }
+    }
+}

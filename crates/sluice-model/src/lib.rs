@@ -1,0 +1,28 @@
+//! sluice-model: turns a GGUF file into a model whose one batched forward computes every token
+//! of an engine step (prefill chunks and decode tokens of many sequences) over a paged KV cache.
+
+pub mod attention;
+pub mod batch;
+pub mod chat;
+pub mod config;
+pub mod detokenizer;
+pub mod error;
+pub mod gguf;
+pub mod kv_cache;
+pub mod model;
+pub mod rope;
+pub mod testing;
+pub mod tokenizer;
+pub mod weights;
+
+pub use attention::AttentionBackend;
+pub use batch::{SequenceSlice, StepBatch};
+pub use chat::{ChatMessage, ChatTemplate};
+pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use detokenizer::IncrementalDecoder;
+pub use error::{ModelError, Result};
+pub use gguf::GgufFile;
+pub use kv_cache::KvCache;
+pub use model::{LlamaModel, LoadOptions};
+pub use tokenizer::Tokenizer;
+pub use weights::WeightsKind;

@@ -1,0 +1,385 @@
+//! The llama-family transformer with a paged, batched forward: one call computes every token of
+//! an engine step, whatever sequence it belongs to and wherever that sequence stands.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::ops::rms_norm;
+
+use crate::attention::{paged_attention, AttentionBackend, AttentionShape};
+use crate::batch::StepBatch;
+use crate::config::{Architecture, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::gguf::GgufFile;
+use crate::kv_cache::KvCache;
+use crate::rope::RotaryTables;
+use crate::weights::{concat_rows, unpermute_qk, Linear, WeightsKind};
+
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub weights: WeightsKind,
+    pub device: Device,
+    /// `None`: the CPU kernel on CPU, the reference elsewhere.
+    pub attention: Option<AttentionBackend>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            weights: WeightsKind::F32,
+            device: Device::Cpu,
+            attention: None,
+        }
+    }
+}
+
+struct Layer {
+    attn_norm: Tensor,
+    /// Q, K and V stacked: one matmul for all three.
+    qkv: Linear,
+    o: Linear,
+    ffn_norm: Tensor,
+    /// Gate and up stacked.
+    gate_up: Linear,
+    down: Linear,
+}
+
+pub struct LlamaModel {
+    config: ModelConfig,
+    device: Device,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Linear,
+    rope: RotaryTables,
+    attention: AttentionBackend,
+    weights: WeightsKind,
+}
+
+impl LlamaModel {
+    pub fn load(path: impl AsRef<Path>, options: &LoadOptions) -> Result<Self> {
+        let mut file = GgufFile::open(path)?;
+        Self::from_gguf(&mut file, options)
+    }
+
+    pub fn from_gguf(file: &mut GgufFile, options: &LoadOptions) -> Result<Self> {
+        let config = file.model_config()?;
+        let device = options.device.clone();
+        let cpu = Device::Cpu;
+        let kind = options.weights;
+        let dense = |file: &mut GgufFile, name: &str| -> Result<Tensor> {
+            Ok(file.tensor(name, &cpu)?.dequantize(&device)?)
+        };
+        let bias = |file: &mut GgufFile, name: &str| -> Result<Option<Tensor>> {
+            if config.architecture.has_qkv_bias() {
+                Ok(Some(file.tensor(name, &cpu)?.dequantize(&device)?))
+            } else {
+                Ok(None)
+            }
+        };
+        check_supported_dtype(file, "token_embd.weight")?;
+        let embed_q = file.tensor("token_embd.weight", &cpu)?;
+        let embed = embed_q.dequantize(&device)?;
+        if embed.dims() != [config.vocab_size, config.hidden_size] {
+            return Err(ModelError::Gguf {
+                path: file.path.clone(),
+                reason: format!(
+                    "token_embd.weight has shape {:?}, expected [{}, {}]",
+                    embed.dims(),
+                    config.vocab_size,
+                    config.hidden_size
+                ),
+            });
+        }
+
+        let mut layers = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            let name = |t: &str| format!("blk.{i}.{t}");
+            for t in [
+                "attn_q.weight",
+                "attn_k.weight",
+                "attn_v.weight",
+                "attn_output.weight",
+                "ffn_gate.weight",
+                "ffn_up.weight",
+                "ffn_down.weight",
+            ] {
+                check_supported_dtype(file, &name(t))?;
+            }
+            let mut q = file.tensor(&name("attn_q.weight"), &cpu)?;
+            let mut k = file.tensor(&name("attn_k.weight"), &cpu)?;
+            let v = file.tensor(&name("attn_v.weight"), &cpu)?;
+            let mut biases = None;
+            if config.architecture == Architecture::Llama {
+                // llama.cpp permutes llama Q/K for its interleaved rotary; undo it (qwen2 is
+                // stored unpermuted) so one rotary convention serves every architecture.
+                q = unpermute_qk(&q, config.num_heads, config.head_dim)?;
+                k = unpermute_qk(&k, config.num_kv_heads, config.head_dim)?;
+            }
+            if let (Some(bq), Some(bk), Some(bv)) = (
+                bias(file, &name("attn_q.bias"))?,
+                bias(file, &name("attn_k.bias"))?,
+                bias(file, &name("attn_v.bias"))?,
+            ) {
+                biases = Some(Tensor::cat(&[bq, bk, bv], 0)?);
+            }
+            let qkv = Linear::from_qtensor(concat_rows(&[&q, &k, &v])?, biases, kind, &device)?;
+            let o = Linear::from_qtensor(
+                file.tensor(&name("attn_output.weight"), &cpu)?,
+                None,
+                kind,
+                &device,
+            )?;
+            let gate = file.tensor(&name("ffn_gate.weight"), &cpu)?;
+            let up = file.tensor(&name("ffn_up.weight"), &cpu)?;
+            let gate_up = Linear::from_qtensor(concat_rows(&[&gate, &up])?, None, kind, &device)?;
+            let down = Linear::from_qtensor(
+                file.tensor(&name("ffn_down.weight"), &cpu)?,
+                None,
+                kind,
+                &device,
+            )?;
+            layers.push(Layer {
+                attn_norm: dense(file, &name("attn_norm.weight"))?,
+                qkv,
+                o,
+                ffn_norm: dense(file, &name("ffn_norm.weight"))?,
+                gate_up,
+                down,
+            });
+        }
+        let norm = dense(file, "output_norm.weight")?;
+        let lm_head = if config.tie_word_embeddings {
+            Linear::from_qtensor(embed_q, None, kind, &device)?
+        } else {
+            check_supported_dtype(file, "output.weight")?;
+            Linear::from_qtensor(file.tensor("output.weight", &cpu)?, None, kind, &device)?
+        };
+        let rope = RotaryTables::new(&config, &device)?;
+        let attention = options.attention.unwrap_or(if device.is_cpu() {
+            AttentionBackend::Cpu
+        } else {
+            AttentionBackend::Reference
+        });
+        tracing::info!(
+            path = %file.path.display(),
+            architecture = config.architecture.name(),
+            layers = config.num_layers,
+            hidden = config.hidden_size,
+            weights = %kind,
+            ?attention,
+            "model loaded"
+        );
+        Ok(Self {
+            config,
+            device,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            attention,
+            weights: kind,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn weights(&self) -> WeightsKind {
+        self.weights
+    }
+
+    pub fn attention_backend(&self) -> AttentionBackend {
+        self.attention
+    }
+
+    pub fn set_attention_backend(&mut self, backend: AttentionBackend) {
+        self.attention = backend;
+    }
+
+    /// A KV cache shaped for this model.
+    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
+        KvCache::new(&self.config, num_blocks, block_size, &self.device)
+    }
+
+    /// Rejects a batch that would index out of bounds, so bad input is an error, not a panic.
+    fn validate(&self, batch: &StepBatch, kv: &KvCache) -> Result<()> {
+        let err = |m: String| Err(ModelError::InvalidBatch(m));
+        if batch.is_empty() {
+            return err("empty batch".into());
+        }
+        if batch.block_size != kv.block_size() {
+            return err(format!(
+                "batch block size {} != cache block size {}",
+                batch.block_size,
+                kv.block_size()
+            ));
+        }
+        let t = batch.num_tokens();
+        if batch.positions.len() != t || batch.slot_mapping.len() != t {
+            return err("positions and slot_mapping must have one entry per token".into());
+        }
+        if let Some(id) = batch
+            .input_ids
+            .iter()
+            .find(|&&id| id as usize >= self.config.vocab_size)
+        {
+            return err(format!(
+                "token id {id} is outside the vocabulary of {}",
+                self.config.vocab_size
+            ));
+        }
+        if let Some(p) = batch
+            .positions
+            .iter()
+            .find(|&&p| p as usize >= self.rope.max_positions())
+        {
+            return err(format!(
+                "position {p} is past the model's context length {}",
+                self.rope.max_positions()
+            ));
+        }
+        if let Some(s) = batch
+            .slot_mapping
+            .iter()
+            .find(|&&s| s as usize >= kv.num_slots())
+        {
+            return err(format!(
+                "slot {s} is outside the cache's {} slots",
+                kv.num_slots()
+            ));
+        }
+        if let Some(b) = batch
+            .block_tables
+            .iter()
+            .find(|&&b| b as usize >= kv.num_blocks())
+        {
+            return err(format!(
+                "block {b} is outside the cache's {} blocks",
+                kv.num_blocks()
+            ));
+        }
+        let mut expected_start = 0;
+        for s in &batch.sequences {
+            if s.query_start != expected_start || s.query_len == 0 || s.context_len < s.query_len {
+                return err("sequence slices must tile the batch in order".into());
+            }
+            if s.block_table_len * batch.block_size < s.context_len
+                || s.block_table_start + s.block_table_len > batch.block_tables.len()
+            {
+                return err(format!(
+                    "a block table of {} blocks cannot hold {} tokens",
+                    s.block_table_len, s.context_len
+                ));
+            }
+            expected_start += s.query_len;
+        }
+        if expected_start != t {
+            return err("sequence slices do not cover the batch".into());
+        }
+        if let Some(i) = batch.logits_indices.iter().find(|&&i| i as usize >= t) {
+            return err(format!(
+                "logits index {i} is outside the batch of {t} tokens"
+            ));
+        }
+        Ok(())
+    }
+
+    /// One step: writes every token's K/V into its slot, and returns the logits
+    /// `[logits_indices.len(), vocab]` (f32) of the rows that sample.
+    pub fn forward(&self, batch: &StepBatch, kv: &mut KvCache) -> Result<Tensor> {
+        self.validate(batch, kv)?;
+        let cfg = &self.config;
+        let (t, h, kvh, d) = (
+            batch.num_tokens(),
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        );
+        let dev = &self.device;
+        let eps = cfg.rms_norm_eps as f32;
+
+        let ids = Tensor::from_slice(&batch.input_ids, t, dev)?;
+        let positions = Tensor::from_slice(&batch.positions, t, dev)?;
+        let (cos, sin) = self.rope.gather(&positions)?;
+        let slot_index = Tensor::from_slice(&batch.slot_mapping, (t, 1), dev)?
+            .broadcast_as((t, kvh * d))?
+            .contiguous()?;
+        let shape = AttentionShape {
+            num_heads: h,
+            num_kv_heads: kvh,
+            head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+        };
+
+        let mut x = self.embed.index_select(&ids, 0)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let normed = rms_norm(&x, &layer.attn_norm, eps)?;
+            let qkv = layer.qkv.forward(&normed)?;
+            let q = qkv.narrow(1, 0, h * d)?.contiguous()?.reshape((t, h, d))?;
+            let k = qkv
+                .narrow(1, h * d, kvh * d)?
+                .contiguous()?
+                .reshape((t, kvh, d))?;
+            let v = qkv.narrow(1, (h + kvh) * d, kvh * d)?.contiguous()?;
+            let q = RotaryTables::apply(&q, &cos, &sin)?;
+            let k = RotaryTables::apply(&k, &cos, &sin)?;
+            kv.write(i, &k, &v, &slot_index)?;
+            let (k_cache, v_cache) = kv.layer(i);
+            let attn = paged_attention(self.attention, &q, k_cache, v_cache, batch, &shape)?;
+            x = (x + layer.o.forward(&attn)?)?;
+
+            let normed = rms_norm(&x, &layer.ffn_norm, eps)?;
+            let gate_up = layer.gate_up.forward(&normed)?;
+            let inter = cfg.intermediate_size;
+            let act = (candle_nn::ops::silu(&gate_up.narrow(1, 0, inter)?)?
+                * gate_up.narrow(1, inter, inter)?)?;
+            x = (x + layer.down.forward(&act)?)?;
+        }
+        if batch.logits_indices.is_empty() {
+            return Ok(Tensor::zeros((0, cfg.vocab_size), DType::F32, dev)?);
+        }
+        let rows = Tensor::from_slice(&batch.logits_indices, batch.logits_indices.len(), dev)?;
+        let x = rms_norm(&x.index_select(&rows, 0)?, &self.norm, eps)?;
+        Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?)
+    }
+}
+
+/// Quantization formats candle can dequantize and multiply; anything else is refused by name.
+fn check_supported_dtype(file: &GgufFile, name: &str) -> Result<()> {
+    use candle_core::quantized::GgmlDType as G;
+    let Some(info) = file.content.tensor_infos.get(name) else {
+        return Err(ModelError::Gguf {
+            path: file.path.clone(),
+            reason: format!("tensor `{name}` is missing"),
+        });
+    };
+    match info.ggml_dtype {
+        G::F32
+        | G::F16
+        | G::BF16
+        | G::Q4_0
+        | G::Q4_1
+        | G::Q5_0
+        | G::Q5_1
+        | G::Q8_0
+        | G::Q8_1
+        | G::Q2K
+        | G::Q3K
+        | G::Q4K
+        | G::Q5K
+        | G::Q6K
+        | G::Q8K => Ok(()),
+        #[allow(unreachable_patterns)]
+        other => Err(ModelError::Unsupported {
+            path: file.path.clone(),
+            what: format!("quantization type {other:?} of tensor `{name}`"),
+        }),
+    }
+}

@@ -1,0 +1,91 @@
+//! GPT-2's byte-to-unicode alphabet, read backwards. Byte-level BPE vocabularies spell every byte
+//! as a printable character (a space is `Ġ`, a newline `Ċ`), so a token's raw bytes are found by
+//! mapping each character of its text back through this table.
+
+/// Bytes that GPT-2 keeps as their own code point: the printable Latin-1 ranges.
+fn is_kept(byte: u8) -> bool {
+    matches!(byte, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF)
+}
+
+/// Highest code point the alphabet uses: the 68 non-printable bytes are moved to 256..324.
+const TABLE_LEN: usize = 256 + 68;
+
+/// Inverse of GPT-2's `bytes_to_unicode`: code point -> byte, for code points below 324.
+pub(crate) struct ByteLevelAlphabet {
+    byte_of: [Option<u8>; TABLE_LEN],
+}
+
+impl ByteLevelAlphabet {
+    pub(crate) fn new() -> Self {
+        let mut byte_of = [None; TABLE_LEN];
+        let mut shifted = 256;
+        for byte in 0..=255u8 {
+            if is_kept(byte) {
+                byte_of[byte as usize] = Some(byte);
+            } else {
+                byte_of[shifted] = Some(byte);
+                shifted += 1;
+            }
+        }
+        Self { byte_of }
+    }
+
+    /// The character GPT-2 spells `byte` with (the forward table), for building test
+    /// vocabularies.
+    #[cfg(test)]
+    pub(crate) fn char_of(&self, byte: u8) -> char {
+        self.byte_of
+            .iter()
+            .position(|b| *b == Some(byte))
+            .and_then(|cp| char::from_u32(cp as u32))
+            .unwrap_or(char::REPLACEMENT_CHARACTER)
+    }
+
+    /// Appends the raw bytes a byte-level token text stands for. A character outside the
+    /// alphabet (a vocabulary entry that was not byte-encoded) contributes its own UTF-8 bytes,
+    /// so odd vocabularies still decode to something readable instead of failing.
+    pub(crate) fn decode_into(&self, text: &str, out: &mut Vec<u8>) {
+        for c in text.chars() {
+            match self.byte_of.get(c as usize).copied().flatten() {
+                Some(byte) => out.push(byte),
+                None => {
+                    let mut utf8 = [0u8; 4];
+                    out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn well_known_characters_map_back_to_their_bytes() {
+        let alphabet = ByteLevelAlphabet::new();
+        let mut out = Vec::new();
+        alphabet.decode_into("Ġhello", &mut out);
+        assert_eq!(out, b" hello");
+        out.clear();
+        alphabet.decode_into("ĊĉĠ", &mut out);
+        assert_eq!(out, b"\n\t ");
+        out.clear();
+        // "é" in UTF-8 is C3 A9; byte-level spells those two bytes as "Ã©".
+        alphabet.decode_into("Ã©", &mut out);
+        assert_eq!(out, "é".as_bytes());
+    }
+
+    #[test]
+    fn alphabet_is_a_bijection_over_all_bytes() {
+        let alphabet = ByteLevelAlphabet::new();
+        let mut seen = [false; 256];
+        for b in alphabet.byte_of.iter().flatten() {
+            assert!(!seen[*b as usize], "byte {b} mapped twice");
+            seen[*b as usize] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+        // The last shifted byte is 0xAD (soft hyphen), at code point 323.
+        assert_eq!(alphabet.byte_of[TABLE_LEN - 1], Some(0xAD));
+    }
+}

@@ -1,0 +1,469 @@
+//! Rebuilds a byte-level BPE tokenizer from GGUF `tokenizer.ggml.*` metadata, the way llama.cpp
+//! reads the same keys: vocabulary, merges, token types, special ids, and the pre-tokenizer
+//! chosen by name (`tokenizer.ggml.pre`), since GGUF stores only the name, not the regexes.
+
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use tokenizers::models::bpe::{Merges, Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
+
+use super::{PieceEncoding, TokenKind, TokenTable, TokenizerParts};
+use crate::error::{ModelError, Result};
+
+const KEY_MODEL: &str = "tokenizer.ggml.model";
+const KEY_PRE: &str = "tokenizer.ggml.pre";
+const KEY_TOKENS: &str = "tokenizer.ggml.tokens";
+const KEY_TYPES: &str = "tokenizer.ggml.token_type";
+const KEY_MERGES: &str = "tokenizer.ggml.merges";
+const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
+const KEY_TEMPLATE: &str = "tokenizer.chat_template";
+
+/// Pre-tokenizer names we build, grouped by the splitting they share (as in llama.cpp).
+pub(super) const SUPPORTED_PRE_NAMES: &[&str] = &[
+    "smollm",
+    "starcoder",
+    "refact",
+    "gpt-2",
+    "default",
+    "qwen2",
+    "llama3",
+    "llama-v3",
+    "llama-bpe",
+];
+
+/// Llama 3's split regex, as in its tokenizer.json: contractions, letter runs with one
+/// leading non-letter, numbers in groups of up to three, punctuation runs, newlines, spaces.
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Qwen2's split regex: Llama 3's, but every digit on its own.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// How a vocabulary splits text into words before BPE merges run inside each word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PreTokenizer {
+    /// GPT-2's byte-level regex.
+    Gpt2,
+    /// Every digit alone, then GPT-2's regex (SmolLM, StarCoder, Refact).
+    DigitsThenGpt2,
+    Qwen2,
+    Llama3,
+}
+
+impl PreTokenizer {
+    fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "smollm" | "starcoder" | "refact" => Self::DigitsThenGpt2,
+            // llama.cpp's own "default" is a rough regex for files converted before the
+            // pre-tokenizer was recorded; GPT-2's regex is what `tokenizers`' ByteLevel does for
+            // such vocabularies, so it is the better guess.
+            "gpt-2" | "default" => Self::Gpt2,
+            "qwen2" => Self::Qwen2,
+            "llama3" | "llama-v3" | "llama-bpe" => Self::Llama3,
+            _ => return None,
+        })
+    }
+
+    fn build(self) -> std::result::Result<PreTokenizerWrapper, String> {
+        // ByteLevel(add_prefix_space, trim_offsets, use_regex): with use_regex it applies
+        // GPT-2's regex itself; after our own Split it only maps bytes to characters.
+        let gpt2 = || PreTokenizerWrapper::from(ByteLevel::new(false, true, true));
+        let split = |regex: &str| -> std::result::Result<PreTokenizerWrapper, String> {
+            let split = Split::new(
+                SplitPattern::Regex(regex.to_string()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| format!("cannot compile the pre-tokenizer regex: {e}"))?;
+            Ok(PreTokenizerWrapper::from(Sequence::new(vec![
+                split.into(),
+                ByteLevel::new(false, false, false).into(),
+            ])))
+        };
+        match self {
+            Self::Gpt2 => Ok(gpt2()),
+            Self::DigitsThenGpt2 => Ok(PreTokenizerWrapper::from(Sequence::new(vec![
+                Digits::new(true).into(),
+                gpt2(),
+            ]))),
+            Self::Qwen2 => split(QWEN2_SPLIT),
+            Self::Llama3 => split(LLAMA3_SPLIT),
+        }
+    }
+}
+
+/// GGUF token types (llama.cpp's `llama_token_type`).
+fn token_kind(token_type: i64) -> TokenKind {
+    match token_type {
+        // 2 unknown, 3 control.
+        2 | 3 => TokenKind::Special,
+        // 4 user-defined.
+        4 => TokenKind::Literal,
+        // 1 normal, 5 unused, 6 byte, and anything newer: plain vocabulary pieces.
+        _ => TokenKind::Normal,
+    }
+}
+
+pub(super) fn build(content: &Content, path: &Path) -> Result<TokenizerParts> {
+    let meta = Metadata { content, path };
+
+    let model = meta.required_str(KEY_MODEL)?;
+    if model != "gpt2" {
+        return Err(ModelError::Unsupported {
+            path: path.to_path_buf(),
+            what: format!(
+                "tokenizer model `{model}` ({KEY_MODEL}); supported: `gpt2` (byte-level BPE)"
+            ),
+        });
+    }
+    let pre_name = match meta.optional_str(KEY_PRE)? {
+        Some(name) => name,
+        None => {
+            tracing::warn!(
+                path = %path.display(),
+                "no {KEY_PRE} in the GGUF file; using GPT-2's pre-tokenizer"
+            );
+            "default"
+        }
+    };
+    let pre = PreTokenizer::from_name(pre_name).ok_or_else(|| ModelError::Unsupported {
+        path: path.to_path_buf(),
+        what: format!(
+            "pre-tokenizer `{pre_name}` ({KEY_PRE}); supported: {}",
+            SUPPORTED_PRE_NAMES.join(", ")
+        ),
+    })?;
+
+    let tokens = meta
+        .string_array(KEY_TOKENS)?
+        .ok_or_else(|| meta.missing(KEY_TOKENS))?;
+    if tokens.is_empty() {
+        return Err(meta.invalid(KEY_TOKENS, "the vocabulary is empty"));
+    }
+    let n = tokens.len();
+    let kinds: Vec<TokenKind> = match meta.int_array(KEY_TYPES)? {
+        Some(types) if types.len() == n => types.into_iter().map(token_kind).collect(),
+        Some(types) => {
+            return Err(meta.invalid(KEY_TYPES, &format!("{} types for {n} tokens", types.len())))
+        }
+        None => vec![TokenKind::Normal; n],
+    };
+    let merges: Merges = meta
+        .string_array(KEY_MERGES)?
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .map(|(i, merge)| match merge.split_once(' ') {
+            Some((a, b)) => Ok((a.to_string(), b.to_string())),
+            None => Err(meta.invalid(
+                KEY_MERGES,
+                &format!("merge {i} `{merge}` is not two tokens separated by a space"),
+            )),
+        })
+        .collect::<Result<_>>()?;
+
+    let token_id = |key: &str| -> Result<Option<u32>> {
+        let key = format!("tokenizer.ggml.{key}");
+        match meta.optional_int(&key)? {
+            Some(id) if id >= 0 && (id as u64) < n as u64 => Ok(Some(id as u32)),
+            // Negative ids mean "none" in some converters.
+            Some(id) if id < 0 => Ok(None),
+            Some(id) => {
+                // llama.cpp ignores an out-of-range special id too; the file stays usable.
+                tracing::warn!(path = %path.display(), "{key} = {id} is outside the {n}-token vocabulary; ignored");
+                Ok(None)
+            }
+            None => Ok(None),
+        }
+    };
+    let bos = token_id("bos_token_id")?;
+    let eos = token_id("eos_token_id")?;
+    let pad = token_id("padding_token_id")?;
+    let unk = token_id("unknown_token_id")?;
+    let extra_eog: Vec<u32> = [token_id("eot_token_id")?, token_id("eom_token_id")?]
+        .into_iter()
+        .flatten()
+        .collect();
+    // llama.cpp's default when the file does not say: only Llama 3 vocabularies want BOS.
+    let add_bos = meta
+        .optional_bool(KEY_ADD_BOS)?
+        .unwrap_or(pre == PreTokenizer::Llama3);
+    let chat_template = meta.optional_str(KEY_TEMPLATE)?.map(str::to_string);
+
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, token)| (token.to_string(), id as u32))
+        .collect();
+    let mut bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        // Llama 3 looks a whole word up before merging (llama.cpp's `ignore_merges`).
+        .ignore_merges(pre == PreTokenizer::Llama3);
+    if let Some(unk) = unk {
+        bpe = bpe.unk_token(tokens[unk as usize].to_string());
+    }
+    let bpe = bpe.build().map_err(|e| ModelError::Tokenizer {
+        path: path.to_path_buf(),
+        reason: format!("invalid BPE vocabulary or merges: {e}"),
+    })?;
+
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let pre_tokenizer = pre.build().map_err(|reason| ModelError::Tokenizer {
+        path: path.to_path_buf(),
+        reason,
+    })?;
+    inner.with_pre_tokenizer(Some(pre_tokenizer));
+    // Added tokens are matched in the raw text before pre-tokenization, so `<|im_start|>`
+    // stays one id instead of being split into `<`, `|`, ...
+    let added = |want: TokenKind, special: bool| -> Vec<AddedToken> {
+        tokens
+            .iter()
+            .zip(&kinds)
+            .filter(|(_, kind)| **kind == want)
+            .map(|(token, _)| AddedToken::from(token.to_string(), special).normalized(false))
+            .collect()
+    };
+    inner.add_special_tokens(&added(TokenKind::Special, true));
+    inner.add_tokens(&added(TokenKind::Literal, false));
+
+    let table = TokenTable::new(
+        tokens
+            .iter()
+            .zip(kinds)
+            .map(|(token, kind)| (Some(token.to_string()), kind))
+            .collect(),
+        PieceEncoding::ByteLevel,
+    );
+    Ok(TokenizerParts {
+        inner,
+        table,
+        bos,
+        eos,
+        pad,
+        extra_eog,
+        add_bos,
+        chat_template,
+    })
+}
+
+/// Typed, error-reporting access to GGUF metadata values.
+struct Metadata<'a> {
+    content: &'a Content,
+    path: &'a Path,
+}
+
+impl<'a> Metadata<'a> {
+    fn missing(&self, key: &str) -> ModelError {
+        self.invalid(key, "not present")
+    }
+
+    fn invalid(&self, key: &str, reason: &str) -> ModelError {
+        ModelError::Metadata {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.content.metadata.get(key)
+    }
+
+    fn required_str(&self, key: &str) -> Result<&'a str> {
+        self.optional_str(key)?.ok_or_else(|| self.missing(key))
+    }
+
+    fn optional_str(&self, key: &str) -> Result<Option<&'a str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(other) => Err(self.invalid(key, &format!("expected a string, found {other:?}"))),
+        }
+    }
+
+    fn optional_bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(self.invalid(key, &format!("expected a bool, found {other:?}"))),
+        }
+    }
+
+    fn optional_int(&self, key: &str) -> Result<Option<i64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(value) => int_value(value)
+                .map(Some)
+                .ok_or_else(|| self.invalid(key, &format!("expected an integer, found {value:?}"))),
+        }
+    }
+
+    fn array(&self, key: &str) -> Result<Option<&'a [Value]>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => Ok(Some(items)),
+            Some(other) => Err(self.invalid(
+                key,
+                &format!("expected an array, found a {:?}", other.value_type()),
+            )),
+        }
+    }
+
+    fn string_array(&self, key: &str) -> Result<Option<Vec<&'a str>>> {
+        let Some(items) = self.array(key)? else {
+            return Ok(None);
+        };
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                Value::String(s) => Ok(s.as_str()),
+                other => Err(self.invalid(
+                    key,
+                    &format!("element {i} is a {:?}, not a string", other.value_type()),
+                )),
+            })
+            .collect::<Result<_>>()
+            .map(Some)
+    }
+
+    fn int_array(&self, key: &str) -> Result<Option<Vec<i64>>> {
+        let Some(items) = self.array(key)? else {
+            return Ok(None);
+        };
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                int_value(item).ok_or_else(|| {
+                    self.invalid(
+                        key,
+                        &format!("element {i} is a {:?}, not an integer", item.value_type()),
+                    )
+                })
+            })
+            .collect::<Result<_>>()
+            .map(Some)
+    }
+}
+
+/// Any GGUF integer as i64 (converters disagree on widths and signedness of ids and types).
+fn int_value(value: &Value) -> Option<i64> {
+    Some(match *value {
+        Value::U8(v) => v.into(),
+        Value::I8(v) => v.into(),
+        Value::U16(v) => v.into(),
+        Value::I16(v) => v.into(),
+        Value::U32(v) => v.into(),
+        Value::I32(v) => v.into(),
+        Value::U64(v) => i64::try_from(v).ok()?,
+        Value::I64(v) => v,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::tiny_content;
+    use super::super::Tokenizer;
+    use super::*;
+
+    fn build_err(content: &Content) -> String {
+        match Tokenizer::from_gguf(content, Path::new("x.gguf")) {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn every_supported_pre_tokenizer_builds() {
+        for name in SUPPORTED_PRE_NAMES {
+            let tok = Tokenizer::from_gguf(&tiny_content(name), Path::new("x.gguf"))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(tok.encode(" the 12").unwrap().len(), 4, "{name}");
+        }
+    }
+
+    #[test]
+    fn digits_are_split_one_by_one_for_smollm_but_not_gpt2() {
+        let smollm = Tokenizer::from_gguf(&tiny_content("smollm"), Path::new("x")).unwrap();
+        let gpt2 = Tokenizer::from_gguf(&tiny_content("gpt-2"), Path::new("x")).unwrap();
+        // Without merges for digits both give one id per digit; the split shows in the
+        // word boundaries, which `tokenizers` reports through word ids.
+        let words = |t: &Tokenizer| {
+            let enc = t.inner.encode("123", false).unwrap();
+            enc.get_word_ids().to_vec()
+        };
+        assert_eq!(words(&smollm), vec![Some(0), Some(1), Some(2)]);
+        assert_eq!(words(&gpt2), vec![Some(0), Some(0), Some(0)]);
+    }
+
+    #[test]
+    fn unsupported_model_and_pre_tokenizer_are_named() {
+        let mut content = tiny_content("gpt-2");
+        content
+            .metadata
+            .insert(KEY_MODEL.into(), Value::String("llama".into()));
+        let err = build_err(&content);
+        assert!(err.contains("x.gguf") && err.contains("`llama`") && err.contains("gpt2"));
+
+        let err = build_err(&tiny_content("bogus-pre"));
+        assert!(
+            err.contains("`bogus-pre`") && err.contains("smollm"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn malformed_metadata_is_an_error_not_a_panic() {
+        let mut content = tiny_content("gpt-2");
+        content.metadata.remove(KEY_TOKENS);
+        assert!(build_err(&content).contains(KEY_TOKENS));
+
+        let mut content = tiny_content("gpt-2");
+        content.metadata.insert(
+            KEY_MERGES.into(),
+            Value::Array(vec![Value::String("nospace".into())]),
+        );
+        assert!(build_err(&content).contains("nospace"));
+
+        let mut content = tiny_content("gpt-2");
+        content.metadata.insert(
+            KEY_MERGES.into(),
+            Value::Array(vec![Value::String("Ġ zz".into())]),
+        );
+        assert!(build_err(&content).contains("merges"));
+
+        let mut content = tiny_content("gpt-2");
+        content
+            .metadata
+            .insert(KEY_TYPES.into(), Value::Array(vec![Value::I32(1)]));
+        assert!(build_err(&content).contains(KEY_TYPES));
+
+        let mut content = tiny_content("gpt-2");
+        content
+            .metadata
+            .insert(KEY_TOKENS.into(), Value::Array(vec![Value::U32(1)]));
+        assert!(build_err(&content).contains("not a string"));
+    }
+
+    #[test]
+    fn out_of_range_special_ids_are_ignored() {
+        let mut content = tiny_content("gpt-2");
+        content
+            .metadata
+            .insert("tokenizer.ggml.bos_token_id".into(), Value::U32(99_999));
+        content
+            .metadata
+            .insert("tokenizer.ggml.eos_token_id".into(), Value::I32(-1));
+        let tok = Tokenizer::from_gguf(&content, Path::new("x")).unwrap();
+        assert_eq!(tok.bos_token_id(), None);
+        assert_eq!(tok.eos_token_id(), None);
+        // The end-of-turn tokens are still found by name.
+        assert_eq!(tok.eos_token_ids(), &[2, 0]);
+    }
+}

@@ -1,0 +1,460 @@
+//! Text <-> token ids for a model: built from a GGUF file's `tokenizer.ggml.*` metadata or from a
+//! Hugging Face `tokenizer.json`.
+//!
+//! Encoding is delegated to the `tokenizers` crate (BPE merges, pre-tokenizer regexes, special
+//! tokens split out before pre-tokenization). Decoding does not go through it: every id has a
+//! precomputed byte string ([`Tokenizer::token_bytes`]) and decoding concatenates those bytes
+//! and reads them as lossy UTF-8. That one definition is shared with the streaming
+//! [`IncrementalDecoder`](crate::detokenizer::IncrementalDecoder), so a streamed response is
+//! byte-for-byte the same as decoding all its ids at once.
+
+mod byte_level;
+mod gguf_vocab;
+mod hf_json;
+
+use std::path::Path;
+
+use candle_core::quantized::gguf_file;
+
+use crate::error::{ModelError, Result};
+use byte_level::ByteLevelAlphabet;
+
+/// Texts of tokens that end a turn or a document in the model families we serve. When such a
+/// token exists as a special (added) token it is a stop id, whatever the file names as EOS:
+/// SmolLM2 and Qwen end chat turns with `<|im_end|>` but documents with `<|endoftext|>`, Llama 3
+/// uses `<|eot_id|>`/`<|eom_id|>` beside `<|end_of_text|>`, Gemma `<end_of_turn>`. This mirrors
+/// llama.cpp's end-of-generation token set.
+const END_OF_GENERATION_TEXTS: &[&str] = &[
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "<EOT>",
+];
+
+/// What a vocabulary entry is, for decoding and for skipping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TokenKind {
+    /// A piece of text spelled in the vocabulary's piece encoding (byte-level, sentencepiece).
+    Normal,
+    /// A control token (`<|im_start|>`, BOS/EOS, UNK): decodes to its literal text, is parsed
+    /// as one id in input text, and is dropped when decoding with `skip_special_tokens`.
+    Special,
+    /// A user-defined added token: parsed as one id and decoded as its literal text, but it is
+    /// content, so `skip_special_tokens` keeps it (as Hugging Face and llama.cpp do).
+    Literal,
+}
+
+/// How a vocabulary spells the bytes of normal tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PieceEncoding {
+    /// GPT-2 byte-level BPE: every byte is one printable character (`Ġ` is a space).
+    ByteLevel,
+    /// SentencePiece style: `▁` is a space and `<0xAB>` pieces stand for one raw byte.
+    SentencePiece,
+}
+
+/// Per-id facts the encoder library does not keep in a form we can use on the hot path: the
+/// raw bytes each id stands for (flat, with offsets) and whether it is special.
+struct TokenTable {
+    texts: Vec<Option<String>>,
+    bytes: Vec<u8>,
+    /// `bytes[offsets[id]..offsets[id + 1]]` are the bytes of `id`.
+    offsets: Vec<u32>,
+    kinds: Vec<TokenKind>,
+}
+
+impl TokenTable {
+    /// `entries[id]` is the vocabulary text and kind of `id`; `None` marks a hole in the id
+    /// space (possible in a `tokenizer.json`), which decodes to nothing.
+    fn new(entries: Vec<(Option<String>, TokenKind)>, encoding: PieceEncoding) -> Self {
+        let alphabet = ByteLevelAlphabet::new();
+        let mut bytes = Vec::with_capacity(entries.len() * 6);
+        let mut offsets = Vec::with_capacity(entries.len() + 1);
+        let mut texts = Vec::with_capacity(entries.len());
+        let mut kinds = Vec::with_capacity(entries.len());
+        offsets.push(0);
+        for (text, kind) in entries {
+            if let Some(text) = &text {
+                match (kind, encoding) {
+                    (TokenKind::Special | TokenKind::Literal, _) => {
+                        bytes.extend_from_slice(text.as_bytes())
+                    }
+                    (TokenKind::Normal, PieceEncoding::ByteLevel) => {
+                        alphabet.decode_into(text, &mut bytes)
+                    }
+                    (TokenKind::Normal, PieceEncoding::SentencePiece) => {
+                        sentencepiece_bytes(text, &mut bytes)
+                    }
+                }
+            }
+            // Vocabularies are far below 4 GiB of text; saturate rather than wrap if not.
+            offsets.push(u32::try_from(bytes.len()).unwrap_or(u32::MAX));
+            texts.push(text);
+            kinds.push(kind);
+        }
+        Self {
+            texts,
+            bytes,
+            offsets,
+            kinds,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.kinds.len()
+    }
+
+    fn kind(&self, id: u32) -> Option<TokenKind> {
+        self.kinds.get(id as usize).copied()
+    }
+}
+
+/// The bytes of one SentencePiece piece: `<0xAB>` is the byte 0xAB, `▁` is a space.
+fn sentencepiece_bytes(piece: &str, out: &mut Vec<u8>) {
+    if let Some(hex) = piece
+        .strip_prefix("<0x")
+        .and_then(|rest| rest.strip_suffix('>'))
+    {
+        if hex.len() == 2 {
+            if let Ok(byte) = u8::from_str_radix(hex, 16) {
+                out.push(byte);
+                return;
+            }
+        }
+    }
+    for (i, part) in piece.split('\u{2581}').enumerate() {
+        if i > 0 {
+            out.push(b' ');
+        }
+        out.extend_from_slice(part.as_bytes());
+    }
+}
+
+/// What a tokenizer source (GGUF metadata, tokenizer.json) provides; [`Tokenizer::assemble`]
+/// derives the rest.
+struct TokenizerParts {
+    inner: tokenizers::Tokenizer,
+    table: TokenTable,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    pad: Option<u32>,
+    /// Further end-of-generation ids the source names explicitly (GGUF `eot`/`eom` ids).
+    extra_eog: Vec<u32>,
+    add_bos: bool,
+    chat_template: Option<String>,
+}
+
+/// A model's tokenizer: encoding, decoding, special ids and the chat template source.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    table: TokenTable,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    pad: Option<u32>,
+    eos_ids: Vec<u32>,
+    add_bos: bool,
+    chat_template: Option<String>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("bos", &self.bos)
+            .field("eos_ids", &self.eos_ids)
+            .field("add_bos", &self.add_bos)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata. Only
+    /// byte-level BPE (`tokenizer.ggml.model = "gpt2"`) is supported; see
+    /// [`SUPPORTED_PRE_TOKENIZERS`] for the pre-tokenizers. `path` is only used in errors.
+    pub fn from_gguf(content: &gguf_file::Content, path: &Path) -> Result<Self> {
+        gguf_vocab::build(content, path).map(Self::assemble)
+    }
+
+    /// Loads a Hugging Face `tokenizer.json`. BOS/EOS, `add_bos_token` and the chat template
+    /// come from a `tokenizer_config.json` beside it when there is one (else `chat_template.jinja`
+    /// for the template); without it, BOS is whatever special token the file's post-processor
+    /// prepends, and there is no EOS besides the well-known end-of-turn tokens.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        hf_json::build(path).map(Self::assemble)
+    }
+
+    fn assemble(parts: TokenizerParts) -> Self {
+        let TokenizerParts {
+            inner,
+            table,
+            bos,
+            eos,
+            pad,
+            extra_eog,
+            add_bos,
+            chat_template,
+        } = parts;
+        let mut eos_ids: Vec<u32> = eos.into_iter().chain(extra_eog).collect();
+        for text in END_OF_GENERATION_TEXTS {
+            if let Some(id) = inner.token_to_id(text) {
+                if matches!(
+                    table.kind(id),
+                    Some(TokenKind::Special | TokenKind::Literal)
+                ) {
+                    eos_ids.push(id);
+                }
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        eos_ids.retain(|id| seen.insert(*id));
+        Self {
+            inner,
+            table,
+            bos,
+            eos,
+            pad,
+            eos_ids,
+            add_bos,
+            chat_template,
+        }
+    }
+
+    /// Token ids of `text`, with special tokens (`<|im_start|>`) parsed as single ids and no
+    /// BOS added.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        // `encode_fast` skips offset bookkeeping we never read.
+        let encoding = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| ModelError::Encode(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Token ids of a prompt as the model expects to see it: [`encode`](Self::encode), with BOS
+    /// prepended when the model wants one ([`add_bos_token`](Self::add_bos_token)) and the text
+    /// does not already start with it (a chat template may render BOS itself).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode(text)?;
+        if let (true, Some(bos)) = (self.add_bos, self.bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Text of `ids`: their bytes concatenated and read as UTF-8, invalid sequences replaced by
+    /// U+FFFD. Ids outside the vocabulary contribute nothing (callers that take ids from users
+    /// check them against [`vocab_size`](Self::vocab_size)).
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> String {
+        let mut bytes = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            if skip_special_tokens && self.is_special(id) {
+                continue;
+            }
+            bytes.extend_from_slice(self.token_bytes(id));
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// The raw bytes `id` stands for: for byte-level BPE the token's characters mapped back
+    /// through GPT-2's byte alphabet (a fragment of a UTF-8 character is possible); for special
+    /// and added tokens their literal text. Empty for an id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        let i = id as usize;
+        match (self.table.offsets.get(i), self.table.offsets.get(i + 1)) {
+            (Some(&start), Some(&end)) => self
+                .table
+                .bytes
+                .get(start as usize..end as usize)
+                .unwrap_or(&[]),
+            _ => &[],
+        }
+    }
+
+    /// Whether `id` is a control token (BOS/EOS, `<|im_start|>`, UNK): the ones
+    /// `skip_special_tokens` drops. User-defined added tokens are not special.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.table.kind(id) == Some(TokenKind::Special)
+    }
+
+    /// The vocabulary text of `id`, in the vocabulary's own spelling (`Ġhello` for " hello").
+    pub fn id_to_token(&self, id: u32) -> Option<&str> {
+        self.table.texts.get(id as usize)?.as_deref()
+    }
+
+    /// The id whose vocabulary text is exactly `token`, in the vocabulary's own spelling.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Number of ids the tokenizer knows, added tokens included. A model's embedding can be
+    /// larger (padded); ids at or above this decode to nothing.
+    pub fn vocab_size(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Whether prompts should start with BOS (GGUF `tokenizer.ggml.add_bos_token`, defaulting
+    /// as llama.cpp does: true for the Llama 3 pre-tokenizer, false for other BPE vocabularies).
+    pub fn add_bos_token(&self) -> bool {
+        self.add_bos
+    }
+
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos
+    }
+
+    pub fn eos_token_id(&self) -> Option<u32> {
+        self.eos
+    }
+
+    pub fn pad_token_id(&self) -> Option<u32> {
+        self.pad
+    }
+
+    /// Every id that ends generation: the EOS id first, then ids the file names as end of turn
+    /// or end of message (GGUF `tokenizer.ggml.eot_token_id`/`eom_token_id`), then whichever of
+    /// `<|im_end|>`, `<|endoftext|>`, `<|end_of_text|>`, `<|eot_id|>`, `<|eom_id|>`,
+    /// `<end_of_turn>`, `<|end|>`, `<EOT>` exist as special or added tokens. No duplicates.
+    /// For SmolLM2 this is `[2 (<|im_end|>), 0 (<|endoftext|>)]`.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    pub fn bos_token(&self) -> Option<&str> {
+        self.id_to_token(self.bos?)
+    }
+
+    pub fn eos_token(&self) -> Option<&str> {
+        self.id_to_token(self.eos?)
+    }
+
+    /// The Jinja chat template the model ships (GGUF `tokenizer.chat_template`).
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+}
+
+/// `tokenizer.ggml.pre` names [`Tokenizer::from_gguf`] understands.
+pub const SUPPORTED_PRE_TOKENIZERS: &[&str] = gguf_vocab::SUPPORTED_PRE_NAMES;
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    //! A tiny byte-level vocabulary built in memory, for unit tests that need a real
+    //! [`Tokenizer`] without a model file.
+
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
+
+    use super::Tokenizer;
+
+    /// All 256 byte characters (ids 3..259), `<|endoftext|>` (0), `<|im_start|>` (1),
+    /// `<|im_end|>` (2), and merges building "Ġt", "he", "Ġthe" (ids 259..262).
+    pub(crate) fn tiny_content(pre: &str) -> Content {
+        let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut types = vec![3i32, 3, 3];
+        let alphabet = super::byte_level::ByteLevelAlphabet::new();
+        for byte in 0..=255u8 {
+            tokens.push(alphabet.char_of(byte).to_string());
+            types.push(1);
+        }
+        assert_eq!(tokens.len(), 259);
+        for merged in ["Ġt", "he", "Ġthe"] {
+            tokens.push(merged.to_string());
+            types.push(1);
+        }
+        let merges = ["Ġ t", "h e", "Ġt he"];
+        let strings = |v: Vec<String>| Value::Array(v.into_iter().map(Value::String).collect());
+        let mut metadata = HashMap::new();
+        metadata.insert(
+            "tokenizer.ggml.model".to_string(),
+            Value::String("gpt2".into()),
+        );
+        metadata.insert("tokenizer.ggml.pre".to_string(), Value::String(pre.into()));
+        metadata.insert("tokenizer.ggml.tokens".to_string(), strings(tokens));
+        metadata.insert(
+            "tokenizer.ggml.token_type".to_string(),
+            Value::Array(types.into_iter().map(Value::I32).collect()),
+        );
+        metadata.insert(
+            "tokenizer.ggml.merges".to_string(),
+            strings(merges.iter().map(|s| s.to_string()).collect()),
+        );
+        metadata.insert("tokenizer.ggml.bos_token_id".to_string(), Value::U32(1));
+        metadata.insert("tokenizer.ggml.eos_token_id".to_string(), Value::U32(2));
+        Content {
+            magic: VersionedMagic::GgufV3,
+            metadata,
+            tensor_infos: HashMap::new(),
+            tensor_data_offset: 0,
+        }
+    }
+
+    pub(crate) fn tiny_tokenizer() -> Tokenizer {
+        match Tokenizer::from_gguf(&tiny_content("gpt-2"), Path::new("tiny.gguf")) {
+            Ok(t) => t,
+            Err(e) => panic!("tiny tokenizer: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::{tiny_content, tiny_tokenizer};
+    use super::*;
+
+    #[test]
+    fn tiny_vocabulary_encodes_with_merges_and_special_tokens() {
+        let tok = tiny_tokenizer();
+        assert_eq!(tok.vocab_size(), 262);
+        let ids = tok.encode("<|im_start|> the").unwrap();
+        assert_eq!(ids, vec![1, 261]);
+        assert_eq!(tok.decode(&ids, false), "<|im_start|> the");
+        assert_eq!(tok.decode(&ids, true), " the");
+        assert_eq!(tok.token_bytes(261), b" the");
+        assert_eq!(tok.id_to_token(261), Some("Ġthe"));
+        assert_eq!(tok.eos_token_ids(), &[2, 0]);
+        assert_eq!(tok.bos_token(), Some("<|im_start|>"));
+        assert!(!tok.add_bos_token());
+        assert_eq!(tok.encode_prompt("he").unwrap(), tok.encode("he").unwrap());
+    }
+
+    #[test]
+    fn out_of_range_ids_decode_to_nothing() {
+        let tok = tiny_tokenizer();
+        assert_eq!(tok.token_bytes(100_000), b"");
+        assert_eq!(tok.decode(&[u32::MAX, 261], false), " the");
+        assert!(!tok.is_special(u32::MAX));
+        assert_eq!(tok.id_to_token(u32::MAX), None);
+    }
+
+    #[test]
+    fn add_bos_token_prepends_bos_once() {
+        let mut content = tiny_content("gpt-2");
+        content.metadata.insert(
+            "tokenizer.ggml.add_bos_token".into(),
+            gguf_file::Value::Bool(true),
+        );
+        let tok = Tokenizer::from_gguf(&content, Path::new("tiny.gguf")).unwrap();
+        assert_eq!(tok.encode_prompt("he").unwrap(), vec![1, 260]);
+        assert_eq!(tok.encode_prompt("<|im_start|>he").unwrap(), vec![1, 260]);
+    }
+
+    #[test]
+    fn sentencepiece_pieces_map_spaces_and_byte_tokens() {
+        let mut out = Vec::new();
+        sentencepiece_bytes("\u{2581}hello", &mut out);
+        sentencepiece_bytes("<0x0A>", &mut out);
+        sentencepiece_bytes("<0xZZ>", &mut out);
+        assert_eq!(out, b" hello\n<0xZZ>");
+    }
+}

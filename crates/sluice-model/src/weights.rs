@@ -1,0 +1,197 @@
+//! Linear layers and the weight representations a forward can run with.
+
+use std::borrow::Cow;
+use std::str::FromStr;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::{DType, Device, Module, Tensor};
+
+use crate::error::{ModelError, Result};
+
+/// How weights are held in memory and multiplied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightsKind {
+    /// Dequantized to f32 at load: dense gemm amortises weight reads over a batch.
+    F32,
+    /// Dequantized to f16: half the memory of f32, f16 gemm.
+    F16,
+    /// The file's quantized blocks, multiplied with candle's quantized matmul: least memory.
+    Quantized,
+    /// Both f32 and quantized copies; each step uses the quantized mat-vec when it has few
+    /// rows (weight-bandwidth bound) and the dense gemm otherwise (compute bound).
+    Auto,
+}
+
+impl WeightsKind {
+    pub const NAMES: &'static [&'static str] = &["f32", "f16", "quantized", "auto"];
+}
+
+impl FromStr for WeightsKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "f16" => Ok(Self::F16),
+            "quantized" | "q" => Ok(Self::Quantized),
+            "auto" => Ok(Self::Auto),
+            _ => Err(format!(
+                "unknown weights kind `{s}` (expected one of {})",
+                Self::NAMES.join(", ")
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for WeightsKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Quantized => "quantized",
+            Self::Auto => "auto",
+        })
+    }
+}
+
+/// `y = x W^T (+ b)` for `x: [T, in]`, `W: [out, in]`.
+pub struct Linear {
+    dense: Option<Tensor>,
+    quantized: Option<QMatMul>,
+    bias: Option<Tensor>,
+    /// With both representations present, steps of at most this many rows use the quantized one.
+    quantized_max_rows: usize,
+    out_features: usize,
+}
+
+/// Rows at or below which [`WeightsKind::Auto`] prefers the quantized mat-vec.
+pub const AUTO_QUANTIZED_MAX_ROWS: usize = 4;
+
+impl Linear {
+    pub fn from_qtensor(
+        w: QTensor,
+        bias: Option<Tensor>,
+        kind: WeightsKind,
+        device: &Device,
+    ) -> Result<Self> {
+        let out_features = w.shape().dims()[0];
+        let (dense, quantized) = match kind {
+            WeightsKind::F32 => (Some(w.dequantize(device)?), None),
+            WeightsKind::F16 => (Some(w.dequantize_f16(device)?), None),
+            WeightsKind::Quantized => (None, Some(QMatMul::from_qtensor(w)?)),
+            WeightsKind::Auto => (Some(w.dequantize(device)?), Some(QMatMul::from_qtensor(w)?)),
+        };
+        Ok(Self {
+            dense,
+            quantized,
+            bias,
+            quantized_max_rows: AUTO_QUANTIZED_MAX_ROWS,
+            out_features,
+        })
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let rows = x.dim(0)?;
+        let y = match (&self.dense, &self.quantized) {
+            (Some(_), Some(q)) if rows <= self.quantized_max_rows => q.forward(x)?,
+            (Some(w), _) if w.dtype() == DType::F16 => x
+                .to_dtype(DType::F16)?
+                .matmul(&w.t()?)?
+                .to_dtype(x.dtype())?,
+            (Some(w), _) => x.matmul(&w.t()?)?,
+            (None, Some(q)) => q.forward(x)?,
+            (None, None) => unreachable!("a Linear always holds at least one representation"),
+        };
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// Rewrites a quantized (or plain) matrix through its raw rows. Rows are the output features;
+/// each is a whole number of quantization blocks, so moving rows never re-quantizes.
+fn map_rows(
+    tensors: &[&QTensor],
+    rows_out: usize,
+    f: impl Fn(usize) -> (usize, usize),
+) -> Result<QTensor> {
+    let dtype = tensors[0].dtype();
+    let cols = tensors[0].shape().dims()[1];
+    let datas: Vec<Cow<'_, [u8]>> = tensors
+        .iter()
+        .map(|t| t.data())
+        .collect::<candle_core::Result<_>>()?;
+    let row_bytes = datas[0].len() / tensors[0].shape().dims()[0];
+    let mut out = Vec::with_capacity(rows_out * row_bytes);
+    for r in 0..rows_out {
+        let (src, src_row) = f(r);
+        out.extend_from_slice(&datas[src][src_row * row_bytes..(src_row + 1) * row_bytes]);
+    }
+    let storage = QStorage::from_data(Cow::Owned(out), &tensors[0].device(), dtype)?;
+    Ok(QTensor::new(storage, (rows_out, cols))?)
+}
+
+/// Undoes the row permutation that llama.cpp's converter applies to llama Q/K weights, so
+/// that the half-split ("NeoX") rotary convention applies to every architecture alike. GGUF row
+/// `h*D + 2j + s` holds original row `h*D + s*D/2 + j`.
+pub fn unpermute_qk(w: &QTensor, num_heads: usize, head_dim: usize) -> Result<QTensor> {
+    let rows = w.shape().dims()[0];
+    if rows != num_heads * head_dim {
+        return Err(ModelError::InvalidBatch(format!(
+            "Q/K weight has {rows} rows, expected {num_heads} heads x {head_dim}"
+        )));
+    }
+    let half = head_dim / 2;
+    map_rows(&[w], rows, |r| {
+        let (h, within) = (r / head_dim, r % head_dim);
+        let (s, j) = (within / half, within % half);
+        (0, h * head_dim + 2 * j + s)
+    })
+}
+
+/// Stacks matrices with the same input size and format along the output dimension, so one
+/// matmul computes several projections (Q, K, V; gate and up).
+///
+/// Files that mix formats across the fused matrices (Q4_K_M stores V as Q6_K) are re-quantized
+/// to Q8_0, which is at least as precise as any 4-6 bit format, or kept as f32.
+pub fn concat_rows(ws: &[&QTensor]) -> Result<QTensor> {
+    let cols = ws[0].shape().dims()[1];
+    if let Some(w) = ws.iter().find(|w| w.shape().dims()[1] != cols) {
+        return Err(ModelError::InvalidBatch(format!(
+            "cannot fuse {:?} with {:?}: input sizes differ",
+            w.shape(),
+            ws[0].shape()
+        )));
+    }
+    if ws.iter().any(|w| w.dtype() != ws[0].dtype()) {
+        let device = ws[0].device();
+        let dense: Vec<Tensor> = ws
+            .iter()
+            .map(|w| w.dequantize(&device))
+            .collect::<candle_core::Result<_>>()?;
+        let dense = Tensor::cat(&dense, 0)?;
+        let dtype = if cols % GgmlDType::Q8_0.block_size() == 0 {
+            GgmlDType::Q8_0
+        } else {
+            GgmlDType::F32
+        };
+        return Ok(QTensor::quantize(&dense, dtype)?);
+    }
+    let offsets: Vec<usize> = ws
+        .iter()
+        .scan(0, |acc, w| {
+            let start = *acc;
+            *acc += w.shape().dims()[0];
+            Some(start)
+        })
+        .collect();
+    let total: usize = ws.iter().map(|w| w.shape().dims()[0]).sum();
+    map_rows(ws, total, |r| {
+        let i = offsets.iter().rposition(|&o| o <= r).unwrap_or(0);
+        (i, r - offsets[i])
+    })
+}

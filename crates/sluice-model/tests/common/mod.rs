@@ -1,0 +1,70 @@
+//! Where integration tests find the real model and the reference fixtures. Missing files fail
+//! the test with the command that fetches them: a silently skipped test proves nothing.
+
+// Each test crate includes this module and uses only some of it.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// The SmolLM2-135M-Instruct GGUF: `$SLUICE_MODEL`, else `models/` at the workspace root.
+pub fn model_path() -> PathBuf {
+    let path = match std::env::var_os("SLUICE_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
+    assert!(
+        path.is_file(),
+        "model not found at {}: run scripts/fetch-model.sh (or set SLUICE_MODEL)",
+        path.display()
+    );
+    path
+}
+
+/// The llama.cpp reference fixtures: `$SLUICE_FIXTURES`, else `shared/fixtures` beside the
+/// workspace.
+pub fn fixtures_dir() -> PathBuf {
+    let dir = match std::env::var_os("SLUICE_FIXTURES") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
+    };
+    assert!(
+        dir.is_dir(),
+        "fixtures not found at {} (set SLUICE_FIXTURES to the directory holding \
+         smollm2-*.jsonl)",
+        dir.display()
+    );
+    dir
+}
+
+/// Every row of a JSON-lines fixture file, e.g. `read_jsonl("smollm2-greedy.jsonl")`.
+pub fn read_jsonl(name: &str) -> Vec<serde_json::Value> {
+    let path = fixtures_dir().join(name);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .enumerate()
+        .map(|(i, line)| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{}:{}: {e}", path.display(), i + 1))
+        })
+        .collect();
+    assert!(!rows.is_empty(), "{} has no rows", path.display());
+    rows
+}
+
+/// A JSON array of token ids as `Vec<u32>`.
+pub fn ids(value: &serde_json::Value) -> Vec<u32> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("expected an array of ids, got {value}"))
+        .iter()
+        .map(|v| {
+            v.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .unwrap_or_else(|| panic!("not a token id: {v}"))
+        })
+        .collect()
+}

@@ -1,0 +1,448 @@
+//! The batched, paged forward on tiny random-weight models written by the test: batching,
+//! chunking and paging must not change any logit, and bad input must be an error.
+
+use std::path::PathBuf;
+
+use candle_core::quantized::GgmlDType;
+use candle_core::{Device, Tensor};
+use sluice_model::attention::{self, AttentionShape};
+use sluice_model::testing::TinyModelSpec;
+use sluice_model::{
+    Architecture, AttentionBackend, LlamaModel, LoadOptions, ModelError, StepBatch, WeightsKind,
+};
+
+fn tiny_path(spec: &TinyModelSpec, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-forward-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    spec.write_gguf(&path).unwrap();
+    path
+}
+
+fn load(path: &PathBuf, weights: WeightsKind, attention: AttentionBackend) -> LlamaModel {
+    let options = LoadOptions {
+        weights,
+        device: Device::Cpu,
+        attention: Some(attention),
+    };
+    LlamaModel::load(path, &options).unwrap()
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+/// A deterministic pseudo-random sequence for inputs.
+fn lcg(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed;
+    move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        s >> 33
+    }
+}
+
+/// Hands out blocks from a pool, interleaved across sequences so tables are not contiguous.
+struct Pool {
+    next: u32,
+    stride: u32,
+    num_blocks: u32,
+}
+
+impl Pool {
+    fn take(&mut self) -> u32 {
+        let b = self.next;
+        self.next = (self.next + self.stride) % self.num_blocks;
+        b
+    }
+}
+
+/// One sequence: its tokens (prompt then forced continuation) and where it stands.
+struct Seq {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    computed: usize,
+    table: Vec<u32>,
+}
+
+/// Runs each sequence alone, one-shot prefill then one decode step per continuation token,
+/// returning the logits after the prompt and after each continuation token.
+fn run_alone(
+    model: &LlamaModel,
+    tokens: &[u32],
+    prompt_len: usize,
+    block_size: usize,
+) -> Vec<Tensor> {
+    let blocks = tokens.len().div_ceil(block_size);
+    let mut kv = model.new_kv_cache(blocks + 3, block_size).unwrap();
+    // Reverse order, so even alone the table is not the identity.
+    let table: Vec<u32> = (0..blocks as u32).rev().map(|b| b + 3).collect();
+    let mut batch = StepBatch::new(block_size);
+    let mut out = Vec::new();
+    batch.push_sequence(&tokens[..prompt_len], 0, &table, true);
+    out.push(model.forward(&batch, &mut kv).unwrap());
+    for pos in prompt_len..tokens.len() {
+        batch.clear();
+        batch.push_sequence(&tokens[pos..pos + 1], pos, &table, true);
+        out.push(model.forward(&batch, &mut kv).unwrap());
+    }
+    out
+}
+
+/// Runs all sequences together: each step, every unfinished sequence contributes its next
+/// prefill chunk (of a per-sequence chunk size) or its next decode token.
+fn run_together(
+    model: &LlamaModel,
+    seqs: &mut [Seq],
+    chunk: &[usize],
+    block_size: usize,
+) -> Vec<Vec<Tensor>> {
+    let total_blocks: usize = seqs
+        .iter()
+        .map(|s| s.tokens.len().div_ceil(block_size))
+        .sum();
+    let mut pool = Pool {
+        next: 0,
+        stride: 7,
+        num_blocks: total_blocks as u32 + 1,
+    };
+    assert_ne!(
+        pool.num_blocks % 7,
+        0,
+        "stride must cycle through every block"
+    );
+    let mut kv = model
+        .new_kv_cache(pool.num_blocks as usize, block_size)
+        .unwrap();
+    let mut results: Vec<Vec<Tensor>> = seqs.iter().map(|_| Vec::new()).collect();
+    let mut batch = StepBatch::new(block_size);
+    loop {
+        batch.clear();
+        let mut samplers = Vec::new();
+        for (i, s) in seqs.iter_mut().enumerate() {
+            if s.computed == s.tokens.len() {
+                continue;
+            }
+            let n = if s.computed < s.prompt_len {
+                chunk[i].min(s.prompt_len - s.computed)
+            } else {
+                1
+            };
+            let end = s.computed + n;
+            while s.table.len() * block_size < end {
+                s.table.push(pool.take());
+            }
+            let sample = end >= s.prompt_len;
+            batch.push_sequence(&s.tokens[s.computed..end], s.computed, &s.table, sample);
+            if sample {
+                samplers.push(i);
+            }
+            s.computed = end;
+        }
+        if batch.is_empty() {
+            break;
+        }
+        let logits = model.forward(&batch, &mut kv).unwrap();
+        assert_eq!(logits.dim(0).unwrap(), samplers.len());
+        for (row, &i) in samplers.iter().enumerate() {
+            results[i].push(logits.narrow(0, row, 1).unwrap());
+        }
+    }
+    results
+}
+
+fn check_batching_is_invisible(spec: TinyModelSpec, name: &str, backend: AttentionBackend) {
+    let path = tiny_path(&spec, name);
+    let model = load(&path, WeightsKind::F32, backend);
+    let vocab = spec.vocab_size() as u64;
+    let mut rnd = lcg(42);
+    // Prompt lengths straddle block boundaries; continuations are forced tokens.
+    let shapes = [(1usize, 4usize), (16, 3), (17, 5), (40, 2), (5, 9), (33, 1)];
+    let block_size = 16;
+    let mut seqs: Vec<Seq> = shapes
+        .iter()
+        .map(|&(p, c)| Seq {
+            tokens: (0..p + c).map(|_| (rnd() % vocab) as u32).collect(),
+            prompt_len: p,
+            computed: 0,
+            table: Vec::new(),
+        })
+        .collect();
+    let alone: Vec<Vec<Tensor>> = seqs
+        .iter()
+        .map(|s| run_alone(&model, &s.tokens, s.prompt_len, block_size))
+        .collect();
+    // The 40-token prompt prefills in three chunks (14 + 14 + 12) while others decode.
+    let together = run_together(&model, &mut seqs, &[64, 7, 5, 14, 64, 11], block_size);
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a.len(), b.len(), "sequence {i}: number of sampled steps");
+        for (step, (x, y)) in a.iter().zip(b).enumerate() {
+            let diff = max_abs_diff(x, y);
+            assert!(
+                diff < 1e-4,
+                "{name}: sequence {i} step {step}: logits differ by {diff}"
+            );
+        }
+    }
+}
+
+#[test]
+fn batching_is_invisible_llama_gqa() {
+    check_batching_is_invisible(
+        TinyModelSpec::default(),
+        "llama.gguf",
+        AttentionBackend::Cpu,
+    );
+}
+
+#[test]
+fn batching_is_invisible_with_reference_attention() {
+    check_batching_is_invisible(
+        TinyModelSpec::default(),
+        "llama-ref.gguf",
+        AttentionBackend::Reference,
+    );
+}
+
+#[test]
+fn batching_is_invisible_qwen2_biases() {
+    let spec = TinyModelSpec {
+        architecture: Architecture::Qwen2,
+        num_heads: 6,
+        num_kv_heads: 2,
+        hidden_size: 96,
+        ..TinyModelSpec::default()
+    };
+    check_batching_is_invisible(spec, "qwen2.gguf", AttentionBackend::Cpu);
+}
+
+#[test]
+fn chunked_prefill_equals_one_shot() {
+    let path = tiny_path(&TinyModelSpec::default(), "chunks.gguf");
+    let model = load(&path, WeightsKind::F32, AttentionBackend::Cpu);
+    let mut rnd = lcg(9);
+    let tokens: Vec<u32> = (0..45).map(|_| (rnd() % 200) as u32).collect();
+    let block_size = 8;
+    let table: Vec<u32> = vec![5, 0, 3, 1, 6, 2];
+    let one_shot = {
+        let mut kv = model.new_kv_cache(7, block_size).unwrap();
+        let mut b = StepBatch::new(block_size);
+        b.push_sequence(&tokens, 0, &table, true);
+        model.forward(&b, &mut kv).unwrap()
+    };
+    let mut kv = model.new_kv_cache(7, block_size).unwrap();
+    let mut last = None;
+    for (start, end) in [(0, 13), (13, 30), (30, 45)] {
+        let mut b = StepBatch::new(block_size);
+        b.push_sequence(&tokens[start..end], start, &table, end == 45);
+        last = Some(model.forward(&b, &mut kv).unwrap());
+    }
+    let diff = max_abs_diff(&one_shot, &last.unwrap());
+    assert!(
+        diff < 1e-4,
+        "three-chunk prefill differs from one-shot by {diff}"
+    );
+}
+
+#[test]
+fn cpu_kernel_matches_reference_on_random_inputs() {
+    let mut rnd = lcg(1234);
+    let mut rand_f32 = move || (rnd() % 20001) as f32 / 10000.0 - 1.0;
+    for &(heads, kv_heads) in &[(4usize, 4usize), (4, 2), (6, 2), (8, 1), (9, 3)] {
+        for &block_size in &[1usize, 3, 16] {
+            let head_dim = 32;
+            // (prefill chunk or decode length, tokens already cached), incl. block boundaries.
+            let shapes = [
+                (1usize, 0usize),
+                (1, 15),
+                (1, 16),
+                (3, 13),
+                (17, 0),
+                (20, 31),
+                (1, 47),
+                (16, 16),
+            ];
+            let num_blocks: usize = shapes
+                .iter()
+                .map(|(q, c)| (q + c).div_ceil(block_size))
+                .sum::<usize>()
+                + 2;
+            let slots = num_blocks * block_size;
+            let k_cache = Tensor::from_vec(
+                (0..slots * kv_heads * head_dim)
+                    .map(|_| rand_f32())
+                    .collect::<Vec<_>>(),
+                (slots, kv_heads, head_dim),
+                &Device::Cpu,
+            )
+            .unwrap();
+            let v_cache = Tensor::from_vec(
+                (0..slots * kv_heads * head_dim)
+                    .map(|_| rand_f32())
+                    .collect::<Vec<_>>(),
+                (slots, kv_heads, head_dim),
+                &Device::Cpu,
+            )
+            .unwrap();
+            let mut batch = StepBatch::new(block_size);
+            let mut next_block = num_blocks as u32;
+            for &(q_len, cached) in &shapes {
+                let blocks = (q_len + cached).div_ceil(block_size);
+                let table: Vec<u32> = (0..blocks)
+                    .map(|_| {
+                        next_block -= 1;
+                        next_block
+                    })
+                    .collect();
+                let tokens = vec![0u32; q_len];
+                batch.push_sequence(&tokens, cached, &table, true);
+            }
+            let t = batch.num_tokens();
+            let q = Tensor::from_vec(
+                (0..t * heads * head_dim)
+                    .map(|_| rand_f32() * 2.0)
+                    .collect::<Vec<_>>(),
+                (t, heads, head_dim),
+                &Device::Cpu,
+            )
+            .unwrap();
+            let shape = AttentionShape {
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+            };
+            let fast =
+                attention::cpu::paged_attention(&q, &k_cache, &v_cache, &batch, &shape).unwrap();
+            let reference =
+                attention::reference::paged_attention(&q, &k_cache, &v_cache, &batch, &shape)
+                    .unwrap();
+            let diff = max_abs_diff(&fast, &reference);
+            assert!(diff < 1e-5, "heads {heads}/{kv_heads}, block {block_size}: kernel differs from reference by {diff}");
+        }
+    }
+}
+
+#[test]
+fn weight_kinds_agree() {
+    // With f32 tensors in the file, every weight path computes with the same numbers.
+    let path = tiny_path(&TinyModelSpec::default(), "kinds.gguf");
+    let tokens: Vec<u32> = (0..21).map(|i| (i * 11 % 250) as u32).collect();
+    let run = |kind| {
+        let model = load(&path, kind, AttentionBackend::Cpu);
+        let mut kv = model.new_kv_cache(2, 16).unwrap();
+        let mut b = StepBatch::new(16);
+        b.push_sequence(&tokens, 0, &[1, 0], true);
+        model.forward(&b, &mut kv).unwrap()
+    };
+    let f32_logits = run(WeightsKind::F32);
+    assert!(max_abs_diff(&f32_logits, &run(WeightsKind::Quantized)) < 1e-4);
+    assert!(max_abs_diff(&f32_logits, &run(WeightsKind::Auto)) < 1e-4);
+    assert!(max_abs_diff(&f32_logits, &run(WeightsKind::F16)) < 5e-2);
+
+    // Q8_0 weights: the quantized matmul also quantizes activations, so only close.
+    let spec = TinyModelSpec {
+        dtype: GgmlDType::Q8_0,
+        ..TinyModelSpec::default()
+    };
+    let path = tiny_path(&spec, "kinds-q8.gguf");
+    let f = {
+        let model = load(&path, WeightsKind::F32, AttentionBackend::Cpu);
+        let mut kv = model.new_kv_cache(2, 16).unwrap();
+        let mut b = StepBatch::new(16);
+        b.push_sequence(&tokens, 0, &[1, 0], true);
+        model.forward(&b, &mut kv).unwrap()
+    };
+    let model = load(&path, WeightsKind::Quantized, AttentionBackend::Cpu);
+    let mut kv = model.new_kv_cache(2, 16).unwrap();
+    let mut b = StepBatch::new(16);
+    b.push_sequence(&tokens, 0, &[1, 0], true);
+    let q = model.forward(&b, &mut kv).unwrap();
+    assert!(
+        max_abs_diff(&f, &q) < 0.1,
+        "Q8_0 quantized path strays from its dequantized weights"
+    );
+}
+
+#[test]
+fn bad_files_are_clear_errors() {
+    let missing = std::env::temp_dir().join("sluice-no-such-model.gguf");
+    match LlamaModel::load(&missing, &LoadOptions::default()) {
+        Err(ModelError::Io { path, .. }) => assert_eq!(path, missing),
+        other => panic!("expected an Io error, got {:?}", other.err()),
+    }
+
+    let good = tiny_path(&TinyModelSpec::default(), "truncate-src.gguf");
+    let bytes = std::fs::read(&good).unwrap();
+    for cut in [10, 200, bytes.len() / 2, bytes.len() - 100] {
+        let truncated = good.with_file_name(format!("truncated-{cut}.gguf"));
+        std::fs::write(&truncated, &bytes[..cut]).unwrap();
+        let err = LlamaModel::load(&truncated, &LoadOptions::default())
+            .err()
+            .expect("truncated file must not load");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("truncated-"),
+            "error should name the file: {msg}"
+        );
+    }
+
+    let text = good.with_file_name("not-gguf.gguf");
+    std::fs::write(&text, "this is not a model").unwrap();
+    let err = LlamaModel::load(&text, &LoadOptions::default())
+        .err()
+        .unwrap();
+    assert!(matches!(err, ModelError::Gguf { .. }), "{err}");
+}
+
+#[test]
+fn unsupported_architecture_is_named() {
+    let path = tiny_path(&TinyModelSpec::default(), "arch-src.gguf");
+    let mut file = sluice_model::GgufFile::open(&path).unwrap();
+    file.content.metadata.insert(
+        "general.architecture".into(),
+        candle_core::quantized::gguf_file::Value::String("mamba".into()),
+    );
+    let err = LlamaModel::from_gguf(&mut file, &LoadOptions::default())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("mamba"), "{err}");
+}
+
+#[test]
+fn out_of_range_batches_are_errors_not_panics() {
+    let spec = TinyModelSpec::default();
+    let path = tiny_path(&spec, "bounds.gguf");
+    let model = load(&path, WeightsKind::F32, AttentionBackend::Cpu);
+    let mut kv = model.new_kv_cache(4, 16).unwrap();
+    let mut b = StepBatch::new(16);
+    b.push_sequence(&[spec.vocab_size() as u32], 0, &[0], true);
+    assert!(matches!(
+        model.forward(&b, &mut kv),
+        Err(ModelError::InvalidBatch(_))
+    ));
+    let mut b = StepBatch::new(16);
+    b.push_sequence(&[1], 0, &[9], true);
+    assert!(matches!(
+        model.forward(&b, &mut kv),
+        Err(ModelError::InvalidBatch(_))
+    ));
+    let mut b = StepBatch::new(16);
+    b.push_sequence(&[1], spec.context_length, &[0; 40], true);
+    assert!(model.forward(&b, &mut kv).is_err());
+    assert!(matches!(
+        model.forward(&StepBatch::new(16), &mut kv),
+        Err(ModelError::InvalidBatch(_))
+    ));
+}
