@@ -9,6 +9,7 @@ use candle_core::{Device, Tensor};
 
 use crate::config::Architecture;
 use crate::error::{ModelError, Result};
+use crate::tokenizer::byte_level::ByteLevelAlphabet;
 
 /// The shape of a tiny model. Defaults give GQA (4 query heads over 2 KV heads).
 #[derive(Debug, Clone)]
@@ -44,21 +45,12 @@ impl Default for TinyModelSpec {
 /// Control tokens after the 256 byte tokens.
 pub const TINY_SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
-/// GPT-2's printable stand-in for each byte, which byte-level BPE vocabularies are written in.
-fn byte_char(b: u8) -> char {
-    let printable = |c: u8| {
-        (b'!'..=b'~').contains(&c) || (0xA1..=0xAC).contains(&c) || (0xAE..=0xFF).contains(&c)
-    };
-    if printable(b) {
-        return b as char;
-    }
-    let rank = (0..b).filter(|&c| !printable(c)).count() as u32;
-    char::from_u32(256 + rank).expect("valid code point")
-}
-
 /// Vocabulary: one token per byte (the byte-level alphabet), a few merges, then the specials.
 fn tiny_vocab() -> (Vec<String>, Vec<String>) {
-    let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
+    let alphabet = ByteLevelAlphabet::new();
+    let mut tokens: Vec<String> = (0..=255u8)
+        .map(|b| alphabet.char_of(b).to_string())
+        .collect();
     let merges: Vec<String> = ["t h", "th e", "Ġ t", "Ġt he", "i n", "a n"]
         .iter()
         .map(|m| m.to_string())

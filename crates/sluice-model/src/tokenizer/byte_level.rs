@@ -13,32 +13,31 @@ const TABLE_LEN: usize = 256 + 68;
 /// Inverse of GPT-2's `bytes_to_unicode`: code point -> byte, for code points below 324.
 pub(crate) struct ByteLevelAlphabet {
     byte_of: [Option<u8>; TABLE_LEN],
+    char_of: [char; 256],
 }
 
 impl ByteLevelAlphabet {
     pub(crate) fn new() -> Self {
         let mut byte_of = [None; TABLE_LEN];
+        let mut char_of = ['\0'; 256];
         let mut shifted = 256;
         for byte in 0..=255u8 {
-            if is_kept(byte) {
-                byte_of[byte as usize] = Some(byte);
+            let code_point = if is_kept(byte) {
+                byte as usize
             } else {
-                byte_of[shifted] = Some(byte);
                 shifted += 1;
-            }
+                shifted - 1
+            };
+            byte_of[code_point] = Some(byte);
+            // Code points below 324 are all valid chars.
+            char_of[byte as usize] = char::from_u32(code_point as u32).unwrap_or('\0');
         }
-        Self { byte_of }
+        Self { byte_of, char_of }
     }
 
-    /// The character GPT-2 spells `byte` with (the forward table), for building test
-    /// vocabularies.
-    #[cfg(test)]
+    /// The character byte-level vocabularies spell `byte` with.
     pub(crate) fn char_of(&self, byte: u8) -> char {
-        self.byte_of
-            .iter()
-            .position(|b| *b == Some(byte))
-            .and_then(|cp| char::from_u32(cp as u32))
-            .unwrap_or(char::REPLACEMENT_CHARACTER)
+        self.char_of[byte as usize]
     }
 
     /// Appends the raw bytes a byte-level token text stands for. A character outside the
@@ -87,5 +86,8 @@ mod tests {
         assert!(seen.iter().all(|&s| s));
         // The last shifted byte is 0xAD (soft hyphen), at code point 323.
         assert_eq!(alphabet.byte_of[TABLE_LEN - 1], Some(0xAD));
+        assert_eq!(alphabet.char_of(0xAD), '\u{143}');
+        assert_eq!(alphabet.char_of(b' '), 'Ġ');
+        assert_eq!(alphabet.char_of(b'a'), 'a');
     }
 }

@@ -1,18 +1,14 @@
-//! Rebuilds a byte-level BPE tokenizer from GGUF `tokenizer.ggml.*` metadata, the way llama.cpp
-//! reads the same keys: vocabulary, merges, token types, special ids, and the pre-tokenizer
+//! Rebuilds a byte-level BPE tokenizer from GGUF `tokenizer.ggml.*` metadata, reading the same
+//! keys llama.cpp does: vocabulary, merges, token types, special ids, and the pre-tokenizer
 //! chosen by name (`tokenizer.ggml.pre`), since GGUF stores only the name, not the regexes.
 
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::{Content, Value};
-use tokenizers::models::bpe::{Merges, Vocab, BPE};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
-use super::{PieceEncoding, TokenKind, TokenTable, TokenizerParts};
+use super::bpe::ByteLevelBpe;
+use super::pretokenize::{PreTokenizer, SUPPORTED_NAMES};
+use super::{Encoder, PieceEncoding, TokenKind, TokenTable, TokenizerParts};
 use crate::error::{ModelError, Result};
 
 const KEY_MODEL: &str = "tokenizer.ggml.model";
@@ -22,79 +18,6 @@ const KEY_TYPES: &str = "tokenizer.ggml.token_type";
 const KEY_MERGES: &str = "tokenizer.ggml.merges";
 const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
 const KEY_TEMPLATE: &str = "tokenizer.chat_template";
-
-/// Pre-tokenizer names we build, grouped by the splitting they share (as in llama.cpp).
-pub(super) const SUPPORTED_PRE_NAMES: &[&str] = &[
-    "smollm",
-    "starcoder",
-    "refact",
-    "gpt-2",
-    "default",
-    "qwen2",
-    "llama3",
-    "llama-v3",
-    "llama-bpe",
-];
-
-/// Llama 3's split regex, as in its tokenizer.json: contractions, letter runs with one
-/// leading non-letter, numbers in groups of up to three, punctuation runs, newlines, spaces.
-const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-/// Qwen2's split regex: Llama 3's, but every digit on its own.
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-/// How a vocabulary splits text into words before BPE merges run inside each word.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PreTokenizer {
-    /// GPT-2's byte-level regex.
-    Gpt2,
-    /// Every digit alone, then GPT-2's regex (SmolLM, StarCoder, Refact).
-    DigitsThenGpt2,
-    Qwen2,
-    Llama3,
-}
-
-impl PreTokenizer {
-    fn from_name(name: &str) -> Option<Self> {
-        Some(match name {
-            "smollm" | "starcoder" | "refact" => Self::DigitsThenGpt2,
-            // llama.cpp's own "default" is a rough regex for files converted before the
-            // pre-tokenizer was recorded; GPT-2's regex is what `tokenizers`' ByteLevel does for
-            // such vocabularies, so it is the better guess.
-            "gpt-2" | "default" => Self::Gpt2,
-            "qwen2" => Self::Qwen2,
-            "llama3" | "llama-v3" | "llama-bpe" => Self::Llama3,
-            _ => return None,
-        })
-    }
-
-    fn build(self) -> std::result::Result<PreTokenizerWrapper, String> {
-        // ByteLevel(add_prefix_space, trim_offsets, use_regex): with use_regex it applies
-        // GPT-2's regex itself; after our own Split it only maps bytes to characters.
-        let gpt2 = || PreTokenizerWrapper::from(ByteLevel::new(false, true, true));
-        let split = |regex: &str| -> std::result::Result<PreTokenizerWrapper, String> {
-            let split = Split::new(
-                SplitPattern::Regex(regex.to_string()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(|e| format!("cannot compile the pre-tokenizer regex: {e}"))?;
-            Ok(PreTokenizerWrapper::from(Sequence::new(vec![
-                split.into(),
-                ByteLevel::new(false, false, false).into(),
-            ])))
-        };
-        match self {
-            Self::Gpt2 => Ok(gpt2()),
-            Self::DigitsThenGpt2 => Ok(PreTokenizerWrapper::from(Sequence::new(vec![
-                Digits::new(true).into(),
-                gpt2(),
-            ]))),
-            Self::Qwen2 => split(QWEN2_SPLIT),
-            Self::Llama3 => split(LLAMA3_SPLIT),
-        }
-    }
-}
 
 /// GGUF token types (llama.cpp's `llama_token_type`).
 fn token_kind(token_type: i64) -> TokenKind {
@@ -130,11 +53,11 @@ pub(super) fn build(content: &Content, path: &Path) -> Result<TokenizerParts> {
             "default"
         }
     };
-    let pre = PreTokenizer::from_name(pre_name).ok_or_else(|| ModelError::Unsupported {
+    let pre = PreTokenizer::from_gguf_name(pre_name).ok_or_else(|| ModelError::Unsupported {
         path: path.to_path_buf(),
         what: format!(
             "pre-tokenizer `{pre_name}` ({KEY_PRE}); supported: {}",
-            SUPPORTED_PRE_NAMES.join(", ")
+            SUPPORTED_NAMES.join(", ")
         ),
     })?;
 
@@ -152,13 +75,13 @@ pub(super) fn build(content: &Content, path: &Path) -> Result<TokenizerParts> {
         }
         None => vec![TokenKind::Normal; n],
     };
-    let merges: Merges = meta
+    let merges: Vec<(&str, &str)> = meta
         .string_array(KEY_MERGES)?
         .unwrap_or_default()
-        .iter()
+        .into_iter()
         .enumerate()
         .map(|(i, merge)| match merge.split_once(' ') {
-            Some((a, b)) => Ok((a.to_string(), b.to_string())),
+            Some(pair) => Ok(pair),
             None => Err(meta.invalid(
                 KEY_MERGES,
                 &format!("merge {i} `{merge}` is not two tokens separated by a space"),
@@ -183,7 +106,8 @@ pub(super) fn build(content: &Content, path: &Path) -> Result<TokenizerParts> {
     let bos = token_id("bos_token_id")?;
     let eos = token_id("eos_token_id")?;
     let pad = token_id("padding_token_id")?;
-    let unk = token_id("unknown_token_id")?;
+    // `unknown_token_id` is not read: a byte-level vocabulary spells every byte, and a byte it
+    // lacks is dropped rather than encoded as UNK (see `bpe`).
     let extra_eog: Vec<u32> = [token_id("eot_token_id")?, token_id("eom_token_id")?]
         .into_iter()
         .flatten()
@@ -194,42 +118,6 @@ pub(super) fn build(content: &Content, path: &Path) -> Result<TokenizerParts> {
         .unwrap_or(pre == PreTokenizer::Llama3);
     let chat_template = meta.optional_str(KEY_TEMPLATE)?.map(str::to_string);
 
-    let vocab: Vocab = tokens
-        .iter()
-        .enumerate()
-        .map(|(id, token)| (token.to_string(), id as u32))
-        .collect();
-    let mut bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        // Llama 3 looks a whole word up before merging (llama.cpp's `ignore_merges`).
-        .ignore_merges(pre == PreTokenizer::Llama3);
-    if let Some(unk) = unk {
-        bpe = bpe.unk_token(tokens[unk as usize].to_string());
-    }
-    let bpe = bpe.build().map_err(|e| ModelError::Tokenizer {
-        path: path.to_path_buf(),
-        reason: format!("invalid BPE vocabulary or merges: {e}"),
-    })?;
-
-    let mut inner = tokenizers::Tokenizer::new(bpe);
-    let pre_tokenizer = pre.build().map_err(|reason| ModelError::Tokenizer {
-        path: path.to_path_buf(),
-        reason,
-    })?;
-    inner.with_pre_tokenizer(Some(pre_tokenizer));
-    // Added tokens are matched in the raw text before pre-tokenization, so `<|im_start|>`
-    // stays one id instead of being split into `<`, `|`, ...
-    let added = |want: TokenKind, special: bool| -> Vec<AddedToken> {
-        tokens
-            .iter()
-            .zip(&kinds)
-            .filter(|(_, kind)| **kind == want)
-            .map(|(token, _)| AddedToken::from(token.to_string(), special).normalized(false))
-            .collect()
-    };
-    inner.add_special_tokens(&added(TokenKind::Special, true));
-    inner.add_tokens(&added(TokenKind::Literal, false));
-
     let table = TokenTable::new(
         tokens
             .iter()
@@ -238,8 +126,17 @@ pub(super) fn build(content: &Content, path: &Path) -> Result<TokenizerParts> {
             .collect(),
         PieceEncoding::ByteLevel,
     );
+    // Llama 3 looks a whole word up before merging (llama.cpp's `ignore_merges`).
+    let ignore_merges = pre == PreTokenizer::Llama3;
+    let bpe =
+        ByteLevelBpe::new(&tokens, &table, &merges, pre, ignore_merges).map_err(|reason| {
+            ModelError::Tokenizer {
+                path: path.to_path_buf(),
+                reason,
+            }
+        })?;
     Ok(TokenizerParts {
-        inner,
+        encoder: Encoder::ByteLevelBpe(Box::new(bpe)),
         table,
         bos,
         eos,
@@ -381,7 +278,7 @@ mod tests {
 
     #[test]
     fn every_supported_pre_tokenizer_builds() {
-        for name in SUPPORTED_PRE_NAMES {
+        for name in SUPPORTED_NAMES {
             let tok = Tokenizer::from_gguf(&tiny_content(name), Path::new("x.gguf"))
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(tok.encode(" the 12").unwrap().len(), 4, "{name}");
@@ -389,17 +286,24 @@ mod tests {
     }
 
     #[test]
-    fn digits_are_split_one_by_one_for_smollm_but_not_gpt2() {
-        let smollm = Tokenizer::from_gguf(&tiny_content("smollm"), Path::new("x")).unwrap();
-        let gpt2 = Tokenizer::from_gguf(&tiny_content("gpt-2"), Path::new("x")).unwrap();
-        // Without merges for digits both give one id per digit; the split shows in the
-        // word boundaries, which `tokenizers` reports through word ids.
-        let words = |t: &Tokenizer| {
-            let enc = t.inner.encode("123", false).unwrap();
-            enc.get_word_ids().to_vec()
-        };
-        assert_eq!(words(&smollm), vec![Some(0), Some(1), Some(2)]);
-        assert_eq!(words(&gpt2), vec![Some(0), Some(0), Some(0)]);
+    fn llama3_takes_whole_words_from_the_vocabulary() {
+        // "xyz" is a token no merge produces: Llama 3 still finds it, GPT-2 spells it out.
+        let mut content = tiny_content("llama3");
+        if let Some(Value::Array(tokens)) = content.metadata.get_mut(KEY_TOKENS) {
+            tokens.push(Value::String("xyz".into()));
+        }
+        if let Some(Value::Array(types)) = content.metadata.get_mut(KEY_TYPES) {
+            types.push(Value::I32(1));
+        }
+        let llama3 = Tokenizer::from_gguf(&content, Path::new("x")).unwrap();
+        assert_eq!(llama3.encode("xyz").unwrap(), vec![262]);
+        content
+            .metadata
+            .insert(KEY_PRE.into(), Value::String("gpt-2".into()));
+        let gpt2 = Tokenizer::from_gguf(&content, Path::new("x")).unwrap();
+        assert_eq!(gpt2.encode("xyz").unwrap().len(), 3);
+        // Llama 3 vocabularies want BOS unless the file says otherwise.
+        assert!(llama3.add_bos_token() && !gpt2.add_bos_token());
     }
 
     #[test]
@@ -436,7 +340,8 @@ mod tests {
             KEY_MERGES.into(),
             Value::Array(vec![Value::String("Ġ zz".into())]),
         );
-        assert!(build_err(&content).contains("merges"));
+        let err = build_err(&content);
+        assert!(err.contains("`zz` is not in the vocabulary"), "{err}");
 
         let mut content = tiny_content("gpt-2");
         content

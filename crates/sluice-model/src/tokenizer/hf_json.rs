@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::{PieceEncoding, TokenKind, TokenTable, TokenizerParts};
+use super::{Encoder, PieceEncoding, TokenKind, TokenTable, TokenizerParts};
 use crate::error::{ModelError, Result};
 
 pub(super) fn build(path: &Path) -> Result<TokenizerParts> {
@@ -58,7 +58,7 @@ pub(super) fn build(path: &Path) -> Result<TokenizerParts> {
         extra_eog: Vec::new(),
         add_bos,
         chat_template: config.chat_template,
-        inner,
+        encoder: Encoder::HuggingFace(Box::new(inner)),
         table,
     })
 }

@@ -1,0 +1,428 @@
+//! Splitting text into the words BPE merges run within, by hand-written scanners that match
+//! exactly what the pre-tokenizer regexes of the supported vocabularies match (leftmost
+//! alternative first, greedy runs, and the `\s+(?!\S)` lookahead that leaves one space for the
+//! next word). A regex engine would do the same work several times slower; the unit tests
+//! check every scanner against the `tokenizers` crate's regex implementation.
+//!
+//! Character classes: `\p{L}` is the Unicode Letter category, `\p{N}` the Number category
+//! (`char::is_numeric`), `\s` the White_Space property (`char::is_whitespace`), as in
+//! Oniguruma, which `tokenizers` uses.
+
+use std::sync::LazyLock;
+
+/// The pre-tokenizers of the GGUF vocabularies we support, by the splitting they do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PreTokenizer {
+    /// GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
+    Gpt2,
+    /// Every digit alone first, then GPT-2's regex on the pieces between (SmolLM, StarCoder,
+    /// Refact: `Sequence[Digits(individual_digits), ByteLevel(use_regex)]` in tokenizer.json).
+    DigitsThenGpt2,
+    /// Qwen2: `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|
+    /// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
+    Qwen2,
+    /// Llama 3: Qwen2's regex with `\p{N}{1,3}` (numbers in groups of up to three digits).
+    Llama3,
+}
+
+/// `tokenizer.ggml.pre` names we accept, in the order error messages list them.
+pub(crate) const SUPPORTED_NAMES: &[&str] = &[
+    "smollm",
+    "starcoder",
+    "refact",
+    "gpt-2",
+    "default",
+    "qwen2",
+    "llama3",
+    "llama-v3",
+    "llama-bpe",
+];
+
+impl PreTokenizer {
+    /// The pre-tokenizer llama.cpp uses for a `tokenizer.ggml.pre` name.
+    pub(crate) fn from_gguf_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "smollm" | "starcoder" | "refact" => Self::DigitsThenGpt2,
+            // llama.cpp's own "default" is a rough regex for files converted before the
+            // pre-tokenizer was recorded; GPT-2's regex is what `tokenizers`' ByteLevel does for
+            // such vocabularies, so it is the better guess.
+            "gpt-2" | "default" => Self::Gpt2,
+            "qwen2" => Self::Qwen2,
+            "llama3" | "llama-v3" | "llama-bpe" => Self::Llama3,
+            _ => return None,
+        })
+    }
+
+    /// Calls `emit` with each word of `text`, in order; the words concatenate to `text`.
+    pub(crate) fn split<'t>(self, text: &'t str, emit: &mut impl FnMut(&'t str)) {
+        match self {
+            Self::Gpt2 => scan(text, gpt2_word, emit),
+            Self::DigitsThenGpt2 => {
+                let mut start = 0;
+                for (i, c) in text.char_indices() {
+                    if c.is_numeric() {
+                        scan(&text[start..i], gpt2_word, emit);
+                        let end = i + c.len_utf8();
+                        emit(&text[i..end]);
+                        start = end;
+                    }
+                }
+                scan(&text[start..], gpt2_word, emit);
+            }
+            Self::Qwen2 => scan(text, |t, i| llama3_word(t, i, 1), emit),
+            Self::Llama3 => scan(text, |t, i| llama3_word(t, i, 3), emit),
+        }
+    }
+}
+
+/// Emits consecutive words of `text`; `word(text, i)` returns where the word at `i` ends.
+fn scan<'t>(text: &'t str, word: impl Fn(&str, usize) -> usize, emit: &mut impl FnMut(&'t str)) {
+    let mut i = 0;
+    while i < text.len() {
+        // Every scanner consumes at least one character; the max() guards the loop anyway.
+        let end = word(text, i).max(i + next_len(text, i));
+        emit(&text[i..end]);
+        i = end;
+    }
+}
+
+/// End of the GPT-2 regex match starting at `i` (`i < text.len()`).
+fn gpt2_word(text: &str, i: usize) -> usize {
+    if let Some(len) = contraction(&text[i..], false) {
+        return i + len;
+    }
+    let c = char_at(text, i);
+    // ` ?X+` for the three non-space classes: an optional leading space, then a run.
+    let j = if c == ' ' { i + 1 } else { i };
+    if let Some(d) = text[j..].chars().next() {
+        if is_letter(d) {
+            return run(text, j, is_letter);
+        }
+        if d.is_numeric() {
+            return run(text, j, char::is_numeric);
+        }
+        if !d.is_whitespace() {
+            return run(text, j, is_other);
+        }
+    }
+    whitespace_word(text, i)
+}
+
+/// End of the Llama 3 / Qwen2 regex match starting at `i`; `max_digits` is 3 or 1.
+fn llama3_word(text: &str, i: usize, max_digits: usize) -> usize {
+    if let Some(len) = contraction(&text[i..], true) {
+        return i + len;
+    }
+    let c = char_at(text, i);
+    let after_c = i + c.len_utf8();
+    // `[^\r\n\p{L}\p{N}]?\p{L}+`
+    if is_letter(c) {
+        return run(text, i, is_letter);
+    }
+    if c != '\r' && c != '\n' && !c.is_numeric() && text[after_c..].starts_with(is_letter) {
+        return run(text, after_c, is_letter);
+    }
+    // `\p{N}{1,max_digits}`
+    if c.is_numeric() {
+        let mut end = i;
+        for d in text[i..].chars().take(max_digits) {
+            if !d.is_numeric() {
+                break;
+            }
+            end += d.len_utf8();
+        }
+        return end;
+    }
+    // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+    let j = if c == ' ' { after_c } else { i };
+    if text[j..].starts_with(is_other) {
+        let end = run(text, j, is_other);
+        return run(text, end, |c| c == '\r' || c == '\n');
+    }
+    // `\s*[\r\n]+`: a whitespace run up to and including its last line break.
+    let ws_end = run(text, i, char::is_whitespace);
+    if let Some(last_break) = text[i..ws_end].rfind(['\r', '\n']) {
+        return i + last_break + 1;
+    }
+    whitespace_word(text, i)
+}
+
+/// `\s+(?!\S)|\s+` at `i`: the whitespace run, except that a run followed by a non-space
+/// leaves its last character to start the next word (so " hello" keeps its space).
+fn whitespace_word(text: &str, i: usize) -> usize {
+    let end = run(text, i, char::is_whitespace);
+    if end == text.len() {
+        return end;
+    }
+    match text[i..end].chars().next_back() {
+        Some(last) if end - last.len_utf8() > i => end - last.len_utf8(),
+        // A single whitespace character before a non-space: `\s+` takes it alone.
+        _ => end.max(i + next_len(text, i)),
+    }
+}
+
+/// Length of a contraction suffix (`'s`, `'t`, `'re`, `'ve`, `'m`, `'ll`, `'d`) at the start of
+/// `rest`, matched case-insensitively for Llama 3 / Qwen2.
+fn contraction(rest: &str, ignore_case: bool) -> Option<usize> {
+    let mut chars = rest.strip_prefix('\'')?.chars();
+    let fold = |c: char| match c {
+        // U+017F LATIN SMALL LETTER LONG S case-folds to "s" in Unicode-aware regexes.
+        'ſ' if ignore_case => 's',
+        c if ignore_case => c.to_ascii_lowercase(),
+        c => c,
+    };
+    let first = chars.next()?;
+    let one = 1 + first.len_utf8();
+    let want_second = match fold(first) {
+        's' | 't' | 'm' | 'd' => return Some(one),
+        'r' | 'v' => 'e',
+        'l' => 'l',
+        _ => return None,
+    };
+    let second = chars.next()?;
+    (fold(second) == want_second).then_some(one + second.len_utf8())
+}
+
+/// End of the run of characters satisfying `class` that starts at `i`.
+fn run(text: &str, i: usize, class: impl Fn(char) -> bool) -> usize {
+    text[i..]
+        .char_indices()
+        .find(|&(_, c)| !class(c))
+        .map_or(text.len(), |(off, _)| i + off)
+}
+
+fn char_at(text: &str, i: usize) -> char {
+    text[i..].chars().next().unwrap_or('\0')
+}
+
+fn next_len(text: &str, i: usize) -> usize {
+    text[i..].chars().next().map_or(1, char::len_utf8)
+}
+
+/// `[^\s\p{L}\p{N}]`: punctuation, symbols, controls.
+fn is_other(c: char) -> bool {
+    !c.is_whitespace() && !is_letter(c) && !c.is_numeric()
+}
+
+/// `\p{L}`. ASCII is answered directly; other characters by binary search in the Letter
+/// ranges of the Unicode tables `regex-syntax` ships.
+fn is_letter(c: char) -> bool {
+    if c.is_ascii() {
+        return c.is_ascii_alphabetic();
+    }
+    let ranges: &[(char, char)] = &LETTER_RANGES;
+    ranges
+        .binary_search_by(|&(start, end)| {
+            if end < c {
+                std::cmp::Ordering::Less
+            } else if start > c {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        })
+        .is_ok()
+}
+
+static LETTER_RANGES: LazyLock<Vec<(char, char)>> = LazyLock::new(|| {
+    use regex_syntax::hir::{Class, HirKind};
+    match regex_syntax::parse(r"\p{L}").map(|hir| hir.into_kind()) {
+        Ok(HirKind::Class(Class::Unicode(class))) => class
+            .ranges()
+            .iter()
+            .map(|r| (r.start(), r.end()))
+            .collect(),
+        // Unreachable with regex-syntax's Unicode tables compiled in; the unit tests would
+        // catch it (non-ASCII letters would stop being letters).
+        _ => Vec::new(),
+    }
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::digits::Digits;
+    use tokenizers::pre_tokenizers::sequence::Sequence;
+    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+    use tokenizers::{
+        OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer as _, PreTokenizerWrapper,
+        SplitDelimiterBehavior,
+    };
+
+    /// The same pre-tokenizers built from the `tokenizers` crate (regexes run by Oniguruma),
+    /// as their tokenizer.json files declare them: the oracle for the scanners.
+    fn oracle(kind: PreTokenizer) -> PreTokenizerWrapper {
+        let split = |regex: &str| -> PreTokenizerWrapper {
+            Split::new(
+                SplitPattern::Regex(regex.into()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .unwrap()
+            .into()
+        };
+        let byte_level = |use_regex| ByteLevel::new(false, true, use_regex).into();
+        let llama3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+        let qwen2 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+        match kind {
+            PreTokenizer::Gpt2 => byte_level(true),
+            PreTokenizer::DigitsThenGpt2 => {
+                Sequence::new(vec![Digits::new(true).into(), byte_level(true)]).into()
+            }
+            PreTokenizer::Qwen2 => Sequence::new(vec![split(qwen2), byte_level(false)]).into(),
+            PreTokenizer::Llama3 => Sequence::new(vec![split(llama3), byte_level(false)]).into(),
+        }
+    }
+
+    fn oracle_words(pre: &PreTokenizerWrapper, text: &str) -> Vec<String> {
+        let mut pts = PreTokenizedString::from(text);
+        pre.pre_tokenize(&mut pts).unwrap();
+        pts.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(_, (start, end), _)| text[start..end].to_string())
+            .collect()
+    }
+
+    fn our_words(kind: PreTokenizer, text: &str) -> Vec<String> {
+        let mut words = Vec::new();
+        kind.split(text, &mut |w| words.push(w.to_string()));
+        words
+    }
+
+    const ALL: [PreTokenizer; 4] = [
+        PreTokenizer::Gpt2,
+        PreTokenizer::DigitsThenGpt2,
+        PreTokenizer::Qwen2,
+        PreTokenizer::Llama3,
+    ];
+
+    /// Characters that exercise every branch: each class, the contraction letters in both
+    /// cases, line breaks, exotic spaces, combining marks, digits of other scripts, emoji.
+    const POOL: &[char] = &[
+        'a',
+        'B',
+        's',
+        'S',
+        't',
+        'r',
+        'E',
+        'v',
+        'm',
+        'l',
+        'L',
+        'd',
+        'x',
+        '\'',
+        ' ',
+        ' ',
+        ' ',
+        '\n',
+        '\r',
+        '\t',
+        '\u{a0}',
+        '\u{2009}',
+        '\u{3000}',
+        '\u{85}',
+        '0',
+        '7',
+        '٣',
+        '²',
+        'Ⅻ',
+        '.',
+        ',',
+        '(',
+        '!',
+        '-',
+        '_',
+        '$',
+        '€',
+        '\u{1F980}',
+        '中',
+        'é',
+        'ß',
+        'Ж',
+        'ſ',
+        '\u{301}',
+        '\u{94d}',
+        'न',
+        '\u{200d}',
+        '\u{0}',
+        '\u{7f}',
+        'ǅ',
+        'ʰ',
+        'ª',
+    ];
+
+    #[test]
+    fn scanners_match_the_regex_pre_tokenizers() {
+        let samples = [
+            "Hello, world!",
+            "  leading spaces",
+            "trailing spaces   ",
+            "tabs\tand\nnewlines\n\n",
+            "don't I'll we've they're DON'T I'LL WE'VE 'S 'Re 'ſ",
+            "12345 3.14159 1,000,000 x1234567",
+            "a  b   c\n\n  d \n e\r\n\r\nf",
+            "日本語のテキスト émoji 🦀👍🏽 done",
+            "def fib(n):\n    return n if n < 2 else fib(n-1) + fib(n-2)",
+            " non\u{a0}breaking\u{2009}thin ",
+            "'",
+            " ",
+            "\n",
+            "x'",
+            "''s",
+            "?'s",
+        ];
+        for kind in ALL {
+            let pre = oracle(kind);
+            for text in samples {
+                assert_eq!(
+                    our_words(kind, text),
+                    oracle_words(&pre, text),
+                    "{kind:?} {text:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn scanners_match_the_regex_pre_tokenizers_on_random_text() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for kind in ALL {
+            let pre = oracle(kind);
+            for _ in 0..3000 {
+                let len = (next() % 24) as usize;
+                let text: String = (0..len)
+                    .map(|_| POOL[(next() % POOL.len() as u64) as usize])
+                    .collect();
+                assert_eq!(
+                    our_words(kind, &text),
+                    oracle_words(&pre, &text),
+                    "{kind:?} {text:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn letter_table_is_loaded() {
+        assert!(LETTER_RANGES.len() > 100);
+        assert!(is_letter('é') && is_letter('中') && is_letter('ʰ') && is_letter('ǅ'));
+        assert!(!is_letter('\u{301}') && !is_letter('٣') && !is_letter('€'));
+    }
+
+    #[test]
+    fn unknown_names_are_rejected_and_listed_ones_accepted() {
+        assert_eq!(PreTokenizer::from_gguf_name("llama"), None);
+        for name in SUPPORTED_NAMES {
+            assert!(PreTokenizer::from_gguf_name(name).is_some(), "{name}");
+        }
+    }
+}
