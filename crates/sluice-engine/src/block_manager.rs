@@ -1,0 +1,733 @@
+//! The paged KV cache's bookkeeping: which fixed-size blocks each sequence owns, which are free,
+//! and which full blocks can be shared through the prefix cache. No tensors live here; the model
+//! reads the block ids this module hands out.
+//!
+//! Blocks are reference counted. A block is *free* when its count is zero; free blocks sit in one
+//! intrusive queue that doubles as the LRU list of the prefix cache:
+//!
+//! ```text
+//! head (taken first)                                                     tail
+//!   [ free, no cached content ... ][ free, cached: least ... most recently used ]
+//! ```
+//!
+//! Blocks without cached content go to the head when freed, so a fresh allocation never throws
+//! away a cached block while a useless one is available; cached blocks go to the tail, so the
+//! cached block taken (and evicted) first is the one freed longest ago. A prefix-cache hit on a
+//! free block unlinks it from the middle of the queue. Every operation is O(1) per block.
+//!
+//! Prefix caching keys a FULL block by `hash(parent block's key, its token ids)`, so a key names
+//! the whole prefix up to the end of the block. Only blocks whose tokens are all computed are
+//! registered, and a sequence only ever writes K/V at positions past its computed tokens, so a
+//! shared block is never written: sharing needs no copy-on-write.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Index of a block in the KV cache; the model's slot for a token is
+/// `block_id * block_size + offset`.
+pub type BlockId = u32;
+
+const NIL: u32 = u32::MAX;
+
+/// Key of the (nonexistent) block before the first one; any constant works, it only has to be
+/// the same for every sequence.
+const ROOT_HASH: u64 = 0x736c_7569_6365_0001;
+
+/// The keys of the cache map are already hashes, so hashing them again would only cost time.
+#[derive(Default)]
+struct PrehashedU64(u64);
+
+impl Hasher for PrehashedU64 {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type CacheMap = HashMap<u64, BlockId, BuildHasherDefault<PrehashedU64>>;
+
+/// Chain hash of one full block. `DefaultHasher::new()` uses fixed keys, so the value is the
+/// same for every sequence in the process, which is all the cache needs.
+fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
+    let mut h = DefaultHasher::new();
+    h.write_u64(parent);
+    for &t in tokens {
+        h.write_u32(t);
+    }
+    h.finish()
+}
+
+/// The blocks of one sequence, in token order. Only a [`BlockManager`] changes it, so the ref
+/// counts always match the tables; it deliberately does not implement `Clone`, because a copy
+/// would hold references the manager does not know about.
+///
+/// A table belongs to one token sequence whose tokens only ever grow: it memoises the chain
+/// hashes of that sequence's full blocks, and keeps them when its blocks are freed (preemption),
+/// so a re-admitted sequence looks itself up in the prefix cache without rehashing.
+#[derive(Debug, Default)]
+pub struct BlockTable {
+    blocks: Vec<BlockId>,
+    /// `hashes[i]` is the chain hash of the sequence's tokens `0..(i + 1) * block_size`.
+    hashes: Vec<u64>,
+    /// Leading blocks already offered to the prefix cache (hits, or registered after compute).
+    num_registered: usize,
+}
+
+impl BlockTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn blocks(&self) -> &[BlockId] {
+        &self.blocks
+    }
+
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+}
+
+/// Prefix-cache counters, in tokens: `queries` counts the known tokens of every sequence at
+/// (re)admission, `hits` those of them whose K/V came from cached blocks instead of compute.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    pub queries: u64,
+    pub hits: u64,
+}
+
+/// The result of [`BlockManager::find_cached_prefix`], to hand back to
+/// [`BlockManager::allocate_with_prefix`] before anything else changes the manager.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachedPrefix {
+    /// Leading full blocks found in the cache.
+    pub num_blocks: usize,
+    /// How many of them are free (ref count 0): taking them shrinks the free pool.
+    pub num_evictable: usize,
+    num_query_tokens: usize,
+    epoch: u64,
+}
+
+impl CachedPrefix {
+    /// Tokens whose K/V the found blocks already hold.
+    pub fn num_tokens(&self, block_size: usize) -> usize {
+        self.num_blocks * block_size
+    }
+}
+
+/// Ref-counted allocator of KV-cache blocks with a prefix cache. See the module docs.
+#[derive(Debug)]
+pub struct BlockManager {
+    block_size: usize,
+    ref_counts: Vec<u32>,
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    head: u32,
+    tail: u32,
+    num_free: usize,
+    cache: CacheMap,
+    /// The key under which a block is in `cache`, if it is.
+    block_key: Vec<Option<u64>>,
+    /// What a cached block holds, to tell a real hit from a 64-bit hash collision.
+    block_parent: Vec<u64>,
+    block_tokens: Vec<u32>,
+    stats: PrefixCacheStats,
+    /// Bumped by every change to ref counts or the cache, so a stale [`CachedPrefix`] is caught.
+    epoch: u64,
+}
+
+impl BlockManager {
+    /// A pool of `num_blocks` blocks of `block_size` tokens, all free.
+    ///
+    /// # Panics
+    /// If either is zero, or `num_blocks` does not fit a `u32` block id.
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        assert!(num_blocks > 0, "the KV cache needs at least one block");
+        assert!(block_size > 0, "block_size must be positive");
+        assert!(
+            num_blocks < NIL as usize,
+            "too many blocks for u32 block ids"
+        );
+        let n = num_blocks as u32;
+        Self {
+            block_size,
+            ref_counts: vec![0; num_blocks],
+            prev: (0..n).map(|b| if b == 0 { NIL } else { b - 1 }).collect(),
+            next: (0..n)
+                .map(|b| if b + 1 == n { NIL } else { b + 1 })
+                .collect(),
+            head: 0,
+            tail: n - 1,
+            num_free: num_blocks,
+            cache: CacheMap::default(),
+            block_key: vec![None; num_blocks],
+            block_parent: vec![0; num_blocks],
+            block_tokens: vec![0; num_blocks * block_size],
+            stats: PrefixCacheStats::default(),
+            epoch: 0,
+        }
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.ref_counts.len()
+    }
+
+    /// Blocks with ref count 0, including those that still hold cached prefixes.
+    pub fn num_free_blocks(&self) -> usize {
+        self.num_free
+    }
+
+    /// Blocks referenced by at least one sequence.
+    pub fn num_used_blocks(&self) -> usize {
+        self.num_blocks() - self.num_free
+    }
+
+    /// Blocks findable in the prefix cache, in use or not.
+    pub fn num_cached_blocks(&self) -> usize {
+        self.cache.len()
+    }
+
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.stats
+    }
+
+    /// Blocks needed to hold `num_tokens` tokens.
+    pub fn blocks_for(&self, num_tokens: usize) -> usize {
+        num_tokens.div_ceil(self.block_size)
+    }
+
+    /// Finds the longest run of leading full blocks of `tokens` in the cache, without taking
+    /// them. Never covers all of `tokens`: at least one token is left to compute so the forward
+    /// has logits to sample from.
+    ///
+    /// # Panics
+    /// If `table` holds blocks.
+    pub fn find_cached_prefix(&mut self, table: &mut BlockTable, tokens: &[u32]) -> CachedPrefix {
+        assert!(
+            table.blocks.is_empty(),
+            "prefix lookup on a table that holds blocks"
+        );
+        let max_blocks = tokens.len().saturating_sub(1) / self.block_size;
+        let mut num_blocks = 0;
+        let mut num_evictable = 0;
+        while num_blocks < max_blocks {
+            let key = self.ensure_hash(table, tokens, num_blocks);
+            let parent = Self::parent_key(table, num_blocks);
+            let chunk = &tokens[num_blocks * self.block_size..(num_blocks + 1) * self.block_size];
+            match self.cache.get(&key) {
+                Some(&b) if self.holds(b, parent, chunk) => {
+                    if self.ref_counts[b as usize] == 0 {
+                        num_evictable += 1;
+                    }
+                    num_blocks += 1;
+                }
+                _ => break,
+            }
+        }
+        CachedPrefix {
+            num_blocks,
+            num_evictable,
+            num_query_tokens: tokens.len(),
+            epoch: self.epoch,
+        }
+    }
+
+    /// Gives an empty `table` the cached blocks of `prefix` (shared by reference) plus fresh
+    /// blocks up to `num_tokens` tokens, or changes nothing and returns false when the free
+    /// pool is too small. Counts the lookup in the prefix-cache stats when it succeeds.
+    ///
+    /// # Panics
+    /// If the manager changed since `prefix` was found, or `table` holds blocks.
+    pub fn allocate_with_prefix(
+        &mut self,
+        table: &mut BlockTable,
+        prefix: &CachedPrefix,
+        num_tokens: usize,
+    ) -> bool {
+        assert_eq!(prefix.epoch, self.epoch, "stale CachedPrefix");
+        assert!(
+            table.blocks.is_empty(),
+            "allocate_with_prefix on a table that holds blocks"
+        );
+        let total = self.blocks_for(num_tokens).max(prefix.num_blocks);
+        let fresh = total - prefix.num_blocks;
+        if fresh > self.num_free - prefix.num_evictable {
+            return false;
+        }
+        table.blocks.reserve(total);
+        for i in 0..prefix.num_blocks {
+            let b = self.cache[&table.hashes[i]];
+            self.acquire(b);
+            table.blocks.push(b);
+        }
+        for _ in 0..fresh {
+            let b = self.take_free();
+            table.blocks.push(b);
+        }
+        table.num_registered = prefix.num_blocks;
+        self.stats.queries += prefix.num_query_tokens as u64;
+        self.stats.hits += (prefix.num_blocks * self.block_size) as u64;
+        self.epoch += 1;
+        true
+    }
+
+    /// Grows `table` to hold `num_tokens` tokens, or changes nothing and returns false when the
+    /// free pool is too small.
+    pub fn allocate(&mut self, table: &mut BlockTable, num_tokens: usize) -> bool {
+        let need = self
+            .blocks_for(num_tokens)
+            .saturating_sub(table.blocks.len());
+        if need == 0 {
+            return true;
+        }
+        if need > self.num_free {
+            return false;
+        }
+        for _ in 0..need {
+            let b = self.take_free();
+            table.blocks.push(b);
+        }
+        self.epoch += 1;
+        true
+    }
+
+    /// Returns every block of `table` to the pool (blocks shared with others just lose one
+    /// reference). Cached content stays findable until the block is reused.
+    pub fn free(&mut self, table: &mut BlockTable) {
+        // Reverse order: a sequence's last blocks are the least likely to be shared by a later
+        // prompt, so they should be the first cached ones evicted.
+        for i in (0..table.blocks.len()).rev() {
+            self.release(table.blocks[i]);
+        }
+        table.blocks.clear();
+        table.num_registered = 0;
+        self.epoch += 1;
+    }
+
+    /// Records that the first `num_computed` of `tokens` have their K/V in `table`'s blocks,
+    /// and offers each newly full block to the prefix cache. A block whose key is already cached
+    /// (another sequence computed the same prefix) stays private.
+    ///
+    /// # Panics
+    /// If `table` does not cover `num_computed` tokens, or `tokens` is shorter.
+    pub fn register_computed(
+        &mut self,
+        table: &mut BlockTable,
+        tokens: &[u32],
+        num_computed: usize,
+    ) {
+        assert!(
+            num_computed <= tokens.len(),
+            "more tokens computed than known"
+        );
+        let full = num_computed / self.block_size;
+        assert!(
+            full <= table.blocks.len(),
+            "table does not cover the computed tokens"
+        );
+        let bs = self.block_size;
+        while table.num_registered < full {
+            let i = table.num_registered;
+            let key = self.ensure_hash(table, tokens, i);
+            let b = table.blocks[i];
+            let bu = b as usize;
+            if self.block_key[bu].is_none() && !self.cache.contains_key(&key) {
+                self.cache.insert(key, b);
+                self.block_key[bu] = Some(key);
+                self.block_parent[bu] = Self::parent_key(table, i);
+                self.block_tokens[bu * bs..(bu + 1) * bs]
+                    .copy_from_slice(&tokens[i * bs..(i + 1) * bs]);
+                self.epoch += 1;
+            }
+            table.num_registered += 1;
+        }
+    }
+
+    /// Checks the manager against every live table: each block's ref count equals its number
+    /// of occurrences in the tables (so nothing leaked and nothing was freed twice), the free
+    /// queue holds exactly the unreferenced blocks, uncached before cached, and the cache map
+    /// and per-block keys agree. O(blocks); meant for tests and debugging.
+    pub fn check_consistency<'a>(
+        &self,
+        tables: impl IntoIterator<Item = &'a BlockTable>,
+    ) -> Result<(), String> {
+        let n = self.num_blocks();
+        let mut counts = vec![0u32; n];
+        for t in tables {
+            for &b in &t.blocks {
+                let c = counts
+                    .get_mut(b as usize)
+                    .ok_or_else(|| format!("block id {b} out of range"))?;
+                *c += 1;
+            }
+            if t.num_registered > t.blocks.len() {
+                return Err(format!(
+                    "table registered {} blocks but holds {}",
+                    t.num_registered,
+                    t.blocks.len()
+                ));
+            }
+        }
+        for (b, (&c, &r)) in counts.iter().zip(&self.ref_counts).enumerate() {
+            if c != r {
+                return Err(format!("block {b}: ref count {r} but {c} table references"));
+            }
+        }
+        let mut seen = vec![false; n];
+        let mut walked = 0;
+        let mut cur = self.head;
+        let mut prev = NIL;
+        let mut in_cached_part = false;
+        while cur != NIL {
+            let b = cur as usize;
+            if b >= n || seen[b] {
+                return Err(format!("free queue is corrupt at block {cur}"));
+            }
+            seen[b] = true;
+            if self.prev[b] != prev {
+                return Err(format!("free queue back link of block {b} is wrong"));
+            }
+            if self.ref_counts[b] != 0 {
+                return Err(format!(
+                    "block {b} is in the free queue with ref count {}",
+                    self.ref_counts[b]
+                ));
+            }
+            let cached = self.block_key[b].is_some();
+            if in_cached_part && !cached {
+                return Err(format!("uncached free block {b} queued behind cached ones"));
+            }
+            in_cached_part |= cached;
+            walked += 1;
+            prev = cur;
+            cur = self.next[b];
+        }
+        if prev != self.tail {
+            return Err("free queue tail is wrong".into());
+        }
+        let unreferenced = self.ref_counts.iter().filter(|&&r| r == 0).count();
+        if walked != self.num_free || unreferenced != self.num_free {
+            return Err(format!(
+                "free count {} but {walked} queued and {unreferenced} unreferenced",
+                self.num_free
+            ));
+        }
+        for (&key, &b) in &self.cache {
+            if self.block_key.get(b as usize).copied().flatten() != Some(key) {
+                return Err(format!(
+                    "cache entry {key:#x} points at block {b}, which has another key"
+                ));
+            }
+        }
+        let keyed = self.block_key.iter().filter(|k| k.is_some()).count();
+        if keyed != self.cache.len() {
+            return Err(format!(
+                "{keyed} blocks carry keys but the cache has {}",
+                self.cache.len()
+            ));
+        }
+        Ok(())
+    }
+
+    fn parent_key(table: &BlockTable, i: usize) -> u64 {
+        if i == 0 {
+            ROOT_HASH
+        } else {
+            table.hashes[i - 1]
+        }
+    }
+
+    fn ensure_hash(&self, table: &mut BlockTable, tokens: &[u32], i: usize) -> u64 {
+        let bs = self.block_size;
+        while table.hashes.len() <= i {
+            let j = table.hashes.len();
+            let h = chain_hash(Self::parent_key(table, j), &tokens[j * bs..(j + 1) * bs]);
+            table.hashes.push(h);
+        }
+        table.hashes[i]
+    }
+
+    fn holds(&self, b: BlockId, parent: u64, tokens: &[u32]) -> bool {
+        let bu = b as usize;
+        self.block_parent[bu] == parent
+            && self.block_tokens[bu * self.block_size..(bu + 1) * self.block_size] == *tokens
+    }
+
+    /// Takes the block at the head of the free queue, evicting its cached content if any.
+    fn take_free(&mut self) -> BlockId {
+        let b = self.head;
+        assert!(b != NIL, "free queue empty (callers check num_free first)");
+        self.unlink(b);
+        if let Some(key) = self.block_key[b as usize].take() {
+            let removed = self.cache.remove(&key);
+            debug_assert_eq!(removed, Some(b));
+        }
+        self.ref_counts[b as usize] = 1;
+        b
+    }
+
+    fn acquire(&mut self, b: BlockId) {
+        if self.ref_counts[b as usize] == 0 {
+            self.unlink(b);
+        }
+        self.ref_counts[b as usize] += 1;
+    }
+
+    fn release(&mut self, b: BlockId) {
+        let rc = &mut self.ref_counts[b as usize];
+        assert!(*rc > 0, "block {b} freed twice");
+        *rc -= 1;
+        if *rc == 0 {
+            if self.block_key[b as usize].is_some() {
+                self.push_back(b);
+            } else {
+                self.push_front(b);
+            }
+        }
+    }
+
+    fn unlink(&mut self, b: BlockId) {
+        let bu = b as usize;
+        let (p, n) = (self.prev[bu], self.next[bu]);
+        if p == NIL {
+            self.head = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n == NIL {
+            self.tail = p;
+        } else {
+            self.prev[n as usize] = p;
+        }
+        self.prev[bu] = NIL;
+        self.next[bu] = NIL;
+        self.num_free -= 1;
+    }
+
+    fn push_back(&mut self, b: BlockId) {
+        let bu = b as usize;
+        self.prev[bu] = self.tail;
+        self.next[bu] = NIL;
+        if self.tail == NIL {
+            self.head = b;
+        } else {
+            self.next[self.tail as usize] = b;
+        }
+        self.tail = b;
+        self.num_free += 1;
+    }
+
+    fn push_front(&mut self, b: BlockId) {
+        let bu = b as usize;
+        self.next[bu] = self.head;
+        self.prev[bu] = NIL;
+        if self.head == NIL {
+            self.tail = b;
+        } else {
+            self.prev[self.head as usize] = b;
+        }
+        self.head = b;
+        self.num_free += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A table holding `tokens` fully computed and registered, like a sequence after prefill.
+    fn computed(bm: &mut BlockManager, tokens: &[u32]) -> BlockTable {
+        let mut t = BlockTable::new();
+        let prefix = bm.find_cached_prefix(&mut t, tokens);
+        assert!(bm.allocate_with_prefix(&mut t, &prefix, tokens.len()));
+        bm.register_computed(&mut t, tokens, tokens.len());
+        t
+    }
+
+    fn hit_blocks(bm: &mut BlockManager, tokens: &[u32]) -> usize {
+        bm.find_cached_prefix(&mut BlockTable::new(), tokens)
+            .num_blocks
+    }
+
+    #[test]
+    fn cached_blocks_are_evicted_least_recently_freed_first_after_uncached_ones() {
+        let mut bm = BlockManager::new(4, 2);
+        let mut x = computed(&mut bm, &[1, 2]);
+        let mut y = computed(&mut bm, &[3, 4]);
+        let mut z = computed(&mut bm, &[5, 6]);
+        let (bx, by, bz) = (x.blocks()[0], y.blocks()[0], z.blocks()[0]);
+        for t in [&mut x, &mut y, &mut z] {
+            bm.free(t);
+        }
+        assert_eq!(bm.num_used_blocks(), 0);
+        assert_eq!(bm.num_cached_blocks(), 3);
+        bm.check_consistency([]).unwrap();
+
+        // The one never-cached block goes first, then X (freed longest ago).
+        let mut a = BlockTable::new();
+        assert!(bm.allocate(&mut a, 4));
+        assert!(!a.blocks().contains(&by) && !a.blocks().contains(&bz));
+        assert!(a.blocks().contains(&bx));
+        assert_eq!(hit_blocks(&mut bm, &[1, 2, 0]), 0, "X was evicted");
+        assert_eq!(hit_blocks(&mut bm, &[3, 4, 0]), 1);
+        assert_eq!(hit_blocks(&mut bm, &[5, 6, 0]), 1);
+
+        // Reusing Y makes it the most recently used, so Z goes next.
+        let mut y2 = computed(&mut bm, &[3, 4, 9]);
+        assert_eq!(y2.blocks()[0], by);
+        bm.free(&mut y2);
+        let mut b = BlockTable::new();
+        assert!(bm.allocate(&mut b, 2));
+        assert_eq!(b.blocks(), &[bz]);
+        assert_eq!(hit_blocks(&mut bm, &[5, 6, 0]), 0, "Z was evicted");
+        assert_eq!(hit_blocks(&mut bm, &[3, 4, 0]), 1, "Y survived");
+        bm.free(&mut a);
+        bm.free(&mut b);
+        bm.check_consistency([]).unwrap();
+    }
+
+    #[test]
+    fn a_sequence_frees_its_tail_blocks_to_eviction_first() {
+        let mut bm = BlockManager::new(3, 2);
+        let mut t = computed(&mut bm, &[1, 2, 3, 4, 5, 6]);
+        let blocks = t.blocks().to_vec();
+        bm.free(&mut t);
+        let mut a = BlockTable::new();
+        assert!(bm.allocate(&mut a, 2));
+        assert_eq!(a.blocks(), &[blocks[2]]);
+        assert_eq!(hit_blocks(&mut bm, &[1, 2, 3, 4, 5, 6, 7]), 2);
+        bm.free(&mut a);
+    }
+
+    #[test]
+    fn lookup_leaves_at_least_one_token_to_compute() {
+        let mut bm = BlockManager::new(8, 4);
+        let tokens: Vec<u32> = (0..8).collect();
+        let mut t = computed(&mut bm, &tokens);
+        assert_eq!(
+            hit_blocks(&mut bm, &tokens),
+            1,
+            "8 tokens: only the first block may hit"
+        );
+        assert_eq!(hit_blocks(&mut bm, &tokens[..4]), 0);
+        let mut longer = tokens.clone();
+        longer.push(99);
+        assert_eq!(hit_blocks(&mut bm, &longer), 2);
+        let mut other = tokens.clone();
+        other[1] = 77;
+        other.push(1);
+        assert_eq!(
+            hit_blocks(&mut bm, &other),
+            0,
+            "a different first block breaks the chain"
+        );
+        bm.free(&mut t);
+    }
+
+    #[test]
+    fn shared_blocks_are_counted_by_reference() {
+        let mut bm = BlockManager::new(8, 4);
+        let prompt: Vec<u32> = (0..10).collect();
+        let mut a = computed(&mut bm, &prompt);
+        assert_eq!(bm.num_used_blocks(), 3);
+        let mut b = computed(&mut bm, &prompt);
+        assert_eq!(&b.blocks()[..2], &a.blocks()[..2]);
+        assert_ne!(b.blocks()[2], a.blocks()[2], "the partial tail is private");
+        assert_eq!(bm.num_used_blocks(), 4);
+        assert_eq!(
+            bm.prefix_cache_stats(),
+            PrefixCacheStats {
+                queries: 20,
+                hits: 8
+            }
+        );
+        bm.check_consistency([&a, &b]).unwrap();
+        bm.free(&mut a);
+        assert_eq!(bm.num_used_blocks(), 3);
+        bm.check_consistency([&b]).unwrap();
+        bm.free(&mut b);
+        assert_eq!(bm.num_used_blocks(), 0);
+        bm.check_consistency([]).unwrap();
+    }
+
+    #[test]
+    fn allocation_is_all_or_nothing() {
+        let mut bm = BlockManager::new(4, 4);
+        let mut a = BlockTable::new();
+        assert!(bm.allocate(&mut a, 12));
+        let mut b = BlockTable::new();
+        assert!(!bm.allocate(&mut b, 8));
+        assert!(b.is_empty());
+        assert_eq!(bm.num_free_blocks(), 1);
+        assert!(bm.allocate(&mut a, 16));
+        assert!(!bm.allocate(&mut a, 17));
+        assert_eq!(a.len(), 4);
+        bm.check_consistency([&a, &b]).unwrap();
+        bm.free(&mut a);
+        bm.check_consistency([]).unwrap();
+    }
+
+    #[test]
+    fn a_prefix_on_free_blocks_counts_against_the_free_pool() {
+        let mut bm = BlockManager::new(3, 2);
+        let mut a = computed(&mut bm, &[1, 2, 3, 4]);
+        bm.free(&mut a);
+        let tokens = [1, 2, 3, 4, 5, 6, 7, 8];
+        let mut t = BlockTable::new();
+        let prefix = bm.find_cached_prefix(&mut t, &tokens);
+        assert_eq!((prefix.num_blocks, prefix.num_evictable), (2, 2));
+        // 2 cached + 2 fresh > 3 blocks, even though 3 are "free".
+        assert!(!bm.allocate_with_prefix(&mut t, &prefix, 8));
+        assert!(bm.allocate_with_prefix(&mut t, &prefix, 6));
+        assert_eq!(bm.num_used_blocks(), 3);
+        assert_eq!(bm.prefix_cache_stats().hits, 4);
+        bm.free(&mut t);
+        bm.check_consistency([]).unwrap();
+    }
+
+    #[test]
+    fn a_duplicate_full_block_stays_private() {
+        let mut bm = BlockManager::new(4, 2);
+        let mut a = BlockTable::new();
+        let mut b = BlockTable::new();
+        for t in [&mut a, &mut b] {
+            let p = bm.find_cached_prefix(t, &[1, 2, 3]);
+            assert!(bm.allocate_with_prefix(t, &p, 3));
+        }
+        bm.register_computed(&mut a, &[1, 2, 3], 2);
+        bm.register_computed(&mut b, &[1, 2, 3], 2);
+        assert_eq!(bm.num_cached_blocks(), 1);
+        bm.free(&mut a);
+        bm.free(&mut b);
+        bm.check_consistency([]).unwrap();
+        assert_eq!(hit_blocks(&mut bm, &[1, 2, 3]), 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "stale CachedPrefix")]
+    fn a_stale_prefix_is_refused() {
+        let mut bm = BlockManager::new(4, 2);
+        let mut t = BlockTable::new();
+        let p = bm.find_cached_prefix(&mut t, &[1, 2, 3]);
+        let mut other = BlockTable::new();
+        assert!(bm.allocate(&mut other, 2));
+        bm.allocate_with_prefix(&mut t, &p, 3);
+    }
+}

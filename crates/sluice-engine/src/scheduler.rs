@@ -1,0 +1,651 @@
+//! Decides, once per step, which tokens of which sequences the next forward computes. vLLM-V1
+//! style: a per-step token budget and a cap on running sequences; running sequences go first
+//! (one decode token each, or their next prefill chunk), then waiting ones are admitted in
+//! arrival order while blocks and budget last. Prompts longer than what is left of the budget
+//! are prefilled in chunks over several steps, in the same batches as other sequences' decodes.
+//!
+//! When a running sequence needs a block and none is free, the newest running sequence is
+//! preempted by recompute: its blocks are freed, it keeps its tokens, and it returns to the head
+//! of the waiting queue (its full blocks usually stay in the prefix cache, so re-prefilling it is
+//! mostly cache hits). Admission guarantees that every sequence fits the pool alone, and the
+//! oldest running sequence can always take the blocks of newer ones, so everything admitted
+//! eventually completes.
+//!
+//! `n > 1`: the request's sequences share the full blocks of the prompt through the prefix
+//! cache. Sequence 0 goes first; the others stay at the head of the waiting queue (admission
+//! stays strictly first-come first-served, so this holds back later requests for the few steps
+//! of that prefill) until it has computed those blocks, then find them cached and take them by
+//! reference. Each recomputes the prompt's partial last block on its own, which is
+//! at most `block_size` tokens, so no block is ever written by two sequences and no
+//! copy-on-write is needed.
+//!
+//! Protocol, per step: [`Scheduler::schedule`], [`Scheduler::fill_step_batch`], the forward and
+//! sampling, then [`Scheduler::commit`] with one token per sampling row. Between `commit` and the
+//! next `schedule` the engine calls [`Scheduler::finish`] for sequences that are done (EOS, stop,
+//! `max_tokens`, ...). `finish` and [`Scheduler::abort`] may also be called between `fill_step_batch`
+//! and `commit`; the sequence's part of the step is then dropped.
+
+use std::collections::{HashMap, VecDeque};
+
+use sluice_model::StepBatch;
+
+use crate::block_manager::{BlockManager, PrefixCacheStats};
+use crate::sequence::{RequestId, SeqId, Sequence, SequenceStatus};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Most sequences running (holding blocks, scheduled each step) at once.
+    pub max_num_seqs: usize,
+    /// Most tokens computed by one step's forward, prefill and decode together.
+    pub max_num_batched_tokens: usize,
+    /// Most sequences in the waiting queue at submission; past it, `add_request` fails with
+    /// [`SchedulerError::Overloaded`]. Preempted sequences re-enter the queue regardless.
+    pub max_waiting: usize,
+    /// Tokens per KV-cache block.
+    pub block_size: usize,
+    /// Blocks in the KV cache.
+    pub num_blocks: usize,
+    /// Longest sequence (prompt + generated) the model accepts.
+    pub max_model_len: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            max_waiting: 1024,
+            block_size: 16,
+            num_blocks: 4096,
+            max_model_len: 4096,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchedulerError {
+    #[error("invalid scheduler configuration: {0}")]
+    InvalidConfig(String),
+    #[error(
+        "overloaded: {waiting} sequences are waiting and the queue holds at most {max_waiting}"
+    )]
+    Overloaded { waiting: usize, max_waiting: usize },
+    #[error("request {0} is already in the scheduler")]
+    DuplicateRequest(RequestId),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+    #[error("n = {0} is out of range")]
+    InvalidN(usize),
+    #[error(
+        "prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the model's context \
+         length of {max_model_len} tokens"
+    )]
+    ExceedsModelLen {
+        prompt_tokens: usize,
+        max_tokens: usize,
+        max_model_len: usize,
+    },
+    #[error(
+        "prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) needs {needed_blocks} KV-cache \
+         blocks but the whole cache has {num_blocks}"
+    )]
+    ExceedsCache {
+        prompt_tokens: usize,
+        max_tokens: usize,
+        needed_blocks: usize,
+        num_blocks: usize,
+    },
+    #[error("commit got {got} sampled tokens for {expected} sampling rows")]
+    SampleCountMismatch { got: usize, expected: usize },
+    #[error("commit without a scheduled step")]
+    NothingScheduled,
+}
+
+/// One sequence's part of a step: tokens `start..start + len` of its known tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    pub seq_id: SeqId,
+    /// Tokens already in the cache, which is also the position of the first computed token.
+    pub start: usize,
+    /// Tokens computed this step (a prefill chunk, or 1 when decoding).
+    pub len: usize,
+    /// The chunk reaches the end of the known tokens, so the sequence gets a new token this
+    /// step; sampling rows are the scheduled sequences with `sample` set, in order.
+    pub sample: bool,
+    slot: usize,
+    serial: u64,
+}
+
+/// What one step computes. Reused across steps.
+#[derive(Debug, Default)]
+pub struct SchedulerOutput {
+    scheduled: Vec<ScheduledSeq>,
+    preempted: Vec<SeqId>,
+    num_tokens: usize,
+    num_samples: usize,
+}
+
+impl SchedulerOutput {
+    /// In batch order: the running sequences first, oldest first, then newly admitted ones.
+    pub fn scheduled(&self) -> &[ScheduledSeq] {
+        &self.scheduled
+    }
+
+    /// The sampling rows, in order: the scheduled sequences that get a token this step.
+    pub fn sampling(&self) -> impl Iterator<Item = &ScheduledSeq> {
+        self.scheduled.iter().filter(|s| s.sample)
+    }
+
+    /// Sequences preempted (sent back to the waiting queue) while planning this step.
+    pub fn preempted(&self) -> &[SeqId] {
+        &self.preempted
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
+
+    pub fn num_samples(&self) -> usize {
+        self.num_samples
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.scheduled.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.scheduled.clear();
+        self.preempted.clear();
+        self.num_tokens = 0;
+        self.num_samples = 0;
+    }
+
+    fn push(&mut self, seq: &Sequence, slot: usize, len: usize) {
+        let sample = seq.num_computed + len == seq.tokens.len();
+        self.scheduled.push(ScheduledSeq {
+            seq_id: seq.id(),
+            start: seq.num_computed,
+            len,
+            sample,
+            slot,
+            serial: seq.serial,
+        });
+        self.num_tokens += len;
+        self.num_samples += usize::from(sample);
+    }
+}
+
+#[derive(Debug)]
+struct RequestEntry {
+    n: u32,
+    live: u32,
+}
+
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    blocks: BlockManager,
+    /// Sequence storage; indices ("slots") are stable while a sequence lives.
+    slots: Vec<Option<Sequence>>,
+    free_slots: Vec<usize>,
+    ids: HashMap<SeqId, usize>,
+    requests: HashMap<RequestId, RequestEntry>,
+    /// Oldest admission first; the last one is the next to be preempted.
+    running: Vec<usize>,
+    waiting: VecDeque<usize>,
+    output: SchedulerOutput,
+    awaiting_commit: bool,
+    num_preemptions: u64,
+    next_serial: u64,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig) -> Result<Self, SchedulerError> {
+        let invalid = |what: &str| Err(SchedulerError::InvalidConfig(what.to_string()));
+        if config.max_num_seqs == 0 {
+            return invalid("max_num_seqs must be at least 1");
+        }
+        if config.max_num_batched_tokens == 0 {
+            return invalid("max_num_batched_tokens must be at least 1");
+        }
+        if config.block_size == 0 {
+            return invalid("block_size must be at least 1");
+        }
+        if config.num_blocks == 0 || config.num_blocks >= u32::MAX as usize {
+            return invalid("num_blocks must be between 1 and u32::MAX - 1");
+        }
+        if config.max_model_len < 2 {
+            return invalid("max_model_len must be at least 2 (one prompt token, one generated)");
+        }
+        Ok(Self {
+            blocks: BlockManager::new(config.num_blocks, config.block_size),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            ids: HashMap::new(),
+            requests: HashMap::new(),
+            running: Vec::with_capacity(config.max_num_seqs),
+            waiting: VecDeque::new(),
+            output: SchedulerOutput {
+                scheduled: Vec::with_capacity(config.max_num_seqs),
+                ..SchedulerOutput::default()
+            },
+            awaiting_commit: false,
+            num_preemptions: 0,
+            next_serial: 0,
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Queues a request of `n` sequences `SeqId { request, index: 0..n }`, each generating up
+    /// to `max_tokens` tokens after `prompt`. Fails at once, changing nothing, if the request
+    /// can never run (see [`SchedulerError`]) or the waiting queue is full.
+    pub fn add_request(
+        &mut self,
+        request: RequestId,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        n: usize,
+    ) -> Result<(), SchedulerError> {
+        if prompt.is_empty() {
+            return Err(SchedulerError::EmptyPrompt);
+        }
+        if max_tokens == 0 {
+            return Err(SchedulerError::ZeroMaxTokens);
+        }
+        let n32 = match u32::try_from(n) {
+            Ok(n32) if n32 > 0 => n32,
+            _ => return Err(SchedulerError::InvalidN(n)),
+        };
+        let total = prompt.len().saturating_add(max_tokens);
+        if total > self.config.max_model_len {
+            return Err(SchedulerError::ExceedsModelLen {
+                prompt_tokens: prompt.len(),
+                max_tokens,
+                max_model_len: self.config.max_model_len,
+            });
+        }
+        let needed_blocks = self.blocks.blocks_for(total);
+        if needed_blocks > self.blocks.num_blocks() {
+            return Err(SchedulerError::ExceedsCache {
+                prompt_tokens: prompt.len(),
+                max_tokens,
+                needed_blocks,
+                num_blocks: self.blocks.num_blocks(),
+            });
+        }
+        if self.waiting.len().saturating_add(n) > self.config.max_waiting {
+            return Err(SchedulerError::Overloaded {
+                waiting: self.waiting.len(),
+                max_waiting: self.config.max_waiting,
+            });
+        }
+        if self.requests.contains_key(&request) {
+            return Err(SchedulerError::DuplicateRequest(request));
+        }
+        self.requests
+            .insert(request, RequestEntry { n: n32, live: n32 });
+        let mut prompt = prompt;
+        for index in 0..n32 {
+            let tokens = if index + 1 == n32 {
+                std::mem::take(&mut prompt)
+            } else {
+                prompt.clone()
+            };
+            let id = SeqId::new(request, index);
+            let seq = Sequence::new(id, self.next_serial, tokens, max_tokens);
+            self.next_serial += 1;
+            let slot = match self.free_slots.pop() {
+                Some(s) => {
+                    self.slots[s] = Some(seq);
+                    s
+                }
+                None => {
+                    self.slots.push(Some(seq));
+                    self.slots.len() - 1
+                }
+            };
+            self.ids.insert(id, slot);
+            self.waiting.push_back(slot);
+        }
+        Ok(())
+    }
+
+    /// Plans the next step. See the module docs for the policy.
+    pub fn schedule(&mut self) -> &SchedulerOutput {
+        self.output.clear();
+        let mut budget = self.config.max_num_batched_tokens;
+
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let slot = self.running[i];
+            let seq = self.slots[slot].as_ref().expect("running slot is live");
+            // The engine finishes a sequence at max_tokens; until it does, computing more would
+            // run past what admission reserved room for.
+            if seq.reached_max_tokens() || seq.num_computed == seq.tokens.len() {
+                i += 1;
+                continue;
+            }
+            let len = (seq.tokens.len() - seq.num_computed).min(budget);
+            let needed = seq.num_computed + len;
+            let scheduled = loop {
+                let seq = self.slots[slot].as_mut().expect("running slot is live");
+                if self.blocks.allocate(&mut seq.table, needed) {
+                    break true;
+                }
+                // Victims come from the back, which this loop has not reached yet, so nothing
+                // already in this step's output is ever preempted.
+                let victim = self.preempt_newest();
+                if victim == slot {
+                    break false;
+                }
+            };
+            if !scheduled {
+                break;
+            }
+            let seq = self.slots[slot].as_ref().expect("running slot is live");
+            self.output.push(seq, slot, len);
+            budget -= len;
+            i += 1;
+        }
+
+        // Admitting right after preempting would just thrash the pool.
+        if self.output.preempted.is_empty() {
+            while budget > 0 && self.running.len() < self.config.max_num_seqs {
+                let Some(&slot) = self.waiting.front() else {
+                    break;
+                };
+                if self.waits_for_leader(slot) {
+                    break;
+                }
+                let seq = self.slots[slot].as_mut().expect("waiting slot is live");
+                let prefix = self.blocks.find_cached_prefix(&mut seq.table, &seq.tokens);
+                let start = prefix.num_tokens(self.config.block_size);
+                let len = (seq.tokens.len() - start).min(budget);
+                if !self
+                    .blocks
+                    .allocate_with_prefix(&mut seq.table, &prefix, start + len)
+                {
+                    break;
+                }
+                seq.num_computed = start;
+                seq.status = SequenceStatus::Running;
+                self.waiting.pop_front();
+                self.running.push(slot);
+                self.output.push(seq, slot, len);
+                budget -= len;
+            }
+        }
+
+        self.awaiting_commit = true;
+        &self.output
+    }
+
+    /// The plan of the last [`Scheduler::schedule`].
+    pub fn output(&self) -> &SchedulerOutput {
+        &self.output
+    }
+
+    /// Lays the last plan out as the model's flat step input (cleared first). Call it right
+    /// after `schedule`, before any `finish` or `abort`.
+    ///
+    /// # Panics
+    /// If `batch` has another block size, or a scheduled sequence was removed since `schedule`.
+    pub fn fill_step_batch(&self, batch: &mut StepBatch) {
+        assert_eq!(
+            batch.block_size, self.config.block_size,
+            "StepBatch block size mismatch"
+        );
+        batch.clear();
+        for s in &self.output.scheduled {
+            let seq = self
+                .live_scheduled(s)
+                .expect("sequence removed between schedule and fill_step_batch");
+            batch.push_sequence(
+                &seq.tokens[s.start..s.start + s.len],
+                s.start,
+                seq.table.blocks(),
+                s.sample,
+            );
+        }
+    }
+
+    /// Applies the step: the scheduled tokens are now in the cache (newly full blocks join the
+    /// prefix cache) and each sampling row's token is appended to its sequence. `sampled` has
+    /// one token per sampling row, in [`SchedulerOutput::sampling`] order.
+    pub fn commit(&mut self, sampled: &[u32]) -> Result<(), SchedulerError> {
+        if !self.awaiting_commit {
+            return Err(SchedulerError::NothingScheduled);
+        }
+        if sampled.len() != self.output.num_samples {
+            return Err(SchedulerError::SampleCountMismatch {
+                got: sampled.len(),
+                expected: self.output.num_samples,
+            });
+        }
+        let mut row = 0;
+        for s in &self.output.scheduled {
+            let token = s.sample.then(|| {
+                row += 1;
+                sampled[row - 1]
+            });
+            let Some(seq) = self.slots[s.slot].as_mut() else {
+                continue;
+            };
+            if seq.serial != s.serial || seq.status != SequenceStatus::Running {
+                continue;
+            }
+            debug_assert_eq!(seq.num_computed, s.start);
+            seq.num_computed = s.start + s.len;
+            self.blocks
+                .register_computed(&mut seq.table, &seq.tokens, seq.num_computed);
+            if let Some(t) = token {
+                seq.tokens.push(t);
+            }
+        }
+        self.awaiting_commit = false;
+        Ok(())
+    }
+
+    /// Removes a sequence (done, for whatever reason the engine decided); its blocks return to
+    /// the pool at once. Returns false if it was not here.
+    pub fn finish(&mut self, id: SeqId) -> bool {
+        let Some(&slot) = self.ids.get(&id) else {
+            return false;
+        };
+        self.remove_slot(slot);
+        true
+    }
+
+    /// Removes every remaining sequence of a request, waiting or running, and frees their
+    /// blocks at once. Returns how many were removed.
+    pub fn abort(&mut self, request: RequestId) -> usize {
+        let Some(n) = self.requests.get(&request).map(|r| r.n) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for index in 0..n {
+            if self.finish(SeqId::new(request, index)) {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    pub fn get(&self, id: SeqId) -> Option<&Sequence> {
+        self.ids
+            .get(&id)
+            .and_then(|&slot| self.slots[slot].as_ref())
+    }
+
+    /// The sequence behind a scheduled entry, without a map lookup; None if it was removed.
+    pub fn scheduled_sequence(&self, s: &ScheduledSeq) -> Option<&Sequence> {
+        self.live_scheduled(s)
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn has_unfinished(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    /// Preemptions since start.
+    pub fn num_preemptions(&self) -> u64 {
+        self.num_preemptions
+    }
+
+    pub fn num_used_blocks(&self) -> usize {
+        self.blocks.num_used_blocks()
+    }
+
+    pub fn num_total_blocks(&self) -> usize {
+        self.blocks.num_blocks()
+    }
+
+    /// Prefix-cache queries and hits, in tokens (see [`PrefixCacheStats`]).
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.blocks.prefix_cache_stats()
+    }
+
+    pub fn block_manager(&self) -> &BlockManager {
+        &self.blocks
+    }
+
+    /// Checks every structural invariant (block ref counts against all tables, queue
+    /// membership, limits); O(sequences + blocks), for tests and debugging.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let live = || self.slots.iter().flatten();
+        self.blocks.check_consistency(live().map(|s| &s.table))?;
+        if self.running.len() > self.config.max_num_seqs {
+            return Err(format!(
+                "{} running > max_num_seqs {}",
+                self.running.len(),
+                self.config.max_num_seqs
+            ));
+        }
+        let mut queued = vec![0u8; self.slots.len()];
+        for &slot in &self.running {
+            let seq = self.slots[slot].as_ref().ok_or("running slot is empty")?;
+            if seq.status != SequenceStatus::Running {
+                return Err(format!(
+                    "{} is in the running list but {:?}",
+                    seq.id(),
+                    seq.status
+                ));
+            }
+            if self.blocks.blocks_for(seq.num_computed) > seq.table.len() {
+                return Err(format!(
+                    "{} computed {} tokens beyond its blocks",
+                    seq.id(),
+                    seq.num_computed
+                ));
+            }
+            queued[slot] += 1;
+        }
+        for &slot in &self.waiting {
+            let seq = self.slots[slot].as_ref().ok_or("waiting slot is empty")?;
+            if seq.status != SequenceStatus::Waiting
+                || !seq.table.is_empty()
+                || seq.num_computed != 0
+            {
+                return Err(format!("{} is waiting but holds state", seq.id()));
+            }
+            queued[slot] += 1;
+        }
+        for (slot, seq) in self.slots.iter().enumerate() {
+            let Some(seq) = seq else { continue };
+            if queued[slot] != 1 {
+                return Err(format!("{} is in {} queues", seq.id(), queued[slot]));
+            }
+            if seq.num_computed > seq.tokens.len() {
+                return Err(format!("{} computed more tokens than it knows", seq.id()));
+            }
+            if self.ids.get(&seq.id()) != Some(&slot) {
+                return Err(format!("{} is missing from the id map", seq.id()));
+            }
+        }
+        if self.ids.len() != live().count() {
+            return Err("id map has stale entries".into());
+        }
+        let live_by_requests: u32 = self.requests.values().map(|r| r.live).sum();
+        if live_by_requests as usize != self.ids.len() {
+            return Err("request live counts disagree with the sequences".into());
+        }
+        Ok(())
+    }
+
+    fn live_scheduled(&self, s: &ScheduledSeq) -> Option<&Sequence> {
+        self.slots[s.slot]
+            .as_ref()
+            .filter(|seq| seq.serial == s.serial)
+    }
+
+    /// Sequences after the first of an `n > 1` request hold back while sequence 0 is running
+    /// and has not yet computed the prompt's full blocks, so they can share them. Once sequence
+    /// 0 is gone or waiting, they go ahead on their own (waiting on it then could deadlock).
+    fn waits_for_leader(&self, slot: usize) -> bool {
+        let seq = self.slots[slot].as_ref().expect("waiting slot is live");
+        let id = seq.id();
+        if id.index == 0 {
+            return false;
+        }
+        let shareable = (seq.prompt_len() - 1) / self.config.block_size * self.config.block_size;
+        self.get(SeqId::new(id.request, 0)).is_some_and(|leader| {
+            leader.status == SequenceStatus::Running && leader.num_computed < shareable
+        })
+    }
+
+    /// Preempts the newest running sequence; returns its slot.
+    fn preempt_newest(&mut self) -> usize {
+        let slot = self
+            .running
+            .pop()
+            .expect("a sequence that needs blocks is running");
+        let seq = self.slots[slot].as_mut().expect("running slot is live");
+        self.blocks.free(&mut seq.table);
+        seq.num_computed = 0;
+        seq.status = SequenceStatus::Waiting;
+        seq.num_preemptions += 1;
+        self.waiting.push_front(slot);
+        self.num_preemptions += 1;
+        self.output.preempted.push(seq.id());
+        slot
+    }
+
+    fn remove_slot(&mut self, slot: usize) {
+        let mut seq = self.slots[slot].take().expect("slot of a live sequence");
+        match seq.status {
+            SequenceStatus::Running => {
+                if let Some(pos) = self.running.iter().position(|&s| s == slot) {
+                    self.running.remove(pos);
+                }
+            }
+            SequenceStatus::Waiting => {
+                if let Some(pos) = self.waiting.iter().position(|&s| s == slot) {
+                    self.waiting.remove(pos);
+                }
+            }
+        }
+        self.blocks.free(&mut seq.table);
+        self.ids.remove(&seq.id());
+        let request = seq.id().request;
+        if let Some(entry) = self.requests.get_mut(&request) {
+            entry.live -= 1;
+            if entry.live == 0 {
+                self.requests.remove(&request);
+            }
+        }
+        self.free_slots.push(slot);
+    }
+}

@@ -1,0 +1,119 @@
+//! One generation stream: its tokens (prompt then generated), how many of them have K/V in the
+//! cache, and the blocks holding that K/V. A request with `n > 1` owns `n` sequences.
+
+use std::fmt;
+
+use crate::block_manager::BlockTable;
+
+/// The engine's id for a request (the server maps its own ids onto these).
+pub type RequestId = u64;
+
+/// One sequence of a request: `index` runs over `0..n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId {
+    pub request: RequestId,
+    pub index: u32,
+}
+
+impl SeqId {
+    pub fn new(request: RequestId, index: u32) -> Self {
+        Self { request, index }
+    }
+}
+
+impl fmt::Display for SeqId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.request, self.index)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SequenceStatus {
+    /// In the waiting queue, holding no blocks (new, or preempted).
+    Waiting,
+    /// Admitted: holds blocks for its computed tokens and is scheduled every step it can be.
+    Running,
+}
+
+#[derive(Debug)]
+pub struct Sequence {
+    id: SeqId,
+    /// Distinguishes this sequence from any earlier one that used the same scheduler slot.
+    pub(crate) serial: u64,
+    pub(crate) tokens: Vec<u32>,
+    prompt_len: usize,
+    max_tokens: usize,
+    pub(crate) num_computed: usize,
+    pub(crate) table: BlockTable,
+    pub(crate) status: SequenceStatus,
+    pub(crate) num_preemptions: u32,
+}
+
+impl Sequence {
+    pub(crate) fn new(id: SeqId, serial: u64, prompt: Vec<u32>, max_tokens: usize) -> Self {
+        let prompt_len = prompt.len();
+        let mut tokens = prompt;
+        tokens.reserve(max_tokens);
+        Self {
+            id,
+            serial,
+            tokens,
+            prompt_len,
+            max_tokens,
+            num_computed: 0,
+            table: BlockTable::new(),
+            status: SequenceStatus::Waiting,
+            num_preemptions: 0,
+        }
+    }
+
+    pub fn id(&self) -> SeqId {
+        self.id
+    }
+
+    /// Prompt followed by every generated token (a preempted sequence keeps them all).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn prompt(&self) -> &[u32] {
+        &self.tokens[..self.prompt_len]
+    }
+
+    pub fn generated(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    pub fn prompt_len(&self) -> usize {
+        self.prompt_len
+    }
+
+    pub fn num_generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
+    /// Leading tokens whose K/V is in the cache.
+    pub fn num_computed(&self) -> usize {
+        self.num_computed
+    }
+
+    pub fn status(&self) -> SequenceStatus {
+        self.status
+    }
+
+    pub fn num_preemptions(&self) -> u32 {
+        self.num_preemptions
+    }
+
+    pub fn block_table(&self) -> &[u32] {
+        self.table.blocks()
+    }
+
+    pub(crate) fn reached_max_tokens(&self) -> bool {
+        self.num_generated() >= self.max_tokens
+    }
+}

@@ -1,0 +1,192 @@
+//! A mock model for driving the scheduler without weights. Its K/V cache holds, per slot, a
+//! hash of the token written there and of everything before it (read back through the block
+//! table), and its "logits" for a sampling row fold every slot of that sequence's context. So a
+//! sampled token depends on the exact contents of every block the sequence attends to: a wrong
+//! block table, a wrong position, a block overwritten while shared, or a bad prefix-cache hit
+//! all change the generated tokens, which [`reference_generate`] predicts without a cache.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+
+use sluice_engine::{Scheduler, SchedulerConfig, SeqId};
+use sluice_model::StepBatch;
+
+pub const VOCAB: u32 = 1000;
+/// Tokens that end a sequence early when `eos` is on.
+pub const EOS_MOD: u32 = 23;
+const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+pub fn mix(h: u64, x: u64) -> u64 {
+    let mut z = h ^ x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 30)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The hash the mock K/V holds at each position of `tokens`.
+pub fn chain(tokens: &[u32]) -> Vec<u64> {
+    let mut h = SEED;
+    tokens
+        .iter()
+        .map(|&t| {
+            h = mix(h, u64::from(t));
+            h
+        })
+        .collect()
+}
+
+fn fold_context(values: impl Iterator<Item = u64>) -> u64 {
+    values.fold(SEED, mix)
+}
+
+/// The sampler: per-sequence, so the `n` sequences of a request diverge.
+pub fn sample(logits: u64, seq: SeqId) -> u32 {
+    (mix(logits, u64::from(seq.index) + 1) % u64::from(VOCAB)) as u32
+}
+
+pub fn is_eos(token: u32) -> bool {
+    token.is_multiple_of(EOS_MOD)
+}
+
+/// The token the mock model and sampler give `seq` after `tokens`, whatever else is batched.
+pub fn next_token(seq: SeqId, tokens: &[u32]) -> u32 {
+    sample(fold_context(chain(tokens).into_iter()), seq)
+}
+
+/// What sequence `seq` generates from `prompt` when nothing else happens: the oracle.
+pub fn reference_generate(seq: SeqId, prompt: &[u32], max_tokens: usize, eos: bool) -> Vec<u32> {
+    let mut tokens = prompt.to_vec();
+    let mut out = Vec::new();
+    while out.len() < max_tokens {
+        let t = next_token(seq, &tokens);
+        out.push(t);
+        tokens.push(t);
+        if eos && is_eos(t) {
+            break;
+        }
+    }
+    out
+}
+
+pub struct HashModel {
+    block_size: usize,
+    pub kv: Vec<Option<u64>>,
+}
+
+impl HashModel {
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        Self {
+            block_size,
+            kv: vec![None; num_blocks * block_size],
+        }
+    }
+
+    fn slot(&self, table: &[u32], pos: usize) -> usize {
+        table[pos / self.block_size] as usize * self.block_size + pos % self.block_size
+    }
+
+    /// One value per logits row.
+    pub fn forward(&mut self, batch: &StepBatch) -> Vec<u64> {
+        let mut logits = Vec::with_capacity(batch.logits_indices.len());
+        for seq in &batch.sequences {
+            let table = batch.block_table(seq);
+            for q in seq.query_start..seq.query_start + seq.query_len {
+                let pos = batch.positions[q] as usize;
+                let prev = if pos == 0 {
+                    SEED
+                } else {
+                    self.kv[self.slot(table, pos - 1)].expect("read of a K/V slot never written")
+                };
+                self.kv[batch.slot_mapping[q] as usize] =
+                    Some(mix(prev, u64::from(batch.input_ids[q])));
+            }
+            let last = (seq.query_start + seq.query_len - 1) as u32;
+            if batch.logits_indices.contains(&last) {
+                let ctx = (0..seq.context_len)
+                    .map(|p| self.kv[self.slot(table, p)].expect("context slot written"));
+                logits.push(fold_context(ctx));
+            }
+        }
+        logits
+    }
+}
+
+/// The engine loop in miniature: schedule, one forward, sample, commit, finish.
+pub struct Driver {
+    pub sched: Scheduler,
+    pub model: HashModel,
+    pub batch: StepBatch,
+    /// Generated tokens of every sequence seen, kept after it finishes.
+    pub generated: HashMap<SeqId, Vec<u32>>,
+    pub finished: Vec<SeqId>,
+    pub eos: bool,
+    pub steps: usize,
+}
+
+impl Driver {
+    pub fn new(config: SchedulerConfig) -> Self {
+        let model = HashModel::new(config.num_blocks, config.block_size);
+        let batch = StepBatch::new(config.block_size);
+        Self {
+            sched: Scheduler::new(config).expect("valid config"),
+            model,
+            batch,
+            generated: HashMap::new(),
+            finished: Vec::new(),
+            eos: false,
+            steps: 0,
+        }
+    }
+
+    /// One step; returns the number of tokens computed.
+    pub fn step(&mut self) -> usize {
+        let num_tokens = self.sched.schedule().num_tokens();
+        self.execute();
+        num_tokens
+    }
+
+    /// The rest of a step after `schedule`: forward, sample, commit, finish what is done.
+    /// Returns the sampled tokens by row.
+    pub fn execute(&mut self) -> Vec<(SeqId, u32)> {
+        self.sched.fill_step_batch(&mut self.batch);
+        let logits = self.model.forward(&self.batch);
+        let rows: Vec<(SeqId, u32)> = self
+            .sched
+            .output()
+            .sampling()
+            .zip(&logits)
+            .map(|(s, &l)| (s.seq_id, sample(l, s.seq_id)))
+            .collect();
+        let sampled: Vec<u32> = rows.iter().map(|r| r.1).collect();
+        self.sched.commit(&sampled).expect("commit");
+        for &(id, t) in &rows {
+            self.generated.entry(id).or_default().push(t);
+            let seq = self.sched.get(id).expect("sampled sequence is live");
+            if seq.num_generated() >= seq.max_tokens() || (self.eos && is_eos(t)) {
+                assert!(self.sched.finish(id));
+                self.finished.push(id);
+            }
+        }
+        self.sched.check_invariants().expect("scheduler invariants");
+        self.steps += 1;
+        rows
+    }
+
+    pub fn run_to_completion(&mut self, max_steps: usize) {
+        let start = self.steps;
+        while self.sched.has_unfinished() {
+            assert!(
+                self.steps - start < max_steps,
+                "not done after {max_steps} steps"
+            );
+            self.step();
+        }
+        assert_eq!(self.sched.num_used_blocks(), 0, "blocks leaked");
+    }
+}
+
+/// A deterministic pseudo-random token stream, for prompts.
+pub fn tokens(seed: u64, len: usize) -> Vec<u32> {
+    (0..len as u64)
+        .map(|i| (mix(seed, i) % u64::from(VOCAB)) as u32)
+        .collect()
+}

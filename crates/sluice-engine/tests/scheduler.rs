@@ -1,0 +1,416 @@
+mod common;
+
+use common::{reference_generate, tokens, Driver};
+use sluice_engine::{
+    PrefixCacheStats, Scheduler, SchedulerConfig, SchedulerError, SeqId, SequenceStatus,
+};
+
+fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_seqs: 64,
+        max_num_batched_tokens: 256,
+        max_waiting: 64,
+        block_size,
+        num_blocks,
+        max_model_len: 1024,
+    }
+}
+
+fn seq(request: u64) -> SeqId {
+    SeqId::new(request, 0)
+}
+
+#[test]
+fn a_shared_long_prefix_is_served_from_the_cache() {
+    let mut d = Driver::new(config(64, 16));
+    let shared = tokens(1, 96);
+    let mut a = shared.clone();
+    a.extend(tokens(2, 4));
+    d.sched.add_request(1, a.clone(), 8, 1).unwrap();
+    d.step();
+    assert_eq!(d.sched.get(seq(1)).unwrap().num_computed(), 100);
+
+    let mut b = shared.clone();
+    b.extend(tokens(3, 10));
+    d.sched.add_request(2, b.clone(), 8, 1).unwrap();
+    let out = d.sched.schedule();
+    let sb = out.scheduled().iter().find(|s| s.seq_id == seq(2)).unwrap();
+    assert_eq!((sb.start, sb.len), (96, 10), "B computes only its own tail");
+    assert_eq!(
+        d.sched.prefix_cache_stats(),
+        PrefixCacheStats {
+            queries: 100 + 106,
+            hits: 96
+        }
+    );
+    // A: 101 tokens in 7 blocks; B: its first 6 blocks are A's, plus one of its own.
+    assert_eq!(d.sched.num_used_blocks(), 8);
+    let sa = d.sched.get(seq(1)).unwrap().block_table().to_vec();
+    let sbt = d.sched.get(seq(2)).unwrap().block_table().to_vec();
+    assert_eq!(sa[..6], sbt[..6]);
+    // Both are aborted right away, so the tokens committed here do not matter.
+    d.sched.commit(&[1, 2]).unwrap();
+    d.sched.abort(1);
+    d.sched.abort(2);
+    assert_eq!(d.sched.num_used_blocks(), 0);
+
+    // Nothing is running now, but the freed blocks are still cached.
+    d.sched.add_request(3, b.clone(), 8, 1).unwrap();
+    d.run_to_completion(100);
+    assert_eq!(d.sched.prefix_cache_stats().hits, 96 + 96);
+    assert_eq!(
+        d.generated[&seq(3)],
+        reference_generate(seq(3), &b, 8, false)
+    );
+}
+
+#[test]
+fn an_identical_prompt_still_computes_its_last_token() {
+    let mut d = Driver::new(config(64, 16));
+    let p = tokens(7, 64);
+    d.sched.add_request(1, p.clone(), 4, 1).unwrap();
+    d.run_to_completion(100);
+    d.sched.add_request(2, p.clone(), 4, 1).unwrap();
+    let s = d.sched.schedule().scheduled()[0].clone();
+    assert_eq!((s.start, s.len, s.sample), (48, 16, true));
+    d.sched.commit(&[5]).unwrap();
+    d.sched.abort(2);
+}
+
+#[test]
+fn a_tight_pool_preempts_and_everything_still_completes_with_the_same_tokens() {
+    // 12 blocks of 4 tokens; each request needs up to 6 blocks, so at most two fit at once.
+    let mut cfg = config(12, 4);
+    cfg.max_num_batched_tokens = 32;
+    let mut d = Driver::new(cfg);
+    let prompts: Vec<Vec<u32>> = (0..6).map(|r| tokens(100 + r, 6 + r as usize)).collect();
+    for (r, p) in prompts.iter().enumerate() {
+        d.sched.add_request(r as u64, p.clone(), 14, 1).unwrap();
+    }
+    d.run_to_completion(1000);
+    assert!(
+        d.sched.num_preemptions() > 0,
+        "the pool was meant to be tight"
+    );
+    for (r, p) in prompts.iter().enumerate() {
+        let id = seq(r as u64);
+        assert_eq!(
+            d.generated[&id],
+            reference_generate(id, p, 14, false),
+            "request {r}"
+        );
+    }
+    d.sched.check_invariants().unwrap();
+}
+
+#[test]
+fn preemption_takes_the_newest_and_requeues_it_first() {
+    let mut cfg = config(4, 2);
+    cfg.max_num_batched_tokens = 64;
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add_request(1, vec![1, 2, 3], 5, 1).unwrap();
+    s.add_request(2, vec![4, 5, 6], 5, 1).unwrap();
+    s.add_request(3, vec![7], 5, 1).unwrap();
+    // Step 1: both prompts fit (2 blocks each); 3 does not.
+    assert_eq!(s.schedule().scheduled().len(), 2);
+    s.commit(&[10, 11]).unwrap();
+    assert_eq!(s.num_waiting(), 1);
+    // Step 2: each sequence now has 4 tokens, 3 computed, all blocks in use: 1 fits in its
+    // second block, then 2 too.
+    s.schedule();
+    s.commit(&[12, 13]).unwrap();
+    // Step 3: 1 needs a third block: 2 (newest) is preempted and goes before 3.
+    let out = s.schedule();
+    assert_eq!(out.preempted(), &[seq(2)]);
+    assert_eq!(out.scheduled().len(), 1);
+    s.commit(&[14]).unwrap();
+    assert_eq!(s.num_preemptions(), 1);
+    let two = s.get(seq(2)).unwrap();
+    assert_eq!(two.status(), SequenceStatus::Waiting);
+    assert_eq!(
+        two.tokens(),
+        &[4, 5, 6, 11, 13],
+        "a preempted sequence keeps its tokens"
+    );
+    assert_eq!(two.num_preemptions(), 1);
+    s.finish(seq(1));
+    let out = s.schedule();
+    assert_eq!(
+        out.scheduled()[0].seq_id,
+        seq(2),
+        "the preempted sequence is readmitted first"
+    );
+    assert!(out.scheduled()[0].sample);
+}
+
+#[test]
+fn submissions_past_the_waiting_limit_are_overloaded() {
+    let mut cfg = config(64, 16);
+    cfg.max_waiting = 3;
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.add_request(1, vec![1], 4, 1).unwrap();
+    s.add_request(2, vec![1; 40], 4, 2).unwrap();
+    assert_eq!(
+        s.add_request(3, vec![1], 4, 1),
+        Err(SchedulerError::Overloaded {
+            waiting: 3,
+            max_waiting: 3
+        })
+    );
+    assert!(s.get(seq(3)).is_none());
+    s.schedule();
+    assert_eq!(
+        s.num_waiting(),
+        1,
+        "sequence 1 of request 2 waits for sequence 0's prompt"
+    );
+    s.add_request(3, vec![1], 4, 2).unwrap();
+    assert!(matches!(
+        s.add_request(4, vec![1], 4, 1),
+        Err(SchedulerError::Overloaded { .. })
+    ));
+}
+
+#[test]
+fn requests_that_can_never_run_are_refused() {
+    let mut cfg = config(4, 4);
+    cfg.max_model_len = 20;
+    let mut s = Scheduler::new(cfg).unwrap();
+    assert_eq!(
+        s.add_request(1, vec![0; 10], 8, 1),
+        Err(SchedulerError::ExceedsCache {
+            prompt_tokens: 10,
+            max_tokens: 8,
+            needed_blocks: 5,
+            num_blocks: 4
+        })
+    );
+    assert!(matches!(
+        s.add_request(1, vec![0; 10], 11, 1),
+        Err(SchedulerError::ExceedsModelLen { .. })
+    ));
+    assert_eq!(
+        s.add_request(1, vec![], 4, 1),
+        Err(SchedulerError::EmptyPrompt)
+    );
+    assert_eq!(
+        s.add_request(1, vec![1], 0, 1),
+        Err(SchedulerError::ZeroMaxTokens)
+    );
+    assert_eq!(
+        s.add_request(1, vec![1], 1, 0),
+        Err(SchedulerError::InvalidN(0))
+    );
+    assert_eq!(s.num_waiting(), 0);
+    s.add_request(1, vec![0; 10], 6, 1).unwrap();
+    assert_eq!(
+        s.add_request(1, vec![1], 1, 1),
+        Err(SchedulerError::DuplicateRequest(1))
+    );
+    let msg = s.add_request(2, vec![0; 17], 1, 1).unwrap_err().to_string();
+    assert!(
+        msg.contains("5 KV-cache blocks") && msg.contains("has 4"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn long_prompts_prefill_in_chunks_beside_decodes() {
+    let mut cfg = config(64, 4);
+    cfg.max_num_batched_tokens = 8;
+    let mut d = Driver::new(cfg);
+    d.sched.add_request(1, vec![1, 2, 3], 10, 1).unwrap();
+    d.step();
+    let long = tokens(9, 20);
+    d.sched.add_request(2, long.clone(), 3, 1).unwrap();
+    let mut chunks = Vec::new();
+    for _ in 0..3 {
+        let out = d.sched.schedule();
+        assert!(out.num_tokens() <= 8);
+        let s = out.scheduled();
+        assert_eq!(
+            (s[0].seq_id, s[0].len, s[0].sample),
+            (seq(1), 1, true),
+            "decode goes first"
+        );
+        chunks.push((s[1].start, s[1].len, s[1].sample));
+        let (start, len, num_samples) = (s[1].start, s[1].len, out.num_samples());
+        d.sched.fill_step_batch(&mut d.batch);
+        let expected: Vec<u32> = (start as u32..(start + len) as u32).collect();
+        assert_eq!(
+            d.batch.positions[1..],
+            expected[..],
+            "chunk positions are contiguous"
+        );
+        assert_eq!(d.batch.logits_indices.len(), num_samples);
+        d.execute();
+    }
+    assert_eq!(
+        chunks,
+        vec![(0, 7, false), (7, 7, false), (14, 6, true)],
+        "(start, len, sample)"
+    );
+    d.sched.finish(seq(1));
+    d.run_to_completion(100);
+    assert_eq!(
+        d.generated[&seq(2)],
+        reference_generate(seq(2), &long, 3, false)
+    );
+}
+
+#[test]
+fn abort_frees_blocks_at_once_even_mid_step() {
+    let mut d = Driver::new(config(64, 4));
+    d.sched.add_request(1, tokens(1, 10), 20, 1).unwrap();
+    d.sched.add_request(2, tokens(2, 10), 20, 1).unwrap();
+    d.step();
+    assert_eq!(d.sched.num_used_blocks(), 6);
+    d.sched.add_request(3, tokens(3, 10), 20, 1).unwrap();
+    // Waiting: removed without touching the pool.
+    assert_eq!(d.sched.abort(3), 1);
+    assert_eq!(d.sched.num_used_blocks(), 6);
+    // Running, between fill_step_batch and commit: blocks back now, its row ignored at commit.
+    d.sched.schedule();
+    d.sched.fill_step_batch(&mut d.batch);
+    let logits = d.model.forward(&d.batch);
+    let sampled = [
+        common::sample(logits[0], seq(1)),
+        common::sample(logits[1], seq(2)),
+    ];
+    assert_eq!(d.sched.abort(1), 1);
+    assert_eq!(d.sched.num_used_blocks(), 3);
+    d.sched.commit(&sampled).unwrap();
+    d.generated.get_mut(&seq(2)).unwrap().push(sampled[1]);
+    assert_eq!(
+        d.sched.get(seq(2)).unwrap().generated().last(),
+        Some(&sampled[1])
+    );
+    assert_eq!(d.sched.abort(1), 0);
+    assert!(!d.sched.finish(seq(1)));
+    d.sched.check_invariants().unwrap();
+    d.run_to_completion(100);
+    assert_eq!(
+        d.generated[&seq(2)],
+        reference_generate(seq(2), &tokens(2, 10), 20, false)
+    );
+}
+
+#[test]
+fn n_sequences_share_the_prompt_blocks() {
+    let mut d = Driver::new(config(64, 16));
+    let prompt = tokens(5, 40);
+    d.sched.add_request(1, prompt.clone(), 6, 4).unwrap();
+    let out = d.sched.schedule();
+    assert_eq!(
+        out.scheduled().len(),
+        1,
+        "siblings wait for sequence 0's prompt"
+    );
+    d.execute();
+    let out = d.sched.schedule();
+    let s = out.scheduled();
+    assert_eq!(s.len(), 4);
+    for sib in &s[1..] {
+        assert_eq!(
+            (sib.start, sib.len),
+            (32, 8),
+            "each sibling recomputes only the partial tail"
+        );
+    }
+    assert_eq!(
+        d.sched.prefix_cache_stats(),
+        PrefixCacheStats {
+            queries: 40 + 3 * 40,
+            hits: 3 * 32
+        }
+    );
+    // Sequence 0: 3 blocks; each sibling: the 2 shared ones plus its own tail block.
+    assert_eq!(d.sched.num_used_blocks(), 3 + 3);
+    let t0 = d.sched.get(seq(1)).unwrap().block_table().to_vec();
+    for index in 1..4 {
+        let t = d
+            .sched
+            .get(SeqId::new(1, index))
+            .unwrap()
+            .block_table()
+            .to_vec();
+        assert_eq!(t[..2], t0[..2]);
+        assert_ne!(t[2], t0[2]);
+    }
+    d.execute();
+    d.run_to_completion(100);
+    for index in 0..4 {
+        let id = SeqId::new(1, index);
+        assert_eq!(d.generated[&id], reference_generate(id, &prompt, 6, false));
+    }
+}
+
+#[test]
+fn the_sequence_cap_is_kept_and_admission_is_first_come_first_served() {
+    let mut cfg = config(256, 4);
+    cfg.max_num_seqs = 3;
+    let mut d = Driver::new(cfg);
+    for r in 0..8 {
+        d.sched.add_request(r, tokens(r, 5), 3, 1).unwrap();
+    }
+    let mut admitted = Vec::new();
+    while d.sched.has_unfinished() {
+        let out = d.sched.schedule();
+        assert!(out.scheduled().len() <= 3);
+        for s in out.scheduled() {
+            if s.start == 0 {
+                admitted.push(s.seq_id.request);
+            }
+        }
+        d.execute();
+        assert!(d.sched.num_running() <= 3);
+    }
+    assert_eq!(admitted, (0..8).collect::<Vec<_>>());
+}
+
+#[test]
+fn many_requests_at_once_give_the_same_tokens_as_each_alone() {
+    let mut cfg = config(128, 16);
+    cfg.max_num_batched_tokens = 64;
+    cfg.max_num_seqs = 16;
+    let mut d = Driver::new(cfg);
+    d.eos = true;
+    let prompts: Vec<Vec<u32>> = (0..32)
+        .map(|r| tokens(1000 + r, 1 + (r as usize * 37) % 150))
+        .collect();
+    for (r, p) in prompts.iter().enumerate() {
+        d.sched.add_request(r as u64, p.clone(), 24, 1).unwrap();
+    }
+    d.run_to_completion(10_000);
+    assert_eq!(d.finished.len(), 32);
+    for (r, p) in prompts.iter().enumerate() {
+        let id = seq(r as u64);
+        assert_eq!(
+            d.generated[&id],
+            reference_generate(id, p, 24, true),
+            "request {r}"
+        );
+    }
+}
+
+#[test]
+fn commit_checks_its_input() {
+    let mut s = Scheduler::new(config(16, 4)).unwrap();
+    assert_eq!(s.commit(&[]), Err(SchedulerError::NothingScheduled));
+    s.add_request(1, vec![1, 2], 4, 1).unwrap();
+    s.schedule();
+    assert_eq!(
+        s.commit(&[]),
+        Err(SchedulerError::SampleCountMismatch {
+            got: 0,
+            expected: 1
+        })
+    );
+    s.commit(&[3]).unwrap();
+    assert_eq!(s.commit(&[3]), Err(SchedulerError::NothingScheduled));
+    assert!(Scheduler::new(SchedulerConfig {
+        max_num_batched_tokens: 0,
+        ..config(16, 4)
+    })
+    .is_err());
+}
