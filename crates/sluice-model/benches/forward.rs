@@ -1,7 +1,8 @@
 //! Forward-step time of the real model: decode batches of B sequences at 256 tokens of context,
 //! and a 512-token prefill, for each weight kind. Prints a table; asserts nothing.
 //!
-//! `SLUICE_BENCH_WEIGHTS=f32,auto` picks the weight kinds; `SLUICE_BENCH_BATCHES=1,64` the sizes.
+//! `SLUICE_BENCH_WEIGHTS=f32,auto` picks the weight kinds; `SLUICE_BENCH_BATCHES=1,64` the sizes;
+//! `SLUICE_BENCH_PREFILL=0` skips the prefill.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -90,6 +91,9 @@ fn main() {
                 t.as_secs_f64() * 1e3,
                 b as f64 / t.as_secs_f64()
             );
+        }
+        if std::env::var("SLUICE_BENCH_PREFILL").as_deref() == Ok("0") {
+            continue;
         }
         batch.clear();
         let tokens: Vec<u32> = (0..PREFILL as u32).map(|i| 100 + i % 1000).collect();

@@ -208,7 +208,7 @@ impl GgufFile {
             "none" => Ok(None),
             "linear" => {
                 let factor = self.get_f32(&format!("{arch}.rope.scaling.factor"))?;
-                if !(factor > 0.0) {
+                if factor.is_nan() || factor <= 0.0 {
                     return Err(
                         self.meta_err(&format!("{arch}.rope.scaling.factor"), "must be positive")
                     );

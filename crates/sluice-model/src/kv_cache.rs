@@ -1,18 +1,68 @@
 //! The paged KV cache: per layer, K and V for `num_blocks * block_size` token slots. Which slots
 //! a sequence owns is the block manager's business; the cache only stores and reads slots.
+//!
+//! Layout, per layer, chosen for the attention kernel's inner loops:
+//! - K: `[num_blocks, num_kv_heads, head_dim, block_size]`. Within a block a head's keys are
+//!   stored dimension-major, so the scores of a whole block are `head_dim` broadcast-FMAs over
+//!   `block_size` lanes, with no horizontal sums.
+//! - V: `[num_blocks, num_kv_heads, block_size, head_dim]`: a head's values in a block are one
+//!   contiguous run that the weighted sum streams through.
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::batch::StepBatch;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
+/// Where slot/head/dim live in a cache's flat storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvLayout {
+    /// Offset of the start of `(block, head)`'s run in either K or V (both runs hold
+    /// `head_dim * block_size` values).
+    #[inline]
+    pub fn block_head_offset(&self, block: usize, head: usize) -> usize {
+        (block * self.num_kv_heads + head) * self.head_dim * self.block_size
+    }
+
+    #[inline]
+    pub fn k_offset(&self, slot: usize, head: usize, dim: usize) -> usize {
+        let (block, off) = (slot / self.block_size, slot % self.block_size);
+        self.block_head_offset(block, head) + dim * self.block_size + off
+    }
+
+    #[inline]
+    pub fn v_offset(&self, slot: usize, head: usize, dim: usize) -> usize {
+        let (block, off) = (slot / self.block_size, slot % self.block_size);
+        self.block_head_offset(block, head) + off * self.head_dim + dim
+    }
+
+    pub fn num_slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+
+    pub fn values_per_layer(&self) -> usize {
+        self.num_slots() * self.num_kv_heads * self.head_dim
+    }
+}
+
+/// Flat cache positions that a step's new K and V values go to, in the order of the
+/// `[T, num_kv_heads, head_dim]` K/V tensors. Built once per step, shared by all layers.
+pub struct WriteIndices {
+    k: Tensor,
+    v: Tensor,
+}
+
 pub struct KvCache {
-    /// Per layer, `(k, v)`, each `[num_blocks * block_size, num_kv_heads, head_dim]` f32.
+    /// Per layer, `(k, v)`, each a flat f32 tensor in [`KvLayout`] order.
     layers: Vec<(Tensor, Tensor)>,
-    num_blocks: usize,
-    block_size: usize,
-    num_kv_heads: usize,
-    head_dim: usize,
+    layout: KvLayout,
 }
 
 impl KvCache {
@@ -27,26 +77,27 @@ impl KvCache {
                 "a KV cache needs at least one block of at least one token (got {num_blocks} x {block_size})"
             )));
         }
-        let shape = (
-            num_blocks * block_size,
-            config.num_kv_heads,
-            config.head_dim,
-        );
-        let layers = (0..config.num_layers)
-            .map(|_| {
-                Ok((
-                    Tensor::zeros(shape, DType::F32, device)?,
-                    Tensor::zeros(shape, DType::F32, device)?,
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            layers,
+        let layout = KvLayout {
             num_blocks,
             block_size,
             num_kv_heads: config.num_kv_heads,
             head_dim: config.head_dim,
-        })
+        };
+        let n = layout.values_per_layer();
+        if n > u32::MAX as usize {
+            return Err(ModelError::InvalidBatch(format!(
+                "{num_blocks} blocks of {block_size} tokens exceed the 2^32 values per layer a cache can address"
+            )));
+        }
+        let layers = (0..config.num_layers)
+            .map(|_| {
+                Ok((
+                    Tensor::zeros(n, DType::F32, device)?,
+                    Tensor::zeros(n, DType::F32, device)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { layers, layout })
     }
 
     /// Blocks that fit in `budget_bytes` of f32 K/V.
@@ -58,40 +109,52 @@ impl KvCache {
         budget_bytes / (config.kv_bytes_per_token(DType::F32.size_in_bytes()) * block_size)
     }
 
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
     pub fn num_blocks(&self) -> usize {
-        self.num_blocks
+        self.layout.num_blocks
     }
 
     pub fn block_size(&self) -> usize {
-        self.block_size
+        self.layout.block_size
     }
 
     pub fn num_slots(&self) -> usize {
-        self.num_blocks * self.block_size
+        self.layout.num_slots()
     }
 
+    /// `(k, v)` of one layer, flat, in [`KvLayout`] order.
     pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
         let (k, v) = &self.layers[layer];
         (k, v)
     }
 
-    /// Writes `k, v: [T, num_kv_heads, head_dim]` into the slots of `slot_index`, a
-    /// `[T, num_kv_heads * head_dim]` u32 tensor whose row `t` repeats token `t`'s slot (the
-    /// shape scatter wants; built once per step and shared by all layers).
-    pub fn write(
-        &mut self,
-        layer: usize,
-        k: &Tensor,
-        v: &Tensor,
-        slot_index: &Tensor,
-    ) -> Result<()> {
-        let width = self.num_kv_heads * self.head_dim;
+    pub fn write_indices(&self, batch: &StepBatch) -> Result<WriteIndices> {
+        let l = &self.layout;
+        let n = batch.num_tokens() * l.num_kv_heads * l.head_dim;
+        let (mut k, mut v) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for &slot in &batch.slot_mapping {
+            for h in 0..l.num_kv_heads {
+                for d in 0..l.head_dim {
+                    k.push(l.k_offset(slot as usize, h, d) as u32);
+                    v.push(l.v_offset(slot as usize, h, d) as u32);
+                }
+            }
+        }
+        let device = self.layers[0].0.device();
+        Ok(WriteIndices {
+            k: Tensor::from_vec(k, n, device)?,
+            v: Tensor::from_vec(v, n, device)?,
+        })
+    }
+
+    /// Writes `k, v: [T, num_kv_heads, head_dim]` of one layer into the step's slots.
+    pub fn write(&mut self, layer: usize, k: &Tensor, v: &Tensor, at: &WriteIndices) -> Result<()> {
         let (kc, vc) = &self.layers[layer];
-        let kc = kc.reshape((self.num_slots(), width))?;
-        let vc = vc.reshape((self.num_slots(), width))?;
-        let t = k.dim(0)?;
-        kc.scatter_set(slot_index, &k.reshape((t, width))?, 0)?;
-        vc.scatter_set(slot_index, &v.reshape((t, width))?, 0)?;
+        kc.scatter_set(&at.k, &k.flatten_all()?, 0)?;
+        vc.scatter_set(&at.v, &v.flatten_all()?, 0)?;
         Ok(())
     }
 }

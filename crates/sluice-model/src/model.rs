@@ -308,9 +308,7 @@ impl LlamaModel {
         let ids = Tensor::from_slice(&batch.input_ids, t, dev)?;
         let positions = Tensor::from_slice(&batch.positions, t, dev)?;
         let (cos, sin) = self.rope.gather(&positions)?;
-        let slot_index = Tensor::from_slice(&batch.slot_mapping, (t, 1), dev)?
-            .broadcast_as((t, kvh * d))?
-            .contiguous()?;
+        let write_at = kv.write_indices(batch)?;
         let shape = AttentionShape {
             num_heads: h,
             num_kv_heads: kvh,
@@ -330,9 +328,17 @@ impl LlamaModel {
             let v = qkv.narrow(1, (h + kvh) * d, kvh * d)?.contiguous()?;
             let q = RotaryTables::apply(&q, &cos, &sin)?;
             let k = RotaryTables::apply(&k, &cos, &sin)?;
-            kv.write(i, &k, &v, &slot_index)?;
+            kv.write(i, &k, &v, &write_at)?;
             let (k_cache, v_cache) = kv.layer(i);
-            let attn = paged_attention(self.attention, &q, k_cache, v_cache, batch, &shape)?;
+            let attn = paged_attention(
+                self.attention,
+                &q,
+                k_cache,
+                v_cache,
+                kv.layout(),
+                batch,
+                &shape,
+            )?;
             x = (x + layer.o.forward(&attn)?)?;
 
             let normed = rms_norm(&x, &layer.ffn_norm, eps)?;

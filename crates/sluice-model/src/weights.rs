@@ -7,6 +7,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use crate::error::{ModelError, Result};
+use crate::quant::{QuantMatrix, QuantizedActivations};
 
 /// How weights are held in memory and multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,15 +57,26 @@ impl std::fmt::Display for WeightsKind {
 /// `y = x W^T (+ b)` for `x: [T, in]`, `W: [out, in]`.
 pub struct Linear {
     dense: Option<Tensor>,
-    quantized: Option<QMatMul>,
+    quantized: Option<QuantizedWeights>,
     bias: Option<Tensor>,
     /// With both representations present, steps of at most this many rows use the quantized one.
     quantized_max_rows: usize,
     out_features: usize,
 }
 
+enum QuantizedWeights {
+    /// Our int8-dot kernels for the formats they cover.
+    Ours(QuantMatrix),
+    /// candle's quantized matmul for every other format.
+    Candle(QMatMul),
+}
+
 /// Rows at or below which [`WeightsKind::Auto`] prefers the quantized mat-vec.
 pub const AUTO_QUANTIZED_MAX_ROWS: usize = 4;
+
+thread_local! {
+    static ACTIVATIONS: std::cell::RefCell<QuantizedActivations> = std::cell::RefCell::new(QuantizedActivations::default());
+}
 
 impl Linear {
     pub fn from_qtensor(
@@ -74,11 +86,19 @@ impl Linear {
         device: &Device,
     ) -> Result<Self> {
         let out_features = w.shape().dims()[0];
+        let quantized = |w: QTensor| -> Result<QuantizedWeights> {
+            Ok(
+                match QuantMatrix::from_qtensor(&w).filter(|_| device.is_cpu()) {
+                    Some(m) => QuantizedWeights::Ours(m),
+                    None => QuantizedWeights::Candle(QMatMul::from_qtensor(w)?),
+                },
+            )
+        };
         let (dense, quantized) = match kind {
             WeightsKind::F32 => (Some(w.dequantize(device)?), None),
             WeightsKind::F16 => (Some(w.dequantize_f16(device)?), None),
-            WeightsKind::Quantized => (None, Some(QMatMul::from_qtensor(w)?)),
-            WeightsKind::Auto => (Some(w.dequantize(device)?), Some(QMatMul::from_qtensor(w)?)),
+            WeightsKind::Quantized => (None, Some(quantized(w)?)),
+            WeightsKind::Auto => (Some(w.dequantize(device)?), Some(quantized(w)?)),
         };
         Ok(Self {
             dense,
@@ -109,6 +129,34 @@ impl Linear {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
+    }
+}
+
+impl QuantizedWeights {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Candle(q) => Ok(q.forward(x)?),
+            Self::Ours(m) => {
+                let (t, cols) = x.dims2()?;
+                let x = x.to_dtype(DType::F32)?.contiguous()?;
+                let mut out = vec![0f32; t * m.rows()];
+                {
+                    let (storage, layout) = x.storage_and_layout();
+                    let candle_core::Storage::Cpu(cpu) = &*storage else {
+                        return Err(ModelError::InvalidBatch(
+                            "quantized kernels run on the CPU".into(),
+                        ));
+                    };
+                    let data = &cpu.as_slice::<f32>()?[layout.start_offset()..][..t * cols];
+                    ACTIVATIONS.with(|acts| {
+                        let mut acts = acts.borrow_mut();
+                        acts.quantize(data, t, cols);
+                        m.matmul(&acts, &mut out);
+                    });
+                }
+                Ok(Tensor::from_vec(out, (t, m.rows()), x.device())?)
+            }
+        }
     }
 }
 
@@ -174,7 +222,7 @@ pub fn concat_rows(ws: &[&QTensor]) -> Result<QTensor> {
             .map(|w| w.dequantize(&device))
             .collect::<candle_core::Result<_>>()?;
         let dense = Tensor::cat(&dense, 0)?;
-        let dtype = if cols % GgmlDType::Q8_0.block_size() == 0 {
+        let dtype = if cols.is_multiple_of(GgmlDType::Q8_0.block_size()) {
             GgmlDType::Q8_0
         } else {
             GgmlDType::F32

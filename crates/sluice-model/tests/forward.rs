@@ -8,7 +8,8 @@ use candle_core::{Device, Tensor};
 use sluice_model::attention::{self, AttentionShape};
 use sluice_model::testing::TinyModelSpec;
 use sluice_model::{
-    Architecture, AttentionBackend, LlamaModel, LoadOptions, ModelError, StepBatch, WeightsKind,
+    Architecture, AttentionBackend, KvLayout, LlamaModel, LoadOptions, ModelError, StepBatch,
+    WeightsKind,
 };
 
 fn tiny_path(spec: &TinyModelSpec, name: &str) -> PathBuf {
@@ -272,26 +273,29 @@ fn cpu_kernel_matches_reference_on_random_inputs() {
                 (20, 31),
                 (1, 47),
                 (16, 16),
+                (40, 0),
             ];
             let num_blocks: usize = shapes
                 .iter()
                 .map(|(q, c)| (q + c).div_ceil(block_size))
                 .sum::<usize>()
                 + 2;
-            let slots = num_blocks * block_size;
+            let layout = KvLayout {
+                num_blocks,
+                block_size,
+                num_kv_heads: kv_heads,
+                head_dim,
+            };
+            let n = layout.values_per_layer();
             let k_cache = Tensor::from_vec(
-                (0..slots * kv_heads * head_dim)
-                    .map(|_| rand_f32())
-                    .collect::<Vec<_>>(),
-                (slots, kv_heads, head_dim),
+                (0..n).map(|_| rand_f32()).collect::<Vec<_>>(),
+                n,
                 &Device::Cpu,
             )
             .unwrap();
             let v_cache = Tensor::from_vec(
-                (0..slots * kv_heads * head_dim)
-                    .map(|_| rand_f32())
-                    .collect::<Vec<_>>(),
-                (slots, kv_heads, head_dim),
+                (0..n).map(|_| rand_f32()).collect::<Vec<_>>(),
+                n,
                 &Device::Cpu,
             )
             .unwrap();
@@ -305,8 +309,7 @@ fn cpu_kernel_matches_reference_on_random_inputs() {
                         next_block
                     })
                     .collect();
-                let tokens = vec![0u32; q_len];
-                batch.push_sequence(&tokens, cached, &table, true);
+                batch.push_sequence(&vec![0u32; q_len], cached, &table, true);
             }
             let t = batch.num_tokens();
             let q = Tensor::from_vec(
@@ -324,10 +327,12 @@ fn cpu_kernel_matches_reference_on_random_inputs() {
                 scale: 1.0 / (head_dim as f32).sqrt(),
             };
             let fast =
-                attention::cpu::paged_attention(&q, &k_cache, &v_cache, &batch, &shape).unwrap();
-            let reference =
-                attention::reference::paged_attention(&q, &k_cache, &v_cache, &batch, &shape)
+                attention::cpu::paged_attention(&q, &k_cache, &v_cache, &layout, &batch, &shape)
                     .unwrap();
+            let reference = attention::reference::paged_attention(
+                &q, &k_cache, &v_cache, &layout, &batch, &shape,
+            )
+            .unwrap();
             let diff = max_abs_diff(&fast, &reference);
             assert!(diff < 1e-5, "heads {heads}/{kv_heads}, block {block_size}: kernel differs from reference by {diff}");
         }

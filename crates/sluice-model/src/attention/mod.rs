@@ -14,6 +14,7 @@ use candle_core::Tensor;
 
 use crate::batch::StepBatch;
 use crate::error::Result;
+use crate::kv_cache::KvLayout;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionBackend {
@@ -50,13 +51,14 @@ pub fn paged_attention(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
+    layout: &KvLayout,
     batch: &StepBatch,
     shape: &AttentionShape,
 ) -> Result<Tensor> {
     match backend {
         AttentionBackend::Reference => {
-            reference::paged_attention(q, k_cache, v_cache, batch, shape)
+            reference::paged_attention(q, k_cache, v_cache, layout, batch, shape)
         }
-        AttentionBackend::Cpu => cpu::paged_attention(q, k_cache, v_cache, batch, shape),
+        AttentionBackend::Cpu => cpu::paged_attention(q, k_cache, v_cache, layout, batch, shape),
     }
 }
