@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 use sluice_model::{LlamaModel, LoadOptions, StepBatch, WeightsKind};
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const BLOCK: usize = 16;
 const CONTEXT: usize = 256;
 const PREFILL: usize = 512;

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod batch;
 pub mod chat;
 pub mod config;
+pub mod dense;
 pub mod detokenizer;
 pub mod error;
 pub mod gguf;

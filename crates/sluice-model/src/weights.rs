@@ -6,6 +6,7 @@ use std::str::FromStr;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
+use crate::dense::{self, PackedMatrix};
 use crate::error::{ModelError, Result};
 use crate::quant::{QuantMatrix, QuantizedActivations};
 
@@ -56,12 +57,19 @@ impl std::fmt::Display for WeightsKind {
 
 /// `y = x W^T (+ b)` for `x: [T, in]`, `W: [out, in]`.
 pub struct Linear {
-    dense: Option<Tensor>,
+    dense: Option<DenseWeights>,
     quantized: Option<QuantizedWeights>,
     bias: Option<Tensor>,
     /// With both representations present, steps of at most this many rows use the quantized one.
     quantized_max_rows: usize,
     out_features: usize,
+}
+
+enum DenseWeights {
+    /// f32 packed for our AVX-512 kernel (CPU).
+    Packed(PackedMatrix),
+    /// A candle tensor: f16, or any device without the packed kernel.
+    Tensor(Tensor),
 }
 
 enum QuantizedWeights {
@@ -94,11 +102,23 @@ impl Linear {
                 },
             )
         };
+        let dense_f32 = |w: &QTensor| -> Result<DenseWeights> {
+            if device.is_cpu() && dense::available() {
+                let (n, k) = w.shape().dims2()?;
+                let data = w
+                    .dequantize(&Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                Ok(DenseWeights::Packed(PackedMatrix::pack(&data, n, k)))
+            } else {
+                Ok(DenseWeights::Tensor(w.dequantize(device)?))
+            }
+        };
         let (dense, quantized) = match kind {
-            WeightsKind::F32 => (Some(w.dequantize(device)?), None),
-            WeightsKind::F16 => (Some(w.dequantize_f16(device)?), None),
+            WeightsKind::F32 => (Some(dense_f32(&w)?), None),
+            WeightsKind::F16 => (Some(DenseWeights::Tensor(w.dequantize_f16(device)?)), None),
             WeightsKind::Quantized => (None, Some(quantized(w)?)),
-            WeightsKind::Auto => (Some(w.dequantize(device)?), Some(quantized(w)?)),
+            WeightsKind::Auto => (Some(dense_f32(&w)?), Some(quantized(w)?)),
         };
         Ok(Self {
             dense,
@@ -117,11 +137,7 @@ impl Linear {
         let rows = x.dim(0)?;
         let y = match (&self.dense, &self.quantized) {
             (Some(_), Some(q)) if rows <= self.quantized_max_rows => q.forward(x)?,
-            (Some(w), _) if w.dtype() == DType::F16 => x
-                .to_dtype(DType::F16)?
-                .matmul(&w.t()?)?
-                .to_dtype(x.dtype())?,
-            (Some(w), _) => x.matmul(&w.t()?)?,
+            (Some(d), _) => d.forward(x)?,
             (None, Some(q)) => q.forward(x)?,
             (None, None) => unreachable!("a Linear always holds at least one representation"),
         };
@@ -132,28 +148,52 @@ impl Linear {
     }
 }
 
+/// `[t, cols]` f32 rows of a CPU tensor, borrowed.
+fn with_cpu_rows<R>(x: &Tensor, f: impl FnOnce(&[f32], usize, usize) -> R) -> Result<R> {
+    let (t, cols) = x.dims2()?;
+    let x = x.to_dtype(DType::F32)?.contiguous()?;
+    let (storage, layout) = x.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        return Err(ModelError::InvalidBatch(
+            "CPU kernels need CPU tensors".into(),
+        ));
+    };
+    let data = &cpu.as_slice::<f32>()?[layout.start_offset()..][..t * cols];
+    Ok(f(data, t, cols))
+}
+
+impl DenseWeights {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Packed(m) => {
+                let t = x.dim(0)?;
+                let mut out = vec![0f32; t * m.out_features()];
+                with_cpu_rows(x, |data, t, _| m.matmul(data, t, &mut out))?;
+                Ok(Tensor::from_vec(out, (t, m.out_features()), x.device())?)
+            }
+            Self::Tensor(w) if w.dtype() == DType::F16 => Ok(x
+                .to_dtype(DType::F16)?
+                .matmul(&w.t()?)?
+                .to_dtype(x.dtype())?),
+            Self::Tensor(w) => Ok(x.matmul(&w.t()?)?),
+        }
+    }
+}
+
 impl QuantizedWeights {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Self::Candle(q) => Ok(q.forward(x)?),
             Self::Ours(m) => {
-                let (t, cols) = x.dims2()?;
-                let x = x.to_dtype(DType::F32)?.contiguous()?;
+                let t = x.dim(0)?;
                 let mut out = vec![0f32; t * m.rows()];
-                {
-                    let (storage, layout) = x.storage_and_layout();
-                    let candle_core::Storage::Cpu(cpu) = &*storage else {
-                        return Err(ModelError::InvalidBatch(
-                            "quantized kernels run on the CPU".into(),
-                        ));
-                    };
-                    let data = &cpu.as_slice::<f32>()?[layout.start_offset()..][..t * cols];
+                with_cpu_rows(x, |data, t, cols| {
                     ACTIVATIONS.with(|acts| {
                         let mut acts = acts.borrow_mut();
                         acts.quantize(data, t, cols);
                         m.matmul(&acts, &mut out);
-                    });
-                }
+                    })
+                })?;
                 Ok(Tensor::from_vec(out, (t, m.rows()), x.device())?)
             }
         }
