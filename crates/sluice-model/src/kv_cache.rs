@@ -60,18 +60,26 @@ pub struct WriteIndices {
 }
 
 pub struct KvCache {
-    /// Per layer, `(k, v)`, each a flat f32 tensor in [`KvLayout`] order.
+    /// Per layer, `(k, v)`, each a flat tensor of `dtype` in [`KvLayout`] order.
     layers: Vec<(Tensor, Tensor)>,
     layout: KvLayout,
+    dtype: DType,
 }
 
 impl KvCache {
+    /// `dtype` is F32 or F16: f16 halves the bytes that attention reads at every decode step.
     pub fn new(
         config: &ModelConfig,
         num_blocks: usize,
         block_size: usize,
+        dtype: DType,
         device: &Device,
     ) -> Result<Self> {
+        if !matches!(dtype, DType::F32 | DType::F16) {
+            return Err(ModelError::InvalidBatch(format!(
+                "a KV cache holds f32 or f16, not {dtype:?}"
+            )));
+        }
         if num_blocks == 0 || block_size == 0 {
             return Err(ModelError::InvalidBatch(format!(
                 "a KV cache needs at least one block of at least one token (got {num_blocks} x {block_size})"
@@ -92,21 +100,30 @@ impl KvCache {
         let layers = (0..config.num_layers)
             .map(|_| {
                 Ok((
-                    Tensor::zeros(n, DType::F32, device)?,
-                    Tensor::zeros(n, DType::F32, device)?,
+                    Tensor::zeros(n, dtype, device)?,
+                    Tensor::zeros(n, dtype, device)?,
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { layers, layout })
+        Ok(Self {
+            layers,
+            layout,
+            dtype,
+        })
     }
 
-    /// Blocks that fit in `budget_bytes` of f32 K/V.
+    /// Blocks that fit in `budget_bytes` of K/V held as `dtype`.
     pub fn num_blocks_for_budget(
         config: &ModelConfig,
         budget_bytes: usize,
         block_size: usize,
+        dtype: DType,
     ) -> usize {
-        budget_bytes / (config.kv_bytes_per_token(DType::F32.size_in_bytes()) * block_size)
+        budget_bytes / (config.kv_bytes_per_token(dtype.size_in_bytes()) * block_size)
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
 
     pub fn layout(&self) -> &KvLayout {
@@ -153,8 +170,8 @@ impl KvCache {
     /// Writes `k, v: [T, num_kv_heads, head_dim]` of one layer into the step's slots.
     pub fn write(&mut self, layer: usize, k: &Tensor, v: &Tensor, at: &WriteIndices) -> Result<()> {
         let (kc, vc) = &self.layers[layer];
-        kc.scatter_set(&at.k, &k.flatten_all()?, 0)?;
-        vc.scatter_set(&at.v, &v.flatten_all()?, 0)?;
+        kc.scatter_set(&at.k, &k.flatten_all()?.to_dtype(self.dtype)?, 0)?;
+        vc.scatter_set(&at.v, &v.flatten_all()?.to_dtype(self.dtype)?, 0)?;
         Ok(())
     }
 }

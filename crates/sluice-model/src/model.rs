@@ -6,7 +6,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::ops::rms_norm;
 
-use crate::attention::{paged_attention, AttentionBackend, AttentionShape};
+use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend, AttentionShape};
 use crate::batch::StepBatch;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
@@ -19,8 +19,11 @@ use crate::weights::{concat_rows, unpermute_qk, Linear, WeightsKind};
 pub struct LoadOptions {
     pub weights: WeightsKind,
     pub device: Device,
-    /// `None`: the CPU kernel on CPU, the reference elsewhere.
+    /// `None`: the CPU kernel where it runs (AVX-512), the reference elsewhere.
     pub attention: Option<AttentionBackend>,
+    /// Element type of the KV cache: F16 (default: half the bytes read per decode step, as
+    /// llama.cpp) or F32.
+    pub kv_dtype: DType,
 }
 
 impl Default for LoadOptions {
@@ -29,6 +32,7 @@ impl Default for LoadOptions {
             weights: WeightsKind::F32,
             device: Device::Cpu,
             attention: None,
+            kv_dtype: DType::F16,
         }
     }
 }
@@ -54,6 +58,7 @@ pub struct LlamaModel {
     rope: RotaryTables,
     attention: AttentionBackend,
     weights: WeightsKind,
+    kv_dtype: DType,
 }
 
 impl LlamaModel {
@@ -156,11 +161,13 @@ impl LlamaModel {
             Linear::from_qtensor(file.tensor("output.weight", &cpu)?, None, kind, &device)?
         };
         let rope = RotaryTables::new(&config, &device)?;
-        let attention = options.attention.unwrap_or(if device.is_cpu() {
-            AttentionBackend::Cpu
-        } else {
-            AttentionBackend::Reference
-        });
+        let attention = options.attention.unwrap_or(
+            if device.is_cpu() && cpu_attention::supports(config.head_dim, config.gqa_group()) {
+                AttentionBackend::Cpu
+            } else {
+                AttentionBackend::Reference
+            },
+        );
         tracing::info!(
             path = %file.path.display(),
             architecture = config.architecture.name(),
@@ -180,6 +187,7 @@ impl LlamaModel {
             rope,
             attention,
             weights: kind,
+            kv_dtype: options.kv_dtype,
         })
     }
 
@@ -203,9 +211,24 @@ impl LlamaModel {
         self.attention = backend;
     }
 
-    /// A KV cache shaped for this model.
+    /// A KV cache shaped for this model, of the element type it was loaded with.
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
-        KvCache::new(&self.config, num_blocks, block_size, &self.device)
+        KvCache::new(
+            &self.config,
+            num_blocks,
+            block_size,
+            self.kv_dtype,
+            &self.device,
+        )
+    }
+
+    /// Blocks of this model's KV cache that fit in `budget_bytes`.
+    pub fn kv_blocks_for_budget(&self, budget_bytes: usize, block_size: usize) -> usize {
+        KvCache::num_blocks_for_budget(&self.config, budget_bytes, block_size, self.kv_dtype)
+    }
+
+    pub fn kv_dtype(&self) -> DType {
+        self.kv_dtype
     }
 
     /// Rejects a batch that would index out of bounds, so bad input is an error, not a panic.

@@ -302,6 +302,8 @@ mod x86 {
         let wp = w.as_ptr();
         let xp = a.quants.as_ptr();
         for b in 0..nb {
+            // Stream ahead of the loads: rows are consecutive, so this reaches into the next.
+            _mm_prefetch::<_MM_HINT_T0>(wp.add(b * bb + 512) as *const i8);
             let blk = std::slice::from_raw_parts(wp.add(b * bb), bb);
             let x = _mm256_loadu_si256(xp.add(b * BLOCK) as *const __m256i);
             let d = f16_at(blk, 0) * *a.scales.get_unchecked(b);

@@ -3,7 +3,7 @@
 
 mod common;
 
-use candle_core::{Device, Tensor, D};
+use candle_core::{Tensor, D};
 use sluice_model::{LlamaModel, LoadOptions, StepBatch, WeightsKind};
 
 const BLOCK: usize = 16;
@@ -11,8 +11,7 @@ const BLOCK: usize = 16;
 fn load(weights: WeightsKind) -> LlamaModel {
     let options = LoadOptions {
         weights,
-        device: Device::Cpu,
-        attention: None,
+        ..LoadOptions::default()
     };
     LlamaModel::load(common::model_path(), &options).unwrap()
 }

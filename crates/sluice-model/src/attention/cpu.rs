@@ -1,16 +1,23 @@
 //! Paged attention for CPU tensors that reads K/V blocks where they lie: no gather, no repeat
-//! of K/V over the query heads of a group, one pass of online softmax per block of keys.
+//! of K/V over the query heads of a group, one pass of online softmax per chunk of keys.
 //!
 //! Work is split into items of (sequence, KV head, run of queries) and spread over rayon's pool:
 //! a decode step of B sequences gives `B * num_kv_heads` items, a long prefill chunk gives many
-//! query runs. Within an item each key block is loaded once and used by every query head of the
-//! group and every query of the run while it is hot in cache. The cache layout
-//! ([`KvLayout`]) makes a block's scores a sweep of broadcast-FMAs over `block_size` lanes, and
-//! the exponentials are computed a block at a time with a vectorizable polynomial.
+//! query runs. Within an item each key chunk (16 keys, one register wide) is loaded once and
+//! used by every query head of the group and every query of the run while it is in L1.
+//!
+//! At decode the kernel is bound by reading the cache (64 sequences x 256 tokens is ~25 MB per
+//! layer in f32), which is why the cache may hold f16: half the bytes, converted in registers.
+//! The [`KvLayout`] makes a chunk's scores `head_dim` broadcast-FMAs over 16 lanes with no
+//! horizontal sums, and its values contiguous rows.
+//!
+//! Needs AVX-512 (F, BW, F16C) and a head dimension that is a multiple of 16; [`supports`] says
+//! whether this machine and shape can use it, and the model picks the reference otherwise.
 
 use std::cell::RefCell;
 
-use candle_core::{Device, Storage, Tensor};
+use candle_core::{DType, Device, Storage, Tensor};
+use half::f16;
 use rayon::prelude::*;
 
 use super::AttentionShape;
@@ -18,9 +25,33 @@ use crate::batch::StepBatch;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvLayout;
 
-/// Queries of one sequence handled by one work item: enough to reuse each key block several
+/// Queries of one sequence handled by one work item: enough to reuse each key chunk several
 /// times, few enough that a long prompt still spreads over all cores.
 const QUERY_RUN: usize = 16;
+/// Keys per chunk: one AVX-512 register of f32.
+const LANES: usize = 16;
+/// Largest query-heads-per-KV-head group with a specialised kernel.
+const MAX_GROUP: usize = 8;
+
+/// Whether the kernel runs on this CPU for heads of `head_dim` in groups of `group`.
+pub fn supports(head_dim: usize, group: usize) -> bool {
+    cpu_features() && head_dim.is_multiple_of(LANES) && (1..=MAX_GROUP).contains(&group)
+}
+
+fn cpu_features() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static AVAILABLE: OnceLock<bool> = OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("f16c")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
 
 #[derive(Clone, Copy)]
 struct WorkItem {
@@ -40,7 +71,7 @@ thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-fn cpu_f32<'a>(t: &'a Tensor, what: &str) -> Result<(candle_core::StorageRef<'a>, usize)> {
+fn cpu_storage<'a>(t: &'a Tensor, what: &str) -> Result<(candle_core::StorageRef<'a>, usize)> {
     let (storage, layout) = t.storage_and_layout();
     if !layout.is_contiguous() {
         return Err(ModelError::InvalidBatch(format!(
@@ -55,13 +86,10 @@ fn cpu_f32<'a>(t: &'a Tensor, what: &str) -> Result<(candle_core::StorageRef<'a>
     Ok((storage, layout.start_offset()))
 }
 
-fn as_f32(storage: &Storage) -> Result<&[f32]> {
-    match storage {
-        Storage::Cpu(cpu) => Ok(cpu.as_slice::<f32>()?),
-        _ => Err(ModelError::InvalidBatch(
-            "attention input is not on the CPU".into(),
-        )),
-    }
+/// The cache's element type: f32 or f16.
+enum Cache<'a> {
+    F32(&'a [f32], &'a [f32]),
+    F16(&'a [f16], &'a [f16]),
 }
 
 pub fn paged_attention(
@@ -72,7 +100,7 @@ pub fn paged_attention(
     batch: &StepBatch,
     shape: &AttentionShape,
 ) -> Result<Tensor> {
-    let q = q.contiguous()?;
+    let q = q.to_dtype(DType::F32)?.contiguous()?;
     let (h, kvh, d) = (shape.num_heads, layout.num_kv_heads, layout.head_dim);
     let t = batch.num_tokens();
     if q.dims() != [t, h, d] || batch.block_size != layout.block_size || h % kvh != 0 {
@@ -82,13 +110,38 @@ pub fn paged_attention(
             layout.block_size
         )));
     }
-    let (q_store, q_off) = cpu_f32(&q, "q")?;
-    let (k_store, k_off) = cpu_f32(k_cache, "the K cache")?;
-    let (v_store, v_off) = cpu_f32(v_cache, "the V cache")?;
+    if !supports(d, h / kvh) {
+        return Err(ModelError::InvalidBatch(format!(
+            "the CPU attention kernel needs AVX-512, head_dim a multiple of {LANES} (got {d}) and at most \
+             {MAX_GROUP} query heads per KV head (got {}); use the reference backend",
+            h / kvh
+        )));
+    }
+    let (q_store, q_off) = cpu_storage(&q, "q")?;
+    let (k_store, k_off) = cpu_storage(k_cache, "the K cache")?;
+    let (v_store, v_off) = cpu_storage(v_cache, "the V cache")?;
+    let (Storage::Cpu(qc), Storage::Cpu(kc), Storage::Cpu(vc)) = (&*q_store, &*k_store, &*v_store)
+    else {
+        unreachable!("checked by cpu_storage")
+    };
+    let n = layout.values_per_layer();
+    let cache = match k_cache.dtype() {
+        DType::F32 => Cache::F32(
+            &kc.as_slice::<f32>()?[k_off..][..n],
+            &vc.as_slice::<f32>()?[v_off..][..n],
+        ),
+        DType::F16 => Cache::F16(
+            &kc.as_slice::<f16>()?[k_off..][..n],
+            &vc.as_slice::<f16>()?[v_off..][..n],
+        ),
+        other => {
+            return Err(ModelError::InvalidBatch(format!(
+                "KV cache of {other:?} is not supported"
+            )))
+        }
+    };
     let kernel = Kernel {
-        q: &as_f32(&q_store)?[q_off..],
-        k: &as_f32(&k_store)?[k_off..],
-        v: &as_f32(&v_store)?[v_off..],
+        q: &qc.as_slice::<f32>()?[q_off..][..t * h * d],
         batch,
         layout,
         heads: h,
@@ -116,15 +169,19 @@ pub fn paged_attention(
     let mut out = vec![0f32; t * h * d];
     let out_ptr = OutPtr(out.as_mut_ptr());
     items.par_iter().for_each(|item| {
-        SCRATCH.with(|scratch| kernel.run(item, &mut scratch.borrow_mut(), out_ptr));
+        SCRATCH.with(|scratch| {
+            let scratch = &mut scratch.borrow_mut();
+            match cache {
+                Cache::F32(k, v) => kernel.run(item, k, v, scratch, out_ptr),
+                Cache::F16(k, v) => kernel.run(item, k, v, scratch, out_ptr),
+            }
+        })
     });
     Ok(Tensor::from_vec(out, (t, h * d), &Device::Cpu)?)
 }
 
 struct Kernel<'a> {
     q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
     batch: &'a StepBatch,
     layout: &'a KvLayout,
     heads: usize,
@@ -132,7 +189,14 @@ struct Kernel<'a> {
 }
 
 impl Kernel<'_> {
-    fn run(&self, item: &WorkItem, scratch: &mut Vec<f32>, out: OutPtr) {
+    fn run<E: x86::KvElem>(
+        &self,
+        item: &WorkItem,
+        k: &[E],
+        v: &[E],
+        scratch: &mut Vec<f32>,
+        out: OutPtr,
+    ) {
         let (d, bs) = (self.layout.head_dim, self.layout.block_size);
         let group = self.heads / self.layout.num_kv_heads;
         let seq = &self.batch.sequences[item.seq];
@@ -140,47 +204,46 @@ impl Kernel<'_> {
         let first_pos = seq.context_len - seq.query_len;
         let rows = (item.query_end - item.query_begin) * group;
 
-        // Per (query, head) row: running max, running sum, accumulator; then one block's scores.
+        // Per (query, head) row: running max, running sum, and the f32 accumulator.
         scratch.clear();
-        scratch.resize(rows * (2 + d) + bs, 0.0);
-        let (state, scores) = scratch.split_at_mut(rows * (2 + d));
-        let (maxes, rest) = state.split_at_mut(rows);
+        scratch.resize(rows * (2 + d), 0.0);
+        let (maxes, rest) = scratch.split_at_mut(rows);
         let (sums, accs) = rest.split_at_mut(rows);
         maxes.fill(f32::NEG_INFINITY);
 
         let last_pos = first_pos + item.query_end - 1;
         for (b, &block) in table.iter().enumerate().take(last_pos / bs + 1) {
-            let key_base = b * bs;
             let run = self.layout.block_head_offset(block as usize, item.kv_head);
-            let k_block = &self.k[run..][..d * bs]; // [d][bs]
-            let v_block = &self.v[run..][..bs * d]; // [bs][d]
-            for qi in item.query_begin..item.query_end {
-                let pos = first_pos + qi;
-                if pos < key_base {
-                    continue;
+            for chunk in (0..bs).step_by(LANES) {
+                let key0 = b * bs + chunk;
+                if key0 > last_pos {
+                    break;
                 }
-                let n_keys = (pos + 1 - key_base).min(bs);
-                let token = seq.query_start + qi;
-                for g in 0..group {
-                    let head = item.kv_head * group + g;
-                    let qv = &self.q[(token * self.heads + head) * d..][..d];
-                    let row = (qi - item.query_begin) * group + g;
-
-                    block_scores(qv, k_block, bs, self.scale, scores);
-                    let valid = &mut scores[..n_keys];
-                    let block_max = max_of(valid);
-                    let acc = &mut accs[row * d..][..d];
-                    let new_max = maxes[row].max(block_max);
-                    if maxes[row] != new_max {
-                        let correction = exp_scalar(maxes[row] - new_max);
-                        sums[row] *= correction;
-                        acc.iter_mut().for_each(|a| *a *= correction);
-                        maxes[row] = new_max;
+                let chunk_keys = LANES.min(bs - chunk);
+                for qi in item.query_begin..item.query_end {
+                    let pos = first_pos + qi;
+                    if pos < key0 {
+                        continue;
                     }
-                    valid.iter_mut().for_each(|s| *s -= new_max);
-                    exp_in_place(valid);
-                    sums[row] += valid.iter().sum::<f32>();
-                    accumulate_values(acc, valid, v_block, d);
+                    let n_keys = chunk_keys.min(pos + 1 - key0);
+                    let token = seq.query_start + qi;
+                    let row = (qi - item.query_begin) * group;
+                    let chunk_args = x86::Chunk {
+                        q: &self.q[(token * self.heads + item.kv_head * group) * d..][..group * d],
+                        k: &k[run + chunk..],
+                        k_stride: bs,
+                        v: &v[run + chunk * d..],
+                        head_dim: d,
+                        n_keys,
+                        scale: self.scale,
+                    };
+                    let state = x86::RowState {
+                        maxes: &mut maxes[row..row + group],
+                        sums: &mut sums[row..row + group],
+                        accs: &mut accs[row * d..(row + group) * d],
+                    };
+                    // SAFETY: `supports` checked the CPU features and shapes the kernel needs.
+                    unsafe { x86::chunk_for_group(group, &chunk_args, state) };
                 }
             }
         }
@@ -204,130 +267,210 @@ impl Kernel<'_> {
     }
 }
 
-/// Lanes the inner loops are written in: one AVX-512 register of f32.
-const LANES: usize = 16;
+#[cfg(not(target_arch = "x86_64"))]
+mod x86 {
+    pub trait KvElem {}
+    impl KvElem for f32 {}
+    impl KvElem for half::f16 {}
+    pub struct Chunk<'a, E> {
+        pub q: &'a [f32],
+        pub k: &'a [E],
+        pub k_stride: usize,
+        pub v: &'a [E],
+        pub head_dim: usize,
+        pub n_keys: usize,
+        pub scale: f32,
+    }
+    pub struct RowState<'a> {
+        pub maxes: &'a mut [f32],
+        pub sums: &'a mut [f32],
+        pub accs: &'a mut [f32],
+    }
+    pub unsafe fn chunk_for_group<E: KvElem>(_: usize, _: &Chunk<'_, E>, _: RowState<'_>) {
+        unreachable!("supports() is false off x86_64")
+    }
+}
 
-/// `out[t] = scale * q . k_t` for the `bs` keys of a block stored dimension-major. For blocks
-/// of 16 keys the scores live in one register through the whole sweep over dimensions.
-#[inline(always)]
-fn block_scores(q: &[f32], k_block: &[f32], bs: usize, scale: f32, out: &mut [f32]) {
-    if bs == LANES && q.len().is_multiple_of(4) {
-        // Four independent FMA chains over interleaved dimensions hide the FMA latency.
-        let mut s = [[0f32; LANES]; 4];
-        for (dims, qd) in k_block.chunks_exact(4 * LANES).zip(q.chunks_exact(4)) {
-            for (j, chain) in s.iter_mut().enumerate() {
-                let row: &[f32; LANES] =
-                    dims[j * LANES..][..LANES].try_into().expect("a block row");
-                for t in 0..LANES {
-                    chain[t] = qd[j].mul_add(row[t], chain[t]);
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::{LANES, MAX_GROUP};
+
+    /// How the cache's element type becomes 16 f32 lanes.
+    pub trait KvElem: Copy + Send + Sync {
+        /// Loads `min(16, lanes)` values from `p` (zero past them).
+        unsafe fn load(p: *const Self, mask: u16) -> __m512;
+    }
+
+    impl KvElem for f32 {
+        #[inline(always)]
+        unsafe fn load(p: *const f32, mask: u16) -> __m512 {
+            _mm512_maskz_loadu_ps(mask, p)
+        }
+    }
+
+    impl KvElem for f16 {
+        #[inline(always)]
+        unsafe fn load(p: *const f16, mask: u16) -> __m512 {
+            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p as *const i16))
+        }
+    }
+
+    /// One chunk of up to 16 keys of one block and KV head, for the queries of one group.
+    pub struct Chunk<'a, E> {
+        /// The group's query heads, `[group][head_dim]`.
+        pub q: &'a [f32],
+        /// Key `j`'s dimension `i` is at `k[i * k_stride + j]`.
+        pub k: &'a [E],
+        pub k_stride: usize,
+        /// Key `j`'s values are `v[j * head_dim..][..head_dim]`.
+        pub v: &'a [E],
+        pub head_dim: usize,
+        pub n_keys: usize,
+        pub scale: f32,
+    }
+
+    /// Online-softmax state of the group's rows: `[group]`, `[group]`, `[group][head_dim]`.
+    pub struct RowState<'a> {
+        pub maxes: &'a mut [f32],
+        pub sums: &'a mut [f32],
+        pub accs: &'a mut [f32],
+    }
+
+    /// Dispatches to a kernel specialised for the group size, so the group's accumulators live
+    /// in registers.
+    #[inline(always)]
+    pub unsafe fn chunk_for_group<E: KvElem>(group: usize, c: &Chunk<'_, E>, s: RowState<'_>) {
+        match group {
+            1 => chunk::<E, 1>(c, s),
+            2 => chunk::<E, 2>(c, s),
+            3 => chunk::<E, 3>(c, s),
+            4 => chunk::<E, 4>(c, s),
+            5 => chunk::<E, 5>(c, s),
+            6 => chunk::<E, 6>(c, s),
+            7 => chunk::<E, 7>(c, s),
+            8 => chunk::<E, 8>(c, s),
+            _ => unreachable!("group sizes above {MAX_GROUP} are refused by supports()"),
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
+    unsafe fn chunk<E: KvElem, const G: usize>(c: &Chunk<'_, E>, s: RowState<'_>) {
+        let d = c.head_dim;
+        let mask: u16 = if c.n_keys >= LANES {
+            u16::MAX
+        } else {
+            (1u16 << c.n_keys) - 1
+        };
+        let kp = c.k.as_ptr();
+        let qp = c.q.as_ptr();
+
+        // Scores: two FMA chains per head (even and odd dimensions) to cover FMA latency; one
+        // load of each key row serves every head of the group.
+        let mut even = [_mm512_setzero_ps(); G];
+        let mut odd = [_mm512_setzero_ps(); G];
+        let mut dim = 0;
+        while dim < d {
+            let k0 = E::load(kp.add(dim * c.k_stride), mask);
+            let k1 = E::load(kp.add((dim + 1) * c.k_stride), mask);
+            for g in 0..G {
+                even[g] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(g * d + dim)), k0, even[g]);
+                odd[g] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(g * d + dim + 1)), k1, odd[g]);
+            }
+            dim += 2;
+        }
+
+        let mut probs = [[0f32; LANES]; G];
+        for g in 0..G {
+            let scores = _mm512_mul_ps(_mm512_add_ps(even[g], odd[g]), _mm512_set1_ps(c.scale));
+            let scores = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), mask, scores);
+            let new_max = s.maxes[g].max(_mm512_reduce_max_ps(scores));
+            if new_max > s.maxes[g] {
+                let correction = exp_scalar(s.maxes[g] - new_max);
+                s.sums[g] *= correction;
+                let acc = s.accs.as_mut_ptr().add(g * d);
+                let cv = _mm512_set1_ps(correction);
+                for j in (0..d).step_by(LANES) {
+                    _mm512_storeu_ps(acc.add(j), _mm512_mul_ps(_mm512_loadu_ps(acc.add(j)), cv));
+                }
+                s.maxes[g] = new_max;
+            }
+            let p = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
+            s.sums[g] += _mm512_reduce_add_ps(p);
+            _mm512_storeu_ps(probs[g].as_mut_ptr(), p);
+        }
+
+        // Values: one load of each value row chunk serves every head of the group.
+        let vp = c.v.as_ptr();
+        for j in (0..d).step_by(LANES) {
+            let mut acc = [_mm512_setzero_ps(); G];
+            for g in 0..G {
+                acc[g] = _mm512_loadu_ps(s.accs.as_ptr().add(g * d + j));
+            }
+            for t in 0..c.n_keys {
+                let v = E::load(vp.add(t * d + j), u16::MAX);
+                for g in 0..G {
+                    acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(probs[g][t]), v, acc[g]);
                 }
             }
-        }
-        for t in 0..LANES {
-            out[t] = ((s[0][t] + s[1][t]) + (s[2][t] + s[3][t])) * scale;
-        }
-    } else {
-        let out = &mut out[..bs];
-        out.fill(0.0);
-        for (dim, &qd) in q.iter().enumerate() {
-            for (o, k) in out.iter_mut().zip(&k_block[dim * bs..][..bs]) {
-                *o = qd.mul_add(*k, *o);
+            for g in 0..G {
+                _mm512_storeu_ps(s.accs.as_mut_ptr().add(g * d + j), acc[g]);
             }
         }
-        out.iter_mut().for_each(|o| *o *= scale);
     }
-}
 
-/// `acc += sum_t p[t] * v_t` over a block's values stored key-major, `head_dim` at a time in
-/// register-wide chunks.
-#[inline(always)]
-fn accumulate_values(acc: &mut [f32], p: &[f32], v_block: &[f32], d: usize) {
-    // Four register-wide chunks of the accumulator at a time: independent FMA chains, and
-    // each value row is read once per chunk group.
-    const GROUP: usize = 4 * LANES;
-    let mut groups = acc.chunks_exact_mut(GROUP);
-    for (g, group) in (&mut groups).enumerate() {
-        let mut a = [[0f32; LANES]; 4];
-        for (c, chunk) in a.iter_mut().enumerate() {
-            chunk.copy_from_slice(&group[c * LANES..][..LANES]);
+    /// `e^x` for `x <= 0` (Cephes' expf polynomial), with `vscalefps` for the power of two.
+    #[inline(always)]
+    unsafe fn exp(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+        let n =
+            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm512_fmadd_ps(
+                x,
+                _mm512_set1_ps(std::f32::consts::LOG2_E),
+                _mm512_set1_ps(0.5),
+            ));
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm512_set1_ps(1.987_569_1e-4);
+        for coef in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(coef));
         }
-        for (t, &pt) in p.iter().enumerate() {
-            let v = &v_block[t * d + g * GROUP..][..GROUP];
-            for (c, chunk) in a.iter_mut().enumerate() {
-                let v: &[f32; LANES] = v[c * LANES..][..LANES].try_into().expect("a chunk");
-                for l in 0..LANES {
-                    chunk[l] = pt.mul_add(v[l], chunk[l]);
-                }
-            }
-        }
-        for (c, chunk) in a.iter().enumerate() {
-            group[c * LANES..][..LANES].copy_from_slice(chunk);
-        }
+        let y = _mm512_add_ps(
+            _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r),
+            _mm512_set1_ps(1.0),
+        );
+        _mm512_scalef_ps(y, n)
     }
-    let done = d - d % GROUP;
-    for (i, a) in groups.into_remainder().iter_mut().enumerate() {
-        for (t, &pt) in p.iter().enumerate() {
-            *a = pt.mul_add(v_block[t * d + done + i], *a);
-        }
+
+    #[inline(always)]
+    pub(super) unsafe fn exp_scalar(x: f32) -> f32 {
+        _mm512_cvtss_f32(exp(_mm512_set1_ps(x)))
     }
-}
 
-/// The largest value, lane-wise so it vectorizes (`f32::max` keeps NaN rules that do not).
-#[inline(always)]
-fn max_of(xs: &[f32]) -> f32 {
-    let mut m = [f32::NEG_INFINITY; LANES];
-    let mut chunks = xs.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for l in 0..LANES {
-            m[l] = if chunk[l] > m[l] { chunk[l] } else { m[l] };
-        }
-    }
-    for (l, &x) in chunks.remainder().iter().enumerate() {
-        m[l] = if x > m[l] { x } else { m[l] };
-    }
-    m.iter()
-        .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })
-}
-
-/// `e^x` for `x <= 0` to about 2 ulp: range reduction by powers of two and a degree-6
-/// polynomial (Cephes' expf), written branch-free so a loop over it vectorizes.
-#[inline(always)]
-fn exp_scalar(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    let x = x.max(-87.0);
-    let n = (x * LOG2E + 0.5).floor();
-    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
-    let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let y = p * r * r + r + 1.0;
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
-}
-
-#[inline(always)]
-fn exp_in_place(xs: &mut [f32]) {
-    for x in xs {
-        *x = exp_scalar(*x);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::exp_scalar;
-
+    #[cfg(test)]
     #[test]
-    fn polynomial_exp_is_accurate_where_softmax_uses_it() {
+    fn vector_exp_is_accurate_where_softmax_uses_it() {
+        if !super::cpu_features() {
+            return;
+        }
         let mut worst = 0f32;
         for i in 0..=200_000 {
             let x = -87.0 * i as f32 / 200_000.0;
-            let rel = ((exp_scalar(x) - x.exp()) / x.exp()).abs();
-            worst = worst.max(rel);
+            // SAFETY: features checked above.
+            let got = unsafe { exp_scalar(x) };
+            worst = worst.max(((got - x.exp()) / x.exp()).abs());
         }
         assert!(worst < 1e-6, "relative error {worst}");
-        assert_eq!(exp_scalar(0.0), 1.0);
-        assert!(exp_scalar(f32::NEG_INFINITY) < 1e-37);
+        assert_eq!(unsafe { exp_scalar(0.0) }, 1.0);
+        assert!(unsafe { exp_scalar(f32::NEG_INFINITY) } < 1e-37);
     }
 }

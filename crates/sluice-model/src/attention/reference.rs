@@ -33,7 +33,9 @@ pub fn paged_attention(
                     .flat_map(|p| (0..kvh).flat_map(move |h| (0..d).map(move |dd| (p, h, dd))))
                     .map(|(p, h, dd)| offset(slot(p), h, dd) as u32)
                     .collect();
-                let x = cache.index_select(&Tensor::from_vec(idx, len * kvh * d, device)?, 0)?;
+                let x = cache
+                    .index_select(&Tensor::from_vec(idx, len * kvh * d, device)?, 0)?
+                    .to_dtype(q.dtype())?;
                 let x = x
                     .reshape((len, kvh, 1, d))?
                     .expand((len, kvh, group, d))?
