@@ -357,6 +357,9 @@ mod x86 {
         }
     }
 
+    // Several register arrays are indexed by the same head `g` and key `t`; index loops say
+    // that more plainly than zipped iterators.
+    #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
     unsafe fn chunk<E: KvElem, const G: usize>(c: &Chunk<'_, E>, s: RowState<'_>) {
         let d = c.head_dim;
