@@ -330,15 +330,20 @@ fn cpu_kernel_matches_reference_on_random_inputs() {
                 head_dim,
                 scale: 1.0 / (head_dim as f32).sqrt(),
             };
-            let fast =
-                attention::cpu::paged_attention(&q, &k_cache, &v_cache, &layout, &batch, &shape)
-                    .unwrap();
-            let reference = attention::reference::paged_attention(
-                &q, &k_cache, &v_cache, &layout, &batch, &shape,
-            )
-            .unwrap();
-            let diff = max_abs_diff(&fast, &reference);
-            assert!(diff < 1e-5, "heads {heads}/{kv_heads}, block {block_size}: kernel differs from reference by {diff}");
+            // The same inputs held as f32 and as f16: the kernel must match the reference on both.
+            for dtype in [DType::F32, DType::F16] {
+                let (k, v) = (
+                    k_cache.to_dtype(dtype).unwrap(),
+                    v_cache.to_dtype(dtype).unwrap(),
+                );
+                let fast =
+                    attention::cpu::paged_attention(&q, &k, &v, &layout, &batch, &shape).unwrap();
+                let reference =
+                    attention::reference::paged_attention(&q, &k, &v, &layout, &batch, &shape)
+                        .unwrap();
+                let diff = max_abs_diff(&fast, &reference);
+                assert!(diff < 1e-5, "heads {heads}/{kv_heads}, block {block_size}, {dtype:?}: kernel differs from reference by {diff}");
+            }
         }
     }
 }
