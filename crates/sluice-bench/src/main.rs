@@ -1,1 +1,139 @@
-fn main() {}
+//! `sluice-bench`: a load generator for any OpenAI-compatible completions server (sluice,
+//! vLLM, llama.cpp's server), measuring every server the same way.
+//!
+//! Prompts are sent as token ids, so their length in tokens is exact whatever the server's
+//! tokenizer; `ignore_eos` makes output lengths exact. Closed loop keeps C requests in flight;
+//! open loop sends Poisson arrivals at a rate. A sweep runs closed loop over several
+//! concurrencies and writes one CSV row per level.
+
+mod client;
+mod report;
+mod workload;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+
+use crate::workload::{Load, Workload};
+
+#[derive(Parser, Debug)]
+#[command(name = "sluice-bench", version, about)]
+pub struct Args {
+    /// Server base URL (the part before `/v1/completions`).
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    base_url: String,
+    /// Model name to send; default: the first model the server lists.
+    #[arg(long)]
+    model: Option<String>,
+    /// Bearer API key, if the server wants one.
+    #[arg(long, env = "OPENAI_API_KEY")]
+    api_key: Option<String>,
+    /// Requests kept in flight (closed loop). Ignored with --request-rate.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Poisson arrivals per second (open loop).
+    #[arg(long)]
+    request_rate: Option<f64>,
+    /// Requests to complete (per level, with --sweep).
+    #[arg(long, default_value_t = 32)]
+    num_requests: usize,
+    /// Prompt length in tokens: `N`, or `MIN:MAX` for uniform random lengths.
+    #[arg(long, default_value = "128")]
+    prompt_tokens: String,
+    /// Output length in tokens: `N`, or `MIN:MAX`.
+    #[arg(long, default_value = "128")]
+    output_tokens: String,
+    /// Stop at end-of-sequence tokens instead of generating exactly the output length.
+    #[arg(long)]
+    respect_eos: bool,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Seed of the prompt generator.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Requests sent (and not measured) before the run, to warm the server up.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Closed-loop concurrency levels to run one after another, e.g. `1,4,16,64`.
+    #[arg(long, value_delimiter = ',')]
+    sweep: Vec<usize>,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write one CSV row per level here (with --sweep, or a single row).
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Hide the progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let client = client::Client::new(&args.base_url, args.api_key.clone())?;
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => client
+            .first_model()
+            .await
+            .context("listing the server's models (pass --model to skip)")?,
+    };
+    let workload = Workload {
+        model,
+        prompt_tokens: workload::parse_range(&args.prompt_tokens).context("--prompt-tokens")?,
+        output_tokens: workload::parse_range(&args.output_tokens).context("--output-tokens")?,
+        ignore_eos: !args.respect_eos,
+        temperature: args.temperature,
+        seed: args.seed,
+    };
+    if args.warmup > 0 {
+        workload::run(
+            &client,
+            &workload,
+            Load::Closed {
+                concurrency: args.warmup,
+            },
+            args.warmup,
+            true,
+        )
+        .await?;
+    }
+    let levels: Vec<Load> = if !args.sweep.is_empty() {
+        args.sweep
+            .iter()
+            .map(|&c| Load::Closed {
+                concurrency: c.max(1),
+            })
+            .collect()
+    } else if let Some(rate) = args.request_rate {
+        anyhow::ensure!(
+            rate > 0.0 && rate.is_finite(),
+            "--request-rate must be positive"
+        );
+        vec![Load::Poisson { rate }]
+    } else {
+        vec![Load::Closed {
+            concurrency: args.concurrency.max(1),
+        }]
+    };
+    let mut results = Vec::new();
+    for load in levels {
+        let outcomes =
+            workload::run(&client, &workload, load, args.num_requests, args.quiet).await?;
+        let summary = report::Summary::new(load, &outcomes);
+        println!("{}", summary.table());
+        results.push(summary);
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&results)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.csv {
+        std::fs::write(path, report::csv(&results))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
