@@ -12,6 +12,7 @@ use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use crate::kv_cache::KvCache;
+use crate::ops;
 use crate::rope::RotaryTables;
 use crate::weights::{concat_rows, unpermute_qk, Linear, WeightsKind};
 
@@ -367,8 +368,7 @@ impl LlamaModel {
             let normed = rms_norm(&x, &layer.ffn_norm, eps)?;
             let gate_up = layer.gate_up.forward(&normed)?;
             let inter = cfg.intermediate_size;
-            let act = (candle_nn::ops::silu(&gate_up.narrow(1, 0, inter)?)?
-                * gate_up.narrow(1, inter, inter)?)?;
+            let act = ops::swiglu(&gate_up, inter)?;
             x = (x + layer.down.forward(&act)?)?;
         }
         if batch.logits_indices.is_empty() {

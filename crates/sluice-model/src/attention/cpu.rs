@@ -298,6 +298,7 @@ mod x86 {
     use half::f16;
 
     use super::{LANES, MAX_GROUP};
+    use crate::simd::x86::{exp, exp_scalar};
 
     /// How the cache's element type becomes 16 f32 lanes.
     pub trait KvElem: Copy + Send + Sync {
@@ -423,57 +424,5 @@ mod x86 {
                 _mm512_storeu_ps(s.accs.as_mut_ptr().add(g * d + j), acc[g]);
             }
         }
-    }
-
-    /// `e^x` for `x <= 0` (Cephes' expf polynomial), with `vscalefps` for the power of two.
-    #[inline(always)]
-    unsafe fn exp(x: __m512) -> __m512 {
-        let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
-        let n =
-            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm512_fmadd_ps(
-                x,
-                _mm512_set1_ps(std::f32::consts::LOG2_E),
-                _mm512_set1_ps(0.5),
-            ));
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm512_set1_ps(1.987_569_1e-4);
-        for coef in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            0.5,
-        ] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(coef));
-        }
-        let y = _mm512_add_ps(
-            _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r),
-            _mm512_set1_ps(1.0),
-        );
-        _mm512_scalef_ps(y, n)
-    }
-
-    #[inline(always)]
-    pub(super) unsafe fn exp_scalar(x: f32) -> f32 {
-        _mm512_cvtss_f32(exp(_mm512_set1_ps(x)))
-    }
-
-    #[cfg(test)]
-    #[test]
-    fn vector_exp_is_accurate_where_softmax_uses_it() {
-        if !super::cpu_features() {
-            return;
-        }
-        let mut worst = 0f32;
-        for i in 0..=200_000 {
-            let x = -87.0 * i as f32 / 200_000.0;
-            // SAFETY: features checked above.
-            let got = unsafe { exp_scalar(x) };
-            worst = worst.max(((got - x.exp()) / x.exp()).abs());
-        }
-        assert!(worst < 1e-6, "relative error {worst}");
-        assert_eq!(unsafe { exp_scalar(0.0) }, 1.0);
-        assert!(unsafe { exp_scalar(f32::NEG_INFINITY) } < 1e-37);
     }
 }
