@@ -30,7 +30,7 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         Self {
-            weights: WeightsKind::F32,
+            weights: WeightsKind::Auto,
             device: Device::Cpu,
             attention: None,
             kv_dtype: DType::F16,

@@ -19,8 +19,10 @@ pub enum WeightsKind {
     F16,
     /// The file's quantized blocks, multiplied with candle's quantized matmul: least memory.
     Quantized,
-    /// Both f32 and quantized copies; each step uses the quantized mat-vec when it has few
-    /// rows (weight-bandwidth bound) and the dense gemm otherwise (compute bound).
+    /// f32 numerics at a fraction of the reads for small steps: f32 panels for steps of many
+    /// rows (compute bound), and for steps of few rows (bound by reading weights) the file's
+    /// Q4_0/Q4_1/Q8_0 blocks dequantized in registers with the same arithmetic, so both give
+    /// identical results. Other formats use the f32 panels at every size.
     Auto,
 }
 
@@ -73,14 +75,19 @@ enum DenseWeights {
 }
 
 enum QuantizedWeights {
+    /// Quantized panels dequantized in registers into the f32 kernel's exact arithmetic
+    /// ([`WeightsKind::Auto`]): f32 results, a fraction of the bytes.
+    Exact(PackedMatrix),
     /// Our int8-dot kernels for the formats they cover.
     Ours(QuantMatrix),
     /// candle's quantized matmul for every other format.
     Candle(QMatMul),
 }
 
-/// Rows at or below which [`WeightsKind::Auto`] prefers the quantized mat-vec.
-pub const AUTO_QUANTIZED_MAX_ROWS: usize = 4;
+/// Rows at or below which [`WeightsKind::Auto`] reads the quantized panels. Measured on the
+/// default model (2 cores): they beat the f32 panels up to 32 rows and tie at 64; prefill-sized
+/// steps are compute bound and dequantizing would only add work.
+pub const AUTO_QUANTIZED_MAX_ROWS: usize = 32;
 
 thread_local! {
     static ACTIVATIONS: std::cell::RefCell<QuantizedActivations> = std::cell::RefCell::new(QuantizedActivations::default());
@@ -118,7 +125,14 @@ impl Linear {
             WeightsKind::F32 => (Some(dense_f32(&w)?), None),
             WeightsKind::F16 => (Some(DenseWeights::Tensor(w.dequantize_f16(device)?)), None),
             WeightsKind::Quantized => (None, Some(quantized(w)?)),
-            WeightsKind::Auto => (Some(dense_f32(&w)?), Some(quantized(w)?)),
+            WeightsKind::Auto => {
+                // Small steps read the quantized panels; both paths give the same numbers, so
+                // a sequence's output never depends on what else is in the batch.
+                let exact = PackedMatrix::pack_quantized(&w)
+                    .filter(|_| device.is_cpu() && dense::available())
+                    .map(QuantizedWeights::Exact);
+                (Some(dense_f32(&w)?), exact)
+            }
         };
         Ok(Self {
             dense,
@@ -162,15 +176,17 @@ fn with_cpu_rows<R>(x: &Tensor, f: impl FnOnce(&[f32], usize, usize) -> R) -> Re
     Ok(f(data, t, cols))
 }
 
+fn packed_forward(m: &PackedMatrix, x: &Tensor) -> Result<Tensor> {
+    let t = x.dim(0)?;
+    let mut out = vec![0f32; t * m.out_features()];
+    with_cpu_rows(x, |data, t, _| m.matmul(data, t, &mut out))?;
+    Ok(Tensor::from_vec(out, (t, m.out_features()), x.device())?)
+}
+
 impl DenseWeights {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Self::Packed(m) => {
-                let t = x.dim(0)?;
-                let mut out = vec![0f32; t * m.out_features()];
-                with_cpu_rows(x, |data, t, _| m.matmul(data, t, &mut out))?;
-                Ok(Tensor::from_vec(out, (t, m.out_features()), x.device())?)
-            }
+            Self::Packed(m) => packed_forward(m, x),
             Self::Tensor(w) if w.dtype() == DType::F16 => Ok(x
                 .to_dtype(DType::F16)?
                 .matmul(&w.t()?)?
@@ -184,6 +200,7 @@ impl QuantizedWeights {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Self::Candle(q) => Ok(q.forward(x)?),
+            Self::Exact(m) => packed_forward(m, x),
             Self::Ours(m) => {
                 let t = x.dim(0)?;
                 let mut out = vec![0f32; t * m.rows()];

@@ -389,6 +389,58 @@ fn weight_kinds_agree() {
     );
 }
 
+/// `auto` reads quantized blocks for small steps and f32 panels for large ones; both must give
+/// the f32 path's numbers exactly, or a sequence's tokens would depend on its batch.
+#[test]
+fn auto_weights_equal_f32_bit_for_bit() {
+    for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::Q4_0] {
+        let spec = TinyModelSpec {
+            dtype,
+            ..TinyModelSpec::default()
+        };
+        let path = tiny_path(&spec, &format!("auto-{dtype:?}.gguf"));
+        let f32_model = load(&path, WeightsKind::F32, AttentionBackend::Cpu);
+        let auto_model = load(&path, WeightsKind::Auto, AttentionBackend::Cpu);
+        let tokens: Vec<u32> = (0..19).map(|i| (i * 13 % 250) as u32).collect();
+        let steps = |model: &LlamaModel| -> Vec<Vec<f32>> {
+            let mut kv = model.new_kv_cache(3, 16).unwrap();
+            let mut out = Vec::new();
+            let mut b = StepBatch::new(16);
+            b.push_sequence(&tokens[..17], 0, &[2, 0], true); // prefill: the f32 panels
+            out.push(
+                model
+                    .forward(&b, &mut kv)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap(),
+            );
+            for pos in 17..19 {
+                b.clear();
+                b.push_sequence(&tokens[pos..pos + 1], pos, &[2, 0], true); // decode: quantized
+                out.push(
+                    model
+                        .forward(&b, &mut kv)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap(),
+                );
+            }
+            out
+        };
+        let (a, b) = (steps(&f32_model), steps(&auto_model));
+        for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "{dtype:?} step {step}: auto differs from f32"
+            );
+        }
+    }
+}
+
 #[test]
 fn bad_files_are_clear_errors() {
     let missing = std::env::temp_dir().join("sluice-no-such-model.gguf");
