@@ -1,11 +1,31 @@
 //! sluice-engine: the continuous-batching core. The block manager tracks the paged KV cache,
 //! the scheduler decides every step which tokens of which sequences one batched forward
-//! computes, and fills the model's flat [`sluice_model::StepBatch`] from that plan.
+//! computes, the sampler picks every sequence's next token at once, and the engine loop ties
+//! them to a [`Model`] on its own thread, streaming each request's tokens back through an
+//! [`EngineHandle`].
 
 pub mod block_manager;
+pub mod engine;
+pub mod events;
+pub mod handle;
+pub mod logits;
+pub mod metrics;
+pub mod model;
+pub mod params;
+pub mod rng;
+pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
+pub mod stop;
+pub mod testing;
 
 pub use block_manager::{BlockId, BlockManager, BlockTable, CachedPrefix, PrefixCacheStats};
+pub use engine::{Engine, EngineConfig, EngineError, ShutdownReport};
+pub use events::{Event, FinishEvent, Timing, TokenEvent, Usage};
+pub use handle::{EngineHandle, EngineStats, RequestStream, SubmitError};
+pub use model::{Model, ModelFailure, PagedLlama};
+pub use params::{InvalidRequest, ModelLimits, Request, SamplingParams, StopParams};
+pub use sampler::{SampleRow, Sampled, Sampler, TokenCounts, TokenLogprobs};
 pub use scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerError, SchedulerOutput};
 pub use sequence::{RequestId, SeqId, Sequence, SequenceStatus};
+pub use stop::{FinishReason, StopReason};

@@ -51,7 +51,7 @@ fn tiny_vocab() -> (Vec<String>, Vec<String>) {
     let mut tokens: Vec<String> = (0..=255u8)
         .map(|b| alphabet.char_of(b).to_string())
         .collect();
-    let merges: Vec<String> = ["t h", "th e", "Ġ t", "Ġt he", "i n", "a n"]
+    let merges: Vec<String> = ["t h", "th e", "Ġ the", "i n", "a n"]
         .iter()
         .map(|m| m.to_string())
         .collect();

@@ -442,6 +442,23 @@ fn auto_weights_equal_f32_bit_for_bit() {
 }
 
 #[test]
+fn tiny_models_carry_a_working_tokenizer() {
+    let path = tiny_path(&TinyModelSpec::default(), "tokenizer.gguf");
+    let file = sluice_model::GgufFile::open(&path).unwrap();
+    let tok = sluice_model::Tokenizer::from_gguf(&file.content, &path).unwrap();
+    let ids = tok.encode("the the").unwrap();
+    assert_eq!(
+        ids.len(),
+        2,
+        "merges make `the` and ` the` single tokens: {ids:?}"
+    );
+    let ids = tok.encode("<|im_start|>the").unwrap();
+    assert_eq!(ids.len(), 2, "a control token parses as one id: {ids:?}");
+    assert_eq!(tok.decode(&ids, false), "<|im_start|>the");
+    assert!(tok.chat_template().is_some());
+}
+
+#[test]
 fn bad_files_are_clear_errors() {
     let missing = std::env::temp_dir().join("sluice-no-such-model.gguf");
     match LlamaModel::load(&missing, &LoadOptions::default()) {

@@ -1,0 +1,312 @@
+//! The engine as the server sees it: a cloneable [`EngineHandle`] to submit requests, abort
+//! them and read counters, and the [`RequestStream`] of events each submission returns.
+//!
+//! Submission checks everything it can without the engine thread (validation against the
+//! model's limits, the waiting-queue bound) and fails fast with a typed [`SubmitError`]; the
+//! request then travels to the engine thread over a channel and its events come back over an
+//! unbounded tokio channel, whose `send` never blocks the engine.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use sluice_model::Tokenizer;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::block_manager::PrefixCacheStats;
+use crate::events::Event;
+use crate::params::{InvalidRequest, ModelLimits, Request};
+use crate::sequence::RequestId;
+
+/// Why a request was not accepted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    /// The waiting queue is full (HTTP 429: retry later).
+    #[error(
+        "overloaded: {waiting} sequences are waiting and the queue holds at most \
+         {max_waiting}; retry later"
+    )]
+    Overloaded { waiting: usize, max_waiting: usize },
+    /// The request is malformed or cannot fit the model (HTTP 400).
+    #[error(transparent)]
+    Invalid(#[from] InvalidRequest),
+    /// The engine is draining for shutdown or has stopped (HTTP 503).
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+}
+
+pub(crate) struct Submission {
+    pub id: RequestId,
+    pub request: Request,
+    /// Validated: what each sequence may generate.
+    pub max_tokens: usize,
+    pub events: UnboundedSender<Event>,
+    pub arrival: Instant,
+}
+
+pub(crate) enum Command {
+    Submit(Box<Submission>),
+    Abort(RequestId),
+    /// Stop taking requests; exit once everything in flight has finished.
+    Drain,
+    /// Abort everything and exit.
+    Stop,
+}
+
+/// Counters the engine thread publishes after every change, read without a round trip.
+#[derive(Default)]
+pub(crate) struct SharedStats {
+    pub running: AtomicUsize,
+    pub waiting: AtomicUsize,
+    /// Sequences submitted but not yet taken in by the engine thread.
+    pub pending: AtomicUsize,
+    pub blocks_used: AtomicUsize,
+    pub blocks_total: AtomicUsize,
+    pub preemptions: AtomicU64,
+    pub prefix_queries: AtomicU64,
+    pub prefix_hits: AtomicU64,
+    pub steps: AtomicU64,
+    pub failed_steps: AtomicU64,
+    pub step_nanos: AtomicU64,
+    pub forward_nanos: AtomicU64,
+    pub sample_nanos: AtomicU64,
+}
+
+pub(crate) struct Shared {
+    pub stats: SharedStats,
+    pub limits: ModelLimits,
+    pub max_waiting: usize,
+    pub tokenizer: Arc<Tokenizer>,
+    pub next_id: AtomicU64,
+    pub draining: AtomicBool,
+}
+
+/// A snapshot of the engine's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Sequences holding KV blocks.
+    pub running: usize,
+    /// Sequences queued, including submissions the engine thread has not taken in yet.
+    pub waiting: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_total: usize,
+    pub preemptions: u64,
+    pub prefix_cache: PrefixCacheStats,
+    /// Engine steps run, and how many of them failed in the forward.
+    pub steps: u64,
+    pub failed_steps: u64,
+    /// Summed over all steps: the whole step, the model's forward, and sampling.
+    pub step_time: Duration,
+    pub forward_time: Duration,
+    pub sample_time: Duration,
+}
+
+impl EngineStats {
+    /// Sequences submitted and not finished.
+    pub fn in_flight(&self) -> usize {
+        self.running + self.waiting
+    }
+}
+
+/// The server's handle on the engine. Cheap to clone; `Send + Sync`.
+#[derive(Clone)]
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+    commands: Sender<Command>,
+}
+
+impl EngineHandle {
+    pub(crate) fn new(shared: Arc<Shared>, commands: Sender<Command>) -> Self {
+        Self { shared, commands }
+    }
+
+    /// Queues a request; its events arrive on the returned stream. Fails at once, without
+    /// queueing anything, if the request is invalid, the waiting queue is full, or the engine
+    /// is shutting down.
+    pub fn submit(&self, request: Request) -> Result<RequestStream, SubmitError> {
+        if self.shared.draining.load(Ordering::Acquire) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let max_tokens = request.validate(&self.shared.limits)?;
+        let n = request.n;
+        let max_waiting = self.shared.max_waiting;
+        if n > max_waiting {
+            return Err(InvalidRequest::InvalidN {
+                n,
+                max: max_waiting,
+            }
+            .into());
+        }
+        let stats = &self.shared.stats;
+        let pending_before = stats.pending.fetch_add(n, Ordering::AcqRel);
+        let waiting = pending_before + stats.waiting.load(Ordering::Acquire);
+        if waiting + n > max_waiting {
+            stats.pending.fetch_sub(n, Ordering::AcqRel);
+            return Err(SubmitError::Overloaded {
+                waiting,
+                max_waiting,
+            });
+        }
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let prompt_tokens = request.prompt.len();
+        let (tx, rx) = unbounded_channel();
+        let submission = Submission {
+            id,
+            request,
+            max_tokens,
+            events: tx,
+            arrival: Instant::now(),
+        };
+        if self
+            .commands
+            .send(Command::Submit(Box::new(submission)))
+            .is_err()
+        {
+            stats.pending.fetch_sub(n, Ordering::AcqRel);
+            return Err(SubmitError::ShuttingDown);
+        }
+        Ok(RequestStream {
+            id,
+            n,
+            prompt_tokens,
+            finished: 0,
+            events: rx,
+            commands: self.commands.clone(),
+        })
+    }
+
+    /// Cancels a request: its sequences leave the batch at the end of the current step with
+    /// [`crate::FinishReason::Abort`], and their blocks are freed at once. Unknown or finished
+    /// ids are ignored.
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.commands.send(Command::Abort(id));
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let s = &self.shared.stats;
+        let nanos = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
+        EngineStats {
+            running: s.running.load(Ordering::Acquire),
+            waiting: s.waiting.load(Ordering::Acquire) + s.pending.load(Ordering::Acquire),
+            kv_blocks_used: s.blocks_used.load(Ordering::Acquire),
+            kv_blocks_total: s.blocks_total.load(Ordering::Acquire),
+            preemptions: s.preemptions.load(Ordering::Acquire),
+            prefix_cache: PrefixCacheStats {
+                queries: s.prefix_queries.load(Ordering::Acquire),
+                hits: s.prefix_hits.load(Ordering::Acquire),
+            },
+            steps: s.steps.load(Ordering::Acquire),
+            failed_steps: s.failed_steps.load(Ordering::Acquire),
+            step_time: nanos(&s.step_nanos),
+            forward_time: nanos(&s.forward_nanos),
+            sample_time: nanos(&s.sample_nanos),
+        }
+    }
+
+    /// The model's tokenizer (the server tokenizes prompts and renders chat templates).
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.shared.tokenizer
+    }
+
+    /// Vocabulary, context length and KV-cache size that bound requests.
+    pub fn limits(&self) -> ModelLimits {
+        self.shared.limits
+    }
+
+    /// Stops admitting requests (later submissions fail with [`SubmitError::ShuttingDown`]);
+    /// what is in flight runs to completion, after which the engine thread exits.
+    pub fn begin_drain(&self) {
+        self.shared.draining.store(true, Ordering::Release);
+        let _ = self.commands.send(Command::Drain);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.shared.draining.load(Ordering::Acquire)
+    }
+}
+
+/// The events of one request. Dropping it before every sequence finished aborts the request.
+pub struct RequestStream {
+    id: RequestId,
+    n: usize,
+    prompt_tokens: usize,
+    finished: usize,
+    events: UnboundedReceiver<Event>,
+    commands: Sender<Command>,
+}
+
+impl RequestStream {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
+    /// Whether every sequence has sent its finish event.
+    pub fn is_finished(&self) -> bool {
+        self.finished == self.n
+    }
+
+    /// The next event; `None` once every sequence has finished (or the engine is gone).
+    pub async fn recv(&mut self) -> Option<Event> {
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    /// [`RequestStream::recv`] as a poll, for implementing `Stream` adapters.
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        let polled = self.events.poll_recv(cx);
+        if let Poll::Ready(Some(event)) = &polled {
+            self.count(event);
+        }
+        polled
+    }
+
+    /// [`RequestStream::recv`] for threads outside an async runtime.
+    ///
+    /// # Panics
+    /// When called from within an async runtime (tokio forbids blocking there).
+    pub fn blocking_recv(&mut self) -> Option<Event> {
+        let event = self.events.blocking_recv();
+        if let Some(e) = &event {
+            self.count(e);
+        }
+        event
+    }
+
+    /// Every event until the end, blocking; for tests and command-line use.
+    pub fn collect_blocking(mut self) -> Vec<Event> {
+        std::iter::from_fn(|| self.blocking_recv()).collect()
+    }
+
+    fn count(&mut self, event: &Event) {
+        if matches!(event, Event::Finished(_)) {
+            self.finished += 1;
+        }
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.is_finished() {
+            let _ = self.commands.send(Command::Abort(self.id));
+        }
+    }
+}
+
+impl std::fmt::Debug for RequestStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestStream")
+            .field("id", &self.id)
+            .field("n", &self.n)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
+}

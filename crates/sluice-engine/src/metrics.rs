@@ -1,0 +1,170 @@
+//! The engine's metrics, recorded through the [`metrics`] facade (the server installs the
+//! Prometheus exporter). Handles are registered once when the engine starts, so install the
+//! recorder before [`crate::Engine::start`]; recording is then a few atomic operations per
+//! step and allocates nothing.
+//!
+//! | name | kind | what |
+//! | --- | --- | --- |
+//! | `sluice_requests_running` | gauge | sequences holding KV blocks and scheduled every step |
+//! | `sluice_requests_waiting` | gauge | sequences queued (new or preempted), plus submissions not yet taken in |
+//! | `sluice_kv_cache_blocks_used` | gauge | KV-cache blocks referenced by a sequence |
+//! | `sluice_kv_cache_blocks_total` | gauge | KV-cache blocks in the pool |
+//! | `sluice_prefix_cache_queries_total` | counter | prompt tokens looked up in the prefix cache at (re)admission |
+//! | `sluice_prefix_cache_hits_total` | counter | of those, tokens whose K/V came from cached blocks |
+//! | `sluice_preemptions_total` | counter | sequences preempted (blocks freed, recomputed later) |
+//! | `sluice_prompt_tokens_total` | counter | prompt tokens of requests that produced their first token |
+//! | `sluice_generation_tokens_total` | counter | tokens sampled |
+//! | `sluice_request_success_total{finish_reason}` | counter | finished sequences, by `stop`, `length`, `abort`, `error` |
+//! | `sluice_engine_step_failures_total` | counter | steps whose forward failed |
+//! | `sluice_time_to_first_token_seconds` | histogram | arrival to first token, per sequence |
+//! | `sluice_inter_token_latency_seconds` | histogram | time between consecutive tokens of a sequence |
+//! | `sluice_e2e_request_latency_seconds` | histogram | arrival to finish, per sequence |
+//! | `sluice_request_queue_time_seconds` | histogram | arrival to first scheduled, per request |
+//! | `sluice_tokens_per_step` | histogram | tokens computed by one forward (prefill and decode) |
+//! | `sluice_step_duration_seconds` | histogram | one engine step: schedule, forward, sample, emit |
+
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
+    Gauge, Histogram, Unit,
+};
+
+use crate::stop::FinishReason;
+
+pub const REQUESTS_RUNNING: &str = "sluice_requests_running";
+pub const REQUESTS_WAITING: &str = "sluice_requests_waiting";
+pub const KV_CACHE_BLOCKS_USED: &str = "sluice_kv_cache_blocks_used";
+pub const KV_CACHE_BLOCKS_TOTAL: &str = "sluice_kv_cache_blocks_total";
+pub const PREFIX_CACHE_QUERIES: &str = "sluice_prefix_cache_queries_total";
+pub const PREFIX_CACHE_HITS: &str = "sluice_prefix_cache_hits_total";
+pub const PREEMPTIONS: &str = "sluice_preemptions_total";
+pub const PROMPT_TOKENS: &str = "sluice_prompt_tokens_total";
+pub const GENERATION_TOKENS: &str = "sluice_generation_tokens_total";
+pub const REQUEST_SUCCESS: &str = "sluice_request_success_total";
+pub const STEP_FAILURES: &str = "sluice_engine_step_failures_total";
+pub const TIME_TO_FIRST_TOKEN: &str = "sluice_time_to_first_token_seconds";
+pub const INTER_TOKEN_LATENCY: &str = "sluice_inter_token_latency_seconds";
+pub const E2E_REQUEST_LATENCY: &str = "sluice_e2e_request_latency_seconds";
+pub const REQUEST_QUEUE_TIME: &str = "sluice_request_queue_time_seconds";
+pub const TOKENS_PER_STEP: &str = "sluice_tokens_per_step";
+pub const STEP_DURATION: &str = "sluice_step_duration_seconds";
+
+/// Every name above, for exporters that want to pre-declare buckets or check coverage.
+pub const ALL: [&str; 17] = [
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    KV_CACHE_BLOCKS_USED,
+    KV_CACHE_BLOCKS_TOTAL,
+    PREFIX_CACHE_QUERIES,
+    PREFIX_CACHE_HITS,
+    PREEMPTIONS,
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    REQUEST_SUCCESS,
+    STEP_FAILURES,
+    TIME_TO_FIRST_TOKEN,
+    INTER_TOKEN_LATENCY,
+    E2E_REQUEST_LATENCY,
+    REQUEST_QUEUE_TIME,
+    TOKENS_PER_STEP,
+    STEP_DURATION,
+];
+
+/// Registered handles, held by the engine thread.
+pub(crate) struct EngineMetrics {
+    pub running: Gauge,
+    pub waiting: Gauge,
+    pub blocks_used: Gauge,
+    pub blocks_total: Gauge,
+    pub prefix_queries: Counter,
+    pub prefix_hits: Counter,
+    pub preemptions: Counter,
+    pub prompt_tokens: Counter,
+    pub generation_tokens: Counter,
+    /// Indexed like [`FinishReason::ALL`].
+    success: [Counter; 4],
+    pub step_failures: Counter,
+    pub time_to_first_token: Histogram,
+    pub inter_token_latency: Histogram,
+    pub e2e_latency: Histogram,
+    pub queue_time: Histogram,
+    pub tokens_per_step: Histogram,
+    pub step_duration: Histogram,
+}
+
+impl EngineMetrics {
+    pub fn register() -> Self {
+        describe_gauge!(REQUESTS_RUNNING, "Sequences running (holding KV blocks).");
+        describe_gauge!(REQUESTS_WAITING, "Sequences waiting to be scheduled.");
+        describe_gauge!(KV_CACHE_BLOCKS_USED, "KV-cache blocks in use.");
+        describe_gauge!(KV_CACHE_BLOCKS_TOTAL, "KV-cache blocks in the pool.");
+        describe_counter!(
+            PREFIX_CACHE_QUERIES,
+            Unit::Count,
+            "Prompt tokens looked up in the prefix cache."
+        );
+        describe_counter!(
+            PREFIX_CACHE_HITS,
+            Unit::Count,
+            "Prompt tokens served from the prefix cache."
+        );
+        describe_counter!(
+            PREEMPTIONS,
+            Unit::Count,
+            "Sequences preempted for KV blocks."
+        );
+        describe_counter!(PROMPT_TOKENS, Unit::Count, "Prompt tokens processed.");
+        describe_counter!(GENERATION_TOKENS, Unit::Count, "Tokens generated.");
+        describe_counter!(
+            REQUEST_SUCCESS,
+            Unit::Count,
+            "Finished sequences by finish reason."
+        );
+        describe_counter!(
+            STEP_FAILURES,
+            Unit::Count,
+            "Engine steps whose forward failed."
+        );
+        describe_histogram!(TIME_TO_FIRST_TOKEN, Unit::Seconds, "Time to first token.");
+        describe_histogram!(INTER_TOKEN_LATENCY, Unit::Seconds, "Time between tokens.");
+        describe_histogram!(E2E_REQUEST_LATENCY, Unit::Seconds, "Arrival to finish.");
+        describe_histogram!(
+            REQUEST_QUEUE_TIME,
+            Unit::Seconds,
+            "Arrival to first scheduled."
+        );
+        describe_histogram!(
+            TOKENS_PER_STEP,
+            Unit::Count,
+            "Tokens computed per engine step."
+        );
+        describe_histogram!(STEP_DURATION, Unit::Seconds, "Duration of one engine step.");
+        Self {
+            running: gauge!(REQUESTS_RUNNING),
+            waiting: gauge!(REQUESTS_WAITING),
+            blocks_used: gauge!(KV_CACHE_BLOCKS_USED),
+            blocks_total: gauge!(KV_CACHE_BLOCKS_TOTAL),
+            prefix_queries: counter!(PREFIX_CACHE_QUERIES),
+            prefix_hits: counter!(PREFIX_CACHE_HITS),
+            preemptions: counter!(PREEMPTIONS),
+            prompt_tokens: counter!(PROMPT_TOKENS),
+            generation_tokens: counter!(GENERATION_TOKENS),
+            success: FinishReason::ALL
+                .map(|r| counter!(REQUEST_SUCCESS, "finish_reason" => r.as_str())),
+            step_failures: counter!(STEP_FAILURES),
+            time_to_first_token: histogram!(TIME_TO_FIRST_TOKEN),
+            inter_token_latency: histogram!(INTER_TOKEN_LATENCY),
+            e2e_latency: histogram!(E2E_REQUEST_LATENCY),
+            queue_time: histogram!(REQUEST_QUEUE_TIME),
+            tokens_per_step: histogram!(TOKENS_PER_STEP),
+            step_duration: histogram!(STEP_DURATION),
+        }
+    }
+
+    pub fn finished(&self, reason: FinishReason) -> &Counter {
+        let i = FinishReason::ALL
+            .iter()
+            .position(|&r| r == reason)
+            .unwrap_or(0);
+        &self.success[i]
+    }
+}

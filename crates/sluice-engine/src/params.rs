@@ -1,0 +1,462 @@
+//! What a client asks the engine for: the prompt (token ids: the server tokenizes), how many
+//! sequences, how to pick tokens and when to stop. Validation lives here too, so every way a
+//! request can be malformed is one [`InvalidRequest`] variant the server turns into a 400.
+
+/// Temperatures below this are greedy, as in vLLM: dividing by a tiny temperature only turns
+/// the distribution into an argmax with extra rounding.
+pub const GREEDY_TEMPERATURE: f32 = 1e-5;
+/// Most alternatives [`SamplingParams::logprobs`] may ask for (OpenAI's limit).
+pub const MAX_LOGPROBS: usize = 20;
+/// Most sequences one request may ask for.
+pub const MAX_N: usize = 128;
+/// Most stop strings per request, and the longest one in bytes: each generated token is
+/// checked against every one of them.
+pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_STOP_STRING_BYTES: usize = 256;
+
+/// How each token is chosen from the model's logits. Processing order (vLLM's): `logit_bias`,
+/// then the repetition, frequency and presence penalties, then `temperature`, then the
+/// `min_p`, `top_k` and `top_p` filters, then one draw from what is left.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 (below [`GREEDY_TEMPERATURE`]) is greedy: the argmax, no randomness.
+    pub temperature: f32,
+    /// Keep the smallest set of most likely tokens whose probability adds up to at least this;
+    /// 1 keeps everything. In `(0, 1]`.
+    pub top_p: f32,
+    /// Keep the `top_k` most likely tokens (ties at the boundary included); 0 keeps everything.
+    pub top_k: usize,
+    /// Drop tokens less likely than `min_p` times the most likely one. In `[0, 1]`.
+    pub min_p: f32,
+    /// Subtracted once from the logit of every token already generated. In `[-2, 2]`.
+    pub presence_penalty: f32,
+    /// Subtracted from each token's logit once per time it was generated. In `[-2, 2]`.
+    pub frequency_penalty: f32,
+    /// Divides positive logits and multiplies negative ones of every token in the prompt or the
+    /// output; 1 is off, above 1 discourages repeats. In `(0, 2]`.
+    pub repetition_penalty: f32,
+    /// Added to the logit of a token id. Each bias in `[-100, 100]`.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Seeds the sequence's random generator: the same seed gives the same tokens whatever
+    /// else is batched. `None` draws a random seed.
+    pub seed: Option<u64>,
+    /// Report the log-probability of each chosen token and of this many most likely
+    /// alternatives (0: the chosen token only), from the model's unmodified logits.
+    pub logprobs: Option<usize>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
+            seed: None,
+            logprobs: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Deterministic argmax decoding.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature < GREEDY_TEMPERATURE
+    }
+
+    pub fn has_penalties(&self) -> bool {
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
+    }
+
+    /// Checks every field; `vocab_size` bounds the token ids of `logit_bias`.
+    pub fn validate(&self, vocab_size: usize) -> Result<(), InvalidRequest> {
+        let bad =
+            |param: &'static str, reason: String| Err(InvalidRequest::Param { param, reason });
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad(
+                "temperature",
+                format!("{} is not a number >= 0", self.temperature),
+            );
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", format!("{} is not in (0, 1]", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", format!("{} is not in [0, 1]", self.min_p));
+        }
+        for (param, value) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&value) {
+                return bad(param, format!("{value} is not in [-2, 2]"));
+            }
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 2.0) {
+            return bad(
+                "repetition_penalty",
+                format!("{} is not in (0, 2]", self.repetition_penalty),
+            );
+        }
+        for &(token, bias) in &self.logit_bias {
+            if token as usize >= vocab_size {
+                return Err(InvalidRequest::TokenOutOfVocab {
+                    param: "logit_bias",
+                    token,
+                    vocab_size,
+                });
+            }
+            if !(-100.0..=100.0).contains(&bias) {
+                return bad(
+                    "logit_bias",
+                    format!("bias {bias} of token {token} is not in [-100, 100]"),
+                );
+            }
+        }
+        if let Some(k) = self.logprobs {
+            if k > MAX_LOGPROBS {
+                return bad("logprobs", format!("{k} is more than {MAX_LOGPROBS}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// When a sequence ends, besides `max_tokens` and the model's context length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopParams {
+    /// Strings that end the sequence when they appear in its text; the text is cut before the
+    /// first one (see `include_stop_str_in_output`).
+    pub stop: Vec<String>,
+    /// Token ids that end the sequence; their text is not part of the output.
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past the tokenizer's end-of-sequence ids.
+    pub ignore_eos: bool,
+    /// Before this many tokens, EOS and stop token ids cannot be sampled and stop strings are
+    /// not looked for.
+    pub min_tokens: usize,
+    /// End the output with the stop string that matched instead of cutting it off.
+    pub include_stop_str_in_output: bool,
+    /// Leave control tokens (`<|im_end|>`, ...) out of the text.
+    pub skip_special_tokens: bool,
+}
+
+impl Default for StopParams {
+    fn default() -> Self {
+        Self {
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            min_tokens: 0,
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
+        }
+    }
+}
+
+impl StopParams {
+    pub fn validate(&self, vocab_size: usize) -> Result<(), InvalidRequest> {
+        let bad = |reason: String| {
+            Err(InvalidRequest::Param {
+                param: "stop",
+                reason,
+            })
+        };
+        if self.stop.len() > MAX_STOP_STRINGS {
+            return bad(format!(
+                "{} stop strings; at most {MAX_STOP_STRINGS} are allowed",
+                self.stop.len()
+            ));
+        }
+        for s in &self.stop {
+            if s.is_empty() {
+                return bad("a stop string is empty".into());
+            }
+            if s.len() > MAX_STOP_STRING_BYTES {
+                return bad(format!(
+                    "a stop string has {} bytes; at most {MAX_STOP_STRING_BYTES} are allowed",
+                    s.len()
+                ));
+            }
+        }
+        if let Some(&token) = self
+            .stop_token_ids
+            .iter()
+            .find(|&&t| t as usize >= vocab_size)
+        {
+            return Err(InvalidRequest::TokenOutOfVocab {
+                param: "stop_token_ids",
+                token,
+                vocab_size,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One generation request: `n` sequences continuing `prompt`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// Prompt token ids, as the model reads them (BOS included when the model wants it).
+    pub prompt: Vec<u32>,
+    /// Independent sequences to generate from the prompt (they share its KV blocks).
+    pub n: usize,
+    /// Most tokens each sequence generates; `None`: up to the model's context length (or the
+    /// whole KV cache, when that is smaller).
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: StopParams,
+}
+
+impl Request {
+    /// One greedy sequence of at most `max_tokens` tokens.
+    pub fn new(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        Self {
+            prompt,
+            n: 1,
+            max_tokens: Some(max_tokens),
+            sampling: SamplingParams::greedy(),
+            stop: StopParams::default(),
+        }
+    }
+
+    /// Checks the request against the model and the cache; returns the number of tokens each
+    /// sequence may generate.
+    pub fn validate(&self, limits: &ModelLimits) -> Result<usize, InvalidRequest> {
+        if self.prompt.is_empty() {
+            return Err(InvalidRequest::EmptyPrompt);
+        }
+        if !(1..=MAX_N).contains(&self.n) {
+            return Err(InvalidRequest::InvalidN {
+                n: self.n,
+                max: MAX_N,
+            });
+        }
+        if let Some(&token) = self
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= limits.vocab_size)
+        {
+            return Err(InvalidRequest::TokenOutOfVocab {
+                param: "prompt",
+                token,
+                vocab_size: limits.vocab_size,
+            });
+        }
+        self.sampling.validate(limits.vocab_size)?;
+        self.stop.validate(limits.vocab_size)?;
+        // A sequence never needs more than the model's context, nor more than the whole cache:
+        // admission refuses what could not fit the pool even alone.
+        let capacity = limits.max_model_len.min(limits.kv_cache_tokens);
+        let prompt_tokens = self.prompt.len();
+        if prompt_tokens >= capacity {
+            return Err(InvalidRequest::PromptTooLong {
+                prompt_tokens,
+                max_model_len: limits.max_model_len,
+                kv_cache_tokens: limits.kv_cache_tokens,
+            });
+        }
+        let max_tokens = match self.max_tokens {
+            None => capacity - prompt_tokens,
+            Some(0) => return Err(InvalidRequest::ZeroMaxTokens),
+            Some(m) if prompt_tokens.saturating_add(m) > capacity => {
+                return Err(InvalidRequest::TooManyTokens {
+                    prompt_tokens,
+                    max_tokens: m,
+                    max_model_len: limits.max_model_len,
+                    kv_cache_tokens: limits.kv_cache_tokens,
+                })
+            }
+            Some(m) => m,
+        };
+        if self.stop.min_tokens > max_tokens {
+            return Err(InvalidRequest::Param {
+                param: "min_tokens",
+                reason: format!(
+                    "{} is more than max_tokens ({max_tokens})",
+                    self.stop.min_tokens
+                ),
+            });
+        }
+        Ok(max_tokens)
+    }
+}
+
+/// What bounds a request: the model's vocabulary and context, and the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelLimits {
+    pub vocab_size: usize,
+    /// Longest sequence (prompt + generated) the engine runs.
+    pub max_model_len: usize,
+    /// Tokens the whole KV cache holds.
+    pub kv_cache_tokens: usize,
+}
+
+/// A request the engine cannot run as asked (HTTP 400). Messages name the parameter.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidRequest {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("n = {n} is out of range: it must be between 1 and {max}")]
+    InvalidN { n: usize, max: usize },
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+    #[error("{param}: token id {token} is outside the vocabulary of {vocab_size} tokens")]
+    TokenOutOfVocab {
+        param: &'static str,
+        token: u32,
+        vocab_size: usize,
+    },
+    #[error(
+        "the prompt has {prompt_tokens} tokens, which leaves no room to generate: the model's \
+         context is {max_model_len} tokens and the KV cache holds {kv_cache_tokens}"
+    )]
+    PromptTooLong {
+        prompt_tokens: usize,
+        max_model_len: usize,
+        kv_cache_tokens: usize,
+    },
+    #[error(
+        "prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) is more than the model's \
+         context of {max_model_len} tokens or the KV cache's {kv_cache_tokens}"
+    )]
+    TooManyTokens {
+        prompt_tokens: usize,
+        max_tokens: usize,
+        max_model_len: usize,
+        kv_cache_tokens: usize,
+    },
+    #[error("invalid {param}: {reason}")]
+    Param { param: &'static str, reason: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: ModelLimits = ModelLimits {
+        vocab_size: 100,
+        max_model_len: 64,
+        kv_cache_tokens: 48,
+    };
+
+    #[test]
+    fn max_tokens_defaults_to_what_is_left_of_the_context_or_cache() {
+        let mut r = Request::new(vec![1; 10], 1);
+        r.max_tokens = None;
+        assert_eq!(r.validate(&LIMITS), Ok(38));
+        r.max_tokens = Some(38);
+        assert_eq!(r.validate(&LIMITS), Ok(38));
+        for too_many in [39, usize::MAX] {
+            r.max_tokens = Some(too_many);
+            assert!(matches!(
+                r.validate(&LIMITS),
+                Err(InvalidRequest::TooManyTokens { .. })
+            ));
+        }
+        r.prompt = vec![1; 48];
+        assert!(matches!(
+            r.validate(&LIMITS),
+            Err(InvalidRequest::PromptTooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn malformed_requests_name_the_parameter() {
+        let ok = Request::new(vec![1, 2, 3], 4);
+        assert_eq!(ok.validate(&LIMITS), Ok(4));
+        let cases: Vec<(Request, &str)> = vec![
+            (Request::new(vec![], 4), "prompt is empty"),
+            (Request::new(vec![1, 100], 4), "prompt: token id 100"),
+            (Request::new(vec![1], 0), "max_tokens"),
+            (Request { n: 0, ..ok.clone() }, "n = 0"),
+            (
+                Request {
+                    sampling: SamplingParams {
+                        top_p: 0.0,
+                        ..SamplingParams::default()
+                    },
+                    ..ok.clone()
+                },
+                "top_p",
+            ),
+            (
+                Request {
+                    sampling: SamplingParams {
+                        temperature: f32::NAN,
+                        ..SamplingParams::default()
+                    },
+                    ..ok.clone()
+                },
+                "temperature",
+            ),
+            (
+                Request {
+                    sampling: SamplingParams {
+                        logit_bias: vec![(5, 101.0)],
+                        ..SamplingParams::default()
+                    },
+                    ..ok.clone()
+                },
+                "logit_bias",
+            ),
+            (
+                Request {
+                    sampling: SamplingParams {
+                        logprobs: Some(21),
+                        ..SamplingParams::default()
+                    },
+                    ..ok.clone()
+                },
+                "logprobs",
+            ),
+            (
+                Request {
+                    stop: StopParams {
+                        stop: vec![String::new()],
+                        ..StopParams::default()
+                    },
+                    ..ok.clone()
+                },
+                "stop string is empty",
+            ),
+            (
+                Request {
+                    stop: StopParams {
+                        stop_token_ids: vec![1000],
+                        ..StopParams::default()
+                    },
+                    ..ok.clone()
+                },
+                "stop_token_ids",
+            ),
+            (
+                Request {
+                    stop: StopParams {
+                        min_tokens: 5,
+                        ..StopParams::default()
+                    },
+                    ..ok.clone()
+                },
+                "min_tokens",
+            ),
+        ];
+        for (request, needle) in cases {
+            let err = request.validate(&LIMITS).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+        }
+    }
+}

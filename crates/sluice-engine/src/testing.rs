@@ -1,0 +1,317 @@
+//! Test doubles for the engine: a weightless [`Model`] and a small real tokenizer, so the
+//! engine loop, its events and its failure handling are tested (and benchmarked) in
+//! milliseconds.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
+
+use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
+use sluice_model::{StepBatch, Tokenizer};
+
+use crate::model::{Model, ModelFailure};
+
+fn mix(h: u64, x: u64) -> u64 {
+    let mut z = h ^ x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 30)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+const SEED: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// A model without weights whose logits are a deterministic function of a sequence's whole
+/// context, read back through its block table: like a real model, a wrong block table, a
+/// wrong position or a bad prefix-cache hit changes what it predicts.
+///
+/// Its "KV cache" holds, per slot, a hash chaining the token written there with everything
+/// before it. A sampling row's logits are a fixed random row rotated by the hash of the
+/// context, plus a bump on one token the hash picks, so greedy decoding follows the hash and
+/// sampling sees a realistic spread of logits.
+pub struct MockModel {
+    vocab_size: usize,
+    max_model_len: usize,
+    block_size: usize,
+    kv: Vec<Option<u64>>,
+    base: Vec<f32>,
+    control: MockControl,
+}
+
+impl MockModel {
+    pub fn new(
+        vocab_size: usize,
+        max_model_len: usize,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Self {
+        let mut s = SEED;
+        let base = (0..vocab_size)
+            .map(|_| {
+                s = mix(s, 1);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
+            })
+            .collect();
+        Self {
+            vocab_size,
+            max_model_len,
+            block_size,
+            kv: vec![None; num_blocks * block_size],
+            base,
+            control: MockControl::default(),
+        }
+    }
+
+    /// A handle to steer this model from a test while the engine owns it.
+    pub fn control(&self) -> MockControl {
+        self.control.clone()
+    }
+
+    fn slot(&self, batch: &StepBatch, table: &[u32], pos: usize) -> Result<usize, ModelFailure> {
+        let block = table
+            .get(pos / self.block_size)
+            .ok_or_else(|| ModelFailure::new(format!("position {pos} is past the block table")))?;
+        let slot = *block as usize * batch.block_size + pos % self.block_size;
+        if slot >= self.kv.len() {
+            return Err(ModelFailure::new(format!(
+                "slot {slot} is outside the cache"
+            )));
+        }
+        Ok(slot)
+    }
+}
+
+impl Model for MockModel {
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.kv.len() / self.block_size
+    }
+
+    fn forward(&mut self, batch: &StepBatch, logits: &mut Vec<f32>) -> Result<(), ModelFailure> {
+        self.control.before_forward()?;
+        logits.clear();
+        // Sampling rows come in sequence order, one per sequence at most.
+        let mut rows = batch.logits_indices.iter().peekable();
+        for s in &batch.sequences {
+            let table = batch.block_table(s);
+            let start = s.context_len - s.query_len;
+            let mut h = if start == 0 {
+                SEED
+            } else {
+                let slot = self.slot(batch, table, start - 1)?;
+                self.kv[slot].ok_or_else(|| {
+                    ModelFailure::new(format!(
+                        "read of unwritten slot {slot} at position {}",
+                        start - 1
+                    ))
+                })?
+            };
+            for (i, &token) in batch.input_ids[s.query_start..s.query_start + s.query_len]
+                .iter()
+                .enumerate()
+            {
+                h = mix(h, u64::from(token));
+                let slot = self.slot(batch, table, start + i)?;
+                self.kv[slot] = Some(h);
+            }
+            let last_row = (s.query_start + s.query_len - 1) as u32;
+            if rows.peek() != Some(&&last_row) {
+                continue;
+            }
+            rows.next();
+            let mut fold = SEED;
+            for pos in 0..s.context_len {
+                let slot = self.slot(batch, table, pos)?;
+                let v = self.kv[slot]
+                    .ok_or_else(|| ModelFailure::new(format!("read of unwritten slot {slot}")))?;
+                fold = mix(fold, v);
+            }
+            let shift = (fold % self.vocab_size as u64) as usize;
+            let row_start = logits.len();
+            logits.extend_from_slice(&self.base[shift..]);
+            logits.extend_from_slice(&self.base[..shift]);
+            let peak = (mix(fold, 7) % self.vocab_size as u64) as usize;
+            logits[row_start + peak] += 6.0;
+        }
+        if let Some(row) = rows.next() {
+            return Err(ModelFailure::new(format!(
+                "logits row {row} is no sequence's last token"
+            )));
+        }
+        self.control.after_forward();
+        Ok(())
+    }
+}
+
+const GATE_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct Gate {
+    /// While set, each forward waits for a permit.
+    held: bool,
+    permits: usize,
+    /// Forwards that have reached the gate while it held, ever.
+    arrivals: u64,
+}
+
+#[derive(Default)]
+struct ControlState {
+    gate: Mutex<Gate>,
+    changed: Condvar,
+    fail_next: AtomicUsize,
+    forwards: AtomicU64,
+}
+
+/// Steers a [`MockModel`] from a test: fail forwards, or hold them at a gate to freeze the
+/// engine mid-step at a known point.
+#[derive(Clone, Default)]
+pub struct MockControl {
+    state: Arc<ControlState>,
+}
+
+impl MockControl {
+    /// The next `n` forwards fail.
+    pub fn fail_next(&self, n: usize) {
+        self.state.fail_next.store(n, Ordering::SeqCst);
+    }
+
+    /// From now on every forward waits for a [`MockControl::release`] permit.
+    pub fn hold(&self) {
+        self.state.gate.lock().unwrap().held = true;
+    }
+
+    /// Lets `n` held forwards through.
+    pub fn release(&self, n: usize) {
+        self.state.gate.lock().unwrap().permits += n;
+        self.state.changed.notify_all();
+    }
+
+    /// Stops holding forwards; those waiting go through.
+    pub fn open(&self) {
+        self.state.gate.lock().unwrap().held = false;
+        self.state.changed.notify_all();
+    }
+
+    /// Waits until the `k`-th held forward (counting from 1 since the model was made) has
+    /// reached the gate; false if it did not within `timeout`.
+    pub fn wait_until_held(&self, k: u64, timeout: Duration) -> bool {
+        let gate = self.state.gate.lock().unwrap();
+        let (gate, _) = self
+            .state
+            .changed
+            .wait_timeout_while(gate, timeout, |g| g.arrivals < k)
+            .unwrap();
+        gate.arrivals >= k
+    }
+
+    /// Forwards that completed successfully.
+    pub fn forwards(&self) -> u64 {
+        self.state.forwards.load(Ordering::SeqCst)
+    }
+
+    fn before_forward(&self) -> Result<(), ModelFailure> {
+        let mut gate = self.state.gate.lock().unwrap();
+        if gate.held {
+            gate.arrivals += 1;
+            self.state.changed.notify_all();
+            // Bounded, so a test that fails while holding the gate cannot hang the engine
+            // thread (and with it the test's teardown) forever.
+            gate = self
+                .state
+                .changed
+                .wait_timeout_while(gate, GATE_TIMEOUT, |g| g.held && g.permits == 0)
+                .unwrap()
+                .0;
+            if gate.held && gate.permits > 0 {
+                gate.permits -= 1;
+            }
+        }
+        drop(gate);
+        let fail = self
+            .state
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Err(ModelFailure::new("injected failure"));
+        }
+        Ok(())
+    }
+
+    fn after_forward(&self) {
+        self.state.forwards.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// GPT-2's byte-level alphabet: the character that stands for each byte in a vocabulary.
+fn byte_char(byte: u8) -> char {
+    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
+    if printable(byte) {
+        return char::from(byte);
+    }
+    // Bytes without a printable character map, in order, to U+0100 onwards.
+    let rank = (0..byte).filter(|&b| !printable(b)).count() as u32;
+    char::from_u32(256 + rank).unwrap_or('?')
+}
+
+/// Ids of [`tiny_tokenizer`]'s control tokens.
+pub const TINY_ENDOFTEXT: u32 = 259;
+pub const TINY_IM_START: u32 = 260;
+pub const TINY_IM_END: u32 = 261;
+/// Vocabulary size of [`tiny_tokenizer`].
+pub const TINY_VOCAB: usize = 262;
+
+/// A small real tokenizer: one token per byte with id = byte value, merges building "Ġt",
+/// "he" and "Ġthe" (256..259), then `<|endoftext|>` (259, BOS and EOS), `<|im_start|>` and
+/// `<|im_end|>` as control tokens; its EOS ids are 259 and 261. Built once per process, in
+/// memory.
+pub fn tiny_tokenizer() -> Arc<Tokenizer> {
+    static TOKENIZER: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| {
+            let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
+            tokens.extend(["Ġt", "he", "Ġthe"].map(String::from));
+            tokens.extend(["<|endoftext|>", "<|im_start|>", "<|im_end|>"].map(String::from));
+            let mut types = vec![1i32; 259];
+            types.extend([3, 3, 3]);
+            let strings = |v: Vec<String>| Value::Array(v.into_iter().map(Value::String).collect());
+            let merges = ["Ġ t", "h e", "Ġt he"].map(String::from).to_vec();
+            let metadata: HashMap<String, Value> = [
+                ("tokenizer.ggml.model", Value::String("gpt2".into())),
+                ("tokenizer.ggml.pre", Value::String("gpt-2".into())),
+                ("tokenizer.ggml.tokens", strings(tokens)),
+                (
+                    "tokenizer.ggml.token_type",
+                    Value::Array(types.into_iter().map(Value::I32).collect()),
+                ),
+                ("tokenizer.ggml.merges", strings(merges)),
+                ("tokenizer.ggml.bos_token_id", Value::U32(TINY_ENDOFTEXT)),
+                ("tokenizer.ggml.eos_token_id", Value::U32(TINY_ENDOFTEXT)),
+                ("tokenizer.ggml.add_bos_token", Value::Bool(false)),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+            let content = Content {
+                magic: VersionedMagic::GgufV3,
+                metadata,
+                tensor_infos: HashMap::new(),
+                tensor_data_offset: 0,
+            };
+            let tok = Tokenizer::from_gguf(&content, Path::new("tiny-tokenizer.gguf"))
+                .unwrap_or_else(|e| panic!("the tiny tokenizer is malformed: {e}"));
+            Arc::new(tok)
+        })
+        .clone()
+}

@@ -1,0 +1,329 @@
+//! The engine over the real SmolLM2-135M (f32 weights): batching, preemption and the prefix
+//! cache change no token; seeds reproduce; stop strings and UTF-8 survive real tokenization.
+//! The model is found at `$SLUICE_MODEL` or in `models/`; a missing file fails the test with
+//! the command that fetches it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sluice_engine::{
+    Engine, EngineConfig, EngineHandle, Event, FinishReason, PagedLlama, Request, SamplingParams,
+    StopParams, StopReason,
+};
+use sluice_model::{ChatMessage, ChatTemplate, LlamaModel, LoadOptions, Tokenizer, WeightsKind};
+
+fn model_path() -> PathBuf {
+    let path = match std::env::var_os("SLUICE_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
+    assert!(
+        path.is_file(),
+        "model not found at {}: run scripts/fetch-model.sh (or set SLUICE_MODEL)",
+        path.display()
+    );
+    path
+}
+
+/// An engine over the real model with a KV cache of `num_blocks` blocks of 16 tokens.
+fn start_engine(num_blocks: usize) -> (Engine, Arc<Tokenizer>) {
+    let path = model_path();
+    let file = sluice_model::GgufFile::open(&path).unwrap();
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&file.content, &path).unwrap());
+    let options = LoadOptions {
+        weights: WeightsKind::F32,
+        ..LoadOptions::default()
+    };
+    let model = LlamaModel::load(&path, &options).unwrap();
+    let model = PagedLlama::new(model, num_blocks, 16).unwrap();
+    let engine =
+        Engine::start(Box::new(model), tokenizer.clone(), EngineConfig::default()).unwrap();
+    (engine, tokenizer)
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Output {
+    tokens: Vec<u32>,
+    deltas: Vec<String>,
+    reason: FinishReason,
+    stop_reason: Option<StopReason>,
+}
+
+impl Output {
+    fn text(&self) -> String {
+        self.deltas.concat()
+    }
+}
+
+fn collect(events: Vec<Event>) -> Output {
+    let mut tokens = Vec::new();
+    let mut deltas = Vec::new();
+    let mut finish = None;
+    for e in events {
+        assert!(finish.is_none(), "event after finish: {e:?}");
+        match e {
+            Event::Token(t) => {
+                tokens.push(t.token);
+                deltas.push(t.text);
+            }
+            Event::Finished(f) => {
+                assert_ne!(f.reason, FinishReason::Error, "{:?}", f.error);
+                finish = Some((f.reason, f.stop_reason));
+            }
+        }
+    }
+    let (reason, stop_reason) = finish.expect("the request finished");
+    Output {
+        tokens,
+        deltas,
+        reason,
+        stop_reason,
+    }
+}
+
+fn run(h: &EngineHandle, request: Request) -> Output {
+    collect(h.submit(request).unwrap().collect_blocking())
+}
+
+/// Submits everything at once, then collects.
+fn run_all(h: &EngineHandle, requests: &[Request]) -> Vec<Output> {
+    let streams: Vec<_> = requests
+        .iter()
+        .map(|r| h.submit(r.clone()).unwrap())
+        .collect();
+    streams
+        .into_iter()
+        .map(|s| collect(s.collect_blocking()))
+        .collect()
+}
+
+const TOPICS: [&str; 8] = [
+    "The history of the Roman Empire",
+    "How photosynthesis works in plants",
+    "A recipe for a simple tomato soup",
+    "Why the sky is blue",
+    "The rules of chess",
+    "How a bicycle stays upright",
+    "The life cycle of a butterfly",
+    "What makes a good night's sleep",
+];
+
+/// 32 prompts of 6 to ~130 tokens.
+fn varied_prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
+    (0..32)
+        .map(|i| {
+            let topic = TOPICS[i % TOPICS.len()];
+            let mut text = format!("{topic}.");
+            for k in 0..i / 2 {
+                text.push_str(&format!(" Point {k} about {}.", topic.to_lowercase()));
+            }
+            text.push_str(" In short,");
+            tok.encode_prompt(&text).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn greedy_tokens_are_the_same_batched_preempted_or_alone() {
+    let (engine, tok) = start_engine(2048);
+    let h = engine.handle();
+    let requests: Vec<Request> = varied_prompts(&tok)
+        .into_iter()
+        .map(|p| Request::new(p, 10))
+        .collect();
+    let longest = requests.iter().map(|r| r.prompt.len()).max().unwrap();
+    assert!((100..=200).contains(&longest), "longest prompt {longest}");
+    let alone: Vec<Output> = requests.iter().map(|r| run(&h, r.clone())).collect();
+
+    let batched = run_all(&h, &requests);
+    for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
+        assert_eq!(
+            a.tokens, b.tokens,
+            "request {i}: batched differs from alone"
+        );
+        assert_eq!(a.text(), b.text());
+    }
+    drop(engine);
+
+    // 24 blocks: the longest request fits alone, but not much more does.
+    let (small, _) = start_engine(24);
+    let hs = small.handle();
+    let squeezed = run_all(&hs, &requests);
+    for (i, (a, b)) in alone.iter().zip(&squeezed).enumerate() {
+        assert_eq!(
+            a.tokens, b.tokens,
+            "request {i}: preempted differs from alone"
+        );
+    }
+    let stats = hs.stats();
+    assert!(stats.preemptions > 0, "no preemption happened: {stats:?}");
+    assert_eq!(stats.kv_blocks_used, 0);
+}
+
+#[test]
+fn a_shared_prefix_is_reused_and_changes_no_token() {
+    let (engine, tok) = start_engine(1024);
+    let h = engine.handle();
+    let system = "You are a helpful assistant who answers questions about geography, history and \
+                  science in a short and friendly way. Always give one fact and one example. ";
+    let mut system = system.repeat(6);
+    system.push_str("Question: ");
+    let a = tok
+        .encode_prompt(&format!("{system}What is the tallest mountain? Answer:"))
+        .unwrap();
+    let b = tok
+        .encode_prompt(&format!("{system}Why do leaves fall in autumn? Answer:"))
+        .unwrap();
+    let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(shared >= 96, "the prompts share only {shared} tokens");
+
+    run(&h, Request::new(a, 8));
+    let before = h.stats().prefix_cache;
+    let with_cache = run(&h, Request::new(b.clone(), 12));
+    let after = h.stats().prefix_cache;
+    let hits = after.hits - before.hits;
+    assert_eq!(
+        hits as usize,
+        shared / 16 * 16,
+        "B reused A's full shared blocks"
+    );
+
+    let (fresh, _) = start_engine(1024);
+    let without_cache = run(&fresh.handle(), Request::new(b, 12));
+    assert_eq!(fresh.handle().stats().prefix_cache.hits, 0);
+    assert_eq!(with_cache.tokens, without_cache.tokens);
+}
+
+#[test]
+fn a_seed_gives_the_same_text_alone_and_in_a_batch_of_16() {
+    let (engine, tok) = start_engine(2048);
+    let h = engine.handle();
+    let seeded = Request {
+        sampling: SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            seed: Some(42),
+            ..SamplingParams::default()
+        },
+        stop: StopParams {
+            ignore_eos: true,
+            ..StopParams::default()
+        },
+        ..Request::new(
+            tok.encode_prompt("Once upon a time, in a small village,")
+                .unwrap(),
+            16,
+        )
+    };
+    let first = run(&h, seeded.clone());
+    let second = run(&h, seeded.clone());
+    assert_eq!(first.tokens, second.tokens);
+
+    let mut batch: Vec<Request> = varied_prompts(&tok)
+        .into_iter()
+        .take(15)
+        .map(|p| Request {
+            sampling: SamplingParams {
+                temperature: 1.0,
+                ..SamplingParams::default()
+            },
+            ..Request::new(p, 16)
+        })
+        .collect();
+    batch.insert(7, seeded);
+    let outputs = run_all(&h, &batch);
+    assert_eq!(outputs[7].tokens, first.tokens);
+    assert_eq!(outputs[7].text(), first.text());
+
+    let other_seed = Request {
+        sampling: SamplingParams {
+            seed: Some(43),
+            ..batch[7].sampling.clone()
+        },
+        ..batch[7].clone()
+    };
+    assert_ne!(run(&h, other_seed).tokens, first.tokens);
+}
+
+#[test]
+fn stop_strings_split_across_tokens_are_caught_and_never_streamed() {
+    let (engine, tok) = start_engine(512);
+    let h = engine.handle();
+    let prompt = tok.encode_prompt("The capital of France is").unwrap();
+    let full = run(&h, Request::new(prompt.clone(), 24));
+    // A stop string made of the end of one token's text and the start of the next.
+    let pieces: Vec<String> = full
+        .tokens
+        .iter()
+        .map(|&t| tok.decode(&[t], true))
+        .collect();
+    let i = (2..pieces.len() - 1)
+        .find(|&i| {
+            pieces[i].len() >= 2
+                && pieces[i + 1].len() >= 2
+                && pieces[i].is_ascii()
+                && pieces[i + 1].is_ascii()
+        })
+        .expect("two neighbouring multi-character tokens");
+    let stop = format!(
+        "{}{}",
+        &pieces[i][pieces[i].len() - 2..],
+        &pieces[i + 1][..2]
+    );
+    let text = full.text();
+    let expected = &text[..text.find(&stop).unwrap()];
+
+    let request = Request {
+        stop: StopParams {
+            stop: vec![stop.clone()],
+            ..StopParams::default()
+        },
+        ..Request::new(prompt, 24)
+    };
+    let out = run(&h, request);
+    assert_eq!(out.reason, FinishReason::Stop);
+    assert_eq!(out.stop_reason, Some(StopReason::String(stop.clone())));
+    assert_eq!(out.text(), expected);
+    let mut streamed = String::new();
+    for d in &out.deltas {
+        streamed.push_str(d);
+        assert!(!streamed.contains(&stop), "{stop:?} leaked: {streamed:?}");
+    }
+}
+
+#[test]
+fn streamed_text_never_splits_a_character() {
+    let (engine, tok) = start_engine(512);
+    let h = engine.handle();
+    let template = ChatTemplate::new(
+        tok.chat_template().unwrap(),
+        tok.bos_token(),
+        tok.eos_token(),
+    )
+    .unwrap();
+    let text = template
+        .render(
+            &[ChatMessage::new("user", "Write three emojis about cats")],
+            true,
+        )
+        .unwrap();
+    let out = run(&h, Request::new(tok.encode(&text).unwrap(), 40));
+    // The test means something only if some token holds part of a character.
+    assert!(
+        out.tokens
+            .iter()
+            .any(|&t| std::str::from_utf8(tok.token_bytes(t)).is_err()),
+        "no token split a character: {:?}",
+        out.text()
+    );
+    let decoded = tok.decode(&out.tokens, true);
+    assert_eq!(out.text(), decoded);
+    // U+FFFD only where the output was cut mid-character, at the very end.
+    assert!(!out.text().trim_end_matches('\u{FFFD}').contains('\u{FFFD}'));
+    assert!(
+        out.text().chars().any(|c| c.len_utf8() == 4),
+        "{:?}",
+        out.text()
+    );
+}
