@@ -8,7 +8,7 @@
 //! | `sluice_requests_running` | gauge | sequences holding KV blocks and scheduled every step |
 //! | `sluice_requests_waiting` | gauge | sequences queued (new or preempted), plus submissions not yet taken in |
 //! | `sluice_kv_cache_blocks_used` | gauge | KV-cache blocks referenced by a sequence |
-//! | `sluice_kv_cache_blocks_total` | gauge | KV-cache blocks in the pool |
+//! | `sluice_kv_cache_blocks_capacity` | gauge | KV-cache blocks in the pool (a gauge: promtool reserves `_total` for counters) |
 //! | `sluice_prefix_cache_queries_total` | counter | prompt tokens looked up in the prefix cache at (re)admission |
 //! | `sluice_prefix_cache_hits_total` | counter | of those, tokens whose K/V came from cached blocks |
 //! | `sluice_preemptions_total` | counter | sequences preempted (blocks freed, recomputed later) |
@@ -33,7 +33,7 @@ use crate::stop::FinishReason;
 pub const REQUESTS_RUNNING: &str = "sluice_requests_running";
 pub const REQUESTS_WAITING: &str = "sluice_requests_waiting";
 pub const KV_CACHE_BLOCKS_USED: &str = "sluice_kv_cache_blocks_used";
-pub const KV_CACHE_BLOCKS_TOTAL: &str = "sluice_kv_cache_blocks_total";
+pub const KV_CACHE_BLOCKS_CAPACITY: &str = "sluice_kv_cache_blocks_capacity";
 pub const PREFIX_CACHE_QUERIES: &str = "sluice_prefix_cache_queries_total";
 pub const PREFIX_CACHE_HITS: &str = "sluice_prefix_cache_hits_total";
 pub const PREEMPTIONS: &str = "sluice_preemptions_total";
@@ -53,7 +53,7 @@ pub const ALL: [&str; 17] = [
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
     KV_CACHE_BLOCKS_USED,
-    KV_CACHE_BLOCKS_TOTAL,
+    KV_CACHE_BLOCKS_CAPACITY,
     PREFIX_CACHE_QUERIES,
     PREFIX_CACHE_HITS,
     PREEMPTIONS,
@@ -96,7 +96,7 @@ impl EngineMetrics {
         describe_gauge!(REQUESTS_RUNNING, "Sequences running (holding KV blocks).");
         describe_gauge!(REQUESTS_WAITING, "Sequences waiting to be scheduled.");
         describe_gauge!(KV_CACHE_BLOCKS_USED, "KV-cache blocks in use.");
-        describe_gauge!(KV_CACHE_BLOCKS_TOTAL, "KV-cache blocks in the pool.");
+        describe_gauge!(KV_CACHE_BLOCKS_CAPACITY, "KV-cache blocks in the pool.");
         describe_counter!(
             PREFIX_CACHE_QUERIES,
             Unit::Count,
@@ -142,7 +142,7 @@ impl EngineMetrics {
             running: gauge!(REQUESTS_RUNNING),
             waiting: gauge!(REQUESTS_WAITING),
             blocks_used: gauge!(KV_CACHE_BLOCKS_USED),
-            blocks_total: gauge!(KV_CACHE_BLOCKS_TOTAL),
+            blocks_total: gauge!(KV_CACHE_BLOCKS_CAPACITY),
             prefix_queries: counter!(PREFIX_CACHE_QUERIES),
             prefix_hits: counter!(PREFIX_CACHE_HITS),
             preemptions: counter!(PREEMPTIONS),

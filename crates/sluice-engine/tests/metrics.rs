@@ -106,7 +106,7 @@ fn every_metric_is_recorded_with_the_right_counts() {
         stats.prefix_cache.queries
     );
     assert_eq!(counter(names::PREEMPTIONS), 0);
-    assert_eq!(gauges[names::KV_CACHE_BLOCKS_TOTAL], 64.0);
+    assert_eq!(gauges[names::KV_CACHE_BLOCKS_CAPACITY], 64.0);
     assert_eq!(gauges[names::KV_CACHE_BLOCKS_USED], 0.0);
     assert_eq!(gauges[names::REQUESTS_RUNNING], 0.0);
     assert_eq!(gauges[names::REQUESTS_WAITING], 0.0);
