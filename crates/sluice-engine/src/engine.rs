@@ -127,6 +127,7 @@ impl Engine {
             tokenizer: tokenizer.clone(),
             next_id: 1.into(),
             draining: false.into(),
+            stopped: false.into(),
         });
         shared
             .stats
@@ -159,10 +160,21 @@ impl Engine {
         };
         let thread = std::thread::Builder::new()
             .name("sluice-engine".into())
-            .spawn(move || {
-                let aborted = engine_loop.run();
-                let _ = exited_tx.send(());
-                aborted
+            .spawn({
+                let shared = shared.clone();
+                move || {
+                    // Marks the engine stopped on every exit path, unwinding included.
+                    struct MarkStopped(Arc<Shared>);
+                    impl Drop for MarkStopped {
+                        fn drop(&mut self) {
+                            self.0.stopped.store(true, Ordering::Release);
+                        }
+                    }
+                    let _stopped = MarkStopped(shared);
+                    let aborted = engine_loop.run();
+                    let _ = exited_tx.send(());
+                    aborted
+                }
             })?;
         Ok(Self {
             handle: EngineHandle::new(shared, commands.clone()),

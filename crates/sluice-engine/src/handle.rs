@@ -81,6 +81,8 @@ pub(crate) struct Shared {
     pub tokenizer: Arc<Tokenizer>,
     pub next_id: AtomicU64,
     pub draining: AtomicBool,
+    /// Set when the engine thread has exited, however it exited (a panic included).
+    pub stopped: AtomicBool,
 }
 
 /// A snapshot of the engine's counters.
@@ -224,6 +226,12 @@ impl EngineHandle {
 
     pub fn is_draining(&self) -> bool {
         self.shared.draining.load(Ordering::Acquire)
+    }
+
+    /// Whether the engine thread is still serving: false once it has exited (after a drain,
+    /// or because it died), so a health check can stop routing traffic here.
+    pub fn is_running(&self) -> bool {
+        !self.shared.stopped.load(Ordering::Acquire)
     }
 }
 

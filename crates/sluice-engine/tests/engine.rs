@@ -514,11 +514,16 @@ fn logprobs_are_streamed_with_their_tokens() {
 fn shutdown_drains_what_is_in_flight_and_refuses_the_rest() {
     let (engine, _) = default_engine();
     let h = engine.handle();
+    assert!(h.is_running());
     let streams: Vec<_> = (0..4)
         .map(|i| h.submit(long_request(i, 10, 30)).unwrap())
         .collect();
     let report = engine.shutdown(WAIT);
     assert!(report.drained, "{report:?}");
+    assert!(
+        !h.is_running(),
+        "a health check must see that the engine thread has exited"
+    );
     assert_eq!(report.aborted, 0);
     for s in streams {
         assert_eq!(
