@@ -1,17 +1,17 @@
-//! `sluice generate`: one prompt, one sequence, straight through the model's paged forward.
-//! Handy to try a model file; serving goes through the engine instead.
+//! `sluice generate`: one prompt through the engine (the same scheduler, sampler and stop
+//! handling that serving uses), its text printed as it is generated.
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use candle_core::{Device, Tensor, D};
-use rand::distributions::{Distribution, WeightedIndex};
-use rand::SeedableRng;
+use sluice_engine::{
+    Engine, EngineConfig, Event, FinishReason, PagedLlama, Request, SamplingParams, StopParams,
+};
 use sluice_model::{
-    ChatMessage, ChatTemplate, GgufFile, IncrementalDecoder, LlamaModel, LoadOptions, StepBatch,
-    Tokenizer, WeightsKind,
+    ChatMessage, ChatTemplate, GgufFile, LlamaModel, LoadOptions, Tokenizer, WeightsKind,
 };
 
 const BLOCK_SIZE: usize = 16;
@@ -37,30 +37,32 @@ pub struct GenerateArgs {
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens holding this much probability.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Keep only the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
     /// Seed for sampling (with --temperature > 0).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Weight representation: f32, f16, quantized or auto.
-    #[arg(long, default_value = "f32")]
+    /// Weight representation: auto, f32, f16 or quantized.
+    #[arg(long, default_value = "auto")]
     weights: WeightsKind,
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
-        bail!("--temperature must be a finite number >= 0");
-    }
     let load_start = Instant::now();
     let mut file = GgufFile::open(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(&file.content, &args.model)?;
     let options = LoadOptions {
         weights: args.weights,
-        device: Device::Cpu,
-        attention: None,
+        ..LoadOptions::default()
     };
     let model = LlamaModel::from_gguf(&mut file, &options)?;
     let load_time = load_start.elapsed();
 
-    let prompt_ids = if args.chat {
+    let prompt = if args.chat {
         let source = tokenizer
             .chat_template()
             .context("the model has no chat template; drop --chat")?;
@@ -70,65 +72,78 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     } else {
         tokenizer.encode_prompt(&args.prompt)?
     };
-    if prompt_ids.is_empty() {
+    if prompt.is_empty() {
         bail!("the prompt is empty");
     }
     let max_len = model.config().max_position_embeddings;
-    let total = (prompt_ids.len() + args.max_tokens).min(max_len);
-    if prompt_ids.len() >= total {
+    if prompt.len() >= max_len {
         bail!(
             "the prompt has {} tokens; the model's context is {max_len}",
-            prompt_ids.len()
+            prompt.len()
         );
     }
+    // Generation stops at the context length, as it always did here.
+    let max_tokens = args.max_tokens.min(max_len - prompt.len());
+    let prompt_tokens = prompt.len();
+    // A cache for exactly this one sequence.
+    let num_blocks = (prompt_tokens + max_tokens).div_ceil(BLOCK_SIZE).max(1);
+    let model = PagedLlama::new(model, num_blocks, BLOCK_SIZE)?;
+    let engine = Engine::start(
+        Box::new(model),
+        Arc::new(tokenizer),
+        EngineConfig::default(),
+    )?;
+    let request = Request {
+        prompt,
+        n: 1,
+        max_tokens: Some(max_tokens),
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            seed: Some(args.seed),
+            ..SamplingParams::default()
+        },
+        stop: StopParams::default(),
+    };
+    let mut stream = engine.handle().submit(request)?;
 
-    let blocks = total.div_ceil(BLOCK_SIZE);
-    let mut kv = model.new_kv_cache(blocks, BLOCK_SIZE)?;
-    let table: Vec<u32> = (0..blocks as u32).collect();
-    let mut batch = StepBatch::new(BLOCK_SIZE);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
-    let mut decoder = IncrementalDecoder::new(true);
     let mut out = std::io::stdout().lock();
-
-    let start = Instant::now();
-    batch.push_sequence(&prompt_ids, 0, &table, true);
-    let mut logits = model.forward(&batch, &mut kv)?;
-    let prefill_time = start.elapsed();
-    let mut generated = 0usize;
-    for pos in prompt_ids.len()..total {
-        let token = choose(&logits, args.temperature, &mut rng)?;
-        if tokenizer.eos_token_ids().contains(&token) {
-            break;
+    let mut finish = None;
+    while let Some(event) = stream.blocking_recv() {
+        match event {
+            Event::Token(t) => {
+                write!(out, "{}", t.text)?;
+                out.flush()?;
+            }
+            Event::Finished(f) => finish = Some(f),
         }
-        generated += 1;
-        write!(out, "{}", decoder.push(&tokenizer, token))?;
-        out.flush()?;
-        if pos + 1 == total {
-            break;
-        }
-        batch.clear();
-        batch.push_sequence(&[token], pos, &table, true);
-        logits = model.forward(&batch, &mut kv)?;
     }
-    writeln!(out, "{}", decoder.finish())?;
-    let decode_time = start.elapsed() - prefill_time;
+    writeln!(out)?;
+    engine.shutdown(Duration::from_secs(1));
+    let finish = finish.context("the engine stopped without finishing the request")?;
+    if finish.reason == FinishReason::Error {
+        bail!(
+            "generation failed: {}",
+            finish.error.unwrap_or_else(|| "unknown error".into())
+        );
+    }
+    let t = finish.timing;
+    let generated = finish.usage.completion_tokens;
+    let prefill = match (t.scheduled, t.first_token) {
+        (Some(s), Some(f)) => prompt_tokens as f64 / (f - s).as_secs_f64().max(1e-9),
+        _ => 0.0,
+    };
+    let decode = match (t.first_token, t.last_token) {
+        (Some(f), Some(l)) if generated > 1 => {
+            (generated - 1) as f64 / (l - f).as_secs_f64().max(1e-9)
+        }
+        _ => 0.0,
+    };
     eprintln!(
-        "[{} prompt tokens, {generated} generated; load {:.2}s, prefill {:.0} tok/s, decode {:.1} tok/s]",
-        prompt_ids.len(),
+        "[{prompt_tokens} prompt tokens, {generated} generated ({}); load {:.2}s, prefill {prefill:.0} tok/s, decode {decode:.1} tok/s]",
+        finish.reason,
         load_time.as_secs_f64(),
-        prompt_ids.len() as f64 / prefill_time.as_secs_f64(),
-        generated.saturating_sub(1) as f64 / decode_time.as_secs_f64().max(1e-9),
     );
     Ok(())
-}
-
-/// Greedy at temperature 0, otherwise a draw from the tempered softmax.
-fn choose(logits: &Tensor, temperature: f32, rng: &mut rand::rngs::StdRng) -> anyhow::Result<u32> {
-    let logits = logits.flatten_all()?;
-    if temperature == 0.0 {
-        return Ok(logits.argmax(D::Minus1)?.to_scalar::<u32>()?);
-    }
-    let probs =
-        candle_nn::ops::softmax_last_dim(&(logits / temperature as f64)?)?.to_vec1::<f32>()?;
-    Ok(WeightedIndex::new(&probs)?.sample(rng) as u32)
 }

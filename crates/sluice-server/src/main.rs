@@ -1,4 +1,5 @@
-//! The `sluice` command: `sluice generate` runs one prompt through the model.
+//! The `sluice` command: `sluice serve` runs the OpenAI-compatible server; `sluice generate`
+//! runs one prompt through the model.
 
 mod generate;
 
@@ -20,19 +21,26 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible HTTP API (flags override SLUICE_* variables, which override
+    /// config/sluice.toml).
+    Serve(Box<sluice_server::ServeArgs>),
     /// Generate a continuation of one prompt and print it as it is produced.
     Generate(generate::GenerateArgs),
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     match Cli::parse().command {
-        Command::Generate(args) => generate::run(args),
+        // The server sets up its own logging from its configuration.
+        Command::Serve(args) => sluice_server::serve::run(*args),
+        Command::Generate(args) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+                        .unwrap_or_else(|_| "warn".into()),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            generate::run(args)
+        }
     }
 }

@@ -1,0 +1,597 @@
+//! `sluice serve`'s configuration: one typed [`Config`], layered from built-in defaults, the
+//! TOML file (`config/sluice.toml`), `SLUICE_*` environment variables and command-line flags,
+//! each overriding the one before. clap reads a flag and its environment variable together
+//! (the flag wins), so the layering is: defaults < file < (env < CLI).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use candle_core::DType;
+use serde::Deserialize;
+use sluice_model::WeightsKind;
+
+/// The config file read when `--config` is not given, if it exists.
+pub const DEFAULT_CONFIG_PATH: &str = "config/sluice.toml";
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Flags of `sluice serve`. Every one is optional: what is not given falls back to the
+/// environment variable, then the config file, then the default.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ServeArgs {
+    /// TOML config file [default: config/sluice.toml when it exists].
+    #[arg(long, env = "SLUICE_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// GGUF model file [default: models/SmolLM2-135M-Instruct.Q4_1.gguf].
+    #[arg(long, env = "SLUICE_MODEL", value_name = "PATH")]
+    pub model: Option<PathBuf>,
+    /// Model id clients use and `/v1/models` lists [default: the model file name without
+    /// extension].
+    #[arg(long, env = "SLUICE_SERVED_MODEL_NAME", value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// Address to listen on [default: 0.0.0.0].
+    #[arg(long, env = "SLUICE_HOST", value_name = "ADDR")]
+    pub host: Option<String>,
+    /// Port to listen on [default: 8000].
+    #[arg(long, env = "SLUICE_PORT", value_name = "N")]
+    pub port: Option<u16>,
+    /// Weight representation: auto, f32, f16 or quantized [default: auto].
+    #[arg(long, env = "SLUICE_WEIGHTS", value_name = "KIND")]
+    pub weights: Option<WeightsKind>,
+    /// Memory for the KV cache, e.g. 512MiB, 2GiB or a number of bytes [default: 1GiB].
+    #[arg(long, env = "SLUICE_KV_CACHE_MEMORY", value_name = "SIZE")]
+    pub kv_cache_memory: Option<ByteSize>,
+    /// Element type of the KV cache: f16 or f32 [default: f16].
+    #[arg(long, env = "SLUICE_KV_CACHE_DTYPE", value_name = "DTYPE")]
+    pub kv_cache_dtype: Option<KvCacheDtype>,
+    /// Tokens per KV-cache block [default: 16].
+    #[arg(long, env = "SLUICE_BLOCK_SIZE", value_name = "N")]
+    pub block_size: Option<usize>,
+    /// Most sequences running at once [default: 256].
+    #[arg(long, env = "SLUICE_MAX_NUM_SEQS", value_name = "N")]
+    pub max_num_seqs: Option<usize>,
+    /// Most tokens one engine step computes [default: 2048].
+    #[arg(long, env = "SLUICE_MAX_NUM_BATCHED_TOKENS", value_name = "N")]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Most sequences waiting; past it requests get 429 [default: 1024].
+    #[arg(long, env = "SLUICE_MAX_WAITING", value_name = "N")]
+    pub max_waiting: Option<usize>,
+    /// Longest sequence (prompt + completion) [default: the model's context length].
+    #[arg(long, env = "SLUICE_MAX_MODEL_LEN", value_name = "N")]
+    pub max_model_len: Option<usize>,
+    /// Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize.
+    #[arg(
+        long,
+        env = "SLUICE_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
+    /// Comma-separated origins allowed by CORS, or `*` [default: none, CORS off].
+    #[arg(long, env = "SLUICE_CORS_ORIGINS", value_name = "LIST")]
+    pub cors_origins: Option<String>,
+    /// Largest request body; larger ones get 413 [default: 4MiB].
+    #[arg(long, env = "SLUICE_BODY_LIMIT", value_name = "SIZE")]
+    pub body_limit: Option<ByteSize>,
+    /// Seconds a client has to send its request headers and body [default: 30].
+    #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_SECS", value_name = "N")]
+    pub request_timeout_secs: Option<u64>,
+    /// Log format: text or json [default: text].
+    #[arg(long, env = "SLUICE_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// Log level or tracing filter, e.g. `info` or `info,sluice_engine=debug` [default: info].
+    #[arg(long, env = "SLUICE_LOG_LEVEL", value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// Seconds in-flight requests may take to finish after SIGTERM [default: 30].
+    #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_SECS", value_name = "N")]
+    pub drain_timeout_secs: Option<u64>,
+}
+
+/// The config file: the flag names with underscores. Unknown keys are an error, so a typo does
+/// not silently leave a default in place.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub model: Option<PathBuf>,
+    pub served_model_name: Option<String>,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub weights: Option<String>,
+    pub kv_cache_memory: Option<ByteSize>,
+    pub kv_cache_dtype: Option<KvCacheDtype>,
+    pub block_size: Option<usize>,
+    pub max_num_seqs: Option<usize>,
+    pub max_num_batched_tokens: Option<usize>,
+    pub max_waiting: Option<usize>,
+    pub max_model_len: Option<usize>,
+    pub api_key: Option<String>,
+    pub cors_origins: Option<OriginList>,
+    pub body_limit: Option<ByteSize>,
+    pub request_timeout_secs: Option<u64>,
+    pub log_format: Option<LogFormat>,
+    pub log_level: Option<String>,
+    pub drain_timeout_secs: Option<u64>,
+}
+
+/// Everything `sluice serve` runs with, resolved.
+#[derive(Clone)]
+pub struct Config {
+    pub model: PathBuf,
+    pub served_model_name: String,
+    pub host: String,
+    pub port: u16,
+    pub weights: WeightsKind,
+    pub kv_cache_memory: ByteSize,
+    pub kv_cache_dtype: KvCacheDtype,
+    pub block_size: usize,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_waiting: usize,
+    /// `None`: the model's context length.
+    pub max_model_len: Option<usize>,
+    pub api_key: Option<String>,
+    /// Empty: CORS off.
+    pub cors_origins: Vec<String>,
+    pub body_limit: ByteSize,
+    pub request_timeout: Duration,
+    pub log_format: LogFormat,
+    pub log_level: String,
+    pub drain_timeout: Duration,
+}
+
+// The API key stays out of logs and panics.
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("model", &self.model)
+            .field("served_model_name", &self.served_model_name)
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("weights", &self.weights)
+            .field("kv_cache_memory", &self.kv_cache_memory)
+            .field("kv_cache_dtype", &self.kv_cache_dtype)
+            .field("block_size", &self.block_size)
+            .field("max_num_seqs", &self.max_num_seqs)
+            .field("max_num_batched_tokens", &self.max_num_batched_tokens)
+            .field("max_waiting", &self.max_waiting)
+            .field("max_model_len", &self.max_model_len)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<set>"))
+            .field("cors_origins", &self.cors_origins)
+            .field("body_limit", &self.body_limit)
+            .field("request_timeout", &self.request_timeout)
+            .field("log_format", &self.log_format)
+            .field("log_level", &self.log_level)
+            .field("drain_timeout", &self.drain_timeout)
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read the config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid {key}: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+impl Config {
+    /// Reads the config file (`--config`, else `config/sluice.toml` if present) and layers the
+    /// flags and environment over it.
+    pub fn resolve(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => Some(read_file(path)?),
+            None if Path::new(DEFAULT_CONFIG_PATH).is_file() => {
+                Some(read_file(Path::new(DEFAULT_CONFIG_PATH))?)
+            }
+            None => None,
+        };
+        Self::from_layers(file.unwrap_or_default(), args)
+    }
+
+    /// `args` (flags and environment) over `file` over the defaults.
+    pub fn from_layers(file: FileConfig, args: &ServeArgs) -> Result<Self, ConfigError> {
+        let a = args.clone();
+        let weights = match (a.weights, file.weights) {
+            (Some(w), _) => w,
+            (None, Some(s)) => s.parse().map_err(|reason| ConfigError::Invalid {
+                key: "weights",
+                reason,
+            })?,
+            (None, None) => WeightsKind::Auto,
+        };
+        let model = a
+            .model
+            .or(file.model)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL));
+        let served_model_name = a
+            .served_model_name
+            .or(file.served_model_name)
+            .unwrap_or_else(|| default_served_name(&model));
+        let cors_origins = match a.cors_origins {
+            Some(list) => split_origins(&list),
+            None => file.cors_origins.map(|o| o.0).unwrap_or_default(),
+        };
+        let config = Self {
+            model,
+            served_model_name,
+            host: a.host.or(file.host).unwrap_or_else(|| "0.0.0.0".into()),
+            port: a.port.or(file.port).unwrap_or(8000),
+            weights,
+            kv_cache_memory: a
+                .kv_cache_memory
+                .or(file.kv_cache_memory)
+                .unwrap_or(ByteSize(1 << 30)),
+            kv_cache_dtype: a
+                .kv_cache_dtype
+                .or(file.kv_cache_dtype)
+                .unwrap_or(KvCacheDtype::F16),
+            block_size: a.block_size.or(file.block_size).unwrap_or(16),
+            max_num_seqs: a.max_num_seqs.or(file.max_num_seqs).unwrap_or(256),
+            max_num_batched_tokens: a
+                .max_num_batched_tokens
+                .or(file.max_num_batched_tokens)
+                .unwrap_or(2048),
+            max_waiting: a.max_waiting.or(file.max_waiting).unwrap_or(1024),
+            max_model_len: a.max_model_len.or(file.max_model_len),
+            // An empty key would make "Bearer " a valid credential; treat it as no key.
+            api_key: a.api_key.or(file.api_key).filter(|k| !k.is_empty()),
+            cors_origins,
+            body_limit: a
+                .body_limit
+                .or(file.body_limit)
+                .unwrap_or(ByteSize(4 << 20)),
+            request_timeout: Duration::from_secs(
+                a.request_timeout_secs
+                    .or(file.request_timeout_secs)
+                    .unwrap_or(30),
+            ),
+            log_format: a.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
+            log_level: a
+                .log_level
+                .or(file.log_level)
+                .unwrap_or_else(|| "info".into()),
+            drain_timeout: Duration::from_secs(
+                a.drain_timeout_secs
+                    .or(file.drain_timeout_secs)
+                    .unwrap_or(30),
+            ),
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let positive = |key: &'static str, value: u64| {
+            if value == 0 {
+                Err(ConfigError::Invalid {
+                    key,
+                    reason: "must be at least 1".into(),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        positive("block_size", self.block_size as u64)?;
+        positive("max_num_seqs", self.max_num_seqs as u64)?;
+        positive("max_num_batched_tokens", self.max_num_batched_tokens as u64)?;
+        positive("max_waiting", self.max_waiting as u64)?;
+        positive("kv_cache_memory", self.kv_cache_memory.0)?;
+        positive("body_limit", self.body_limit.0)?;
+        positive("request_timeout_secs", self.request_timeout.as_secs())?;
+        if let Some(len) = self.max_model_len {
+            positive("max_model_len", len as u64)?;
+        }
+        if self.served_model_name.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "served_model_name",
+                reason: "must not be empty".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// `models/SmolLM2-135M-Instruct.Q4_1.gguf` is served as `SmolLM2-135M-Instruct.Q4_1`.
+fn default_served_name(model: &Path) -> String {
+    model
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| model.to_string_lossy().into_owned())
+}
+
+fn split_origins(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// CORS origins in the file: a list of strings, or one comma-separated string like the flag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OriginList(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for OriginList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            One(String),
+            Many(Vec<String>),
+        }
+        Ok(match Raw::deserialize(d)? {
+            Raw::One(s) => Self(split_origins(&s)),
+            Raw::Many(v) => Self(v.iter().flat_map(|s| split_origins(s)).collect()),
+        })
+    }
+}
+
+/// A number of bytes, written as a plain number or with a unit: `B`, `KB`/`MB`/`GB` (powers of
+/// 1000), `KiB`/`MiB`/`GiB` or `K`/`M`/`G` (powers of 1024); case-insensitive, fractions
+/// allowed (`1.5GiB`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    pub fn bytes(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+        for (name, size) in UNITS {
+            if self.0 >= size && self.0.is_multiple_of(size) {
+                return write!(f, "{}{name}", self.0 / size);
+            }
+        }
+        write!(f, "{}B", self.0)
+    }
+}
+
+impl FromStr for ByteSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(s.len());
+        let (number, unit) = (s[..split].trim(), s[split..].trim());
+        let multiplier: u64 = match unit.to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "kb" => 1_000,
+            "mb" => 1_000_000,
+            "gb" => 1_000_000_000,
+            "tb" => 1_000_000_000_000,
+            "k" | "kib" => 1 << 10,
+            "m" | "mib" => 1 << 20,
+            "g" | "gib" => 1 << 30,
+            "t" | "tib" => 1 << 40,
+            _ => {
+                return Err(format!(
+                    "`{s}`: unknown unit `{unit}` (use B, KiB, MiB, GiB, KB, MB, GB)"
+                ))
+            }
+        };
+        let bad = || format!("`{s}` is not a size such as 512MiB, 2GiB or 1048576");
+        if number.is_empty() {
+            return Err(bad());
+        }
+        if let Ok(n) = number.parse::<u64>() {
+            return n.checked_mul(multiplier).map(Self).ok_or_else(bad);
+        }
+        let value = number.parse::<f64>().map_err(|_| bad())? * multiplier as f64;
+        if !value.is_finite() || value < 0.0 || value >= u64::MAX as f64 {
+            return Err(bad());
+        }
+        Ok(Self(value.round() as u64))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bytes(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bytes(n) => Ok(Self(n)),
+            Raw::Text(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Element type of the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtype {
+    F16,
+    F32,
+}
+
+impl KvCacheDtype {
+    pub fn dtype(self) -> DType {
+        match self {
+            Self::F16 => DType::F16,
+            Self::F32 => DType::F32,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn args(flags: &[&str]) -> ServeArgs {
+        let mut argv = vec!["sluice"];
+        argv.extend_from_slice(flags);
+        Cli::try_parse_from(argv).unwrap().args
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        let cases = [
+            ("512MiB", 512 << 20),
+            ("2GiB", 2 << 30),
+            ("2gib", 2 << 30),
+            ("1048576", 1 << 20),
+            ("4M", 4 << 20),
+            ("1.5GiB", 3 << 29),
+            ("10 KB", 10_000),
+            ("7B", 7),
+        ];
+        for (text, bytes) in cases {
+            assert_eq!(text.parse::<ByteSize>(), Ok(ByteSize(bytes)), "{text}");
+        }
+        for bad in [
+            "",
+            "MiB",
+            "12XB",
+            "-1",
+            "1e999GiB",
+            "99999999999999999999GiB",
+        ] {
+            assert!(bad.parse::<ByteSize>().is_err(), "{bad:?} should not parse");
+        }
+        assert_eq!(ByteSize(1 << 30).to_string(), "1GiB");
+        assert_eq!(ByteSize(1000).to_string(), "1000B");
+    }
+
+    #[test]
+    fn defaults_without_file_or_flags() {
+        let c = Config::from_layers(FileConfig::default(), &ServeArgs::default()).unwrap();
+        assert_eq!(c.model, PathBuf::from(DEFAULT_MODEL));
+        assert_eq!(c.served_model_name, "SmolLM2-135M-Instruct.Q4_1");
+        assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 8000));
+        assert_eq!(c.weights, WeightsKind::Auto);
+        assert_eq!(c.kv_cache_memory, ByteSize(1 << 30));
+        assert_eq!(c.kv_cache_dtype, KvCacheDtype::F16);
+        assert_eq!(c.block_size, 16);
+        assert_eq!(
+            (c.max_num_seqs, c.max_num_batched_tokens, c.max_waiting),
+            (256, 2048, 1024)
+        );
+        assert_eq!(c.max_model_len, None);
+        assert_eq!(c.api_key, None);
+        assert!(c.cors_origins.is_empty());
+        assert_eq!(c.body_limit, ByteSize(4 << 20));
+        assert_eq!(c.request_timeout, Duration::from_secs(30));
+        assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.log_level, "info");
+        assert_eq!(c.drain_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn flags_override_the_file_which_overrides_defaults() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            port = 9000
+            host = "127.0.0.1"
+            weights = "f16"
+            kv_cache_memory = "256MiB"
+            body_limit = 1024
+            cors_origins = ["http://a.example", "http://b.example"]
+            max_model_len = 512
+            api_key = ""
+            "#,
+        )
+        .unwrap();
+        let c = Config::from_layers(file, &args(&["--port", "9100", "--weights", "quantized"]))
+            .unwrap();
+        assert_eq!(c.port, 9100);
+        assert_eq!(c.host, "127.0.0.1");
+        assert_eq!(c.weights, WeightsKind::Quantized);
+        assert_eq!(c.kv_cache_memory, ByteSize(256 << 20));
+        assert_eq!(c.body_limit, ByteSize(1024));
+        assert_eq!(c.cors_origins, ["http://a.example", "http://b.example"]);
+        assert_eq!(c.max_model_len, Some(512));
+        assert_eq!(c.api_key, None, "an empty key is no key");
+
+        let c = Config::from_layers(
+            FileConfig::default(),
+            &args(&[
+                "--model",
+                "/tmp/x/tiny.gguf",
+                "--cors-origins",
+                "http://a, http://b",
+                "--kv-cache-memory",
+                "2GiB",
+                "--kv-cache-dtype",
+                "f32",
+                "--log-format",
+                "json",
+                "--api-key",
+                "sk-1",
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.served_model_name, "tiny");
+        assert_eq!(c.cors_origins, ["http://a", "http://b"]);
+        assert_eq!(c.kv_cache_memory, ByteSize(2 << 30));
+        assert_eq!(c.kv_cache_dtype, KvCacheDtype::F32);
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.api_key.as_deref(), Some("sk-1"));
+        assert!(
+            !format!("{c:?}").contains("sk-1"),
+            "the key stays out of Debug"
+        );
+    }
+
+    #[test]
+    fn bad_values_are_errors_naming_the_key() {
+        let unknown = toml::from_str::<FileConfig>("prot = 1").unwrap_err();
+        assert!(unknown.to_string().contains("prot"), "{unknown}");
+        let file: FileConfig = toml::from_str("weights = \"f8\"").unwrap();
+        let err = Config::from_layers(file, &ServeArgs::default()).unwrap_err();
+        assert!(err.to_string().contains("weights"), "{err}");
+        let err =
+            Config::from_layers(FileConfig::default(), &args(&["--block-size", "0"])).unwrap_err();
+        assert!(err.to_string().contains("block_size"), "{err}");
+        assert!(Cli::try_parse_from(["sluice", "--kv-cache-memory", "lots"]).is_err());
+    }
+
+    #[test]
+    fn the_shipped_config_file_states_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/sluice.toml");
+        let file = read_file(&path).unwrap();
+        let from_file = Config::from_layers(file, &ServeArgs::default()).unwrap();
+        let defaults = Config::from_layers(FileConfig::default(), &ServeArgs::default()).unwrap();
+        assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
+    }
+}

@@ -1,0 +1,277 @@
+//! Every error a client sees, in OpenAI's shape: `{"error": {"message", "type", "param",
+//! "code"}}` with the HTTP status OpenAI (or vLLM, where OpenAI has no equivalent) uses, so
+//! the official SDKs raise their typed exceptions (`BadRequestError`, `AuthenticationError`,
+//! `NotFoundError`, `RateLimitError`, ...).
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use sluice_engine::{InvalidRequest, SubmitError};
+
+/// Seconds a client is told to wait after a 429.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: ErrorObject<'a>,
+}
+
+/// The `error` object, alone: also what an SSE stream sends when the engine fails mid-stream.
+#[derive(Serialize)]
+pub struct ErrorObject<'a> {
+    pub message: &'a str,
+    #[serde(rename = "type")]
+    pub kind: &'a str,
+    pub param: Option<&'a str>,
+    pub code: Option<&'a str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+        }
+    }
+
+    /// 400: the request is malformed or out of range; `param` names the field.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(param.into()),
+            ..Self::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                message.into(),
+            )
+        }
+    }
+
+    /// 400 without a parameter: the body is not JSON at all.
+    pub fn malformed(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    /// 404, as OpenAI answers a model it does not serve.
+    pub fn model_not_found(model: &str) -> Self {
+        Self {
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("The model `{model}` does not exist."),
+            )
+        }
+    }
+
+    pub fn unauthorized() -> Self {
+        Self {
+            code: Some("invalid_api_key"),
+            ..Self::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "Incorrect or missing API key. Send it as `Authorization: Bearer KEY`.",
+            )
+        }
+    }
+
+    pub fn payload_too_large(limit: Option<u64>) -> Self {
+        let message = match limit {
+            Some(l) => format!("The request body is larger than the limit of {l} bytes."),
+            None => "The request body is larger than the server accepts.".into(),
+        };
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            message,
+        )
+    }
+
+    pub fn body_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "The request body was not received in time.",
+        )
+    }
+
+    /// 429: the waiting queue is full; sent with `Retry-After`.
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        Self {
+            code: Some("rate_limit_exceeded"),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+        }
+    }
+
+    /// 503: loading, draining for shutdown, or the engine is gone.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable_error",
+            message,
+        )
+    }
+
+    /// 500: the engine failed the request.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// Any other status (404 for an unknown route, 405, ...), with the status's own text.
+    pub fn from_status(status: StatusCode, message: impl Into<String>) -> Self {
+        let kind = if status.is_server_error() {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        };
+        Self::new(status, kind, message)
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// The engine's verdict on a request; `prompt_param` is what the prompt is called in this
+    /// endpoint (`prompt` or `messages`).
+    pub fn from_invalid(e: InvalidRequest, prompt_param: &str) -> Self {
+        let message = e.to_string();
+        match e {
+            InvalidRequest::EmptyPrompt => Self::invalid(prompt_param, message),
+            InvalidRequest::InvalidN { .. } => Self::invalid("n", message),
+            InvalidRequest::ZeroMaxTokens => Self::invalid("max_tokens", message),
+            InvalidRequest::TokenOutOfVocab { param, .. } => {
+                let param = if param == "prompt" {
+                    prompt_param
+                } else {
+                    param
+                };
+                Self::invalid(param, message)
+            }
+            InvalidRequest::PromptTooLong { .. } | InvalidRequest::TooManyTokens { .. } => {
+                Self::invalid(prompt_param, message).with_code("context_length_exceeded")
+            }
+            InvalidRequest::Param { param, .. } => Self::invalid(param, message),
+        }
+    }
+
+    pub fn from_submit(e: SubmitError, prompt_param: &str) -> Self {
+        match e {
+            SubmitError::Overloaded { .. } => Self::overloaded(format!(
+                "The server is overloaded ({e}). Please retry after {RETRY_AFTER_SECS}s."
+            )),
+            SubmitError::Invalid(invalid) => Self::from_invalid(invalid, prompt_param),
+            SubmitError::ShuttingDown => Self::unavailable("The server is shutting down."),
+        }
+    }
+
+    pub fn object(&self) -> ErrorObject<'_> {
+        ErrorObject {
+            message: &self.message,
+            kind: self.kind,
+            param: self.param.as_deref(),
+            code: self.code,
+        }
+    }
+
+    /// The JSON body, as text.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&Body {
+            error: self.object(),
+        })
+        .unwrap_or_else(|_| {
+            r#"{"error":{"message":"error","type":"server_error","param":null,"code":null}}"#.into()
+        })
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status.as_u16(), self.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            self.to_json(),
+        )
+            .into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_serialize_in_openai_shape_with_every_key() {
+        let e = ApiError::invalid("temperature", "too hot");
+        let v: serde_json::Value = serde_json::from_str(&e.to_json()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"error": {"message": "too hot", "type": "invalid_request_error",
+                "param": "temperature", "code": null}})
+        );
+        let r = ApiError::overloaded("busy").into_response();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn engine_errors_map_to_statuses_and_params() {
+        let e = ApiError::from_submit(
+            SubmitError::Overloaded {
+                waiting: 3,
+                max_waiting: 3,
+            },
+            "prompt",
+        );
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        let e = ApiError::from_submit(SubmitError::ShuttingDown, "prompt");
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        let e = ApiError::from_invalid(
+            InvalidRequest::TokenOutOfVocab {
+                param: "prompt",
+                token: 9,
+                vocab_size: 5,
+            },
+            "messages",
+        );
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        let e = ApiError::from_invalid(
+            InvalidRequest::Param {
+                param: "top_p",
+                reason: "x".into(),
+            },
+            "prompt",
+        );
+        assert_eq!(
+            (e.status, e.param.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("top_p"))
+        );
+    }
+}

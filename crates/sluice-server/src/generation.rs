@@ -1,0 +1,267 @@
+//! One generation request in flight: its prompts submitted to the engine, their event streams
+//! merged into one stream of choices, and the log line written when it ends.
+//!
+//! A [`Generation`] owns the engine's [`RequestStream`]s. Whoever holds it (the handler future
+//! of a non-streaming request, the SSE body of a streaming one) dropping it, because the client
+//! went away, aborts every sequence it still has in the engine.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::stream::{self, SelectAll, Stream, StreamExt};
+use rand::Rng;
+use sluice_engine::{Event, FinishEvent, FinishReason, Request, RequestStream, SamplingParams};
+use sluice_engine::{StopParams, StopReason, TokenEvent};
+
+use crate::error::ApiError;
+use crate::state::{AppState, InFlight, ServedModel};
+use crate::validate::{check_context, PromptKind};
+
+/// `cmpl-…`, `chatcmpl-…`: a prefix and 24 random hex digits.
+pub fn request_id(prefix: &str) -> String {
+    let bits: u128 = rand::thread_rng().gen();
+    format!("{prefix}-{:024x}", bits >> 32)
+}
+
+/// What every sequence of a request is asked for.
+pub struct GenerationParams {
+    pub n: usize,
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: StopParams,
+    pub kind: PromptKind,
+}
+
+/// An event of one choice (`prompt index * n + sequence index`).
+#[derive(Debug)]
+pub enum Item {
+    Token {
+        choice: usize,
+        event: TokenEvent,
+    },
+    Finished {
+        choice: usize,
+        event: FinishEvent,
+    },
+    /// The engine stopped before finishing this request: it will never finish.
+    Lost,
+}
+
+type Events = SelectAll<Pin<Box<dyn Stream<Item = (usize, Option<Event>)> + Send>>>;
+
+pub struct Generation {
+    pub id: String,
+    pub created: u64,
+    pub model: Arc<ServedModel>,
+    /// Sequences per prompt.
+    pub n: usize,
+    /// Prompt tokens of each prompt.
+    pub prompt_tokens: Vec<usize>,
+    /// Control tokens are left out of the text (and so show as empty in logprobs).
+    pub skip_special_tokens: bool,
+    events: Events,
+    log: RequestLog,
+}
+
+impl Generation {
+    /// Checks every prompt against the context and the engine's limits, then submits them
+    /// all; on any failure nothing stays queued (streams already submitted are dropped, which
+    /// aborts them).
+    pub fn start(
+        state: &AppState,
+        model: Arc<ServedModel>,
+        id: String,
+        endpoint: &'static str,
+        started: Instant,
+        prompts: Vec<Vec<u32>>,
+        params: GenerationParams,
+    ) -> Result<Self, ApiError> {
+        let GenerationParams {
+            n,
+            max_tokens,
+            sampling,
+            stop,
+            kind,
+        } = params;
+        let limits = model.limits();
+        let capacity = model.capacity();
+        let skip_special_tokens = stop.skip_special_tokens;
+        let requests: Vec<Request> = prompts
+            .into_iter()
+            .map(|prompt| {
+                if prompt.is_empty() {
+                    return Err(ApiError::invalid(kind.param(), "The prompt is empty."));
+                }
+                check_context(prompt.len(), max_tokens, capacity, kind)?;
+                let request = Request {
+                    prompt,
+                    n,
+                    max_tokens,
+                    sampling: sampling.clone(),
+                    stop: stop.clone(),
+                };
+                request
+                    .validate(&limits)
+                    .map_err(|e| ApiError::from_invalid(e, kind.param()))?;
+                Ok(request)
+            })
+            .collect::<Result<_, _>>()?;
+        let prompt_tokens: Vec<usize> = requests.iter().map(|r| r.prompt.len()).collect();
+        let mut streams = Vec::with_capacity(requests.len());
+        for request in requests {
+            let stream = model
+                .engine
+                .submit(request)
+                .map_err(|e| ApiError::from_submit(e, kind.param()))?;
+            streams.push(stream);
+        }
+        let engine_ids: Vec<u64> = streams.iter().map(RequestStream::id).collect();
+        tracing::debug!(request_id = %id, ?engine_ids, "submitted");
+        let events = stream::select_all(
+            streams
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| prompt_events(i, s)),
+        );
+        let log = RequestLog {
+            id: id.clone(),
+            endpoint,
+            started,
+            prompt_tokens: prompt_tokens.iter().sum(),
+            completion_tokens: 0,
+            first_token: None,
+            finish: vec![None; prompt_tokens.len() * n],
+            _in_flight: state.track(),
+        };
+        Ok(Self {
+            id,
+            created: crate::state::unix_now(),
+            model,
+            n,
+            prompt_tokens,
+            skip_special_tokens,
+            events,
+            log,
+        })
+    }
+
+    pub fn num_choices(&self) -> usize {
+        self.prompt_tokens.len() * self.n
+    }
+
+    /// The prompt a choice continues.
+    pub fn prompt_of(&self, choice: usize) -> usize {
+        choice / self.n
+    }
+
+    /// The next event of any choice; `None` once every choice has finished.
+    pub async fn next(&mut self) -> Option<Item> {
+        let (prompt, event) = self.events.next().await?;
+        let item = match event {
+            None => Item::Lost,
+            Some(Event::Token(event)) => {
+                self.log.completion_tokens += 1;
+                self.log.first_token.get_or_insert_with(Instant::now);
+                Item::Token {
+                    choice: prompt * self.n + event.index as usize,
+                    event,
+                }
+            }
+            Some(Event::Finished(event)) => {
+                let choice = prompt * self.n + event.index as usize;
+                if let Some(slot) = self.log.finish.get_mut(choice) {
+                    *slot = Some(event.reason);
+                }
+                Item::Finished { choice, event }
+            }
+        };
+        Some(item)
+    }
+
+    pub fn usage(&self) -> crate::openai::Usage {
+        crate::openai::Usage::new(self.log.prompt_tokens, self.log.completion_tokens)
+    }
+}
+
+/// One prompt's events tagged with its index; a final `None` if the engine dropped the
+/// request without finishing it.
+fn prompt_events(
+    index: usize,
+    stream: RequestStream,
+) -> Pin<Box<dyn Stream<Item = (usize, Option<Event>)> + Send>> {
+    stream::unfold(Some(stream), move |state| async move {
+        let mut stream = state?;
+        match stream.recv().await {
+            Some(event) => Some(((index, Some(event)), Some(stream))),
+            None if stream.is_finished() => None,
+            None => Some(((index, None), None)),
+        }
+    })
+    .boxed()
+}
+
+/// OpenAI's `finish_reason`. An aborted sequence (drain timeout) reports `abort`, as vLLM's.
+pub fn finish_reason(reason: FinishReason) -> &'static str {
+    reason.as_str()
+}
+
+/// vLLM's `stop_reason`: the stop string or stop token id that ended the choice.
+pub fn stop_reason(event: &FinishEvent) -> Option<serde_json::Value> {
+    match event.stop_reason.as_ref()? {
+        StopReason::String(s) => Some(serde_json::Value::String(s.clone())),
+        StopReason::TokenId(id) => Some(serde_json::Value::from(*id)),
+        StopReason::Eos(_) => None,
+    }
+}
+
+/// The error a client gets for a choice the engine failed.
+pub fn engine_failure(event: &FinishEvent) -> ApiError {
+    ApiError::internal(format!(
+        "The engine failed while generating: {}",
+        event.error.as_deref().unwrap_or("unknown error")
+    ))
+}
+
+pub fn engine_lost() -> ApiError {
+    ApiError::unavailable("The engine stopped before the request finished.")
+}
+
+/// Writes the request's one info line when it ends, however it ends (finished, failed, or
+/// dropped because the client went away). Never the prompt or the output.
+struct RequestLog {
+    id: String,
+    endpoint: &'static str,
+    started: Instant,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    first_token: Option<Instant>,
+    finish: Vec<Option<FinishReason>>,
+    /// Keeps the request counted as in flight for shutdown's drain.
+    _in_flight: InFlight,
+}
+
+impl Drop for RequestLog {
+    fn drop(&mut self) {
+        let mut reasons: Vec<&str> = self
+            .finish
+            .iter()
+            .map(|r| r.map_or("client_disconnected", FinishReason::as_str))
+            .collect();
+        reasons.sort_unstable();
+        reasons.dedup();
+        let ttft_ms = self
+            .first_token
+            .map(|t| (t - self.started).as_secs_f64() * 1e3);
+        tracing::info!(
+            request_id = %self.id,
+            endpoint = self.endpoint,
+            prompt_tokens = self.prompt_tokens,
+            completion_tokens = self.completion_tokens,
+            ttft_ms = ttft_ms.map(|t| (t * 10.0).round() / 10.0),
+            duration_ms = (self.started.elapsed().as_secs_f64() * 1e4).round() / 10.0,
+            finish_reason = reasons.join(","),
+            "request finished"
+        );
+    }
+}

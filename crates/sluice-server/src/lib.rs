@@ -1,0 +1,26 @@
+//! sluice-server: the OpenAI-compatible HTTP server over the sluice engine, and the pieces of
+//! the `sluice` command. Handlers validate, tokenize, submit to the engine and translate its
+//! events into OpenAI JSON or server-sent events; they never touch tensors.
+
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod generation;
+pub mod http;
+pub mod json;
+pub mod load;
+pub mod logging;
+pub mod logprobs;
+pub mod metrics;
+pub mod openai;
+pub mod routes;
+pub mod serve;
+pub mod shutdown;
+pub mod sse;
+pub mod state;
+pub mod validate;
+
+pub use config::{Config, ServeArgs};
+pub use error::ApiError;
+pub use routes::{router, HttpSettings};
+pub use state::{AppState, ServedModel};

@@ -1,0 +1,146 @@
+//! Loading the model file into a running engine: weights, tokenizer, chat template, the KV
+//! cache sized from its memory budget, and the engine thread. Blocking (seconds for a real
+//! model); the server runs it on a blocking thread while `/health` answers 503.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::Device;
+use sluice_engine::{Engine, EngineConfig, PagedLlama};
+use sluice_model::{ChatTemplate, GgufFile, LlamaModel, LoadOptions, Tokenizer, WeightsKind};
+
+use crate::config::{Config, KvCacheDtype};
+use crate::state::ServedModel;
+
+/// What [`load`] needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct ModelSettings {
+    pub model: PathBuf,
+    pub served_model_name: String,
+    pub weights: WeightsKind,
+    pub kv_cache_bytes: usize,
+    pub kv_cache_dtype: KvCacheDtype,
+    pub block_size: usize,
+    pub engine: EngineConfig,
+}
+
+impl ModelSettings {
+    pub fn from_config(c: &Config) -> Self {
+        Self {
+            model: c.model.clone(),
+            served_model_name: c.served_model_name.clone(),
+            weights: c.weights,
+            kv_cache_bytes: usize::try_from(c.kv_cache_memory.bytes()).unwrap_or(usize::MAX),
+            kv_cache_dtype: c.kv_cache_dtype,
+            block_size: c.block_size,
+            engine: EngineConfig {
+                max_num_seqs: c.max_num_seqs,
+                max_num_batched_tokens: c.max_num_batched_tokens,
+                max_waiting: c.max_waiting,
+                max_model_len: c.max_model_len,
+            },
+        }
+    }
+}
+
+pub struct Loaded {
+    /// Owns the engine thread; [`Engine::shutdown`] drains it.
+    pub engine: Engine,
+    pub model: ServedModel,
+}
+
+/// Loads the model and starts the engine. Install the metrics recorder first
+/// ([`crate::metrics::install`]): the engine registers its metrics when it starts.
+pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
+    let start = Instant::now();
+    let path = &settings.model;
+    let mut file = GgufFile::open(path)
+        .with_context(|| format!("cannot open the model file {}", path.display()))?;
+    let tokenizer = Tokenizer::from_gguf(&file.content, path)
+        .with_context(|| format!("cannot build the tokenizer of {}", path.display()))?;
+    let chat_template = chat_template(&tokenizer);
+    let options = LoadOptions {
+        weights: settings.weights,
+        device: device()?,
+        attention: None,
+        kv_dtype: settings.kv_cache_dtype.dtype(),
+    };
+    let model = LlamaModel::from_gguf(&mut file, &options)
+        .with_context(|| format!("cannot load the weights of {}", path.display()))?;
+    drop(file);
+    let context_length = model.config().max_position_embeddings;
+    if let Some(len) = settings
+        .engine
+        .max_model_len
+        .filter(|&l| l > context_length)
+    {
+        tracing::warn!(
+            max_model_len = len,
+            context_length,
+            "--max-model-len is past the model's context length; using the model's"
+        );
+    }
+    let paged = PagedLlama::with_memory_budget(model, settings.kv_cache_bytes, settings.block_size)
+        .context("cannot allocate the KV cache")?;
+    tracing::info!(
+        model = %path.display(),
+        weights = %settings.weights,
+        kv_cache_dtype = ?settings.kv_cache_dtype,
+        context_length,
+        load_ms = start.elapsed().as_millis() as u64,
+        "model loaded"
+    );
+    let engine = Engine::start(
+        Box::new(paged),
+        Arc::new(tokenizer),
+        settings.engine.clone(),
+    )
+    .context("cannot start the engine")?;
+    let limits = engine.handle().limits();
+    if limits.kv_cache_tokens < limits.max_model_len {
+        tracing::warn!(
+            kv_cache_tokens = limits.kv_cache_tokens,
+            max_model_len = limits.max_model_len,
+            "the KV cache cannot hold one sequence at full context: sequences are limited to \
+             {} tokens (raise --kv-cache-memory or lower --max-model-len)",
+            limits.kv_cache_tokens
+        );
+    }
+    let model = ServedModel::new(
+        engine.handle(),
+        settings.served_model_name.clone(),
+        chat_template,
+    );
+    Ok(Loaded { engine, model })
+}
+
+/// The model's own template; ChatML for a model without one whose vocabulary has ChatML's
+/// markers (SmolLM2 and Qwen were tuned on it); otherwise none, and chat requests are a 400.
+fn chat_template(tokenizer: &Tokenizer) -> Option<ChatTemplate> {
+    if let Some(source) = tokenizer.chat_template() {
+        match ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token()) {
+            Ok(t) => return Some(t),
+            Err(e) => tracing::warn!("the model's chat template does not compile: {e}"),
+        }
+    }
+    let has_chatml = tokenizer.token_to_id("<|im_start|>").is_some()
+        && tokenizer.token_to_id("<|im_end|>").is_some();
+    if has_chatml {
+        tracing::info!("no usable chat template in the model; using ChatML");
+        return ChatTemplate::chatml().ok();
+    }
+    tracing::warn!("the model has no chat template: /v1/chat/completions will refuse requests");
+    None
+}
+
+#[cfg(feature = "cuda")]
+fn device() -> anyhow::Result<Device> {
+    Device::new_cuda(0).context("cannot open CUDA device 0")
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device() -> anyhow::Result<Device> {
+    Ok(Device::Cpu)
+}

@@ -1,0 +1,222 @@
+//! `/v1/chat/completions` request and response bodies.
+
+use std::collections::HashMap;
+
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+use super::common::{Seed, StopList, StreamOptions, Usage};
+use super::SamplingFields;
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessageIn>,
+    /// Defaults to what is left of the context.
+    pub max_tokens: Option<usize>,
+    /// OpenAI's newer name for `max_tokens`; wins when both are given.
+    pub max_completion_tokens: Option<usize>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<usize>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub stop: Option<StopList>,
+    pub seed: Option<Seed>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub logit_bias: Option<HashMap<String, f64>>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<usize>,
+    pub user: Option<String>,
+    // vLLM's extensions.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<usize>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub skip_special_tokens: Option<bool>,
+    pub include_stop_str_in_output: Option<bool>,
+}
+
+impl ChatRequest {
+    pub fn sampling(&self) -> SamplingFields {
+        SamplingFields {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            n: self.n,
+            stop: self.stop.clone(),
+            seed: self.seed,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: self.logit_bias.clone(),
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            ignore_eos: self.ignore_eos,
+            min_tokens: self.min_tokens,
+            stop_token_ids: self.stop_token_ids.clone(),
+            skip_special_tokens: self.skip_special_tokens,
+            include_stop_str_in_output: self.include_stop_str_in_output,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessageIn {
+    pub role: String,
+    /// Absent or null only makes sense for an assistant turn (which then contributes an empty
+    /// text).
+    #[serde(default)]
+    pub content: MessageContent,
+    pub name: Option<String>,
+}
+
+/// A message's `content`: a string, or a list of parts of which only `{"type": "text"}` ones
+/// can be served by a text model.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MessageContent(pub String);
+
+impl<'de> Deserialize<'de> for MessageContent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const SHAPE: &str =
+            "expected a string or a list of {\"type\": \"text\", \"text\": ...} parts";
+        match Value::deserialize(d)? {
+            Value::Null => Ok(Self::default()),
+            Value::String(s) => Ok(Self(s)),
+            Value::Array(parts) => {
+                let mut texts = Vec::with_capacity(parts.len());
+                for part in parts {
+                    let Value::Object(fields) = part else {
+                        return Err(D::Error::custom(SHAPE));
+                    };
+                    match fields.get("type").and_then(Value::as_str) {
+                        Some("text") => match fields.get("text") {
+                            Some(Value::String(t)) => texts.push(t.clone()),
+                            _ => return Err(D::Error::custom("a text part needs a string `text`")),
+                        },
+                        Some(other) => {
+                            return Err(D::Error::custom(format!(
+                                "content parts of type `{other}` are not supported; this model \
+                                 reads text only"
+                            )))
+                        }
+                        None => return Err(D::Error::custom(SHAPE)),
+                    }
+                }
+                // Text parts are joined with newlines, as vLLM does.
+                Ok(Self(texts.join("\n")))
+            }
+            _ => Err(D::Error::custom(SHAPE)),
+        }
+    }
+}
+
+/// One entry of a chat choice's `logprobs.content`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<ChatTopLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatTopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatMessageOut {
+    pub role: &'static str,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: ChatMessageOut,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<Value>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+/// What a stream chunk adds to a choice's message.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunkChoice {
+    pub index: usize,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<Value>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    /// Only with `stream_options.include_usage`: null on every chunk but the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_is_a_string_or_text_parts() {
+        let c = |s: &str| serde_json::from_str::<MessageContent>(s);
+        assert_eq!(c(r#""hi""#).unwrap().0, "hi");
+        assert_eq!(
+            c(r#"[{"type":"text","text":"a"},{"type":"text","text":"b"}]"#)
+                .unwrap()
+                .0,
+            "a\nb"
+        );
+        assert_eq!(c("null").unwrap().0, "");
+        for bad in [
+            "5",
+            "{}",
+            "[5]",
+            r#"[{"type":"image_url","image_url":{}}]"#,
+            r#"[{"type":"text"}]"#,
+            r#"[{"text":"a"}]"#,
+            r#"[[[[]]]]"#,
+        ] {
+            assert!(c(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! `/v1/completions` request and response bodies (OpenAI's legacy completions API, with vLLM's
+//! sampling extensions).
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::common::{Prompt, Seed, StopList, StreamOptions, Usage};
+use super::SamplingFields;
+
+/// Unknown fields are ignored, as OpenAI's API does.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    /// Defaults to 16, as OpenAI's.
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<usize>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub stop: Option<StopList>,
+    pub seed: Option<Seed>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub logit_bias: Option<HashMap<String, f64>>,
+    /// Log-probabilities of each token and of this many alternatives.
+    pub logprobs: Option<usize>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<usize>,
+    pub user: Option<String>,
+    // vLLM's extensions.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<usize>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub skip_special_tokens: Option<bool>,
+    pub include_stop_str_in_output: Option<bool>,
+}
+
+impl CompletionRequest {
+    pub fn sampling(&self) -> SamplingFields {
+        SamplingFields {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            n: self.n,
+            stop: self.stop.clone(),
+            seed: self.seed,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: self.logit_bias.clone(),
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            ignore_eos: self.ignore_eos,
+            min_tokens: self.min_tokens,
+            stop_token_ids: self.stop_token_ids.clone(),
+            skip_special_tokens: self.skip_special_tokens,
+            include_stop_str_in_output: self.include_stop_str_in_output,
+        }
+    }
+}
+
+/// OpenAI's completions `logprobs` object: parallel lists, one entry per token.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<HashMap<String, f32>>,
+    /// Character offset of each token in the choice's text (after the echoed prompt).
+    pub text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    pub fn append(&mut self, other: CompletionLogprobs) {
+        self.tokens.extend(other.tokens);
+        self.token_logprobs.extend(other.token_logprobs);
+        self.top_logprobs.extend(other.top_logprobs);
+        self.text_offset.extend(other.text_offset);
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+    /// vLLM's extension: the stop string or token id that ended the choice (null for EOS or
+    /// any other reason).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    /// Always present in a full response; in a stream, only with `include_usage`, null on
+    /// every chunk but the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}

@@ -1,0 +1,32 @@
+//! OpenAI API bodies: what clients send and what they get back. Plain data; validation and the
+//! mapping onto engine requests live in [`crate::validate`].
+
+pub mod chat;
+pub mod common;
+pub mod completions;
+pub mod tokenize;
+
+use std::collections::HashMap;
+
+pub use common::{Prompt, Seed, StopList, StreamOptions, Usage};
+
+/// The sampling and stopping fields the two generation endpoints share.
+#[derive(Debug, Clone, Default)]
+pub struct SamplingFields {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<usize>,
+    pub stop: Option<StopList>,
+    pub seed: Option<Seed>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub logit_bias: Option<HashMap<String, f64>>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<usize>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub skip_special_tokens: Option<bool>,
+    pub include_stop_str_in_output: Option<bool>,
+}

@@ -1,0 +1,329 @@
+//! `POST /v1/completions`.
+
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use sluice_engine::FinishEvent;
+
+use super::tokenize_blocking;
+use crate::error::ApiError;
+use crate::generation::{self, Generation, GenerationParams, Item};
+use crate::json::ApiJson;
+use crate::logprobs;
+use crate::openai::completions::{
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
+};
+use crate::openai::Prompt;
+use crate::sse;
+use crate::state::AppState;
+use crate::validate::{self, PromptKind};
+
+/// OpenAI's default for this endpoint.
+const DEFAULT_MAX_TOKENS: usize = 16;
+const OBJECT: &str = "text_completion";
+
+pub async fn handler(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let model = state.model()?;
+    validate::check_model(req.model.as_deref(), &model)?;
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid(
+            "suffix",
+            "suffix (insertion) is not supported by this server.",
+        ));
+    }
+    let logprobs = req
+        .logprobs
+        .map(|k| validate::logprobs_count("logprobs", k))
+        .transpose()?;
+    let echo = req.echo.unwrap_or(false);
+    if echo && logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "echo",
+            "echo together with logprobs needs the prompt's log-probabilities, which this \
+             server does not compute; drop one of them.",
+        ));
+    }
+    let (n, sampling, stop) = validate::sampling(&req.sampling(), logprobs)?;
+    if let Some(best_of) = req.best_of.filter(|&b| b != n) {
+        return Err(ApiError::invalid(
+            "best_of",
+            format!("best_of = {best_of} is not supported; only best_of = n."),
+        ));
+    }
+    let max_tokens =
+        validate::max_tokens(req.max_tokens, "max_tokens")?.unwrap_or(DEFAULT_MAX_TOKENS);
+    let stream = req.stream.unwrap_or(false);
+    let include_usage = stream
+        && req
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+
+    let tokenize_model = model.clone();
+    let prompt = req.prompt;
+    let prompts = tokenize_blocking(move || prompt_tokens(&tokenize_model, prompt)).await?;
+    let echoes: Vec<String> = if echo {
+        prompts.iter().map(|(_, text)| text.clone()).collect()
+    } else {
+        Vec::new()
+    };
+    let generation = Generation::start(
+        &state,
+        model,
+        generation::request_id("cmpl"),
+        "completions",
+        started,
+        prompts.into_iter().map(|(ids, _)| ids).collect(),
+        GenerationParams {
+            n,
+            max_tokens: Some(max_tokens),
+            sampling,
+            stop,
+            kind: PromptKind::Prompt,
+        },
+    )?;
+    if stream {
+        Ok(sse::response(stream_chunks(
+            generation,
+            echoes,
+            logprobs.is_some(),
+            include_usage,
+        )))
+    } else {
+        Ok(collect(generation, echoes, logprobs.is_some())
+            .await?
+            .into_response())
+    }
+}
+
+/// Each prompt's token ids, and its text (for `echo`).
+fn prompt_tokens(
+    model: &crate::state::ServedModel,
+    prompt: Prompt,
+) -> Result<Vec<(Vec<u32>, String)>, ApiError> {
+    let tokenizer = model.tokenizer();
+    let empty = || ApiError::invalid("prompt", "The prompt is empty.");
+    let encode = |text: String| {
+        if text.is_empty() {
+            return Err(empty());
+        }
+        let ids = tokenizer
+            .encode_prompt(&text)
+            .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        Ok((ids, text))
+    };
+    let from_ids = |ids: Vec<u32>| {
+        if ids.is_empty() {
+            return Err(empty());
+        }
+        let vocab = model.limits().vocab_size;
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!("token id {bad} is outside the vocabulary of {vocab} tokens"),
+            ));
+        }
+        let text = tokenizer.decode(&ids, false);
+        Ok((ids, text))
+    };
+    match prompt {
+        Prompt::Text(text) => Ok(vec![encode(text)?]),
+        Prompt::Texts(texts) if texts.is_empty() => Err(empty()),
+        Prompt::Texts(texts) => texts.into_iter().map(encode).collect(),
+        Prompt::Tokens(ids) => Ok(vec![from_ids(ids)?]),
+        Prompt::TokenLists(lists) if lists.is_empty() => Err(empty()),
+        Prompt::TokenLists(lists) => lists.into_iter().map(from_ids).collect(),
+    }
+}
+
+#[derive(Default)]
+struct ChoiceState {
+    text: String,
+    logprobs: Option<CompletionLogprobs>,
+    /// Character offset of the next token in the choice's text.
+    offset: usize,
+    finish: Option<FinishEvent>,
+}
+
+fn token_logprobs(
+    generation: &Generation,
+    choice: &mut ChoiceState,
+    event: &sluice_engine::TokenEvent,
+) -> Option<CompletionLogprobs> {
+    let lp = event.logprobs.as_ref()?;
+    let mut out = CompletionLogprobs::default();
+    logprobs::push_completion(
+        &mut out,
+        generation.model.tokenizer(),
+        generation.skip_special_tokens,
+        lp,
+        &mut choice.offset,
+    );
+    Some(out)
+}
+
+async fn collect(
+    mut generation: Generation,
+    echoes: Vec<String>,
+    with_logprobs: bool,
+) -> Result<axum::Json<CompletionResponse>, ApiError> {
+    let mut choices: Vec<ChoiceState> = (0..generation.num_choices())
+        .map(|c| {
+            let echo = echoes
+                .get(generation.prompt_of(c))
+                .cloned()
+                .unwrap_or_default();
+            ChoiceState {
+                offset: echo.chars().count(),
+                text: echo,
+                logprobs: with_logprobs.then(CompletionLogprobs::default),
+                finish: None,
+            }
+        })
+        .collect();
+    while let Some(item) = generation.next().await {
+        match item {
+            Item::Token { choice, event } => {
+                let Some(state) = choices.get_mut(choice) else {
+                    continue;
+                };
+                state.text.push_str(&event.text);
+                if let Some(lp) = token_logprobs(&generation, state, &event) {
+                    if let Some(all) = &mut state.logprobs {
+                        all.append(lp);
+                    }
+                }
+            }
+            Item::Finished { event, .. } if event.reason == sluice_engine::FinishReason::Error => {
+                return Err(generation::engine_failure(&event))
+            }
+            Item::Finished { choice, event } => {
+                if let Some(state) = choices.get_mut(choice) {
+                    state.finish = Some(event);
+                }
+            }
+            Item::Lost => return Err(generation::engine_lost()),
+        }
+    }
+    let usage = generation.usage();
+    Ok(axum::Json(CompletionResponse {
+        id: generation.id.clone(),
+        object: OBJECT,
+        created: generation.created,
+        model: generation.model.name.clone(),
+        choices: choices
+            .into_iter()
+            .enumerate()
+            .map(|(index, c)| CompletionChoice {
+                index,
+                text: c.text,
+                logprobs: c.logprobs,
+                finish_reason: c
+                    .finish
+                    .as_ref()
+                    .map(|f| generation::finish_reason(f.reason)),
+                stop_reason: c.finish.as_ref().and_then(generation::stop_reason),
+            })
+            .collect(),
+        usage: Some(Some(usage)),
+    }))
+}
+
+fn chunk(generation: &Generation, choices: Vec<CompletionChoice>) -> CompletionResponse {
+    CompletionResponse {
+        id: generation.id.clone(),
+        object: OBJECT,
+        created: generation.created,
+        model: generation.model.name.clone(),
+        choices,
+        usage: None,
+    }
+}
+
+fn stream_chunks(
+    mut generation: Generation,
+    echoes: Vec<String>,
+    with_logprobs: bool,
+    include_usage: bool,
+) -> impl futures_util::Stream<Item = axum::response::sse::Event> + Send {
+    async_stream::stream! {
+        let usage_field = |mut c: CompletionResponse| {
+            if include_usage {
+                c.usage = Some(None);
+            }
+            c
+        };
+        let mut choices: Vec<ChoiceState> = (0..generation.num_choices())
+            .map(|_| ChoiceState::default())
+            .collect();
+        for (index, state) in choices.iter_mut().enumerate() {
+            let Some(echo) = echoes.get(generation.prompt_of(index)) else {
+                continue;
+            };
+            state.offset = echo.chars().count();
+            let choice = CompletionChoice {
+                index,
+                text: echo.clone(),
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+            };
+            yield sse::json(&usage_field(chunk(&generation, vec![choice])));
+        }
+        while let Some(item) = generation.next().await {
+            match item {
+                Item::Token { choice, event } => {
+                    let Some(state) = choices.get_mut(choice) else {
+                        continue;
+                    };
+                    let logprobs = token_logprobs(&generation, state, &event);
+                    // A token whose text is held back (half a character, a possible stop
+                    // string) sends nothing, unless its logprobs were asked for.
+                    if event.text.is_empty() && !(with_logprobs && logprobs.is_some()) {
+                        continue;
+                    }
+                    let c = CompletionChoice {
+                        index: choice,
+                        text: event.text,
+                        logprobs,
+                        finish_reason: None,
+                        stop_reason: None,
+                    };
+                    yield sse::json(&usage_field(chunk(&generation, vec![c])));
+                }
+                Item::Finished { event, .. } if event.reason == sluice_engine::FinishReason::Error => {
+                    yield sse::error(&generation::engine_failure(&event));
+                    yield sse::done();
+                    return;
+                }
+                Item::Finished { choice, event } => {
+                    let c = CompletionChoice {
+                        index: choice,
+                        text: String::new(),
+                        logprobs: None,
+                        finish_reason: Some(generation::finish_reason(event.reason)),
+                        stop_reason: generation::stop_reason(&event),
+                    };
+                    yield sse::json(&usage_field(chunk(&generation, vec![c])));
+                }
+                Item::Lost => {
+                    yield sse::error(&generation::engine_lost());
+                    yield sse::done();
+                    return;
+                }
+            }
+        }
+        if include_usage {
+            let mut last = chunk(&generation, Vec::new());
+            last.usage = Some(Some(generation.usage()));
+            yield sse::json(&last);
+        }
+        yield sse::done();
+    }
+}

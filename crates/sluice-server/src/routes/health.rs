@@ -1,0 +1,28 @@
+//! `GET /health`: 200 once the model is loaded and its engine runs; 503 while it loads, while
+//! the server drains for shutdown, and if the engine thread has stopped (so a load balancer or
+//! an orchestrator stops sending traffic, or restarts the process).
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::state::AppState;
+
+pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    let status = if state.is_draining() {
+        "draining"
+    } else if let Ok(model) = state.model() {
+        if !model.engine.is_running() {
+            "engine stopped"
+        } else {
+            return (StatusCode::OK, Json(json!({"status": "ok"})));
+        }
+    } else {
+        "loading"
+    };
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({ "status": status })),
+    )
+}

@@ -1,0 +1,201 @@
+//! The HTTP surface: routes, and the middleware stack every request goes through.
+//!
+//! Outermost first: tracing, HTTP metrics, CORS (when configured), panic catching, rewriting
+//! any non-JSON error (axum's 404/405, tower-http's 413/408) into OpenAI's error shape, the body
+//! size limit and the body inactivity timeout. The API-key check wraps the API routes only.
+
+pub mod chat;
+pub mod completions;
+pub mod health;
+pub mod metrics;
+pub mod models;
+pub mod tokenize;
+pub mod version;
+
+use std::any::Any;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::header::{HeaderName, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::{HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::{from_fn, from_fn_with_state, map_response};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
+use tower_http::cors::{AllowOrigin, Any as AnyOrigin, CorsLayer};
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::RequestBodyTimeoutLayer;
+use tower_http::trace::{
+    DefaultMakeSpan, DefaultOnFailure, DefaultOnRequest, DefaultOnResponse, TraceLayer,
+};
+use tracing::Level;
+
+use crate::auth::{self, ApiKey};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The HTTP-level settings of [`router`].
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    pub api_key: Option<String>,
+    /// Empty: CORS off. `*` allows any origin.
+    pub cors_origins: Vec<String>,
+    pub body_limit: usize,
+    /// Longest pause between two chunks of a request body (the whole body's deadline is the
+    /// same duration, enforced by the JSON extractor).
+    pub body_timeout: Duration,
+}
+
+impl HttpSettings {
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        Self {
+            api_key: config.api_key.clone(),
+            cors_origins: config.cors_origins.clone(),
+            body_limit: usize::try_from(config.body_limit.bytes()).unwrap_or(usize::MAX),
+            body_timeout: config.request_timeout,
+        }
+    }
+}
+
+pub fn router(state: AppState, settings: &HttpSettings) -> Router {
+    let mut api = Router::new()
+        .route("/v1/completions", post(completions::handler))
+        .route("/v1/chat/completions", post(chat::handler))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{model}", get(models::retrieve))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize));
+    if let Some(key) = &settings.api_key {
+        api = api.route_layer(from_fn_with_state(ApiKey::new(key), auth::require_key));
+    }
+    let open = Router::new()
+        .route("/health", get(health::health))
+        .route("/version", get(version::version))
+        .route("/metrics", get(metrics::metrics));
+    let limit = settings.body_limit;
+    // `Router::layer` wraps each route: the last added runs first.
+    let mut app = api
+        .merge(open)
+        .fallback(not_found)
+        .with_state(state)
+        .layer(RequestBodyTimeoutLayer::new(settings.body_timeout))
+        .layer(RequestBodyLimitLayer::new(limit))
+        // tower-http's limit replaces axum's default one (2 MB), which would apply too.
+        .layer(DefaultBodyLimit::disable())
+        .layer(map_response(move |r: Response| {
+            openai_error_shape(r, limit)
+        }))
+        .layer(CatchPanicLayer::custom(panic_response));
+    if let Some(cors) = cors(&settings.cors_origins) {
+        app = app.layer(cors);
+    }
+    app.layer(from_fn(crate::metrics::track_http))
+        .layer(trace())
+}
+
+/// Per-request HTTP spans and events at debug: the info line per generation request is the
+/// handlers' own, and an error status is the client's problem, not the server's.
+fn trace() -> TraceLayer<SharedClassifier<ServerErrorsAsFailures>> {
+    TraceLayer::new_for_http()
+        .make_span_with(DefaultMakeSpan::new().level(Level::DEBUG))
+        .on_request(DefaultOnRequest::new().level(Level::DEBUG))
+        .on_response(DefaultOnResponse::new().level(Level::DEBUG))
+        .on_failure(DefaultOnFailure::new().level(Level::DEBUG))
+}
+
+fn cors(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::from(AnyOrigin)
+    } else {
+        let list: Vec<HeaderValue> = origins
+            .iter()
+            .filter_map(|o| match HeaderValue::from_str(o) {
+                Ok(v) => Some(v),
+                Err(_) => {
+                    tracing::warn!(origin = %o, "ignoring a CORS origin that is no header value");
+                    None
+                }
+            })
+            .collect();
+        AllowOrigin::list(list)
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+            .allow_headers([
+                AUTHORIZATION,
+                CONTENT_TYPE,
+                HeaderName::from_static("openai-organization"),
+                HeaderName::from_static("openai-project"),
+            ])
+            .max_age(Duration::from_secs(600)),
+    )
+}
+
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError::from_status(
+        StatusCode::NOT_FOUND,
+        format!("No route for {}.", uri.path()),
+    )
+}
+
+fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    tracing::error!(panic = %message, "a request handler panicked");
+    ApiError::internal("Internal server error.").into_response()
+}
+
+/// Errors produced outside our handlers (axum's 405, tower-http's 413 and 408) come as plain
+/// text; clients of an OpenAI API expect the JSON error object everywhere.
+async fn openai_error_shape(response: Response, body_limit: usize) -> Response {
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let is_json = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json {
+        return response;
+    }
+    let error = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::payload_too_large(Some(body_limit as u64)),
+        StatusCode::REQUEST_TIMEOUT => ApiError::body_timeout(),
+        StatusCode::METHOD_NOT_ALLOWED => {
+            ApiError::from_status(status, "Method not allowed on this route.")
+        }
+        _ => ApiError::from_status(
+            status,
+            status.canonical_reason().unwrap_or("Request failed"),
+        ),
+    };
+    let (parts, _) = response.into_parts();
+    let mut rewritten = error.into_response();
+    for (name, value) in &parts.headers {
+        if name != CONTENT_TYPE && name != CONTENT_LENGTH {
+            rewritten.headers_mut().append(name, value.clone());
+        }
+    }
+    rewritten
+}
+
+/// Runs tokenization (or template rendering, or detokenization) off the async workers: a
+/// prompt of a few MiB takes long enough to stall every other connection on a worker.
+pub(crate) async fn tokenize_blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("Tokenization failed: {e}")))?
+}

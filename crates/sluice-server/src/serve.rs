@@ -1,0 +1,116 @@
+//! `sluice serve`: bind, answer 503 while the model loads, serve, and drain on SIGTERM.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+use crate::config::{Config, ServeArgs};
+use crate::http::HttpServer;
+use crate::load::{self, ModelSettings};
+use crate::routes::{self, HttpSettings};
+use crate::shutdown::{self, Drained, Signals};
+use crate::state::AppState;
+
+/// How long connections get to close after the drain, before the process exits anyway.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Config::resolve(&args)?;
+    crate::logging::init(config.log_format, &config.log_level)?;
+    tracing::debug!(?config, "configuration");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("sluice-http")
+        .build()
+        .context("cannot start the async runtime")?;
+    let result = runtime.block_on(serve(config));
+    // A model load still running on a blocking thread (signal during load) is abandoned.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    // Before the engine starts: it registers its metrics with whatever recorder is installed.
+    let metrics = crate::metrics::install();
+    let listener = TcpListener::bind((config.host.as_str(), config.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
+    let state = AppState::new(config.request_timeout, metrics.clone());
+    let app = routes::router(state.clone(), &HttpSettings::from_config(&config));
+    let server = HttpServer::spawn(listener, app, config.request_timeout);
+    tracing::info!(
+        address = %server.local_addr(),
+        model = %config.model.display(),
+        "listening; /health answers 503 until the model has loaded"
+    );
+    let upkeep = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(crate::metrics::UPKEEP_INTERVAL);
+        loop {
+            tick.tick().await;
+            metrics.run_upkeep();
+        }
+    });
+    let mut signals = Signals::new().context("cannot install signal handlers")?;
+
+    let settings = ModelSettings::from_config(&config);
+    let loading = tokio::task::spawn_blocking(move || load::load(&settings));
+    let loaded = tokio::select! {
+        loaded = loading => loaded,
+        signal = signals.recv() => {
+            tracing::info!(signal, "shutdown requested while loading the model");
+            server.shutdown(CLOSE_GRACE).await;
+            upkeep.abort();
+            return Ok(());
+        }
+    };
+    let loaded = match loaded {
+        Ok(Ok(loaded)) => loaded,
+        Ok(Err(e)) => {
+            server.shutdown(CLOSE_GRACE).await;
+            return Err(e);
+        }
+        Err(e) => {
+            server.shutdown(CLOSE_GRACE).await;
+            anyhow::bail!("model loading panicked: {e}");
+        }
+    };
+    let engine = loaded.engine;
+    let handle = engine.handle();
+    let name = loaded.model.name.clone();
+    state.set_ready(loaded.model);
+    tracing::info!(address = %server.local_addr(), model = %name, "ready");
+
+    let signal = signals.recv().await;
+    tracing::info!(
+        signal,
+        in_flight = state.in_flight(),
+        timeout_secs = config.drain_timeout.as_secs(),
+        "draining: refusing new requests, finishing those in flight"
+    );
+    state.begin_drain();
+    handle.begin_drain();
+    let drained = shutdown::drain(
+        &state,
+        || handle.stats().in_flight(),
+        config.drain_timeout,
+        &mut signals,
+    )
+    .await;
+    match drained {
+        Drained::Idle => tracing::info!("all requests finished"),
+        Drained::TimedOut => tracing::warn!("drain timeout passed; aborting what is left"),
+        Drained::Interrupted => tracing::warn!("second signal; aborting what is left"),
+    }
+    // Anything still running is aborted here: its streams end with finish_reason "abort".
+    let report = tokio::task::spawn_blocking(move || engine.shutdown(Duration::ZERO))
+        .await
+        .context("the engine's shutdown panicked")?;
+    if report.aborted > 0 {
+        tracing::warn!(aborted = report.aborted, "sequences aborted at shutdown");
+    }
+    server.shutdown(CLOSE_GRACE).await;
+    upkeep.abort();
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! What every handler shares: the served model once it has loaded, the draining flag, and the
+//! count of requests in flight that shutdown waits for.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use sluice_engine::{EngineHandle, ModelLimits};
+use sluice_model::{ChatTemplate, Tokenizer};
+
+use crate::error::ApiError;
+
+/// The model being served, as handlers see it.
+pub struct ServedModel {
+    pub engine: EngineHandle,
+    /// The id clients send as `model` and `/v1/models` lists.
+    pub name: String,
+    /// `None` when the model has no usable chat template: chat requests are then a 400.
+    pub chat_template: Option<ChatTemplate>,
+    /// Unix seconds when the model was loaded.
+    pub created: u64,
+}
+
+impl ServedModel {
+    pub fn new(engine: EngineHandle, name: String, chat_template: Option<ChatTemplate>) -> Self {
+        Self {
+            engine,
+            name,
+            chat_template,
+            created: unix_now(),
+        }
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        self.engine.tokenizer()
+    }
+
+    pub fn limits(&self) -> ModelLimits {
+        self.engine.limits()
+    }
+
+    /// The most tokens one sequence can hold: the context length, or the whole KV cache when
+    /// that is smaller. This is the `max_model_len` clients are shown, and the length the
+    /// context-length error names.
+    pub fn capacity(&self) -> usize {
+        let l = self.limits();
+        l.max_model_len.min(l.kv_cache_tokens)
+    }
+}
+
+struct Inner {
+    model: OnceLock<Arc<ServedModel>>,
+    draining: AtomicBool,
+    in_flight: AtomicUsize,
+    /// Longest time a client may take to send its request body.
+    body_timeout: Duration,
+    metrics: PrometheusHandle,
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+impl AppState {
+    pub fn new(body_timeout: Duration, metrics: PrometheusHandle) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                model: OnceLock::new(),
+                draining: AtomicBool::new(false),
+                in_flight: AtomicUsize::new(0),
+                body_timeout,
+                metrics,
+            }),
+        }
+    }
+
+    /// The model has loaded: from now on requests are served and `/health` is 200.
+    pub fn set_ready(&self, model: ServedModel) {
+        if self.inner.model.set(Arc::new(model)).is_err() {
+            tracing::warn!("a model was already being served; keeping the first");
+        }
+    }
+
+    /// The served model, or the 503 a client gets while it loads or while the server drains.
+    pub fn model(&self) -> Result<Arc<ServedModel>, ApiError> {
+        if self.is_draining() {
+            return Err(ApiError::unavailable("The server is shutting down."));
+        }
+        self.inner
+            .model
+            .get()
+            .cloned()
+            .ok_or_else(|| ApiError::unavailable("The model is still loading; retry shortly."))
+    }
+
+    pub fn is_loaded(&self) -> bool {
+        self.inner.model.get().is_some()
+    }
+
+    /// Turns `/health` to 503 and refuses new requests; the engine is told separately.
+    pub fn begin_drain(&self) {
+        self.inner.draining.store(true, Ordering::Release);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::Acquire)
+    }
+
+    pub fn body_timeout(&self) -> Duration {
+        self.inner.body_timeout
+    }
+
+    pub fn metrics(&self) -> &PrometheusHandle {
+        &self.inner.metrics
+    }
+
+    /// Counts a generation request as in flight until the guard is dropped (its response
+    /// finished, or its client went away).
+    pub fn track(&self) -> InFlight {
+        self.inner.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight {
+            inner: self.inner.clone(),
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::Acquire)
+    }
+}
+
+/// One request in flight; see [`AppState::track`].
+pub struct InFlight {
+    inner: Arc<Inner>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.inner.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,233 @@
+//! Test harness: the real router over a real engine, on a tiny random-weight GGUF model
+//! written once per test binary (the whole loading path, tokenizer and chat template
+//! included), or on the engine's weightless mock model where a test must freeze or fail the
+//! engine at a known point.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Method, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use sluice_engine::testing::{tiny_tokenizer, MockControl, MockModel, TINY_VOCAB};
+use sluice_engine::{Engine, EngineConfig};
+use sluice_model::testing::TinyModelSpec;
+use sluice_model::{ChatTemplate, WeightsKind};
+use sluice_server::config::KvCacheDtype;
+use sluice_server::load::{self, ModelSettings};
+use sluice_server::{router, AppState, HttpSettings, ServedModel};
+use tower::ServiceExt;
+
+pub const TINY_NAME: &str = "tiny";
+
+pub fn settings() -> HttpSettings {
+    HttpSettings {
+        api_key: None,
+        cors_origins: Vec::new(),
+        body_limit: 1 << 20,
+        body_timeout: Duration::from_secs(30),
+    }
+}
+
+fn tiny_model_path() -> PathBuf {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("tiny.gguf");
+        TinyModelSpec::default()
+            .write_gguf(&path)
+            .expect("write the tiny model");
+        dir
+    });
+    dir.path().join("tiny.gguf")
+}
+
+pub struct TestApp {
+    pub app: Router,
+    pub state: AppState,
+    /// Dropping it stops the engine thread.
+    pub engine: Engine,
+    /// Only with the mock model.
+    pub control: Option<MockControl>,
+}
+
+impl TestApp {
+    pub fn engine(&self) -> sluice_engine::EngineHandle {
+        self.engine.handle()
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, HeaderMap, Bytes) {
+        call(&self.app, Method::GET, path, Body::empty(), &[]).await
+    }
+
+    pub async fn post(&self, path: &str, body: impl Into<Body>) -> (StatusCode, HeaderMap, Bytes) {
+        call(&self.app, Method::POST, path, body.into(), &[]).await
+    }
+
+    /// POSTs JSON and parses the JSON answer.
+    pub async fn post_json(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        let (status, _, bytes) = self.post(path, body.to_string()).await;
+        let value = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            panic!(
+                "{path} answered {status} with a body that is not JSON ({e}): {}",
+                String::from_utf8_lossy(&bytes)
+            )
+        });
+        (status, value)
+    }
+}
+
+/// The router over the tiny GGUF model, loaded the way `sluice serve` loads a model.
+pub fn tiny_app(http: HttpSettings) -> TestApp {
+    let metrics = sluice_server::metrics::install();
+    let loaded = load::load(&ModelSettings {
+        model: tiny_model_path(),
+        served_model_name: TINY_NAME.into(),
+        weights: WeightsKind::F32,
+        kv_cache_bytes: 2 << 20,
+        kv_cache_dtype: KvCacheDtype::F32,
+        block_size: 16,
+        engine: EngineConfig {
+            max_num_seqs: 32,
+            max_num_batched_tokens: 512,
+            max_waiting: 256,
+            max_model_len: None,
+        },
+    })
+    .expect("load the tiny model");
+    let state = AppState::new(http.body_timeout, metrics);
+    state.set_ready(loaded.model);
+    TestApp {
+        app: router(state.clone(), &http),
+        state,
+        engine: loaded.engine,
+        control: None,
+    }
+}
+
+/// The router over the engine's mock model (no weights; steerable through `control`).
+pub fn mock_app(http: HttpSettings, config: EngineConfig) -> TestApp {
+    let metrics = sluice_server::metrics::install();
+    let model = MockModel::new(TINY_VOCAB, 512, 256, 16);
+    let control = model.control();
+    let engine = Engine::start(Box::new(model), tiny_tokenizer(), config).expect("start engine");
+    let state = AppState::new(http.body_timeout, metrics);
+    state.set_ready(ServedModel::new(
+        engine.handle(),
+        "mock".into(),
+        Some(ChatTemplate::chatml().expect("chatml")),
+    ));
+    TestApp {
+        app: router(state.clone(), &http),
+        state,
+        engine,
+        control: Some(control),
+    }
+}
+
+pub async fn call(
+    app: &Router,
+    method: Method,
+    path: &str,
+    body: Body,
+    headers: &[(&str, &str)],
+) -> (StatusCode, HeaderMap, Bytes) {
+    let response = send(app, method, path, body, headers).await;
+    let (parts, body) = response.into_parts();
+    let bytes = body.collect().await.expect("read the body").to_bytes();
+    (parts.status, parts.headers, bytes)
+}
+
+/// The response with its body still unread (a stream to read chunk by chunk, or drop).
+pub async fn send(
+    app: &Router,
+    method: Method,
+    path: &str,
+    body: Body,
+    headers: &[(&str, &str)],
+) -> axum::response::Response {
+    let mut request = Request::builder().method(method).uri(path);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    app.clone()
+        .oneshot(request.body(body).expect("request"))
+        .await
+        .expect("the router is infallible")
+}
+
+/// The `data:` payloads of an SSE body, in order (keep-alive comments skipped).
+pub fn sse_data(body: &[u8]) -> Vec<String> {
+    let text = std::str::from_utf8(body).expect("SSE is UTF-8");
+    assert!(
+        text.ends_with("\n\n"),
+        "every event ends with a blank line: {text:?}"
+    );
+    text.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .filter_map(|event| {
+            let lines: Vec<&str> = event.lines().filter(|l| !l.starts_with(':')).collect();
+            if lines.is_empty() {
+                return None;
+            }
+            let data: Vec<&str> = lines
+                .iter()
+                .map(|l| {
+                    l.strip_prefix("data: ")
+                        .unwrap_or_else(|| panic!("not a data line: {l:?}"))
+                })
+                .collect();
+            Some(data.join("\n"))
+        })
+        .collect()
+}
+
+/// The JSON chunks of an SSE body, checking it ends with `[DONE]`.
+pub fn sse_chunks(body: &[u8]) -> Vec<Value> {
+    let mut data = sse_data(body);
+    assert_eq!(
+        data.pop().as_deref(),
+        Some("[DONE]"),
+        "the stream ends with [DONE]"
+    );
+    data.iter()
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("chunk {d:?}: {e}")))
+        .collect()
+}
+
+/// Asserts OpenAI's error shape with every key, and the status and param.
+#[track_caller]
+pub fn assert_error(status: StatusCode, body: &Value, expected: StatusCode, param: Option<&str>) {
+    assert_eq!(status, expected, "body: {body}");
+    let error = body
+        .get("error")
+        .unwrap_or_else(|| panic!("no `error` object: {body}"));
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert!(error["type"].is_string(), "{body}");
+    assert!(
+        error.get("param").is_some() && error.get("code").is_some(),
+        "{body}"
+    );
+    assert_eq!(error["param"].as_str(), param, "param of {body}");
+}
+
+/// Polls `done` every 10 ms for up to `limit` (generous: a liveness bound, not a timing
+/// assertion).
+pub async fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    done()
+}
