@@ -8,3 +8,10 @@ cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace
+
+# End-to-end tests (tests/e2e): the real `sluice serve` binary against the official OpenAI Python
+# and Node SDKs, curl and a real Prometheus. setup-e2e.sh installs them (.venv, Debian's
+# prometheus, npm); pytest exits non-zero on a failure and also when no test ran.
+./scripts/setup-e2e.sh
+cargo build --release -p sluice-server
+.venv/bin/pytest -q tests/e2e

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what the end-to-end tests (tests/e2e) need; idempotent, quick when nothing changed:
+# - .venv: a Python virtual environment with the pinned official `openai` SDK, pytest and
+#   requests (tests/e2e/requirements.txt);
+# - Debian's `prometheus` package (the `prometheus` server and `promtool`) when either is missing;
+# - tests/e2e/node/node_modules: the pinned official `openai` Node SDK
+#   (tests/e2e/node/package-lock.json), when node and npm are there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Python: make the venv once, then install the pinned requirements whenever they change.
+requirements=tests/e2e/requirements.txt
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+py_stamp=.venv/.e2e-requirements
+if ! cmp -s "$requirements" "$py_stamp"; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$requirements"
+    cp "$requirements" "$py_stamp"
+fi
+
+# Prometheus and promtool from Debian.
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+
+# Node SDK (the Node test skips, saying why, when node is missing).
+if command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1; then
+    node_stamp=tests/e2e/node/node_modules/.e2e-package-lock
+    if ! cmp -s tests/e2e/node/package-lock.json "$node_stamp"; then
+        (cd tests/e2e/node && npm ci --no-audit --no-fund --loglevel=error)
+        cp tests/e2e/node/package-lock.json "$node_stamp"
+    fi
+fi

@@ -1,0 +1,177 @@
+"""Starting and watching a real `sluice serve` process for the end-to-end tests.
+
+Nothing here builds: `scripts/test.sh` runs `cargo build --release -p sluice-server` first.
+`SLUICE_BIN` and `SLUICE_MODEL` override the binary and the model file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+BINARY = Path(os.environ.get("SLUICE_BIN", ROOT / "target" / "release" / "sluice"))
+MODEL = Path(
+    os.environ.get("SLUICE_MODEL", ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+)
+# The served model name defaults to the model file's name without its extension.
+MODEL_NAME = MODEL.stem
+
+STARTUP_TIMEOUT_S = float(os.environ.get("SLUICE_E2E_STARTUP_TIMEOUT", "180"))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SluiceServer:
+    """One `sluice serve` child process on 127.0.0.1 with its log in a temp file."""
+
+    def __init__(self, *args: str, name: str = "sluice"):
+        self.args = list(args)
+        self.name = name
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self._logdir = tempfile.TemporaryDirectory(prefix=f"sluice-e2e-{name}-")
+        self.log_path = Path(self._logdir.name) / "server.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def command(self) -> list[str]:
+        return [
+            str(BINARY),
+            "serve",
+            "--model",
+            str(MODEL),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
+
+    def start(self, timeout: float = STARTUP_TIMEOUT_S) -> "SluiceServer":
+        if not BINARY.is_file():
+            raise AssertionError(
+                f"{BINARY} does not exist: build it first with "
+                "`cargo build --release -p sluice-server` (scripts/test.sh does)"
+            )
+        if not MODEL.is_file():
+            raise AssertionError(f"{MODEL} does not exist: run ./scripts/fetch-model.sh")
+        # The server reads SLUICE_* variables as configuration: only the flags given here count.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+        env.setdefault("RUST_BACKTRACE", "1")
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            # Not the checkout: a local config/sluice.toml must not change what is tested.
+            cwd=self._logdir.name,
+        )
+        log.close()
+        self.wait_healthy(timeout)
+        return self
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            code = self.proc.poll()
+            if code is not None:
+                raise AssertionError(
+                    f"sluice exited with code {code} before /health answered 200\n"
+                    f"command: {' '.join(self.command())}\n{self.log_tail()}"
+                )
+            try:
+                r = requests.get(f"{self.url}/health", timeout=2)
+                if r.status_code == 200:
+                    return
+                last = f"/health answered {r.status_code}: {r.text[:200]!r}"
+            except requests.RequestException as e:
+                last = f"/health: {type(e).__name__}"
+            time.sleep(0.2)
+        self.kill()
+        raise AssertionError(
+            f"sluice did not answer /health with 200 within {timeout:.0f} s ({last})\n"
+            f"command: {' '.join(self.command())}\n{self.log_tail()}"
+        )
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as e:
+            return f"(no server log: {e})"
+        tail = "\n".join(text.splitlines()[-lines:])
+        return f"--- last {lines} lines of the {self.name} server log ---\n{tail}\n---"
+
+    def terminate(self) -> None:
+        """SIGTERM, as a process supervisor stops the server."""
+        self.proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def close(self) -> None:
+        self.kill()
+        self._logdir.cleanup()
+
+    # --- /metrics ----------------------------------------------------------------------------
+
+    def metrics_text(self) -> str:
+        r = requests.get(f"{self.url}/metrics", timeout=10)
+        assert r.status_code == 200, f"/metrics answered {r.status_code}: {r.text[:300]}"
+        return r.text
+
+    def metric(self, name: str) -> float | None:
+        """The sum of every sample of `name` (all label sets); None when it is absent."""
+        return metric_value(self.metrics_text(), name)
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(\s+\S+)?$")
+
+
+def parse_metrics(text: str) -> list[tuple[str, str, float]]:
+    """(name, labels, value) for every sample line of a Prometheus text exposition."""
+    samples = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m:
+            samples.append((m.group(1), m.group(2) or "", float(m.group(3))))
+    return samples
+
+
+def metric_value(text: str, name: str) -> float | None:
+    values = [v for n, _, v in parse_metrics(text) if n == name]
+    return sum(values) if values else None
+
+
+def metric_names(text: str) -> set[str]:
+    return {n for n, _, _ in parse_metrics(text)}

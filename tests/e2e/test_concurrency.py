@@ -1,0 +1,71 @@
+"""Continuous batching must not change what a greedy client gets: 16 concurrent streams produce
+the same text as each one alone."""
+
+from __future__ import annotations
+
+import threading
+
+import openai
+
+PROMPTS = [
+    "The capital of France is",
+    "The largest planet in the solar system is",
+    "Water boils at a temperature of",
+    "The first president of the United States was",
+    "A recipe for pancakes starts with",
+    "The speed of light is about",
+    "My favourite programming language is",
+    "In the morning I like to",
+    "The tallest mountain on Earth is",
+    "Photosynthesis is the process by which",
+    "Once upon a time, in a small village,",
+    "The three primary colours are",
+    "To be or not to be, that is",
+    "The chemical symbol for gold is",
+    "A haiku about the sea:",
+    "The best way to learn mathematics is",
+]
+MAX_TOKENS = 32
+
+
+def stream_text(client: openai.OpenAI, model: str, prompt: str) -> tuple[str, str]:
+    text, finish = "", None
+    for chunk in client.completions.create(
+        model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True
+    ):
+        if chunk.choices:
+            text += chunk.choices[0].text
+            finish = chunk.choices[0].finish_reason or finish
+    return text, finish
+
+
+def test_16_concurrent_streams_match_each_alone(server, model_name):
+    assert len(PROMPTS) == 16
+    client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=180)
+    alone = [stream_text(client, model_name, p) for p in PROMPTS]
+    assert all(finish in ("stop", "length") for _, finish in alone), alone
+
+    together: list = [None] * len(PROMPTS)
+    barrier = threading.Barrier(len(PROMPTS))
+
+    def run(i: int):
+        c = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=180)
+        barrier.wait()
+        try:
+            together[i] = stream_text(c, model_name, PROMPTS[i])
+        except Exception as e:  # noqa: BLE001 - reported below
+            together[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not any(t.is_alive() for t in threads), "a concurrent stream hung"
+
+    mismatches = [
+        f"{PROMPTS[i]!r}:\n  alone:    {alone[i]!r}\n  together: {together[i]!r}"
+        for i in range(len(PROMPTS))
+        if together[i] != alone[i]
+    ]
+    assert not mismatches, "concurrent streams differ from each alone:\n" + "\n".join(mismatches)
