@@ -548,8 +548,10 @@ impl EngineLoop {
         for &id in &self.finished {
             self.scheduler.finish(id);
         }
-        // Free first, tell the client second: whoever sees a finish sees its blocks free.
-        self.publish_counts();
+        // Free and count first, tell the client second: whoever sees a finish sees its blocks
+        // free and the step's counters (prefix hits, preemptions) published, even when the
+        // request finished in the step that admitted it.
+        self.publish();
         for (events, event) in self.finish_events.drain(..) {
             let _ = events.send(event);
         }
