@@ -85,9 +85,9 @@ enum QuantizedWeights {
 }
 
 /// Rows at or below which [`WeightsKind::Auto`] reads the quantized panels. Measured on the
-/// default model (2 cores): they beat the f32 panels up to 32 rows and tie at 64; prefill-sized
-/// steps are compute bound and dequantizing would only add work.
-pub const AUTO_QUANTIZED_MAX_ROWS: usize = 32;
+/// default model (2 cores, quiet machine): they win clearly up to 8 rows (28 vs 39 ms), tie at
+/// 16, and lose from 24 (79 vs 75 ms) as dequantizing costs more than the bytes it saves.
+pub const AUTO_QUANTIZED_MAX_ROWS: usize = 16;
 
 thread_local! {
     static ACTIVATIONS: std::cell::RefCell<QuantizedActivations> = std::cell::RefCell::new(QuantizedActivations::default());
