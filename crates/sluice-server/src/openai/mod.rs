@@ -10,7 +10,9 @@ use std::collections::HashMap;
 
 pub use common::{Prompt, Seed, StopList, StreamOptions, Usage};
 
-/// The sampling and stopping fields the two generation endpoints share.
+/// The sampling and stopping fields the two generation endpoints share. The request types list
+/// them again rather than `#[serde(flatten)]` this struct: flattening loses the field path of a
+/// type error (`"n": -1` would no longer answer with `param: "n"`), which clients rely on.
 #[derive(Debug, Clone, Default)]
 pub struct SamplingFields {
     pub temperature: Option<f64>,
