@@ -473,18 +473,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn random(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::testing::random_values;
 
     #[test]
     fn quantized_panels_equal_dequantized_f32_panels_bit_for_bit() {
@@ -501,7 +490,7 @@ mod tests {
                 (6, 16, 32),
                 (13, 70, 96),
             ] {
-                let w = Tensor::from_vec(random(n * k, 5), (n, k), &Device::Cpu).unwrap();
+                let w = Tensor::from_vec(random_values(n * k, 5), (n, k), &Device::Cpu).unwrap();
                 let q = QTensor::quantize(&w, dtype).unwrap();
                 let dense = q
                     .dequantize(&Device::Cpu)
@@ -512,7 +501,7 @@ mod tests {
                     .unwrap();
                 let f32_panels = PackedMatrix::pack(&dense, n, k);
                 let q_panels = PackedMatrix::pack_quantized(&q).unwrap();
-                let x = random(m * k, 6);
+                let x = random_values(m * k, 6);
                 let (mut a, mut b) = (vec![0f32; m * n], vec![0f32; m * n]);
                 f32_panels.matmul(&x, m, &mut a);
                 q_panels.matmul(&x, m, &mut b);
@@ -539,8 +528,8 @@ mod tests {
             (6, 48, 17),
             (19, 80, 129),
         ] {
-            let w = random(n * k, 1);
-            let x = random(m * k, 2);
+            let w = random_values(n * k, 1);
+            let x = random_values(m * k, 2);
             let packed = PackedMatrix::pack(&w, n, k);
             let mut out = vec![f32::NAN; m * n];
             packed.matmul(&x, m, &mut out);

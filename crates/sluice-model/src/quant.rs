@@ -338,31 +338,20 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+    use crate::testing::random_values;
     use candle_core::{Device, Tensor};
 
     use super::*;
-
-    fn random(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     #[test]
     fn simd_equals_scalar_and_tracks_dequantized_product() {
         for dtype in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0] {
             for &(rows, cols, t) in &[(40usize, 64usize, 1usize), (200, 576, 3), (33, 160, 8)] {
-                let w =
-                    Tensor::from_vec(random(rows * cols, 3), (rows, cols), &Device::Cpu).unwrap();
+                let w = Tensor::from_vec(random_values(rows * cols, 3), (rows, cols), &Device::Cpu)
+                    .unwrap();
                 let q = QTensor::quantize(&w, dtype).unwrap();
                 let m = QuantMatrix::from_qtensor(&q).unwrap();
-                let x = random(t * cols, 11);
+                let x = random_values(t * cols, 11);
                 let mut acts = QuantizedActivations::default();
                 acts.quantize(&x, t, cols);
                 let mut fast = vec![0f32; t * rows];
@@ -398,7 +387,7 @@ mod tests {
 
     #[test]
     fn other_formats_are_declined() {
-        let w = Tensor::from_vec(random(32 * 256, 1), (32, 256), &Device::Cpu).unwrap();
+        let w = Tensor::from_vec(random_values(32 * 256, 1), (32, 256), &Device::Cpu).unwrap();
         assert!(
             QuantMatrix::from_qtensor(&QTensor::quantize(&w, GgmlDType::Q4K).unwrap()).is_none()
         );

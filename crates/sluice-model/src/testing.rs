@@ -62,6 +62,12 @@ fn tiny_vocab() -> (Vec<String>, Vec<String>) {
     (tokens, merges)
 }
 
+/// `n` deterministic values in [-1, 1) for tests of kernels and models.
+pub fn random_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng(seed);
+    (0..n).map(|_| rng.next_f32()).collect()
+}
+
 /// SplitMix64: deterministic, dependency-free weights.
 struct Rng(u64);
 impl Rng {

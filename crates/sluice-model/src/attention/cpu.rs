@@ -228,7 +228,7 @@ impl Kernel<'_> {
                     let n_keys = chunk_keys.min(pos + 1 - key0);
                     let token = seq.query_start + qi;
                     let row = (qi - item.query_begin) * group;
-                    let chunk_args = x86::Chunk {
+                    let chunk_args = Chunk {
                         q: &self.q[(token * self.heads + item.kv_head * group) * d..][..group * d],
                         k: &k[run + chunk..],
                         k_stride: bs,
@@ -237,7 +237,7 @@ impl Kernel<'_> {
                         n_keys,
                         scale: self.scale,
                     };
-                    let state = x86::RowState {
+                    let state = RowState {
                         maxes: &mut maxes[row..row + group],
                         sums: &mut sums[row..row + group],
                         accs: &mut accs[row * d..(row + group) * d],
@@ -269,26 +269,36 @@ impl Kernel<'_> {
 
 #[cfg(not(target_arch = "x86_64"))]
 mod x86 {
+    use super::{Chunk, RowState};
+
     pub trait KvElem {}
     impl KvElem for f32 {}
     impl KvElem for half::f16 {}
-    pub struct Chunk<'a, E> {
-        pub q: &'a [f32],
-        pub k: &'a [E],
-        pub k_stride: usize,
-        pub v: &'a [E],
-        pub head_dim: usize,
-        pub n_keys: usize,
-        pub scale: f32,
-    }
-    pub struct RowState<'a> {
-        pub maxes: &'a mut [f32],
-        pub sums: &'a mut [f32],
-        pub accs: &'a mut [f32],
-    }
+
     pub unsafe fn chunk_for_group<E: KvElem>(_: usize, _: &Chunk<'_, E>, _: RowState<'_>) {
         unreachable!("supports() is false off x86_64")
     }
+}
+
+/// One chunk of up to 16 keys of one block and KV head, for the queries of one group.
+struct Chunk<'a, E> {
+    /// The group's query heads, `[group][head_dim]`.
+    q: &'a [f32],
+    /// Key `j`'s dimension `i` is at `k[i * k_stride + j]`.
+    k: &'a [E],
+    k_stride: usize,
+    /// Key `j`'s values are `v[j * head_dim..][..head_dim]`.
+    v: &'a [E],
+    head_dim: usize,
+    n_keys: usize,
+    scale: f32,
+}
+
+/// Online-softmax state of the group's rows: `[group]`, `[group]`, `[group][head_dim]`.
+struct RowState<'a> {
+    maxes: &'a mut [f32],
+    sums: &'a mut [f32],
+    accs: &'a mut [f32],
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -297,7 +307,7 @@ mod x86 {
 
     use half::f16;
 
-    use super::{LANES, MAX_GROUP};
+    use super::{Chunk, RowState, LANES, MAX_GROUP};
     use crate::simd::x86::{exp, exp_scalar};
 
     /// How the cache's element type becomes 16 f32 lanes.
@@ -318,27 +328,6 @@ mod x86 {
         unsafe fn load(p: *const f16, mask: u16) -> __m512 {
             _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p as *const i16))
         }
-    }
-
-    /// One chunk of up to 16 keys of one block and KV head, for the queries of one group.
-    pub struct Chunk<'a, E> {
-        /// The group's query heads, `[group][head_dim]`.
-        pub q: &'a [f32],
-        /// Key `j`'s dimension `i` is at `k[i * k_stride + j]`.
-        pub k: &'a [E],
-        pub k_stride: usize,
-        /// Key `j`'s values are `v[j * head_dim..][..head_dim]`.
-        pub v: &'a [E],
-        pub head_dim: usize,
-        pub n_keys: usize,
-        pub scale: f32,
-    }
-
-    /// Online-softmax state of the group's rows: `[group]`, `[group]`, `[group][head_dim]`.
-    pub struct RowState<'a> {
-        pub maxes: &'a mut [f32],
-        pub sums: &'a mut [f32],
-        pub accs: &'a mut [f32],
     }
 
     /// Dispatches to a kernel specialised for the group size, so the group's accumulators live
