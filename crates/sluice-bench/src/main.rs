@@ -4,9 +4,11 @@
 //! Prompts are sent as token ids, so their length in tokens is exact whatever the server's
 //! tokenizer; `ignore_eos` makes output lengths exact. Closed loop keeps C requests in flight;
 //! open loop sends Poisson arrivals at a rate. A sweep runs closed loop over several
-//! concurrencies and writes one CSV row per level.
+//! concurrencies and writes one CSV row per level, and a PNG plot of throughput and latency
+//! against concurrency with `--plot` (also from an earlier sweep's CSV with `--from-csv`).
 
 mod client;
+mod plot;
 mod report;
 mod workload;
 
@@ -65,6 +67,15 @@ pub struct Args {
     /// Write one CSV row per level here (with --sweep, or a single row).
     #[arg(long)]
     csv: Option<PathBuf>,
+    /// Draw throughput and latency percentiles against concurrency into this PNG (for a
+    /// --sweep, or the CSV given with --from-csv).
+    #[arg(long, value_name = "PNG")]
+    plot: Option<PathBuf>,
+    /// Plot the sweep in this CSV (written by --csv) instead of running one; needs --plot. No
+    /// server is contacted; --model, if given, goes in the title.
+    #[arg(long, value_name = "CSV", requires = "plot",
+          conflicts_with_all = ["sweep", "request_rate", "json", "csv"])]
+    from_csv: Option<PathBuf>,
     /// Hide the progress bar.
     #[arg(long)]
     quiet: bool,
@@ -73,6 +84,13 @@ pub struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(csv) = &args.from_csv {
+        return plot_csv(&args, csv);
+    }
+    anyhow::ensure!(
+        args.plot.is_none() || !args.sweep.is_empty() || args.request_rate.is_none(),
+        "--plot draws closed-loop levels against concurrency: use it with --sweep or --concurrency"
+    );
     let client = client::Client::new(&args.base_url, args.api_key.clone())?;
     let model = match &args.model {
         Some(m) => m.clone(),
@@ -135,5 +153,32 @@ async fn main() -> anyhow::Result<()> {
         std::fs::write(path, report::csv(&results))
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    if let Some(path) = &args.plot {
+        let output = if args.respect_eos { "up to " } else { "" };
+        let subtitle = format!(
+            "prompt {} tokens, output {output}{} tokens, {} requests per level",
+            args.prompt_tokens, args.output_tokens, args.num_requests
+        );
+        plot::write_png(
+            path,
+            &plot::points_from_summaries(&results),
+            &workload.model,
+            Some(&subtitle),
+        )?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `--from-csv`: redraws an earlier sweep without running anything.
+fn plot_csv(args: &Args, csv: &std::path::Path) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(csv).with_context(|| format!("reading {}", csv.display()))?;
+    let points =
+        plot::points_from_csv(&text).with_context(|| format!("reading {}", csv.display()))?;
+    let path = args.plot.as_deref().context("--from-csv needs --plot")?;
+    let title = args.model.as_deref().unwrap_or("sluice-bench sweep");
+    plot::write_png(path, &points, title, Some(&csv.display().to_string()))?;
+    println!("wrote {}", path.display());
     Ok(())
 }
