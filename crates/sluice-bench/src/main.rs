@@ -37,9 +37,10 @@ pub struct Args {
     /// Poisson arrivals per second (open loop).
     #[arg(long)]
     request_rate: Option<f64>,
-    /// Requests to complete (per level, with --sweep).
-    #[arg(long, default_value_t = 32)]
-    num_requests: usize,
+    /// Requests to complete (per level, with --sweep): `N`, or `Kx` for K per concurrent
+    /// client (`4x` at concurrency 64 is 256), so every level of a sweep runs a few rounds.
+    #[arg(long, default_value = "32")]
+    num_requests: RequestCount,
     /// Prompt length in tokens: `N`, or `MIN:MAX` for uniform random lengths.
     #[arg(long, default_value = "128")]
     prompt_tokens: String,
@@ -139,8 +140,8 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut results = Vec::new();
     for load in levels {
-        let outcomes =
-            workload::run(&client, &workload, load, args.num_requests, args.quiet).await?;
+        let count = args.num_requests.for_load(load)?;
+        let outcomes = workload::run(&client, &workload, load, count, args.quiet).await?;
         let summary = report::Summary::new(load, &outcomes);
         println!("{}", summary.table());
         results.push(summary);
@@ -156,7 +157,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(path) = &args.plot {
         let output = if args.respect_eos { "up to " } else { "" };
         let subtitle = format!(
-            "prompt {} tokens, output {output}{} tokens, {} requests per level",
+            "prompt {} tokens, output {output}{} tokens, {} per level",
             args.prompt_tokens, args.output_tokens, args.num_requests
         );
         plot::write_png(
@@ -170,6 +171,55 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How many requests a level runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum RequestCount {
+    Fixed(usize),
+    PerClient(usize),
+}
+
+impl RequestCount {
+    fn for_load(self, load: Load) -> anyhow::Result<usize> {
+        match (self, load) {
+            (Self::Fixed(n), _) => Ok(n),
+            (Self::PerClient(k), Load::Closed { concurrency }) => Ok(k * concurrency),
+            (Self::PerClient(_), _) => {
+                anyhow::bail!("--num-requests Kx needs a closed loop (--concurrency or --sweep)")
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for RequestCount {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (digits, per_client) = match s.strip_suffix('x') {
+            Some(d) => (d, true),
+            None => (s, false),
+        };
+        let n: usize = digits
+            .parse()
+            .map_err(|_| format!("`{s}` is not a count: expected N or Kx (K per client)"))?;
+        if n == 0 {
+            return Err("the request count must be at least 1".into());
+        }
+        Ok(if per_client {
+            Self::PerClient(n)
+        } else {
+            Self::Fixed(n)
+        })
+    }
+}
+
+impl std::fmt::Display for RequestCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Fixed(n) => write!(f, "{n} requests"),
+            Self::PerClient(k) => write!(f, "{k} requests per client"),
+        }
+    }
+}
+
 /// `--from-csv`: redraws an earlier sweep without running anything.
 fn plot_csv(args: &Args, csv: &std::path::Path) -> anyhow::Result<()> {
     let text =
@@ -181,4 +231,24 @@ fn plot_csv(args: &Args, csv: &std::path::Path) -> anyhow::Result<()> {
     plot::write_png(path, &points, title, Some(&csv.display().to_string()))?;
     println!("wrote {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_counts_parse_fixed_and_per_client() {
+        assert_eq!("32".parse(), Ok(RequestCount::Fixed(32)));
+        assert_eq!("4x".parse(), Ok(RequestCount::PerClient(4)));
+        assert!("0".parse::<RequestCount>().is_err());
+        assert!("x".parse::<RequestCount>().is_err());
+        assert!("4y".parse::<RequestCount>().is_err());
+        let closed = Load::Closed { concurrency: 64 };
+        assert_eq!(RequestCount::PerClient(4).for_load(closed).unwrap(), 256);
+        assert_eq!(RequestCount::Fixed(10).for_load(closed).unwrap(), 10);
+        assert!(RequestCount::PerClient(4)
+            .for_load(Load::Poisson { rate: 2.0 })
+            .is_err());
+    }
 }
