@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./scripts/fetch-model.sh
+# The optional second model (Qwen2.5-Coder-0.5B, qwen2): its tests skip without it, CI runs them.
+./scripts/fetch-qwen.sh
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace

@@ -38,9 +38,11 @@ def free_port() -> int:
 class SluiceServer:
     """One `sluice serve` child process on 127.0.0.1 with its log in a temp file."""
 
-    def __init__(self, *args: str, name: str = "sluice"):
+    def __init__(self, *args: str, name: str = "sluice", model: Path | None = None):
         self.args = list(args)
         self.name = name
+        # The model file or Hugging Face directory to serve (default: MODEL).
+        self.model = Path(model) if model is not None else MODEL
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self._logdir = tempfile.TemporaryDirectory(prefix=f"sluice-e2e-{name}-")
@@ -59,7 +61,7 @@ class SluiceServer:
             str(BINARY),
             "serve",
             "--model",
-            str(MODEL),
+            str(self.model),
             "--host",
             "127.0.0.1",
             "--port",
@@ -73,8 +75,8 @@ class SluiceServer:
                 f"{BINARY} does not exist: build it first with "
                 "`cargo build --release -p sluice-server` (scripts/test.sh does)"
             )
-        if not MODEL.is_file():
-            raise AssertionError(f"{MODEL} does not exist: run ./scripts/fetch-model.sh")
+        if not self.model.exists():
+            raise AssertionError(f"{self.model} does not exist: run ./scripts/fetch-model.sh")
         # The server reads SLUICE_* variables as configuration: only the flags given here count.
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         env.setdefault("RUST_BACKTRACE", "1")

@@ -1,8 +1,9 @@
 //! Forward-step time of the real model: decode batches of B sequences at 256 tokens of context,
 //! and a 512-token prefill, for each weight kind. Prints a table; asserts nothing.
 //!
-//! `SLUICE_BENCH_WEIGHTS=f32,auto` picks the weight kinds; `SLUICE_BENCH_BATCHES=1,64` the sizes;
-//! `SLUICE_BENCH_PREFILL=0` skips the prefill.
+//! `SLUICE_BENCH_WEIGHTS=f32,auto` picks the weight kinds (`auto-noamx`: auto without the AMX
+//! tiles); `SLUICE_BENCH_BATCHES=1,64` the sizes; `SLUICE_BENCH_PREFILL=0` skips the prefill.
+//! Times are the median and the fastest run (the shared 2-core host is often busy).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -36,18 +37,36 @@ where
         .collect()
 }
 
-/// Median time of `f` over enough runs to fill about two seconds (at least 3).
-fn time(mut f: impl FnMut()) -> Duration {
+/// CPU time this process has used (all threads).
+fn cpu_time() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage fills the struct it is given.
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// CPU milliseconds per call of the last [`time`]: unlike wall time, barely moved by other
+/// processes on the machine, so it compares builds on a busy host.
+static CPU_MS: std::sync::Mutex<f64> = std::sync::Mutex::new(0.0);
+
+/// Median and fastest time of `f` over enough runs to fill about two seconds (at least 3).
+fn time(mut f: impl FnMut()) -> (Duration, Duration) {
     f(); // warm-up: first-touch of buffers, rayon pool start
     let mut samples = Vec::new();
+    let cpu_start = cpu_time();
     let start = Instant::now();
     while samples.len() < 3 || (start.elapsed() < Duration::from_secs(2) && samples.len() < 50) {
         let t = Instant::now();
         f();
         samples.push(t.elapsed());
     }
+    *CPU_MS.lock().unwrap() = (cpu_time() - cpu_start).as_secs_f64() * 1e3 / samples.len() as f64;
     samples.sort();
-    samples[samples.len() / 2]
+    (samples[samples.len() / 2], samples[0])
 }
 
 fn main() {
@@ -57,16 +76,21 @@ fn main() {
         "model not found at {}: run scripts/fetch-model.sh",
         path.display()
     );
-    let kinds: Vec<WeightsKind> = list("SLUICE_BENCH_WEIGHTS", "f32,quantized,auto");
+    let kinds: Vec<String> = list("SLUICE_BENCH_WEIGHTS", "f32,quantized,auto");
     let batches: Vec<usize> = list("SLUICE_BENCH_BATCHES", "1,8,32,64");
     println!("threads: {}", rayon::current_num_threads());
-    println!("| weights | step | tokens | ms/step | tokens/s |");
-    println!("| --- | --- | ---: | ---: | ---: |");
+    println!("| weights | step | tokens | ms/step (median) | tokens/s | ms/step (fastest) | tokens/s | CPU ms/step |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for kind in kinds {
+        let (weights, amx_min_rows) = match kind.as_str() {
+            "auto-noamx" => (WeightsKind::Auto, None),
+            k => (k.parse().unwrap(), LoadOptions::default().amx_min_rows),
+        };
         let model = LlamaModel::load(
             &path,
             &LoadOptions {
-                weights: kind,
+                weights,
+                amx_min_rows,
                 ..LoadOptions::default()
             },
         )
@@ -86,13 +110,16 @@ fn main() {
                     .collect();
                 batch.push_sequence(&[(100 + s) as u32], CONTEXT, &table, true);
             }
-            let t = time(|| {
+            let (t, fastest) = time(|| {
                 model.forward(&batch, &mut kv).unwrap();
             });
             println!(
-                "| {kind} | decode B={b} @ctx {CONTEXT} | {b} | {:.2} | {:.1} |",
+                "| {kind} | decode B={b} @ctx {CONTEXT} | {b} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} |",
                 t.as_secs_f64() * 1e3,
-                b as f64 / t.as_secs_f64()
+                b as f64 / t.as_secs_f64(),
+                fastest.as_secs_f64() * 1e3,
+                b as f64 / fastest.as_secs_f64(),
+                *CPU_MS.lock().unwrap()
             );
         }
         if std::env::var("SLUICE_BENCH_PREFILL").as_deref() == Ok("0") {
@@ -102,13 +129,16 @@ fn main() {
         let tokens: Vec<u32> = (0..PREFILL as u32).map(|i| 100 + i % 1000).collect();
         let table: Vec<u32> = (0..PREFILL.div_ceil(BLOCK) as u32).collect();
         batch.push_sequence(&tokens, 0, &table, true);
-        let t = time(|| {
+        let (t, fastest) = time(|| {
             model.forward(&batch, &mut kv).unwrap();
         });
         println!(
-            "| {kind} | prefill {PREFILL} | {PREFILL} | {:.2} | {:.1} |",
+            "| {kind} | prefill {PREFILL} | {PREFILL} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} |",
             t.as_secs_f64() * 1e3,
-            PREFILL as f64 / t.as_secs_f64()
+            PREFILL as f64 / t.as_secs_f64(),
+            fastest.as_secs_f64() * 1e3,
+            PREFILL as f64 / fastest.as_secs_f64(),
+            *CPU_MS.lock().unwrap()
         );
     }
 }

@@ -1,28 +1,55 @@
 //! GEMM throughput on the forward's shapes: our packed AVX-512 kernel against candle's matmul
 //! (the gemm crate), and the peak f32 rate of this machine (the largest shape), which bounds
-//! batched decode at `peak / (2 x params)` tokens/s. Prints a table; asserts nothing.
+//! batched decode at `peak / (2 x params)` tokens/s; and, where the CPU has AMX, the split-bf16
+//! tile kernel from f32 panels and from Q4_1 panels (what `--weights auto` runs for large steps).
+//! Prints a table; asserts nothing.
 
 use std::time::Instant;
 
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use sluice_model::dense::{self, PackedMatrix};
 
+/// CPU time this process has used (all threads).
+fn cpu_time() -> f64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage fills the struct it is given.
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// Seconds per call: wall time, or with `SLUICE_BENCH_CPU_TIME=1` the process's CPU time,
+/// which other load on a busy host barely moves (run it with `RAYON_NUM_THREADS=1`, or idle
+/// workers' spinning counts too).
 fn seconds_per_call(mut f: impl FnMut()) -> f64 {
+    let cpu = std::env::var("SLUICE_BENCH_CPU_TIME").as_deref() == Ok("1");
     f();
     let start = Instant::now();
+    let cpu_start = cpu_time();
     let mut calls = 0;
     while calls < 5 || start.elapsed().as_secs_f64() < 0.5 {
         f();
         calls += 1;
     }
-    start.elapsed().as_secs_f64() / calls as f64
+    if cpu {
+        (cpu_time() - cpu_start) / calls as f64
+    } else {
+        start.elapsed().as_secs_f64() / calls as f64
+    }
 }
 
 fn main() {
     assert!(dense::available(), "the packed kernel needs AVX-512");
     let dev = Device::Cpu;
-    println!("| shape [m,k]x[k,n] | candle ms | candle GFLOP/s | packed ms | packed GFLOP/s |");
-    println!("| --- | ---: | ---: | ---: | ---: |");
+    let amx = sluice_model::amx::available();
+    println!(
+        "| shape [m,k]x[k,n] | candle ms | candle GFLOP/s | packed ms | packed GFLOP/s | AMX f32-panels ms | GFLOP/s | AMX Q4_1-panels ms | GFLOP/s |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let shapes = [
         (1usize, 576usize, 960usize),
         (8, 576, 3072),
@@ -45,12 +72,30 @@ fn main() {
         });
         let ours = seconds_per_call(|| packed.matmul(&xv, m, &mut out));
         let gflop = 2.0 * (m * k * n) as f64 / 1e9;
+        let (tiles, q_tiles) = if amx {
+            let mut f32_tiles =
+                PackedMatrix::pack(&w.flatten_all().unwrap().to_vec1::<f32>().unwrap(), n, k);
+            f32_tiles.use_amx_from(1);
+            let q = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
+            let mut q_tiles = PackedMatrix::pack_quantized(&q).unwrap();
+            q_tiles.use_amx_from(1);
+            (
+                seconds_per_call(|| f32_tiles.matmul(&xv, m, &mut out)),
+                seconds_per_call(|| q_tiles.matmul(&xv, m, &mut out)),
+            )
+        } else {
+            (f64::NAN, f64::NAN)
+        };
         println!(
-            "| [{m},{k}]x[{k},{n}] | {:.3} | {:.0} | {:.3} | {:.0} |",
+            "| [{m},{k}]x[{k},{n}] | {:.3} | {:.0} | {:.3} | {:.0} | {:.3} | {:.0} | {:.3} | {:.0} |",
             candle * 1e3,
             gflop / candle,
             ours * 1e3,
-            gflop / ours
+            gflop / ours,
+            tiles * 1e3,
+            gflop / tiles,
+            q_tiles * 1e3,
+            gflop / q_tiles
         );
     }
 }

@@ -8,13 +8,20 @@ pub enum Architecture {
     Llama,
     /// qwen2: biases on the Q, K and V projections.
     Qwen2,
+    /// qwen3: no biases; an RMSNorm over each head of Q and K before the rotary embedding, and
+    /// a head size of its own (not necessarily hidden / heads).
+    Qwen3,
 }
 
 impl Architecture {
+    /// Names as GGUF `general.architecture` and Hugging Face `model_type` spell them.
+    pub const NAMES: &'static [&'static str] = &["llama", "mistral", "qwen2", "qwen3"];
+
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "llama" | "mistral" => Some(Self::Llama),
             "qwen2" => Some(Self::Qwen2),
+            "qwen3" => Some(Self::Qwen3),
             _ => None,
         }
     }
@@ -23,11 +30,17 @@ impl Architecture {
         match self {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
         }
     }
 
     pub fn has_qkv_bias(self) -> bool {
         matches!(self, Self::Qwen2)
+    }
+
+    /// Per-head RMSNorm of Q and K (weights of `head_dim`) before the rotary embedding.
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, Self::Qwen3)
     }
 }
 

@@ -20,6 +20,25 @@ pub enum ModelError {
         key: String,
         reason: String,
     },
+    #[error("{path} is not a Hugging Face model directory: {reason}")]
+    HfDirectory { path: PathBuf, reason: String },
+    #[error("{path}: {reason}")]
+    InvalidFile { path: PathBuf, reason: String },
+    #[error("{path}: tensor `{name}` is missing")]
+    MissingTensor { path: PathBuf, name: String },
+    #[error("{path}: tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        path: PathBuf,
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    #[error("{path}: cannot read tensor `{name}`: {reason}")]
+    Tensor {
+        path: PathBuf,
+        name: String,
+        reason: String,
+    },
     #[error("{path}: cannot build the tokenizer: {reason}")]
     Tokenizer { path: PathBuf, reason: String },
     #[error("tokenizer error: {0}")]

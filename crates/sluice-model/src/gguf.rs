@@ -122,7 +122,10 @@ impl GgufFile {
         let name = self.get_string("general.architecture")?;
         Architecture::from_name(name).ok_or_else(|| ModelError::Unsupported {
             path: self.path.clone(),
-            what: format!("architecture `{name}` (supported: llama, mistral, qwen2)"),
+            what: format!(
+                "architecture `{name}` (supported: {})",
+                Architecture::NAMES.join(", ")
+            ),
         })
     }
 

@@ -8,13 +8,15 @@ use candle_nn::ops::rms_norm;
 
 use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend, AttentionShape};
 use crate::batch::StepBatch;
-use crate::config::{Architecture, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
+use crate::hf::HfModelDir;
 use crate::kv_cache::KvCache;
 use crate::ops;
 use crate::rope::RotaryTables;
-use crate::weights::{concat_rows, unpermute_qk, Linear, WeightsKind};
+use crate::source::{GgufWeights, ModelSource, Weight, WeightSource};
+use crate::weights::{Linear, WeightsKind};
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -25,6 +27,10 @@ pub struct LoadOptions {
     /// Element type of the KV cache: F16 (default: half the bytes read per decode step, as
     /// llama.cpp) or F32.
     pub kv_dtype: DType,
+    /// With [`WeightsKind::Auto`] on a CPU with AMX, steps of at least this many rows multiply
+    /// on AMX tiles ([`crate::amx`]); default [`crate::weights::AUTO_AMX_MIN_ROWS`]. `None`
+    /// keeps every step on the exact f32 kernels.
+    pub amx_min_rows: Option<usize>,
 }
 
 impl Default for LoadOptions {
@@ -34,6 +40,7 @@ impl Default for LoadOptions {
             device: Device::Cpu,
             attention: None,
             kv_dtype: DType::F16,
+            amx_min_rows: Some(crate::weights::AUTO_AMX_MIN_ROWS),
         }
     }
 }
@@ -42,6 +49,8 @@ struct Layer {
     attn_norm: Tensor,
     /// Q, K and V stacked: one matmul for all three.
     qkv: Linear,
+    /// qwen3: RMSNorm weights `[head_dim]` applied to each head of Q and of K before RoPE.
+    qk_norm: Option<(Tensor, Tensor)>,
     o: Linear,
     ffn_norm: Tensor,
     /// Gate and up stacked.
@@ -63,104 +72,95 @@ pub struct LlamaModel {
 }
 
 impl LlamaModel {
+    /// Loads a GGUF file, or a Hugging Face directory (see [`ModelSource`]).
     pub fn load(path: impl AsRef<Path>, options: &LoadOptions) -> Result<Self> {
-        let mut file = GgufFile::open(path)?;
-        Self::from_gguf(&mut file, options)
+        ModelSource::open(path)?.load_model(options)
     }
 
     pub fn from_gguf(file: &mut GgufFile, options: &LoadOptions) -> Result<Self> {
         let config = file.model_config()?;
+        let mut source = GgufWeights::new(file, &config);
+        Self::build(config, &mut source, options)
+    }
+
+    /// A Hugging Face checkpoint: safetensors in f32, f16 or bf16 (converted on the CPU).
+    pub fn from_hf(dir: &HfModelDir, options: &LoadOptions) -> Result<Self> {
+        let config = dir.config().clone();
+        let mut source = dir.weights();
+        Self::build(config, &mut source, options)
+    }
+
+    /// The layers `config` describes, from whichever format holds them.
+    fn build(
+        config: ModelConfig,
+        src: &mut dyn WeightSource,
+        options: &LoadOptions,
+    ) -> Result<Self> {
         let device = options.device.clone();
-        let cpu = Device::Cpu;
         let kind = options.weights;
-        let dense = |file: &mut GgufFile, name: &str| -> Result<Tensor> {
-            Ok(file.tensor(name, &cpu)?.dequantize(&device)?)
-        };
-        let bias = |file: &mut GgufFile, name: &str| -> Result<Option<Tensor>> {
-            if config.architecture.has_qkv_bias() {
-                Ok(Some(file.tensor(name, &cpu)?.dequantize(&device)?))
-            } else {
-                Ok(None)
-            }
-        };
-        check_supported_dtype(file, "token_embd.weight")?;
-        let embed_q = file.tensor("token_embd.weight", &cpu)?;
-        let embed = embed_q.dequantize(&device)?;
-        if embed.dims() != [config.vocab_size, config.hidden_size] {
-            return Err(ModelError::Gguf {
-                path: file.path.clone(),
-                reason: format!(
-                    "token_embd.weight has shape {:?}, expected [{}, {}]",
-                    embed.dims(),
-                    config.vocab_size,
-                    config.hidden_size
-                ),
-            });
-        }
+        let arch = config.architecture;
+        let (hidden, heads, kv_heads, d, inter, vocab) = (
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            config.intermediate_size,
+            config.vocab_size,
+        );
+        let embed = src.dense(Weight::Embed, &[vocab, hidden], &device)?;
 
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
-            let name = |t: &str| format!("blk.{i}.{t}");
-            for t in [
-                "attn_q.weight",
-                "attn_k.weight",
-                "attn_v.weight",
-                "attn_output.weight",
-                "ffn_gate.weight",
-                "ffn_up.weight",
-                "ffn_down.weight",
-            ] {
-                check_supported_dtype(file, &name(t))?;
-            }
-            let mut q = file.tensor(&name("attn_q.weight"), &cpu)?;
-            let mut k = file.tensor(&name("attn_k.weight"), &cpu)?;
-            let v = file.tensor(&name("attn_v.weight"), &cpu)?;
-            let mut biases = None;
-            if config.architecture == Architecture::Llama {
-                // llama.cpp permutes llama Q/K for its interleaved rotary; undo it (qwen2 is
-                // stored unpermuted) so one rotary convention serves every architecture.
-                q = unpermute_qk(&q, config.num_heads, config.head_dim)?;
-                k = unpermute_qk(&k, config.num_kv_heads, config.head_dim)?;
-            }
-            if let (Some(bq), Some(bk), Some(bv)) = (
-                bias(file, &name("attn_q.bias"))?,
-                bias(file, &name("attn_k.bias"))?,
-                bias(file, &name("attn_v.bias"))?,
-            ) {
-                biases = Some(Tensor::cat(&[bq, bk, bv], 0)?);
-            }
-            let qkv = Linear::from_qtensor(concat_rows(&[&q, &k, &v])?, biases, kind, &device)?;
-            let o = Linear::from_qtensor(
-                file.tensor(&name("attn_output.weight"), &cpu)?,
-                None,
-                kind,
-                &device,
+            let biases = if arch.has_qkv_bias() || src.has(Weight::QBias(i)) {
+                Some(Tensor::cat(
+                    &[
+                        src.dense(Weight::QBias(i), &[heads * d], &device)?,
+                        src.dense(Weight::KBias(i), &[kv_heads * d], &device)?,
+                        src.dense(Weight::VBias(i), &[kv_heads * d], &device)?,
+                    ],
+                    0,
+                )?)
+            } else {
+                None
+            };
+            let qkv = src.linear(
+                &[
+                    (Weight::Q(i), heads * d),
+                    (Weight::K(i), kv_heads * d),
+                    (Weight::V(i), kv_heads * d),
+                ],
+                hidden,
+                biases,
+                options,
             )?;
-            let gate = file.tensor(&name("ffn_gate.weight"), &cpu)?;
-            let up = file.tensor(&name("ffn_up.weight"), &cpu)?;
-            let gate_up = Linear::from_qtensor(concat_rows(&[&gate, &up])?, None, kind, &device)?;
-            let down = Linear::from_qtensor(
-                file.tensor(&name("ffn_down.weight"), &cpu)?,
+            let o = src.linear(&[(Weight::O(i), hidden)], heads * d, None, options)?;
+            let gate_up = src.linear(
+                &[(Weight::Gate(i), inter), (Weight::Up(i), inter)],
+                hidden,
                 None,
-                kind,
-                &device,
+                options,
             )?;
+            let down = src.linear(&[(Weight::Down(i), hidden)], inter, None, options)?;
+            let qk_norm = if arch.has_qk_norm() {
+                Some((
+                    src.dense(Weight::QNorm(i), &[d], &device)?,
+                    src.dense(Weight::KNorm(i), &[d], &device)?,
+                ))
+            } else {
+                None
+            };
             layers.push(Layer {
-                attn_norm: dense(file, &name("attn_norm.weight"))?,
+                attn_norm: src.dense(Weight::AttnNorm(i), &[hidden], &device)?,
                 qkv,
+                qk_norm,
                 o,
-                ffn_norm: dense(file, &name("ffn_norm.weight"))?,
+                ffn_norm: src.dense(Weight::FfnNorm(i), &[hidden], &device)?,
                 gate_up,
                 down,
             });
         }
-        let norm = dense(file, "output_norm.weight")?;
-        let lm_head = if config.tie_word_embeddings {
-            Linear::from_qtensor(embed_q, None, kind, &device)?
-        } else {
-            check_supported_dtype(file, "output.weight")?;
-            Linear::from_qtensor(file.tensor("output.weight", &cpu)?, None, kind, &device)?
-        };
+        let norm = src.dense(Weight::OutputNorm, &[hidden], &device)?;
+        let lm_head = src.lm_head(config.tie_word_embeddings, [vocab, hidden], options)?;
         let rope = RotaryTables::new(&config, &device)?;
         let attention = options.attention.unwrap_or(
             if device.is_cpu() && cpu_attention::supports(config.head_dim, config.gqa_group()) {
@@ -170,7 +170,7 @@ impl LlamaModel {
             },
         );
         tracing::info!(
-            path = %file.path.display(),
+            path = %src.path().display(),
             architecture = config.architecture.name(),
             layers = config.num_layers,
             hidden = config.hidden_size,
@@ -350,6 +350,10 @@ impl LlamaModel {
                 .contiguous()?
                 .reshape((t, kvh, d))?;
             let v = qkv.narrow(1, (h + kvh) * d, kvh * d)?.contiguous()?;
+            let (q, k) = match &layer.qk_norm {
+                Some((q_norm, k_norm)) => (rms_norm(&q, q_norm, eps)?, rms_norm(&k, k_norm, eps)?),
+                None => (q, k),
+            };
             let q = RotaryTables::apply(&q, &cos, &sin)?;
             let k = RotaryTables::apply(&k, &cos, &sin)?;
             kv.write(i, &k, &v, &write_at)?;
@@ -377,38 +381,5 @@ impl LlamaModel {
         let rows = Tensor::from_slice(&batch.logits_indices, batch.logits_indices.len(), dev)?;
         let x = rms_norm(&x.index_select(&rows, 0)?, &self.norm, eps)?;
         Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?)
-    }
-}
-
-/// Quantization formats candle can dequantize and multiply; anything else is refused by name.
-fn check_supported_dtype(file: &GgufFile, name: &str) -> Result<()> {
-    use candle_core::quantized::GgmlDType as G;
-    let Some(info) = file.content.tensor_infos.get(name) else {
-        return Err(ModelError::Gguf {
-            path: file.path.clone(),
-            reason: format!("tensor `{name}` is missing"),
-        });
-    };
-    match info.ggml_dtype {
-        G::F32
-        | G::F16
-        | G::BF16
-        | G::Q4_0
-        | G::Q4_1
-        | G::Q5_0
-        | G::Q5_1
-        | G::Q8_0
-        | G::Q8_1
-        | G::Q2K
-        | G::Q3K
-        | G::Q4K
-        | G::Q5K
-        | G::Q6K
-        | G::Q8K => Ok(()),
-        #[allow(unreachable_patterns)]
-        other => Err(ModelError::Unsupported {
-            path: file.path.clone(),
-            what: format!("quantization type {other:?} of tensor `{name}`"),
-        }),
     }
 }

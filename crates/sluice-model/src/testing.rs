@@ -1,15 +1,22 @@
 //! Tiny random-weight models written as real GGUF files, so tests of the model, the engine and
-//! the server run the whole loading path without a download.
+//! the server run the whole loading path without a download; and [`write_hf_from_gguf`], which
+//! turns a GGUF model into the Hugging Face directory it was converted from.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
-use crate::config::Architecture;
+use crate::config::{Architecture, RopeScaling};
 use crate::error::{ModelError, Result};
+use crate::gguf::GgufFile;
+use crate::hf;
+use crate::source::Weight;
 use crate::tokenizer::byte_level::ByteLevelAlphabet;
+use crate::tokenizer::Tokenizer;
+use crate::weights::unpermute_qk;
 
 /// The shape of a tiny model. Defaults give GQA (4 query heads over 2 KV heads).
 #[derive(Debug, Clone)]
@@ -20,6 +27,8 @@ pub struct TinyModelSpec {
     pub num_layers: usize,
     pub num_heads: usize,
     pub num_kv_heads: usize,
+    /// `None`: hidden / heads. qwen3 sets its own.
+    pub head_dim: Option<usize>,
     pub context_length: usize,
     /// Q8_0 keeps the quantized path honest; F32 makes every weight kind agree exactly.
     pub dtype: GgmlDType,
@@ -35,6 +44,7 @@ impl Default for TinyModelSpec {
             num_layers: 2,
             num_heads: 4,
             num_kv_heads: 2,
+            head_dim: None,
             context_length: 512,
             dtype: GgmlDType::F32,
             seed: 7,
@@ -117,7 +127,7 @@ impl RandomTensors {
 
 impl TinyModelSpec {
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_heads
+        self.head_dim.unwrap_or(self.hidden_size / self.num_heads)
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -171,6 +181,10 @@ impl TinyModelSpec {
                 w.vector(&p("attn_k.bias"), kvh * hd, 0.0, 0.5)?;
                 w.vector(&p("attn_v.bias"), kvh * hd, 0.0, 0.5)?;
             }
+            if self.architecture.has_qk_norm() {
+                w.vector(&p("attn_q_norm.weight"), hd, 1.0, 0.1)?;
+                w.vector(&p("attn_k_norm.weight"), hd, 1.0, 0.1)?;
+            }
         }
         w.vector("output_norm.weight", h, 1.0, 0.1)?;
         let tensors = w.tensors;
@@ -185,7 +199,7 @@ impl TinyModelSpec {
             *t = Value::I32(3);
         }
         let eos = (vocab - TINY_SPECIAL_TOKENS.len()) as u32; // <|endoftext|>
-        let meta: Vec<(String, Value)> = vec![
+        let mut meta: Vec<(String, Value)> = vec![
             ("general.architecture".into(), Value::String(arch.into())),
             (k("embedding_length"), Value::U32(h as u32)),
             (k("block_count"), Value::U32(self.num_layers as u32)),
@@ -211,6 +225,10 @@ impl TinyModelSpec {
                 ),
             ),
         ];
+        if let Some(d) = self.head_dim {
+            meta.push((k("attention.key_length"), Value::U32(d as u32)));
+            meta.push((k("attention.value_length"), Value::U32(d as u32)));
+        }
         let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let tensor_refs: Vec<(&str, &QTensor)> =
             tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
@@ -220,5 +238,186 @@ impl TinyModelSpec {
         })?;
         gguf_file::write(&mut file, &meta_refs, &tensor_refs)?;
         Ok(())
+    }
+}
+
+/// How [`write_hf_from_gguf`] writes the weights.
+#[derive(Debug, Clone)]
+pub struct HfExport {
+    /// Element type of the safetensors: F32 keeps the dequantized GGUF values exactly.
+    pub dtype: DType,
+    /// 1: `model.safetensors`; more: that many shards and `model.safetensors.index.json`.
+    pub shards: usize,
+}
+
+impl Default for HfExport {
+    fn default() -> Self {
+        Self {
+            dtype: DType::F32,
+            shards: 1,
+        }
+    }
+}
+
+/// Writes the GGUF model at `gguf` as a Hugging Face directory in `dir`: every tensor
+/// dequantized and renamed to transformers' names (llama Q/K rows un-permuted, exactly as the
+/// loader does), `config.json` with its hyper-parameters, `tokenizer.json` built from its
+/// vocabulary, `tokenizer_config.json` (chat template, BOS/EOS) and `generation_config.json`
+/// (every end-of-generation id). Loading `dir` gives the model the GGUF file gives.
+pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<()> {
+    let mut file = GgufFile::open(gguf)?;
+    let config = file.model_config()?;
+    let tokenizer = Tokenizer::from_gguf(&file.content, gguf)?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ModelError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+
+    let (d, arch) = (config.head_dim, config.architecture);
+    let mut roles = vec![Weight::Embed, Weight::OutputNorm];
+    if !config.tie_word_embeddings {
+        roles.push(Weight::Output);
+    }
+    for i in 0..config.num_layers {
+        roles.extend([
+            Weight::AttnNorm(i),
+            Weight::Q(i),
+            Weight::K(i),
+            Weight::V(i),
+            Weight::QBias(i),
+            Weight::KBias(i),
+            Weight::VBias(i),
+            Weight::QNorm(i),
+            Weight::KNorm(i),
+            Weight::O(i),
+            Weight::FfnNorm(i),
+            Weight::Gate(i),
+            Weight::Up(i),
+            Weight::Down(i),
+        ]);
+    }
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    for role in roles {
+        let name = role.gguf_name();
+        if !file.has_tensor(&name) {
+            continue;
+        }
+        let mut t = file.tensor(&name, &Device::Cpu)?;
+        if arch == Architecture::Llama {
+            if let Weight::Q(_) | Weight::K(_) = role {
+                t = unpermute_qk(&t, t.shape().dims()[0] / d, d)?;
+            }
+        }
+        let dense = t.dequantize(&Device::Cpu)?.to_dtype(export.dtype)?;
+        tensors.push((role.hf_name(), dense));
+    }
+
+    // Shards of consecutive tensors, as transformers writes them.
+    let shards = export.shards.clamp(1, tensors.len().max(1));
+    let per_shard = tensors.len().div_ceil(shards);
+    let mut weight_map = serde_json::Map::new();
+    let mut total_size = 0usize;
+    for (s, chunk) in tensors.chunks(per_shard).enumerate() {
+        let file_name = if shards == 1 {
+            hf::WEIGHTS_FILE.to_string()
+        } else {
+            format!("model-{:05}-of-{:05}.safetensors", s + 1, shards)
+        };
+        let map: HashMap<String, Tensor> = chunk.iter().cloned().collect();
+        for (name, t) in chunk {
+            weight_map.insert(name.clone(), file_name.clone().into());
+            total_size += t.elem_count() * t.dtype().size_in_bytes();
+        }
+        candle_core::safetensors::save(&map, dir.join(&file_name))?;
+    }
+    let write_json = |name: &str, value: serde_json::Value| -> Result<()> {
+        let path = dir.join(name);
+        let text = serde_json::to_string_pretty(&value).expect("JSON values serialize");
+        std::fs::write(&path, text).map_err(io(&path))
+    };
+    if shards > 1 {
+        write_json(
+            hf::WEIGHTS_INDEX_FILE,
+            serde_json::json!({"metadata": {"total_size": total_size}, "weight_map": weight_map}),
+        )?;
+    }
+
+    let rope_scaling = match &config.rope_scaling {
+        None => serde_json::Value::Null,
+        Some(RopeScaling::Linear { factor }) => {
+            serde_json::json!({"rope_type": "linear", "factor": factor})
+        }
+        Some(RopeScaling::FreqFactors(_)) => {
+            return Err(ModelError::Unsupported {
+                path: gguf.to_path_buf(),
+                what: "export of rope_freqs (llama3 rope scaling) to config.json".into(),
+            })
+        }
+    };
+    let class = match arch {
+        Architecture::Llama => "LlamaForCausalLM",
+        Architecture::Qwen2 => "Qwen2ForCausalLM",
+        Architecture::Qwen3 => "Qwen3ForCausalLM",
+    };
+    let torch_dtype = match export.dtype {
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        _ => "float32",
+    };
+    let eos_ids = tokenizer.eos_token_ids().to_vec();
+    write_json(
+        hf::CONFIG_FILE,
+        serde_json::json!({
+            "architectures": [class],
+            "model_type": arch.name(),
+            "hidden_size": config.hidden_size,
+            "intermediate_size": config.intermediate_size,
+            "num_hidden_layers": config.num_layers,
+            "num_attention_heads": config.num_heads,
+            "num_key_value_heads": config.num_kv_heads,
+            "head_dim": config.head_dim,
+            "vocab_size": config.vocab_size,
+            "rms_norm_eps": config.rms_norm_eps,
+            "rope_theta": config.rope_theta,
+            "rope_scaling": rope_scaling,
+            "max_position_embeddings": config.max_position_embeddings,
+            "tie_word_embeddings": config.tie_word_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": arch.has_qkv_bias(),
+            "use_sliding_window": false,
+            "sliding_window": config.max_position_embeddings,
+            "max_window_layers": config.num_layers,
+            "torch_dtype": torch_dtype,
+            "bos_token_id": tokenizer.bos_token_id(),
+            "eos_token_id": tokenizer.eos_token_id(),
+        }),
+    )?;
+    let tokenizer_json = Tokenizer::hf_json_from_gguf(&file.content, gguf)?;
+    let path = dir.join(hf::TOKENIZER_FILE);
+    std::fs::write(&path, tokenizer_json).map_err(io(&path))?;
+    write_json(
+        "tokenizer_config.json",
+        serde_json::json!({
+            "bos_token": tokenizer.bos_token(),
+            "eos_token": tokenizer.eos_token(),
+            "pad_token": tokenizer.pad_token_id().and_then(|id| tokenizer.id_to_token(id)),
+            "add_bos_token": tokenizer.add_bos_token(),
+            "chat_template": tokenizer.chat_template(),
+        }),
+    )?;
+    write_json(
+        hf::GENERATION_CONFIG_FILE,
+        serde_json::json!({"bos_token_id": tokenizer.bos_token_id(), "eos_token_id": eos_ids}),
+    )
+}
+
+impl TinyModelSpec {
+    /// Writes the model as a Hugging Face directory (through [`write_hf_from_gguf`]; the GGUF
+    /// file is written beside `dir` as `dir.gguf` and kept, so tests can compare the two).
+    pub fn write_hf(&self, dir: &Path, export: &HfExport) -> Result<()> {
+        let gguf = dir.with_extension("gguf");
+        self.write_gguf(&gguf)?;
+        write_hf_from_gguf(&gguf, dir, export)
     }
 }

@@ -8,6 +8,7 @@ use candle_core::{DType, Device, Module, Tensor};
 
 use crate::dense::{self, PackedMatrix};
 use crate::error::{ModelError, Result};
+use crate::model::LoadOptions;
 use crate::quant::{QuantMatrix, QuantizedActivations};
 
 /// How weights are held in memory and multiplied.
@@ -19,10 +20,12 @@ pub enum WeightsKind {
     F16,
     /// The file's quantized blocks, multiplied with candle's quantized matmul: least memory.
     Quantized,
-    /// f32 numerics at a fraction of the reads for small steps: f32 panels for steps of many
-    /// rows (compute bound), and for steps of few rows (bound by reading weights) the file's
-    /// Q4_0/Q4_1/Q8_0 blocks dequantized in registers with the same arithmetic, so both give
-    /// identical results. Other formats use the f32 panels at every size.
+    /// The fastest exact-enough path for each step size. Small steps (bound by reading weights)
+    /// read the file's Q4_0/Q4_1/Q8_0 blocks, dequantized in registers with the f32 kernel's
+    /// arithmetic (identical results). Large steps (bound by arithmetic) run on AMX tiles where
+    /// the CPU has them (split-bf16 products, relative error about 2^-16, see [`crate::amx`]),
+    /// else on the f32 panels. Formats without quantized panels use the tiles for every step,
+    /// or the f32 panels without AMX.
     Auto,
 }
 
@@ -89,17 +92,19 @@ enum QuantizedWeights {
 /// 16, and lose from 24 (79 vs 75 ms) as dequantizing costs more than the bytes it saves.
 pub const AUTO_QUANTIZED_MAX_ROWS: usize = 16;
 
+/// Rows from which [`WeightsKind::Auto`] multiplies on AMX tiles where the CPU has them
+/// ([`crate::amx`]: split-bf16 products, relative error about 2^-16). Below it, steps read the
+/// quantized panels with the f32 kernel's exact numbers: at 32 rows both cost about the same
+/// (the panels' FMAs against reading the tiles' 4 bytes per weight).
+pub const AUTO_AMX_MIN_ROWS: usize = 32;
+
 thread_local! {
     static ACTIVATIONS: std::cell::RefCell<QuantizedActivations> = std::cell::RefCell::new(QuantizedActivations::default());
 }
 
 impl Linear {
-    pub fn from_qtensor(
-        w: QTensor,
-        bias: Option<Tensor>,
-        kind: WeightsKind,
-        device: &Device,
-    ) -> Result<Self> {
+    pub fn from_qtensor(w: QTensor, bias: Option<Tensor>, options: &LoadOptions) -> Result<Self> {
+        let (kind, device) = (options.weights, &options.device);
         let out_features = w.shape().dims()[0];
         let quantized = |w: QTensor| -> Result<QuantizedWeights> {
             Ok(
@@ -128,10 +133,28 @@ impl Linear {
             WeightsKind::Auto => {
                 // Small steps read the quantized panels; both paths give the same numbers, so
                 // a sequence's output never depends on what else is in the batch.
-                let exact = PackedMatrix::pack_quantized(&w)
-                    .filter(|_| device.is_cpu() && dense::available())
-                    .map(QuantizedWeights::Exact);
-                (Some(dense_f32(&w)?), exact)
+                let mut exact = PackedMatrix::pack_quantized(&w)
+                    .filter(|_| device.is_cpu() && dense::available());
+                // With AMX, large steps dequantize the same panels into tiles, and the f32
+                // panels are not needed at all.
+                let amx = match (exact.as_mut(), options.amx_min_rows) {
+                    (Some(q), Some(min_rows)) => q.use_amx_from(min_rows),
+                    _ => false,
+                };
+                match exact {
+                    Some(q) if amx => (None, Some(QuantizedWeights::Exact(q))),
+                    exact => {
+                        let mut dense = dense_f32(&w)?;
+                        if let (DenseWeights::Packed(d), Some(_), None) =
+                            (&mut dense, options.amx_min_rows, &exact)
+                        {
+                            // No quantized panels for small steps (K-quants, f16/f32 tensors):
+                            // every step on the tiles rather than the tiles and f32 panels both.
+                            d.use_amx_only();
+                        }
+                        (Some(dense), exact.map(QuantizedWeights::Exact))
+                    }
+                }
             }
         };
         Ok(Self {
@@ -140,6 +163,51 @@ impl Linear {
             bias,
             quantized_max_rows: AUTO_QUANTIZED_MAX_ROWS,
             out_features,
+        })
+    }
+
+    /// A layer from a dense `[out, in]` tensor (f32, f16 or bf16, as Hugging Face checkpoints
+    /// hold them), by the same policy as [`from_qtensor`](Self::from_qtensor): `f32` packs f32
+    /// panels, `auto` too, or where the CPU has AMX tiles for every step (there are no
+    /// quantized blocks to read for small ones), `f16` keeps an f16 tensor, and `quantized` quantizes to Q8_0 at load
+    /// (the file has no blocks of its own) and multiplies as for a GGUF file.
+    pub fn from_tensor(w: Tensor, bias: Option<Tensor>, options: &LoadOptions) -> Result<Self> {
+        let (kind, device) = (options.weights, &options.device);
+        let (n, k) = w.dims2()?;
+        let dense = match kind {
+            WeightsKind::F32 | WeightsKind::Auto if device.is_cpu() && dense::available() => {
+                let data = w
+                    .to_device(&Device::Cpu)?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                let mut packed = PackedMatrix::pack(&data, n, k);
+                if let (WeightsKind::Auto, Some(_)) = (kind, options.amx_min_rows) {
+                    // As for GGUF formats without quantized panels: tiles only.
+                    packed.use_amx_only();
+                }
+                DenseWeights::Packed(packed)
+            }
+            WeightsKind::F32 | WeightsKind::Auto => {
+                DenseWeights::Tensor(w.to_dtype(DType::F32)?.to_device(device)?)
+            }
+            WeightsKind::F16 => DenseWeights::Tensor(w.to_dtype(DType::F16)?.to_device(device)?),
+            WeightsKind::Quantized => {
+                let dtype = if k.is_multiple_of(GgmlDType::Q8_0.block_size()) {
+                    GgmlDType::Q8_0
+                } else {
+                    GgmlDType::F32
+                };
+                let w = w.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
+                return Self::from_qtensor(QTensor::quantize(&w, dtype)?, bias, options);
+            }
+        };
+        Ok(Self {
+            dense: Some(dense),
+            quantized: None,
+            bias,
+            quantized_max_rows: AUTO_QUANTIZED_MAX_ROWS,
+            out_features: n,
         })
     }
 

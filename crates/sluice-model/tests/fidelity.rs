@@ -9,10 +9,13 @@ use sluice_model::{LlamaModel, LoadOptions, StepBatch, WeightsKind};
 const BLOCK: usize = 16;
 
 fn load(weights: WeightsKind) -> LlamaModel {
-    let options = LoadOptions {
+    load_with(LoadOptions {
         weights,
         ..LoadOptions::default()
-    };
+    })
+}
+
+fn load_with(options: LoadOptions) -> LlamaModel {
     LlamaModel::load(common::model_path(), &options).unwrap()
 }
 
@@ -114,6 +117,29 @@ fn greedy_matches_llama_cpp_f32() {
     eprintln!("f32: {agreed}/{total} greedy tokens identical to llama.cpp before any divergence");
 }
 
+/// `auto` with every step on AMX tiles (split-bf16 products, where the CPU has them; the exact
+/// f32 kernel elsewhere): the same agreement with llama.cpp as f32.
+#[test]
+fn greedy_matches_llama_cpp_auto_on_amx_tiles() {
+    if !sluice_model::amx::available() {
+        eprintln!("AMX-BF16 is missing on this CPU: this checks auto's f32 kernels only");
+    }
+    let model = load_with(LoadOptions {
+        weights: WeightsKind::Auto,
+        amx_min_rows: Some(1),
+        ..LoadOptions::default()
+    });
+    let rows = fixture_rows();
+    let mut agreed = 0;
+    let mut total = 0;
+    for row in &rows {
+        agreed += compare_with_fixture(&model, row, 1e-2);
+        total += row["ids"].as_array().unwrap().len();
+    }
+    eprintln!("auto on tiles: {agreed}/{total} greedy tokens identical to llama.cpp");
+    assert_eq!(agreed, total, "auto on tiles diverged from llama.cpp");
+}
+
 /// The quantized path multiplies Q4_1 weights with Q8_1-quantized activations (as llama.cpp
 /// does with the Q4_1 file), so its logprobs sit further from the f32 reference: measured
 /// median 0.03, p95 0.13, max 0.28 over the fixtures; the bound is 0.35, and a divergence must
@@ -128,7 +154,20 @@ fn greedy_matches_llama_cpp_quantized() {
 
 #[test]
 fn batching_is_invisible_on_the_real_model() {
-    let model = load(WeightsKind::F32);
+    batching_is_invisible(&load(WeightsKind::F32));
+}
+
+/// On AMX tiles a row's products do not depend on the other rows either.
+#[test]
+fn batching_is_invisible_on_amx_tiles() {
+    batching_is_invisible(&load_with(LoadOptions {
+        weights: WeightsKind::Auto,
+        amx_min_rows: Some(1),
+        ..LoadOptions::default()
+    }));
+}
+
+fn batching_is_invisible(model: &LlamaModel) {
     let rows = fixture_rows();
     let prompts: Vec<Vec<u32>> = rows.iter().map(|r| common::ids(&r["prompt_ids"])).collect();
     // Alone: each prompt with its own cache.

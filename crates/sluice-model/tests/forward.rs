@@ -362,7 +362,26 @@ fn weight_kinds_agree() {
     };
     let f32_logits = run(WeightsKind::F32);
     assert!(max_abs_diff(&f32_logits, &run(WeightsKind::Quantized)) < 1e-4);
-    assert!(max_abs_diff(&f32_logits, &run(WeightsKind::Auto)) < 1e-4);
+    // f32 tensors have no quantized panels: `auto` runs every step on AMX tiles where the CPU
+    // has them, whose split-bf16 products keep about 16 bits (measured: 4e-6 of the largest
+    // logit here).
+    let auto_diff = max_abs_diff(&f32_logits, &run(WeightsKind::Auto));
+    let largest = f32_logits
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let bound = if sluice_model::amx::available() {
+        2e-5 * largest
+    } else {
+        1e-4
+    };
+    assert!(
+        auto_diff < bound,
+        "auto differs from f32 by {auto_diff} (bound {bound})"
+    );
     assert!(max_abs_diff(&f32_logits, &run(WeightsKind::F16)) < 5e-2);
 
     // Q8_0 weights: the quantized matmul also quantizes activations, so only close.

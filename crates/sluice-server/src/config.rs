@@ -23,11 +23,12 @@ pub struct ServeArgs {
     /// TOML config file [default: config/sluice.toml when it exists].
     #[arg(long, env = "SLUICE_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
-    /// GGUF model file [default: models/SmolLM2-135M-Instruct.Q4_1.gguf].
+    /// GGUF model file, or Hugging Face model directory (config.json, tokenizer.json,
+    /// *.safetensors) [default: models/SmolLM2-135M-Instruct.Q4_1.gguf].
     #[arg(long, env = "SLUICE_MODEL", value_name = "PATH")]
     pub model: Option<PathBuf>,
     /// Model id clients use and `/v1/models` lists [default: the model file name without
-    /// extension].
+    /// extension, or the directory name].
     #[arg(long, env = "SLUICE_SERVED_MODEL_NAME", value_name = "NAME")]
     pub served_model_name: Option<String>,
     /// Address to listen on [default: 0.0.0.0].
@@ -68,6 +69,16 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub api_key: Option<String>,
+    /// Also require the API key on /metrics (needs --api-key) [default: false, /metrics open].
+    #[arg(
+        long,
+        env = "SLUICE_METRICS_REQUIRE_KEY",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub metrics_require_key: Option<bool>,
     /// Comma-separated origins allowed by CORS, or `*` [default: none, CORS off].
     #[arg(long, env = "SLUICE_CORS_ORIGINS", value_name = "LIST")]
     pub cors_origins: Option<String>,
@@ -106,6 +117,7 @@ pub struct FileConfig {
     pub max_waiting: Option<usize>,
     pub max_model_len: Option<usize>,
     pub api_key: Option<String>,
+    pub metrics_require_key: Option<bool>,
     pub cors_origins: Option<OriginList>,
     pub body_limit: Option<ByteSize>,
     pub request_timeout_secs: Option<u64>,
@@ -131,6 +143,8 @@ pub struct Config {
     /// `None`: the model's context length.
     pub max_model_len: Option<usize>,
     pub api_key: Option<String>,
+    /// `/metrics` needs the API key too (only with `api_key`).
+    pub metrics_require_key: bool,
     /// Empty: CORS off.
     pub cors_origins: Vec<String>,
     pub body_limit: ByteSize,
@@ -157,6 +171,7 @@ impl fmt::Debug for Config {
             .field("max_waiting", &self.max_waiting)
             .field("max_model_len", &self.max_model_len)
             .field("api_key", &self.api_key.as_ref().map(|_| "<set>"))
+            .field("metrics_require_key", &self.metrics_require_key)
             .field("cors_origins", &self.cors_origins)
             .field("body_limit", &self.body_limit)
             .field("request_timeout", &self.request_timeout)
@@ -241,6 +256,10 @@ impl Config {
             max_model_len: a.max_model_len.or(file.max_model_len),
             // An empty key would make "Bearer " a valid credential; treat it as no key.
             api_key: a.api_key.or(file.api_key).filter(|k| !k.is_empty()),
+            metrics_require_key: a
+                .metrics_require_key
+                .or(file.metrics_require_key)
+                .unwrap_or(false),
             cors_origins,
             body_limit: a
                 .body_limit
@@ -287,6 +306,13 @@ impl Config {
         if let Some(len) = self.max_model_len {
             positive("max_model_len", len as u64)?;
         }
+        // Protecting /metrics with no key to protect it with would silently leave it open.
+        if self.metrics_require_key && self.api_key.is_none() {
+            return Err(ConfigError::Invalid {
+                key: "metrics_require_key",
+                reason: "needs api_key to be set".into(),
+            });
+        }
         if self.served_model_name.is_empty() {
             return Err(ConfigError::Invalid {
                 key: "served_model_name",
@@ -308,11 +334,15 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
     })
 }
 
-/// `models/SmolLM2-135M-Instruct.Q4_1.gguf` is served as `SmolLM2-135M-Instruct.Q4_1`.
+/// `models/SmolLM2-135M-Instruct.Q4_1.gguf` is served as `SmolLM2-135M-Instruct.Q4_1`, and a
+/// Hugging Face directory `models/Qwen2.5-0.5B-Instruct/` as `Qwen2.5-0.5B-Instruct`.
 fn default_served_name(model: &Path) -> String {
-    model
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
+    let name = if model.is_dir() {
+        model.file_name()
+    } else {
+        model.file_stem()
+    };
+    name.map(|s| s.to_string_lossy().into_owned())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| model.to_string_lossy().into_owned())
 }
@@ -509,6 +539,7 @@ mod tests {
         );
         assert_eq!(c.max_model_len, None);
         assert_eq!(c.api_key, None);
+        assert!(!c.metrics_require_key);
         assert!(c.cors_origins.is_empty());
         assert_eq!(c.body_limit, ByteSize(4 << 20));
         assert_eq!(c.request_timeout, Duration::from_secs(30));
@@ -558,9 +589,11 @@ mod tests {
                 "json",
                 "--api-key",
                 "sk-1",
+                "--metrics-require-key",
             ]),
         )
         .unwrap();
+        assert!(c.metrics_require_key);
         assert_eq!(c.served_model_name, "tiny");
         assert_eq!(c.cors_origins, ["http://a", "http://b"]);
         assert_eq!(c.kv_cache_memory, ByteSize(2 << 30));
@@ -584,6 +617,27 @@ mod tests {
             Config::from_layers(FileConfig::default(), &args(&["--block-size", "0"])).unwrap_err();
         assert!(err.to_string().contains("block_size"), "{err}");
         assert!(Cli::try_parse_from(["sluice", "--kv-cache-memory", "lots"]).is_err());
+        let err = Config::from_layers(FileConfig::default(), &args(&["--metrics-require-key"]))
+            .unwrap_err();
+        assert!(err.to_string().contains("metrics_require_key"), "{err}");
+        let file: FileConfig =
+            toml::from_str("api_key = \"k\"\nmetrics_require_key = true").unwrap();
+        let c = Config::from_layers(file, &args(&["--metrics-require-key", "false"])).unwrap();
+        assert!(!c.metrics_require_key, "the flag overrides the file");
+    }
+
+    #[test]
+    fn served_name_defaults_to_the_file_stem_or_the_directory_name() {
+        assert_eq!(
+            default_served_name(Path::new("models/SmolLM2-135M-Instruct.Q4_1.gguf")),
+            "SmolLM2-135M-Instruct.Q4_1"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("Qwen2.5-0.5B-Instruct");
+        std::fs::create_dir(&model).unwrap();
+        assert_eq!(default_served_name(&model), "Qwen2.5-0.5B-Instruct");
+        let with_slash = PathBuf::from(format!("{}/", model.display()));
+        assert_eq!(default_served_name(&with_slash), "Qwen2.5-0.5B-Instruct");
     }
 
     #[test]

@@ -10,15 +10,14 @@ use anyhow::{bail, Context};
 use sluice_engine::{
     Engine, EngineConfig, Event, FinishReason, PagedLlama, Request, SamplingParams, StopParams,
 };
-use sluice_model::{
-    ChatMessage, ChatTemplate, GgufFile, LlamaModel, LoadOptions, Tokenizer, WeightsKind,
-};
+use sluice_model::{ChatMessage, ChatTemplate, LoadOptions, ModelSource, WeightsKind};
 
 const BLOCK_SIZE: usize = 16;
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
-    /// GGUF model file.
+    /// GGUF model file, or Hugging Face model directory (config.json, tokenizer.json,
+    /// *.safetensors).
     #[arg(
         long,
         env = "SLUICE_MODEL",
@@ -53,13 +52,14 @@ pub struct GenerateArgs {
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let load_start = Instant::now();
-    let mut file = GgufFile::open(&args.model)?;
-    let tokenizer = Tokenizer::from_gguf(&file.content, &args.model)?;
+    let mut source = ModelSource::open(&args.model)?;
+    let tokenizer = source.tokenizer()?;
     let options = LoadOptions {
         weights: args.weights,
         ..LoadOptions::default()
     };
-    let model = LlamaModel::from_gguf(&mut file, &options)?;
+    let model = source.load_model(&options)?;
+    drop(source);
     let load_time = load_start.elapsed();
 
     let prompt = if args.chat {

@@ -1,6 +1,7 @@
-//! Loading the model file into a running engine: weights, tokenizer, chat template, the KV
-//! cache sized from its memory budget, and the engine thread. Blocking (seconds for a real
-//! model); the server runs it on a blocking thread while `/health` answers 503.
+//! Loading the model (a GGUF file or a Hugging Face directory) into a running engine: weights,
+//! tokenizer, chat template, the KV cache sized from its memory budget, and the engine thread.
+//! Blocking (seconds for a real model); the server runs it on a blocking thread while
+//! `/health` answers 503.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::Instant;
 use anyhow::Context;
 use candle_core::Device;
 use sluice_engine::{Engine, EngineConfig, PagedLlama};
-use sluice_model::{ChatTemplate, GgufFile, LlamaModel, LoadOptions, Tokenizer, WeightsKind};
+use sluice_model::{ChatTemplate, LoadOptions, ModelSource, Tokenizer, WeightsKind};
 
 use crate::config::{Config, KvCacheDtype};
 use crate::state::ServedModel;
@@ -56,9 +57,11 @@ pub struct Loaded {
 pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     let start = Instant::now();
     let path = &settings.model;
-    let mut file = GgufFile::open(path)
-        .with_context(|| format!("cannot open the model file {}", path.display()))?;
-    let tokenizer = Tokenizer::from_gguf(&file.content, path)
+    // A GGUF file, or a Hugging Face directory (config.json, tokenizer.json, *.safetensors).
+    let mut source = ModelSource::open(path)
+        .with_context(|| format!("cannot open the model {}", path.display()))?;
+    let tokenizer = source
+        .tokenizer()
         .with_context(|| format!("cannot build the tokenizer of {}", path.display()))?;
     let chat_template = chat_template(&tokenizer);
     let options = LoadOptions {
@@ -66,10 +69,12 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
         device: device()?,
         attention: None,
         kv_dtype: settings.kv_cache_dtype.dtype(),
+        ..LoadOptions::default()
     };
-    let model = LlamaModel::from_gguf(&mut file, &options)
+    let model = source
+        .load_model(&options)
         .with_context(|| format!("cannot load the weights of {}", path.display()))?;
-    drop(file);
+    drop(source);
     let context_length = model.config().max_position_embeddings;
     if let Some(len) = settings
         .engine
@@ -143,4 +148,50 @@ fn device() -> anyhow::Result<Device> {
 #[cfg(not(feature = "cuda"))]
 fn device() -> anyhow::Result<Device> {
     Ok(Device::Cpu)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sluice_engine::{Event, FinishReason, Request};
+    use sluice_model::testing::{HfExport, TinyModelSpec};
+
+    use super::*;
+
+    /// `--model` may name a Hugging Face directory: it loads with its tokenizer.json and chat
+    /// template, and the engine generates from it.
+    #[test]
+    fn loads_a_hugging_face_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("tiny-hf");
+        TinyModelSpec::default()
+            .write_hf(&dir, &HfExport::default())
+            .unwrap();
+        let settings = ModelSettings {
+            model: dir,
+            served_model_name: "tiny-hf".into(),
+            weights: WeightsKind::Auto,
+            kv_cache_bytes: 4 << 20,
+            kv_cache_dtype: KvCacheDtype::F16,
+            block_size: 16,
+            engine: EngineConfig::default(),
+        };
+        let loaded = load(&settings).unwrap();
+        assert!(loaded.model.chat_template.is_some());
+        let handle = loaded.engine.handle();
+        let prompt = handle.tokenizer().encode("the thin").unwrap();
+        let mut request = Request::new(prompt, 4);
+        request.stop.ignore_eos = true;
+        let mut stream = handle.submit(request).unwrap();
+        let (mut tokens, mut finish) = (0, None);
+        while let Some(event) = stream.blocking_recv() {
+            match event {
+                Event::Token(_) => tokens += 1,
+                Event::Finished(f) => finish = Some(f.reason),
+            }
+        }
+        assert_eq!((tokens, finish), (4, Some(FinishReason::Length)));
+        loaded.engine.shutdown(Duration::from_secs(1));
+    }
 }

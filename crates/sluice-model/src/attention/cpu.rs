@@ -212,8 +212,18 @@ impl Kernel<'_> {
         maxes.fill(f32::NEG_INFINITY);
 
         let last_pos = first_pos + item.query_end - 1;
-        for (b, &block) in table.iter().enumerate().take(last_pos / bs + 1) {
+        let num_blocks = last_pos / bs + 1;
+        let run_len = d * bs;
+        for (b, &block) in table.iter().enumerate().take(num_blocks) {
             let run = self.layout.block_head_offset(block as usize, item.kv_head);
+            // Blocks lie anywhere in the pool, out of reach of the hardware prefetcher: ask for
+            // the next block's keys and values while this one is computed (decode is bound by
+            // reading the cache).
+            if let Some(&next) = table.get(b + 1).filter(|_| b + 1 < num_blocks) {
+                let next = self.layout.block_head_offset(next as usize, item.kv_head);
+                x86::prefetch(&k[next..next + run_len]);
+                x86::prefetch(&v[next..next + run_len]);
+            }
             for chunk in (0..bs).step_by(LANES) {
                 let key0 = b * bs + chunk;
                 if key0 > last_pos {
@@ -278,6 +288,8 @@ mod x86 {
     pub unsafe fn chunk_for_group<E: KvElem>(_: usize, _: &Chunk<'_, E>, _: RowState<'_>) {
         unreachable!("supports() is false off x86_64")
     }
+
+    pub fn prefetch<E>(_: &[E]) {}
 }
 
 /// One chunk of up to 16 keys of one block and KV head, for the queries of one group.
@@ -327,6 +339,17 @@ mod x86 {
         #[inline(always)]
         unsafe fn load(p: *const f16, mask: u16) -> __m512 {
             _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p as *const i16))
+        }
+    }
+
+    /// Hints the cache lines of `data` into L2.
+    #[inline(always)]
+    pub fn prefetch<E>(data: &[E]) {
+        let bytes = std::mem::size_of_val(data);
+        let p = data.as_ptr() as *const i8;
+        for line in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch never faults, and the address is inside `data`.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(line)) };
         }
     }
 

@@ -147,6 +147,57 @@ pub(super) fn build(content: &Content, path: &Path) -> Result<TokenizerParts> {
     })
 }
 
+/// The vocabulary of a GGUF file as a Hugging Face `tokenizer.json`: a BPE model with its
+/// vocabulary and merges, the pre-tokenizer `tokenizer.ggml.pre` names (as the vocabulary's own
+/// tokenizer.json declares it), a ByteLevel decoder, and the control (special) and user-defined
+/// tokens as added tokens. Special ids and the chat template belong in tokenizer_config.json.
+pub(super) fn to_hf_json(content: &Content, path: &Path) -> Result<String> {
+    use tokenizers::models::bpe::{Vocab, BPE};
+    // Validates everything and gives each id its kind.
+    let parts = build(content, path)?;
+    let meta = Metadata { content, path };
+    let tokens = meta
+        .string_array(KEY_TOKENS)?
+        .ok_or_else(|| meta.missing(KEY_TOKENS))?;
+    let merges: Vec<(String, String)> = meta
+        .string_array(KEY_MERGES)?
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.split_once(' '))
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    let pre_name = meta.optional_str(KEY_PRE)?.unwrap_or("default");
+    let pre = PreTokenizer::from_gguf_name(pre_name).expect("build checked the pre-tokenizer");
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| (t.to_string(), id as u32))
+        .collect();
+    let err = |reason: String| ModelError::Tokenizer {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(pre == PreTokenizer::Llama3)
+        .build()
+        .map_err(|e| err(e.to_string()))?;
+    let mut hf = tokenizers::Tokenizer::new(bpe);
+    hf.with_pre_tokenizer(Some(pre.hf_pre_tokenizer()));
+    hf.with_decoder(Some(tokenizers::decoders::byte_level::ByteLevel::default()));
+    let added = |kind: TokenKind| -> Vec<tokenizers::AddedToken> {
+        (0..tokens.len())
+            .filter(|&id| parts.table.kind(id as u32) == Some(kind))
+            .map(|id| {
+                tokenizers::AddedToken::from(tokens[id].to_string(), kind == TokenKind::Special)
+            })
+            .collect()
+    };
+    hf.add_special_tokens(&added(TokenKind::Special));
+    hf.add_tokens(&added(TokenKind::Literal));
+    hf.to_string(false).map_err(|e| err(e.to_string()))
+}
+
 /// Typed, error-reporting access to GGUF metadata values.
 struct Metadata<'a> {
     content: &'a Content,

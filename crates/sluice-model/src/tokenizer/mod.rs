@@ -234,6 +234,14 @@ impl Tokenizer {
         hf_json::build(path).map(Self::assemble)
     }
 
+    /// The tokenizer a GGUF file describes, written as a Hugging Face `tokenizer.json` (BPE
+    /// vocabulary and merges, the pre-tokenizer its `tokenizer.ggml.pre` names, ByteLevel
+    /// decoding, control tokens as special added tokens). [`Tokenizer::from_file`] on it
+    /// encodes as [`Tokenizer::from_gguf`] does. `path` is only used in errors.
+    pub fn hf_json_from_gguf(content: &gguf_file::Content, path: &Path) -> Result<String> {
+        gguf_vocab::to_hf_json(content, path)
+    }
+
     fn assemble(parts: TokenizerParts) -> Self {
         let TokenizerParts {
             encoder,
@@ -357,6 +365,18 @@ impl Tokenizer {
     /// For SmolLM2 this is `[2 (<|im_end|>), 0 (<|endoftext|>)]`.
     pub fn eos_token_ids(&self) -> &[u32] {
         &self.eos_ids
+    }
+
+    /// Makes `ids` end generation too (a Hugging Face `generation_config.json` may list several
+    /// EOS ids); the first becomes the EOS id when the tokenizer had none. Ids already stop
+    /// ids, or outside the vocabulary, are skipped.
+    pub fn add_eos_token_ids(&mut self, ids: impl IntoIterator<Item = u32>) {
+        for id in ids {
+            if (id as usize) < self.vocab_size() && !self.eos_ids.contains(&id) {
+                self.eos_ids.push(id);
+                self.eos.get_or_insert(id);
+            }
+        }
     }
 
     pub fn bos_token(&self) -> Option<&str> {

@@ -238,41 +238,48 @@ static LETTER_RANGES: LazyLock<Vec<(char, char)>> = LazyLock::new(|| {
     }
 });
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-    use tokenizers::pre_tokenizers::digits::Digits;
-    use tokenizers::pre_tokenizers::sequence::Sequence;
-    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-    use tokenizers::{
-        OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer as _, PreTokenizerWrapper,
-        SplitDelimiterBehavior,
-    };
-
-    /// The same pre-tokenizers built from the `tokenizers` crate (regexes run by Oniguruma),
-    /// as their tokenizer.json files declare them: the oracle for the scanners.
-    fn oracle(kind: PreTokenizer) -> PreTokenizerWrapper {
+impl PreTokenizer {
+    /// The same pre-tokenizer built from the `tokenizers` crate (regexes run by Oniguruma), as
+    /// the vocabularies' tokenizer.json files declare it: the oracle of the scanners' tests,
+    /// and what a GGUF vocabulary exported as tokenizer.json declares.
+    pub(crate) fn hf_pre_tokenizer(self) -> tokenizers::PreTokenizerWrapper {
+        use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+        use tokenizers::pre_tokenizers::digits::Digits;
+        use tokenizers::pre_tokenizers::sequence::Sequence;
+        use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+        use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
         let split = |regex: &str| -> PreTokenizerWrapper {
             Split::new(
                 SplitPattern::Regex(regex.into()),
                 SplitDelimiterBehavior::Isolated,
                 false,
             )
-            .unwrap()
+            .expect("the pre-tokenizer regexes compile")
             .into()
         };
         let byte_level = |use_regex| ByteLevel::new(false, true, use_regex).into();
         let llama3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
         let qwen2 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-        match kind {
-            PreTokenizer::Gpt2 => byte_level(true),
-            PreTokenizer::DigitsThenGpt2 => {
+        match self {
+            Self::Gpt2 => byte_level(true),
+            Self::DigitsThenGpt2 => {
                 Sequence::new(vec![Digits::new(true).into(), byte_level(true)]).into()
             }
-            PreTokenizer::Qwen2 => Sequence::new(vec![split(qwen2), byte_level(false)]).into(),
-            PreTokenizer::Llama3 => Sequence::new(vec![split(llama3), byte_level(false)]).into(),
+            Self::Qwen2 => Sequence::new(vec![split(qwen2), byte_level(false)]).into(),
+            Self::Llama3 => Sequence::new(vec![split(llama3), byte_level(false)]).into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenizers::{
+        OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer as _, PreTokenizerWrapper,
+    };
+
+    fn oracle(kind: PreTokenizer) -> PreTokenizerWrapper {
+        kind.hf_pre_tokenizer()
     }
 
     fn oracle_words(pre: &PreTokenizerWrapper, text: &str) -> Vec<String> {

@@ -1,0 +1,62 @@
+"""The optional second model, Qwen2.5-Coder-0.5B-Instruct (qwen2, Q4_K_M GGUF), served for real:
+chat through its own ChatML template, and code completion. `scripts/fetch-qwen.sh` fetches it
+(scripts/test.sh runs it, so CI does); without the file these tests are skipped, saying why."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from harness import ROOT, SluiceServer
+
+QWEN = ROOT / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+
+pytestmark = pytest.mark.skipif(
+    not QWEN.is_file(),
+    reason=f"skipped: models/{QWEN.name} missing, run scripts/fetch-qwen.sh",
+)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    srv = SluiceServer("--kv-cache-memory", "256MiB", name="qwen", model=QWEN)
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.close()
+
+
+@pytest.fixture(scope="module")
+def qwen_client(qwen) -> openai.OpenAI:
+    return openai.OpenAI(base_url=qwen.base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_served_under_the_file_stem(qwen_client):
+    ids = [m.id for m in qwen_client.models.list().data]
+    assert ids == [QWEN.stem], ids
+
+
+def test_chat_answers_with_the_chatml_template(qwen_client):
+    r = qwen_client.chat.completions.create(
+        model=QWEN.stem,
+        messages=[{"role": "user", "content": "What is 2+3? Answer with just the number."}],
+        max_tokens=32,
+        temperature=0,
+    )
+    choice = r.choices[0]
+    # The turn ends with <|im_end|>, which is a stop id: finish_reason "stop", nothing special
+    # left in the text.
+    assert choice.finish_reason == "stop", choice
+    content = choice.message.content
+    assert content and "5" in content, content
+    assert "<|im_end|>" not in content and "<|im_start|>" not in content, content
+    assert r.usage.prompt_tokens > 20  # the template's default system prompt is included
+
+
+def test_code_completion(qwen_client):
+    r = qwen_client.completions.create(
+        model=QWEN.stem, prompt="def fibonacci(n):", max_tokens=48, temperature=0
+    )
+    text = r.choices[0].text
+    assert "return" in text, text
