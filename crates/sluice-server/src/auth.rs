@@ -1,6 +1,7 @@
 //! The optional API key: with one configured, every API route (`/v1/*`, `/tokenize`,
-//! `/detokenize`) requires `Authorization: Bearer KEY`; `/health`, `/metrics` and `/version`
-//! stay open for probes and scrapers.
+//! `/detokenize`) requires `Authorization: Bearer KEY`; `/health`, `/version` and
+//! `/openapi.json` stay open for probes, and `/metrics` for scrapers unless
+//! `metrics_require_key` is set (the router decides which routes this guards).
 
 use std::sync::Arc;
 

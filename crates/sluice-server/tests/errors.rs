@@ -536,7 +536,32 @@ async fn an_api_key_guards_the_api_but_not_health_metrics_or_version() {
         .await;
         assert_eq!(status, StatusCode::OK, "{path}: {bytes:?}");
     }
-    for path in ["/health", "/metrics", "/version"] {
+    for path in ["/health", "/metrics", "/version", "/openapi.json"] {
+        let (status, _, _) = t.get(path).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn metrics_require_key_puts_metrics_behind_the_key_too() {
+    let t = tiny_app(HttpSettings {
+        api_key: Some("sk-test".into()),
+        metrics_require_key: true,
+        ..settings()
+    });
+    for auth in [None, Some("Bearer wrong")] {
+        let headers: Vec<(&str, &str)> = auth.map(|a| ("authorization", a)).into_iter().collect();
+        let (status, _, bytes) =
+            call(&t.app, Method::GET, "/metrics", Body::empty(), &headers).await;
+        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_error(status, &v, StatusCode::UNAUTHORIZED, None);
+    }
+    let headers = [("authorization", "Bearer sk-test")];
+    let (status, _, body) = call(&t.app, Method::GET, "/metrics", Body::empty(), &headers).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(String::from_utf8_lossy(&body).contains("sluice_"));
+    // Probes and the API description stay open.
+    for path in ["/health", "/version", "/openapi.json"] {
         let (status, _, _) = t.get(path).await;
         assert_eq!(status, StatusCode::OK, "{path}");
     }

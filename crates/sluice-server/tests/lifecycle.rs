@@ -200,6 +200,19 @@ async fn an_engine_failure_is_an_error_never_a_hang() {
         .post_json("/v1/completions", &json!({"prompt": "x", "max_tokens": 3}))
         .await;
     assert_eq!(status, StatusCode::OK);
+
+    // Both failures are counted on /metrics (at least: the recorder is shared by this test
+    // binary's other tests, and counters only grow).
+    let (status, _, body) = t.get("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8_lossy(&body);
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
+    };
+    assert!(value("sluice_engine_step_failures_total ") >= 2.0);
+    assert!(value("sluice_request_success_total{finish_reason=\"error\"} ") >= 2.0);
 }
 
 #[tokio::test]

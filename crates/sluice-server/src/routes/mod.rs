@@ -2,13 +2,18 @@
 //!
 //! Outermost first: tracing, HTTP metrics, CORS (when configured), panic catching, rewriting
 //! any non-JSON error (axum's 404/405, tower-http's 413/408) into OpenAI's error shape, the body
-//! size limit and the body inactivity timeout. The API-key check wraps the API routes only.
+//! size limit and the body inactivity timeout. The API-key check wraps the API routes only
+//! (and `/metrics` when asked to).
+//!
+//! Routes are registered through [`RouteTable`], which records each method and path as it adds
+//! it: [`route_table`] is the list the OpenAPI document (`openapi.json`) is checked against.
 
 pub mod chat;
 pub mod completions;
 pub mod health;
 pub mod metrics;
 pub mod models;
+pub mod openapi;
 pub mod tokenize;
 pub mod version;
 
@@ -16,11 +21,12 @@ use std::any::Any;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
+use axum::handler::Handler;
 use axum::http::header::{HeaderName, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{from_fn, from_fn_with_state, map_response};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{on, MethodFilter};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
@@ -40,6 +46,8 @@ use crate::state::AppState;
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
     pub api_key: Option<String>,
+    /// `/metrics` requires the API key too (no effect without one).
+    pub metrics_require_key: bool,
     /// Empty: CORS off. `*` allows any origin.
     pub cors_origins: Vec<String>,
     pub body_limit: usize,
@@ -52,6 +60,7 @@ impl HttpSettings {
     pub fn from_config(config: &crate::config::Config) -> Self {
         Self {
             api_key: config.api_key.clone(),
+            metrics_require_key: config.metrics_require_key,
             cors_origins: config.cors_origins.clone(),
             body_limit: usize::try_from(config.body_limit.bytes()).unwrap_or(usize::MAX),
             body_timeout: config.request_timeout,
@@ -59,25 +68,86 @@ impl HttpSettings {
     }
 }
 
-pub fn router(state: AppState, settings: &HttpSettings) -> Router {
-    let mut api = Router::new()
-        .route("/v1/completions", post(completions::handler))
-        .route("/v1/chat/completions", post(chat::handler))
-        .route("/v1/models", get(models::list))
-        .route("/v1/models/{model}", get(models::retrieve))
-        .route("/tokenize", post(tokenize::tokenize))
-        .route("/detokenize", post(tokenize::detokenize));
-    if let Some(key) = &settings.api_key {
-        api = api.route_layer(from_fn_with_state(ApiKey::new(key), auth::require_key));
+/// Routes and the methods they answer, recorded as they are added so the list cannot drift
+/// from what the router serves.
+struct RouteTable {
+    router: Router<AppState>,
+    routes: Vec<(Method, &'static str)>,
+}
+
+impl RouteTable {
+    fn new() -> Self {
+        Self {
+            router: Router::new(),
+            routes: Vec::new(),
+        }
     }
-    let open = Router::new()
-        .route("/health", get(health::health))
-        .route("/version", get(version::version))
-        .route("/metrics", get(metrics::metrics));
+
+    fn add<H, T>(mut self, method: Method, path: &'static str, handler: H) -> Self
+    where
+        H: Handler<T, AppState>,
+        T: 'static,
+    {
+        let filter = MethodFilter::try_from(method.clone())
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        self.router = self.router.route(path, on(filter, handler));
+        self.routes.push((method, path));
+        self
+    }
+
+    /// Wraps this group's routes in the API-key check when a key is configured.
+    fn keyed(mut self, key: Option<&str>) -> Self {
+        if let Some(key) = key {
+            self.router = self
+                .router
+                .route_layer(from_fn_with_state(ApiKey::new(key), auth::require_key));
+        }
+        self
+    }
+}
+
+/// The OpenAI-compatible API and vLLM's tokenizer routes: behind the API key when one is set.
+fn api_routes() -> RouteTable {
+    RouteTable::new()
+        .add(Method::POST, "/v1/completions", completions::handler)
+        .add(Method::POST, "/v1/chat/completions", chat::handler)
+        .add(Method::GET, "/v1/models", models::list)
+        .add(Method::GET, "/v1/models/{model}", models::retrieve)
+        .add(Method::POST, "/tokenize", tokenize::tokenize)
+        .add(Method::POST, "/detokenize", tokenize::detokenize)
+}
+
+/// Open by default for scrapers; behind the key with `metrics_require_key`.
+fn metrics_routes() -> RouteTable {
+    RouteTable::new().add(Method::GET, "/metrics", metrics::metrics)
+}
+
+/// Always open: probes and documentation.
+fn open_routes() -> RouteTable {
+    RouteTable::new()
+        .add(Method::GET, "/health", health::health)
+        .add(Method::GET, "/version", version::version)
+        .add(Method::GET, "/openapi.json", openapi::document)
+}
+
+/// Every route the router serves, as (method, path with `{param}` placeholders).
+pub fn route_table() -> Vec<(Method, &'static str)> {
+    [api_routes(), metrics_routes(), open_routes()]
+        .into_iter()
+        .flat_map(|t| t.routes)
+        .collect()
+}
+
+pub fn router(state: AppState, settings: &HttpSettings) -> Router {
+    let key = settings.api_key.as_deref();
+    let metrics_key = key.filter(|_| settings.metrics_require_key);
     let limit = settings.body_limit;
     // `Router::layer` wraps each route: the last added runs first.
-    let mut app = api
-        .merge(open)
+    let mut app = api_routes()
+        .keyed(key)
+        .router
+        .merge(metrics_routes().keyed(metrics_key).router)
+        .merge(open_routes().router)
         .fallback(not_found)
         .with_state(state)
         .layer(RequestBodyTimeoutLayer::new(settings.body_timeout))

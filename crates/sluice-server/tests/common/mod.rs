@@ -28,6 +28,7 @@ pub const TINY_NAME: &str = "tiny";
 pub fn settings() -> HttpSettings {
     HttpSettings {
         api_key: None,
+        metrics_require_key: false,
         cors_origins: Vec::new(),
         body_limit: 1 << 20,
         body_timeout: Duration::from_secs(30),

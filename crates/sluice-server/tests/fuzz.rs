@@ -1,0 +1,287 @@
+//! Property tests of request parsing and validation (the fuzzing of this crate; cargo-fuzz
+//! would need nightly): arbitrary bytes, arbitrary JSON, and near-valid requests with
+//! arbitrary values in real fields, sent through the real router on the tiny model to every
+//! POST route. Each answer is a 200 or a 4xx in OpenAI's error shape, never a 5xx or a panic;
+//! a stream always ends with `[DONE]`; and afterwards no sequence is left in the engine.
+//!
+//! Case counts are small so `cargo test` stays quick; `PROPTEST_CASES=20000 cargo test
+//! --release -p sluice-server --test fuzz` runs a longer campaign.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, StatusCode};
+use common::*;
+use proptest::collection::{btree_map, vec};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use serde_json::{json, Map, Number, Value};
+
+const ROUTES: [&str; 4] = [
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/tokenize",
+    "/detokenize",
+];
+
+/// Every field the request types read, so generated objects hit real fields, not just unknown
+/// ones.
+const FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "suffix",
+    "best_of",
+    "user",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "ignore_eos",
+    "min_tokens",
+    "stop_token_ids",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "tokens",
+    "add_special_tokens",
+    "add_generation_prompt",
+    "role",
+    "content",
+    "include_usage",
+    "type",
+    "text",
+];
+
+/// `PROPTEST_CASES` when set, else `default`.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn runner(default_cases: u32) -> TestRunner {
+    TestRunner::new(Config {
+        cases: cases(default_cases),
+        failure_persistence: None,
+        ..Config::default()
+    })
+}
+
+/// Numbers at and past every boundary the validators check, and some ordinary ones.
+fn number() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        (-3i64..300).prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        prop::sample::select(vec![
+            0.0f64, -0.0, 1e-9, 0.5, 1.0, 1.5, 2.0, 2.0001, -2.0, 100.0, -100.5, 1e38, 1e300,
+            -1e300,
+        ])
+        .prop_map(Value::from),
+        any::<f64>().prop_filter_map("finite", |f| Number::from_f64(f).map(Value::Number)),
+        prop::sample::select(vec![
+            u64::MAX,
+            u64::from(u32::MAX),
+            u64::from(u32::MAX) + 1,
+            i64::MAX as u64,
+            128,
+            129,
+            20,
+            21,
+            16,
+            17,
+            262,
+            261,
+        ])
+        .prop_map(Value::from),
+    ]
+}
+
+fn string() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z ]{0,12}",
+        any::<String>(),
+        prop::sample::select(vec![
+            "",
+            "user",
+            "assistant",
+            "system",
+            "developer",
+            "tool",
+            "text",
+            "image_url",
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|endoftext|>",
+            "\u{0}",
+            "\u{fffd}",
+            "🦀",
+            "NaN",
+            "Infinity",
+            "-1",
+            "1e999",
+        ])
+        .prop_map(String::from),
+    ]
+}
+
+/// Arbitrary JSON, nested a few levels, with object keys mostly drawn from real field names.
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        number(),
+        string().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        let key = prop_oneof![
+            3 => prop::sample::select(FIELDS).prop_map(String::from),
+            1 => string(),
+        ];
+        prop_oneof![
+            vec(inner.clone(), 0..6).prop_map(Value::Array),
+            btree_map(key, inner, 0..6).prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// A request that is valid except for a few fields set to arbitrary values: this reaches the
+/// range checks, the engine's validation and generation, not just the JSON parser.
+fn near_valid() -> impl Strategy<Value = (usize, Value)> {
+    let overrides = vec((prop::sample::select(FIELDS), json_value()), 0..4);
+    (0..ROUTES.len(), overrides, any::<bool>()).prop_map(|(route, overrides, stream)| {
+        let mut body = match ROUTES[route] {
+            "/v1/completions" => json!({"prompt": "the cat", "max_tokens": 4}),
+            "/v1/chat/completions" => {
+                json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            }
+            "/tokenize" => json!({"prompt": "the cat"}),
+            _ => json!({"tokens": [116, 104, 101]}),
+        };
+        if stream {
+            body["stream"] = json!(true);
+        }
+        let object: &mut Map<String, Value> = body.as_object_mut().expect("an object");
+        for (field, value) in overrides {
+            object.insert(field.to_string(), value);
+        }
+        (route, body)
+    })
+}
+
+/// Sends one body and checks the answer: 200 (a complete JSON body, or a stream that ends
+/// with `[DONE]`) or a 4xx with OpenAI's error object.
+async fn check(t: &TestApp, route: &str, body: Vec<u8>) -> Result<(), TestCaseError> {
+    let shown = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+    let call = call(&t.app, Method::POST, route, Body::from(body), &[]);
+    let (status, headers, bytes) = tokio::time::timeout(Duration::from_secs(60), call)
+        .await
+        .map_err(|_| TestCaseError::fail(format!("{route} {shown}: no answer in 60 s")))?;
+    let text = String::from_utf8_lossy(&bytes);
+    prop_assert!(
+        status == StatusCode::OK || status.is_client_error(),
+        "{route} {shown}: {status} {text}"
+    );
+    let is_stream = headers
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if is_stream {
+        prop_assert_eq!(status, StatusCode::OK);
+        prop_assert!(
+            text.ends_with("data: [DONE]\n\n"),
+            "{} {}: a stream that does not end with [DONE]: {}",
+            route,
+            shown,
+            text
+        );
+        prop_assert!(
+            !text.contains("\"error\""),
+            "{route} {shown}: an error event: {text}"
+        );
+        return Ok(());
+    }
+    let v: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| TestCaseError::fail(format!("{route} {shown}: not JSON ({e}): {text}")))?;
+    if status.is_client_error() {
+        prop_assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{route} {shown}: {v}"
+        );
+        prop_assert!(v["error"]["type"].is_string(), "{route} {shown}: {v}");
+    }
+    Ok(())
+}
+
+/// Runs `strategy` through `check` on one app, then checks nothing is left running.
+fn fuzz<S>(default_cases: u32, strategy: S)
+where
+    S: Strategy<Value = (usize, Vec<u8>)>,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let t = rt.block_on(async { tiny_app(settings()) });
+    let result = runner(default_cases).run(&strategy, |(route, body)| {
+        rt.block_on(check(&t, ROUTES[route], body))
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let engine = t.engine();
+    let idle = rt.block_on(eventually(Duration::from_secs(20), || {
+        let s = engine.stats();
+        s.in_flight() == 0 && s.kv_blocks_used == 0
+    }));
+    assert!(idle, "sequences left behind: {:?}", engine.stats());
+    assert_eq!(t.state.in_flight(), 0);
+}
+
+#[test]
+fn arbitrary_bytes_never_get_a_5xx() {
+    let bytes = prop_oneof![
+        vec(any::<u8>(), 0..512),
+        // Truncated JSON: a valid body cut anywhere.
+        (0usize..200).prop_map(|cut| {
+            let body = json!({"prompt": "a b c", "max_tokens": 3, "stop": ["x"], "n": 2,
+                              "messages": [{"role": "user", "content": "hi"}]})
+            .to_string()
+            .into_bytes();
+            body[..cut.min(body.len())].to_vec()
+        }),
+    ];
+    fuzz(512, (0..ROUTES.len(), bytes));
+}
+
+#[test]
+fn arbitrary_json_never_gets_a_5xx() {
+    let strategy = (0..ROUTES.len(), json_value())
+        .prop_map(|(route, value)| (route, value.to_string().into_bytes()));
+    fuzz(512, strategy);
+}
+
+#[test]
+fn near_valid_requests_get_200_or_a_4xx_and_streams_finish() {
+    let strategy = near_valid().prop_map(|(route, v)| (route, v.to_string().into_bytes()));
+    fuzz(1024, strategy);
+}

@@ -1,0 +1,216 @@
+//! The hand-kept OpenAPI document (`src/routes/openapi.json`, served at `/openapi.json`)
+//! against the real router: the same operations both ways, every `$ref` resolving, real
+//! requests answered with documented statuses, and the documented security being what the
+//! router enforces. (Response bodies are validated against its schemas end to end, in
+//! `tests/e2e/test_openapi.py`, which also runs schemathesis against the real binary.)
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use axum::body::Body;
+use axum::http::{Method, StatusCode};
+use common::*;
+use serde_json::{json, Value};
+use sluice_server::routes::openapi::DOCUMENT;
+use sluice_server::routes::route_table;
+use sluice_server::HttpSettings;
+
+fn document() -> Value {
+    serde_json::from_str(DOCUMENT).expect("openapi.json is JSON")
+}
+
+/// The document's operations as (METHOD, path).
+fn documented_operations(doc: &Value) -> BTreeSet<(String, String)> {
+    let paths = doc["paths"].as_object().expect("paths");
+    paths
+        .iter()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .expect("a path item")
+                .keys()
+                .map(move |method| (method.to_ascii_uppercase(), path.clone()))
+        })
+        .collect()
+}
+
+fn routed_operations() -> BTreeSet<(String, String)> {
+    route_table()
+        .into_iter()
+        .map(|(method, path)| (method.to_string(), path.to_string()))
+        .collect()
+}
+
+fn operation<'a>(doc: &'a Value, method: &Method, path: &str) -> &'a Value {
+    let op = &doc["paths"][path][method.as_str().to_ascii_lowercase()];
+    assert!(op.is_object(), "{method} {path} is not in the document");
+    op
+}
+
+/// Whether `status` is one of the operation's documented responses.
+fn documented_status(op: &Value, status: StatusCode) -> bool {
+    op["responses"].get(status.as_str()).is_some()
+}
+
+#[test]
+fn the_document_lists_exactly_the_routers_routes() {
+    let doc = document();
+    assert!(
+        doc["openapi"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("3.1")),
+        "{}",
+        doc["openapi"]
+    );
+    assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"));
+    let documented = documented_operations(&doc);
+    let routed = routed_operations();
+    let undocumented: Vec<_> = routed.difference(&documented).collect();
+    let unrouted: Vec<_> = documented.difference(&routed).collect();
+    assert!(
+        undocumented.is_empty() && unrouted.is_empty(),
+        "routes missing from openapi.json: {undocumented:?}; documented but not routed: \
+         {unrouted:?}"
+    );
+    for (method, path) in &documented {
+        let op = &doc["paths"][path][method.to_ascii_lowercase()];
+        assert!(
+            op["operationId"].is_string(),
+            "{method} {path}: operationId"
+        );
+        assert!(
+            op["responses"].get("200").is_some(),
+            "{method} {path}: no 200"
+        );
+    }
+}
+
+#[test]
+fn every_reference_resolves() {
+    fn walk(doc: &Value, node: &Value, refs: &mut usize) {
+        match node {
+            Value::Object(map) => {
+                if let Some(Value::String(target)) = map.get("$ref") {
+                    let pointer = target
+                        .strip_prefix('#')
+                        .unwrap_or_else(|| panic!("only local references: {target}"));
+                    assert!(doc.pointer(pointer).is_some(), "dangling $ref {target}");
+                    *refs += 1;
+                }
+                map.values().for_each(|v| walk(doc, v, refs));
+            }
+            Value::Array(items) => items.iter().for_each(|v| walk(doc, v, refs)),
+            _ => {}
+        }
+    }
+    let doc = document();
+    let mut refs = 0;
+    walk(&doc, &doc, &mut refs);
+    assert!(
+        refs > 20,
+        "only {refs} references: is the document complete?"
+    );
+}
+
+#[tokio::test]
+async fn the_document_is_served_at_openapi_json() {
+    let t = tiny_app(settings());
+    let (status, headers, body) = t.get("/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(body, DOCUMENT.as_bytes());
+}
+
+/// A body the route accepts (200), for every POST route.
+fn valid_body(path: &str) -> Value {
+    match path {
+        "/v1/completions" => json!({"prompt": "hi", "max_tokens": 2}),
+        "/v1/chat/completions" => {
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        }
+        "/tokenize" => json!({"prompt": "hi"}),
+        "/detokenize" => json!({"tokens": [104, 105]}),
+        other => panic!("no valid body known for POST {other}: add one"),
+    }
+}
+
+#[tokio::test]
+async fn every_operation_answers_with_a_documented_status() {
+    let doc = document();
+    let t = tiny_app(settings());
+    for (method, path) in route_table() {
+        let op = operation(&doc, &method, path);
+        let concrete = path.replace("{model}", TINY_NAME);
+        let mut cases: Vec<(String, Body, StatusCode)> = Vec::new();
+        if method == Method::POST {
+            cases.push((
+                concrete.clone(),
+                Body::from(valid_body(path).to_string()),
+                StatusCode::OK,
+            ));
+            cases.push((concrete.clone(), Body::from("{"), StatusCode::BAD_REQUEST));
+            let mut unknown_model = valid_body(path);
+            unknown_model["model"] = json!("no-such-model");
+            cases.push((
+                concrete.clone(),
+                Body::from(unknown_model.to_string()),
+                StatusCode::NOT_FOUND,
+            ));
+        } else {
+            cases.push((concrete.clone(), Body::empty(), StatusCode::OK));
+            if path.contains("{model}") {
+                cases.push((
+                    path.replace("{model}", "no-such-model"),
+                    Body::empty(),
+                    StatusCode::NOT_FOUND,
+                ));
+            }
+        }
+        for (uri, body, expected) in cases {
+            let (status, _, bytes) = call(&t.app, method.clone(), &uri, body, &[]).await;
+            assert_eq!(
+                status,
+                expected,
+                "{method} {uri}: {}",
+                String::from_utf8_lossy(&bytes)
+            );
+            assert!(
+                documented_status(op, status),
+                "{method} {path} answered {status}, which openapi.json does not document"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_documented_security_is_what_the_router_enforces() {
+    let doc = document();
+    let t = tiny_app(HttpSettings {
+        api_key: Some("sk-doc".into()),
+        metrics_require_key: true,
+        ..settings()
+    });
+    for (method, path) in route_table() {
+        let op = operation(&doc, &method, path);
+        let keyed = op["security"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|r| r.get("apiKey").is_some()));
+        let uri = path.replace("{model}", TINY_NAME);
+        let body = if method == Method::POST {
+            Body::from(valid_body(path).to_string())
+        } else {
+            Body::empty()
+        };
+        let (status, _, _) = call(&t.app, method.clone(), &uri, body, &[]).await;
+        if keyed {
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path}");
+            assert!(documented_status(op, status), "{method} {path}: 401");
+        } else {
+            assert_eq!(
+                status,
+                StatusCode::OK,
+                "{method} {path} is documented as open"
+            );
+        }
+    }
+}
