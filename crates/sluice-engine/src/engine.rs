@@ -50,7 +50,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             max_num_seqs: 256,
-            max_num_batched_tokens: 2048,
+            max_num_batched_tokens: 512,
             max_waiting: 1024,
             max_model_len: None,
         }

@@ -47,9 +47,9 @@ fn main() {
     let dev = Device::Cpu;
     let amx = sluice_model::amx::available();
     println!(
-        "| shape [m,k]x[k,n] | candle ms | candle GFLOP/s | packed ms | packed GFLOP/s | AMX f32-panels ms | GFLOP/s | AMX Q4_1-panels ms | GFLOP/s |"
+        "| shape [m,k]x[k,n] | candle ms | candle GFLOP/s | packed ms | packed GFLOP/s | AMX f32-panels ms | GFLOP/s | AMX Q4_1 tiled at load ms | GFLOP/s | AMX Q4_1 dequantized per call ms | GFLOP/s |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let shapes = [
         (1usize, 576usize, 960usize),
         (8, 576, 3072),
@@ -72,22 +72,25 @@ fn main() {
         });
         let ours = seconds_per_call(|| packed.matmul(&xv, m, &mut out));
         let gflop = 2.0 * (m * k * n) as f64 / 1e9;
-        let (tiles, q_tiles) = if amx {
+        let (tiles, q_tiles, q_dequant) = if amx {
             let mut f32_tiles =
                 PackedMatrix::pack(&w.flatten_all().unwrap().to_vec1::<f32>().unwrap(), n, k);
             f32_tiles.use_amx_from(1);
             let q = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
             let mut q_tiles = PackedMatrix::pack_quantized(&q).unwrap();
             q_tiles.use_amx_from(1);
+            let mut q_dequant = PackedMatrix::pack_quantized(&q).unwrap();
+            q_dequant.use_amx_dequantizing_from(1);
             (
                 seconds_per_call(|| f32_tiles.matmul(&xv, m, &mut out)),
                 seconds_per_call(|| q_tiles.matmul(&xv, m, &mut out)),
+                seconds_per_call(|| q_dequant.matmul(&xv, m, &mut out)),
             )
         } else {
-            (f64::NAN, f64::NAN)
+            (f64::NAN, f64::NAN, f64::NAN)
         };
         println!(
-            "| [{m},{k}]x[{k},{n}] | {:.3} | {:.0} | {:.3} | {:.0} | {:.3} | {:.0} | {:.3} | {:.0} |",
+            "| [{m},{k}]x[{k},{n}] | {:.3} | {:.0} | {:.3} | {:.0} | {:.3} | {:.0} | {:.3} | {:.0} | {:.3} | {:.0} |",
             candle * 1e3,
             gflop / candle,
             ours * 1e3,
@@ -95,7 +98,9 @@ fn main() {
             tiles * 1e3,
             gflop / tiles,
             q_tiles * 1e3,
-            gflop / q_tiles
+            gflop / q_tiles,
+            q_dequant * 1e3,
+            gflop / q_dequant
         );
     }
 }

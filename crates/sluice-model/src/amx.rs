@@ -8,9 +8,10 @@
 //! instead of f32's 2^-24: far below the 4-bit quantization of the weights, at a third of the
 //! tile rate, which is still about 5x the f32 kernel.
 //!
-//! Weights are not stored as bf16: each task dequantizes its 32 output columns from the packed
-//! panels (quantized or f32) into hi/lo tiles in an L2-resident buffer, then streams a chunk of
-//! activation rows through them. A row's result depends only on that row and the weights (every
+//! Quantized weights are not stored as bf16: each task dequantizes its 32 output columns from
+//! the packed Q4/Q8 panels into hi/lo tiles in an L2-resident buffer (an eighth of the bytes to
+//! read at Q4), then streams a chunk of activation rows through them. Weights held as f32 are
+//! tiled once at load ([`tile_all`]). A row's result depends only on that row and the weights (every
 //! output element sums its K range in the same order), so batching stays invisible within this
 //! path.
 
@@ -48,6 +49,14 @@ pub(crate) enum Source<'a> {
         bytes: &'a [u8],
         panel_bytes: usize,
     },
+}
+
+/// The weights of a product: tiled at load, or dequantized per call from their panels (an
+/// eighth of the bytes to read for Q4 formats, for the cost of converting them).
+#[derive(Clone, Copy)]
+pub(crate) enum Weights<'a> {
+    Tiles(&'a [u8]),
+    Dequantize(Source<'a>),
 }
 
 /// Whether this CPU has AMX-BF16 and the kernel granted this process the tile state.
@@ -97,6 +106,8 @@ thread_local! {
     static CONFIGURED: Cell<bool> = const { Cell::new(false) };
     /// Per calling thread: the activations split into hi and lo rows.
     static ACTIVATIONS: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+    /// Per worker: one column group's tiles, when dequantized per call.
+    static GROUP_TILES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Loads the tile configuration once per thread (it stays until the thread releases it).
@@ -127,9 +138,15 @@ unsafe impl Sync for OutPtr {}
 
 /// `out[m, n] = x[m, k] . W^T` with `W` given as the `tiles` of [`tile_all`]. The caller checks
 /// [`available`], `k % 32 == 0` and the sizes.
-pub(crate) fn matmul(tiles: &[u8], n: usize, k: usize, x: &[f32], m: usize, out: &mut [f32]) {
+pub(crate) fn matmul(
+    weights: Weights<'_>,
+    n: usize,
+    k: usize,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+) {
     debug_assert!(available() && k.is_multiple_of(TILE_K));
-    debug_assert_eq!(tiles.len(), n.div_ceil(GROUP_N) * k / TILE_K * STEP_BYTES);
     debug_assert_eq!(x.len(), m * k);
     debug_assert_eq!(out.len(), m * n);
     let chunk_rows = (CHUNK_BYTES / (4 * k)).max(BLOCK_M) / BLOCK_M * BLOCK_M;
@@ -146,12 +163,22 @@ pub(crate) fn matmul(tiles: &[u8], n: usize, k: usize, x: &[f32], m: usize, out:
             let acts = &acts[..];
             (0..groups).into_par_iter().for_each(|g| {
                 let group_bytes = k / TILE_K * STEP_BYTES;
-                let tiles = &tiles[g * group_bytes..][..group_bytes];
                 // SAFETY: AMX granted by `available`; the group writes only its own columns
                 // `g*32..` of rows `row..row+rows`, inside `out` by the size checks.
                 unsafe {
                     configure_tiles();
-                    multiply_group(tiles, acts, k, rows, padded, n, g, out_ptr, row);
+                    match weights {
+                        Weights::Tiles(all) => {
+                            let tiles = &all[g * group_bytes..][..group_bytes];
+                            multiply_group(tiles, acts, k, rows, padded, n, g, out_ptr, row);
+                        }
+                        Weights::Dequantize(source) => GROUP_TILES.with(|tiles| {
+                            let mut tiles = tiles.borrow_mut();
+                            tiles.resize(group_bytes, 0);
+                            dequantize_group(source, k, g, &mut tiles);
+                            multiply_group(&tiles, acts, k, rows, padded, n, g, out_ptr, row);
+                        }),
+                    }
                 }
             });
             row += rows;
@@ -160,8 +187,8 @@ pub(crate) fn matmul(tiles: &[u8], n: usize, k: usize, x: &[f32], m: usize, out:
 }
 
 /// Every column group's hi/lo tiles (4 bytes per weight, as f32 panels), dequantized once at
-/// load: dequantizing per call cost a quarter of a 64-row step (measured with
-/// `cargo bench -p sluice-model --bench gemm`).
+/// load, for weights whose panels are f32 anyway: dequantizing those per call would read as
+/// many bytes and convert them too.
 pub(crate) fn tile_all(source: Source<'_>, n: usize, k: usize) -> Vec<u8> {
     let group_bytes = k / TILE_K * STEP_BYTES;
     let mut all = vec![0u8; n.div_ceil(GROUP_N) * group_bytes];
@@ -509,12 +536,20 @@ mod tests {
                     .unwrap()
                     .to_vec1::<f32>()
                     .unwrap();
-                let mut packed = PackedMatrix::pack_quantized(&q).unwrap();
-                assert!(packed.use_amx_from(1));
                 let x = random_values(m * k, 6);
-                let mut out = vec![f32::NAN; m * n];
-                packed.matmul(&x, m, &mut out);
-                assert_close(&out, &x, &dense, m, n, k, &format!("{dtype:?}"));
+                // Tiled at load, and dequantized into tiles at every call: the same products.
+                let mut tiled = PackedMatrix::pack_quantized(&q).unwrap();
+                assert!(tiled.use_amx_from(1));
+                let mut per_call = PackedMatrix::pack_quantized(&q).unwrap();
+                assert!(per_call.use_amx_dequantizing_from(1));
+                let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+                tiled.matmul(&x, m, &mut a);
+                per_call.matmul(&x, m, &mut b);
+                assert_close(&a, &x, &dense, m, n, k, &format!("{dtype:?} tiled"));
+                assert!(
+                    a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "{dtype:?}: tiles made per call differ from tiles made at load"
+                );
             }
         }
     }

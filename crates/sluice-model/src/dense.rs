@@ -23,7 +23,8 @@ pub struct PackedMatrix {
     panels: Panels,
     /// Steps of at least this many rows run on AMX tiles ([`crate::amx`]) instead, with the
     /// weights tiled once at load.
-    amx: Option<(usize, Vec<u8>)>,
+    /// `None` tiles: dequantized from the panels at every call.
+    amx: Option<(usize, Option<Vec<u8>>)>,
 }
 
 /// The weights of a packed matrix, panel by panel (16 output features each, zero-padded past
@@ -241,26 +242,41 @@ impl PackedMatrix {
     /// rate. The weights are tiled now (4 bytes each). Returns whether AMX will be used: the
     /// CPU must have AMX-BF16 and `k` be a multiple of 32.
     pub fn use_amx_from(&mut self, min_rows: usize) -> bool {
+        self.enable_amx(min_rows, true)
+    }
+
+    /// Like [`Self::use_amx_from`], but dequantizes the panels into tiles at every call instead
+    /// of holding them: reads the quantized panels' bytes only.
+    pub fn use_amx_dequantizing_from(&mut self, min_rows: usize) -> bool {
+        self.enable_amx(min_rows, false)
+    }
+
+    fn enable_amx(&mut self, min_rows: usize, pretile: bool) -> bool {
         #[cfg(target_arch = "x86_64")]
         if crate::amx::available() && self.k.is_multiple_of(32) {
-            use crate::amx::Source;
-            let source = match &self.panels {
-                Panels::F32(p) => Source::F32(p),
-                Panels::Quant {
-                    format,
-                    bytes,
-                    panel_bytes,
-                } => Source::Quant {
-                    format: *format,
-                    bytes,
-                    panel_bytes: *panel_bytes,
-                },
-            };
-            self.amx = Some((min_rows, crate::amx::tile_all(source, self.n, self.k)));
+            let tiles = pretile.then(|| crate::amx::tile_all(self.amx_source(), self.n, self.k));
+            self.amx = Some((min_rows, tiles));
             return true;
         }
-        let _ = min_rows;
+        let _ = (min_rows, pretile);
         false
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn amx_source(&self) -> crate::amx::Source<'_> {
+        use crate::amx::Source;
+        match &self.panels {
+            Panels::F32(p) => Source::F32(p),
+            Panels::Quant {
+                format,
+                bytes,
+                panel_bytes,
+            } => Source::Quant {
+                format: *format,
+                bytes,
+                panel_bytes: *panel_bytes,
+            },
+        }
     }
 
     /// Runs every step on AMX tiles and frees the f32 panels: for weights with no quantized
@@ -290,7 +306,11 @@ impl PackedMatrix {
         assert_eq!(out.len(), m * self.n, "output size");
         #[cfg(target_arch = "x86_64")]
         if let Some((_, tiles)) = self.amx.as_ref().filter(|(min, _)| m >= *min) {
-            crate::amx::matmul(tiles, self.n, self.k, x, m, out);
+            let weights = match tiles {
+                Some(t) => crate::amx::Weights::Tiles(t),
+                None => crate::amx::Weights::Dequantize(self.amx_source()),
+            };
+            crate::amx::matmul(weights, self.n, self.k, x, m, out);
             return;
         }
         let num_panels = self.n.div_ceil(PANEL);

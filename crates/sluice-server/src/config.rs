@@ -52,7 +52,7 @@ pub struct ServeArgs {
     /// Most sequences running at once [default: 256].
     #[arg(long, env = "SLUICE_MAX_NUM_SEQS", value_name = "N")]
     pub max_num_seqs: Option<usize>,
-    /// Most tokens one engine step computes [default: 2048].
+    /// Most tokens one engine step computes [default: 512].
     #[arg(long, env = "SLUICE_MAX_NUM_BATCHED_TOKENS", value_name = "N")]
     pub max_num_batched_tokens: Option<usize>,
     /// Most sequences waiting; past it requests get 429 [default: 1024].
@@ -251,7 +251,7 @@ impl Config {
             max_num_batched_tokens: a
                 .max_num_batched_tokens
                 .or(file.max_num_batched_tokens)
-                .unwrap_or(2048),
+                .unwrap_or(512),
             max_waiting: a.max_waiting.or(file.max_waiting).unwrap_or(1024),
             max_model_len: a.max_model_len.or(file.max_model_len),
             // An empty key would make "Bearer " a valid credential; treat it as no key.
@@ -535,7 +535,7 @@ mod tests {
         assert_eq!(c.block_size, 16);
         assert_eq!(
             (c.max_num_seqs, c.max_num_batched_tokens, c.max_waiting),
-            (256, 2048, 1024)
+            (256, 512, 1024)
         );
         assert_eq!(c.max_model_len, None);
         assert_eq!(c.api_key, None);
