@@ -519,23 +519,14 @@ mod tests {
 
     #[test]
     fn quantized_panels_on_tiles_match_their_dequantized_values() {
-        use candle_core::quantized::{GgmlDType, QTensor};
-        use candle_core::{Device, Tensor};
+        use candle_core::quantized::GgmlDType;
         if !available() {
             eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
             return;
         }
         for dtype in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0] {
             for &(m, n, k) in &[(40usize, 72usize, 576usize), (64, 16, 64)] {
-                let w = Tensor::from_vec(random_values(n * k, 5), (n, k), &Device::Cpu).unwrap();
-                let q = QTensor::quantize(&w, dtype).unwrap();
-                let dense = q
-                    .dequantize(&Device::Cpu)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap();
+                let (q, dense) = crate::testing::quantized_matrix(n, k, dtype, 5);
                 let x = random_values(m * k, 6);
                 // Tiled at load, and dequantized into tiles at every call: the same products.
                 let mut tiled = PackedMatrix::pack_quantized(&q).unwrap();

@@ -549,8 +549,7 @@ mod tests {
 
     #[test]
     fn quantized_panels_equal_dequantized_f32_panels_bit_for_bit() {
-        use candle_core::quantized::{GgmlDType, QTensor};
-        use candle_core::{Device, Tensor};
+        use candle_core::quantized::GgmlDType;
         if !available() {
             eprintln!("skipped: no AVX-512 on this CPU, the packed kernel is never used here");
             return;
@@ -562,15 +561,7 @@ mod tests {
                 (6, 16, 32),
                 (13, 70, 96),
             ] {
-                let w = Tensor::from_vec(random_values(n * k, 5), (n, k), &Device::Cpu).unwrap();
-                let q = QTensor::quantize(&w, dtype).unwrap();
-                let dense = q
-                    .dequantize(&Device::Cpu)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap();
+                let (q, dense) = crate::testing::quantized_matrix(n, k, dtype, 5);
                 let f32_panels = PackedMatrix::pack(&dense, n, k);
                 let q_panels = PackedMatrix::pack_quantized(&q).unwrap();
                 let x = random_values(m * k, 6);

@@ -78,6 +78,20 @@ pub fn random_values(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| rng.next_f32()).collect()
 }
 
+/// A random `[n, k]` matrix quantized to `dtype`, and the f32 values it dequantizes to: the
+/// reference every quantized kernel's products are checked against.
+pub fn quantized_matrix(n: usize, k: usize, dtype: GgmlDType, seed: u64) -> (QTensor, Vec<f32>) {
+    let w =
+        Tensor::from_vec(random_values(n * k, seed), (n, k), &Device::Cpu).expect("sizes agree");
+    let q = QTensor::quantize(&w, dtype).expect("k is a multiple of the block size");
+    let dense = q
+        .dequantize(&Device::Cpu)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f32>())
+        .expect("a CPU tensor dequantizes");
+    (q, dense)
+}
+
 /// SplitMix64: deterministic, dependency-free weights.
 struct Rng(u64);
 impl Rng {
