@@ -1,12 +1,10 @@
 //! The `sluice` command: `sluice serve` runs the OpenAI-compatible server; `sluice generate`
 //! runs one prompt through the model.
 
+mod allocator;
 mod generate;
 
 use clap::{Parser, Subcommand};
-
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(
@@ -29,6 +27,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    allocator::keep_working_set();
     match Cli::parse().command {
         // The server sets up its own logging from its configuration.
         Command::Serve(args) => sluice_server::serve::run(*args),
