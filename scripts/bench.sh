@@ -20,8 +20,8 @@ mkdir -p "$out"
 ./scripts/fetch-model.sh
 cargo build --release -p sluice-server -p sluice-bench
 
-echo "== GEMM (cargo bench -p sluice-model --bench gemm)"
-cargo bench -p sluice-model --bench gemm | tee "$out/gemm.md"
+echo "== GEMM (cargo bench -p sluice-kernels --bench gemm)"
+cargo bench -p sluice-kernels --bench gemm | tee "$out/gemm.md"
 echo "== forward (cargo bench -p sluice-model --bench forward)"
 SLUICE_BENCH_WEIGHTS=${SLUICE_BENCH_WEIGHTS:-auto,auto-noamx,f32} \
     cargo bench -p sluice-model --bench forward | tee "$out/forward.md"

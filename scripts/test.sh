@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 ./scripts/fetch-qwen.sh
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
+# No module of a crate imports a module that imports it back (ARCHITECTURE.md, invariants).
+python3 scripts/check-module-cycles.py
 cargo test --release --workspace
 
 # End-to-end tests (tests/e2e): the real `sluice serve` binary against the official OpenAI Python

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use sluice_engine::{Engine, EngineConfig, PagedLlama, Request, StopParams};
-use sluice_model::{GgufFile, LlamaModel, LoadOptions, Tokenizer};
+use sluice_engine::{Engine, EngineConfig, Request, StopParams};
+use sluice_model::{GgufFile, LlamaModel, LoadOptions, PagedLlama};
 
 // As in the `sluice` binary: the forward's large temporary tensors churn the allocator.
 #[global_allocator]
@@ -37,7 +37,7 @@ fn model_path() -> PathBuf {
 fn main() {
     let path = model_path();
     let file = GgufFile::open(&path).unwrap();
-    let tokenizer = Arc::new(Tokenizer::from_gguf(&file.content, &path).unwrap());
+    let tokenizer = Arc::new(file.tokenizer().unwrap());
     let model = LlamaModel::load(&path, &LoadOptions::default()).unwrap();
     println!(
         "SmolLM2-135M, weights {}, KV cache {:?}, {} rayon threads",

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use sluice_model::{StepBatch, Tokenizer};
+use sluice_model::StepBatch;
+use sluice_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::block_manager::PrefixCacheStats;

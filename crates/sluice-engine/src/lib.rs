@@ -23,7 +23,7 @@ pub use block_manager::{BlockId, BlockManager, BlockTable, CachedPrefix, PrefixC
 pub use engine::{Engine, EngineConfig, EngineError, ShutdownReport};
 pub use events::{Event, FinishEvent, Timing, TokenEvent, Usage};
 pub use handle::{EngineHandle, EngineStats, RequestStream, SubmitError};
-pub use model::{Model, ModelFailure, PagedLlama};
+pub use model::{Model, ModelFailure};
 pub use params::{InvalidRequest, ModelLimits, Request, SamplingParams, StopParams};
 pub use sampler::{SampleRow, Sampled, Sampler, TokenCounts, TokenLogprobs};
 pub use scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerError, SchedulerOutput};

@@ -10,7 +10,7 @@
 //! then stop strings in the text, then `max_tokens` and the context length. Before
 //! `min_tokens` no stop applies (the sampler also bans EOS and stop ids until then).
 
-use sluice_model::{IncrementalDecoder, Tokenizer};
+use sluice_tokenizer::{IncrementalDecoder, Tokenizer};
 
 use crate::params::StopParams;
 

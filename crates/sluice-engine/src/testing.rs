@@ -2,14 +2,13 @@
 //! engine loop, its events and its failure handling are tested (and benchmarked) in
 //! milliseconds.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
-use sluice_model::{StepBatch, Tokenizer};
+use sluice_model::StepBatch;
+use sluice_tokenizer::{MetadataMap, MetadataValue, Tokenizer};
 
 use crate::model::{Model, ModelFailure};
 
@@ -285,31 +284,19 @@ pub fn tiny_tokenizer() -> Arc<Tokenizer> {
             tokens.extend(["<|endoftext|>", "<|im_start|>", "<|im_end|>"].map(String::from));
             let mut types = vec![1i32; 259];
             types.extend([3, 3, 3]);
-            let strings = |v: Vec<String>| Value::Array(v.into_iter().map(Value::String).collect());
-            let merges = ["Ġ t", "h e", "Ġt he"].map(String::from).to_vec();
-            let metadata: HashMap<String, Value> = [
-                ("tokenizer.ggml.model", Value::String("gpt2".into())),
-                ("tokenizer.ggml.pre", Value::String("gpt-2".into())),
-                ("tokenizer.ggml.tokens", strings(tokens)),
-                (
-                    "tokenizer.ggml.token_type",
-                    Value::Array(types.into_iter().map(Value::I32).collect()),
-                ),
-                ("tokenizer.ggml.merges", strings(merges)),
-                ("tokenizer.ggml.bos_token_id", Value::U32(TINY_ENDOFTEXT)),
-                ("tokenizer.ggml.eos_token_id", Value::U32(TINY_ENDOFTEXT)),
-                ("tokenizer.ggml.add_bos_token", Value::Bool(false)),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-            let content = Content {
-                magic: VersionedMagic::GgufV3,
-                metadata,
-                tensor_infos: HashMap::new(),
-                tensor_data_offset: 0,
-            };
-            let tok = Tokenizer::from_gguf(&content, Path::new("tiny-tokenizer.gguf"))
+            let merges = ["Ġ t", "h e", "Ġt he"];
+            let mut metadata = MetadataMap::new();
+            let text = |s: &str| MetadataValue::String(s.into());
+            metadata.insert("tokenizer.ggml.model", text("gpt2"));
+            metadata.insert("tokenizer.ggml.pre", text("gpt-2"));
+            metadata.insert("tokenizer.ggml.tokens", MetadataValue::strings(tokens));
+            metadata.insert("tokenizer.ggml.token_type", MetadataValue::ints(types));
+            metadata.insert("tokenizer.ggml.merges", MetadataValue::strings(merges));
+            let endoftext = MetadataValue::Int(TINY_ENDOFTEXT.into());
+            metadata.insert("tokenizer.ggml.bos_token_id", endoftext.clone());
+            metadata.insert("tokenizer.ggml.eos_token_id", endoftext);
+            metadata.insert("tokenizer.ggml.add_bos_token", MetadataValue::Bool(false));
+            let tok = Tokenizer::from_gguf(&metadata, Path::new("tiny-tokenizer.gguf"))
                 .unwrap_or_else(|e| panic!("the tiny tokenizer is malformed: {e}"));
             Arc::new(tok)
         })

@@ -7,10 +7,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use sluice_engine::{
-    Engine, EngineConfig, EngineHandle, Event, FinishReason, PagedLlama, Request, SamplingParams,
-    StopParams, StopReason,
+    Engine, EngineConfig, EngineHandle, Event, FinishReason, Request, SamplingParams, StopParams,
+    StopReason,
 };
-use sluice_model::{ChatMessage, ChatTemplate, LlamaModel, LoadOptions, Tokenizer, WeightsKind};
+use sluice_model::{LlamaModel, LoadOptions, PagedLlama, WeightsKind};
+use sluice_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 fn model_path() -> PathBuf {
     let path = match std::env::var_os("SLUICE_MODEL") {
@@ -30,7 +31,7 @@ fn model_path() -> PathBuf {
 fn start_engine(num_blocks: usize) -> (Engine, Arc<Tokenizer>) {
     let path = model_path();
     let file = sluice_model::GgufFile::open(&path).unwrap();
-    let tokenizer = Arc::new(Tokenizer::from_gguf(&file.content, &path).unwrap());
+    let tokenizer = Arc::new(file.tokenizer().unwrap());
     let options = LoadOptions {
         weights: WeightsKind::F32,
         ..LoadOptions::default()

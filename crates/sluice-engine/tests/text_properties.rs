@@ -19,7 +19,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sluice_engine::stop::{StopSpec, TextStream};
 use sluice_engine::testing::tiny_tokenizer;
 use sluice_engine::{FinishReason, StopParams, StopReason};
-use sluice_model::{IncrementalDecoder, Tokenizer};
+use sluice_tokenizer::{IncrementalDecoder, Tokenizer};
 
 /// `PROPTEST_CASES` when set, else `default`.
 fn cases(default: u32) -> u32 {
@@ -62,7 +62,7 @@ fn real_tokenizer() -> Arc<Tokenizer> {
                 path.display()
             );
             let file = sluice_model::GgufFile::open(&path).expect("the model file opens");
-            Arc::new(Tokenizer::from_gguf(&file.content, &path).expect("its tokenizer loads"))
+            Arc::new(file.tokenizer().expect("its tokenizer loads"))
         })
         .clone()
 }

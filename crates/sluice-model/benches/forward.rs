@@ -5,6 +5,9 @@
 //! tiles); `SLUICE_BENCH_BATCHES=1,64` the sizes; `SLUICE_BENCH_PREFILL=0` skips the prefill.
 //! Times are the median and the fastest run (the shared 2-core host is often busy).
 
+// getrusage through libc, for the CPU-time mode.
+#![allow(unsafe_code)]
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

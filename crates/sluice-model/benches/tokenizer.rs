@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use sluice_model::{GgufFile, Tokenizer};
+use sluice_model::GgufFile;
 
 fn main() {
     let path = std::env::var_os("SLUICE_MODEL")
@@ -15,7 +15,7 @@ fn main() {
         });
     let file = GgufFile::open(&path).expect("run scripts/fetch-model.sh");
     let start = Instant::now();
-    let tok = Tokenizer::from_gguf(&file.content, &path).unwrap();
+    let tok = file.tokenizer().unwrap();
     let build = start.elapsed();
 
     let mut prompt = String::new();

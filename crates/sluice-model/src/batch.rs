@@ -1,21 +1,7 @@
 //! The flat description of one engine step: every token that is computed this step, from every
 //! sequence, laid end to end with no padding. The scheduler fills it; the model consumes it.
 
-/// One sequence's share of a step.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SequenceSlice {
-    /// Index of this sequence's first token in the flat token arrays.
-    pub query_start: usize,
-    /// Tokens computed for this sequence in this step (a prefill chunk, or 1 when decoding).
-    pub query_len: usize,
-    /// Tokens in the KV cache for this sequence once this step has written its own: the
-    /// already-computed ones plus `query_len`. Queries attend to keys `0..context_len`, causally.
-    pub context_len: usize,
-    /// Where this sequence's block table starts in [`StepBatch::block_tables`].
-    pub block_table_start: usize,
-    /// Number of blocks in this sequence's table (enough to hold `context_len` tokens).
-    pub block_table_len: usize,
-}
+pub use sluice_kernels::SequenceSlice;
 
 /// Inputs of one batched forward. Reuse one value across steps ([`StepBatch::clear`]) so the
 /// step loop does not allocate.
@@ -106,7 +92,7 @@ impl StepBatch {
     }
 
     pub fn block_table(&self, seq: &SequenceSlice) -> &[u32] {
-        &self.block_tables[seq.block_table_start..seq.block_table_start + seq.block_table_len]
+        seq.block_table(&self.block_tables)
     }
 
     pub fn is_empty(&self) -> bool {

@@ -1,7 +1,11 @@
 use std::path::PathBuf;
 
-/// Everything that can go wrong turning files into a model or tokenizer. Messages name the file
-/// and the reason, because the user who sees them is usually holding the wrong file.
+use sluice_kernels::cpu::attention::AttentionError;
+use sluice_tokenizer::TokenizerError;
+
+/// Everything that can go wrong turning files into a model, sizing its KV cache, or running a
+/// step. Loading messages name the file and the reason, because the user who sees them is
+/// usually holding the wrong file.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error("cannot read {path}: {source}")]
@@ -39,14 +43,31 @@ pub enum ModelError {
         name: String,
         reason: String,
     },
-    #[error("{path}: cannot build the tokenizer: {reason}")]
-    Tokenizer { path: PathBuf, reason: String },
-    #[error("tokenizer error: {0}")]
-    Encode(String),
-    #[error("chat template error: {0}")]
-    Template(String),
-    #[error("invalid batch: {0}")]
-    InvalidBatch(String),
+    /// Weights that cannot be rearranged as the forward needs (un-permuting, fusing).
+    #[error("cannot lay out the weights: {0}")]
+    WeightLayout(String),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// A KV cache that cannot be built: element type, zero or too many blocks.
+    #[error("invalid KV cache: {0}")]
+    KvCache(String),
+    #[error(
+        "a KV cache budget of {budget_bytes} bytes holds no block: one block of {block_size} \
+         tokens takes {block_bytes} bytes"
+    )]
+    KvCacheBudget {
+        budget_bytes: usize,
+        block_size: usize,
+        block_bytes: usize,
+    },
+    /// A step batch that does not fit the model or its cache (ids, positions, slots).
+    #[error("invalid step batch: {0}")]
+    InvalidStep(String),
+    /// A CPU kernel handed a tensor that lives on another device.
+    #[error("{0} is not in CPU memory, which the CPU kernels need")]
+    NotOnCpu(&'static str),
+    #[error(transparent)]
+    Attention(#[from] AttentionError),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

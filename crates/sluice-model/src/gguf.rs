@@ -1,4 +1,5 @@
-//! Reading a GGUF file: its metadata (hyper-parameters, tokenizer) and its tensors.
+//! Reading a GGUF file: its metadata (hyper-parameters, tokenizer) and its tensors, handed to
+//! the layer builder as a [`WeightSource`].
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -9,8 +10,14 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::QTensor;
 use candle_core::Device;
 
+use candle_core::Tensor;
+use sluice_tokenizer::{GgufMetadata, Tokenizer};
+
 use crate::config::{Architecture, ModelConfig, RopeScaling};
 use crate::error::{ModelError, Result};
+use crate::load::{check_shape, LoadOptions, Weight, WeightSource};
+use crate::model::LlamaModel;
+use crate::weights::{concat_rows, unpermute_qk, Linear, LinearOptions};
 
 /// An opened GGUF file: the parsed header, and a reader for tensor data.
 pub struct GgufFile {
@@ -86,18 +93,14 @@ impl GgufFile {
     /// Integer metadata of any width, as GGUF writers disagree on u32 vs u64 vs i32.
     pub fn get_usize(&self, key: &str) -> Result<usize> {
         let v = self.get(key)?;
-        let n = match v {
-            Value::U8(x) => *x as i128,
-            Value::I8(x) => *x as i128,
-            Value::U16(x) => *x as i128,
-            Value::I16(x) => *x as i128,
-            Value::U32(x) => *x as i128,
-            Value::I32(x) => *x as i128,
-            Value::U64(x) => *x as i128,
-            Value::I64(x) => *x as i128,
-            other => {
-                return Err(self.meta_err(key, format!("expected an integer, found {other:?}")))
+        let n = match *v {
+            // Wider than i64 can hold, and so than any size.
+            Value::U64(x) if x > i64::MAX as u64 => {
+                return Err(self.meta_err(key, format!("{x} is out of range")))
             }
+            ref other => int_value(other).ok_or_else(|| {
+                self.meta_err(key, format!("expected an integer, found {other:?}"))
+            })?,
         };
         usize::try_from(n).map_err(|_| self.meta_err(key, format!("{n} is out of range")))
     }
@@ -225,5 +228,228 @@ impl GgufFile {
                 ),
             }),
         }
+    }
+}
+
+/// GGUF tensors: quantized blocks kept as they are (rows moved, never re-quantized), llama Q/K
+/// un-permuted.
+pub(crate) struct GgufWeights<'a> {
+    file: &'a mut GgufFile,
+    /// `Some(head_dim)` for llama files, whose Q/K rows llama.cpp permuted.
+    unpermute_head_dim: Option<usize>,
+    /// The embedding as read, reused by a tied output projection.
+    embed: Option<QTensor>,
+}
+
+impl<'a> GgufWeights<'a> {
+    pub(crate) fn new(file: &'a mut GgufFile, config: &ModelConfig) -> Self {
+        Self {
+            file,
+            // llama.cpp permutes llama Q/K for its interleaved rotary; undo it (qwen2/qwen3 are
+            // stored unpermuted) so one rotary convention serves every architecture.
+            unpermute_head_dim: (config.architecture == Architecture::Llama)
+                .then_some(config.head_dim),
+            embed: None,
+        }
+    }
+
+    fn read(&mut self, w: Weight, shape: &[usize]) -> Result<QTensor> {
+        let name = w.gguf_name();
+        check_supported_dtype(self.file, &name)?;
+        let t = self.file.tensor(&name, &Device::Cpu)?;
+        check_shape(&self.file.path, &name, t.shape().dims(), shape)?;
+        Ok(t)
+    }
+}
+
+impl WeightSource for GgufWeights<'_> {
+    fn path(&self) -> &Path {
+        &self.file.path
+    }
+
+    fn has(&self, w: Weight) -> bool {
+        self.file.has_tensor(&w.gguf_name())
+    }
+
+    fn dense(&mut self, w: Weight, shape: &[usize], device: &Device) -> Result<Tensor> {
+        let t = self.read(w, shape)?;
+        let dense = t.dequantize(device)?;
+        if w == Weight::Embed {
+            self.embed = Some(t);
+        }
+        Ok(dense)
+    }
+
+    fn linear(
+        &mut self,
+        parts: &[(Weight, usize)],
+        cols: usize,
+        bias: Option<Tensor>,
+        options: &LinearOptions,
+    ) -> Result<Linear> {
+        let mut ws = Vec::with_capacity(parts.len());
+        for &(w, rows) in parts {
+            let mut t = self.read(w, &[rows, cols])?;
+            if let (Some(head_dim), Weight::Q(_) | Weight::K(_)) = (self.unpermute_head_dim, w) {
+                t = unpermute_qk(&t, rows / head_dim, head_dim)?;
+            }
+            ws.push(t);
+        }
+        let w = match ws.len() {
+            1 => ws.pop().expect("one part"),
+            _ => concat_rows(&ws.iter().collect::<Vec<_>>())?,
+        };
+        Linear::from_qtensor(w, bias, options)
+    }
+
+    fn lm_head(
+        &mut self,
+        tied: bool,
+        shape: [usize; 2],
+        options: &LinearOptions,
+    ) -> Result<Linear> {
+        let w = match (tied, self.embed.take()) {
+            (true, Some(embed)) => embed,
+            (true, None) => self.read(Weight::Embed, &shape)?,
+            (false, _) => self.read(Weight::Output, &shape)?,
+        };
+        Linear::from_qtensor(w, None, options)
+    }
+}
+
+/// Quantization formats candle can dequantize and multiply; anything else is refused by name.
+fn check_supported_dtype(file: &GgufFile, name: &str) -> Result<()> {
+    use candle_core::quantized::GgmlDType as G;
+    let Some(info) = file.content.tensor_infos.get(name) else {
+        return Err(ModelError::Gguf {
+            path: file.path.clone(),
+            reason: format!("tensor `{name}` is missing"),
+        });
+    };
+    match info.ggml_dtype {
+        G::F32
+        | G::F16
+        | G::BF16
+        | G::Q4_0
+        | G::Q4_1
+        | G::Q5_0
+        | G::Q5_1
+        | G::Q8_0
+        | G::Q8_1
+        | G::Q2K
+        | G::Q3K
+        | G::Q4K
+        | G::Q5K
+        | G::Q6K
+        | G::Q8K => Ok(()),
+        #[allow(unreachable_patterns)]
+        other => Err(ModelError::Unsupported {
+            path: file.path.clone(),
+            what: format!("quantization type {other:?} of tensor `{name}`"),
+        }),
+    }
+}
+
+impl GgufFile {
+    /// The tokenizer this file's `tokenizer.ggml.*` metadata describes.
+    pub fn tokenizer(&self) -> Result<Tokenizer> {
+        Ok(Tokenizer::from_gguf(self, &self.path)?)
+    }
+}
+
+/// GGUF integers of every width as `i64` (converters disagree on widths and signedness).
+fn int_value(value: &Value) -> Option<i64> {
+    Some(match *value {
+        Value::U8(v) => v.into(),
+        Value::I8(v) => v.into(),
+        Value::U16(v) => v.into(),
+        Value::I16(v) => v.into(),
+        Value::U32(v) => v.into(),
+        Value::I32(v) => v.into(),
+        Value::U64(v) => i64::try_from(v).ok()?,
+        Value::I64(v) => v,
+        _ => return None,
+    })
+}
+
+impl GgufFile {
+    fn typed<'a, T>(
+        &'a self,
+        key: &str,
+        expected: &str,
+        read: impl Fn(&'a Value) -> Option<T>,
+    ) -> std::result::Result<Option<T>, String> {
+        match self.metadata().get(key) {
+            None => Ok(None),
+            Some(value) => read(value)
+                .map(Some)
+                .ok_or_else(|| format!("expected {expected}, found {value:?}")),
+        }
+    }
+
+    fn array<'a, T>(
+        &'a self,
+        key: &str,
+        expected: &str,
+        read: impl Fn(&'a Value) -> Option<T>,
+    ) -> std::result::Result<Option<Vec<T>>, String> {
+        let Some(items) = self.metadata().get(key) else {
+            return Ok(None);
+        };
+        let Value::Array(items) = items else {
+            return Err(format!(
+                "expected an array, found a {:?}",
+                items.value_type()
+            ));
+        };
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                read(item).ok_or_else(|| {
+                    format!("element {i} is a {:?}, not {expected}", item.value_type())
+                })
+            })
+            .collect::<std::result::Result<_, _>>()
+            .map(Some)
+    }
+}
+
+impl GgufMetadata for GgufFile {
+    fn string(&self, key: &str) -> std::result::Result<Option<&str>, String> {
+        self.typed(key, "a string", |v| match v {
+            Value::String(s) => Some(s.as_str()),
+            _ => None,
+        })
+    }
+
+    fn boolean(&self, key: &str) -> std::result::Result<Option<bool>, String> {
+        self.typed(key, "a bool", |v| match v {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        })
+    }
+
+    fn integer(&self, key: &str) -> std::result::Result<Option<i64>, String> {
+        self.typed(key, "an integer", int_value)
+    }
+
+    fn strings(&self, key: &str) -> std::result::Result<Option<Vec<&str>>, String> {
+        self.array(key, "a string", |v| match v {
+            Value::String(s) => Some(s.as_str()),
+            _ => None,
+        })
+    }
+
+    fn integers(&self, key: &str) -> std::result::Result<Option<Vec<i64>>, String> {
+        self.array(key, "an integer", int_value)
+    }
+}
+
+impl LlamaModel {
+    pub fn from_gguf(file: &mut GgufFile, options: &LoadOptions) -> Result<Self> {
+        let config = file.model_config()?;
+        let mut source = GgufWeights::new(file, &config);
+        Self::build(config, &mut source, options)
     }
 }

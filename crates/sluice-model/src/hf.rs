@@ -12,14 +12,16 @@ use std::path::{Path, PathBuf};
 
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 
-use crate::config::{Architecture, ModelConfig, RopeScaling};
+use sluice_tokenizer::Tokenizer;
+
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::model::LoadOptions;
-use crate::source::{check_shape, Weight, WeightSource};
-use crate::tokenizer::Tokenizer;
-use crate::weights::Linear;
+use crate::hf_config::parse_config;
+use crate::load::{check_shape, LoadOptions, Weight, WeightSource};
+use crate::model::LlamaModel;
+use crate::weights::{Linear, LinearOptions};
 
 pub const CONFIG_FILE: &str = "config.json";
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -85,11 +87,6 @@ impl HfModelDir {
         &self.config
     }
 
-    /// Names of every tensor in the checkpoint.
-    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
-        self.shards.routing.keys().map(String::as_str)
-    }
-
     /// `tokenizer.json`, with `tokenizer_config.json` beside it (chat template, BOS/EOS,
     /// `add_bos_token`); every `eos_token_id` of `generation_config.json` and `config.json` (an
     /// id or a list) ends generation too.
@@ -111,8 +108,17 @@ impl HfModelDir {
         Ok(tokenizer)
     }
 
-    pub(crate) fn weights(&self) -> HfWeights<'_> {
+    fn weights(&self) -> HfWeights<'_> {
         HfWeights { dir: self }
+    }
+}
+
+impl LlamaModel {
+    /// A Hugging Face checkpoint: safetensors in f32, f16 or bf16 (converted on the CPU).
+    pub fn from_hf(dir: &HfModelDir, options: &LoadOptions) -> Result<Self> {
+        let config = dir.config().clone();
+        let mut source = dir.weights();
+        Self::build(config, &mut source, options)
     }
 }
 
@@ -125,6 +131,9 @@ struct Shards {
 impl Shards {
     /// The files `model.safetensors.index.json` lists; else `model.safetensors`; else every
     /// `*.safetensors` of the directory.
+    // Memory-mapping a file is unsafe in candle's API (another process could change it); this
+    // is the one place sluice maps safetensors.
+    #[allow(unsafe_code)]
     fn open(dir: &Path) -> Result<Self> {
         let index = dir.join(WEIGHTS_INDEX_FILE);
         let paths: Vec<PathBuf> = if index.is_file() {
@@ -203,8 +212,8 @@ impl Shards {
     }
 }
 
-/// The checkpoint's tensors for [`crate::LlamaModel`]'s builder.
-pub(crate) struct HfWeights<'a> {
+/// The checkpoint's tensors for [`LlamaModel`]'s builder.
+struct HfWeights<'a> {
     dir: &'a HfModelDir,
 }
 
@@ -261,7 +270,7 @@ impl WeightSource for HfWeights<'_> {
         parts: &[(Weight, usize)],
         cols: usize,
         bias: Option<Tensor>,
-        options: &LoadOptions,
+        options: &LinearOptions,
     ) -> Result<Linear> {
         let mut ws = Vec::with_capacity(parts.len());
         for &(w, rows) in parts {
@@ -274,7 +283,12 @@ impl WeightSource for HfWeights<'_> {
         Linear::from_tensor(w, bias, options)
     }
 
-    fn lm_head(&mut self, tied: bool, shape: [usize; 2], options: &LoadOptions) -> Result<Linear> {
+    fn lm_head(
+        &mut self,
+        tied: bool,
+        shape: [usize; 2],
+        options: &LinearOptions,
+    ) -> Result<Linear> {
         let w = self.read(if tied { Weight::Embed } else { Weight::Output }, &shape)?;
         Linear::from_tensor(w, None, options)
     }
@@ -301,393 +315,9 @@ fn token_ids(value: Option<&Json>) -> Vec<u32> {
     }
 }
 
-/// Typed access to `config.json` fields, with errors naming the file and the field.
-struct Fields<'a> {
-    path: &'a Path,
-    map: &'a Map<String, Json>,
-}
-
-impl Fields<'_> {
-    fn err(&self, key: &str, reason: impl Into<String>) -> ModelError {
-        ModelError::Metadata {
-            path: self.path.to_path_buf(),
-            key: key.to_string(),
-            reason: reason.into(),
-        }
-    }
-
-    /// The value of `key`, `None` when absent or null.
-    fn get(&self, key: &str) -> Option<&Json> {
-        self.map.get(key).filter(|v| !v.is_null())
-    }
-
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .map(Some)
-                .ok_or_else(|| {
-                    self.err(key, format!("expected a non-negative integer, found {v}"))
-                }),
-        }
-    }
-
-    fn usize(&self, key: &str) -> Result<usize> {
-        self.opt_usize(key)?
-            .ok_or_else(|| self.err(key, "not present"))
-    }
-
-    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| self.err(key, format!("expected a number, found {v}"))),
-        }
-    }
-
-    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.err(key, format!("expected true or false, found {v}"))),
-        }
-    }
-
-    fn opt_str(&self, key: &str) -> Result<Option<&str>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.err(key, format!("expected a string, found {v}"))),
-        }
-    }
-}
-
-/// The architecture a config.json names: `model_type`, else its `architectures` class.
-fn architecture(f: &Fields<'_>) -> Result<Architecture> {
-    let name = match f.opt_str("model_type")? {
-        Some(t) => t.to_string(),
-        None => {
-            let class = f
-                .get("architectures")
-                .and_then(|a| a.get(0))
-                .and_then(Json::as_str)
-                .ok_or_else(|| f.err("model_type", "not present (nor `architectures`)"))?;
-            class
-                .strip_suffix("ForCausalLM")
-                .unwrap_or(class)
-                .to_ascii_lowercase()
-        }
-    };
-    Architecture::from_name(&name).ok_or_else(|| ModelError::Unsupported {
-        path: f.path.to_path_buf(),
-        what: format!(
-            "architecture `{name}` (model_type; supported: {})",
-            Architecture::NAMES.join(", ")
-        ),
-    })
-}
-
-/// Hyper-parameters from a parsed config.json. `has_lm_head`: whether the checkpoint holds
-/// `lm_head.weight`, which decides tied embeddings when the config does not say.
-pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<ModelConfig> {
-    let Some(map) = json.as_object() else {
-        return Err(ModelError::InvalidFile {
-            path: path.to_path_buf(),
-            reason: "expected a JSON object".into(),
-        });
-    };
-    let f = Fields { path, map };
-    let architecture = architecture(&f)?;
-    if f.get("quantization_config").is_some() {
-        return Err(ModelError::Unsupported {
-            path: path.to_path_buf(),
-            what: "quantized checkpoint (`quantization_config`): use f32, f16 or bf16 weights, or a GGUF file".into(),
-        });
-    }
-    if let Some(act) = f.opt_str("hidden_act")? {
-        if !matches!(act, "silu" | "swish") {
-            return Err(ModelError::Unsupported {
-                path: path.to_path_buf(),
-                what: format!("hidden_act `{act}` (supported: silu)"),
-            });
-        }
-    }
-    let hidden_size = f.usize("hidden_size")?;
-    let num_heads = f.usize("num_attention_heads")?;
-    let num_kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(num_heads);
-    if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
-        return Err(f.err(
-            "num_key_value_heads",
-            format!("{num_heads} query heads cannot be grouped over {num_kv_heads} KV heads"),
-        ));
-    }
-    let head_dim = match f.opt_usize("head_dim")? {
-        Some(d) => d,
-        None => hidden_size / num_heads,
-    };
-    if head_dim == 0 || head_dim % 2 != 0 {
-        return Err(f.err("head_dim", format!("head_dim {head_dim} must be even")));
-    }
-    let rope_theta = f.opt_f64("rope_theta")?.unwrap_or(10_000.0);
-    let rope_scaling = rope_scaling(&f, head_dim, rope_theta)?;
-    let mut max_position_embeddings = f.opt_usize("max_position_embeddings")?.unwrap_or(2048);
-    // Attention limited to a window only differs from full attention past the window; serve
-    // contexts up to it. Mistral says so with `sliding_window` alone, qwen2/qwen3 with
-    // `use_sliding_window`.
-    let windowed = match architecture {
-        Architecture::Llama => true,
-        Architecture::Qwen2 | Architecture::Qwen3 => {
-            f.opt_bool("use_sliding_window")?.unwrap_or(false)
-        }
-    };
-    if let Some(window) = f.opt_usize("sliding_window")?.filter(|_| windowed) {
-        if window < max_position_embeddings {
-            tracing::warn!(
-                path = %path.display(),
-                sliding_window = window,
-                max_position_embeddings,
-                "sliding-window attention is not implemented; limiting the context to the window"
-            );
-            max_position_embeddings = window;
-        }
-    }
-    let tie_word_embeddings = f.opt_bool("tie_word_embeddings")?.unwrap_or(!has_lm_head);
-    Ok(ModelConfig {
-        architecture,
-        hidden_size,
-        intermediate_size: f.usize("intermediate_size")?,
-        num_layers: f.usize("num_hidden_layers")?,
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        vocab_size: f.usize("vocab_size")?,
-        rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
-        rope_theta: rope_theta as f32,
-        rope_scaling,
-        max_position_embeddings,
-        tie_word_embeddings,
-    })
-}
-
-/// `rope_scaling`: absent, null or `default` for none; `linear` (`factor`); `llama3`
-/// (`factor`, `low_freq_factor`, `high_freq_factor`, `original_max_position_embeddings`),
-/// turned into per-frequency divisors exactly as llama.cpp's converter writes `rope_freqs`.
-fn rope_scaling(f: &Fields<'_>, head_dim: usize, theta: f64) -> Result<Option<RopeScaling>> {
-    const KEY: &str = "rope_scaling";
-    let Some(value) = f.get(KEY) else {
-        return Ok(None);
-    };
-    let Some(map) = value.as_object() else {
-        return Err(f.err(KEY, format!("expected an object, found {value}")));
-    };
-    let sub = Fields { path: f.path, map };
-    let field = |k: &str| format!("{KEY}.{k}");
-    // Newer configs say `rope_type`, older ones `type`.
-    let kind = match sub.opt_str("rope_type")? {
-        Some(k) => k,
-        None => sub
-            .opt_str("type")?
-            .ok_or_else(|| f.err(&field("rope_type"), "not present"))?,
-    };
-    let factor = || -> Result<f64> {
-        match sub.opt_f64("factor")? {
-            Some(x) if x > 0.0 => Ok(x),
-            Some(x) => Err(f.err(&field("factor"), format!("must be positive, found {x}"))),
-            None => Err(f.err(&field("factor"), "not present")),
-        }
-    };
-    match kind {
-        "default" => Ok(None),
-        "linear" => Ok(Some(RopeScaling::Linear {
-            factor: factor()? as f32,
-        })),
-        "llama3" => {
-            let factor = factor()?;
-            let low = sub.opt_f64("low_freq_factor")?.unwrap_or(1.0);
-            let high = sub.opt_f64("high_freq_factor")?.unwrap_or(4.0);
-            let original = sub
-                .opt_usize("original_max_position_embeddings")?
-                .unwrap_or(8192) as f64;
-            if high <= low {
-                return Err(f.err(
-                    &field("high_freq_factor"),
-                    format!("must exceed low_freq_factor ({high} <= {low})"),
-                ));
-            }
-            Ok(Some(RopeScaling::FreqFactors(llama3_factors(
-                head_dim, theta, factor, low, high, original,
-            ))))
-        }
-        other => Err(ModelError::Unsupported {
-            path: f.path.to_path_buf(),
-            what: format!("rope_scaling type `{other}` (supported: default, linear, llama3)"),
-        }),
-    }
-}
-
-/// Llama 3.1's frequency divisors: high frequencies kept, low ones divided by `factor`, and a
-/// smooth blend between (transformers' `_compute_llama3_parameters`).
-pub fn llama3_factors(
-    head_dim: usize,
-    theta: f64,
-    factor: f64,
-    low_freq_factor: f64,
-    high_freq_factor: f64,
-    original_context: f64,
-) -> Vec<f32> {
-    let low_freq_wavelen = original_context / low_freq_factor;
-    let high_freq_wavelen = original_context / high_freq_factor;
-    (0..head_dim / 2)
-        .map(|i| {
-            let freq = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
-            let wavelen = 2.0 * std::f64::consts::PI / freq;
-            let divisor = if wavelen < high_freq_wavelen {
-                1.0
-            } else if wavelen > low_freq_wavelen {
-                factor
-            } else {
-                let smooth = (original_context / wavelen - low_freq_factor)
-                    / (high_freq_factor - low_freq_factor);
-                1.0 / ((1.0 - smooth) / factor + smooth)
-            };
-            divisor as f32
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn config(json: &str) -> Result<ModelConfig> {
-        parse_config(
-            Path::new("/m/config.json"),
-            &serde_json::from_str(json).unwrap(),
-            false,
-        )
-    }
-
-    const BASE: &str = r#""hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300"#;
-
-    #[test]
-    fn llama_config_with_defaults() {
-        let c = config(&format!(r#"{{"model_type": "llama", {BASE}}}"#)).unwrap();
-        assert_eq!(c.architecture, Architecture::Llama);
-        assert_eq!((c.head_dim, c.num_kv_heads), (16, 2));
-        assert_eq!(c.rope_theta, 10_000.0);
-        assert_eq!(c.rope_scaling, None);
-        assert_eq!(c.max_position_embeddings, 2048);
-        assert!(
-            c.tie_word_embeddings,
-            "no lm_head.weight and no tie_word_embeddings: tied"
-        );
-    }
-
-    #[test]
-    fn architecture_from_class_name_and_explicit_head_dim() {
-        let c = config(&format!(
-            r#"{{"architectures": ["Qwen3ForCausalLM"], {BASE}, "head_dim": 32,
-                "tie_word_embeddings": false, "rope_scaling": null}}"#
-        ))
-        .unwrap();
-        assert_eq!(c.architecture, Architecture::Qwen3);
-        assert_eq!(c.head_dim, 32);
-        assert!(!c.tie_word_embeddings);
-    }
-
-    #[test]
-    fn linear_and_llama3_rope_scaling() {
-        let c = config(&format!(
-            r#"{{"model_type": "llama", {BASE}, "rope_scaling": {{"type": "linear", "factor": 4.0}}}}"#
-        ))
-        .unwrap();
-        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
-
-        let c = config(&format!(
-            r#"{{"model_type": "llama", {BASE}, "head_dim": 128, "rope_theta": 500000.0,
-                "rope_scaling": {{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}}}"#
-        ))
-        .unwrap();
-        let Some(RopeScaling::FreqFactors(f)) = c.rope_scaling else {
-            panic!("{:?}", c.rope_scaling)
-        };
-        assert_eq!(f.len(), 64);
-        // Wavelengths under 8192/4 keep their frequency; over 8192 are divided by 8; between,
-        // the divisor rises monotonically.
-        assert_eq!(f[0], 1.0);
-        assert_eq!(f[63], 8.0);
-        assert!(f.windows(2).all(|w| w[0] <= w[1]), "{f:?}");
-        assert!(f.iter().any(|&x| x > 1.0 && x < 8.0), "{f:?}");
-        // The same numbers by transformers' formula, on inv_freq directly.
-        for (i, &divisor) in f.iter().enumerate() {
-            let inv = 1.0 / 500000f64.powf((2 * i) as f64 / 128.0);
-            let wavelen = 2.0 * std::f64::consts::PI / inv;
-            let scaled = if wavelen < 2048.0 {
-                inv
-            } else if wavelen > 8192.0 {
-                inv / 8.0
-            } else {
-                let smooth = (8192.0 / wavelen - 1.0) / 3.0;
-                (1.0 - smooth) * inv / 8.0 + smooth * inv
-            };
-            assert!(((inv / scaled) as f32 - divisor).abs() < 1e-5, "{i}");
-        }
-    }
-
-    #[test]
-    fn sliding_window_limits_the_context() {
-        let c = config(&format!(
-            r#"{{"model_type": "mistral", {BASE}, "max_position_embeddings": 32768,
-                "sliding_window": 4096}}"#
-        ))
-        .unwrap();
-        assert_eq!(c.max_position_embeddings, 4096);
-        let c = config(&format!(
-            r#"{{"model_type": "qwen2", {BASE}, "max_position_embeddings": 32768,
-                "sliding_window": 4096, "use_sliding_window": false}}"#
-        ))
-        .unwrap();
-        assert_eq!(c.max_position_embeddings, 32768);
-    }
-
-    #[test]
-    fn bad_configs_name_the_field() {
-        let msg = |json: String| config(&json).unwrap_err().to_string();
-        let m = msg(format!(r#"{{"model_type": "gemma3", {BASE}}}"#));
-        assert!(
-            m.contains("/m/config.json") && m.contains("`gemma3`") && m.contains("qwen3"),
-            "{m}"
-        );
-        let m = msg(r#"{"model_type": "llama", "hidden_size": 64}"#.into());
-        assert!(
-            m.contains("intermediate_size") || m.contains("num_attention_heads"),
-            "{m}"
-        );
-        let m = msg(format!(
-            r#"{{"model_type": "llama", {BASE}, "rope_scaling": {{"type": "yarn", "factor": 2.0}}}}"#
-        ));
-        assert!(m.contains("`yarn`"), "{m}");
-        let m = msg(format!(
-            r#"{{"model_type": "llama", {BASE}, "rope_scaling": {{"type": "linear"}}}}"#
-        ));
-        assert!(m.contains("rope_scaling.factor"), "{m}");
-        let m = msg(format!(
-            r#"{{"model_type": "llama", {BASE}, "hidden_act": "gelu"}}"#
-        ));
-        assert!(m.contains("hidden_act"), "{m}");
-        let m = msg(r#"{"model_type": "llama", "hidden_size": "big"}"#.into());
-        assert!(m.contains("hidden_size"), "{m}");
-    }
 
     #[test]
     fn eos_ids_are_an_id_or_a_list() {

@@ -1,12 +1,7 @@
 //! The paged KV cache: per layer, K and V for `num_blocks * block_size` token slots. Which slots
 //! a sequence owns is the block manager's business; the cache only stores and reads slots.
 //!
-//! Layout, per layer, chosen for the attention kernel's inner loops:
-//! - K: `[num_blocks, num_kv_heads, head_dim, block_size]`. Within a block a head's keys are
-//!   stored dimension-major, so the scores of a whole block are `head_dim` broadcast-FMAs over
-//!   `block_size` lanes, with no horizontal sums.
-//! - V: `[num_blocks, num_kv_heads, block_size, head_dim]`: a head's values in a block are one
-//!   contiguous run that the weighted sum streams through.
+//! Its layout is the kernels' ([`KvLayout`]): block-major, K dimension-major within a block.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -14,43 +9,7 @@ use crate::batch::StepBatch;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
-/// Where slot/head/dim live in a cache's flat storage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvLayout {
-    pub num_blocks: usize,
-    pub block_size: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-}
-
-impl KvLayout {
-    /// Offset of the start of `(block, head)`'s run in either K or V (both runs hold
-    /// `head_dim * block_size` values).
-    #[inline]
-    pub fn block_head_offset(&self, block: usize, head: usize) -> usize {
-        (block * self.num_kv_heads + head) * self.head_dim * self.block_size
-    }
-
-    #[inline]
-    pub fn k_offset(&self, slot: usize, head: usize, dim: usize) -> usize {
-        let (block, off) = (slot / self.block_size, slot % self.block_size);
-        self.block_head_offset(block, head) + dim * self.block_size + off
-    }
-
-    #[inline]
-    pub fn v_offset(&self, slot: usize, head: usize, dim: usize) -> usize {
-        let (block, off) = (slot / self.block_size, slot % self.block_size);
-        self.block_head_offset(block, head) + off * self.head_dim + dim
-    }
-
-    pub fn num_slots(&self) -> usize {
-        self.num_blocks * self.block_size
-    }
-
-    pub fn values_per_layer(&self) -> usize {
-        self.num_slots() * self.num_kv_heads * self.head_dim
-    }
-}
+pub use sluice_kernels::KvLayout;
 
 /// Flat cache positions that a step's new K and V values go to, in the order of the
 /// `[T, num_kv_heads, head_dim]` K/V tensors. Built once per step, shared by all layers.
@@ -76,12 +35,12 @@ impl KvCache {
         device: &Device,
     ) -> Result<Self> {
         if !matches!(dtype, DType::F32 | DType::F16) {
-            return Err(ModelError::InvalidBatch(format!(
+            return Err(ModelError::KvCache(format!(
                 "a KV cache holds f32 or f16, not {dtype:?}"
             )));
         }
         if num_blocks == 0 || block_size == 0 {
-            return Err(ModelError::InvalidBatch(format!(
+            return Err(ModelError::KvCache(format!(
                 "a KV cache needs at least one block of at least one token (got {num_blocks} x {block_size})"
             )));
         }
@@ -93,7 +52,7 @@ impl KvCache {
         };
         let n = layout.values_per_layer();
         if n > u32::MAX as usize {
-            return Err(ModelError::InvalidBatch(format!(
+            return Err(ModelError::KvCache(format!(
                 "{num_blocks} blocks of {block_size} tokens exceed the 2^32 values per layer a cache can address"
             )));
         }

@@ -1,38 +1,41 @@
-//! sluice-model: turns a GGUF file or a Hugging Face directory into a model whose one batched forward computes every token
-//! of an engine step (prefill chunks and decode tokens of many sequences) over a paged KV cache.
+//! sluice-model: turns a GGUF file or a Hugging Face directory into a model whose one batched
+//! forward computes every token of an engine step (prefill chunks and decode tokens of many
+//! sequences) over a paged KV cache.
+//!
+//! Loading: [`source`] opens either format; [`gguf`] and [`hf`] read their files and hand
+//! tensors by role to the one layer builder in [`model`] through [`load::WeightSource`].
+//! Computing: [`model`] runs the forward with [`weights`] (linear layers on our kernels or
+//! candle's), [`attention`], [`rope`] and [`ops`], over the [`kv_cache`] and the
+//! [`batch::StepBatch`] the scheduler fills; [`paged::PagedLlama`] is a model with its cache,
+//! what the engine drives.
 
-#[cfg(target_arch = "x86_64")]
-pub mod amx;
 pub mod attention;
 pub mod batch;
-pub mod chat;
 pub mod config;
-pub mod dense;
-pub mod detokenizer;
 pub mod error;
 pub mod gguf;
 pub mod hf;
+mod hf_config;
 pub mod kv_cache;
+pub mod load;
 pub mod model;
 pub mod ops;
-pub mod quant;
+pub mod paged;
 pub mod rope;
-mod simd;
 pub mod source;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod tokenizer;
 pub mod weights;
 
 pub use attention::AttentionBackend;
 pub use batch::{SequenceSlice, StepBatch};
-pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Architecture, ModelConfig, RopeScaling};
-pub use detokenizer::IncrementalDecoder;
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfModelDir;
 pub use kv_cache::{KvCache, KvLayout};
-pub use model::{LlamaModel, LoadOptions};
+pub use load::LoadOptions;
+pub use model::LlamaModel;
+pub use paged::PagedLlama;
 pub use source::ModelSource;
-pub use tokenizer::Tokenizer;
 pub use weights::WeightsKind;

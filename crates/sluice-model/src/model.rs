@@ -1,49 +1,19 @@
 //! The llama-family transformer with a paged, batched forward: one call computes every token of
 //! an engine step, whatever sequence it belongs to and wherever that sequence stands.
 
-use std::path::Path;
-
 use candle_core::{DType, Device, Tensor};
 use candle_nn::ops::rms_norm;
+use sluice_kernels::AttentionShape;
 
-use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend, AttentionShape};
+use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend};
 use crate::batch::StepBatch;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::gguf::GgufFile;
-use crate::hf::HfModelDir;
 use crate::kv_cache::KvCache;
+use crate::load::{LoadOptions, Weight, WeightSource};
 use crate::ops;
 use crate::rope::RotaryTables;
-use crate::source::{GgufWeights, ModelSource, Weight, WeightSource};
 use crate::weights::{Linear, WeightsKind};
-
-#[derive(Debug, Clone)]
-pub struct LoadOptions {
-    pub weights: WeightsKind,
-    pub device: Device,
-    /// `None`: the CPU kernel where it runs (AVX-512), the reference elsewhere.
-    pub attention: Option<AttentionBackend>,
-    /// Element type of the KV cache: F16 (default: half the bytes read per decode step, as
-    /// llama.cpp) or F32.
-    pub kv_dtype: DType,
-    /// With [`WeightsKind::Auto`] on a CPU with AMX, steps of at least this many rows multiply
-    /// on AMX tiles ([`crate::amx`]); default [`crate::weights::AUTO_AMX_MIN_ROWS`]. `None`
-    /// keeps every step on the exact f32 kernels.
-    pub amx_min_rows: Option<usize>,
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        Self {
-            weights: WeightsKind::Auto,
-            device: Device::Cpu,
-            attention: None,
-            kv_dtype: DType::F16,
-            amx_min_rows: Some(crate::weights::AUTO_AMX_MIN_ROWS),
-        }
-    }
-}
 
 struct Layer {
     attn_norm: Tensor,
@@ -72,32 +42,15 @@ pub struct LlamaModel {
 }
 
 impl LlamaModel {
-    /// Loads a GGUF file, or a Hugging Face directory (see [`ModelSource`]).
-    pub fn load(path: impl AsRef<Path>, options: &LoadOptions) -> Result<Self> {
-        ModelSource::open(path)?.load_model(options)
-    }
-
-    pub fn from_gguf(file: &mut GgufFile, options: &LoadOptions) -> Result<Self> {
-        let config = file.model_config()?;
-        let mut source = GgufWeights::new(file, &config);
-        Self::build(config, &mut source, options)
-    }
-
-    /// A Hugging Face checkpoint: safetensors in f32, f16 or bf16 (converted on the CPU).
-    pub fn from_hf(dir: &HfModelDir, options: &LoadOptions) -> Result<Self> {
-        let config = dir.config().clone();
-        let mut source = dir.weights();
-        Self::build(config, &mut source, options)
-    }
-
     /// The layers `config` describes, from whichever format holds them.
-    fn build(
+    pub(crate) fn build(
         config: ModelConfig,
         src: &mut dyn WeightSource,
         options: &LoadOptions,
     ) -> Result<Self> {
         let device = options.device.clone();
         let kind = options.weights;
+        let linear = &options.linear();
         let arch = config.architecture;
         let (hidden, heads, kv_heads, d, inter, vocab) = (
             config.hidden_size,
@@ -131,16 +84,16 @@ impl LlamaModel {
                 ],
                 hidden,
                 biases,
-                options,
+                linear,
             )?;
-            let o = src.linear(&[(Weight::O(i), hidden)], heads * d, None, options)?;
+            let o = src.linear(&[(Weight::O(i), hidden)], heads * d, None, linear)?;
             let gate_up = src.linear(
                 &[(Weight::Gate(i), inter), (Weight::Up(i), inter)],
                 hidden,
                 None,
-                options,
+                linear,
             )?;
-            let down = src.linear(&[(Weight::Down(i), hidden)], inter, None, options)?;
+            let down = src.linear(&[(Weight::Down(i), hidden)], inter, None, linear)?;
             let qk_norm = if arch.has_qk_norm() {
                 Some((
                     src.dense(Weight::QNorm(i), &[d], &device)?,
@@ -160,7 +113,7 @@ impl LlamaModel {
             });
         }
         let norm = src.dense(Weight::OutputNorm, &[hidden], &device)?;
-        let lm_head = src.lm_head(config.tie_word_embeddings, [vocab, hidden], options)?;
+        let lm_head = src.lm_head(config.tie_word_embeddings, [vocab, hidden], linear)?;
         let rope = RotaryTables::new(&config, &device)?;
         let attention = options.attention.unwrap_or(
             if device.is_cpu() && cpu_attention::supports(config.head_dim, config.gqa_group()) {
@@ -208,10 +161,6 @@ impl LlamaModel {
         self.attention
     }
 
-    pub fn set_attention_backend(&mut self, backend: AttentionBackend) {
-        self.attention = backend;
-    }
-
     /// A KV cache shaped for this model, of the element type it was loaded with.
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
         KvCache::new(
@@ -234,7 +183,7 @@ impl LlamaModel {
 
     /// Rejects a batch that would index out of bounds, so bad input is an error, not a panic.
     fn validate(&self, batch: &StepBatch, kv: &KvCache) -> Result<()> {
-        let err = |m: String| Err(ModelError::InvalidBatch(m));
+        let err = |m: String| Err(ModelError::InvalidStep(m));
         if batch.is_empty() {
             return err("empty batch".into());
         }

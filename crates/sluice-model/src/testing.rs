@@ -13,10 +13,9 @@ use crate::config::{Architecture, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use crate::hf;
-use crate::source::Weight;
-use crate::tokenizer::byte_level::ByteLevelAlphabet;
-use crate::tokenizer::Tokenizer;
+use crate::load::Weight;
 use crate::weights::unpermute_qk;
+use sluice_tokenizer::{ByteLevelAlphabet, Tokenizer};
 
 /// The shape of a tiny model. Defaults give GQA (4 query heads over 2 KV heads).
 #[derive(Debug, Clone)]
@@ -70,26 +69,6 @@ fn tiny_vocab() -> (Vec<String>, Vec<String>) {
     }
     tokens.extend(TINY_SPECIAL_TOKENS.iter().map(|s| s.to_string()));
     (tokens, merges)
-}
-
-/// `n` deterministic values in [-1, 1) for tests of kernels and models.
-pub fn random_values(n: usize, seed: u64) -> Vec<f32> {
-    let mut rng = Rng(seed);
-    (0..n).map(|_| rng.next_f32()).collect()
-}
-
-/// A random `[n, k]` matrix quantized to `dtype`, and the f32 values it dequantizes to: the
-/// reference every quantized kernel's products are checked against.
-pub fn quantized_matrix(n: usize, k: usize, dtype: GgmlDType, seed: u64) -> (QTensor, Vec<f32>) {
-    let w =
-        Tensor::from_vec(random_values(n * k, seed), (n, k), &Device::Cpu).expect("sizes agree");
-    let q = QTensor::quantize(&w, dtype).expect("k is a multiple of the block size");
-    let dense = q
-        .dequantize(&Device::Cpu)
-        .and_then(|t| t.flatten_all())
-        .and_then(|t| t.to_vec1::<f32>())
-        .expect("a CPU tensor dequantizes");
-    (q, dense)
 }
 
 /// SplitMix64: deterministic, dependency-free weights.
@@ -281,7 +260,7 @@ impl Default for HfExport {
 pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<()> {
     let mut file = GgufFile::open(gguf)?;
     let config = file.model_config()?;
-    let tokenizer = Tokenizer::from_gguf(&file.content, gguf)?;
+    let tokenizer = file.tokenizer()?;
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ModelError::Io { path, source }
@@ -407,7 +386,7 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             "eos_token_id": tokenizer.eos_token_id(),
         }),
     )?;
-    let tokenizer_json = Tokenizer::hf_json_from_gguf(&file.content, gguf)?;
+    let tokenizer_json = Tokenizer::hf_json_from_gguf(&file, gguf)?;
     let path = dir.join(hf::TOKENIZER_FILE);
     std::fs::write(&path, tokenizer_json).map_err(io(&path))?;
     write_json(

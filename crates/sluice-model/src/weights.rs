@@ -6,10 +6,10 @@ use std::str::FromStr;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
-use crate::dense::{self, PackedMatrix};
+use sluice_kernels::cpu::gemm;
+use sluice_kernels::{PackedMatrix, QuantFormat, QuantMatrix, QuantizedActivations};
+
 use crate::error::{ModelError, Result};
-use crate::model::LoadOptions;
-use crate::quant::{QuantMatrix, QuantizedActivations};
 
 /// How weights are held in memory and multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +23,7 @@ pub enum WeightsKind {
     /// The fastest exact-enough path for each step size. Small steps (bound by reading weights)
     /// read the file's Q4_0/Q4_1/Q8_0 blocks, dequantized in registers with the f32 kernel's
     /// arithmetic (identical results). Large steps (bound by arithmetic) run on AMX tiles where
-    /// the CPU has them (split-bf16 products, relative error about 2^-16, see [`crate::amx`]),
+    /// the CPU has them (split-bf16 products, relative error about 2^-16, see `sluice_kernels::cpu::amx`),
     /// else on the f32 panels. Formats without quantized panels use the tiles for every step,
     /// or the f32 panels without AMX.
     Auto,
@@ -60,6 +60,34 @@ impl std::fmt::Display for WeightsKind {
     }
 }
 
+/// What building a linear layer needs: the [`LoadOptions`](crate::load::LoadOptions) that
+/// concern weights.
+#[derive(Debug, Clone)]
+pub struct LinearOptions {
+    pub kind: WeightsKind,
+    pub device: Device,
+    /// See [`LoadOptions::amx_min_rows`](crate::load::LoadOptions::amx_min_rows).
+    pub amx_min_rows: Option<usize>,
+}
+
+/// The kernel format of a GGUF block type, where our kernels read it in place.
+fn kernel_format(dtype: GgmlDType) -> Option<QuantFormat> {
+    match dtype {
+        GgmlDType::Q4_0 => Some(QuantFormat::Q4_0),
+        GgmlDType::Q4_1 => Some(QuantFormat::Q4_1),
+        GgmlDType::Q8_0 => Some(QuantFormat::Q8_0),
+        _ => None,
+    }
+}
+
+/// A 2-D GGUF matrix in a kernel format: its format, bytes, rows and columns.
+fn kernel_blocks(w: &QTensor) -> Option<(QuantFormat, Cow<'_, [u8]>, usize, usize)> {
+    let format = kernel_format(w.dtype())?;
+    let (rows, cols) = w.shape().dims2().ok()?;
+    let data = w.data().ok()?;
+    Some((format, data, rows, cols))
+}
+
 /// `y = x W^T (+ b)` for `x: [T, in]`, `W: [out, in]`.
 pub struct Linear {
     dense: Option<DenseWeights>,
@@ -93,7 +121,7 @@ enum QuantizedWeights {
 pub const AUTO_QUANTIZED_MAX_ROWS: usize = 16;
 
 /// Rows from which [`WeightsKind::Auto`] multiplies on AMX tiles where the CPU has them
-/// ([`crate::amx`]: split-bf16 products, relative error about 2^-16). Below it, steps read the
+/// (`sluice_kernels::cpu::amx`: split-bf16 products, relative error about 2^-16). Below it, steps read the
 /// quantized panels with the f32 kernel's exact numbers: at 32 rows both cost about the same
 /// (the panels' FMAs against reading the tiles' 4 bytes per weight).
 pub const AUTO_AMX_MIN_ROWS: usize = 32;
@@ -103,19 +131,22 @@ thread_local! {
 }
 
 impl Linear {
-    pub fn from_qtensor(w: QTensor, bias: Option<Tensor>, options: &LoadOptions) -> Result<Self> {
-        let (kind, device) = (options.weights, &options.device);
+    pub fn from_qtensor(w: QTensor, bias: Option<Tensor>, options: &LinearOptions) -> Result<Self> {
+        let (kind, device) = (options.kind, &options.device);
         let out_features = w.shape().dims()[0];
         let quantized = |w: QTensor| -> Result<QuantizedWeights> {
-            Ok(
-                match QuantMatrix::from_qtensor(&w).filter(|_| device.is_cpu()) {
-                    Some(m) => QuantizedWeights::Ours(m),
-                    None => QuantizedWeights::Candle(QMatMul::from_qtensor(w)?),
+            let ours = kernel_blocks(&w).filter(|_| device.is_cpu()).and_then(
+                |(format, data, rows, cols)| {
+                    QuantMatrix::new(format, data.into_owned(), rows, cols)
                 },
-            )
+            );
+            Ok(match ours {
+                Some(m) => QuantizedWeights::Ours(m),
+                None => QuantizedWeights::Candle(QMatMul::from_qtensor(w)?),
+            })
         };
         let dense_f32 = |w: &QTensor| -> Result<DenseWeights> {
-            if device.is_cpu() && dense::available() {
+            if device.is_cpu() && gemm::available() {
                 let (n, k) = w.shape().dims2()?;
                 let data = w
                     .dequantize(&Device::Cpu)?
@@ -133,8 +164,11 @@ impl Linear {
             WeightsKind::Auto => {
                 // Small steps read the quantized panels; both paths give the same numbers, so
                 // a sequence's output never depends on what else is in the batch.
-                let mut exact = PackedMatrix::pack_quantized(&w)
-                    .filter(|_| device.is_cpu() && dense::available());
+                let mut exact = kernel_blocks(&w)
+                    .filter(|_| device.is_cpu() && gemm::available())
+                    .and_then(|(format, data, n, k)| {
+                        PackedMatrix::pack_quantized(format, &data, n, k)
+                    });
                 // With AMX, large steps dequantize the same panels into tiles at each call, and
                 // the f32 panels are not needed at all. Holding the tiles instead (4 bytes per
                 // weight) made 64-row steps no faster, as they then read 7x the bytes.
@@ -172,11 +206,11 @@ impl Linear {
     /// panels, `auto` too, or where the CPU has AMX tiles for every step (there are no
     /// quantized blocks to read for small ones), `f16` keeps an f16 tensor, and `quantized` quantizes to Q8_0 at load
     /// (the file has no blocks of its own) and multiplies as for a GGUF file.
-    pub fn from_tensor(w: Tensor, bias: Option<Tensor>, options: &LoadOptions) -> Result<Self> {
-        let (kind, device) = (options.weights, &options.device);
+    pub fn from_tensor(w: Tensor, bias: Option<Tensor>, options: &LinearOptions) -> Result<Self> {
+        let (kind, device) = (options.kind, &options.device);
         let (n, k) = w.dims2()?;
         let dense = match kind {
-            WeightsKind::F32 | WeightsKind::Auto if device.is_cpu() && dense::available() => {
+            WeightsKind::F32 | WeightsKind::Auto if device.is_cpu() && gemm::available() => {
                 let data = w
                     .to_device(&Device::Cpu)?
                     .to_dtype(DType::F32)?
@@ -237,9 +271,7 @@ fn with_cpu_rows<R>(x: &Tensor, f: impl FnOnce(&[f32], usize, usize) -> R) -> Re
     let x = x.to_dtype(DType::F32)?.contiguous()?;
     let (storage, layout) = x.storage_and_layout();
     let candle_core::Storage::Cpu(cpu) = &*storage else {
-        return Err(ModelError::InvalidBatch(
-            "CPU kernels need CPU tensors".into(),
-        ));
+        return Err(ModelError::NotOnCpu("a linear layer's input"));
     };
     let data = &cpu.as_slice::<f32>()?[layout.start_offset()..][..t * cols];
     Ok(f(data, t, cols))
@@ -315,7 +347,7 @@ fn map_rows(
 pub fn unpermute_qk(w: &QTensor, num_heads: usize, head_dim: usize) -> Result<QTensor> {
     let rows = w.shape().dims()[0];
     if rows != num_heads * head_dim {
-        return Err(ModelError::InvalidBatch(format!(
+        return Err(ModelError::WeightLayout(format!(
             "Q/K weight has {rows} rows, expected {num_heads} heads x {head_dim}"
         )));
     }
@@ -335,7 +367,7 @@ pub fn unpermute_qk(w: &QTensor, num_heads: usize, head_dim: usize) -> Result<QT
 pub fn concat_rows(ws: &[&QTensor]) -> Result<QTensor> {
     let cols = ws[0].shape().dims()[1];
     if let Some(w) = ws.iter().find(|w| w.shape().dims()[1] != cols) {
-        return Err(ModelError::InvalidBatch(format!(
+        return Err(ModelError::WeightLayout(format!(
             "cannot fuse {:?} with {:?}: input sizes differ",
             w.shape(),
             ws[0].shape()

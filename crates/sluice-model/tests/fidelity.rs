@@ -121,7 +121,7 @@ fn greedy_matches_llama_cpp_f32() {
 /// f32 kernel elsewhere): the same agreement with llama.cpp as f32.
 #[test]
 fn greedy_matches_llama_cpp_auto_on_amx_tiles() {
-    if !sluice_model::amx::available() {
+    if !sluice_kernels::cpu::amx::available() {
         eprintln!("AMX-BF16 is missing on this CPU: this checks auto's f32 kernels only");
     }
     let model = load_with(LoadOptions {

@@ -7,10 +7,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use sluice_model::{
-    Architecture, ChatMessage, ChatTemplate, LlamaModel, LoadOptions, ModelSource, StepBatch,
-    Tokenizer, WeightsKind,
-};
+use sluice_model::{Architecture, LlamaModel, LoadOptions, ModelSource, StepBatch, WeightsKind};
+use sluice_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 const GGUF: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 const TOKENIZER_JSON: &str = "qwen2.5-coder-0.5b-instruct.tokenizer.json";

@@ -9,15 +9,13 @@ use std::sync::OnceLock;
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use sluice_model::{ChatMessage, ChatTemplate, IncrementalDecoder, ModelError, Tokenizer};
+use sluice_model::GgufFile;
+use sluice_tokenizer::{ChatMessage, ChatTemplate, IncrementalDecoder, Tokenizer, TokenizerError};
 
 use common::{ids, model_path, read_jsonl};
 
-fn read_content(path: &Path) -> gguf_file::Content {
-    let mut file =
-        std::fs::File::open(path).unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
-    gguf_file::Content::read(&mut file)
-        .unwrap_or_else(|e| panic!("cannot read GGUF header of {}: {e}", path.display()))
+fn read_gguf(path: &Path) -> GgufFile {
+    GgufFile::open(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
 /// SmolLM2's tokenizer, built once for all tests of this binary.
@@ -25,7 +23,8 @@ fn smollm2() -> &'static Tokenizer {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
         let path = model_path();
-        Tokenizer::from_gguf(&read_content(&path), &path)
+        read_gguf(&path)
+            .tokenizer()
             .unwrap_or_else(|e| panic!("cannot build SmolLM2's tokenizer: {e}"))
     })
 }
@@ -190,9 +189,9 @@ fn hf_oracle() -> &'static tokenizers::Tokenizer {
     use tokenizers::pre_tokenizers::{byte_level::ByteLevel, digits::Digits, sequence::Sequence};
     static ORACLE: OnceLock<tokenizers::Tokenizer> = OnceLock::new();
     ORACLE.get_or_init(|| {
-        let content = read_content(&model_path());
+        let file = read_gguf(&model_path());
         let strings = |key: &str| -> Vec<String> {
-            match &content.metadata[key] {
+            match &file.metadata()[key] {
                 Value::Array(items) => items
                     .iter()
                     .map(|v| v.to_string().expect("string").clone())
@@ -428,7 +427,7 @@ fn scratch_dir(name: &str) -> PathBuf {
 fn tiny_gguf_file_loads_and_tokenizes() {
     let dir = scratch_dir("tiny");
     let path = write_tiny_gguf(&dir, "tiny.gguf", "gpt2", "smollm");
-    let tok = Tokenizer::from_gguf(&read_content(&path), &path).unwrap();
+    let tok = read_gguf(&path).tokenizer().unwrap();
     assert_eq!(tok.vocab_size(), 2 + 256 + 5 + 1);
     let hello = tok.token_to_id("hello").unwrap();
     let space_w = tok.token_to_id("Ġw").unwrap();
@@ -461,8 +460,14 @@ fn tiny_gguf_file_loads_and_tokenizes() {
 fn unsupported_tokenizers_are_clear_errors() {
     let dir = scratch_dir("unsupported");
     let sentencepiece = write_tiny_gguf(&dir, "spm.gguf", "llama", "default");
-    let err = Tokenizer::from_gguf(&read_content(&sentencepiece), &sentencepiece).unwrap_err();
-    assert!(matches!(err, ModelError::Unsupported { .. }), "{err:?}");
+    let err = read_gguf(&sentencepiece).tokenizer().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            sluice_model::ModelError::Tokenizer(TokenizerError::Unsupported { .. })
+        ),
+        "{err:?}"
+    );
     let msg = err.to_string();
     assert!(
         msg.contains("spm.gguf") && msg.contains("`llama`") && msg.contains("gpt2"),
@@ -470,9 +475,7 @@ fn unsupported_tokenizers_are_clear_errors() {
     );
 
     let odd_pre = write_tiny_gguf(&dir, "pre.gguf", "gpt2", "mystery-pre");
-    let msg = Tokenizer::from_gguf(&read_content(&odd_pre), &odd_pre)
-        .unwrap_err()
-        .to_string();
+    let msg = read_gguf(&odd_pre).tokenizer().unwrap_err().to_string();
     assert!(
         msg.contains("pre.gguf") && msg.contains("`mystery-pre`") && msg.contains("qwen2"),
         "{msg}"

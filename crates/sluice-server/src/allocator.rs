@@ -13,6 +13,9 @@
 //! 0 purges at once, which cost a fifth of the soak's throughput) gets that value instead, to
 //! trade speed for a smaller footprint after bursts.
 
+// mimalloc's options are set through its C API; this module is the server's one FFI call.
+#![allow(unsafe_code)]
+
 use libmimalloc_sys as ffi;
 
 #[global_allocator]

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use sluice_engine::{
-    Engine, EngineConfig, Event, FinishReason, PagedLlama, Request, SamplingParams, StopParams,
+    Engine, EngineConfig, Event, FinishReason, Request, SamplingParams, StopParams,
 };
-use sluice_model::{ChatMessage, ChatTemplate, LoadOptions, ModelSource, WeightsKind};
+use sluice_model::{LoadOptions, ModelSource, PagedLlama, WeightsKind};
+use sluice_tokenizer::{ChatMessage, ChatTemplate};
 
 const BLOCK_SIZE: usize = 16;
 

@@ -9,8 +9,9 @@ use std::time::Instant;
 
 use anyhow::Context;
 use candle_core::Device;
-use sluice_engine::{Engine, EngineConfig, PagedLlama};
-use sluice_model::{ChatTemplate, LoadOptions, ModelSource, Tokenizer, WeightsKind};
+use sluice_engine::{Engine, EngineConfig};
+use sluice_model::{LoadOptions, ModelSource, PagedLlama, WeightsKind};
+use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::config::{Config, KvCacheDtype};
 use crate::state::ServedModel;

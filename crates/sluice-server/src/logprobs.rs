@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use sluice_engine::TokenLogprobs;
-use sluice_model::Tokenizer;
+use sluice_tokenizer::Tokenizer;
 
 use crate::openai::chat::{ChatTokenLogprob, ChatTopLogprob};
 use crate::openai::common::finite_logprob;

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use sluice_engine::{EngineHandle, ModelLimits};
-use sluice_model::{ChatTemplate, Tokenizer};
+use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::error::ApiError;
 

@@ -5,7 +5,7 @@
 
 use sluice_engine::params::{MAX_LOGPROBS, MAX_N, MAX_STOP_STRINGS};
 use sluice_engine::{SamplingParams, StopParams};
-use sluice_model::{ChatMessage, ChatTemplate};
+use sluice_tokenizer::{ChatMessage, ChatTemplate};
 
 use crate::error::ApiError;
 use crate::openai::chat::ChatMessageIn;

@@ -11,6 +11,7 @@ pub mod reference;
 use std::str::FromStr;
 
 use candle_core::Tensor;
+pub use sluice_kernels::AttentionShape;
 
 use crate::batch::StepBatch;
 use crate::error::Result;
@@ -35,15 +36,6 @@ impl FromStr for AttentionBackend {
             )),
         }
     }
-}
-
-/// Shapes an attention call needs beyond its tensors.
-#[derive(Debug, Clone, Copy)]
-pub struct AttentionShape {
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub scale: f32,
 }
 
 pub fn paged_attention(

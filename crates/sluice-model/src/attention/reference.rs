@@ -4,10 +4,10 @@
 
 use candle_core::Tensor;
 
-use super::AttentionShape;
 use crate::batch::StepBatch;
 use crate::error::Result;
 use crate::kv_cache::KvLayout;
+use sluice_kernels::AttentionShape;
 
 pub fn paged_attention(
     q: &Tensor,

@@ -17,10 +17,11 @@ use serde_json::Value;
 use sluice_engine::testing::{tiny_tokenizer, MockControl, MockModel, TINY_VOCAB};
 use sluice_engine::{Engine, EngineConfig};
 use sluice_model::testing::TinyModelSpec;
-use sluice_model::{ChatTemplate, WeightsKind};
+use sluice_model::WeightsKind;
 use sluice_server::config::KvCacheDtype;
 use sluice_server::load::{self, ModelSettings};
 use sluice_server::{router, AppState, HttpSettings, ServedModel};
+use sluice_tokenizer::ChatTemplate;
 use tower::ServiceExt;
 
 pub const TINY_NAME: &str = "tiny";

@@ -9,18 +9,13 @@
 //! UTF-8. The streaming [`IncrementalDecoder`](crate::detokenizer::IncrementalDecoder) uses the
 //! same bytes, so a streamed response is exactly the text of decoding all its ids at once.
 
-mod bpe;
-pub(crate) mod byte_level;
-mod gguf_vocab;
-mod hf_json;
-mod pretokenize;
-
 use std::path::Path;
 
-use candle_core::quantized::gguf_file;
-
-use crate::error::{ModelError, Result};
-use byte_level::ByteLevelAlphabet;
+use crate::error::Result;
+use crate::gguf_metadata::GgufMetadata;
+use crate::parts::{Encoder, TokenizerParts};
+use crate::vocab::{TokenKind, TokenTable};
+use crate::{gguf_vocab, hf_json, pretokenize};
 
 /// Texts of tokens that end a turn or a document in the model families we serve. When such a
 /// token exists as a special (added) token it is a stop id, whatever the file names as EOS:
@@ -37,158 +32,6 @@ const END_OF_GENERATION_TEXTS: &[&str] = &[
     "<|end|>",
     "<EOT>",
 ];
-
-/// What a vocabulary entry is, for decoding and for skipping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TokenKind {
-    /// A piece of text spelled in the vocabulary's piece encoding (byte-level, sentencepiece).
-    Normal,
-    /// A control token (`<|im_start|>`, BOS/EOS, UNK): decodes to its literal text, is parsed
-    /// as one id in input text, and is dropped when decoding with `skip_special_tokens`.
-    Special,
-    /// A user-defined added token: parsed as one id and decoded as its literal text, but it is
-    /// content, so `skip_special_tokens` keeps it (as Hugging Face and llama.cpp do).
-    Literal,
-}
-
-/// How a vocabulary spells the bytes of normal tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PieceEncoding {
-    /// GPT-2 byte-level BPE: every byte is one printable character (`Ġ` is a space).
-    ByteLevel,
-    /// SentencePiece style: `▁` is a space and `<0xAB>` pieces stand for one raw byte.
-    SentencePiece,
-}
-
-/// Per-id facts decoding needs on the hot path: the raw bytes each id stands for (one flat
-/// buffer with offsets, not 49k small allocations), its vocabulary text, and its kind.
-struct TokenTable {
-    texts: Vec<Option<String>>,
-    bytes: Vec<u8>,
-    /// `bytes[offsets[id]..offsets[id + 1]]` are the bytes of `id`.
-    offsets: Vec<u32>,
-    kinds: Vec<TokenKind>,
-}
-
-impl TokenTable {
-    /// `entries[id]` is the vocabulary text and kind of `id`; `None` marks a hole in the id
-    /// space (possible in a `tokenizer.json`), which decodes to nothing.
-    fn new(entries: Vec<(Option<String>, TokenKind)>, encoding: PieceEncoding) -> Self {
-        let alphabet = ByteLevelAlphabet::new();
-        let mut bytes = Vec::with_capacity(entries.len() * 6);
-        let mut offsets = Vec::with_capacity(entries.len() + 1);
-        let mut texts = Vec::with_capacity(entries.len());
-        let mut kinds = Vec::with_capacity(entries.len());
-        offsets.push(0);
-        for (text, kind) in entries {
-            if let Some(text) = &text {
-                match (kind, encoding) {
-                    (TokenKind::Special | TokenKind::Literal, _) => {
-                        bytes.extend_from_slice(text.as_bytes())
-                    }
-                    (TokenKind::Normal, PieceEncoding::ByteLevel) => {
-                        alphabet.decode_into(text, &mut bytes)
-                    }
-                    (TokenKind::Normal, PieceEncoding::SentencePiece) => {
-                        sentencepiece_bytes(text, &mut bytes)
-                    }
-                }
-            }
-            // Vocabularies are far below 4 GiB of text; saturate rather than wrap if not.
-            offsets.push(u32::try_from(bytes.len()).unwrap_or(u32::MAX));
-            texts.push(text);
-            kinds.push(kind);
-        }
-        Self {
-            texts,
-            bytes,
-            offsets,
-            kinds,
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.kinds.len()
-    }
-
-    fn kind(&self, id: u32) -> Option<TokenKind> {
-        self.kinds.get(id as usize).copied()
-    }
-
-    /// The bytes of `id`; empty for an id outside the table.
-    fn bytes_of(&self, id: u32) -> &[u8] {
-        let i = id as usize;
-        match (self.offsets.get(i), self.offsets.get(i + 1)) {
-            (Some(&start), Some(&end)) => {
-                self.bytes.get(start as usize..end as usize).unwrap_or(&[])
-            }
-            _ => &[],
-        }
-    }
-}
-
-/// What turns text into ids.
-enum Encoder {
-    /// Our byte-level BPE, for GGUF vocabularies.
-    ByteLevelBpe(Box<bpe::ByteLevelBpe>),
-    /// A `tokenizer.json`, run by the `tokenizers` crate.
-    HuggingFace(Box<tokenizers::Tokenizer>),
-}
-
-impl Encoder {
-    fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        match self {
-            Self::ByteLevelBpe(bpe) => Ok(bpe.encode(text)),
-            // `encode_fast` skips offset bookkeeping we never read.
-            Self::HuggingFace(hf) => hf
-                .encode_fast(text, false)
-                .map(|encoding| encoding.get_ids().to_vec())
-                .map_err(|e| ModelError::Encode(e.to_string())),
-        }
-    }
-
-    fn token_to_id(&self, token: &str) -> Option<u32> {
-        match self {
-            Self::ByteLevelBpe(bpe) => bpe.token_to_id(token),
-            Self::HuggingFace(hf) => hf.token_to_id(token),
-        }
-    }
-}
-
-/// The bytes of one SentencePiece piece: `<0xAB>` is the byte 0xAB, `▁` is a space.
-fn sentencepiece_bytes(piece: &str, out: &mut Vec<u8>) {
-    if let Some(hex) = piece
-        .strip_prefix("<0x")
-        .and_then(|rest| rest.strip_suffix('>'))
-    {
-        if hex.len() == 2 {
-            if let Ok(byte) = u8::from_str_radix(hex, 16) {
-                out.push(byte);
-                return;
-            }
-        }
-    }
-    for (i, part) in piece.split('\u{2581}').enumerate() {
-        if i > 0 {
-            out.push(b' ');
-        }
-        out.extend_from_slice(part.as_bytes());
-    }
-}
-
-/// What a tokenizer source (GGUF metadata, tokenizer.json) provides; [`Tokenizer::assemble`]
-/// derives the rest.
-struct TokenizerParts {
-    encoder: Encoder,
-    table: TokenTable,
-    bos: Option<u32>,
-    eos: Option<u32>,
-    pad: Option<u32>,
-    /// Further end-of-generation ids the source names explicitly (GGUF `eot`/`eom` ids).
-    extra_eog: Vec<u32>,
-    add_bos: bool,
-    chat_template: Option<String>,
-}
 
 /// A model's tokenizer: encoding, decoding, special ids and the chat template source.
 pub struct Tokenizer {
@@ -217,8 +60,8 @@ impl Tokenizer {
     /// Builds the tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata. Only
     /// byte-level BPE (`tokenizer.ggml.model = "gpt2"`) is supported; see
     /// [`SUPPORTED_PRE_TOKENIZERS`] for the pre-tokenizers. `path` is only used in errors.
-    pub fn from_gguf(content: &gguf_file::Content, path: &Path) -> Result<Self> {
-        gguf_vocab::build(content, path).map(Self::assemble)
+    pub fn from_gguf(metadata: &dyn GgufMetadata, path: &Path) -> Result<Self> {
+        gguf_vocab::build(metadata, path).map(Self::assemble)
     }
 
     /// Loads a Hugging Face `tokenizer.json`. BOS/EOS, `add_bos_token` and the chat template
@@ -238,8 +81,8 @@ impl Tokenizer {
     /// vocabulary and merges, the pre-tokenizer its `tokenizer.ggml.pre` names, ByteLevel
     /// decoding, control tokens as special added tokens). [`Tokenizer::from_file`] on it
     /// encodes as [`Tokenizer::from_gguf`] does. `path` is only used in errors.
-    pub fn hf_json_from_gguf(content: &gguf_file::Content, path: &Path) -> Result<String> {
-        gguf_vocab::to_hf_json(content, path)
+    pub fn hf_json_from_gguf(metadata: &dyn GgufMetadata, path: &Path) -> Result<String> {
+        gguf_vocab::to_hf_json(metadata, path)
     }
 
     fn assemble(parts: TokenizerParts) -> Self {
@@ -397,74 +240,14 @@ impl Tokenizer {
 pub const SUPPORTED_PRE_TOKENIZERS: &[&str] = pretokenize::SUPPORTED_NAMES;
 
 #[cfg(test)]
-pub(crate) mod test_support {
-    //! A tiny byte-level vocabulary built in memory, for unit tests that need a real
-    //! [`Tokenizer`] without a model file.
-
-    use std::collections::HashMap;
-    use std::path::Path;
-
-    use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
-
-    use super::Tokenizer;
-
-    /// All 256 byte characters (ids 3..259), `<|endoftext|>` (0), `<|im_start|>` (1),
-    /// `<|im_end|>` (2), and merges building "Ġt", "he", "Ġthe" (ids 259..262).
-    pub(crate) fn tiny_content(pre: &str) -> Content {
-        let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let mut types = vec![3i32, 3, 3];
-        let alphabet = super::byte_level::ByteLevelAlphabet::new();
-        for byte in 0..=255u8 {
-            tokens.push(alphabet.char_of(byte).to_string());
-            types.push(1);
-        }
-        assert_eq!(tokens.len(), 259);
-        for merged in ["Ġt", "he", "Ġthe"] {
-            tokens.push(merged.to_string());
-            types.push(1);
-        }
-        let merges = ["Ġ t", "h e", "Ġt he"];
-        let strings = |v: Vec<String>| Value::Array(v.into_iter().map(Value::String).collect());
-        let mut metadata = HashMap::new();
-        metadata.insert(
-            "tokenizer.ggml.model".to_string(),
-            Value::String("gpt2".into()),
-        );
-        metadata.insert("tokenizer.ggml.pre".to_string(), Value::String(pre.into()));
-        metadata.insert("tokenizer.ggml.tokens".to_string(), strings(tokens));
-        metadata.insert(
-            "tokenizer.ggml.token_type".to_string(),
-            Value::Array(types.into_iter().map(Value::I32).collect()),
-        );
-        metadata.insert(
-            "tokenizer.ggml.merges".to_string(),
-            strings(merges.iter().map(|s| s.to_string()).collect()),
-        );
-        metadata.insert("tokenizer.ggml.bos_token_id".to_string(), Value::U32(1));
-        metadata.insert("tokenizer.ggml.eos_token_id".to_string(), Value::U32(2));
-        Content {
-            magic: VersionedMagic::GgufV3,
-            metadata,
-            tensor_infos: HashMap::new(),
-            tensor_data_offset: 0,
-        }
-    }
-
-    pub(crate) fn tiny_tokenizer() -> Tokenizer {
-        match Tokenizer::from_gguf(&tiny_content("gpt-2"), Path::new("tiny.gguf")) {
-            Ok(t) => t,
-            Err(e) => panic!("tiny tokenizer: {e}"),
-        }
-    }
-}
-
-#[cfg(test)]
 mod tests {
-    use super::test_support::{tiny_content, tiny_tokenizer};
     use super::*;
+    use crate::gguf_metadata::MetadataValue;
+    use crate::testing::tiny_metadata;
+
+    fn tiny_tokenizer() -> Tokenizer {
+        Tokenizer::from_gguf(&tiny_metadata("gpt-2"), Path::new("tiny.gguf")).unwrap()
+    }
 
     #[test]
     fn tiny_vocabulary_encodes_with_merges_and_special_tokens() {
@@ -499,22 +282,10 @@ mod tests {
 
     #[test]
     fn add_bos_token_prepends_bos_once() {
-        let mut content = tiny_content("gpt-2");
-        content.metadata.insert(
-            "tokenizer.ggml.add_bos_token".into(),
-            gguf_file::Value::Bool(true),
-        );
-        let tok = Tokenizer::from_gguf(&content, Path::new("tiny.gguf")).unwrap();
+        let mut metadata = tiny_metadata("gpt-2");
+        metadata.insert("tokenizer.ggml.add_bos_token", MetadataValue::Bool(true));
+        let tok = Tokenizer::from_gguf(&metadata, Path::new("tiny.gguf")).unwrap();
         assert_eq!(tok.encode_prompt("he").unwrap(), vec![1, 260]);
         assert_eq!(tok.encode_prompt("<|im_start|>he").unwrap(), vec![1, 260]);
-    }
-
-    #[test]
-    fn sentencepiece_pieces_map_spaces_and_byte_tokens() {
-        let mut out = Vec::new();
-        sentencepiece_bytes("\u{2581}hello", &mut out);
-        sentencepiece_bytes("<0x0A>", &mut out);
-        sentencepiece_bytes("<0xZZ>", &mut out);
-        assert_eq!(out, b" hello\n<0xZZ>");
     }
 }

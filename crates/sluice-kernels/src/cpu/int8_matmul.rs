@@ -7,44 +7,14 @@
 //! `vpdpbusd` over 32 bytes; elsewhere a scalar loop with the same arithmetic runs, which is
 //! also the oracle the SIMD path is tested against.
 
-use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 use rayon::prelude::*;
 
-const BLOCK: usize = 32;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QFormat {
-    /// f16 scale d, 16 bytes of nibbles: w = d * (q - 8).
-    Q4_0,
-    /// f16 scale d and minimum m, 16 bytes of nibbles: w = d * q + m.
-    Q4_1,
-    /// f16 scale d, 32 signed bytes: w = d * q.
-    Q8_0,
-}
-
-impl QFormat {
-    fn from_ggml(dtype: GgmlDType) -> Option<Self> {
-        match dtype {
-            GgmlDType::Q4_0 => Some(Self::Q4_0),
-            GgmlDType::Q4_1 => Some(Self::Q4_1),
-            GgmlDType::Q8_0 => Some(Self::Q8_0),
-            _ => None,
-        }
-    }
-
-    fn block_bytes(self) -> usize {
-        match self {
-            Self::Q4_0 => 18,
-            Self::Q4_1 => 20,
-            Self::Q8_0 => 34,
-        }
-    }
-}
+use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as BLOCK};
 
 /// A `[rows, cols]` weight matrix in GGUF blocks, rows being output features.
 pub struct QuantMatrix {
-    format: QFormat,
+    format: QuantFormat,
     rows: usize,
     cols: usize,
     data: Vec<u8>,
@@ -100,15 +70,13 @@ impl QuantizedActivations {
 const ROWS_PER_TASK: usize = 32;
 
 impl QuantMatrix {
-    /// `None` for formats this kernel does not handle (the caller keeps candle's path).
-    pub fn from_qtensor(w: &QTensor) -> Option<Self> {
-        let format = QFormat::from_ggml(w.dtype())?;
-        let dims = w.shape().dims();
-        if dims.len() != 2 || !dims[1].is_multiple_of(BLOCK) {
+    /// A matrix of `rows` output features over `cols` inputs, `data` being its rows of GGUF
+    /// `format` blocks; `None` when `cols` is not a whole number of blocks or `data` has the
+    /// wrong size.
+    pub fn new(format: QuantFormat, data: Vec<u8>, rows: usize, cols: usize) -> Option<Self> {
+        if !cols.is_multiple_of(BLOCK) {
             return None;
         }
-        let (rows, cols) = (dims[0], dims[1]);
-        let data = w.data().ok()?.into_owned();
         let row_bytes = cols / BLOCK * format.block_bytes();
         if data.len() != rows * row_bytes {
             return None;
@@ -235,15 +203,15 @@ fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
-fn scalar_row_dot(format: QFormat, w: &[u8], a: &ActRow<'_>) -> f32 {
+fn scalar_row_dot(format: QuantFormat, w: &[u8], a: &ActRow<'_>) -> f32 {
     let bb = format.block_bytes();
     let mut total = 0f32;
     for (b, blk) in w.chunks_exact(bb).enumerate() {
         let x = &a.quants[b * BLOCK..][..BLOCK];
         let d = f16_at(blk, 0);
         match format {
-            QFormat::Q4_0 | QFormat::Q4_1 => {
-                let qs = if format == QFormat::Q4_1 {
+            QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
+                let qs = if format == QuantFormat::Q4_1 {
                     &blk[4..20]
                 } else {
                     &blk[2..18]
@@ -253,13 +221,13 @@ fn scalar_row_dot(format: QFormat, w: &[u8], a: &ActRow<'_>) -> f32 {
                     dot += (qs[j] & 0x0F) as i32 * x[j] as i32
                         + (qs[j] >> 4) as i32 * x[j + 16] as i32;
                 }
-                if format == QFormat::Q4_1 {
+                if format == QuantFormat::Q4_1 {
                     total += d * a.scales[b] * dot as f32 + f16_at(blk, 2) * a.sums[b];
                 } else {
                     total += d * a.scales[b] * (dot - 8 * a.int_sums[b]) as f32;
                 }
             }
-            QFormat::Q8_0 => {
+            QuantFormat::Q8_0 => {
                 let dot: i32 = blk[2..34]
                     .iter()
                     .zip(x)
@@ -276,81 +244,92 @@ fn scalar_row_dot(format: QFormat, w: &[u8], a: &ActRow<'_>) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{f16_at, ActRow, QFormat, BLOCK};
+    use super::{f16_at, ActRow, QuantFormat, BLOCK};
 
+    /// # Safety
+    /// The CPU has AVX.
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps(v, 1);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        _mm_cvtss_f32(s)
+        // SAFETY: AVX is the caller's promise; the intrinsics only shuffle registers.
+        unsafe {
+            let lo = _mm256_castps256_ps128(v);
+            let hi = _mm256_extractf128_ps(v, 1);
+            let s = _mm_add_ps(lo, hi);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+            _mm_cvtss_f32(s)
+        }
     }
 
     /// One weight row against one activation row. Per block: the 32 weight quants as unsigned
     /// bytes (nibbles, or |q| for Q8_0 with the sign moved onto the activations), `vpdpbusd`
     /// against the activation bytes, and the 8 partial sums scaled into a float accumulator;
     /// the horizontal sum happens once per row.
+    ///
+    /// # Safety
+    /// The CPU has the features enabled below (see `simd_available`); `w` is one weight row of
+    /// `format` blocks and `a` an activation row of the same number of blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma,avx2")]
-    pub(super) unsafe fn row_dot(format: QFormat, w: &[u8], a: &ActRow<'_>) -> f32 {
-        let bb = format.block_bytes();
-        let nb = w.len() / bb;
-        let mut acc = _mm256_setzero_ps();
-        let mut extra = 0f32;
-        let low = _mm_set1_epi8(0x0F);
-        let wp = w.as_ptr();
-        let xp = a.quants.as_ptr();
-        for b in 0..nb {
-            // Stream ahead of the loads: rows are consecutive, so this reaches into the next.
-            _mm_prefetch::<_MM_HINT_T0>(wp.add(b * bb + 512) as *const i8);
-            let blk = std::slice::from_raw_parts(wp.add(b * bb), bb);
-            let x = _mm256_loadu_si256(xp.add(b * BLOCK) as *const __m256i);
-            let d = f16_at(blk, 0) * *a.scales.get_unchecked(b);
-            let dot = match format {
-                QFormat::Q4_0 | QFormat::Q4_1 => {
-                    let off = if format == QFormat::Q4_1 { 4 } else { 2 };
-                    let qs = _mm_loadu_si128(blk.as_ptr().add(off) as *const __m128i);
-                    let lo = _mm_and_si128(qs, low);
-                    let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low);
-                    let q = _mm256_set_m128i(hi, lo);
-                    if format == QFormat::Q4_1 {
-                        extra += f16_at(blk, 2) * *a.sums.get_unchecked(b);
-                    } else {
-                        extra -= d * (8 * *a.int_sums.get_unchecked(b)) as f32;
+    pub(super) unsafe fn row_dot(format: QuantFormat, w: &[u8], a: &ActRow<'_>) -> f32 {
+        // SAFETY: the CPU features and the matching sizes of `w` and `a` are the caller's promise; each
+        // block's loads read inside its block (and the prefetch never faults).
+        unsafe {
+            let bb = format.block_bytes();
+            let nb = w.len() / bb;
+            let mut acc = _mm256_setzero_ps();
+            let mut extra = 0f32;
+            let low = _mm_set1_epi8(0x0F);
+            let wp = w.as_ptr();
+            let xp = a.quants.as_ptr();
+            for b in 0..nb {
+                // Stream ahead of the loads: rows are consecutive, so this reaches into the next.
+                _mm_prefetch::<_MM_HINT_T0>(wp.add(b * bb + 512) as *const i8);
+                let blk = std::slice::from_raw_parts(wp.add(b * bb), bb);
+                let x = _mm256_loadu_si256(xp.add(b * BLOCK) as *const __m256i);
+                let d = f16_at(blk, 0) * *a.scales.get_unchecked(b);
+                let dot = match format {
+                    QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
+                        let off = if format == QuantFormat::Q4_1 { 4 } else { 2 };
+                        let qs = _mm_loadu_si128(blk.as_ptr().add(off) as *const __m128i);
+                        let lo = _mm_and_si128(qs, low);
+                        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low);
+                        let q = _mm256_set_m128i(hi, lo);
+                        if format == QuantFormat::Q4_1 {
+                            extra += f16_at(blk, 2) * *a.sums.get_unchecked(b);
+                        } else {
+                            extra -= d * (8 * *a.int_sums.get_unchecked(b)) as f32;
+                        }
+                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, x)
                     }
-                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, x)
-                }
-                QFormat::Q8_0 => {
-                    let q = _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i);
-                    _mm256_dpbusd_epi32(
-                        _mm256_setzero_si256(),
-                        _mm256_sign_epi8(q, q),
-                        _mm256_sign_epi8(x, q),
-                    )
-                }
-            };
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d), acc);
+                    QuantFormat::Q8_0 => {
+                        let q = _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i);
+                        _mm256_dpbusd_epi32(
+                            _mm256_setzero_si256(),
+                            _mm256_sign_epi8(q, q),
+                            _mm256_sign_epi8(x, q),
+                        )
+                    }
+                };
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d), acc);
+            }
+            hsum(acc) + extra
         }
-        hsum(acc) + extra
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::testing::random_values;
+    use crate::testing::{quantized_matrix, random_values};
     use candle_core::{Device, Tensor};
 
     use super::*;
 
     #[test]
     fn simd_equals_scalar_and_tracks_dequantized_product() {
-        for dtype in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0] {
+        for format in QuantFormat::ALL {
             for &(rows, cols, t) in &[(40usize, 64usize, 1usize), (200, 576, 3), (33, 160, 8)] {
-                let w = Tensor::from_vec(random_values(rows * cols, 3), (rows, cols), &Device::Cpu)
-                    .unwrap();
-                let q = QTensor::quantize(&w, dtype).unwrap();
-                let m = QuantMatrix::from_qtensor(&q).unwrap();
+                let (bytes, dense) = quantized_matrix(rows, cols, format, 3);
+                let m = QuantMatrix::new(format, bytes, rows, cols).unwrap();
                 let x = random_values(t * cols, 11);
                 let mut acts = QuantizedActivations::default();
                 acts.quantize(&x, t, cols);
@@ -361,11 +340,11 @@ mod tests {
                 for (a, b) in fast.iter().zip(&slow) {
                     assert!(
                         (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                        "{dtype:?}: simd {a} vs scalar {b}"
+                        "{format:?}: simd {a} vs scalar {b}"
                     );
                 }
                 // Against the dequantized weights in f32: only activation rounding differs.
-                let wd = q.dequantize(&Device::Cpu).unwrap();
+                let wd = Tensor::from_vec(dense, (rows, cols), &Device::Cpu).unwrap();
                 let xt = Tensor::from_vec(x.clone(), (t, cols), &Device::Cpu).unwrap();
                 let exact = xt
                     .matmul(&wd.t().unwrap())
@@ -378,7 +357,7 @@ mod tests {
                 for (a, e) in fast.iter().zip(&exact) {
                     assert!(
                         (a - e).abs() <= 0.02 * scale,
-                        "{dtype:?}: {a} vs dequantized {e}"
+                        "{format:?}: {a} vs dequantized {e}"
                     );
                 }
             }
@@ -386,10 +365,9 @@ mod tests {
     }
 
     #[test]
-    fn other_formats_are_declined() {
-        let w = Tensor::from_vec(random_values(32 * 256, 1), (32, 256), &Device::Cpu).unwrap();
-        assert!(
-            QuantMatrix::from_qtensor(&QTensor::quantize(&w, GgmlDType::Q4K).unwrap()).is_none()
-        );
+    fn wrong_sizes_are_declined() {
+        let (bytes, _) = quantized_matrix(32, 256, QuantFormat::Q4_0, 1);
+        assert!(QuantMatrix::new(QuantFormat::Q4_0, bytes.clone(), 32, 255).is_none());
+        assert!(QuantMatrix::new(QuantFormat::Q8_0, bytes, 32, 256).is_none());
     }
 }

@@ -10,6 +10,9 @@
 
 use rayon::prelude::*;
 
+use crate::disjoint::DisjointSlice;
+use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as QBLOCK};
+
 /// Output features per panel: one AVX-512 register of f32.
 const PANEL: usize = 16;
 /// Rows of activations per register tile.
@@ -21,7 +24,7 @@ pub struct PackedMatrix {
     /// Input features.
     k: usize,
     panels: Panels,
-    /// Steps of at least this many rows run on AMX tiles ([`crate::amx`]) instead, with the
+    /// Steps of at least this many rows run on AMX tiles ([`crate::cpu::amx`]) instead, with the
     /// weights tiled once at load.
     /// `None` tiles: dequantized from the panels at every call.
     amx: Option<(usize, Option<Vec<u8>>)>,
@@ -42,50 +45,15 @@ enum Panels {
     },
 }
 
-/// GGUF formats that [`PackedMatrix::pack_quantized`] regroups. Each weight is dequantized
-/// in registers with exactly candle's arithmetic (`q * d`, `q * d + m`, `(q - 8) * d`), so the
-/// products equal those of the f32 panels bit for bit while reading 4-8x fewer bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QuantFormat {
-    Q4_0,
-    Q4_1,
-    Q8_0,
-}
-
-impl QuantFormat {
-    const Q4_0_ID: u8 = 0;
-    const Q4_1_ID: u8 = 1;
-    const Q8_0_ID: u8 = 2;
-
-    fn id(self) -> u8 {
-        match self {
-            Self::Q4_0 => Self::Q4_0_ID,
-            Self::Q4_1 => Self::Q4_1_ID,
-            Self::Q8_0 => Self::Q8_0_ID,
-        }
-    }
-
-    /// Bytes of one panel-block (16 columns x 32 k-rows).
-    const fn block_bytes(id: u8) -> usize {
-        match id {
-            Self::Q4_0_ID => 32 + 256,
-            Self::Q4_1_ID => 32 + 32 + 256,
-            _ => 32 + 512,
-        }
-    }
-
-    /// Bytes of one GGUF block of 32 weights.
-    fn gguf_block_bytes(self) -> usize {
-        match self {
-            Self::Q4_0 => 18,
-            Self::Q4_1 => 20,
-            Self::Q8_0 => 34,
-        }
+/// Bytes of one panel-block (16 columns x 32 k-rows) of the format with const id `id`: 16 f16
+/// scales, 16 f16 minimums (Q4_1 only), then the quants.
+pub(crate) const fn panel_block_bytes(id: u8) -> usize {
+    match id {
+        QuantFormat::Q4_0_ID => 32 + 256,
+        QuantFormat::Q4_1_ID => 32 + 32 + 256,
+        _ => 32 + 512,
     }
 }
-
-/// Weights per GGUF block.
-const QBLOCK: usize = 32;
 
 /// Whether this CPU runs the packed kernel.
 pub fn available() -> bool {
@@ -98,12 +66,6 @@ pub fn available() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
-
-/// The output buffer, written by many threads at disjoint columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
 
 /// Calls the microkernel specialised for `rows` (1..=MR) and `count` panels (4, 2 or 1; a
 /// group cut short at the matrix edge goes one panel at a time).
@@ -155,27 +117,19 @@ impl PackedMatrix {
         }
     }
 
-    /// Regroups a GGUF matrix (`[n, k]` rows of blocks) into quantized panels; `None` for
-    /// formats other than Q4_0, Q4_1 and Q8_0.
-    pub fn pack_quantized(w: &candle_core::quantized::QTensor) -> Option<Self> {
-        use candle_core::quantized::GgmlDType;
-        let format = match w.dtype() {
-            GgmlDType::Q4_0 => QuantFormat::Q4_0,
-            GgmlDType::Q4_1 => QuantFormat::Q4_1,
-            GgmlDType::Q8_0 => QuantFormat::Q8_0,
-            _ => return None,
-        };
-        let (n, k) = w.shape().dims2().ok()?;
-        if k % QBLOCK != 0 {
+    /// Regroups a GGUF matrix (`data`: `[n, k]` weights as rows of `format` blocks) into
+    /// quantized panels; `None` when `k` is not a whole number of blocks or `data` has the
+    /// wrong size.
+    pub fn pack_quantized(format: QuantFormat, data: &[u8], n: usize, k: usize) -> Option<Self> {
+        if !k.is_multiple_of(QBLOCK) {
             return None;
         }
-        let data = w.data().ok()?;
-        let gb = format.gguf_block_bytes();
+        let gb = format.block_bytes();
         let nb = k / QBLOCK;
         if data.len() != n * nb * gb {
             return None;
         }
-        let pb = QuantFormat::block_bytes(format.id());
+        let pb = panel_block_bytes(format.id());
         let panel_bytes = nb * pb;
         let num_panels = n.div_ceil(PANEL);
         let mut bytes = vec![0u8; num_panels * panel_bytes];
@@ -253,8 +207,9 @@ impl PackedMatrix {
 
     fn enable_amx(&mut self, min_rows: usize, pretile: bool) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if crate::amx::available() && self.k.is_multiple_of(32) {
-            let tiles = pretile.then(|| crate::amx::tile_all(self.amx_source(), self.n, self.k));
+        if crate::cpu::amx::available() && self.k.is_multiple_of(32) {
+            let tiles =
+                pretile.then(|| crate::cpu::amx::tile_all(self.amx_source(), self.n, self.k));
             self.amx = Some((min_rows, tiles));
             return true;
         }
@@ -263,8 +218,8 @@ impl PackedMatrix {
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn amx_source(&self) -> crate::amx::Source<'_> {
-        use crate::amx::Source;
+    fn amx_source(&self) -> crate::cpu::amx::Source<'_> {
+        use crate::cpu::amx::Source;
         match &self.panels {
             Panels::F32(p) => Source::F32(p),
             Panels::Quant {
@@ -307,10 +262,10 @@ impl PackedMatrix {
         #[cfg(target_arch = "x86_64")]
         if let Some((_, tiles)) = self.amx.as_ref().filter(|(min, _)| m >= *min) {
             let weights = match tiles {
-                Some(t) => crate::amx::Weights::Tiles(t),
-                None => crate::amx::Weights::Dequantize(self.amx_source()),
+                Some(t) => crate::cpu::amx::Weights::Tiles(t),
+                None => crate::cpu::amx::Weights::Dequantize(self.amx_source()),
             };
-            crate::amx::matmul(weights, self.n, self.k, x, m, out);
+            crate::cpu::amx::matmul(weights, self.n, self.k, x, m, out);
             return;
         }
         let num_panels = self.n.div_ceil(PANEL);
@@ -323,7 +278,7 @@ impl PackedMatrix {
         } else {
             1
         };
-        let out_ptr = OutPtr(out.as_mut_ptr());
+        let out = DisjointSlice::new(out);
         (0..num_panels.div_ceil(group))
             .into_par_iter()
             .for_each(|g| {
@@ -331,54 +286,72 @@ impl PackedMatrix {
                 let count = group.min(num_panels - first);
                 // SAFETY: AVX-512 checked above; each task writes only columns of its own panels,
                 // and all pointers stay within `x`, `self.panels` and `out` by the size checks.
-                unsafe { self.columns(x, m, first, count, out_ptr) };
+                unsafe { self.columns(x, m, first, count, out) };
             });
     }
 
+    /// Computes panels `first..first + count` of every row of `x` into `out`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 ([`available`]); `x` holds `m * k` values and `out` `m * n`; no other
+    /// task writes these panels' columns of `out` meanwhile.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn columns(&self, x: &[f32], m: usize, first: usize, count: usize, out: OutPtr) {
-        let col = first * PANEL;
-        let valid = (self.n - col).min(count * PANEL);
-        let mut row = 0;
-        while row < m {
-            let rows = MR.min(m - row);
-            let t = x86::Tile {
-                x: x.as_ptr().add(row * self.k),
-                k: self.k,
-                out: out.0.add(row * self.n + col),
-                ldo: self.n,
-                valid,
-            };
-            match &self.panels {
-                Panels::F32(p) => {
-                    let w = p.as_ptr().add(first * self.k * PANEL);
-                    tiles!(t, rows, count, self.k * PANEL, w, x86::tile, [1 2 3 4 5 6]);
-                }
-                Panels::Quant {
-                    format,
-                    bytes,
-                    panel_bytes,
-                } => {
-                    let w = bytes.as_ptr().add(first * panel_bytes);
-                    match *format {
-                        QuantFormat::Q4_0 => {
-                            tiles!(t, rows, count, *panel_bytes, w, x86::qtile_q4_0, [1 2 3 4 5 6])
-                        }
-                        QuantFormat::Q4_1 => {
-                            tiles!(t, rows, count, *panel_bytes, w, x86::qtile_q4_1, [1 2 3 4 5 6])
-                        }
-                        QuantFormat::Q8_0 => {
-                            tiles!(t, rows, count, *panel_bytes, w, x86::qtile_q8_0, [1 2 3 4 5 6])
+    unsafe fn columns(
+        &self,
+        x: &[f32],
+        m: usize,
+        first: usize,
+        count: usize,
+        out: DisjointSlice<'_, f32>,
+    ) {
+        // SAFETY: in bounds of `x`, the panels and `out` by the caller's sizes (at most `first + count`
+        // panels); the microkernels' CPU features and the exclusive columns are the caller's promise.
+        unsafe {
+            let col = first * PANEL;
+            let valid = (self.n - col).min(count * PANEL);
+            let mut row = 0;
+            while row < m {
+                let rows = MR.min(m - row);
+                let t = x86::Tile {
+                    x: x.as_ptr().add(row * self.k),
+                    k: self.k,
+                    out: out.as_mut_ptr().add(row * self.n + col),
+                    ldo: self.n,
+                    valid,
+                };
+                match &self.panels {
+                    Panels::F32(p) => {
+                        let w = p.as_ptr().add(first * self.k * PANEL);
+                        tiles!(t, rows, count, self.k * PANEL, w, x86::tile, [1 2 3 4 5 6]);
+                    }
+                    Panels::Quant {
+                        format,
+                        bytes,
+                        panel_bytes,
+                    } => {
+                        let w = bytes.as_ptr().add(first * panel_bytes);
+                        match *format {
+                            QuantFormat::Q4_0 => {
+                                tiles!(t, rows, count, *panel_bytes, w, x86::qtile_q4_0, [1 2 3 4 5 6])
+                            }
+                            QuantFormat::Q4_1 => {
+                                tiles!(t, rows, count, *panel_bytes, w, x86::qtile_q4_1, [1 2 3 4 5 6])
+                            }
+                            QuantFormat::Q8_0 => {
+                                tiles!(t, rows, count, *panel_bytes, w, x86::qtile_q8_0, [1 2 3 4 5 6])
+                            }
                         }
                     }
                 }
+                row += rows;
             }
-            row += rows;
         }
     }
 
+    /// # Safety
+    /// Never called: [`available`] is false off x86_64.
     #[cfg(not(target_arch = "x86_64"))]
-    unsafe fn columns(&self, _: &[f32], _: usize, _: usize, _: usize, _: OutPtr) {
+    unsafe fn columns(&self, _: &[f32], _: usize, _: usize, _: usize, _: DisjointSlice<'_, f32>) {
         unreachable!("available() is false off x86_64")
     }
 }
@@ -402,16 +375,22 @@ mod x86 {
         pub valid: usize,
     }
 
+    /// # Safety
+    /// The CPU has AVX-512F; `t` addresses MR rows of `t.valid` writable columns (NR panels at
+    /// most).
     #[inline(always)]
     unsafe fn store<const MR: usize, const NR: usize>(t: &Tile, acc: &[[__m512; NR]; MR]) {
-        for (r, row) in acc.iter().enumerate() {
-            for (j, a) in row.iter().enumerate() {
-                let cols = t.valid.saturating_sub(j * PANEL).min(PANEL);
-                let dst = t.out.add(r * t.ldo + j * PANEL);
-                if cols == PANEL {
-                    _mm512_storeu_ps(dst, *a);
-                } else if cols > 0 {
-                    _mm512_mask_storeu_ps(dst, ((1u32 << cols) - 1) as u16, *a);
+        // SAFETY: the caller's promise: every store is inside the tile's rows and valid columns.
+        unsafe {
+            for (r, row) in acc.iter().enumerate() {
+                for (j, a) in row.iter().enumerate() {
+                    let cols = t.valid.saturating_sub(j * PANEL).min(PANEL);
+                    let dst = t.out.add(r * t.ldo + j * PANEL);
+                    if cols == PANEL {
+                        _mm512_storeu_ps(dst, *a);
+                    } else if cols > 0 {
+                        _mm512_mask_storeu_ps(dst, ((1u32 << cols) - 1) as u16, *a);
+                    }
                 }
             }
         }
@@ -419,23 +398,32 @@ mod x86 {
 
     /// `out[r][c] = sum_k x[r][k] * panel[c / 16][k][c % 16]` over f32 panels `w`, `stride`
     /// floats apart: per k, NR panel loads and MR broadcasts feed MR x NR FMAs.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `t` addresses MR rows of `t.k` activations and MR rows of
+    /// `t.valid` writable outputs; `w` holds NR panels of `t.k * 16` floats, `stride` floats apart.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn tile<const MR: usize, const NR: usize>(
         t: &Tile,
         w: *const f32,
         stride: usize,
     ) {
-        let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-        for kk in 0..t.k {
-            let mut wv = [_mm512_setzero_ps(); NR];
-            for (j, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_loadu_ps(w.add(j * stride + kk * PANEL));
+        // SAFETY: AVX-512F and every read and write in bounds are the caller's promise.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); NR]; MR];
+            for kk in 0..t.k {
+                let mut wv = [_mm512_setzero_ps(); NR];
+                for (j, v) in wv.iter_mut().enumerate() {
+                    *v = _mm512_loadu_ps(w.add(j * stride + kk * PANEL));
+                }
+                fma_rows(t, kk, &wv, &mut acc);
             }
-            fma_rows(t, kk, &wv, &mut acc);
+            store(t, &acc);
         }
-        store(t, &acc);
     }
 
+    /// # Safety
+    /// The CPU has AVX-512F; `t.x` holds MR rows of `t.k > kk` activations.
     #[inline(always)]
     unsafe fn fma_rows<const MR: usize, const NR: usize>(
         t: &Tile,
@@ -443,134 +431,260 @@ mod x86 {
         wv: &[__m512; NR],
         acc: &mut [[__m512; NR]; MR],
     ) {
-        for (r, row) in acc.iter_mut().enumerate() {
-            let xb = _mm512_set1_ps(*t.x.add(r * t.k + kk));
-            for (j, a) in row.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(xb, wv[j], *a);
+        // SAFETY: the caller's promise: the reads are rows of `t.x` below `t.k`.
+        unsafe {
+            for (r, row) in acc.iter_mut().enumerate() {
+                let xb = _mm512_set1_ps(*t.x.add(r * t.k + kk));
+                for (j, a) in row.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(xb, wv[j], *a);
+                }
             }
         }
     }
 
+    /// # Safety
+    /// As [`qtile`].
     pub(super) unsafe fn qtile_q4_0<const MR: usize, const NR: usize>(
         t: &Tile,
         w: *const u8,
         stride: usize,
     ) {
-        qtile::<MR, NR, { QuantFormat::Q4_0_ID }>(t, w, stride)
+        // SAFETY: forwarded: the caller makes [`qtile`]'s promise.
+        unsafe { qtile::<MR, NR, { QuantFormat::Q4_0_ID }>(t, w, stride) }
     }
 
+    /// # Safety
+    /// As [`qtile`].
     pub(super) unsafe fn qtile_q4_1<const MR: usize, const NR: usize>(
         t: &Tile,
         w: *const u8,
         stride: usize,
     ) {
-        qtile::<MR, NR, { QuantFormat::Q4_1_ID }>(t, w, stride)
+        // SAFETY: forwarded: the caller makes [`qtile`]'s promise.
+        unsafe { qtile::<MR, NR, { QuantFormat::Q4_1_ID }>(t, w, stride) }
     }
 
+    /// # Safety
+    /// As [`qtile`].
     pub(super) unsafe fn qtile_q8_0<const MR: usize, const NR: usize>(
         t: &Tile,
         w: *const u8,
         stride: usize,
     ) {
-        qtile::<MR, NR, { QuantFormat::Q8_0_ID }>(t, w, stride)
+        // SAFETY: forwarded: the caller makes [`qtile`]'s promise.
+        unsafe { qtile::<MR, NR, { QuantFormat::Q8_0_ID }>(t, w, stride) }
     }
 
     /// The same product over quantized panels `stride` bytes apart. Each k-row of 16 weights
     /// is dequantized as candle does it (one multiply, then one add for Q4_1) and fed to the
     /// same FMA sequence as [`tile`], so the outputs are identical to the f32 panels'.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, BW and F16C; `t` addresses MR rows of `t.k` activations (a multiple
+    /// of 32) and MR rows of `t.valid` writable outputs; `w` holds NR quantized panels of `FMT`,
+    /// `stride` bytes apart, each covering `t.k`.
     #[target_feature(enable = "avx512f,avx512bw,f16c")]
     unsafe fn qtile<const MR: usize, const NR: usize, const FMT: u8>(
         t: &Tile,
         w: *const u8,
         stride: usize,
     ) {
-        let block = QuantFormat::block_bytes(FMT);
-        let quants_at = if FMT == QuantFormat::Q4_1_ID { 64 } else { 32 };
-        let low = _mm_set1_epi8(0x0F);
-        let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-        for kb in 0..t.k / QBLOCK {
-            let mut d = [_mm512_setzero_ps(); NR];
-            let mut m = [_mm512_setzero_ps(); NR];
-            for j in 0..NR {
-                let blk = w.add(j * stride + kb * block);
-                d[j] = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
-                if FMT == QuantFormat::Q4_1_ID {
-                    m[j] = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
+        // SAFETY: the CPU features and the bounds of every load and store are the caller's promise.
+        unsafe {
+            let block = super::panel_block_bytes(FMT);
+            let quants_at = if FMT == QuantFormat::Q4_1_ID { 64 } else { 32 };
+            let low = _mm_set1_epi8(0x0F);
+            let mut acc = [[_mm512_setzero_ps(); NR]; MR];
+            for kb in 0..t.k / QBLOCK {
+                let mut d = [_mm512_setzero_ps(); NR];
+                let mut m = [_mm512_setzero_ps(); NR];
+                for j in 0..NR {
+                    let blk = w.add(j * stride + kb * block);
+                    d[j] = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+                    if FMT == QuantFormat::Q4_1_ID {
+                        m[j] = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
+                    }
+                }
+                let k0 = kb * QBLOCK;
+                if FMT == QuantFormat::Q8_0_ID {
+                    for kk in 0..QBLOCK {
+                        let mut wv = [_mm512_setzero_ps(); NR];
+                        for j in 0..NR {
+                            let q = _mm_loadu_si128(
+                                w.add(j * stride + kb * block + quants_at + kk * PANEL)
+                                    as *const __m128i,
+                            );
+                            wv[j] =
+                                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d[j]);
+                        }
+                        fma_rows(t, k0 + kk, &wv, &mut acc);
+                    }
+                } else {
+                    for pair in 0..QBLOCK / 2 {
+                        let mut even = [_mm512_setzero_ps(); NR];
+                        let mut odd = [_mm512_setzero_ps(); NR];
+                        for j in 0..NR {
+                            let q = _mm_loadu_si128(
+                                w.add(j * stride + kb * block + quants_at + pair * PANEL)
+                                    as *const __m128i,
+                            );
+                            let mut lo = _mm512_cvtepu8_epi32(_mm_and_si128(q, low));
+                            let mut hi =
+                                _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), low));
+                            if FMT == QuantFormat::Q4_0_ID {
+                                lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(8));
+                                hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(8));
+                            }
+                            even[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d[j]);
+                            odd[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d[j]);
+                            if FMT == QuantFormat::Q4_1_ID {
+                                even[j] = _mm512_add_ps(even[j], m[j]);
+                                odd[j] = _mm512_add_ps(odd[j], m[j]);
+                            }
+                        }
+                        fma_rows(t, k0 + 2 * pair, &even, &mut acc);
+                        fma_rows(t, k0 + 2 * pair + 1, &odd, &mut acc);
+                    }
                 }
             }
-            let k0 = kb * QBLOCK;
-            if FMT == QuantFormat::Q8_0_ID {
-                for kk in 0..QBLOCK {
-                    let mut wv = [_mm512_setzero_ps(); NR];
-                    for j in 0..NR {
-                        let q = _mm_loadu_si128(
-                            w.add(j * stride + kb * block + quants_at + kk * PANEL)
-                                as *const __m128i,
-                        );
-                        wv[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d[j]);
-                    }
-                    fma_rows(t, k0 + kk, &wv, &mut acc);
-                }
-            } else {
-                for pair in 0..QBLOCK / 2 {
-                    let mut even = [_mm512_setzero_ps(); NR];
-                    let mut odd = [_mm512_setzero_ps(); NR];
-                    for j in 0..NR {
-                        let q = _mm_loadu_si128(
-                            w.add(j * stride + kb * block + quants_at + pair * PANEL)
-                                as *const __m128i,
-                        );
-                        let mut lo = _mm512_cvtepu8_epi32(_mm_and_si128(q, low));
-                        let mut hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), low));
-                        if FMT == QuantFormat::Q4_0_ID {
-                            lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(8));
-                            hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(8));
-                        }
-                        even[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d[j]);
-                        odd[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d[j]);
-                        if FMT == QuantFormat::Q4_1_ID {
-                            even[j] = _mm512_add_ps(even[j], m[j]);
-                            odd[j] = _mm512_add_ps(odd[j], m[j]);
-                        }
-                    }
-                    fma_rows(t, k0 + 2 * pair, &even, &mut acc);
-                    fma_rows(t, k0 + 2 * pair + 1, &odd, &mut acc);
-                }
-            }
+            store(t, &acc);
         }
-        store(t, &acc);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::random_values;
+    use crate::testing::{quantized_matrix, random_values};
+
+    fn amx_available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return crate::cpu::amx::available();
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    // The AMX path of `PackedMatrix::matmul`.
+    /// `|got - want| <= 1e-4 * sum_k |x w|`: three split products leave about 3 * 2^-18 of
+    /// each product's magnitude.
+    fn assert_close(got: &[f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usize, what: &str) {
+        for r in 0..m {
+            for c in 0..n {
+                let xr = &x[r * k..][..k];
+                let wc = &w[c * k..][..k];
+                let want: f64 = xr.iter().zip(wc).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let scale: f64 = xr.iter().zip(wc).map(|(&a, &b)| (a * b).abs() as f64).sum();
+                let err = (got[r * n + c] as f64 - want).abs();
+                assert!(
+                    err <= 1e-4 * scale + 1e-30,
+                    "{what} m{m} n{n} k{k} [{r},{c}]: {} vs {want} (scale {scale})",
+                    got[r * n + c]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn split_bf16_tiles_match_f64_products() {
+        if !amx_available() {
+            eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
+            return;
+        }
+        // Edges: rows past a 32-row block and past a 1 MiB chunk, columns past a 32-column
+        // group and past the last panel.
+        for &(m, n, k) in &[
+            (1usize, 40usize, 64usize),
+            (33, 70, 96),
+            (64, 960, 576),
+            (200, 33, 1536),
+            (31, 16, 32),
+        ] {
+            let w = random_values(n * k, 11);
+            let x = random_values(m * k, 12);
+            let mut packed = PackedMatrix::pack(&w, n, k);
+            assert!(packed.use_amx_from(1));
+            let mut out = vec![f32::NAN; m * n];
+            packed.matmul(&x, m, &mut out);
+            assert_close(&out, &x, &w, m, n, k, "f32 panels");
+        }
+    }
+
+    #[test]
+    fn quantized_panels_on_tiles_match_their_dequantized_values() {
+        if !amx_available() {
+            eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
+            return;
+        }
+        for format in QuantFormat::ALL {
+            for &(m, n, k) in &[(40usize, 72usize, 576usize), (64, 16, 64)] {
+                let (q, dense) = quantized_matrix(n, k, format, 5);
+                let x = random_values(m * k, 6);
+                // Tiled at load, and dequantized into tiles at every call: the same products.
+                let mut tiled = PackedMatrix::pack_quantized(format, &q, n, k).unwrap();
+                assert!(tiled.use_amx_from(1));
+                let mut per_call = PackedMatrix::pack_quantized(format, &q, n, k).unwrap();
+                assert!(per_call.use_amx_dequantizing_from(1));
+                let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+                tiled.matmul(&x, m, &mut a);
+                per_call.matmul(&x, m, &mut b);
+                assert_close(&a, &x, &dense, m, n, k, &format!("{format:?} tiled"));
+                assert!(
+                    a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "{format:?}: tiles made per call differ from tiles made at load"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_rows_result_does_not_depend_on_the_other_rows() {
+        if !amx_available() {
+            eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
+            return;
+        }
+        let (n, k) = (96, 576);
+        let w = random_values(n * k, 21);
+        let x = random_values(77 * k, 22);
+        let mut packed = PackedMatrix::pack(&w, n, k);
+        assert!(packed.use_amx_from(1));
+        let mut batch = vec![0f32; 77 * n];
+        packed.matmul(&x, 77, &mut batch);
+        for r in [0, 31, 32, 76] {
+            let mut alone = vec![0f32; n];
+            packed.matmul(&x[r * k..][..k], 1, &mut alone);
+            assert!(
+                alone
+                    .iter()
+                    .zip(&batch[r * n..][..n])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "row {r} differs alone and in a batch of 77"
+            );
+        }
+    }
 
     #[test]
     fn quantized_panels_equal_dequantized_f32_panels_bit_for_bit() {
-        use candle_core::quantized::GgmlDType;
         if !available() {
             eprintln!("skipped: no AVX-512 on this CPU, the packed kernel is never used here");
             return;
         }
-        for dtype in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0] {
+        for format in QuantFormat::ALL {
             for &(m, n, k) in &[
                 (1usize, 40usize, 64usize),
                 (3, 200, 576),
                 (6, 16, 32),
                 (13, 70, 96),
             ] {
-                let (q, dense) = crate::testing::quantized_matrix(n, k, dtype, 5);
+                let (q, dense) = quantized_matrix(n, k, format, 5);
                 let f32_panels = PackedMatrix::pack(&dense, n, k);
-                let q_panels = PackedMatrix::pack_quantized(&q).unwrap();
+                let q_panels = PackedMatrix::pack_quantized(format, &q, n, k).unwrap();
                 let x = random_values(m * k, 6);
                 let (mut a, mut b) = (vec![0f32; m * n], vec![0f32; m * n]);
                 f32_panels.matmul(&x, m, &mut a);
                 q_panels.matmul(&x, m, &mut b);
                 assert!(
                     a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "{dtype:?} m{m} n{n} k{k}: not bit-identical"
+                    "{format:?} m{m} n{n} k{k}: not bit-identical"
                 );
             }
         }

@@ -6,7 +6,7 @@
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ModelError, Result};
+use crate::error::{Result, TokenizerError};
 
 /// Name under which the template is stored in its environment. No file extension, so
 /// minijinja applies no HTML auto-escaping.
@@ -66,7 +66,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| {
-                ModelError::Template(format!("cannot compile the chat template: {e:#}"))
+                TokenizerError::Template(format!("cannot compile the chat template: {e:#}"))
             })?;
         Ok(Self {
             env,
@@ -88,7 +88,7 @@ impl ChatTemplate {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
-            .map_err(|e| ModelError::Template(e.to_string()))?;
+            .map_err(|e| TokenizerError::Template(e.to_string()))?;
         template
             .render(context! {
                 messages => messages,
@@ -96,7 +96,9 @@ impl ChatTemplate {
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
             })
-            .map_err(|e| ModelError::Template(format!("cannot render the chat template: {e:#}")))
+            .map_err(|e| {
+                TokenizerError::Template(format!("cannot render the chat template: {e:#}"))
+            })
     }
 }
 
@@ -167,7 +169,7 @@ mod tests {
     #[test]
     fn syntax_errors_are_reported_at_compile_time() {
         let err = ChatTemplate::new("{% for m in messages %}", None, None).unwrap_err();
-        assert!(matches!(err, ModelError::Template(_)));
+        assert!(matches!(err, TokenizerError::Template(_)));
     }
 
     #[test]

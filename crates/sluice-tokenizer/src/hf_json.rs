@@ -5,19 +5,20 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::{Encoder, PieceEncoding, TokenKind, TokenTable, TokenizerParts};
-use crate::error::{ModelError, Result};
+use crate::error::{Result, TokenizerError};
+use crate::parts::{Encoder, TokenizerParts};
+use crate::vocab::{PieceEncoding, TokenKind, TokenTable};
 
-pub(super) fn build(path: &Path) -> Result<TokenizerParts> {
-    let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
+pub(crate) fn build(path: &Path) -> Result<TokenizerParts> {
+    let bytes = std::fs::read(path).map_err(|source| TokenizerError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| ModelError::Tokenizer {
+    let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::Build {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
-    let encoding = piece_encoding(&inner).ok_or_else(|| ModelError::Unsupported {
+    let encoding = piece_encoding(&inner).ok_or_else(|| TokenizerError::Unsupported {
         path: path.to_path_buf(),
         what: "tokenizer decoder (supported: ByteLevel, or SentencePiece-style \
                Metaspace/Replace(\u{2581})/ByteFallback)"
@@ -109,11 +110,11 @@ impl TokenizerConfig {
         let dir = tokenizer_json.parent().unwrap_or(Path::new("."));
         let path = dir.join("tokenizer_config.json");
         let mut config = if path.exists() {
-            let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+            let text = std::fs::read_to_string(&path).map_err(|source| TokenizerError::Io {
                 path: path.clone(),
                 source,
             })?;
-            let json: Json = serde_json::from_str(&text).map_err(|e| ModelError::Tokenizer {
+            let json: Json = serde_json::from_str(&text).map_err(|e| TokenizerError::Build {
                 path: path.clone(),
                 reason: format!("invalid JSON: {e}"),
             })?;
@@ -133,7 +134,7 @@ impl TokenizerConfig {
             if jinja.exists() {
                 config.chat_template =
                     Some(
-                        std::fs::read_to_string(&jinja).map_err(|source| ModelError::Io {
+                        std::fs::read_to_string(&jinja).map_err(|source| TokenizerError::Io {
                             path: jinja,
                             source,
                         })?,

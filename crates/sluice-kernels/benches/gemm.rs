@@ -4,11 +4,15 @@
 //! tile kernel from f32 panels and from Q4_1 panels (what `--weights auto` runs for large steps).
 //! Prints a table; asserts nothing.
 
+// getrusage through libc, for the CPU-time mode below.
+#![allow(unsafe_code)]
+
 use std::time::Instant;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use sluice_model::dense::{self, PackedMatrix};
+use sluice_kernels::cpu::{amx, gemm};
+use sluice_kernels::{PackedMatrix, QuantFormat};
 
 /// CPU time this process has used (all threads).
 fn cpu_time() -> f64 {
@@ -43,9 +47,9 @@ fn seconds_per_call(mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    assert!(dense::available(), "the packed kernel needs AVX-512");
+    assert!(gemm::available(), "the packed kernel needs AVX-512");
     let dev = Device::Cpu;
-    let amx = sluice_model::amx::available();
+    let amx = amx::available();
     println!(
         "| shape [m,k]x[k,n] | candle ms | candle GFLOP/s | packed ms | packed GFLOP/s | AMX f32-panels ms | GFLOP/s | AMX Q4_1 tiled at load ms | GFLOP/s | AMX Q4_1 dequantized per call ms | GFLOP/s |"
     );
@@ -77,9 +81,10 @@ fn main() {
                 PackedMatrix::pack(&w.flatten_all().unwrap().to_vec1::<f32>().unwrap(), n, k);
             f32_tiles.use_amx_from(1);
             let q = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
-            let mut q_tiles = PackedMatrix::pack_quantized(&q).unwrap();
+            let q = q.data().unwrap();
+            let mut q_tiles = PackedMatrix::pack_quantized(QuantFormat::Q4_1, &q, n, k).unwrap();
             q_tiles.use_amx_from(1);
-            let mut q_dequant = PackedMatrix::pack_quantized(&q).unwrap();
+            let mut q_dequant = PackedMatrix::pack_quantized(QuantFormat::Q4_1, &q, n, k).unwrap();
             q_dequant.use_amx_dequantizing_from(1);
             (
                 seconds_per_call(|| f32_tiles.matmul(&xv, m, &mut out)),

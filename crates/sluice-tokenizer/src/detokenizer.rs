@@ -96,7 +96,11 @@ fn is_truncated_char(bytes: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::test_support::tiny_tokenizer;
+    use crate::testing::tiny_metadata;
+
+    fn tiny_tokenizer() -> Tokenizer {
+        Tokenizer::from_gguf(&tiny_metadata("gpt-2"), std::path::Path::new("tiny.gguf")).unwrap()
+    }
 
     /// Id of the single-byte token for `byte` in the tiny vocabulary (bytes start at id 3).
     fn byte_id(byte: u8) -> u32 {

@@ -12,9 +12,9 @@ use std::collections::BinaryHeap;
 use ahash::AHashMap;
 use aho_corasick::{AhoCorasick, MatchKind};
 
-use super::byte_level::ByteLevelAlphabet;
-use super::pretokenize::PreTokenizer;
-use super::{TokenKind, TokenTable};
+use crate::byte_level::ByteLevelAlphabet;
+use crate::pretokenize::PreTokenizer;
+use crate::vocab::{TokenKind, TokenTable};
 
 /// The result of merging an adjacent pair: its rank (lower merges first) and the new id.
 #[derive(Debug, Clone, Copy)]

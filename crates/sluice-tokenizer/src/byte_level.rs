@@ -10,14 +10,21 @@ fn is_kept(byte: u8) -> bool {
 /// Highest code point the alphabet uses: the 68 non-printable bytes are moved to 256..324.
 const TABLE_LEN: usize = 256 + 68;
 
-/// Inverse of GPT-2's `bytes_to_unicode`: code point -> byte, for code points below 324.
-pub(crate) struct ByteLevelAlphabet {
+/// GPT-2's byte-level alphabet, both ways: every byte is one printable character (`Ġ` is a
+/// space), and `byte_of` is the inverse of GPT-2's `bytes_to_unicode` for code points below 324.
+pub struct ByteLevelAlphabet {
     byte_of: [Option<u8>; TABLE_LEN],
     char_of: [char; 256],
 }
 
+impl Default for ByteLevelAlphabet {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl ByteLevelAlphabet {
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         let mut byte_of = [None; TABLE_LEN];
         let mut char_of = ['\0'; 256];
         let mut shifted = 256;
@@ -36,14 +43,14 @@ impl ByteLevelAlphabet {
     }
 
     /// The character byte-level vocabularies spell `byte` with.
-    pub(crate) fn char_of(&self, byte: u8) -> char {
+    pub fn char_of(&self, byte: u8) -> char {
         self.char_of[byte as usize]
     }
 
     /// Appends the raw bytes a byte-level token text stands for. A character outside the
     /// alphabet (a vocabulary entry that was not byte-encoded) contributes its own UTF-8 bytes,
     /// so odd vocabularies still decode to something readable instead of failing.
-    pub(crate) fn decode_into(&self, text: &str, out: &mut Vec<u8>) {
+    pub fn decode_into(&self, text: &str, out: &mut Vec<u8>) {
         for c in text.chars() {
             match self.byte_of.get(c as usize).copied().flatten() {
                 Some(byte) => out.push(byte),

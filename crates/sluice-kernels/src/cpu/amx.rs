@@ -1,0 +1,526 @@
+//! Matrix products on Intel AMX tiles, for steps of many rows (prefill chunks, large decode
+//! batches), where the f32 FMA kernel of [`crate::cpu::gemm`] is bound by arithmetic.
+//!
+//! AMX multiplies bf16 pairs into f32 sums at 16x the rate of AVX-512 f32 FMAs, but bf16 keeps
+//! only 8 significant bits. Each operand is therefore split into two bf16 terms, `v = hi + lo`
+//! (16 significant bits), and three products are summed: `hi*hi + lo*hi + hi*lo`. The dropped
+//! `lo*lo` term and the rounding of `lo` bound each product's relative error by about 2^-16
+//! instead of f32's 2^-24: far below the 4-bit quantization of the weights, at a third of the
+//! tile rate, which is still about 5x the f32 kernel.
+//!
+//! Quantized weights are not stored as bf16: each task dequantizes its 32 output columns from
+//! the packed Q4/Q8 panels into hi/lo tiles in an L2-resident buffer (an eighth of the bytes to
+//! read at Q4), then streams a chunk of activation rows through them. Weights held as f32 are
+//! tiled once at load ([`tile_all`]). A row's result depends only on that row and the weights (every
+//! output element sums its K range in the same order), so batching stays invisible within this
+//! path.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::cell::{Cell, RefCell};
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use crate::disjoint::DisjointSlice;
+use crate::quant_format::QuantFormat;
+
+/// Output columns of one tile (16 f32 = 64 bytes per tile row).
+const TILE_N: usize = 16;
+/// Rows of one tile.
+const TILE_M: usize = 16;
+/// k per tile step: 16 tile rows of bf16 pairs.
+const TILE_K: usize = 32;
+/// Columns per task: two B tiles.
+const GROUP_N: usize = 2 * TILE_N;
+/// Rows per register block: two A tiles.
+const BLOCK_M: usize = 2 * TILE_M;
+/// Bytes of one tile (16 rows x 64 bytes).
+const TILE_BYTES: usize = 1024;
+/// Activation bytes (hi and lo) kept in L2 while every column group streams over them.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// Where the weights of a matrix are dequantized from.
+#[derive(Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// `[panel][k][16]` f32 panels.
+    F32(&'a [f32]),
+    /// Quantized panels (see `gemm::Panels::Quant`): per 32-k block, 16 f16 scales, 16 f16
+    /// minimums for Q4_1, then the quants.
+    Quant {
+        format: QuantFormat,
+        bytes: &'a [u8],
+        panel_bytes: usize,
+    },
+}
+
+/// The weights of a product: tiled at load, or dequantized per call from their panels (an
+/// eighth of the bytes to read for Q4 formats, for the cost of converting them).
+#[derive(Clone, Copy)]
+pub(crate) enum Weights<'a> {
+    Tiles(&'a [u8]),
+    Dequantize(Source<'a>),
+}
+
+/// Whether this CPU has AMX-BF16 and the kernel granted this process the tile state.
+pub fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        if !(is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512bf16"))
+        {
+            return false;
+        }
+        // cpuid leaf 7 exists on every CPU with AVX-512.
+        let leaf7 = __cpuid_count(7, 0);
+        let amx_bf16 = leaf7.edx >> 22 & 1 == 1;
+        let amx_tile = leaf7.edx >> 24 & 1 == 1;
+        if !(amx_bf16 && amx_tile) {
+            return false;
+        }
+        // Linux hands out the 8 KiB tile state only on request (arch_prctl
+        // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); without it the first tile instruction
+        // faults.
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: a plain syscall with integer arguments.
+        unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            ) == 0
+        }
+    })
+}
+
+/// The palette-1 tile configuration: every tile is 16 rows x 64 bytes.
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+thread_local! {
+    static CONFIGURED: Cell<bool> = const { Cell::new(false) };
+    /// Per calling thread: the activations split into hi and lo rows.
+    static ACTIVATIONS: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+    /// Per worker: one column group's tiles, when dequantized per call.
+    static GROUP_TILES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Loads the tile configuration once per thread (it stays until the thread releases it).
+///
+/// # Safety
+/// [`available`] is true (the CPU has AMX and the kernel granted this process the tile state).
+unsafe fn configure_tiles() {
+    // SAFETY: AMX is available (the caller's promise), and `cfg` is a valid palette-1
+    // configuration that outlives the instruction.
+    unsafe {
+        if CONFIGURED.get() {
+            return;
+        }
+        let mut cfg = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        for t in 0..8 {
+            cfg.colsb[t] = 64;
+            cfg.rows[t] = TILE_M as u8;
+        }
+        asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
+        CONFIGURED.set(true);
+    }
+}
+
+/// `out[m, n] = x[m, k] . W^T` with `W` given as the `tiles` of [`tile_all`]. The caller checks
+/// [`available`], `k % 32 == 0` and the sizes.
+pub(crate) fn matmul(
+    weights: Weights<'_>,
+    n: usize,
+    k: usize,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+) {
+    // The unsafe calls below rely on both; one cached load and a modulo per product.
+    assert!(
+        available() && k.is_multiple_of(TILE_K),
+        "AMX tiles need AMX and k % 32 == 0"
+    );
+    debug_assert_eq!(x.len(), m * k);
+    debug_assert_eq!(out.len(), m * n);
+    let chunk_rows = (CHUNK_BYTES / (4 * k)).max(BLOCK_M) / BLOCK_M * BLOCK_M;
+    let groups = n.div_ceil(GROUP_N);
+    let out = DisjointSlice::new(out);
+    ACTIVATIONS.with(|acts| {
+        let acts = &mut *acts.borrow_mut();
+        let mut row = 0;
+        while row < m {
+            let rows = chunk_rows.min(m - row);
+            let padded = rows.div_ceil(BLOCK_M) * BLOCK_M;
+            // SAFETY: AVX-512 BF16 checked by `available`.
+            unsafe { split_rows(&x[row * k..(row + rows) * k], k, rows, padded, acts) };
+            let acts = &acts[..];
+            (0..groups).into_par_iter().for_each(|g| {
+                let group_bytes = k / TILE_K * STEP_BYTES;
+                // SAFETY: AMX granted by `available`; the group writes only its own columns
+                // `g*32..` of rows `row..row+rows`, inside `out` by the size checks.
+                unsafe {
+                    configure_tiles();
+                    match weights {
+                        Weights::Tiles(all) => {
+                            let tiles = &all[g * group_bytes..][..group_bytes];
+                            multiply_group(tiles, acts, k, rows, padded, n, g, out, row);
+                        }
+                        Weights::Dequantize(source) => GROUP_TILES.with(|tiles| {
+                            let mut tiles = tiles.borrow_mut();
+                            tiles.resize(group_bytes, 0);
+                            dequantize_group(source, k, g, &mut tiles);
+                            multiply_group(&tiles, acts, k, rows, padded, n, g, out, row);
+                        }),
+                    }
+                }
+            });
+            row += rows;
+        }
+    });
+}
+
+/// Every column group's hi/lo tiles (4 bytes per weight, as f32 panels), dequantized once at
+/// load, for weights whose panels are f32 anyway: dequantizing those per call would read as
+/// many bytes and convert them too.
+pub(crate) fn tile_all(source: Source<'_>, n: usize, k: usize) -> Vec<u8> {
+    assert!(
+        available() && k.is_multiple_of(TILE_K),
+        "AMX tiles need AMX and k % 32 == 0"
+    );
+    let group_bytes = k / TILE_K * STEP_BYTES;
+    let mut all = vec![0u8; n.div_ceil(GROUP_N) * group_bytes];
+    all.par_chunks_mut(group_bytes)
+        .enumerate()
+        // SAFETY: AVX-512 BF16 and k checked above; each group fills its own `tiles`.
+        .for_each(|(g, tiles)| unsafe { dequantize_group(source, k, g, tiles) });
+    all
+}
+
+/// Splits `x: [rows, k]` into bf16 hi and lo parts, laid out tile by tile so that every tile
+/// load reads 1 KiB in a row: per 32-row block and 32-k step, the hi tiles of rows 0-15 and
+/// 16-31, then the lo tiles ([`A_STEP_BYTES`]). Rows past `rows` up to `padded` are zero.
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and BF16; `x` holds `rows * k` values, `rows <= padded` and `k`
+/// is a multiple of 32.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn split_rows(x: &[f32], k: usize, rows: usize, padded: usize, tiles: &mut Vec<u16>) {
+    // SAFETY: the CPU features are the caller's promise; `tiles` is grown to `padded * k * 2` values first,
+    // and every write below is inside it (rows < padded, steps * 32 = k).
+    unsafe {
+        let steps = k / TILE_K;
+        if tiles.len() < padded * k * 2 {
+            tiles.resize(padded * k * 2, 0);
+        }
+        let base = tiles.as_mut_ptr();
+        for r in 0..padded {
+            let (blk, within) = (r / BLOCK_M, r % BLOCK_M);
+            let (half, row) = (within / TILE_M, within % TILE_M);
+            if r >= rows {
+                // Padding rows: zero, so their products are finite and then discarded.
+                for s in 0..steps {
+                    let at = base
+                        .add(((blk * steps + s) * A_STEP_BYTES + half * TILE_BYTES) / 2 + row * 32);
+                    // The lo tile sits 2 KiB (1024 u16) after the hi tile of the same rows.
+                    std::ptr::write_bytes(at, 0, 32);
+                    std::ptr::write_bytes(at.add(TILE_BYTES), 0, 32);
+                }
+                continue;
+            }
+            for s in 0..steps {
+                let at =
+                    base.add(((blk * steps + s) * A_STEP_BYTES + half * TILE_BYTES) / 2 + row * 32);
+                for part in 0..2 {
+                    let v = _mm512_loadu_ps(x.as_ptr().add(r * k + s * TILE_K + 16 * part));
+                    let h = _mm512_cvtneps_pbh(v);
+                    let l = _mm512_cvtneps_pbh(_mm512_sub_ps(v, _mm512_cvtpbh_ps(h)));
+                    _mm256_storeu_si256(
+                        at.add(16 * part) as *mut __m256i,
+                        std::mem::transmute::<__m256bh, __m256i>(h),
+                    );
+                    _mm256_storeu_si256(
+                        at.add(16 * part + TILE_BYTES) as *mut __m256i,
+                        std::mem::transmute::<__m256bh, __m256i>(l),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Bytes of a 32-row block's activation tiles per 32-k step: hi of rows 0-15, 16-31, then lo.
+const A_STEP_BYTES: usize = 4 * TILE_BYTES;
+
+/// Bytes of a group's weight tiles per 32-k step: hi of both column tiles, then lo of both.
+const STEP_BYTES: usize = 4 * TILE_BYTES;
+
+/// Dequantizes columns `g*32 .. g*32+32` (two panels) over all of `k` into `tiles`: per 32-k
+/// step, the hi tile of panel 0, of panel 1, then the lo tiles. A tile row holds one k pair:
+/// for each of 16 columns, `w[2p][col], w[2p+1][col]` (AMX's pair-interleaved B layout).
+///
+/// # Safety
+/// The CPU has AVX-512F, BW, BF16 and F16C; `k` is a multiple of 32, `source` holds the panels
+/// of a matrix of `k` input features (a panel past its end reads as zero), and `tiles` is
+/// `k / 32 * STEP_BYTES` long (checked).
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [u8]) {
+    // SAFETY: the CPU features are the caller's promise; every load is inside a panel that exists (`p <
+    // num_panels` is checked), and every store inside `tiles` (its length is asserted).
+    unsafe {
+        let steps = k / TILE_K;
+        assert_eq!(tiles.len(), steps * STEP_BYTES);
+        let base = tiles.as_mut_ptr();
+        // Lane 2c takes column c of the even row, lane 2c+1 column c of the odd row.
+        let interleave = _mm512_set_epi16(
+            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20,
+            4, 19, 3, 18, 2, 17, 1, 16, 0,
+        );
+        let emit = |step: usize, panel: usize, pair: usize, even: __m512, odd: __m512| {
+            let hi = _mm512_cvtne2ps_pbh(odd, even);
+            let halves: [__m256bh; 2] = std::mem::transmute(hi);
+            let even_lo = _mm512_sub_ps(even, _mm512_cvtpbh_ps(halves[0]));
+            let odd_lo = _mm512_sub_ps(odd, _mm512_cvtpbh_ps(halves[1]));
+            let lo = _mm512_cvtne2ps_pbh(odd_lo, even_lo);
+            let at = base.add(step * STEP_BYTES + panel * TILE_BYTES + pair * 64);
+            _mm512_storeu_si512(
+                at as *mut __m512i,
+                _mm512_permutexvar_epi16(interleave, std::mem::transmute::<__m512bh, __m512i>(hi)),
+            );
+            _mm512_storeu_si512(
+                at.add(2 * TILE_BYTES) as *mut __m512i,
+                _mm512_permutexvar_epi16(interleave, std::mem::transmute::<__m512bh, __m512i>(lo)),
+            );
+        };
+        for panel in 0..2 {
+            let p = 2 * g + panel;
+            match source {
+                Source::F32(panels) => {
+                    let num_panels = panels.len() / (k * TILE_N);
+                    for step in 0..steps {
+                        for pair in 0..TILE_K / 2 {
+                            let (even, odd) = if p < num_panels {
+                                let w =
+                                    panels.as_ptr().add((p * k + step * TILE_K + 2 * pair) * 16);
+                                (_mm512_loadu_ps(w), _mm512_loadu_ps(w.add(16)))
+                            } else {
+                                (_mm512_setzero_ps(), _mm512_setzero_ps())
+                            };
+                            emit(step, panel, pair, even, odd);
+                        }
+                    }
+                }
+                Source::Quant {
+                    format,
+                    bytes,
+                    panel_bytes,
+                } => {
+                    let num_panels = bytes.len() / panel_bytes;
+                    if p >= num_panels {
+                        for step in 0..steps {
+                            for pair in 0..TILE_K / 2 {
+                                emit(step, panel, pair, _mm512_setzero_ps(), _mm512_setzero_ps());
+                            }
+                        }
+                        continue;
+                    }
+                    let block = panel_bytes / steps;
+                    let low = _mm_set1_epi8(0x0F);
+                    for step in 0..steps {
+                        let blk = bytes.as_ptr().add(p * panel_bytes + step * block);
+                        let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+                        match format {
+                            QuantFormat::Q8_0 => {
+                                for pair in 0..TILE_K / 2 {
+                                    let q = |row: usize| {
+                                        let v = _mm_loadu_si128(
+                                            blk.add(32 + row * 16) as *const __m128i
+                                        );
+                                        _mm512_mul_ps(
+                                            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)),
+                                            d,
+                                        )
+                                    };
+                                    emit(step, panel, pair, q(2 * pair), q(2 * pair + 1));
+                                }
+                            }
+                            QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
+                                let (min, quants_at) = if format == QuantFormat::Q4_1 {
+                                    let m = _mm512_cvtph_ps(_mm256_loadu_si256(
+                                        blk.add(32) as *const __m256i
+                                    ));
+                                    (m, 64)
+                                } else {
+                                    (_mm512_mul_ps(d, _mm512_set1_ps(-8.0)), 32)
+                                };
+                                for pair in 0..TILE_K / 2 {
+                                    let q = _mm_loadu_si128(
+                                        blk.add(quants_at + pair * 16) as *const __m128i
+                                    );
+                                    let even = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                        _mm_and_si128(q, low),
+                                    ));
+                                    let odd = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                        _mm_and_si128(_mm_srli_epi16(q, 4), low),
+                                    ));
+                                    emit(
+                                        step,
+                                        panel,
+                                        pair,
+                                        _mm512_fmadd_ps(even, d, min),
+                                        _mm512_fmadd_ps(odd, d, min),
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Multiplies the chunk's activation rows by one column group's tiles and writes the valid
+/// part of each 32x32 output block.
+///
+/// # Safety
+/// The calling thread's tiles are configured ([`configure_tiles`]); `tiles` holds column group
+/// `g`'s weight tiles over `k`; `acts` holds `padded` split rows (see [`split_rows`]); `out` is
+/// `[first_row + rows, n]` and no other task writes group `g`'s columns of these rows meanwhile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn multiply_group(
+    tiles: &[u8],
+    acts: &[u16],
+    k: usize,
+    rows: usize,
+    padded: usize,
+    n: usize,
+    g: usize,
+    out: DisjointSlice<'_, f32>,
+    first_row: usize,
+) {
+    // SAFETY: the tile configuration, the operands' sizes and the exclusive columns are the caller's
+    // promise; full 32x32 blocks are stored in place, partial ones through `scratch` and copied row
+    // by row within `rows` and `cols`.
+    unsafe {
+        let steps = k / TILE_K;
+        let col = g * GROUP_N;
+        let cols = GROUP_N.min(n - col);
+        let mut scratch = [0f32; BLOCK_M * GROUP_N];
+        for (blk, r) in (0..padded).step_by(BLOCK_M).enumerate() {
+            let a = (acts.as_ptr() as *const u8).add(blk * steps * A_STEP_BYTES);
+            block(tiles.as_ptr(), a, steps);
+            let valid_rows = BLOCK_M.min(rows - r);
+            if valid_rows == BLOCK_M && cols == GROUP_N {
+                store(out.as_mut_ptr().add((first_row + r) * n + col), n * 4);
+            } else {
+                store(scratch.as_mut_ptr(), GROUP_N * 4);
+                for i in 0..valid_rows {
+                    std::ptr::copy_nonoverlapping(
+                        scratch.as_ptr().add(i * GROUP_N),
+                        out.as_mut_ptr().add((first_row + r + i) * n + col),
+                        cols,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Accumulates one 32x32 block in tiles 0-3 (rows 0-15 x cols 0-15, 0-15 x 16-31, 16-31 x
+/// 0-15, 16-31 x 16-31) over `steps` 32-k steps. Tiles 4-5 hold activations, 6-7 weights.
+///
+/// # Safety
+/// The thread's tiles are configured; `w` holds `steps` weight steps of `STEP_BYTES` and `a`
+/// `steps` activation steps of `A_STEP_BYTES`.
+#[inline(always)]
+unsafe fn block(w: *const u8, a: *const u8, steps: usize) {
+    // SAFETY: the configured tiles and the operands' sizes are the caller's promise; tile loads read 16
+    // rows of 64 bytes inside each step.
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack, nomem)
+        );
+        for s in 0..steps {
+            let b = w.add(s * STEP_BYTES);
+            let a = a.add(s * A_STEP_BYTES);
+            // lo x hi, hi x hi, hi x lo: each pass replaces one operand pair, 8 tile loads for 12
+            // products.
+            asm!(
+                "tileloadd tmm4, [{al0} + {st}*1]",
+                "tileloadd tmm5, [{al1} + {st}*1]",
+                "tileloadd tmm6, [{bh0} + {st}*1]",
+                "tileloadd tmm7, [{bh1} + {st}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "tileloadd tmm4, [{ah0} + {st}*1]",
+                "tileloadd tmm5, [{ah1} + {st}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "tileloadd tmm6, [{bl0} + {st}*1]",
+                "tileloadd tmm7, [{bl1} + {st}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                ah0 = in(reg) a,
+                ah1 = in(reg) a.add(TILE_BYTES),
+                al0 = in(reg) a.add(2 * TILE_BYTES),
+                al1 = in(reg) a.add(3 * TILE_BYTES),
+                bh0 = in(reg) b,
+                bh1 = in(reg) b.add(TILE_BYTES),
+                bl0 = in(reg) b.add(2 * TILE_BYTES),
+                bl1 = in(reg) b.add(3 * TILE_BYTES),
+                st = in(reg) 64usize,
+                options(nostack, readonly)
+            );
+        }
+    }
+}
+
+/// Stores tiles 0-3 as a 32x32 f32 block at `dst`, rows `ld` bytes apart.
+///
+/// # Safety
+/// The thread's tiles hold a computed block; `dst` has 32 rows of 32 writable floats, `ld` bytes
+/// apart.
+#[inline(always)]
+unsafe fn store(dst: *mut f32, ld: usize) {
+    // SAFETY: the caller's promise: the four 16x16 stores stay within 32 rows of 32 floats.
+    unsafe {
+        let d = dst as *mut u8;
+        asm!(
+            "tilestored [{d0} + {ld}*1], tmm0",
+            "tilestored [{d1} + {ld}*1], tmm1",
+            "tilestored [{d2} + {ld}*1], tmm2",
+            "tilestored [{d3} + {ld}*1], tmm3",
+            d0 = in(reg) d,
+            d1 = in(reg) d.add(64),
+            d2 = in(reg) d.add(16 * ld),
+            d3 = in(reg) d.add(16 * ld + 64),
+            ld = in(reg) ld,
+            options(nostack)
+        );
+    }
+}

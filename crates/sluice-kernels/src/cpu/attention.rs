@@ -1,0 +1,471 @@
+//! Paged attention for CPU tensors that reads K/V blocks where they lie: no gather, no repeat
+//! of K/V over the query heads of a group, one pass of online softmax per chunk of keys.
+//!
+//! Work is split into items of (sequence, KV head, run of queries) and spread over rayon's pool:
+//! a decode step of B sequences gives `B * num_kv_heads` items, a long prefill chunk gives many
+//! query runs. Within an item each key chunk (16 keys, one register wide) is loaded once and
+//! used by every query head of the group and every query of the run while it is in L1.
+//!
+//! At decode the kernel is bound by reading the cache (64 sequences x 256 tokens is ~25 MB per
+//! layer in f32), which is why the cache may hold f16: half the bytes, converted in registers.
+//! The [`KvLayout`] makes a chunk's scores `head_dim` broadcast-FMAs over 16 lanes with no
+//! horizontal sums, and its values contiguous rows.
+//!
+//! Needs AVX-512 (F, BW, F16C) and a head dimension that is a multiple of 16; [`supports`] says
+//! whether this machine and shape can use it, and the model picks the reference otherwise.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use crate::disjoint::DisjointSlice;
+use crate::paged::{AttentionShape, KvLayout, SequenceSlice};
+
+/// The element types a KV cache may hold: f32, and f16 (half the bytes that decode reads,
+/// widened in registers). Sealed: the kernel knows how to load exactly these.
+pub trait KvElem: Copy + Send + Sync + x86::Load {}
+impl KvElem for f32 {}
+impl KvElem for half::f16 {}
+
+/// Queries of one sequence handled by one work item: enough to reuse each key chunk several
+/// times, few enough that a long prompt still spreads over all cores.
+const QUERY_RUN: usize = 16;
+/// Keys per chunk: one AVX-512 register of f32.
+const LANES: usize = 16;
+/// Largest query-heads-per-KV-head group with a specialised kernel.
+const MAX_GROUP: usize = 8;
+
+/// Why [`paged_attention`] refused a call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttentionError {
+    #[error("the CPU attention kernel needs AVX-512, head_dim a multiple of {LANES} (got {head_dim}) and at most {MAX_GROUP} query heads per KV head (got {group})")]
+    Unsupported { head_dim: usize, group: usize },
+    #[error("attention buffers do not fit their shapes: {0}")]
+    Shape(String),
+}
+
+/// Whether the kernel runs on this CPU for heads of `head_dim` in groups of `group`.
+pub fn supports(head_dim: usize, group: usize) -> bool {
+    cpu_features() && head_dim.is_multiple_of(LANES) && (1..=MAX_GROUP).contains(&group)
+}
+
+fn cpu_features() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static AVAILABLE: OnceLock<bool> = OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("f16c")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+#[derive(Clone, Copy)]
+struct WorkItem {
+    seq: usize,
+    kv_head: usize,
+    query_begin: usize,
+    query_end: usize,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Attention of every query token of a step over its own sequence's cached keys and values.
+///
+/// `q` is `[T, num_heads, head_dim]` for the `T` tokens the `sequences` lay out (token `i` of a
+/// sequence at `query_start + i`, at position `context_len - query_len + i`), `k_cache` and
+/// `v_cache` one layer of the cache in [`KvLayout`] order, `block_tables` the concatenated
+/// tables the sequences index, and `out` `[T, num_heads * head_dim]`. Query `i` attends
+/// causally to keys `0..=position(i)`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention<E: KvElem>(
+    q: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
+    layout: &KvLayout,
+    sequences: &[SequenceSlice],
+    block_tables: &[u32],
+    shape: &AttentionShape,
+    out: &mut [f32],
+) -> Result<(), AttentionError> {
+    let (h, kvh, d) = (shape.num_heads, layout.num_kv_heads, layout.head_dim);
+    let t = sequences
+        .iter()
+        .map(|s| s.query_start + s.query_len)
+        .max()
+        .unwrap_or(0);
+    let shape_error = |what: String| Err(AttentionError::Shape(what));
+    if kvh == 0 || h % kvh != 0 || shape.head_dim != d || shape.num_kv_heads != kvh {
+        return shape_error(format!(
+            "{h} query heads over {kvh} KV heads of {d} (shape says {} of {})",
+            shape.num_kv_heads, shape.head_dim
+        ));
+    }
+    if !supports(d, h / kvh) {
+        return Err(AttentionError::Unsupported {
+            head_dim: d,
+            group: h / kvh,
+        });
+    }
+    let n = layout.values_per_layer();
+    if q.len() < t * h * d || out.len() != q.len() || k_cache.len() < n || v_cache.len() < n {
+        return shape_error(format!(
+            "q {} and out {} for {t} tokens of {h}x{d}, caches {} and {} for {n} values",
+            q.len(),
+            out.len(),
+            k_cache.len(),
+            v_cache.len()
+        ));
+    }
+    // Every block a query reads must be in the cache: the kernel addresses it unchecked.
+    for s in sequences {
+        let table = s
+            .block_table_start
+            .checked_add(s.block_table_len)
+            .and_then(|end| block_tables.get(s.block_table_start..end));
+        let fits = table.is_some_and(|table| {
+            s.query_len <= s.context_len
+                && table.len() * layout.block_size >= s.context_len
+                && table.iter().all(|&b| (b as usize) < layout.num_blocks)
+        });
+        if !fits {
+            return shape_error(format!(
+                "sequence {s:?} does not fit its block table in a cache of {} blocks of {}",
+                layout.num_blocks, layout.block_size
+            ));
+        }
+    }
+    let kernel = Kernel {
+        q,
+        sequences,
+        block_tables,
+        layout,
+        heads: h,
+        scale: shape.scale,
+    };
+
+    let items: Vec<WorkItem> = sequences
+        .iter()
+        .enumerate()
+        .flat_map(|(seq, s)| {
+            (0..kvh).flat_map(move |kv_head| {
+                (0..s.query_len)
+                    .step_by(QUERY_RUN)
+                    .map(move |query_begin| WorkItem {
+                        seq,
+                        kv_head,
+                        query_begin,
+                        query_end: (query_begin + QUERY_RUN).min(s.query_len),
+                    })
+            })
+        })
+        .collect();
+
+    let out = DisjointSlice::new(out);
+    items.par_iter().for_each(|item| {
+        SCRATCH.with(|scratch| {
+            let scratch = &mut scratch.borrow_mut();
+            // SAFETY: `supports` held above, the sizes and block tables were checked against
+            // the cache, and each work item writes only its own (token, head) rows of `out`.
+            unsafe { kernel.run(item, &k_cache[..n], &v_cache[..n], scratch, out) }
+        })
+    });
+    Ok(())
+}
+
+struct Kernel<'a> {
+    q: &'a [f32],
+    sequences: &'a [SequenceSlice],
+    block_tables: &'a [u32],
+    layout: &'a KvLayout,
+    heads: usize,
+    scale: f32,
+}
+
+impl Kernel<'_> {
+    /// Computes one work item's rows of the output.
+    ///
+    /// # Safety
+    /// [`supports`] holds for the shape; `k` and `v` hold the layout's values; the item's
+    /// sequence fits its block table and the cache; no other task writes the item's rows of
+    /// `out`.
+    unsafe fn run<E: KvElem>(
+        &self,
+        item: &WorkItem,
+        k: &[E],
+        v: &[E],
+        scratch: &mut Vec<f32>,
+        out: DisjointSlice<'_, f32>,
+    ) {
+        let (d, bs) = (self.layout.head_dim, self.layout.block_size);
+        let group = self.heads / self.layout.num_kv_heads;
+        let seq = &self.sequences[item.seq];
+        let table = seq.block_table(self.block_tables);
+        let first_pos = seq.context_len - seq.query_len;
+        let rows = (item.query_end - item.query_begin) * group;
+
+        // Per (query, head) row: running max, running sum, and the f32 accumulator.
+        scratch.clear();
+        scratch.resize(rows * (2 + d), 0.0);
+        let (maxes, rest) = scratch.split_at_mut(rows);
+        let (sums, accs) = rest.split_at_mut(rows);
+        maxes.fill(f32::NEG_INFINITY);
+
+        let last_pos = first_pos + item.query_end - 1;
+        let num_blocks = last_pos / bs + 1;
+        let run_len = d * bs;
+        for (b, &block) in table.iter().enumerate().take(num_blocks) {
+            let run = self.layout.block_head_offset(block as usize, item.kv_head);
+            // Blocks lie anywhere in the pool, out of reach of the hardware prefetcher: ask for
+            // the next block's keys and values while this one is computed (decode is bound by
+            // reading the cache).
+            if let Some(&next) = table.get(b + 1).filter(|_| b + 1 < num_blocks) {
+                let next = self.layout.block_head_offset(next as usize, item.kv_head);
+                x86::prefetch(&k[next..next + run_len]);
+                x86::prefetch(&v[next..next + run_len]);
+            }
+            for chunk in (0..bs).step_by(LANES) {
+                let key0 = b * bs + chunk;
+                if key0 > last_pos {
+                    break;
+                }
+                let chunk_keys = LANES.min(bs - chunk);
+                for qi in item.query_begin..item.query_end {
+                    let pos = first_pos + qi;
+                    if pos < key0 {
+                        continue;
+                    }
+                    let n_keys = chunk_keys.min(pos + 1 - key0);
+                    let token = seq.query_start + qi;
+                    let row = (qi - item.query_begin) * group;
+                    let chunk_args = Chunk {
+                        q: &self.q[(token * self.heads + item.kv_head * group) * d..][..group * d],
+                        k: &k[run + chunk..],
+                        k_stride: bs,
+                        v: &v[run + chunk * d..],
+                        head_dim: d,
+                        n_keys,
+                        scale: self.scale,
+                    };
+                    let state = RowState {
+                        maxes: &mut maxes[row..row + group],
+                        sums: &mut sums[row..row + group],
+                        accs: &mut accs[row * d..(row + group) * d],
+                    };
+                    // SAFETY: `supports` checked the CPU features and shapes the kernel needs
+                    // (the caller's promise); the chunk's keys and values lie in the block.
+                    unsafe { x86::chunk_for_group(group, &chunk_args, state) };
+                }
+            }
+        }
+
+        for qi in item.query_begin..item.query_end {
+            let token = seq.query_start + qi;
+            for g in 0..group {
+                let row = (qi - item.query_begin) * group + g;
+                let head = item.kv_head * group + g;
+                let inv = 1.0 / sums[row];
+                // SAFETY: every (token, head) output row belongs to exactly one work item (the
+                // caller's promise), inside `out` by the sizes checked before the loop.
+                let dst = unsafe { out.slice_mut((token * self.heads + head) * d, d) };
+                for (o, a) in dst.iter_mut().zip(&accs[row * d..][..d]) {
+                    *o = a * inv;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod x86 {
+    use super::{Chunk, KvElem, RowState};
+
+    /// Sealing trait of [`KvElem`].
+    pub trait Load {}
+    impl Load for f32 {}
+    impl Load for half::f16 {}
+
+    /// # Safety
+    /// Never called: `supports()` is false off x86_64.
+    pub unsafe fn chunk_for_group<E: KvElem>(_: usize, _: &Chunk<'_, E>, _: RowState<'_>) {
+        unreachable!("supports() is false off x86_64")
+    }
+
+    pub fn prefetch<E>(_: &[E]) {}
+}
+
+/// One chunk of up to 16 keys of one block and KV head, for the queries of one group.
+struct Chunk<'a, E> {
+    /// The group's query heads, `[group][head_dim]`.
+    q: &'a [f32],
+    /// Key `j`'s dimension `i` is at `k[i * k_stride + j]`.
+    k: &'a [E],
+    k_stride: usize,
+    /// Key `j`'s values are `v[j * head_dim..][..head_dim]`.
+    v: &'a [E],
+    head_dim: usize,
+    n_keys: usize,
+    scale: f32,
+}
+
+/// Online-softmax state of the group's rows: `[group]`, `[group]`, `[group][head_dim]`.
+struct RowState<'a> {
+    maxes: &'a mut [f32],
+    sums: &'a mut [f32],
+    accs: &'a mut [f32],
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::{Chunk, KvElem, RowState, LANES, MAX_GROUP};
+    use crate::cpu::simd::x86::{exp, exp_scalar};
+
+    /// How the cache's element type becomes 16 f32 lanes (the sealing trait of [`KvElem`]).
+    pub trait Load {
+        /// Loads the lanes of `mask` from `p` (zero in the others).
+        ///
+        /// # Safety
+        /// The CPU has AVX-512F, BW and F16C; the masked lanes of `p` are readable.
+        unsafe fn load(p: *const Self, mask: u16) -> __m512;
+    }
+
+    impl Load for f32 {
+        #[inline(always)]
+        unsafe fn load(p: *const f32, mask: u16) -> __m512 {
+            // SAFETY: the caller's promise (see `Load::load`).
+            unsafe { _mm512_maskz_loadu_ps(mask, p) }
+        }
+    }
+
+    impl Load for f16 {
+        #[inline(always)]
+        unsafe fn load(p: *const f16, mask: u16) -> __m512 {
+            // SAFETY: the caller's promise (see `Load::load`).
+            unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p as *const i16)) }
+        }
+    }
+
+    /// Hints the cache lines of `data` into L2.
+    #[inline(always)]
+    pub fn prefetch<E>(data: &[E]) {
+        let bytes = std::mem::size_of_val(data);
+        let p = data.as_ptr() as *const i8;
+        for line in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch never faults, and the address is inside `data`.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(line)) };
+        }
+    }
+
+    /// Dispatches to a kernel specialised for the group size, so the group's accumulators live
+    /// in registers.
+    ///
+    /// # Safety
+    /// As [`chunk`], and `group` is 1..=8.
+    #[inline(always)]
+    pub unsafe fn chunk_for_group<E: KvElem>(group: usize, c: &Chunk<'_, E>, s: RowState<'_>) {
+        // SAFETY: forwarded: the caller makes `chunk`'s promise for this group size.
+        unsafe {
+            match group {
+                1 => chunk::<E, 1>(c, s),
+                2 => chunk::<E, 2>(c, s),
+                3 => chunk::<E, 3>(c, s),
+                4 => chunk::<E, 4>(c, s),
+                5 => chunk::<E, 5>(c, s),
+                6 => chunk::<E, 6>(c, s),
+                7 => chunk::<E, 7>(c, s),
+                8 => chunk::<E, 8>(c, s),
+                _ => unreachable!("group sizes above {MAX_GROUP} are refused by supports()"),
+            }
+        }
+    }
+
+    // Several register arrays are indexed by the same head `g` and key `t`; index loops say
+    // that more plainly than zipped iterators.
+    /// # Safety
+    /// The CPU has AVX-512F, BW, VL, F16C and FMA; `c.q` holds G heads of `c.head_dim` (a
+    /// multiple of 16) values, `c.k` `c.head_dim` rows of `c.k_stride` keys of which the first
+    /// `c.n_keys <= 16` are read, `c.v` `c.n_keys` rows of `c.head_dim` values, and `s` G rows.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
+    unsafe fn chunk<E: KvElem, const G: usize>(c: &Chunk<'_, E>, s: RowState<'_>) {
+        // SAFETY: the CPU features and the sizes of `c` and `s` are the caller's promise; every load and
+        // store below is inside them.
+        unsafe {
+            let d = c.head_dim;
+            let mask: u16 = if c.n_keys >= LANES {
+                u16::MAX
+            } else {
+                (1u16 << c.n_keys) - 1
+            };
+            let kp = c.k.as_ptr();
+            let qp = c.q.as_ptr();
+
+            // Scores: two FMA chains per head (even and odd dimensions) to cover FMA latency; one
+            // load of each key row serves every head of the group.
+            let mut even = [_mm512_setzero_ps(); G];
+            let mut odd = [_mm512_setzero_ps(); G];
+            let mut dim = 0;
+            while dim < d {
+                let k0 = E::load(kp.add(dim * c.k_stride), mask);
+                let k1 = E::load(kp.add((dim + 1) * c.k_stride), mask);
+                for g in 0..G {
+                    even[g] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(g * d + dim)), k0, even[g]);
+                    odd[g] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(g * d + dim + 1)), k1, odd[g]);
+                }
+                dim += 2;
+            }
+
+            let mut probs = [[0f32; LANES]; G];
+            for g in 0..G {
+                let scores = _mm512_mul_ps(_mm512_add_ps(even[g], odd[g]), _mm512_set1_ps(c.scale));
+                let scores = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), mask, scores);
+                let new_max = s.maxes[g].max(_mm512_reduce_max_ps(scores));
+                if new_max > s.maxes[g] {
+                    let correction = exp_scalar(s.maxes[g] - new_max);
+                    s.sums[g] *= correction;
+                    let acc = s.accs.as_mut_ptr().add(g * d);
+                    let cv = _mm512_set1_ps(correction);
+                    for j in (0..d).step_by(LANES) {
+                        _mm512_storeu_ps(
+                            acc.add(j),
+                            _mm512_mul_ps(_mm512_loadu_ps(acc.add(j)), cv),
+                        );
+                    }
+                    s.maxes[g] = new_max;
+                }
+                let p =
+                    _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
+                s.sums[g] += _mm512_reduce_add_ps(p);
+                _mm512_storeu_ps(probs[g].as_mut_ptr(), p);
+            }
+
+            // Values: one load of each value row chunk serves every head of the group.
+            let vp = c.v.as_ptr();
+            for j in (0..d).step_by(LANES) {
+                let mut acc = [_mm512_setzero_ps(); G];
+                for g in 0..G {
+                    acc[g] = _mm512_loadu_ps(s.accs.as_ptr().add(g * d + j));
+                }
+                for t in 0..c.n_keys {
+                    let v = E::load(vp.add(t * d + j), u16::MAX);
+                    for g in 0..G {
+                        acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(probs[g][t]), v, acc[g]);
+                    }
+                }
+                for g in 0..G {
+                    _mm512_storeu_ps(s.accs.as_mut_ptr().add(g * d + j), acc[g]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! `config.json` of a Hugging Face checkpoint, read into a serde struct (type errors name the
+//! field through serde_path_to_error) and checked into a [`ModelConfig`].
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value as Json;
+
+use crate::config::{Architecture, ModelConfig, RopeScaling};
+use crate::error::{ModelError, Result};
+
+/// The fields of `config.json` sluice reads; absent and `null` are both `None`. Unknown fields
+/// are ignored, as transformers' configs carry many.
+#[derive(Debug, Deserialize)]
+struct ConfigJson {
+    model_type: Option<String>,
+    architectures: Option<Vec<String>>,
+    quantization_config: Option<serde::de::IgnoredAny>,
+    hidden_act: Option<String>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<RopeScalingJson>,
+    max_position_embeddings: Option<usize>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    tie_word_embeddings: Option<bool>,
+}
+
+/// `rope_scaling`; newer configs say `rope_type`, older ones `type`.
+#[derive(Debug, Deserialize)]
+struct RopeScalingJson {
+    rope_type: Option<String>,
+    #[serde(rename = "type")]
+    legacy_type: Option<String>,
+    factor: Option<f64>,
+    low_freq_factor: Option<f64>,
+    high_freq_factor: Option<f64>,
+    original_max_position_embeddings: Option<usize>,
+}
+
+/// Errors naming the file and the field.
+struct Fields<'a> {
+    path: &'a Path,
+}
+
+impl Fields<'_> {
+    fn err(&self, key: &str, reason: impl Into<String>) -> ModelError {
+        ModelError::Metadata {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    fn required<T>(&self, key: &str, value: Option<T>) -> Result<T> {
+        value.ok_or_else(|| self.err(key, "not present"))
+    }
+
+    fn unsupported(&self, what: String) -> ModelError {
+        ModelError::Unsupported {
+            path: self.path.to_path_buf(),
+            what,
+        }
+    }
+}
+
+/// The architecture a config.json names: `model_type`, else its `architectures` class.
+fn architecture(f: &Fields<'_>, c: &ConfigJson) -> Result<Architecture> {
+    let name = match &c.model_type {
+        Some(t) => t.clone(),
+        None => {
+            let class = c
+                .architectures
+                .as_ref()
+                .and_then(|a| a.first())
+                .ok_or_else(|| f.err("model_type", "not present (nor `architectures`)"))?;
+            class
+                .strip_suffix("ForCausalLM")
+                .unwrap_or(class)
+                .to_ascii_lowercase()
+        }
+    };
+    Architecture::from_name(&name).ok_or_else(|| {
+        f.unsupported(format!(
+            "architecture `{name}` (model_type; supported: {})",
+            Architecture::NAMES.join(", ")
+        ))
+    })
+}
+
+/// Hyper-parameters from a parsed config.json. `has_lm_head`: whether the checkpoint holds
+/// `lm_head.weight`, which decides tied embeddings when the config does not say.
+pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<ModelConfig> {
+    if !json.is_object() {
+        return Err(ModelError::InvalidFile {
+            path: path.to_path_buf(),
+            reason: "expected a JSON object".into(),
+        });
+    }
+    let f = Fields { path };
+    let c: ConfigJson = serde_path_to_error::deserialize(json)
+        .map_err(|e| f.err(&e.path().to_string(), e.inner().to_string()))?;
+    let architecture = architecture(&f, &c)?;
+    if c.quantization_config.is_some() {
+        return Err(f.unsupported(
+            "quantized checkpoint (`quantization_config`): use f32, f16 or bf16 weights, or a GGUF file".into(),
+        ));
+    }
+    if let Some(act) = &c.hidden_act {
+        if !matches!(act.as_str(), "silu" | "swish") {
+            return Err(f.unsupported(format!("hidden_act `{act}` (supported: silu)")));
+        }
+    }
+    let hidden_size = f.required("hidden_size", c.hidden_size)?;
+    let num_heads = f.required("num_attention_heads", c.num_attention_heads)?;
+    let num_kv_heads = c.num_key_value_heads.unwrap_or(num_heads);
+    if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+        return Err(f.err(
+            "num_key_value_heads",
+            format!("{num_heads} query heads cannot be grouped over {num_kv_heads} KV heads"),
+        ));
+    }
+    let head_dim = c.head_dim.unwrap_or(hidden_size / num_heads);
+    if head_dim == 0 || !head_dim.is_multiple_of(2) {
+        return Err(f.err("head_dim", format!("head_dim {head_dim} must be even")));
+    }
+    let rope_theta = c.rope_theta.unwrap_or(10_000.0);
+    let rope_scaling = match &c.rope_scaling {
+        Some(scaling) => rope_scaling(&f, scaling, head_dim, rope_theta)?,
+        None => None,
+    };
+    let mut max_position_embeddings = c.max_position_embeddings.unwrap_or(2048);
+    // Attention limited to a window only differs from full attention past the window; serve
+    // contexts up to it. Mistral says so with `sliding_window` alone, qwen2/qwen3 with
+    // `use_sliding_window`.
+    let windowed = match architecture {
+        Architecture::Llama => true,
+        Architecture::Qwen2 | Architecture::Qwen3 => c.use_sliding_window.unwrap_or(false),
+    };
+    if let Some(window) = c.sliding_window.filter(|_| windowed) {
+        if window < max_position_embeddings {
+            tracing::warn!(
+                path = %path.display(),
+                sliding_window = window,
+                max_position_embeddings,
+                "sliding-window attention is not implemented; limiting the context to the window"
+            );
+            max_position_embeddings = window;
+        }
+    }
+    Ok(ModelConfig {
+        architecture,
+        hidden_size,
+        intermediate_size: f.required("intermediate_size", c.intermediate_size)?,
+        num_layers: f.required("num_hidden_layers", c.num_hidden_layers)?,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        vocab_size: f.required("vocab_size", c.vocab_size)?,
+        rms_norm_eps: c.rms_norm_eps.unwrap_or(1e-6),
+        rope_theta: rope_theta as f32,
+        rope_scaling,
+        max_position_embeddings,
+        tie_word_embeddings: c.tie_word_embeddings.unwrap_or(!has_lm_head),
+    })
+}
+
+/// `rope_scaling`: `default` for none; `linear` (`factor`); `llama3` (`factor`,
+/// `low_freq_factor`, `high_freq_factor`, `original_max_position_embeddings`), turned into
+/// per-frequency divisors exactly as llama.cpp's converter writes `rope_freqs`.
+fn rope_scaling(
+    f: &Fields<'_>,
+    s: &RopeScalingJson,
+    head_dim: usize,
+    theta: f64,
+) -> Result<Option<RopeScaling>> {
+    let kind = s
+        .rope_type
+        .as_deref()
+        .or(s.legacy_type.as_deref())
+        .ok_or_else(|| f.err("rope_scaling.rope_type", "not present"))?;
+    let factor = || -> Result<f64> {
+        match s.factor {
+            Some(x) if x > 0.0 => Ok(x),
+            Some(x) => Err(f.err(
+                "rope_scaling.factor",
+                format!("must be positive, found {x}"),
+            )),
+            None => Err(f.err("rope_scaling.factor", "not present")),
+        }
+    };
+    match kind {
+        "default" => Ok(None),
+        "linear" => Ok(Some(RopeScaling::Linear {
+            factor: factor()? as f32,
+        })),
+        "llama3" => {
+            let factor = factor()?;
+            let low = s.low_freq_factor.unwrap_or(1.0);
+            let high = s.high_freq_factor.unwrap_or(4.0);
+            let original = s.original_max_position_embeddings.unwrap_or(8192) as f64;
+            if high <= low {
+                return Err(f.err(
+                    "rope_scaling.high_freq_factor",
+                    format!("must exceed low_freq_factor ({high} <= {low})"),
+                ));
+            }
+            Ok(Some(RopeScaling::FreqFactors(llama3_factors(
+                head_dim, theta, factor, low, high, original,
+            ))))
+        }
+        other => Err(f.unsupported(format!(
+            "rope_scaling type `{other}` (supported: default, linear, llama3)"
+        ))),
+    }
+}
+
+/// Llama 3.1's frequency divisors: high frequencies kept, low ones divided by `factor`, and a
+/// smooth blend between (transformers' `_compute_llama3_parameters`).
+pub fn llama3_factors(
+    head_dim: usize,
+    theta: f64,
+    factor: f64,
+    low_freq_factor: f64,
+    high_freq_factor: f64,
+    original_context: f64,
+) -> Vec<f32> {
+    let low_freq_wavelen = original_context / low_freq_factor;
+    let high_freq_wavelen = original_context / high_freq_factor;
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            let divisor = if wavelen < high_freq_wavelen {
+                1.0
+            } else if wavelen > low_freq_wavelen {
+                factor
+            } else {
+                let smooth = (original_context / wavelen - low_freq_factor)
+                    / (high_freq_factor - low_freq_factor);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            };
+            divisor as f32
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(json: &str) -> Result<ModelConfig> {
+        parse_config(
+            Path::new("/m/config.json"),
+            &serde_json::from_str(json).unwrap(),
+            false,
+        )
+    }
+
+    const BASE: &str = r#""hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300"#;
+
+    #[test]
+    fn llama_config_with_defaults() {
+        let c = config(&format!(r#"{{"model_type": "llama", {BASE}}}"#)).unwrap();
+        assert_eq!(c.architecture, Architecture::Llama);
+        assert_eq!((c.head_dim, c.num_kv_heads), (16, 2));
+        assert_eq!(c.rope_theta, 10_000.0);
+        assert_eq!(c.rope_scaling, None);
+        assert_eq!(c.max_position_embeddings, 2048);
+        assert!(
+            c.tie_word_embeddings,
+            "no lm_head.weight and no tie_word_embeddings: tied"
+        );
+    }
+
+    #[test]
+    fn architecture_from_class_name_and_explicit_head_dim() {
+        let c = config(&format!(
+            r#"{{"architectures": ["Qwen3ForCausalLM"], {BASE}, "head_dim": 32,
+                "tie_word_embeddings": false, "rope_scaling": null}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.architecture, Architecture::Qwen3);
+        assert_eq!(c.head_dim, 32);
+        assert!(!c.tie_word_embeddings);
+    }
+
+    #[test]
+    fn linear_and_llama3_rope_scaling() {
+        let c = config(&format!(
+            r#"{{"model_type": "llama", {BASE}, "rope_scaling": {{"type": "linear", "factor": 4.0}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
+
+        let c = config(&format!(
+            r#"{{"model_type": "llama", {BASE}, "head_dim": 128, "rope_theta": 500000.0,
+                "rope_scaling": {{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}}}"#
+        ))
+        .unwrap();
+        let Some(RopeScaling::FreqFactors(f)) = c.rope_scaling else {
+            panic!("{:?}", c.rope_scaling)
+        };
+        assert_eq!(f.len(), 64);
+        // Wavelengths under 8192/4 keep their frequency; over 8192 are divided by 8; between,
+        // the divisor rises monotonically.
+        assert_eq!(f[0], 1.0);
+        assert_eq!(f[63], 8.0);
+        assert!(f.windows(2).all(|w| w[0] <= w[1]), "{f:?}");
+        assert!(f.iter().any(|&x| x > 1.0 && x < 8.0), "{f:?}");
+        // The same numbers by transformers' formula, on inv_freq directly.
+        for (i, &divisor) in f.iter().enumerate() {
+            let inv = 1.0 / 500000f64.powf((2 * i) as f64 / 128.0);
+            let wavelen = 2.0 * std::f64::consts::PI / inv;
+            let scaled = if wavelen < 2048.0 {
+                inv
+            } else if wavelen > 8192.0 {
+                inv / 8.0
+            } else {
+                let smooth = (8192.0 / wavelen - 1.0) / 3.0;
+                (1.0 - smooth) * inv / 8.0 + smooth * inv
+            };
+            assert!(((inv / scaled) as f32 - divisor).abs() < 1e-5, "{i}");
+        }
+    }
+
+    #[test]
+    fn sliding_window_limits_the_context() {
+        let c = config(&format!(
+            r#"{{"model_type": "mistral", {BASE}, "max_position_embeddings": 32768,
+                "sliding_window": 4096}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.max_position_embeddings, 4096);
+        let c = config(&format!(
+            r#"{{"model_type": "qwen2", {BASE}, "max_position_embeddings": 32768,
+                "sliding_window": 4096, "use_sliding_window": false}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.max_position_embeddings, 32768);
+    }
+
+    #[test]
+    fn bad_configs_name_the_field() {
+        let msg = |json: String| config(&json).unwrap_err().to_string();
+        let m = msg(format!(r#"{{"model_type": "gemma3", {BASE}}}"#));
+        assert!(
+            m.contains("/m/config.json") && m.contains("`gemma3`") && m.contains("qwen3"),
+            "{m}"
+        );
+        let m = msg(r#"{"model_type": "llama", "hidden_size": 64}"#.into());
+        assert!(
+            m.contains("intermediate_size") || m.contains("num_attention_heads"),
+            "{m}"
+        );
+        let m = msg(format!(
+            r#"{{"model_type": "llama", {BASE}, "rope_scaling": {{"type": "yarn", "factor": 2.0}}}}"#
+        ));
+        assert!(m.contains("`yarn`"), "{m}");
+        let m = msg(format!(
+            r#"{{"model_type": "llama", {BASE}, "rope_scaling": {{"type": "linear"}}}}"#
+        ));
+        assert!(m.contains("rope_scaling.factor"), "{m}");
+        let m = msg(format!(
+            r#"{{"model_type": "llama", {BASE}, "hidden_act": "gelu"}}"#
+        ));
+        assert!(m.contains("hidden_act"), "{m}");
+        let m = msg(r#"{"model_type": "llama", "hidden_size": "big"}"#.into());
+        assert!(m.contains("hidden_size"), "{m}");
+    }
+}

@@ -1,0 +1,161 @@
+//! What loading a model takes: the options a user picks ([`LoadOptions`]), the tensors of a
+//! llama-family model by role ([`Weight`]), and what a file format hands the layer builder
+//! ([`WeightSource`], implemented in [`crate::gguf`] and [`crate::hf`]).
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::attention::AttentionBackend;
+use crate::error::{ModelError, Result};
+use crate::weights::{Linear, LinearOptions, WeightsKind, AUTO_AMX_MIN_ROWS};
+
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub weights: WeightsKind,
+    pub device: Device,
+    /// `None`: the CPU kernel where it runs (AVX-512), the reference elsewhere.
+    pub attention: Option<AttentionBackend>,
+    /// Element type of the KV cache: F16 (default: half the bytes read per decode step, as
+    /// llama.cpp) or F32.
+    pub kv_dtype: DType,
+    /// With [`WeightsKind::Auto`] on a CPU with AMX, steps of at least this many rows multiply
+    /// on AMX tiles ((`sluice_kernels::cpu::amx`)); default [`AUTO_AMX_MIN_ROWS`]. `None`
+    /// keeps every step on the exact f32 kernels.
+    pub amx_min_rows: Option<usize>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            weights: WeightsKind::Auto,
+            device: Device::Cpu,
+            attention: None,
+            kv_dtype: DType::F16,
+            amx_min_rows: Some(AUTO_AMX_MIN_ROWS),
+        }
+    }
+}
+
+impl LoadOptions {
+    /// What building a linear layer needs of these options.
+    pub(crate) fn linear(&self) -> LinearOptions {
+        LinearOptions {
+            kind: self.weights,
+            device: self.device.clone(),
+            amx_min_rows: self.amx_min_rows,
+        }
+    }
+}
+
+/// A tensor of a llama-family model, by its role; each format names it its own way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Weight {
+    Embed,
+    Output,
+    OutputNorm,
+    AttnNorm(usize),
+    Q(usize),
+    K(usize),
+    V(usize),
+    QBias(usize),
+    KBias(usize),
+    VBias(usize),
+    /// qwen3's per-head RMSNorm weights.
+    QNorm(usize),
+    KNorm(usize),
+    O(usize),
+    FfnNorm(usize),
+    Gate(usize),
+    Up(usize),
+    Down(usize),
+}
+
+impl Weight {
+    /// The tensor's name in a GGUF file (llama.cpp's names).
+    pub fn gguf_name(self) -> String {
+        let blk = |i: usize, t: &str| format!("blk.{i}.{t}");
+        match self {
+            Self::Embed => "token_embd.weight".into(),
+            Self::Output => "output.weight".into(),
+            Self::OutputNorm => "output_norm.weight".into(),
+            Self::AttnNorm(i) => blk(i, "attn_norm.weight"),
+            Self::Q(i) => blk(i, "attn_q.weight"),
+            Self::K(i) => blk(i, "attn_k.weight"),
+            Self::V(i) => blk(i, "attn_v.weight"),
+            Self::QBias(i) => blk(i, "attn_q.bias"),
+            Self::KBias(i) => blk(i, "attn_k.bias"),
+            Self::VBias(i) => blk(i, "attn_v.bias"),
+            Self::QNorm(i) => blk(i, "attn_q_norm.weight"),
+            Self::KNorm(i) => blk(i, "attn_k_norm.weight"),
+            Self::O(i) => blk(i, "attn_output.weight"),
+            Self::FfnNorm(i) => blk(i, "ffn_norm.weight"),
+            Self::Gate(i) => blk(i, "ffn_gate.weight"),
+            Self::Up(i) => blk(i, "ffn_up.weight"),
+            Self::Down(i) => blk(i, "ffn_down.weight"),
+        }
+    }
+
+    /// The tensor's name in a Hugging Face checkpoint (transformers' llama/qwen2/qwen3).
+    pub fn hf_name(self) -> String {
+        let layer = |i: usize, t: &str| format!("model.layers.{i}.{t}");
+        match self {
+            Self::Embed => "model.embed_tokens.weight".into(),
+            Self::Output => "lm_head.weight".into(),
+            Self::OutputNorm => "model.norm.weight".into(),
+            Self::AttnNorm(i) => layer(i, "input_layernorm.weight"),
+            Self::Q(i) => layer(i, "self_attn.q_proj.weight"),
+            Self::K(i) => layer(i, "self_attn.k_proj.weight"),
+            Self::V(i) => layer(i, "self_attn.v_proj.weight"),
+            Self::QBias(i) => layer(i, "self_attn.q_proj.bias"),
+            Self::KBias(i) => layer(i, "self_attn.k_proj.bias"),
+            Self::VBias(i) => layer(i, "self_attn.v_proj.bias"),
+            Self::QNorm(i) => layer(i, "self_attn.q_norm.weight"),
+            Self::KNorm(i) => layer(i, "self_attn.k_norm.weight"),
+            Self::O(i) => layer(i, "self_attn.o_proj.weight"),
+            Self::FfnNorm(i) => layer(i, "post_attention_layernorm.weight"),
+            Self::Gate(i) => layer(i, "mlp.gate_proj.weight"),
+            Self::Up(i) => layer(i, "mlp.up_proj.weight"),
+            Self::Down(i) => layer(i, "mlp.down_proj.weight"),
+        }
+    }
+}
+
+/// What the layer builder needs from a file format.
+pub(crate) trait WeightSource {
+    /// The file or directory, for logs and errors.
+    fn path(&self) -> &Path;
+    fn has(&self, w: Weight) -> bool;
+    /// `w` (a vector, or the embedding) as f32 on `device`, checked to have `shape`.
+    fn dense(&mut self, w: Weight, shape: &[usize], device: &Device) -> Result<Tensor>;
+    /// The matrices `parts` (`(weight, rows)`, each `[rows, cols]`) stacked along their rows
+    /// into one layer, so one matmul computes them all.
+    fn linear(
+        &mut self,
+        parts: &[(Weight, usize)],
+        cols: usize,
+        bias: Option<Tensor>,
+        options: &LinearOptions,
+    ) -> Result<Linear>;
+    /// The output projection `[vocab, hidden]`: the embedding itself when `tied`.
+    fn lm_head(&mut self, tied: bool, shape: [usize; 2], options: &LinearOptions)
+        -> Result<Linear>;
+}
+
+pub(crate) fn check_shape(
+    path: &Path,
+    name: &str,
+    found: &[usize],
+    expected: &[usize],
+) -> Result<()> {
+    if found == expected {
+        Ok(())
+    } else {
+        Err(ModelError::TensorShape {
+            path: path.to_path_buf(),
+            name: name.to_string(),
+            expected: expected.to_vec(),
+            found: found.to_vec(),
+        })
+    }
+}

@@ -1,0 +1,43 @@
+//! A tiny byte-level vocabulary built in memory, for tests that need a real
+//! [`Tokenizer`](crate::tokenizer::Tokenizer) without a model file; compiled for this crate's
+//! tests and with the `testing` feature.
+
+use crate::byte_level::ByteLevelAlphabet;
+use crate::gguf_metadata::{MetadataMap, MetadataValue};
+
+/// GGUF tokenizer metadata of a vocabulary with `<|endoftext|>` (0), `<|im_start|>` (1),
+/// `<|im_end|>` (2), all 256 byte characters (ids 3..259), and merges building "Ġt", "he",
+/// "Ġthe" (ids 259..262), pre-tokenized by `pre`. BOS is 1, EOS 2.
+pub fn tiny_metadata(pre: &str) -> MetadataMap {
+    let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut types = vec![3i32, 3, 3];
+    let alphabet = ByteLevelAlphabet::new();
+    for byte in 0..=255u8 {
+        tokens.push(alphabet.char_of(byte).to_string());
+        types.push(1);
+    }
+    for merged in ["Ġt", "he", "Ġthe"] {
+        tokens.push(merged.to_string());
+        types.push(1);
+    }
+    let mut metadata = MetadataMap::new();
+    metadata.insert("tokenizer.ggml.model", MetadataValue::String("gpt2".into()));
+    metadata.insert("tokenizer.ggml.pre", MetadataValue::String(pre.into()));
+    metadata.insert("tokenizer.ggml.tokens", MetadataValue::strings(tokens));
+    metadata.insert("tokenizer.ggml.token_type", MetadataValue::ints(types));
+    metadata.insert(
+        "tokenizer.ggml.merges",
+        MetadataValue::strings(["Ġ t", "h e", "Ġt he"]),
+    );
+    metadata.insert("tokenizer.ggml.bos_token_id", MetadataValue::Int(1));
+    metadata.insert("tokenizer.ggml.eos_token_id", MetadataValue::Int(2));
+    metadata
+}
+
+/// The character GPT-2's byte-level alphabet spells `byte` with (`Ġ` for a space).
+pub fn byte_char(byte: u8) -> char {
+    ByteLevelAlphabet::new().char_of(byte)
+}
