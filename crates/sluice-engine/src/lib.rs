@@ -17,6 +17,7 @@ pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
 pub mod stop;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use block_manager::{BlockId, BlockManager, BlockTable, CachedPrefix, PrefixCacheStats};
