@@ -4,8 +4,8 @@
 
 pub mod auth;
 pub mod config;
+pub mod engine_request;
 pub mod error;
-pub mod generation;
 pub mod http;
 pub mod json;
 pub mod load;

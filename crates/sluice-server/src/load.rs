@@ -183,7 +183,7 @@ mod tests {
         let prompt = handle.tokenizer().encode("the thin").unwrap();
         let mut request = Request::new(prompt, 4);
         request.stop.ignore_eos = true;
-        let mut stream = handle.submit(request).unwrap();
+        let mut stream = handle.submit(handle.validate(request).unwrap()).unwrap();
         let (mut tokens, mut finish) = (0, None);
         while let Some(event) = stream.blocking_recv() {
             match event {

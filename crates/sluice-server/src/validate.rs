@@ -1,9 +1,9 @@
-//! Turns OpenAI request fields into the engine's [`SamplingParams`] and [`StopParams`],
-//! checking OpenAI's ranges (a 400 naming the parameter for anything out of them). The engine
-//! validates again on submission; checking here first gives OpenAI's exact ranges and
-//! messages, and refuses a multi-prompt request before any of its prompts is queued.
+//! Turns OpenAI request fields into the engine's [`SamplingParams`] and [`StopParams`], and
+//! checks what only the wire format can get wrong (the `model` name, `top_k`'s spelling of
+//! "no limit", `logit_bias` keys, chat roles). Ranges are not checked here: the engine's
+//! [`sluice_engine::ValidRequest::new`] checks every one, once, when
+//! [`crate::engine_request::EngineRequest::start`] builds the requests it submits.
 
-use sluice_engine::params::{MAX_LOGPROBS, MAX_N, MAX_STOP_STRINGS};
 use sluice_engine::{SamplingParams, StopParams};
 use sluice_model::{ChatMessage, ChatTemplate};
 
@@ -20,63 +20,16 @@ pub fn check_model(requested: Option<&str>, served: &ServedModel) -> Result<(), 
     }
 }
 
-fn in_range(
-    param: &'static str,
-    value: Option<f64>,
-    ok: impl Fn(f64) -> bool,
-    range: &str,
-) -> Result<Option<f32>, ApiError> {
-    match value {
-        None => Ok(None),
-        Some(v) if v.is_finite() && ok(v) => Ok(Some(v as f32)),
-        Some(v) => Err(ApiError::invalid(
-            param,
-            format!("{v} is not a valid value for `{param}`: it must be in {range}."),
-        )),
-    }
-}
-
 /// How many sequences per prompt, and how each is sampled and stopped. `logprobs` is the
-/// number of alternatives asked for, already checked by the caller against its own parameter
-/// name.
+/// number of alternatives asked for (under the endpoint's own field name).
 pub fn sampling(
     f: &SamplingFields,
     logprobs: Option<usize>,
 ) -> Result<(usize, SamplingParams, StopParams), ApiError> {
-    let n = f.n.unwrap_or(1);
-    if !(1..=MAX_N).contains(&n) {
-        return Err(ApiError::invalid(
-            "n",
-            format!("n = {n} is out of range: it must be between 1 and {MAX_N}."),
-        ));
-    }
     let defaults = SamplingParams::default();
-    let temperature = in_range(
-        "temperature",
-        f.temperature,
-        |v| (0.0..=2.0).contains(&v),
-        "[0, 2]",
-    )?;
-    let top_p = in_range("top_p", f.top_p, |v| v > 0.0 && v <= 1.0, "(0, 1]")?;
-    let min_p = in_range("min_p", f.min_p, |v| (0.0..=1.0).contains(&v), "[0, 1]")?;
-    let presence_penalty = in_range(
-        "presence_penalty",
-        f.presence_penalty,
-        |v| (-2.0..=2.0).contains(&v),
-        "[-2, 2]",
-    )?;
-    let frequency_penalty = in_range(
-        "frequency_penalty",
-        f.frequency_penalty,
-        |v| (-2.0..=2.0).contains(&v),
-        "[-2, 2]",
-    )?;
-    let repetition_penalty = in_range(
-        "repetition_penalty",
-        f.repetition_penalty,
-        |v| v > 0.0 && v <= 2.0,
-        "(0, 2]",
-    )?;
+    // JSON numbers are f64; the engine samples in f32. A value out of f32's range becomes
+    // infinite, which no range accepts.
+    let narrow = |v: Option<f64>, default: f32| v.map_or(default, |v| v as f32);
     // vLLM spells "no top-k" as -1; 0 means the same to the engine.
     let top_k = match f.top_k {
         None | Some(-1) | Some(0) => 0,
@@ -96,41 +49,24 @@ pub fn sampling(
                 format!("logit_bias keys must be token ids, got `{key}`."),
             )
         })?;
-        if !(bias.is_finite() && (-100.0..=100.0).contains(&bias)) {
-            return Err(ApiError::invalid(
-                "logit_bias",
-                format!("the bias {bias} of token {token} is not in [-100, 100]."),
-            ));
-        }
         logit_bias.push((token, bias as f32));
     }
     logit_bias.sort_unstable_by_key(|&(t, _)| t);
-
-    let stop = f.stop.clone().unwrap_or_default().0;
-    if stop.len() > MAX_STOP_STRINGS {
-        return Err(ApiError::invalid(
-            "stop",
-            format!(
-                "{} stop strings were given; at most {MAX_STOP_STRINGS} are allowed.",
-                stop.len()
-            ),
-        ));
-    }
     let sampling = SamplingParams {
-        temperature: temperature.unwrap_or(defaults.temperature),
-        top_p: top_p.unwrap_or(defaults.top_p),
+        temperature: narrow(f.temperature, defaults.temperature),
+        top_p: narrow(f.top_p, defaults.top_p),
         top_k,
-        min_p: min_p.unwrap_or(defaults.min_p),
-        presence_penalty: presence_penalty.unwrap_or(defaults.presence_penalty),
-        frequency_penalty: frequency_penalty.unwrap_or(defaults.frequency_penalty),
-        repetition_penalty: repetition_penalty.unwrap_or(defaults.repetition_penalty),
+        min_p: narrow(f.min_p, defaults.min_p),
+        presence_penalty: narrow(f.presence_penalty, defaults.presence_penalty),
+        frequency_penalty: narrow(f.frequency_penalty, defaults.frequency_penalty),
+        repetition_penalty: narrow(f.repetition_penalty, defaults.repetition_penalty),
         logit_bias,
         seed: f.seed.map(|s| s.0),
         logprobs,
     };
     let stop_defaults = StopParams::default();
     let stop = StopParams {
-        stop,
+        stop: f.stop.clone().unwrap_or_default().0,
         stop_token_ids: f.stop_token_ids.clone().unwrap_or_default(),
         ignore_eos: f.ignore_eos.unwrap_or(stop_defaults.ignore_eos),
         min_tokens: f.min_tokens.unwrap_or(stop_defaults.min_tokens),
@@ -141,74 +77,7 @@ pub fn sampling(
             .skip_special_tokens
             .unwrap_or(stop_defaults.skip_special_tokens),
     };
-    Ok((n, sampling, stop))
-}
-
-/// `logprobs` / `top_logprobs` as the engine's count of alternatives.
-pub fn logprobs_count(param: &'static str, k: usize) -> Result<usize, ApiError> {
-    if k > MAX_LOGPROBS {
-        return Err(ApiError::invalid(
-            param,
-            format!("{param} = {k} is more than the maximum of {MAX_LOGPROBS}."),
-        ));
-    }
-    Ok(k)
-}
-
-/// `max_tokens` must be at least 1 when given.
-pub fn max_tokens(value: Option<usize>, param: &'static str) -> Result<Option<usize>, ApiError> {
-    match value {
-        Some(0) => Err(ApiError::invalid(
-            param,
-            format!("{param} must be at least 1."),
-        )),
-        v => Ok(v),
-    }
-}
-
-/// What the prompt is called in an endpoint's messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PromptKind {
-    Prompt,
-    Messages,
-}
-
-impl PromptKind {
-    pub fn param(self) -> &'static str {
-        match self {
-            Self::Prompt => "prompt",
-            Self::Messages => "messages",
-        }
-    }
-}
-
-/// The prompt plus what may be generated must fit the context (OpenAI's message, so clients
-/// that parse it keep working). `capacity` is the context length, or the KV cache's size when
-/// that is smaller.
-pub fn check_context(
-    prompt_tokens: usize,
-    max_tokens: Option<usize>,
-    capacity: usize,
-    kind: PromptKind,
-) -> Result<(), ApiError> {
-    let noun = kind.param();
-    let err = |message: String| {
-        Err(ApiError::invalid(noun, message).with_code("context_length_exceeded"))
-    };
-    match max_tokens {
-        None if prompt_tokens >= capacity => err(format!(
-            "This model's maximum context length is {capacity} tokens. However, your {noun} \
-             resulted in {prompt_tokens} tokens, which leaves no room for the completion. \
-             Please reduce the length of the {noun}."
-        )),
-        Some(m) if prompt_tokens.saturating_add(m) > capacity => err(format!(
-            "This model's maximum context length is {capacity} tokens. However, you requested \
-             {} tokens ({prompt_tokens} in the {noun}, {m} in the completion). Please reduce \
-             the length of the {noun} or completion.",
-            prompt_tokens.saturating_add(m)
-        )),
-        _ => Ok(()),
-    }
+    Ok((f.n.unwrap_or(1), sampling, stop))
 }
 
 /// The conversation as the chat template sees it.
@@ -262,55 +131,27 @@ pub fn render_chat(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::StatusCode;
     use std::collections::HashMap;
 
     fn param(r: Result<(usize, SamplingParams, StopParams), ApiError>) -> Option<String> {
         r.err().and_then(|e| e.param)
     }
 
+    /// Only what the wire format can get wrong is refused here; ranges are the engine's.
     #[test]
-    fn out_of_range_fields_name_their_parameter() {
+    fn malformed_fields_name_their_parameter() {
         let f = |edit: &dyn Fn(&mut SamplingFields)| {
             let mut f = SamplingFields::default();
             edit(&mut f);
             param(sampling(&f, None))
         };
         assert_eq!(f(&|_| ()), None);
-        assert_eq!(f(&|f| f.n = Some(0)).as_deref(), Some("n"));
-        assert_eq!(f(&|f| f.n = Some(10_000)).as_deref(), Some("n"));
-        assert_eq!(
-            f(&|f| f.temperature = Some(2.5)).as_deref(),
-            Some("temperature")
-        );
-        assert_eq!(
-            f(&|f| f.temperature = Some(-0.1)).as_deref(),
-            Some("temperature")
-        );
-        assert_eq!(f(&|f| f.top_p = Some(0.0)).as_deref(), Some("top_p"));
-        assert_eq!(f(&|f| f.top_p = Some(1e300)).as_deref(), Some("top_p"));
         assert_eq!(f(&|f| f.top_k = Some(-2)).as_deref(), Some("top_k"));
-        assert_eq!(f(&|f| f.min_p = Some(1.5)).as_deref(), Some("min_p"));
-        assert_eq!(
-            f(&|f| f.presence_penalty = Some(3.0)).as_deref(),
-            Some("presence_penalty")
-        );
-        assert_eq!(
-            f(&|f| f.repetition_penalty = Some(0.0)).as_deref(),
-            Some("repetition_penalty")
-        );
         assert_eq!(
             f(&|f| f.logit_bias = Some(HashMap::from([("abc".into(), 1.0)]))).as_deref(),
             Some("logit_bias")
         );
-        assert_eq!(
-            f(&|f| f.logit_bias = Some(HashMap::from([("5".into(), 101.0)]))).as_deref(),
-            Some("logit_bias")
-        );
-        assert_eq!(
-            f(&|f| f.stop = Some(crate::openai::StopList(vec!["x".into(); 17]))).as_deref(),
-            Some("stop")
-        );
+        assert_eq!(f(&|f| f.temperature = Some(2.5)), None);
     }
 
     #[test]
@@ -331,26 +172,6 @@ mod tests {
         assert_eq!(s.logit_bias, vec![(7, -100.0)]);
         assert_eq!((s.seed, s.logprobs), (Some(42), Some(2)));
         assert!(stop.ignore_eos);
-    }
-
-    #[test]
-    fn context_overflow_uses_openais_message() {
-        let e = check_context(10, Some(20), 25, PromptKind::Messages).unwrap_err();
-        assert_eq!(e.status, StatusCode::BAD_REQUEST);
-        assert_eq!(e.param.as_deref(), Some("messages"));
-        assert_eq!(e.code, Some("context_length_exceeded"));
-        assert!(
-            e.message.starts_with(
-                "This model's maximum context length is 25 tokens. However, you requested 30 \
-                 tokens (10 in the messages, 20 in the completion). Please reduce"
-            ),
-            "{}",
-            e.message
-        );
-        assert!(check_context(10, Some(15), 25, PromptKind::Prompt).is_ok());
-        assert!(check_context(24, None, 25, PromptKind::Prompt).is_ok());
-        assert!(check_context(25, None, 25, PromptKind::Prompt).is_err());
-        assert!(check_context(1, Some(usize::MAX), 25, PromptKind::Prompt).is_err());
     }
 
     #[test]

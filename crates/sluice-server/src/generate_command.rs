@@ -106,7 +106,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         },
         stop: StopParams::default(),
     };
-    let mut stream = engine.handle().submit(request)?;
+    // Checked like a server request (an empty prompt, a temperature out of [0, 2], ...).
+    let handle = engine.handle();
+    let mut stream = handle.submit(handle.validate(request)?)?;
 
     let mut out = std::io::stdout().lock();
     let mut finish = None;
