@@ -1,6 +1,7 @@
 //! What the engine needs from a model: one batched forward over a [`StepBatch`] into a logits
 //! buffer, and its limits. [`PagedLlama`] is the real thing (a [`LlamaModel`] with the KV
-//! cache it owns); [`crate::testing::MockModel`] implements the same trait without weights.
+//! cache it owns); `testing::MockModel` (feature `testing`) implements the same trait without
+//! weights.
 
 use candle_core::{Device, Storage, Tensor};
 use sluice_model::{KvCache, LlamaModel, ModelError, StepBatch};

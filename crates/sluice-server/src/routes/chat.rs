@@ -16,9 +16,9 @@ use crate::openai::chat::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs, ChatMessageOut, ChatRequest,
     ChatResponse,
 };
+use crate::request_fields;
 use crate::sse;
 use crate::state::AppState;
-use crate::validate;
 
 const ROLE: &str = "assistant";
 
@@ -28,7 +28,7 @@ pub async fn handler(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model()?;
-    validate::check_model(req.model.as_deref(), &model)?;
+    request_fields::check_model(req.model.as_deref(), &model)?;
     let want_logprobs = req.logprobs.unwrap_or(false);
     let top = req.top_logprobs;
     if top.is_some_and(|k| k > 0) && !want_logprobs {
@@ -38,7 +38,7 @@ pub async fn handler(
         ));
     }
     let logprobs = want_logprobs.then(|| top.unwrap_or(0));
-    let (n, sampling, stop) = validate::sampling(&req.sampling(), logprobs)?;
+    let (n, sampling, stop) = request_fields::sampling(&req.sampling(), logprobs)?;
     let names = ParamNames::chat(req.max_completion_tokens.is_some());
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
     let stream = req.stream.unwrap_or(false);
@@ -52,7 +52,8 @@ pub async fn handler(
     let render_model = model.clone();
     let messages = req.messages;
     let prompt = tokenize_blocking(move || {
-        let text = validate::render_chat(render_model.chat_template.as_ref(), &messages, true)?;
+        let text =
+            request_fields::render_chat(render_model.chat_template.as_ref(), &messages, true)?;
         // The template writes any BOS the model wants itself.
         render_model
             .tokenizer()
@@ -72,7 +73,7 @@ pub async fn handler(
             max_tokens,
             sampling,
             stop,
-            names: names,
+            names,
         },
     )?;
     if stream {

@@ -15,9 +15,9 @@ use crate::openai::completions::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
 };
 use crate::openai::Prompt;
+use crate::request_fields;
 use crate::sse;
 use crate::state::AppState;
-use crate::validate;
 
 /// OpenAI's default for this endpoint.
 const DEFAULT_MAX_TOKENS: usize = 16;
@@ -29,7 +29,7 @@ pub async fn handler(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model()?;
-    validate::check_model(req.model.as_deref(), &model)?;
+    request_fields::check_model(req.model.as_deref(), &model)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(
             "suffix",
@@ -45,7 +45,7 @@ pub async fn handler(
              server does not compute; drop one of them.",
         ));
     }
-    let (n, sampling, stop) = validate::sampling(&req.sampling(), logprobs)?;
+    let (n, sampling, stop) = request_fields::sampling(&req.sampling(), logprobs)?;
     if let Some(best_of) = req.best_of.filter(|&b| b != n) {
         return Err(ApiError::invalid(
             "best_of",

@@ -2,7 +2,7 @@
 //! checks what only the wire format can get wrong (the `model` name, `top_k`'s spelling of
 //! "no limit", `logit_bias` keys, chat roles). Ranges are not checked here: the engine's
 //! [`sluice_engine::ValidRequest::new`] checks every one, once, when
-//! [`crate::engine_request::EngineRequest::start`] builds the requests it submits.
+//! [`crate::engine_request::Generation::start`] builds the requests it submits.
 
 use sluice_engine::{SamplingParams, StopParams};
 use sluice_model::{ChatMessage, ChatTemplate};
