@@ -322,6 +322,19 @@ fn submissions_past_max_waiting_are_refused_as_overloaded() {
 }
 
 #[test]
+fn a_request_validated_for_another_engine_is_refused() {
+    let (small, _) = start(EngineConfig::default(), 4);
+    let (large, _) = default_engine();
+    let checked_for_large = large.handle().validate(long_request(1, 10, 100)).unwrap();
+    assert_eq!(
+        small.handle().submit(checked_for_large).unwrap_err(),
+        SubmitError::ForeignLimits,
+        "the small engine's cache could never hold it"
+    );
+    assert_eq!(small.handle().stats().in_flight(), 0);
+}
+
+#[test]
 fn invalid_requests_are_refused_before_queueing() {
     let (engine, _) = default_engine();
     let h = engine.handle();

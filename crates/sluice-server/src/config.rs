@@ -533,6 +533,11 @@ mod tests {
             ("1.5GiB", 3 << 29),
             ("10 KB", 10_000),
             ("7B", 7),
+            // Where bytesize differs, sluice keeps what it documents: K/M/G are binary,
+            // blanks around the size are trimmed.
+            ("4 k", 4 << 10),
+            ("1G", 1 << 30),
+            (" 2GiB ", 2 << 30),
         ];
         for (text, bytes) in cases {
             assert_eq!(text.parse::<ByteSize>(), Ok(ByteSize(bytes)), "{text}");
