@@ -20,7 +20,8 @@ pub const MAX_STOP_STRING_BYTES: usize = 256;
 /// `min_p`, `top_k` and `top_p` filters, then one draw from what is left.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
-    /// 0 (below [`GREEDY_TEMPERATURE`]) is greedy: the argmax, no randomness.
+    /// 0 (below [`GREEDY_TEMPERATURE`]) is greedy: the argmax, no randomness. In `[0, 2]`
+    /// (OpenAI's range).
     pub temperature: f32,
     /// Keep the smallest set of most likely tokens whose probability adds up to at least this;
     /// 1 keeps everything. In `(0, 1]`.
