@@ -62,7 +62,7 @@ fn scenario(name: &str, sampling: SamplingParams) {
                 },
                 ..Request::new(tokens(i, PROMPT), steps)
             };
-            h.submit(request).unwrap()
+            h.submit(h.validate(request).unwrap()).unwrap()
         })
         .collect();
     // Drain the streams on another thread, as the server's tasks would.

@@ -75,7 +75,6 @@ fn steady_decode() {
     let cfg = SchedulerConfig {
         max_num_seqs: 256,
         max_num_batched_tokens: 8192,
-        max_waiting: 1024,
         block_size: 16,
         num_blocks: 256 * 80,
         max_model_len: 4096,
@@ -84,7 +83,7 @@ fn steady_decode() {
     let mut batch = StepBatch::new(16);
     let (mut sampled, mut finished) = (Vec::new(), Vec::new());
     for r in 0..256 {
-        s.add_request(r, tokens(r, 128), 1100, 1).unwrap();
+        s.add_request(r, tokens(r, 128), 1100, 1);
     }
     for tick in 0..8 {
         step(&mut s, &mut batch, &mut sampled, &mut finished, tick);
@@ -107,7 +106,6 @@ fn churn() {
     let cfg = SchedulerConfig {
         max_num_seqs: 256,
         max_num_batched_tokens: 2048,
-        max_waiting: 4096,
         block_size: 16,
         num_blocks: 256 * 16,
         max_model_len: 4096,
@@ -122,8 +120,7 @@ fn churn() {
         next += 1;
         let mut p = system.clone();
         p.extend(tokens(r, (r as usize * 97) % 448));
-        s.add_request(r, p, 16 + (r as usize * 31) % 112, 1)
-            .unwrap();
+        s.add_request(r, p, 16 + (r as usize * 31) % 112, 1);
     };
     let mut t = Timings(Vec::with_capacity(2000));
     let (mut total_tokens, mut total_seqs) = (0, 0);

@@ -68,7 +68,10 @@ fn main() {
             .collect();
         let before = h.stats();
         let start = Instant::now();
-        let streams: Vec<_> = requests.into_iter().map(|r| h.submit(r).unwrap()).collect();
+        let streams: Vec<_> = requests
+            .into_iter()
+            .map(|r| h.submit(h.validate(r).unwrap()).unwrap())
+            .collect();
         let mut first_token = None;
         let mut generated = 0usize;
         for s in streams {

@@ -1,8 +1,8 @@
 //! The engine as the server sees it: a cloneable [`EngineHandle`] to submit requests, abort
 //! them and read counters, and the [`RequestStream`] of events each submission returns.
 //!
-//! Submission checks everything it can without the engine thread (validation against the
-//! model's limits, the waiting-queue bound) and fails fast with a typed [`SubmitError`]; the
+//! Submission takes only a [`ValidRequest`] (checked once, where it was built), checks the
+//! waiting-queue bound without the engine thread, and fails fast with a typed [`SubmitError`]; the
 //! request then travels to the engine thread over a channel and its events come back over an
 //! unbounded tokio channel, whose `send` never blocks the engine.
 
@@ -17,7 +17,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::block_manager::PrefixCacheStats;
 use crate::events::Event;
-use crate::params::{InvalidRequest, ModelLimits, Request};
+use crate::params::{InvalidRequest, ModelLimits, Request, ValidRequest};
 use crate::sequence::RequestId;
 
 /// Why a request was not accepted.
@@ -29,9 +29,9 @@ pub enum SubmitError {
          {max_waiting}; retry later"
     )]
     Overloaded { waiting: usize, max_waiting: usize },
-    /// The request is malformed or cannot fit the model (HTTP 400).
-    #[error(transparent)]
-    Invalid(#[from] InvalidRequest),
+    /// The request was validated against another engine's limits (a bug of the caller).
+    #[error("the request was validated against other limits than this engine's")]
+    ForeignLimits,
     /// The engine is draining for shutdown or has stopped (HTTP 503).
     #[error("the engine is shutting down")]
     ShuttingDown,
@@ -39,9 +39,7 @@ pub enum SubmitError {
 
 pub(crate) struct Submission {
     pub id: RequestId,
-    pub request: Request,
-    /// Validated: what each sequence may generate.
-    pub max_tokens: usize,
+    pub request: ValidRequest,
     pub events: UnboundedSender<Event>,
     pub arrival: Instant,
 }
@@ -124,23 +122,24 @@ impl EngineHandle {
         Self { shared, commands }
     }
 
+    /// Checks `request` against this engine's limits ([`ValidRequest::new`]).
+    pub fn validate(&self, request: Request) -> Result<ValidRequest, InvalidRequest> {
+        ValidRequest::new(request, &self.shared.limits)
+    }
+
     /// Queues a request; its events arrive on the returned stream. Fails at once, without
-    /// queueing anything, if the request is invalid, the waiting queue is full, or the engine
-    /// is shutting down.
-    pub fn submit(&self, request: Request) -> Result<RequestStream, SubmitError> {
+    /// queueing anything, if the waiting queue is full or the engine is shutting down.
+    pub fn submit(&self, request: ValidRequest) -> Result<RequestStream, SubmitError> {
         if self.shared.draining.load(Ordering::Acquire) {
             return Err(SubmitError::ShuttingDown);
         }
-        let max_tokens = request.validate(&self.shared.limits)?;
-        let n = request.n;
-        let max_waiting = self.shared.max_waiting;
-        if n > max_waiting {
-            return Err(InvalidRequest::InvalidN {
-                n,
-                max: max_waiting,
-            }
-            .into());
+        if *request.limits() != self.shared.limits {
+            return Err(SubmitError::ForeignLimits);
         }
+        // `n <= max_waiting` is part of the limits (`max_n`), so an empty queue takes any
+        // valid request.
+        let n = request.n();
+        let max_waiting = self.shared.max_waiting;
         let stats = &self.shared.stats;
         let pending_before = stats.pending.fetch_add(n, Ordering::AcqRel);
         let waiting = pending_before + stats.waiting.load(Ordering::Acquire);
@@ -152,12 +151,11 @@ impl EngineHandle {
             });
         }
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let prompt_tokens = request.prompt.len();
+        let prompt_tokens = request.prompt_len();
         let (tx, rx) = unbounded_channel();
         let submission = Submission {
             id,
             request,
-            max_tokens,
             events: tx,
             arrival: Instant::now(),
         };

@@ -6,17 +6,21 @@
 
 pub mod block_manager;
 pub mod engine;
+mod engine_loop;
 pub mod events;
 pub mod handle;
 pub mod logits;
 pub mod metrics;
 pub mod model;
 pub mod params;
+mod request_state;
 pub mod rng;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
 pub mod stop;
+mod telemetry;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use block_manager::{BlockId, BlockManager, BlockTable, CachedPrefix, PrefixCacheStats};
@@ -24,7 +28,7 @@ pub use engine::{Engine, EngineConfig, EngineError, ShutdownReport};
 pub use events::{Event, FinishEvent, Timing, TokenEvent, Usage};
 pub use handle::{EngineHandle, EngineStats, RequestStream, SubmitError};
 pub use model::{Model, ModelFailure};
-pub use params::{InvalidRequest, ModelLimits, Request, SamplingParams, StopParams};
+pub use params::{InvalidRequest, ModelLimits, Request, SamplingParams, StopParams, ValidRequest};
 pub use sampler::{SampleRow, Sampled, Sampler, TokenCounts, TokenLogprobs};
 pub use scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerError, SchedulerOutput};
 pub use sequence::{RequestId, SeqId, Sequence, SequenceStatus};

@@ -1,6 +1,6 @@
 //! What the engine needs from a model: one batched forward over a [`StepBatch`] into a logits
 //! buffer, and its limits. [`PagedLlama`] (sluice-model: a `LlamaModel` with the KV cache it
-//! owns) is the real thing; [`crate::testing::MockModel`] implements the same trait without
+//! owns) is the real thing; `testing::MockModel` (feature `testing`) implements the same trait without
 //! weights.
 
 use sluice_model::{ModelError, PagedLlama, StepBatch};

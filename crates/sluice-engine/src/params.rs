@@ -1,6 +1,7 @@
 //! What a client asks the engine for: the prompt (token ids: the server tokenizes), how many
-//! sequences, how to pick tokens and when to stop. Validation lives here too, so every way a
-//! request can be malformed is one [`InvalidRequest`] variant the server turns into a 400.
+//! sequences, how to pick tokens and when to stop. Validation lives here too, once: a
+//! [`ValidRequest`] is the only thing the engine takes, and every way a request can be
+//! malformed is one [`InvalidRequest`] variant the server turns into a 400.
 
 /// Temperatures below this are greedy, as in vLLM: dividing by a tiny temperature only turns
 /// the distribution into an argmax with extra rounding.
@@ -19,7 +20,8 @@ pub const MAX_STOP_STRING_BYTES: usize = 256;
 /// `min_p`, `top_k` and `top_p` filters, then one draw from what is left.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
-    /// 0 (below [`GREEDY_TEMPERATURE`]) is greedy: the argmax, no randomness.
+    /// 0 (below [`GREEDY_TEMPERATURE`]) is greedy: the argmax, no randomness. In `[0, 2]`
+    /// (OpenAI's range).
     pub temperature: f32,
     /// Keep the smallest set of most likely tokens whose probability adds up to at least this;
     /// 1 keeps everything. In `(0, 1]`.
@@ -82,35 +84,38 @@ impl SamplingParams {
     }
 
     /// Checks every field; `vocab_size` bounds the token ids of `logit_bias`.
-    pub fn validate(&self, vocab_size: usize) -> Result<(), InvalidRequest> {
-        let bad =
-            |param: &'static str, reason: String| Err(InvalidRequest::Param { param, reason });
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return bad(
-                "temperature",
-                format!("{} is not a number >= 0", self.temperature),
-            );
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad("top_p", format!("{} is not in (0, 1]", self.top_p));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return bad("min_p", format!("{} is not in [0, 1]", self.min_p));
-        }
+    fn validate(&self, vocab_size: usize) -> Result<(), InvalidRequest> {
+        in_range(
+            "temperature",
+            self.temperature,
+            (0.0..=2.0).contains(&self.temperature),
+            "[0, 2]",
+        )?;
+        in_range(
+            "top_p",
+            self.top_p,
+            self.top_p > 0.0 && self.top_p <= 1.0,
+            "(0, 1]",
+        )?;
+        in_range(
+            "min_p",
+            self.min_p,
+            (0.0..=1.0).contains(&self.min_p),
+            "[0, 1]",
+        )?;
         for (param, value) in [
             ("presence_penalty", self.presence_penalty),
             ("frequency_penalty", self.frequency_penalty),
         ] {
-            if !(-2.0..=2.0).contains(&value) {
-                return bad(param, format!("{value} is not in [-2, 2]"));
-            }
+            in_range(param, value, (-2.0..=2.0).contains(&value), "[-2, 2]")?;
         }
-        if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 2.0) {
-            return bad(
-                "repetition_penalty",
-                format!("{} is not in (0, 2]", self.repetition_penalty),
-            );
-        }
+        let repetition = self.repetition_penalty;
+        in_range(
+            "repetition_penalty",
+            repetition,
+            repetition > 0.0 && repetition <= 2.0,
+            "(0, 2]",
+        )?;
         for &(token, bias) in &self.logit_bias {
             if token as usize >= vocab_size {
                 return Err(InvalidRequest::TokenOutOfVocab {
@@ -120,18 +125,38 @@ impl SamplingParams {
                 });
             }
             if !(-100.0..=100.0).contains(&bias) {
-                return bad(
-                    "logit_bias",
-                    format!("bias {bias} of token {token} is not in [-100, 100]"),
-                );
+                return Err(InvalidRequest::Param {
+                    param: "logit_bias",
+                    reason: format!("the bias {bias} of token {token} is not in [-100, 100]"),
+                });
             }
         }
-        if let Some(k) = self.logprobs {
-            if k > MAX_LOGPROBS {
-                return bad("logprobs", format!("{k} is more than {MAX_LOGPROBS}"));
-            }
+        match self.logprobs {
+            Some(requested) if requested > MAX_LOGPROBS => Err(InvalidRequest::TooManyLogprobs {
+                requested,
+                max: MAX_LOGPROBS,
+            }),
+            _ => Ok(()),
         }
+    }
+}
+
+/// `ok` says whether `value` is in `range` (NaN and infinities never are: every range here
+/// is bounded).
+fn in_range(
+    param: &'static str,
+    value: f32,
+    ok: bool,
+    range: &'static str,
+) -> Result<(), InvalidRequest> {
+    if ok {
         Ok(())
+    } else {
+        Err(InvalidRequest::OutOfRange {
+            param,
+            value,
+            range,
+        })
     }
 }
 
@@ -168,7 +193,7 @@ impl Default for StopParams {
 }
 
 impl StopParams {
-    pub fn validate(&self, vocab_size: usize) -> Result<(), InvalidRequest> {
+    fn validate(&self, vocab_size: usize) -> Result<(), InvalidRequest> {
         let bad = |reason: String| {
             Err(InvalidRequest::Param {
                 param: "stop",
@@ -177,7 +202,7 @@ impl StopParams {
         };
         if self.stop.len() > MAX_STOP_STRINGS {
             return bad(format!(
-                "{} stop strings; at most {MAX_STOP_STRINGS} are allowed",
+                "{} stop strings were given; at most {MAX_STOP_STRINGS} are allowed",
                 self.stop.len()
             ));
         }
@@ -232,66 +257,73 @@ impl Request {
             stop: StopParams::default(),
         }
     }
+}
 
-    /// Checks the request against the model and the cache; returns the number of tokens each
-    /// sequence may generate.
-    pub fn validate(&self, limits: &ModelLimits) -> Result<usize, InvalidRequest> {
-        if self.prompt.is_empty() {
-            return Err(InvalidRequest::EmptyPrompt);
-        }
-        if !(1..=MAX_N).contains(&self.n) {
+/// A [`Request`] checked against the engine's [`ModelLimits`]: the only thing the engine
+/// accepts ([`crate::EngineHandle::submit`]). Every range a request must respect is checked
+/// here and nowhere else; the engine, the scheduler included, trusts the type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRequest {
+    request: Request,
+    /// What each sequence may generate: `max_tokens`, or what is left of the context.
+    max_tokens: usize,
+    /// What it was checked against: the engine refuses a request checked for another one.
+    limits: ModelLimits,
+}
+
+impl ValidRequest {
+    /// Checks every field of `request` against `limits`; the error names the parameter.
+    pub fn new(request: Request, limits: &ModelLimits) -> Result<Self, InvalidRequest> {
+        limits.check_prompt(&request.prompt)?;
+        if !(1..=limits.max_n).contains(&request.n) {
             return Err(InvalidRequest::InvalidN {
-                n: self.n,
-                max: MAX_N,
+                n: request.n,
+                max: limits.max_n,
             });
         }
-        if let Some(&token) = self
-            .prompt
-            .iter()
-            .find(|&&t| t as usize >= limits.vocab_size)
-        {
-            return Err(InvalidRequest::TokenOutOfVocab {
-                param: "prompt",
-                token,
-                vocab_size: limits.vocab_size,
-            });
-        }
-        self.sampling.validate(limits.vocab_size)?;
-        self.stop.validate(limits.vocab_size)?;
-        // A sequence never needs more than the model's context, nor more than the whole cache:
-        // admission refuses what could not fit the pool even alone.
-        let capacity = limits.max_model_len.min(limits.kv_cache_tokens);
-        let prompt_tokens = self.prompt.len();
-        if prompt_tokens >= capacity {
-            return Err(InvalidRequest::PromptTooLong {
-                prompt_tokens,
-                max_model_len: limits.max_model_len,
-                kv_cache_tokens: limits.kv_cache_tokens,
-            });
-        }
-        let max_tokens = match self.max_tokens {
-            None => capacity - prompt_tokens,
-            Some(0) => return Err(InvalidRequest::ZeroMaxTokens),
-            Some(m) if prompt_tokens.saturating_add(m) > capacity => {
-                return Err(InvalidRequest::TooManyTokens {
-                    prompt_tokens,
-                    max_tokens: m,
-                    max_model_len: limits.max_model_len,
-                    kv_cache_tokens: limits.kv_cache_tokens,
-                })
-            }
-            Some(m) => m,
-        };
-        if self.stop.min_tokens > max_tokens {
+        request.sampling.validate(limits.vocab_size)?;
+        request.stop.validate(limits.vocab_size)?;
+        let max_tokens = limits.check_length(request.prompt.len(), request.max_tokens)?;
+        if request.stop.min_tokens > max_tokens {
             return Err(InvalidRequest::Param {
                 param: "min_tokens",
                 reason: format!(
                     "{} is more than max_tokens ({max_tokens})",
-                    self.stop.min_tokens
+                    request.stop.min_tokens
                 ),
             });
         }
-        Ok(max_tokens)
+        Ok(Self {
+            request,
+            max_tokens,
+            limits: *limits,
+        })
+    }
+
+    pub fn request(&self) -> &Request {
+        &self.request
+    }
+
+    /// Most tokens each sequence generates (resolved: never more than the context allows).
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
+    pub fn n(&self) -> usize {
+        self.request.n
+    }
+
+    pub fn prompt_len(&self) -> usize {
+        self.request.prompt.len()
+    }
+
+    pub fn limits(&self) -> &ModelLimits {
+        &self.limits
+    }
+
+    /// The checked request and its resolved `max_tokens`, for the engine thread.
+    pub(crate) fn into_parts(self) -> (Request, usize) {
+        (self.request, self.max_tokens)
     }
 }
 
@@ -303,16 +335,73 @@ pub struct ModelLimits {
     pub max_model_len: usize,
     /// Tokens the whole KV cache holds.
     pub kv_cache_tokens: usize,
+    /// Most sequences one request may ask for: [`MAX_N`], or the waiting queue's bound when
+    /// that is smaller (a request larger than the whole queue could never be admitted).
+    pub max_n: usize,
 }
 
-/// A request the engine cannot run as asked (HTTP 400). Messages name the parameter.
+impl ModelLimits {
+    /// The most tokens one sequence can hold: the context, or the whole KV cache when that is
+    /// smaller (admission could never place a longer one).
+    pub fn capacity(&self) -> usize {
+        self.max_model_len.min(self.kv_cache_tokens)
+    }
+
+    /// A prompt is not empty and every token is in the vocabulary. Public so that the server
+    /// can check token-id prompts before it decodes them for `echo`.
+    pub fn check_prompt(&self, prompt: &[u32]) -> Result<(), InvalidRequest> {
+        if prompt.is_empty() {
+            return Err(InvalidRequest::EmptyPrompt);
+        }
+        match prompt.iter().find(|&&t| t as usize >= self.vocab_size) {
+            Some(&token) => Err(InvalidRequest::TokenOutOfVocab {
+                param: "prompt",
+                token,
+                vocab_size: self.vocab_size,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The prompt plus what may be generated fits [`ModelLimits::capacity`]; returns what each
+    /// sequence may generate (`None`: the rest of the context).
+    fn check_length(
+        &self,
+        prompt_tokens: usize,
+        max_tokens: Option<usize>,
+    ) -> Result<usize, InvalidRequest> {
+        let capacity = self.capacity();
+        if prompt_tokens >= capacity {
+            return Err(InvalidRequest::PromptTooLong {
+                prompt_tokens,
+                capacity,
+            });
+        }
+        match max_tokens {
+            None => Ok(capacity - prompt_tokens),
+            Some(0) => Err(InvalidRequest::ZeroMaxTokens),
+            Some(m) if prompt_tokens.saturating_add(m) > capacity => {
+                Err(InvalidRequest::TooManyTokens {
+                    prompt_tokens,
+                    max_tokens: m,
+                    capacity,
+                })
+            }
+            Some(m) => Ok(m),
+        }
+    }
+}
+
+/// A request the engine cannot run as asked (HTTP 400). Each variant names its parameter
+/// (the server may call it differently: `messages` for the prompt, `max_completion_tokens`,
+/// `top_logprobs`) and carries what a message needs.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum InvalidRequest {
-    #[error("the prompt is empty")]
+    #[error("The prompt is empty.")]
     EmptyPrompt,
-    #[error("n = {n} is out of range: it must be between 1 and {max}")]
+    #[error("n = {n} is out of range: it must be between 1 and {max}.")]
     InvalidN { n: usize, max: usize },
-    #[error("max_tokens must be at least 1")]
+    #[error("max_tokens must be at least 1.")]
     ZeroMaxTokens,
     #[error("{param}: token id {token} is outside the vocabulary of {vocab_size} tokens")]
     TokenOutOfVocab {
@@ -320,27 +409,49 @@ pub enum InvalidRequest {
         token: u32,
         vocab_size: usize,
     },
+    /// `capacity`: [`ModelLimits::capacity`].
     #[error(
-        "the prompt has {prompt_tokens} tokens, which leaves no room to generate: the model's \
-         context is {max_model_len} tokens and the KV cache holds {kv_cache_tokens}"
+        "the prompt has {prompt_tokens} tokens, which leaves no room to generate: a sequence \
+         holds at most {capacity} tokens"
     )]
     PromptTooLong {
         prompt_tokens: usize,
-        max_model_len: usize,
-        kv_cache_tokens: usize,
+        capacity: usize,
     },
     #[error(
-        "prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) is more than the model's \
-         context of {max_model_len} tokens or the KV cache's {kv_cache_tokens}"
+        "prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) is more than the \
+         {capacity} tokens a sequence holds"
     )]
     TooManyTokens {
         prompt_tokens: usize,
         max_tokens: usize,
-        max_model_len: usize,
-        kv_cache_tokens: usize,
+        capacity: usize,
     },
+    #[error("{value} is not a valid value for `{param}`: it must be in {range}.")]
+    OutOfRange {
+        param: &'static str,
+        value: f32,
+        range: &'static str,
+    },
+    #[error("logprobs = {requested} is more than the maximum of {max}.")]
+    TooManyLogprobs { requested: usize, max: usize },
     #[error("invalid {param}: {reason}")]
     Param { param: &'static str, reason: String },
+}
+
+impl InvalidRequest {
+    /// The request field at fault, as the engine calls it.
+    pub fn param(&self) -> &'static str {
+        match self {
+            Self::EmptyPrompt | Self::PromptTooLong { .. } | Self::TooManyTokens { .. } => "prompt",
+            Self::InvalidN { .. } => "n",
+            Self::ZeroMaxTokens => "max_tokens",
+            Self::TooManyLogprobs { .. } => "logprobs",
+            Self::TokenOutOfVocab { param, .. }
+            | Self::OutOfRange { param, .. }
+            | Self::Param { param, .. } => param,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -351,25 +462,30 @@ mod tests {
         vocab_size: 100,
         max_model_len: 64,
         kv_cache_tokens: 48,
+        max_n: MAX_N,
     };
+
+    fn validate(r: &Request) -> Result<usize, InvalidRequest> {
+        ValidRequest::new(r.clone(), &LIMITS).map(|v| v.max_tokens())
+    }
 
     #[test]
     fn max_tokens_defaults_to_what_is_left_of_the_context_or_cache() {
         let mut r = Request::new(vec![1; 10], 1);
         r.max_tokens = None;
-        assert_eq!(r.validate(&LIMITS), Ok(38));
+        assert_eq!(validate(&r), Ok(38));
         r.max_tokens = Some(38);
-        assert_eq!(r.validate(&LIMITS), Ok(38));
+        assert_eq!(validate(&r), Ok(38));
         for too_many in [39, usize::MAX] {
             r.max_tokens = Some(too_many);
             assert!(matches!(
-                r.validate(&LIMITS),
+                validate(&r),
                 Err(InvalidRequest::TooManyTokens { .. })
             ));
         }
         r.prompt = vec![1; 48];
         assert!(matches!(
-            r.validate(&LIMITS),
+            validate(&r),
             Err(InvalidRequest::PromptTooLong { .. })
         ));
     }
@@ -377,7 +493,7 @@ mod tests {
     #[test]
     fn malformed_requests_name_the_parameter() {
         let ok = Request::new(vec![1, 2, 3], 4);
-        assert_eq!(ok.validate(&LIMITS), Ok(4));
+        assert_eq!(validate(&ok), Ok(4));
         let cases: Vec<(Request, &str)> = vec![
             (Request::new(vec![], 4), "prompt is empty"),
             (Request::new(vec![1, 100], 4), "prompt: token id 100"),
@@ -455,8 +571,30 @@ mod tests {
             ),
         ];
         for (request, needle) in cases {
-            let err = request.validate(&LIMITS).unwrap_err().to_string();
+            let err = validate(&request).unwrap_err();
+            assert!(
+                needle.contains(err.param()),
+                "{err:?} should name the parameter of {needle:?}"
+            );
+            let err = err.to_string();
             assert!(err.contains(needle), "{err:?} should mention {needle:?}");
         }
+        // The server's (OpenAI's) ranges, here once.
+        let hot = Request {
+            sampling: SamplingParams {
+                temperature: 2.5,
+                ..SamplingParams::default()
+            },
+            ..ok.clone()
+        };
+        assert_eq!(
+            validate(&hot).unwrap_err().to_string(),
+            "2.5 is not a valid value for `temperature`: it must be in [0, 2]."
+        );
+        let small_queue = ModelLimits { max_n: 3, ..LIMITS };
+        assert_eq!(
+            ValidRequest::new(Request { n: 4, ..ok }, &small_queue),
+            Err(InvalidRequest::InvalidN { n: 4, max: 3 })
+        );
     }
 }

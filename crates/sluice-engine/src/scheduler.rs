@@ -38,9 +38,6 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     /// Most tokens computed by one step's forward, prefill and decode together.
     pub max_num_batched_tokens: usize,
-    /// Most sequences in the waiting queue at submission; past it, `add_request` fails with
-    /// [`SchedulerError::Overloaded`]. Preempted sequences re-enter the queue regardless.
-    pub max_waiting: usize,
     /// Tokens per KV-cache block.
     pub block_size: usize,
     /// Blocks in the KV cache.
@@ -54,7 +51,6 @@ impl Default for SchedulerConfig {
         Self {
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,
-            max_waiting: 1024,
             block_size: 16,
             num_blocks: 4096,
             max_model_len: 4096,
@@ -66,37 +62,6 @@ impl Default for SchedulerConfig {
 pub enum SchedulerError {
     #[error("invalid scheduler configuration: {0}")]
     InvalidConfig(String),
-    #[error(
-        "overloaded: {waiting} sequences are waiting and the queue holds at most {max_waiting}"
-    )]
-    Overloaded { waiting: usize, max_waiting: usize },
-    #[error("request {0} is already in the scheduler")]
-    DuplicateRequest(RequestId),
-    #[error("the prompt is empty")]
-    EmptyPrompt,
-    #[error("max_tokens must be at least 1")]
-    ZeroMaxTokens,
-    #[error("n = {0} is out of range")]
-    InvalidN(usize),
-    #[error(
-        "prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the model's context \
-         length of {max_model_len} tokens"
-    )]
-    ExceedsModelLen {
-        prompt_tokens: usize,
-        max_tokens: usize,
-        max_model_len: usize,
-    },
-    #[error(
-        "prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) needs {needed_blocks} KV-cache \
-         blocks but the whole cache has {num_blocks}"
-    )]
-    ExceedsCache {
-        prompt_tokens: usize,
-        max_tokens: usize,
-        needed_blocks: usize,
-        num_blocks: usize,
-    },
     #[error("commit got {got} sampled tokens for {expected} sampling rows")]
     SampleCountMismatch { got: usize, expected: usize },
     #[error("commit without a scheduled step")]
@@ -243,51 +208,34 @@ impl Scheduler {
     }
 
     /// Queues a request of `n` sequences `SeqId { request, index: 0..n }`, each generating up
-    /// to `max_tokens` tokens after `prompt`. Fails at once, changing nothing, if the request
-    /// can never run (see [`SchedulerError`]) or the waiting queue is full.
+    /// to `max_tokens` tokens after `prompt`.
+    ///
+    /// Precondition (what [`crate::ValidRequest`] guarantees, checked there once): a non-empty
+    /// prompt, `1 <= n <= u32::MAX`, `max_tokens >= 1`, and `prompt + max_tokens` within both
+    /// `max_model_len` and the whole cache, so the request can always run; and a request id
+    /// not already queued. The queue's bound is the caller's (the engine handle answers 429
+    /// before anything reaches the engine thread): preempted sequences re-enter the queue
+    /// whatever its length, so a bound here could refuse what the handle already accepted.
     pub fn add_request(
         &mut self,
         request: RequestId,
         prompt: Vec<u32>,
         max_tokens: usize,
         n: usize,
-    ) -> Result<(), SchedulerError> {
-        if prompt.is_empty() {
-            return Err(SchedulerError::EmptyPrompt);
-        }
-        if max_tokens == 0 {
-            return Err(SchedulerError::ZeroMaxTokens);
-        }
-        let n32 = match u32::try_from(n) {
-            Ok(n32) if n32 > 0 => n32,
-            _ => return Err(SchedulerError::InvalidN(n)),
-        };
-        let total = prompt.len().saturating_add(max_tokens);
-        if total > self.config.max_model_len {
-            return Err(SchedulerError::ExceedsModelLen {
-                prompt_tokens: prompt.len(),
-                max_tokens,
-                max_model_len: self.config.max_model_len,
-            });
-        }
-        let needed_blocks = self.blocks.blocks_for(total);
-        if needed_blocks > self.blocks.num_blocks() {
-            return Err(SchedulerError::ExceedsCache {
-                prompt_tokens: prompt.len(),
-                max_tokens,
-                needed_blocks,
-                num_blocks: self.blocks.num_blocks(),
-            });
-        }
-        if self.waiting.len().saturating_add(n) > self.config.max_waiting {
-            return Err(SchedulerError::Overloaded {
-                waiting: self.waiting.len(),
-                max_waiting: self.config.max_waiting,
-            });
-        }
-        if self.requests.contains_key(&request) {
-            return Err(SchedulerError::DuplicateRequest(request));
-        }
+    ) {
+        debug_assert!(!prompt.is_empty(), "empty prompt");
+        debug_assert!(max_tokens >= 1, "max_tokens = 0");
+        debug_assert!(
+            prompt.len() + max_tokens <= self.config.max_model_len
+                && self.blocks.blocks_for(prompt.len() + max_tokens) <= self.blocks.num_blocks(),
+            "a request that can never run"
+        );
+        debug_assert!(
+            !self.requests.contains_key(&request),
+            "request {request} queued twice"
+        );
+        let n32 = u32::try_from(n).expect("n fits u32 (ValidRequest bounds it)");
+        debug_assert!(n32 >= 1, "n = 0");
         self.requests
             .insert(request, RequestEntry { n: n32, live: n32 });
         let mut prompt = prompt;
@@ -313,7 +261,6 @@ impl Scheduler {
             self.ids.insert(id, slot);
             self.waiting.push_back(slot);
         }
-        Ok(())
     }
 
     /// Plans the next step. See the module docs for the policy.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use sluice_engine::testing::{tiny_tokenizer, MockControl, MockModel, TINY_ENDOFTEXT, TINY_VOCAB};
 use sluice_engine::{
     Engine, EngineConfig, EngineHandle, Event, FinishEvent, FinishReason, InvalidRequest, Request,
-    SamplingParams, StopParams, StopReason, SubmitError,
+    RequestStream, SamplingParams, StopParams, StopReason, SubmitError,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -44,6 +44,11 @@ fn long_request(seed: u64, prompt_len: usize, max_tokens: usize) -> Request {
         },
         ..Request::new(prompt(seed, prompt_len), max_tokens)
     }
+}
+
+/// Validates (the requests here are valid unless a test says otherwise) and submits.
+fn submit(h: &EngineHandle, request: Request) -> Result<RequestStream, SubmitError> {
+    h.submit(h.validate(request).expect("a valid request"))
 }
 
 #[derive(Debug, Default, Clone)]
@@ -93,7 +98,7 @@ fn collect(events: Vec<Event>, n: usize) -> Vec<Output> {
 
 fn run(handle: &EngineHandle, request: Request) -> Vec<Output> {
     let n = request.n;
-    collect(handle.submit(request).unwrap().collect_blocking(), n)
+    collect(submit(handle, request).unwrap().collect_blocking(), n)
 }
 
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -124,7 +129,7 @@ fn events_are_tokens_then_one_finish_and_batching_changes_nothing() {
     let alone: Vec<Vec<Output>> = requests.iter().map(|r| run(&h, r.clone())).collect();
     let streams: Vec<_> = requests
         .iter()
-        .map(|r| h.submit(r.clone()).unwrap())
+        .map(|r| submit(&h, r.clone()).unwrap())
         .collect();
     for ((stream, r), alone) in streams.into_iter().zip(&requests).zip(&alone) {
         let out = collect(stream.collect_blocking(), 1);
@@ -184,7 +189,7 @@ fn aborting_frees_the_blocks_at_once() {
     let (engine, control) = default_engine();
     let h = engine.handle();
     control.hold();
-    let stream = h.submit(long_request(3, 40, 400)).unwrap();
+    let stream = submit(&h, long_request(3, 40, 400)).unwrap();
     assert!(control.wait_until_held(1, WAIT));
     control.release(1);
     // Mid-way through the second step: the sequence holds blocks.
@@ -207,7 +212,7 @@ fn dropping_the_stream_aborts_by_the_end_of_the_step() {
     let (engine, control) = default_engine();
     let h = engine.handle();
     control.hold();
-    let stream = h.submit(long_request(4, 20, 400)).unwrap();
+    let stream = submit(&h, long_request(4, 20, 400)).unwrap();
     assert!(
         control.wait_until_held(1, WAIT),
         "the first step reached the model"
@@ -232,12 +237,12 @@ fn a_failed_forward_fails_that_steps_requests_and_the_engine_goes_on() {
     );
     let h = engine.handle();
     control.hold();
-    let a = h.submit(long_request(5, 10, 20)).unwrap();
+    let a = submit(&h, long_request(5, 10, 20)).unwrap();
     assert!(control.wait_until_held(1, WAIT));
     // B and C join the next step; D waits for a free seat.
-    let b = h.submit(long_request(6, 10, 20)).unwrap();
-    let c = h.submit(long_request(7, 10, 20)).unwrap();
-    let d = h.submit(long_request(8, 10, 20)).unwrap();
+    let b = submit(&h, long_request(6, 10, 20)).unwrap();
+    let c = submit(&h, long_request(7, 10, 20)).unwrap();
+    let d = submit(&h, long_request(8, 10, 20)).unwrap();
     control.release(1);
     assert!(control.wait_until_held(2, WAIT));
     control.fail_next(1);
@@ -275,20 +280,22 @@ fn submissions_past_max_waiting_are_refused_as_overloaded() {
     );
     let h = engine.handle();
     control.hold();
-    let a = h.submit(long_request(1, 10, 4)).unwrap();
+    let a = submit(&h, long_request(1, 10, 4)).unwrap();
     assert!(
         control.wait_until_held(1, WAIT),
         "A runs, the engine is mid-step"
     );
-    let b = h.submit(long_request(2, 10, 4)).unwrap();
-    let c = h
-        .submit(Request {
+    let b = submit(&h, long_request(2, 10, 4)).unwrap();
+    let c = submit(
+        &h,
+        Request {
             n: 2,
             ..long_request(3, 10, 4)
-        })
-        .unwrap();
+        },
+    )
+    .unwrap();
     assert_eq!(h.stats().waiting, 3);
-    let refused = h.submit(long_request(4, 10, 4)).unwrap_err();
+    let refused = submit(&h, long_request(4, 10, 4)).unwrap_err();
     assert_eq!(
         refused,
         SubmitError::Overloaded {
@@ -296,16 +303,14 @@ fn submissions_past_max_waiting_are_refused_as_overloaded() {
             max_waiting: 3
         }
     );
-    assert!(matches!(
-        h.submit(Request {
+    assert_eq!(
+        h.validate(Request {
             n: 4,
             ..long_request(5, 10, 4)
         }),
-        Err(SubmitError::Invalid(InvalidRequest::InvalidN {
-            n: 4,
-            max: 3
-        }))
-    ));
+        Err(InvalidRequest::InvalidN { n: 4, max: 3 }),
+        "a request larger than the whole queue is invalid, not overloaded"
+    );
     control.open();
     for (stream, n) in [(a, 1), (b, 1), (c, 2)] {
         for seq in collect(stream.collect_blocking(), n) {
@@ -314,6 +319,19 @@ fn submissions_past_max_waiting_are_refused_as_overloaded() {
     }
     // Room again.
     assert_eq!(run(&h, long_request(6, 10, 2))[0].tokens.len(), 2);
+}
+
+#[test]
+fn a_request_validated_for_another_engine_is_refused() {
+    let (small, _) = start(EngineConfig::default(), 4);
+    let (large, _) = default_engine();
+    let checked_for_large = large.handle().validate(long_request(1, 10, 100)).unwrap();
+    assert_eq!(
+        small.handle().submit(checked_for_large).unwrap_err(),
+        SubmitError::ForeignLimits,
+        "the small engine's cache could never hold it"
+    );
+    assert_eq!(small.handle().stats().in_flight(), 0);
 }
 
 #[test]
@@ -336,8 +354,8 @@ fn invalid_requests_are_refused_before_queueing() {
         },
     ];
     for request in cases {
-        match h.submit(request.clone()) {
-            Err(SubmitError::Invalid(e)) => assert!(!e.to_string().is_empty()),
+        match h.validate(request.clone()) {
+            Err(e) => assert!(!e.to_string().is_empty()),
             other => panic!("{request:?} gave {other:?}"),
         }
     }
@@ -472,7 +490,7 @@ fn a_seeded_request_gives_the_same_tokens_in_any_batch() {
                 },
                 ..long_request(100 + i, 5 + i as usize, 30)
             };
-            h.submit(r).unwrap()
+            submit(&h, r).unwrap()
         })
         .collect();
     let batched = run(&h, seeded);
@@ -493,7 +511,7 @@ fn logprobs_are_streamed_with_their_tokens() {
         },
         ..long_request(5, 9, 6)
     };
-    let events = h.submit(request).unwrap().collect_blocking();
+    let events = submit(&h, request).unwrap().collect_blocking();
     let mut tokens = 0;
     for e in events {
         if let Event::Token(t) = e {
@@ -516,7 +534,7 @@ fn shutdown_drains_what_is_in_flight_and_refuses_the_rest() {
     let h = engine.handle();
     assert!(h.is_running());
     let streams: Vec<_> = (0..4)
-        .map(|i| h.submit(long_request(i, 10, 30)).unwrap())
+        .map(|i| submit(&h, long_request(i, 10, 30)).unwrap())
         .collect();
     let report = engine.shutdown(WAIT);
     assert!(report.drained, "{report:?}");
@@ -532,7 +550,7 @@ fn shutdown_drains_what_is_in_flight_and_refuses_the_rest() {
         );
     }
     assert_eq!(
-        h.submit(long_request(9, 10, 3)).unwrap_err(),
+        submit(&h, long_request(9, 10, 3)).unwrap_err(),
         SubmitError::ShuttingDown
     );
 }
@@ -542,7 +560,7 @@ fn shutdown_aborts_what_outlives_the_deadline() {
     let (engine, control) = default_engine();
     let h = engine.handle();
     control.hold();
-    let stream = h.submit(long_request(1, 10, 100)).unwrap();
+    let stream = submit(&h, long_request(1, 10, 100)).unwrap();
     assert!(control.wait_until_held(1, WAIT));
     let opener = {
         let control = control.clone();

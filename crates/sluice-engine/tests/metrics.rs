@@ -30,11 +30,17 @@ fn every_metric_is_recorded_with_the_right_counts() {
     };
     // Two requests to completion (the second shares the first's prompt blocks), one aborted,
     // one failed.
-    let a = h.submit(request(1, 5)).unwrap().collect_blocking();
-    let b = h.submit(request(1, 3)).unwrap().collect_blocking();
+    let a = h
+        .submit(h.validate(request(1, 5)).unwrap())
+        .unwrap()
+        .collect_blocking();
+    let b = h
+        .submit(h.validate(request(1, 3)).unwrap())
+        .unwrap()
+        .collect_blocking();
     assert_eq!(a.len() + b.len(), 5 + 3 + 2);
     control.hold();
-    let mut aborted = h.submit(request(2, 100)).unwrap();
+    let mut aborted = h.submit(h.validate(request(2, 100)).unwrap()).unwrap();
     assert!(control.wait_until_held(1, WAIT));
     control.release(1);
     assert!(control.wait_until_held(2, WAIT));
@@ -43,7 +49,9 @@ fn every_metric_is_recorded_with_the_right_counts() {
     assert!(matches!(aborted.blocking_recv(), Some(Event::Token(_))));
     while aborted.blocking_recv().is_some() {}
     control.fail_next(1);
-    h.submit(request(3, 5)).unwrap().collect_blocking();
+    h.submit(h.validate(request(3, 5)).unwrap())
+        .unwrap()
+        .collect_blocking();
     // Joins the engine thread: everything it will ever publish is published.
     drop(engine);
     let stats = h.stats();

@@ -84,14 +84,18 @@ fn collect(events: Vec<Event>) -> Output {
 }
 
 fn run(h: &EngineHandle, request: Request) -> Output {
-    collect(h.submit(request).unwrap().collect_blocking())
+    collect(
+        h.submit(h.validate(request).unwrap())
+            .unwrap()
+            .collect_blocking(),
+    )
 }
 
 /// Submits everything at once, then collects.
 fn run_all(h: &EngineHandle, requests: &[Request]) -> Vec<Output> {
     let streams: Vec<_> = requests
         .iter()
-        .map(|r| h.submit(r.clone()).unwrap())
+        .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
         .collect();
     streams
         .into_iter()

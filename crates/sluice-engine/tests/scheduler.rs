@@ -9,7 +9,6 @@ fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
     SchedulerConfig {
         max_num_seqs: 64,
         max_num_batched_tokens: 256,
-        max_waiting: 64,
         block_size,
         num_blocks,
         max_model_len: 1024,
@@ -26,13 +25,13 @@ fn a_shared_long_prefix_is_served_from_the_cache() {
     let shared = tokens(1, 96);
     let mut a = shared.clone();
     a.extend(tokens(2, 4));
-    d.sched.add_request(1, a.clone(), 8, 1).unwrap();
+    d.sched.add_request(1, a.clone(), 8, 1);
     d.step();
     assert_eq!(d.sched.get(seq(1)).unwrap().num_computed(), 100);
 
     let mut b = shared.clone();
     b.extend(tokens(3, 10));
-    d.sched.add_request(2, b.clone(), 8, 1).unwrap();
+    d.sched.add_request(2, b.clone(), 8, 1);
     let out = d.sched.schedule();
     let sb = out.scheduled().iter().find(|s| s.seq_id == seq(2)).unwrap();
     assert_eq!((sb.start, sb.len), (96, 10), "B computes only its own tail");
@@ -55,7 +54,7 @@ fn a_shared_long_prefix_is_served_from_the_cache() {
     assert_eq!(d.sched.num_used_blocks(), 0);
 
     // Nothing is running now, but the freed blocks are still cached.
-    d.sched.add_request(3, b.clone(), 8, 1).unwrap();
+    d.sched.add_request(3, b.clone(), 8, 1);
     d.run_to_completion(100);
     assert_eq!(d.sched.prefix_cache_stats().hits, 96 + 96);
     assert_eq!(
@@ -68,9 +67,9 @@ fn a_shared_long_prefix_is_served_from_the_cache() {
 fn an_identical_prompt_still_computes_its_last_token() {
     let mut d = Driver::new(config(64, 16));
     let p = tokens(7, 64);
-    d.sched.add_request(1, p.clone(), 4, 1).unwrap();
+    d.sched.add_request(1, p.clone(), 4, 1);
     d.run_to_completion(100);
-    d.sched.add_request(2, p.clone(), 4, 1).unwrap();
+    d.sched.add_request(2, p.clone(), 4, 1);
     let s = d.sched.schedule().scheduled()[0].clone();
     assert_eq!((s.start, s.len, s.sample), (48, 16, true));
     d.sched.commit(&[5]).unwrap();
@@ -85,7 +84,7 @@ fn a_tight_pool_preempts_and_everything_still_completes_with_the_same_tokens() {
     let mut d = Driver::new(cfg);
     let prompts: Vec<Vec<u32>> = (0..6).map(|r| tokens(100 + r, 6 + r as usize)).collect();
     for (r, p) in prompts.iter().enumerate() {
-        d.sched.add_request(r as u64, p.clone(), 14, 1).unwrap();
+        d.sched.add_request(r as u64, p.clone(), 14, 1);
     }
     d.run_to_completion(1000);
     assert!(
@@ -108,9 +107,9 @@ fn preemption_takes_the_newest_and_requeues_it_first() {
     let mut cfg = config(4, 2);
     cfg.max_num_batched_tokens = 64;
     let mut s = Scheduler::new(cfg).unwrap();
-    s.add_request(1, vec![1, 2, 3], 5, 1).unwrap();
-    s.add_request(2, vec![4, 5, 6], 5, 1).unwrap();
-    s.add_request(3, vec![7], 5, 1).unwrap();
+    s.add_request(1, vec![1, 2, 3], 5, 1);
+    s.add_request(2, vec![4, 5, 6], 5, 1);
+    s.add_request(3, vec![7], 5, 1);
     // Step 1: both prompts fit (2 blocks each); 3 does not.
     assert_eq!(s.schedule().scheduled().len(), 2);
     s.commit(&[10, 11]).unwrap();
@@ -144,85 +143,14 @@ fn preemption_takes_the_newest_and_requeues_it_first() {
 }
 
 #[test]
-fn submissions_past_the_waiting_limit_are_overloaded() {
-    let mut cfg = config(64, 16);
-    cfg.max_waiting = 3;
-    let mut s = Scheduler::new(cfg).unwrap();
-    s.add_request(1, vec![1], 4, 1).unwrap();
-    s.add_request(2, vec![1; 40], 4, 2).unwrap();
-    assert_eq!(
-        s.add_request(3, vec![1], 4, 1),
-        Err(SchedulerError::Overloaded {
-            waiting: 3,
-            max_waiting: 3
-        })
-    );
-    assert!(s.get(seq(3)).is_none());
-    s.schedule();
-    assert_eq!(
-        s.num_waiting(),
-        1,
-        "sequence 1 of request 2 waits for sequence 0's prompt"
-    );
-    s.add_request(3, vec![1], 4, 2).unwrap();
-    assert!(matches!(
-        s.add_request(4, vec![1], 4, 1),
-        Err(SchedulerError::Overloaded { .. })
-    ));
-}
-
-#[test]
-fn requests_that_can_never_run_are_refused() {
-    let mut cfg = config(4, 4);
-    cfg.max_model_len = 20;
-    let mut s = Scheduler::new(cfg).unwrap();
-    assert_eq!(
-        s.add_request(1, vec![0; 10], 8, 1),
-        Err(SchedulerError::ExceedsCache {
-            prompt_tokens: 10,
-            max_tokens: 8,
-            needed_blocks: 5,
-            num_blocks: 4
-        })
-    );
-    assert!(matches!(
-        s.add_request(1, vec![0; 10], 11, 1),
-        Err(SchedulerError::ExceedsModelLen { .. })
-    ));
-    assert_eq!(
-        s.add_request(1, vec![], 4, 1),
-        Err(SchedulerError::EmptyPrompt)
-    );
-    assert_eq!(
-        s.add_request(1, vec![1], 0, 1),
-        Err(SchedulerError::ZeroMaxTokens)
-    );
-    assert_eq!(
-        s.add_request(1, vec![1], 1, 0),
-        Err(SchedulerError::InvalidN(0))
-    );
-    assert_eq!(s.num_waiting(), 0);
-    s.add_request(1, vec![0; 10], 6, 1).unwrap();
-    assert_eq!(
-        s.add_request(1, vec![1], 1, 1),
-        Err(SchedulerError::DuplicateRequest(1))
-    );
-    let msg = s.add_request(2, vec![0; 17], 1, 1).unwrap_err().to_string();
-    assert!(
-        msg.contains("5 KV-cache blocks") && msg.contains("has 4"),
-        "{msg}"
-    );
-}
-
-#[test]
 fn long_prompts_prefill_in_chunks_beside_decodes() {
     let mut cfg = config(64, 4);
     cfg.max_num_batched_tokens = 8;
     let mut d = Driver::new(cfg);
-    d.sched.add_request(1, vec![1, 2, 3], 10, 1).unwrap();
+    d.sched.add_request(1, vec![1, 2, 3], 10, 1);
     d.step();
     let long = tokens(9, 20);
-    d.sched.add_request(2, long.clone(), 3, 1).unwrap();
+    d.sched.add_request(2, long.clone(), 3, 1);
     let mut chunks = Vec::new();
     for _ in 0..3 {
         let out = d.sched.schedule();
@@ -261,11 +189,11 @@ fn long_prompts_prefill_in_chunks_beside_decodes() {
 #[test]
 fn abort_frees_blocks_at_once_even_mid_step() {
     let mut d = Driver::new(config(64, 4));
-    d.sched.add_request(1, tokens(1, 10), 20, 1).unwrap();
-    d.sched.add_request(2, tokens(2, 10), 20, 1).unwrap();
+    d.sched.add_request(1, tokens(1, 10), 20, 1);
+    d.sched.add_request(2, tokens(2, 10), 20, 1);
     d.step();
     assert_eq!(d.sched.num_used_blocks(), 6);
-    d.sched.add_request(3, tokens(3, 10), 20, 1).unwrap();
+    d.sched.add_request(3, tokens(3, 10), 20, 1);
     // Waiting: removed without touching the pool.
     assert_eq!(d.sched.abort(3), 1);
     assert_eq!(d.sched.num_used_blocks(), 6);
@@ -299,7 +227,7 @@ fn abort_frees_blocks_at_once_even_mid_step() {
 fn n_sequences_share_the_prompt_blocks() {
     let mut d = Driver::new(config(64, 16));
     let prompt = tokens(5, 40);
-    d.sched.add_request(1, prompt.clone(), 6, 4).unwrap();
+    d.sched.add_request(1, prompt.clone(), 6, 4);
     let out = d.sched.schedule();
     assert_eq!(
         out.scheduled().len(),
@@ -351,7 +279,7 @@ fn the_sequence_cap_is_kept_and_admission_is_first_come_first_served() {
     cfg.max_num_seqs = 3;
     let mut d = Driver::new(cfg);
     for r in 0..8 {
-        d.sched.add_request(r, tokens(r, 5), 3, 1).unwrap();
+        d.sched.add_request(r, tokens(r, 5), 3, 1);
     }
     let mut admitted = Vec::new();
     while d.sched.has_unfinished() {
@@ -379,7 +307,7 @@ fn many_requests_at_once_give_the_same_tokens_as_each_alone() {
         .map(|r| tokens(1000 + r, 1 + (r as usize * 37) % 150))
         .collect();
     for (r, p) in prompts.iter().enumerate() {
-        d.sched.add_request(r as u64, p.clone(), 24, 1).unwrap();
+        d.sched.add_request(r as u64, p.clone(), 24, 1);
     }
     d.run_to_completion(10_000);
     assert_eq!(d.finished.len(), 32);
@@ -397,7 +325,7 @@ fn many_requests_at_once_give_the_same_tokens_as_each_alone() {
 fn commit_checks_its_input() {
     let mut s = Scheduler::new(config(16, 4)).unwrap();
     assert_eq!(s.commit(&[]), Err(SchedulerError::NothingScheduled));
-    s.add_request(1, vec![1, 2], 4, 1).unwrap();
+    s.add_request(1, vec![1, 2], 4, 1);
     s.schedule();
     assert_eq!(
         s.commit(&[]),

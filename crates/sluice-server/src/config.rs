@@ -1,7 +1,12 @@
 //! `sluice serve`'s configuration: one typed [`Config`], layered from built-in defaults, the
 //! TOML file (`config/sluice.toml`), `SLUICE_*` environment variables and command-line flags,
-//! each overriding the one before. clap reads a flag and its environment variable together
-//! (the flag wins), so the layering is: defaults < file < (env < CLI).
+//! each overriding the one before.
+//!
+//! The layers are merged by figment: [`FileKeys::default`] < the file < what clap read. clap
+//! reads a flag and its environment variable together (the flag wins), so figment's own `Env`
+//! provider is not used: clap already parses `SLUICE_*` with each flag's own parser (`yes`
+//! for a boolean, a comma-separated origin list) and lists the variables in `--help`, and a
+//! second reader of the same variables could only disagree with it.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -9,7 +14,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use candle_core::DType;
-use serde::Deserialize;
+use figment::providers::{Data, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize, Serializer};
 use sluice_model::WeightsKind;
 
 /// The config file read when `--config` is not given, if it exists.
@@ -17,49 +24,66 @@ pub const DEFAULT_CONFIG_PATH: &str = "config/sluice.toml";
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// Flags of `sluice serve`. Every one is optional: what is not given falls back to the
-/// environment variable, then the config file, then the default.
-#[derive(clap::Args, Debug, Clone, Default)]
+/// environment variable, then the config file, then the default. Serialized (without the
+/// unset ones) as the top layer of the configuration, under the file's key names.
+#[derive(clap::Args, Serialize, Debug, Clone, Default)]
 pub struct ServeArgs {
     /// TOML config file [default: config/sluice.toml when it exists].
     #[arg(long, env = "SLUICE_CONFIG", value_name = "PATH")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// GGUF model file, or Hugging Face model directory (config.json, tokenizer.json,
     /// *.safetensors) [default: models/SmolLM2-135M-Instruct.Q4_1.gguf].
     #[arg(long, env = "SLUICE_MODEL", value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<PathBuf>,
     /// Model id clients use and `/v1/models` lists [default: the model file name without
     /// extension, or the directory name].
     #[arg(long, env = "SLUICE_SERVED_MODEL_NAME", value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub served_model_name: Option<String>,
     /// Address to listen on [default: 0.0.0.0].
     #[arg(long, env = "SLUICE_HOST", value_name = "ADDR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
     /// Port to listen on [default: 8000].
     #[arg(long, env = "SLUICE_PORT", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
     /// Weight representation: auto, f32, f16 or quantized [default: auto].
     #[arg(long, env = "SLUICE_WEIGHTS", value_name = "KIND")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_weights"
+    )]
     pub weights: Option<WeightsKind>,
     /// Memory for the KV cache, e.g. 512MiB, 2GiB or a number of bytes [default: 1GiB].
     #[arg(long, env = "SLUICE_KV_CACHE_MEMORY", value_name = "SIZE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_cache_memory: Option<ByteSize>,
     /// Element type of the KV cache: f16 or f32 [default: f16].
     #[arg(long, env = "SLUICE_KV_CACHE_DTYPE", value_name = "DTYPE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_cache_dtype: Option<KvCacheDtype>,
     /// Tokens per KV-cache block [default: 16].
     #[arg(long, env = "SLUICE_BLOCK_SIZE", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub block_size: Option<usize>,
     /// Most sequences running at once [default: 256].
     #[arg(long, env = "SLUICE_MAX_NUM_SEQS", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_num_seqs: Option<usize>,
     /// Most tokens one engine step computes [default: 512].
     #[arg(long, env = "SLUICE_MAX_NUM_BATCHED_TOKENS", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_num_batched_tokens: Option<usize>,
     /// Most sequences waiting; past it requests get 429 [default: 1024].
     #[arg(long, env = "SLUICE_MAX_WAITING", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_waiting: Option<usize>,
     /// Longest sequence (prompt + completion) [default: the model's context length].
     #[arg(long, env = "SLUICE_MAX_MODEL_LEN", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_model_len: Option<usize>,
     /// Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize.
     #[arg(
@@ -68,6 +92,7 @@ pub struct ServeArgs {
         value_name = "KEY",
         hide_env_values = true
     )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key: Option<String>,
     /// Also require the API key on /metrics (needs --api-key) [default: false, /metrics open].
     #[arg(
@@ -78,52 +103,96 @@ pub struct ServeArgs {
         default_missing_value = "true",
         value_parser = clap::builder::BoolishValueParser::new()
     )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_require_key: Option<bool>,
     /// Comma-separated origins allowed by CORS, or `*` [default: none, CORS off].
     #[arg(long, env = "SLUICE_CORS_ORIGINS", value_name = "LIST")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cors_origins: Option<String>,
     /// Largest request body; larger ones get 413 [default: 4MiB].
     #[arg(long, env = "SLUICE_BODY_LIMIT", value_name = "SIZE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub body_limit: Option<ByteSize>,
     /// Seconds a client has to send its request headers and body [default: 30].
     #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_SECS", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub request_timeout_secs: Option<u64>,
     /// Log format: text or json [default: text].
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_name = "FORMAT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub log_format: Option<LogFormat>,
     /// Log level or tracing filter, e.g. `info` or `info,sluice_engine=debug` [default: info].
     #[arg(long, env = "SLUICE_LOG_LEVEL", value_name = "LEVEL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub log_level: Option<String>,
     /// Seconds in-flight requests may take to finish after SIGTERM [default: 30].
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_SECS", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub drain_timeout_secs: Option<u64>,
 }
 
-/// The config file: the flag names with underscores. Unknown keys are an error, so a typo does
-/// not silently leave a default in place.
-#[derive(Debug, Default, Deserialize)]
+/// The config file's keys (the flag names with underscores), each with its built-in default:
+/// the one place the defaults are written. Unknown keys are an error, so a typo does not
+/// silently leave a default in place.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    pub model: Option<PathBuf>,
+pub struct FileKeys {
+    pub model: PathBuf,
+    /// `None`: derived from `model`.
     pub served_model_name: Option<String>,
-    pub host: Option<String>,
-    pub port: Option<u16>,
-    pub weights: Option<String>,
-    pub kv_cache_memory: Option<ByteSize>,
-    pub kv_cache_dtype: Option<KvCacheDtype>,
-    pub block_size: Option<usize>,
-    pub max_num_seqs: Option<usize>,
-    pub max_num_batched_tokens: Option<usize>,
-    pub max_waiting: Option<usize>,
+    pub host: String,
+    pub port: u16,
+    /// Parsed after merging, so that a bad value is an error naming the key.
+    pub weights: String,
+    pub kv_cache_memory: ByteSize,
+    pub kv_cache_dtype: KvCacheDtype,
+    pub block_size: usize,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_waiting: usize,
     pub max_model_len: Option<usize>,
     pub api_key: Option<String>,
-    pub metrics_require_key: Option<bool>,
-    pub cors_origins: Option<OriginList>,
-    pub body_limit: Option<ByteSize>,
-    pub request_timeout_secs: Option<u64>,
-    pub log_format: Option<LogFormat>,
-    pub log_level: Option<String>,
-    pub drain_timeout_secs: Option<u64>,
+    pub metrics_require_key: bool,
+    pub cors_origins: OriginList,
+    pub body_limit: ByteSize,
+    pub request_timeout_secs: u64,
+    pub log_format: LogFormat,
+    pub log_level: String,
+    pub drain_timeout_secs: u64,
+}
+
+impl Default for FileKeys {
+    fn default() -> Self {
+        Self {
+            model: PathBuf::from(DEFAULT_MODEL),
+            served_model_name: None,
+            host: "0.0.0.0".into(),
+            port: 8000,
+            weights: WeightsKind::Auto.to_string(),
+            kv_cache_memory: ByteSize(1 << 30),
+            kv_cache_dtype: KvCacheDtype::F16,
+            block_size: 16,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 512,
+            max_waiting: 1024,
+            max_model_len: None,
+            api_key: None,
+            metrics_require_key: false,
+            cors_origins: OriginList(Vec::new()),
+            body_limit: ByteSize(4 << 20),
+            request_timeout_secs: 30,
+            log_format: LogFormat::Text,
+            log_level: "info".into(),
+            drain_timeout_secs: 30,
+        }
+    }
+}
+
+fn serialize_weights<S: Serializer>(w: &Option<WeightsKind>, s: S) -> Result<S::Ok, S::Error> {
+    match w {
+        Some(w) => s.collect_str(w),
+        None => s.serialize_none(),
+    }
 }
 
 /// Everything `sluice serve` runs with, resolved.
@@ -189,8 +258,10 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("invalid config file {path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    /// A value of the file or a flag that does not fit its key (figment's message names the
+    /// key and where the value came from), or an unknown key in the file.
+    #[error("invalid configuration: {0}")]
+    Layers(Box<figment::Error>),
     #[error("invalid {key}: {reason}")]
     Invalid { key: &'static str, reason: String },
 }
@@ -199,87 +270,65 @@ impl Config {
     /// Reads the config file (`--config`, else `config/sluice.toml` if present) and layers the
     /// flags and environment over it.
     pub fn resolve(args: &ServeArgs) -> Result<Self, ConfigError> {
-        let file = match &args.config {
-            Some(path) => Some(read_file(path)?),
-            None if Path::new(DEFAULT_CONFIG_PATH).is_file() => {
-                Some(read_file(Path::new(DEFAULT_CONFIG_PATH))?)
+        let path = match &args.config {
+            Some(path) => Some(path.clone()),
+            None => Some(PathBuf::from(DEFAULT_CONFIG_PATH)).filter(|p| p.is_file()),
+        };
+        let file = match path {
+            Some(path) => {
+                // figment treats a missing file as empty; a file named on purpose must exist.
+                if let Err(source) = std::fs::File::open(&path) {
+                    return Err(ConfigError::Read { path, source });
+                }
+                Some(Toml::file_exact(path))
             }
             None => None,
         };
-        Self::from_layers(file.unwrap_or_default(), args)
+        Self::from_layers(file, args)
     }
 
     /// `args` (flags and environment) over `file` over the defaults.
-    pub fn from_layers(file: FileConfig, args: &ServeArgs) -> Result<Self, ConfigError> {
-        let a = args.clone();
-        let weights = match (a.weights, file.weights) {
-            (Some(w), _) => w,
-            (None, Some(s)) => s.parse().map_err(|reason| ConfigError::Invalid {
+    pub fn from_layers(file: Option<Data<Toml>>, args: &ServeArgs) -> Result<Self, ConfigError> {
+        let mut layers = Figment::from(Serialized::defaults(FileKeys::default()));
+        if let Some(file) = file {
+            layers = layers.merge(file);
+        }
+        let keys: FileKeys = layers
+            .merge(Serialized::defaults(args))
+            .extract()
+            .map_err(|e| ConfigError::Layers(Box::new(e)))?;
+        let weights = keys
+            .weights
+            .parse()
+            .map_err(|reason| ConfigError::Invalid {
                 key: "weights",
                 reason,
-            })?,
-            (None, None) => WeightsKind::Auto,
-        };
-        let model = a
-            .model
-            .or(file.model)
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL));
-        let served_model_name = a
+            })?;
+        let served_model_name = keys
             .served_model_name
-            .or(file.served_model_name)
-            .unwrap_or_else(|| default_served_name(&model));
-        let cors_origins = match a.cors_origins {
-            Some(list) => split_origins(&list),
-            None => file.cors_origins.map(|o| o.0).unwrap_or_default(),
-        };
+            .unwrap_or_else(|| default_served_name(&keys.model));
         let config = Self {
-            model,
+            model: keys.model,
             served_model_name,
-            host: a.host.or(file.host).unwrap_or_else(|| "0.0.0.0".into()),
-            port: a.port.or(file.port).unwrap_or(8000),
+            host: keys.host,
+            port: keys.port,
             weights,
-            kv_cache_memory: a
-                .kv_cache_memory
-                .or(file.kv_cache_memory)
-                .unwrap_or(ByteSize(1 << 30)),
-            kv_cache_dtype: a
-                .kv_cache_dtype
-                .or(file.kv_cache_dtype)
-                .unwrap_or(KvCacheDtype::F16),
-            block_size: a.block_size.or(file.block_size).unwrap_or(16),
-            max_num_seqs: a.max_num_seqs.or(file.max_num_seqs).unwrap_or(256),
-            max_num_batched_tokens: a
-                .max_num_batched_tokens
-                .or(file.max_num_batched_tokens)
-                .unwrap_or(512),
-            max_waiting: a.max_waiting.or(file.max_waiting).unwrap_or(1024),
-            max_model_len: a.max_model_len.or(file.max_model_len),
+            kv_cache_memory: keys.kv_cache_memory,
+            kv_cache_dtype: keys.kv_cache_dtype,
+            block_size: keys.block_size,
+            max_num_seqs: keys.max_num_seqs,
+            max_num_batched_tokens: keys.max_num_batched_tokens,
+            max_waiting: keys.max_waiting,
+            max_model_len: keys.max_model_len,
             // An empty key would make "Bearer " a valid credential; treat it as no key.
-            api_key: a.api_key.or(file.api_key).filter(|k| !k.is_empty()),
-            metrics_require_key: a
-                .metrics_require_key
-                .or(file.metrics_require_key)
-                .unwrap_or(false),
-            cors_origins,
-            body_limit: a
-                .body_limit
-                .or(file.body_limit)
-                .unwrap_or(ByteSize(4 << 20)),
-            request_timeout: Duration::from_secs(
-                a.request_timeout_secs
-                    .or(file.request_timeout_secs)
-                    .unwrap_or(30),
-            ),
-            log_format: a.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
-            log_level: a
-                .log_level
-                .or(file.log_level)
-                .unwrap_or_else(|| "info".into()),
-            drain_timeout: Duration::from_secs(
-                a.drain_timeout_secs
-                    .or(file.drain_timeout_secs)
-                    .unwrap_or(30),
-            ),
+            api_key: keys.api_key.filter(|k| !k.is_empty()),
+            metrics_require_key: keys.metrics_require_key,
+            cors_origins: keys.cors_origins.0,
+            body_limit: keys.body_limit,
+            request_timeout: Duration::from_secs(keys.request_timeout_secs),
+            log_format: keys.log_format,
+            log_level: keys.log_level,
+            drain_timeout: Duration::from_secs(keys.drain_timeout_secs),
         };
         config.check()?;
         Ok(config)
@@ -323,17 +372,6 @@ impl Config {
     }
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    toml::from_str(&text).map_err(|e| ConfigError::Parse {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
-}
-
 /// `models/SmolLM2-135M-Instruct.Q4_1.gguf` is served as `SmolLM2-135M-Instruct.Q4_1`, and a
 /// Hugging Face directory `models/Qwen2.5-0.5B-Instruct/` as `Qwen2.5-0.5B-Instruct`.
 fn default_served_name(model: &Path) -> String {
@@ -356,7 +394,8 @@ fn split_origins(list: &str) -> Vec<String> {
 }
 
 /// CORS origins in the file: a list of strings, or one comma-separated string like the flag.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
 pub struct OriginList(pub Vec<String>);
 
 impl<'de> Deserialize<'de> for OriginList {
@@ -377,7 +416,12 @@ impl<'de> Deserialize<'de> for OriginList {
 /// A number of bytes, written as a plain number or with a unit: `B`, `KB`/`MB`/`GB` (powers of
 /// 1000), `KiB`/`MiB`/`GiB` or `K`/`M`/`G` (powers of 1024); case-insensitive, fractions
 /// allowed (`1.5GiB`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+///
+/// Parsed by the `bytesize` crate, through a thin wrapper that keeps what sluice documents
+/// where bytesize differs: it reads a bare `K`/`M`/`G`/`T` as powers of 1000 (sluice: 1024),
+/// saturates a size past `u64::MAX` (sluice: an error), and does not trim blanks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
 pub struct ByteSize(pub u64);
 
 impl ByteSize {
@@ -403,38 +447,22 @@ impl FromStr for ByteSize {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let s = s.trim();
-        let split = s
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(s.len());
-        let (number, unit) = (s[..split].trim(), s[split..].trim());
-        let multiplier: u64 = match unit.to_ascii_lowercase().as_str() {
-            "" | "b" => 1,
-            "kb" => 1_000,
-            "mb" => 1_000_000,
-            "gb" => 1_000_000_000,
-            "tb" => 1_000_000_000_000,
-            "k" | "kib" => 1 << 10,
-            "m" | "mib" => 1 << 20,
-            "g" | "gib" => 1 << 30,
-            "t" | "tib" => 1 << 40,
-            _ => {
-                return Err(format!(
-                    "`{s}`: unknown unit `{unit}` (use B, KiB, MiB, GiB, KB, MB, GB)"
-                ))
-            }
-        };
         let bad = || format!("`{s}` is not a size such as 512MiB, 2GiB or 1048576");
-        if number.is_empty() {
-            return Err(bad());
+        // A bare K, M, G or T is binary here: spell it KiB, MiB... for bytesize.
+        let binary;
+        let spelled = match s.chars().last() {
+            Some(c) if "kmgtKMGT".contains(c) => {
+                binary = format!("{s}iB");
+                &binary
+            }
+            _ => s,
+        };
+        match spelled.parse::<bytesize::ByteSize>() {
+            // bytesize saturates what does not fit; no configuration means 16 EiB.
+            Ok(size) if size.as_u64() == u64::MAX => Err(bad()),
+            Ok(size) => Ok(Self(size.as_u64())),
+            Err(reason) => Err(format!("{}: {reason}", bad())),
         }
-        if let Ok(n) = number.parse::<u64>() {
-            return n.checked_mul(multiplier).map(Self).ok_or_else(bad);
-        }
-        let value = number.parse::<f64>().map_err(|_| bad())? * multiplier as f64;
-        if !value.is_finite() || value < 0.0 || value >= u64::MAX as f64 {
-            return Err(bad());
-        }
-        Ok(Self(value.round() as u64))
     }
 }
 
@@ -454,7 +482,7 @@ impl<'de> Deserialize<'de> for ByteSize {
 }
 
 /// Element type of the KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum KvCacheDtype {
     F16,
@@ -470,7 +498,7 @@ impl KvCacheDtype {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     Text,
@@ -505,6 +533,11 @@ mod tests {
             ("1.5GiB", 3 << 29),
             ("10 KB", 10_000),
             ("7B", 7),
+            // Where bytesize differs, sluice keeps what it documents: K/M/G are binary,
+            // blanks around the size are trimmed.
+            ("4 k", 4 << 10),
+            ("1G", 1 << 30),
+            (" 2GiB ", 2 << 30),
         ];
         for (text, bytes) in cases {
             assert_eq!(text.parse::<ByteSize>(), Ok(ByteSize(bytes)), "{text}");
@@ -525,7 +558,7 @@ mod tests {
 
     #[test]
     fn defaults_without_file_or_flags() {
-        let c = Config::from_layers(FileConfig::default(), &ServeArgs::default()).unwrap();
+        let c = Config::from_layers(None, &ServeArgs::default()).unwrap();
         assert_eq!(c.model, PathBuf::from(DEFAULT_MODEL));
         assert_eq!(c.served_model_name, "SmolLM2-135M-Instruct.Q4_1");
         assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 8000));
@@ -550,7 +583,7 @@ mod tests {
 
     #[test]
     fn flags_override_the_file_which_overrides_defaults() {
-        let file: FileConfig = toml::from_str(
+        let file = Some(Toml::string(
             r#"
             port = 9000
             host = "127.0.0.1"
@@ -561,8 +594,7 @@ mod tests {
             max_model_len = 512
             api_key = ""
             "#,
-        )
-        .unwrap();
+        ));
         let c = Config::from_layers(file, &args(&["--port", "9100", "--weights", "quantized"]))
             .unwrap();
         assert_eq!(c.port, 9100);
@@ -575,7 +607,7 @@ mod tests {
         assert_eq!(c.api_key, None, "an empty key is no key");
 
         let c = Config::from_layers(
-            FileConfig::default(),
+            None,
             &args(&[
                 "--model",
                 "/tmp/x/tiny.gguf",
@@ -608,20 +640,18 @@ mod tests {
 
     #[test]
     fn bad_values_are_errors_naming_the_key() {
-        let unknown = toml::from_str::<FileConfig>("prot = 1").unwrap_err();
+        let unknown =
+            Config::from_layers(Some(Toml::string("prot = 1")), &ServeArgs::default()).unwrap_err();
         assert!(unknown.to_string().contains("prot"), "{unknown}");
-        let file: FileConfig = toml::from_str("weights = \"f8\"").unwrap();
+        let file = Some(Toml::string("weights = \"f8\""));
         let err = Config::from_layers(file, &ServeArgs::default()).unwrap_err();
         assert!(err.to_string().contains("weights"), "{err}");
-        let err =
-            Config::from_layers(FileConfig::default(), &args(&["--block-size", "0"])).unwrap_err();
+        let err = Config::from_layers(None, &args(&["--block-size", "0"])).unwrap_err();
         assert!(err.to_string().contains("block_size"), "{err}");
         assert!(Cli::try_parse_from(["sluice", "--kv-cache-memory", "lots"]).is_err());
-        let err = Config::from_layers(FileConfig::default(), &args(&["--metrics-require-key"]))
-            .unwrap_err();
+        let err = Config::from_layers(None, &args(&["--metrics-require-key"])).unwrap_err();
         assert!(err.to_string().contains("metrics_require_key"), "{err}");
-        let file: FileConfig =
-            toml::from_str("api_key = \"k\"\nmetrics_require_key = true").unwrap();
+        let file = Some(Toml::string("api_key = \"k\"\nmetrics_require_key = true"));
         let c = Config::from_layers(file, &args(&["--metrics-require-key", "false"])).unwrap();
         assert!(!c.metrics_require_key, "the flag overrides the file");
     }
@@ -643,9 +673,9 @@ mod tests {
     #[test]
     fn the_shipped_config_file_states_the_defaults() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/sluice.toml");
-        let file = read_file(&path).unwrap();
+        let file = Some(Toml::file_exact(path));
         let from_file = Config::from_layers(file, &ServeArgs::default()).unwrap();
-        let defaults = Config::from_layers(FileConfig::default(), &ServeArgs::default()).unwrap();
+        let defaults = Config::from_layers(None, &ServeArgs::default()).unwrap();
         assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
     }
 }

@@ -11,6 +11,38 @@ use sluice_engine::{InvalidRequest, SubmitError};
 /// Seconds a client is told to wait after a 429.
 pub const RETRY_AFTER_SECS: u64 = 1;
 
+/// What an endpoint calls the request fields that the engine's errors name: the engine says
+/// `prompt`, `max_tokens` and `logprobs`; chat says `messages`, and may say
+/// `max_completion_tokens` and `top_logprobs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamNames {
+    pub prompt: &'static str,
+    pub max_tokens: &'static str,
+    pub logprobs: &'static str,
+}
+
+impl ParamNames {
+    pub const COMPLETIONS: Self = Self {
+        prompt: "prompt",
+        max_tokens: "max_tokens",
+        logprobs: "logprobs",
+    };
+
+    /// `max_completion_tokens`: whether the client sent that field (it wins over
+    /// `max_tokens`).
+    pub fn chat(max_completion_tokens: bool) -> Self {
+        Self {
+            prompt: "messages",
+            max_tokens: if max_completion_tokens {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            },
+            logprobs: "top_logprobs",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     pub status: StatusCode,
@@ -144,36 +176,79 @@ impl ApiError {
         self
     }
 
-    /// The engine's verdict on a request; `prompt_param` is what the prompt is called in this
-    /// endpoint (`prompt` or `messages`).
-    pub fn from_invalid(e: InvalidRequest, prompt_param: &str) -> Self {
-        let message = e.to_string();
+    /// The engine's verdict on a request ([`sluice_engine::ValidRequest::new`], where every
+    /// range is checked), worded as OpenAI does and naming the field as this endpoint calls it.
+    pub fn from_invalid(e: InvalidRequest, names: &ParamNames) -> Self {
         match e {
-            InvalidRequest::EmptyPrompt => Self::invalid(prompt_param, message),
-            InvalidRequest::InvalidN { .. } => Self::invalid("n", message),
-            InvalidRequest::ZeroMaxTokens => Self::invalid("max_tokens", message),
-            InvalidRequest::TokenOutOfVocab { param, .. } => {
-                let param = if param == "prompt" {
-                    prompt_param
-                } else {
-                    param
-                };
-                Self::invalid(param, message)
+            InvalidRequest::EmptyPrompt => Self::invalid(names.prompt, e.to_string()),
+            InvalidRequest::ZeroMaxTokens => Self::invalid(
+                names.max_tokens,
+                format!("{} must be at least 1.", names.max_tokens),
+            ),
+            InvalidRequest::TooManyLogprobs { requested, max } => Self::invalid(
+                names.logprobs,
+                format!(
+                    "{} = {requested} is more than the maximum of {max}.",
+                    names.logprobs
+                ),
+            ),
+            InvalidRequest::TokenOutOfVocab {
+                param: "prompt",
+                token,
+                vocab_size,
+            } => Self::invalid(
+                names.prompt,
+                format!("token id {token} is outside the vocabulary of {vocab_size} tokens"),
+            ),
+            InvalidRequest::PromptTooLong {
+                prompt_tokens,
+                capacity,
+            } => {
+                let noun = names.prompt;
+                Self::context_length_exceeded(
+                    noun,
+                    format!(
+                        "This model's maximum context length is {capacity} tokens. However, your \
+                         {noun} resulted in {prompt_tokens} tokens, which leaves no room for the \
+                         completion. Please reduce the length of the {noun}."
+                    ),
+                )
             }
-            InvalidRequest::PromptTooLong { .. } | InvalidRequest::TooManyTokens { .. } => {
-                Self::invalid(prompt_param, message).with_code("context_length_exceeded")
+            InvalidRequest::TooManyTokens {
+                prompt_tokens,
+                max_tokens,
+                capacity,
+            } => {
+                let noun = names.prompt;
+                Self::context_length_exceeded(
+                    noun,
+                    format!(
+                        "This model's maximum context length is {capacity} tokens. However, you \
+                         requested {} tokens ({prompt_tokens} in the {noun}, {max_tokens} in the \
+                         completion). Please reduce the length of the {noun} or completion.",
+                        prompt_tokens.saturating_add(max_tokens)
+                    ),
+                )
             }
-            InvalidRequest::Param { param, .. } => Self::invalid(param, message),
+            InvalidRequest::InvalidN { .. }
+            | InvalidRequest::TokenOutOfVocab { .. }
+            | InvalidRequest::OutOfRange { .. }
+            | InvalidRequest::Param { .. } => Self::invalid(e.param(), e.to_string()),
         }
     }
 
-    pub fn from_submit(e: SubmitError, prompt_param: &str) -> Self {
+    /// OpenAI's code for a prompt that does not fit, so clients that look for it keep working.
+    fn context_length_exceeded(param: &str, message: String) -> Self {
+        Self::invalid(param, message).with_code("context_length_exceeded")
+    }
+
+    pub fn from_submit(e: SubmitError) -> Self {
         match e {
             SubmitError::Overloaded { .. } => Self::overloaded(format!(
                 "The server is overloaded ({e}). Please retry after {RETRY_AFTER_SECS}s."
             )),
-            SubmitError::Invalid(invalid) => Self::from_invalid(invalid, prompt_param),
             SubmitError::ShuttingDown => Self::unavailable("The server is shutting down."),
+            SubmitError::ForeignLimits => Self::internal(e.to_string()),
         }
     }
 
@@ -243,15 +318,12 @@ mod tests {
 
     #[test]
     fn engine_errors_map_to_statuses_and_params() {
-        let e = ApiError::from_submit(
-            SubmitError::Overloaded {
-                waiting: 3,
-                max_waiting: 3,
-            },
-            "prompt",
-        );
+        let e = ApiError::from_submit(SubmitError::Overloaded {
+            waiting: 3,
+            max_waiting: 3,
+        });
         assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
-        let e = ApiError::from_submit(SubmitError::ShuttingDown, "prompt");
+        let e = ApiError::from_submit(SubmitError::ShuttingDown);
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
         let e = ApiError::from_invalid(
             InvalidRequest::TokenOutOfVocab {
@@ -259,19 +331,71 @@ mod tests {
                 token: 9,
                 vocab_size: 5,
             },
-            "messages",
+            &ParamNames::chat(false),
         );
         assert_eq!(e.param.as_deref(), Some("messages"));
+        let e = ApiError::from_invalid(InvalidRequest::ZeroMaxTokens, &ParamNames::chat(true));
+        assert_eq!(e.param.as_deref(), Some("max_completion_tokens"));
+        assert_eq!(e.message, "max_completion_tokens must be at least 1.");
         let e = ApiError::from_invalid(
-            InvalidRequest::Param {
-                param: "top_p",
-                reason: "x".into(),
+            InvalidRequest::TooManyLogprobs {
+                requested: 21,
+                max: 20,
             },
-            "prompt",
+            &ParamNames::chat(false),
+        );
+        assert_eq!(
+            e.message,
+            "top_logprobs = 21 is more than the maximum of 20."
+        );
+        let e = ApiError::from_invalid(
+            InvalidRequest::OutOfRange {
+                param: "top_p",
+                value: 1.5,
+                range: "(0, 1]",
+            },
+            &ParamNames::COMPLETIONS,
         );
         assert_eq!(
             (e.status, e.param.as_deref()),
             (StatusCode::BAD_REQUEST, Some("top_p"))
         );
+        assert_eq!(
+            e.message,
+            "1.5 is not a valid value for `top_p`: it must be in (0, 1]."
+        );
+    }
+
+    #[test]
+    fn context_overflow_uses_openais_message() {
+        let e = ApiError::from_invalid(
+            InvalidRequest::TooManyTokens {
+                prompt_tokens: 10,
+                max_tokens: 20,
+                capacity: 25,
+            },
+            &ParamNames::chat(false),
+        );
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert_eq!(e.code, Some("context_length_exceeded"));
+        assert!(
+            e.message.starts_with(
+                "This model's maximum context length is 25 tokens. However, you requested 30 \
+                 tokens (10 in the messages, 20 in the completion). Please reduce"
+            ),
+            "{}",
+            e.message
+        );
+        let e = ApiError::from_invalid(
+            InvalidRequest::PromptTooLong {
+                prompt_tokens: 25,
+                capacity: 25,
+            },
+            &ParamNames::COMPLETIONS,
+        );
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        assert_eq!(e.code, Some("context_length_exceeded"));
+        assert!(e.message.contains("your prompt resulted in 25 tokens"));
     }
 }

@@ -1,11 +1,12 @@
 //! sluice-server: the OpenAI-compatible HTTP server over the sluice engine, and the pieces of
-//! the `sluice` command. Handlers validate, tokenize, submit to the engine and translate its
-//! events into OpenAI JSON or server-sent events; they never touch tensors.
+//! the `sluice` command. Handlers parse, tokenize, validate once into the engine's
+//! `ValidRequest`, submit, and translate the engine's events into OpenAI JSON or server-sent
+//! events; they never touch tensors.
 
 pub mod auth;
 pub mod config;
+pub mod engine_request;
 pub mod error;
-pub mod generation;
 pub mod http;
 pub mod json;
 pub mod load;
@@ -13,12 +14,12 @@ pub mod logging;
 pub mod logprobs;
 pub mod metrics;
 pub mod openai;
+pub mod request_fields;
 pub mod routes;
 pub mod serve;
 pub mod shutdown;
 pub mod sse;
 pub mod state;
-pub mod validate;
 
 pub use config::{Config, ServeArgs};
 pub use error::ApiError;

@@ -1,16 +1,16 @@
 //! Loading the model (a GGUF file or a Hugging Face directory) into a running engine: weights,
-//! tokenizer, chat template, the KV cache sized from its memory budget, and the engine thread.
-//! Blocking (seconds for a real model); the server runs it on a blocking thread while
-//! `/health` answers 503.
+//! tokenizer, chat template ([`load_model`], which `sluice generate` uses too), then the KV
+//! cache sized from its memory budget and the engine thread ([`load`]). Blocking (seconds for
+//! a real model); the server runs it on a blocking thread while `/health` answers 503.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
 use candle_core::Device;
 use sluice_engine::{Engine, EngineConfig};
-use sluice_model::{LoadOptions, ModelSource, PagedLlama, WeightsKind};
+use sluice_model::{LlamaModel, LoadOptions, ModelSource, PagedLlama, WeightsKind};
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::config::{Config, KvCacheDtype};
@@ -53,12 +53,22 @@ pub struct Loaded {
     pub model: ServedModel,
 }
 
-/// Loads the model and starts the engine. Install the metrics recorder first
-/// ([`crate::metrics::install`]): the engine registers its metrics when it starts.
-pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
+/// A model's weights and what goes with them, before any KV cache or engine exists.
+pub struct LoadedModel {
+    pub model: LlamaModel,
+    pub tokenizer: Tokenizer,
+    /// `None` when the model has no usable chat template (not even the ChatML fallback).
+    pub chat_template: Option<ChatTemplate>,
+}
+
+/// Opens `path` (a GGUF file, or a Hugging Face directory: config.json, tokenizer.json,
+/// *.safetensors) and loads its tokenizer, chat template and weights.
+pub fn load_model(
+    path: &Path,
+    weights: WeightsKind,
+    kv_cache_dtype: KvCacheDtype,
+) -> anyhow::Result<LoadedModel> {
     let start = Instant::now();
-    let path = &settings.model;
-    // A GGUF file, or a Hugging Face directory (config.json, tokenizer.json, *.safetensors).
     let mut source = ModelSource::open(path)
         .with_context(|| format!("cannot open the model {}", path.display()))?;
     let tokenizer = source
@@ -66,16 +76,38 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
         .with_context(|| format!("cannot build the tokenizer of {}", path.display()))?;
     let chat_template = chat_template(&tokenizer);
     let options = LoadOptions {
-        weights: settings.weights,
+        weights,
         device: device()?,
         attention: None,
-        kv_dtype: settings.kv_cache_dtype.dtype(),
+        kv_dtype: kv_cache_dtype.dtype(),
         ..LoadOptions::default()
     };
     let model = source
         .load_model(&options)
         .with_context(|| format!("cannot load the weights of {}", path.display()))?;
-    drop(source);
+    tracing::info!(
+        model = %path.display(),
+        weights = %weights,
+        kv_cache_dtype = ?kv_cache_dtype,
+        context_length = model.config().max_position_embeddings,
+        load_ms = start.elapsed().as_millis() as u64,
+        "model loaded"
+    );
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        chat_template,
+    })
+}
+
+/// Loads the model and starts the engine. Install the metrics recorder first
+/// ([`crate::metrics::install`]): the engine registers its metrics when it starts.
+pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
+    let LoadedModel {
+        model,
+        tokenizer,
+        chat_template,
+    } = load_model(&settings.model, settings.weights, settings.kv_cache_dtype)?;
     let context_length = model.config().max_position_embeddings;
     if let Some(len) = settings
         .engine
@@ -90,14 +122,6 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     }
     let paged = PagedLlama::with_memory_budget(model, settings.kv_cache_bytes, settings.block_size)
         .context("cannot allocate the KV cache")?;
-    tracing::info!(
-        model = %path.display(),
-        weights = %settings.weights,
-        kv_cache_dtype = ?settings.kv_cache_dtype,
-        context_length,
-        load_ms = start.elapsed().as_millis() as u64,
-        "model loaded"
-    );
     let engine = Engine::start(
         Box::new(paged),
         Arc::new(tokenizer),
@@ -184,7 +208,7 @@ mod tests {
         let prompt = handle.tokenizer().encode("the thin").unwrap();
         let mut request = Request::new(prompt, 4);
         request.stop.ignore_eos = true;
-        let mut stream = handle.submit(request).unwrap();
+        let mut stream = handle.submit(handle.validate(request).unwrap()).unwrap();
         let (mut tokens, mut finish) = (0, None);
         while let Some(event) = stream.blocking_recv() {
             match event {

@@ -2,7 +2,7 @@
 //! runs one prompt through the model.
 
 mod allocator;
-mod generate;
+mod generate_command;
 
 use clap::{Parser, Subcommand};
 
@@ -23,7 +23,7 @@ enum Command {
     /// config/sluice.toml).
     Serve(Box<sluice_server::ServeArgs>),
     /// Generate a continuation of one prompt and print it as it is produced.
-    Generate(generate::GenerateArgs),
+    Generate(generate_command::GenerateArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -39,7 +39,7 @@ fn main() -> anyhow::Result<()> {
                 )
                 .with_writer(std::io::stderr)
                 .init();
-            generate::run(args)
+            generate_command::run(args)
         }
     }
 }

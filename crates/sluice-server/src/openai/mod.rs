@@ -1,5 +1,5 @@
-//! OpenAI API bodies: what clients send and what they get back. Plain data; validation and the
-//! mapping onto engine requests live in [`crate::validate`].
+//! OpenAI API bodies: what clients send and what they get back. Plain data; the mapping onto
+//! engine requests lives in [`crate::request_fields`], the validation in the engine.
 
 pub mod chat;
 pub mod common;

@@ -8,17 +8,17 @@ use axum::response::{IntoResponse, Response};
 use sluice_engine::{FinishEvent, FinishReason, TokenEvent};
 
 use super::tokenize_blocking;
-use crate::error::ApiError;
-use crate::generation::{self, Generation, GenerationParams, Item};
+use crate::engine_request::{self, Generation, GenerationParams, Item};
+use crate::error::{ApiError, ParamNames};
 use crate::json::ApiJson;
 use crate::logprobs;
 use crate::openai::chat::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs, ChatMessageOut, ChatRequest,
     ChatResponse,
 };
+use crate::request_fields;
 use crate::sse;
 use crate::state::AppState;
-use crate::validate::{self, PromptKind};
 
 const ROLE: &str = "assistant";
 
@@ -28,12 +28,9 @@ pub async fn handler(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model()?;
-    validate::check_model(req.model.as_deref(), &model)?;
+    request_fields::check_model(req.model.as_deref(), &model)?;
     let want_logprobs = req.logprobs.unwrap_or(false);
-    let top = req
-        .top_logprobs
-        .map(|k| validate::logprobs_count("top_logprobs", k))
-        .transpose()?;
+    let top = req.top_logprobs;
     if top.is_some_and(|k| k > 0) && !want_logprobs {
         return Err(ApiError::invalid(
             "top_logprobs",
@@ -41,11 +38,9 @@ pub async fn handler(
         ));
     }
     let logprobs = want_logprobs.then(|| top.unwrap_or(0));
-    let (n, sampling, stop) = validate::sampling(&req.sampling(), logprobs)?;
-    let max_tokens = match req.max_completion_tokens {
-        Some(m) => validate::max_tokens(Some(m), "max_completion_tokens")?,
-        None => validate::max_tokens(req.max_tokens, "max_tokens")?,
-    };
+    let (n, sampling, stop) = request_fields::sampling(&req.sampling(), logprobs)?;
+    let names = ParamNames::chat(req.max_completion_tokens.is_some());
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens);
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream
         && req
@@ -57,7 +52,8 @@ pub async fn handler(
     let render_model = model.clone();
     let messages = req.messages;
     let prompt = tokenize_blocking(move || {
-        let text = validate::render_chat(render_model.chat_template.as_ref(), &messages, true)?;
+        let text =
+            request_fields::render_chat(render_model.chat_template.as_ref(), &messages, true)?;
         // The template writes any BOS the model wants itself.
         render_model
             .tokenizer()
@@ -68,7 +64,7 @@ pub async fn handler(
     let generation = Generation::start(
         &state,
         model,
-        generation::request_id("chatcmpl"),
+        engine_request::request_id("chatcmpl"),
         "chat",
         started,
         vec![prompt],
@@ -77,7 +73,7 @@ pub async fn handler(
             max_tokens,
             sampling,
             stop,
-            kind: PromptKind::Messages,
+            names,
         },
     )?;
     if stream {
@@ -132,14 +128,14 @@ async fn collect(
                 }
             }
             Item::Finished { event, .. } if event.reason == FinishReason::Error => {
-                return Err(generation::engine_failure(&event))
+                return Err(engine_request::engine_failure(&event))
             }
             Item::Finished { choice, event } => {
                 if let Some(state) = choices.get_mut(choice) {
                     state.finish = Some(event);
                 }
             }
-            Item::Lost => return Err(generation::engine_lost()),
+            Item::Lost => return Err(engine_request::engine_lost()),
         }
     }
     Ok(axum::Json(ChatResponse {
@@ -160,8 +156,8 @@ async fn collect(
                 finish_reason: c
                     .finish
                     .as_ref()
-                    .map(|f| generation::finish_reason(f.reason)),
-                stop_reason: c.finish.as_ref().and_then(generation::stop_reason),
+                    .map(|f| engine_request::finish_reason(f.reason)),
+                stop_reason: c.finish.as_ref().and_then(engine_request::stop_reason),
             })
             .collect(),
         usage: generation.usage(),
@@ -222,7 +218,7 @@ fn stream_chunks(
                     yield chunk(&generation, c, include_usage);
                 }
                 Item::Finished { event, .. } if event.reason == FinishReason::Error => {
-                    yield sse::error(&generation::engine_failure(&event));
+                    yield sse::error(&engine_request::engine_failure(&event));
                     yield sse::done();
                     return;
                 }
@@ -231,13 +227,13 @@ fn stream_chunks(
                         index: choice,
                         delta: ChatDelta::default(),
                         logprobs: None,
-                        finish_reason: Some(generation::finish_reason(event.reason)),
-                        stop_reason: generation::stop_reason(&event),
+                        finish_reason: Some(engine_request::finish_reason(event.reason)),
+                        stop_reason: engine_request::stop_reason(&event),
                     };
                     yield chunk(&generation, c, include_usage);
                 }
                 Item::Lost => {
-                    yield sse::error(&generation::engine_lost());
+                    yield sse::error(&engine_request::engine_lost());
                     yield sse::done();
                     return;
                 }

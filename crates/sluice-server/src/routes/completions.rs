@@ -7,17 +7,17 @@ use axum::response::{IntoResponse, Response};
 use sluice_engine::FinishEvent;
 
 use super::tokenize_blocking;
-use crate::error::ApiError;
-use crate::generation::{self, Generation, GenerationParams, Item};
+use crate::engine_request::{self, Generation, GenerationParams, Item};
+use crate::error::{ApiError, ParamNames};
 use crate::json::ApiJson;
 use crate::logprobs;
 use crate::openai::completions::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
 };
 use crate::openai::Prompt;
+use crate::request_fields;
 use crate::sse;
 use crate::state::AppState;
-use crate::validate::{self, PromptKind};
 
 /// OpenAI's default for this endpoint.
 const DEFAULT_MAX_TOKENS: usize = 16;
@@ -29,17 +29,14 @@ pub async fn handler(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model()?;
-    validate::check_model(req.model.as_deref(), &model)?;
+    request_fields::check_model(req.model.as_deref(), &model)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(
             "suffix",
             "suffix (insertion) is not supported by this server.",
         ));
     }
-    let logprobs = req
-        .logprobs
-        .map(|k| validate::logprobs_count("logprobs", k))
-        .transpose()?;
+    let logprobs = req.logprobs;
     let echo = req.echo.unwrap_or(false);
     if echo && logprobs.is_some() {
         return Err(ApiError::invalid(
@@ -48,15 +45,14 @@ pub async fn handler(
              server does not compute; drop one of them.",
         ));
     }
-    let (n, sampling, stop) = validate::sampling(&req.sampling(), logprobs)?;
+    let (n, sampling, stop) = request_fields::sampling(&req.sampling(), logprobs)?;
     if let Some(best_of) = req.best_of.filter(|&b| b != n) {
         return Err(ApiError::invalid(
             "best_of",
             format!("best_of = {best_of} is not supported; only best_of = n."),
         ));
     }
-    let max_tokens =
-        validate::max_tokens(req.max_tokens, "max_tokens")?.unwrap_or(DEFAULT_MAX_TOKENS);
+    let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream
         && req
@@ -76,7 +72,7 @@ pub async fn handler(
     let generation = Generation::start(
         &state,
         model,
-        generation::request_id("cmpl"),
+        engine_request::request_id("cmpl"),
         "completions",
         started,
         prompts.into_iter().map(|(ids, _)| ids).collect(),
@@ -85,7 +81,7 @@ pub async fn handler(
             max_tokens: Some(max_tokens),
             sampling,
             stop,
-            kind: PromptKind::Prompt,
+            names: ParamNames::COMPLETIONS,
         },
     )?;
     if stream {
@@ -109,6 +105,7 @@ fn prompt_tokens(
 ) -> Result<Vec<(Vec<u32>, String)>, ApiError> {
     let tokenizer = model.tokenizer();
     let empty = || ApiError::invalid("prompt", "The prompt is empty.");
+    let limits = model.limits();
     let encode = |text: String| {
         if text.is_empty() {
             return Err(empty());
@@ -119,16 +116,10 @@ fn prompt_tokens(
         Ok((ids, text))
     };
     let from_ids = |ids: Vec<u32>| {
-        if ids.is_empty() {
-            return Err(empty());
-        }
-        let vocab = model.limits().vocab_size;
-        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ApiError::invalid(
-                "prompt",
-                format!("token id {bad} is outside the vocabulary of {vocab} tokens"),
-            ));
-        }
+        // The engine's check, before decoding (for `echo`) reads the ids.
+        limits
+            .check_prompt(&ids)
+            .map_err(|e| ApiError::from_invalid(e, &ParamNames::COMPLETIONS))?;
         let text = tokenizer.decode(&ids, false);
         Ok((ids, text))
     };
@@ -201,14 +192,14 @@ async fn collect(
                 }
             }
             Item::Finished { event, .. } if event.reason == sluice_engine::FinishReason::Error => {
-                return Err(generation::engine_failure(&event))
+                return Err(engine_request::engine_failure(&event))
             }
             Item::Finished { choice, event } => {
                 if let Some(state) = choices.get_mut(choice) {
                     state.finish = Some(event);
                 }
             }
-            Item::Lost => return Err(generation::engine_lost()),
+            Item::Lost => return Err(engine_request::engine_lost()),
         }
     }
     let usage = generation.usage();
@@ -227,8 +218,8 @@ async fn collect(
                 finish_reason: c
                     .finish
                     .as_ref()
-                    .map(|f| generation::finish_reason(f.reason)),
-                stop_reason: c.finish.as_ref().and_then(generation::stop_reason),
+                    .map(|f| engine_request::finish_reason(f.reason)),
+                stop_reason: c.finish.as_ref().and_then(engine_request::stop_reason),
             })
             .collect(),
         usage: Some(Some(usage)),
@@ -298,7 +289,7 @@ fn stream_chunks(
                     yield sse::json(&usage_field(chunk(&generation, vec![c])));
                 }
                 Item::Finished { event, .. } if event.reason == sluice_engine::FinishReason::Error => {
-                    yield sse::error(&generation::engine_failure(&event));
+                    yield sse::error(&engine_request::engine_failure(&event));
                     yield sse::done();
                     return;
                 }
@@ -307,13 +298,13 @@ fn stream_chunks(
                         index: choice,
                         text: String::new(),
                         logprobs: None,
-                        finish_reason: Some(generation::finish_reason(event.reason)),
-                        stop_reason: generation::stop_reason(&event),
+                        finish_reason: Some(engine_request::finish_reason(event.reason)),
+                        stop_reason: engine_request::stop_reason(&event),
                     };
                     yield sse::json(&usage_field(chunk(&generation, vec![c])));
                 }
                 Item::Lost => {
-                    yield sse::error(&generation::engine_lost());
+                    yield sse::error(&engine_request::engine_lost());
                     yield sse::done();
                     return;
                 }

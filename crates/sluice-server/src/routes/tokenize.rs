@@ -10,15 +10,15 @@ use crate::json::ApiJson;
 use crate::openai::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
+use crate::request_fields;
 use crate::state::AppState;
-use crate::validate;
 
 pub async fn tokenize(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<TokenizeRequest>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     let model = state.model()?;
-    validate::check_model(req.model.as_deref(), &model)?;
+    request_fields::check_model(req.model.as_deref(), &model)?;
     let max_model_len = model.capacity();
     let tokens = tokenize_blocking(move || {
         let tokenizer = model.tokenizer();
@@ -32,7 +32,7 @@ pub async fn tokenize(
                 ids.map_err(|e| ApiError::invalid("prompt", e.to_string()))
             }
             (None, Some(messages)) => {
-                let text = validate::render_chat(
+                let text = request_fields::render_chat(
                     model.chat_template.as_ref(),
                     &messages,
                     req.add_generation_prompt.unwrap_or(true),
@@ -64,7 +64,7 @@ pub async fn detokenize(
     ApiJson(req): ApiJson<DetokenizeRequest>,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let model = state.model()?;
-    validate::check_model(req.model.as_deref(), &model)?;
+    request_fields::check_model(req.model.as_deref(), &model)?;
     let vocab = model.limits().vocab_size;
     if let Some((i, bad)) = req
         .tokens

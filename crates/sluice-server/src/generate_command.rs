@@ -1,5 +1,6 @@
-//! `sluice generate`: one prompt through the engine (the same scheduler, sampler and stop
-//! handling that serving uses), its text printed as it is generated.
+//! `sluice generate`, the command-line subcommand: one prompt through the engine (the same
+//! loading, scheduler, sampler and stop handling that `sluice serve` uses), its text printed
+//! as it is generated.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -10,8 +11,10 @@ use anyhow::{bail, Context};
 use sluice_engine::{
     Engine, EngineConfig, Event, FinishReason, Request, SamplingParams, StopParams,
 };
-use sluice_model::{LoadOptions, ModelSource, PagedLlama, WeightsKind};
-use sluice_tokenizer::{ChatMessage, ChatTemplate};
+use sluice_model::{PagedLlama, WeightsKind};
+use sluice_server::config::KvCacheDtype;
+use sluice_server::load::{load_model, LoadedModel};
+use sluice_tokenizer::ChatMessage;
 
 const BLOCK_SIZE: usize = 16;
 
@@ -53,29 +56,23 @@ pub struct GenerateArgs {
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let load_start = Instant::now();
-    let mut source = ModelSource::open(&args.model)?;
-    let tokenizer = source.tokenizer()?;
-    let options = LoadOptions {
-        weights: args.weights,
-        ..LoadOptions::default()
-    };
-    let model = source.load_model(&options)?;
-    drop(source);
+    // The server's loading, chat-template fallback (ChatML) included; an f16 KV cache, as
+    // the server's default.
+    let LoadedModel {
+        model,
+        tokenizer,
+        chat_template,
+    } = load_model(&args.model, args.weights, KvCacheDtype::F16)?;
     let load_time = load_start.elapsed();
 
     let prompt = if args.chat {
-        let source = tokenizer
-            .chat_template()
-            .context("the model has no chat template; drop --chat")?;
-        let template = ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())?;
+        let template = chat_template.context("the model has no chat template; drop --chat")?;
         let text = template.render(&[ChatMessage::new("user", &args.prompt)], true)?;
+        // The template writes any BOS the model wants itself.
         tokenizer.encode(&text)?
     } else {
         tokenizer.encode_prompt(&args.prompt)?
     };
-    if prompt.is_empty() {
-        bail!("the prompt is empty");
-    }
     let max_len = model.config().max_position_embeddings;
     if prompt.len() >= max_len {
         bail!(
@@ -107,7 +104,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         },
         stop: StopParams::default(),
     };
-    let mut stream = engine.handle().submit(request)?;
+    // Checked like a server request (an empty prompt, a temperature out of [0, 2], ...).
+    let handle = engine.handle();
+    let mut stream = handle.submit(handle.validate(request)?)?;
 
     let mut out = std::io::stdout().lock();
     let mut finish = None;

@@ -1,4 +1,5 @@
-//! One generation request in flight: its prompts submitted to the engine, their event streams
+//! One client request as the engine runs it: its prompts validated into the engine's
+//! [`ValidRequest`]s (every range is checked there, once) and submitted, their event streams
 //! merged into one stream of choices, and the log line written when it ends.
 //!
 //! A [`Generation`] owns the engine's [`RequestStream`]s. Whoever holds it (the handler future
@@ -12,11 +13,10 @@ use std::time::Instant;
 use futures_util::stream::{self, SelectAll, Stream, StreamExt};
 use rand::Rng;
 use sluice_engine::{Event, FinishEvent, FinishReason, Request, RequestStream, SamplingParams};
-use sluice_engine::{StopParams, StopReason, TokenEvent};
+use sluice_engine::{StopParams, StopReason, TokenEvent, ValidRequest};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ParamNames};
 use crate::state::{AppState, InFlight, ServedModel};
-use crate::validate::{check_context, PromptKind};
 
 /// `cmpl-…`, `chatcmpl-…`: a prefix and 24 random hex digits.
 pub fn request_id(prefix: &str) -> String {
@@ -30,7 +30,8 @@ pub struct GenerationParams {
     pub max_tokens: Option<usize>,
     pub sampling: SamplingParams,
     pub stop: StopParams,
-    pub kind: PromptKind,
+    /// What this endpoint calls the fields an invalid request is refused for.
+    pub names: ParamNames,
 }
 
 /// An event of one choice (`prompt index * n + sequence index`).
@@ -65,9 +66,9 @@ pub struct Generation {
 }
 
 impl Generation {
-    /// Checks every prompt against the context and the engine's limits, then submits them
-    /// all; on any failure nothing stays queued (streams already submitted are dropped, which
-    /// aborts them).
+    /// Validates one engine request per prompt, then submits them all: an invalid prompt
+    /// refuses the whole request before any is queued, and on a failed submission nothing
+    /// stays queued (streams already submitted are dropped, which aborts them).
     pub fn start(
         state: &AppState,
         model: Arc<ServedModel>,
@@ -82,18 +83,12 @@ impl Generation {
             max_tokens,
             sampling,
             stop,
-            kind,
+            names,
         } = params;
-        let limits = model.limits();
-        let capacity = model.capacity();
         let skip_special_tokens = stop.skip_special_tokens;
-        let requests: Vec<Request> = prompts
+        let requests: Vec<ValidRequest> = prompts
             .into_iter()
             .map(|prompt| {
-                if prompt.is_empty() {
-                    return Err(ApiError::invalid(kind.param(), "The prompt is empty."));
-                }
-                check_context(prompt.len(), max_tokens, capacity, kind)?;
                 let request = Request {
                     prompt,
                     n,
@@ -101,19 +96,19 @@ impl Generation {
                     sampling: sampling.clone(),
                     stop: stop.clone(),
                 };
-                request
-                    .validate(&limits)
-                    .map_err(|e| ApiError::from_invalid(e, kind.param()))?;
-                Ok(request)
+                model
+                    .engine
+                    .validate(request)
+                    .map_err(|e| ApiError::from_invalid(e, &names))
             })
             .collect::<Result<_, _>>()?;
-        let prompt_tokens: Vec<usize> = requests.iter().map(|r| r.prompt.len()).collect();
+        let prompt_tokens: Vec<usize> = requests.iter().map(ValidRequest::prompt_len).collect();
         let mut streams = Vec::with_capacity(requests.len());
         for request in requests {
             let stream = model
                 .engine
                 .submit(request)
-                .map_err(|e| ApiError::from_submit(e, kind.param()))?;
+                .map_err(ApiError::from_submit)?;
             streams.push(stream);
         }
         let engine_ids: Vec<u64> = streams.iter().map(RequestStream::id).collect();

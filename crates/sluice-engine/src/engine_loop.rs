@@ -1,0 +1,488 @@
+//! The loop of the engine thread, as DESIGN.md draws it: take in submissions and aborts, then
+//! per step
+//!
+//! ```text
+//! plan   = scheduler.schedule()          // who runs this step
+//! batch  = scheduler.fill_step_batch()   // flat tokens + metadata
+//! logits = model.forward(batch)          // ONE forward, all sequences
+//! tokens = sampler.sample(logits, rows)  // batched sampling
+//! scheduler.commit(tokens); emit events; finished sequences leave and free their blocks
+//! ```
+//!
+//! The thread owns the model (and so its KV cache). With nothing to do it blocks on its
+//! command channel. Per-request bookkeeping lives in [`crate::request_state`], publishing
+//! counters and metrics in [`crate::telemetry`].
+//!
+//! Failure model: a forward that errors (or panics) fails only the requests in that step,
+//! with an error finish event; the engine goes on with the next step. A client that goes away
+//! (its [`crate::RequestStream`] dropped) is noticed by the end of the step at the latest,
+//! through the abort its stream sends or the closed event channel, and its blocks are freed
+//! then.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use sluice_model::StepBatch;
+use sluice_tokenizer::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::events::{Event, TokenEvent};
+use crate::handle::{Command, Shared, Submission};
+use crate::model::Model;
+use crate::params::SamplingParams;
+use crate::request_state::{abort_unadmitted, RequestState};
+use crate::rng::SeqRng;
+use crate::sampler::{SampleRow, Sampled, Sampler};
+use crate::scheduler::Scheduler;
+use crate::sequence::{RequestId, SeqId};
+use crate::stop::{FinishReason, Stopped};
+use crate::telemetry::{StepTiming, Telemetry};
+
+/// Sampling parameters for a row whose request is unknown, which would be an engine bug; the
+/// row is still sampled so the step's rows line up, and its token is dropped at commit.
+static ORPHAN_PARAMS: LazyLock<SamplingParams> = LazyLock::new(SamplingParams::greedy);
+
+pub(crate) struct EngineLoop {
+    model: Box<dyn Model>,
+    tokenizer: Arc<Tokenizer>,
+    scheduler: Scheduler,
+    sampler: Sampler,
+    shared: Arc<Shared>,
+    commands: Receiver<Command>,
+    requests: HashMap<RequestId, RequestState>,
+    telemetry: Telemetry,
+    draining: bool,
+    // Buffers reused every step.
+    batch: StepBatch,
+    logits: Vec<f32>,
+    /// The sampler's rows; empty between steps (they borrow the step's request states).
+    rows: Vec<SampleRow<'static>>,
+    sampled: Vec<Sampled>,
+    tokens: Vec<u32>,
+    rngs: Vec<SeqRng>,
+    finished: Vec<SeqId>,
+    /// Finish events held until the step has freed the finished sequences' blocks.
+    finish_events: Vec<(UnboundedSender<Event>, Event)>,
+    closed: Vec<RequestId>,
+}
+
+enum Flow {
+    Continue,
+    Exit,
+}
+
+impl EngineLoop {
+    pub fn new(
+        model: Box<dyn Model>,
+        tokenizer: Arc<Tokenizer>,
+        scheduler: Scheduler,
+        shared: Arc<Shared>,
+        commands: Receiver<Command>,
+        telemetry: Telemetry,
+    ) -> Self {
+        Self {
+            sampler: Sampler::new(model.vocab_size()),
+            batch: StepBatch::new(model.block_size()),
+            model,
+            tokenizer,
+            scheduler,
+            shared,
+            commands,
+            requests: HashMap::new(),
+            telemetry,
+            draining: false,
+            logits: Vec::new(),
+            rows: Vec::new(),
+            sampled: Vec::new(),
+            tokens: Vec::new(),
+            rngs: Vec::new(),
+            finished: Vec::new(),
+            finish_events: Vec::new(),
+            closed: Vec::new(),
+        }
+    }
+
+    /// Runs until stopped, drained, or every sender is gone; returns how many sequences were
+    /// aborted on the way out.
+    pub fn run(mut self) -> usize {
+        loop {
+            if !self.scheduler.has_unfinished() {
+                if self.draining {
+                    // Submissions that raced with the drain get an abort, not silence.
+                    return self.abort_everything();
+                }
+                self.telemetry.publish(&self.scheduler);
+                // Idle: block until there is something to do.
+                let Ok(command) = self.commands.recv() else {
+                    return self.abort_everything();
+                };
+                if let Flow::Exit = self.handle(command) {
+                    return self.abort_everything();
+                }
+            }
+            while let Ok(command) = self.commands.try_recv() {
+                if let Flow::Exit = self.handle(command) {
+                    return self.abort_everything();
+                }
+            }
+            if self.scheduler.has_unfinished() {
+                self.step();
+            }
+        }
+    }
+
+    fn handle(&mut self, command: Command) -> Flow {
+        match command {
+            Command::Submit(submission) => self.admit(*submission),
+            Command::Abort(id) => self.abort_request(id),
+            Command::Drain => self.draining = true,
+            Command::Stop => return Flow::Exit,
+        }
+        Flow::Continue
+    }
+
+    fn admit(&mut self, sub: Submission) {
+        let Submission {
+            id,
+            request,
+            events,
+            arrival,
+        } = sub;
+        let n = request.n();
+        self.shared.stats.pending.fetch_sub(n, Ordering::AcqRel);
+        if events.is_closed() {
+            return;
+        }
+        let (request, max_tokens) = request.into_parts();
+        let (state, prompt) = RequestState::admit(
+            request,
+            max_tokens,
+            events,
+            arrival,
+            &self.tokenizer,
+            self.shared.limits.max_model_len,
+        );
+        // Validated against this engine's limits (the handle checked they are its own), so
+        // the scheduler can always run it.
+        self.scheduler.add_request(id, prompt, max_tokens, n);
+        self.requests.insert(id, state);
+        self.telemetry.publish_counts(&self.scheduler);
+    }
+
+    /// Removes a request, finishing its live sequences with `Abort`.
+    fn abort_request(&mut self, id: RequestId) {
+        self.end_request(id, FinishReason::Abort, None);
+    }
+
+    fn end_request(&mut self, id: RequestId, reason: FinishReason, error: Option<String>) {
+        self.scheduler.abort(id);
+        let Some(state) = self.requests.remove(&id) else {
+            return;
+        };
+        // Free first, tell the client second: whoever sees the finish sees the blocks free.
+        self.telemetry.publish_counts(&self.scheduler);
+        let now = Instant::now();
+        for (index, seq) in state.seqs.iter().enumerate() {
+            if seq.done {
+                continue;
+            }
+            let stopped = Stopped {
+                reason,
+                stop_reason: None,
+            };
+            let _ =
+                state
+                    .events
+                    .send(state.finish_event(index as u32, stopped, error.clone(), now));
+            self.telemetry.sequence_finished(reason, state.arrival, now);
+        }
+    }
+
+    fn abort_everything(&mut self) -> usize {
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        let mut aborted = 0;
+        for id in ids {
+            aborted += self.requests.get(&id).map_or(0, |r| r.live);
+            self.abort_request(id);
+        }
+        // Submissions still in the channel get their answer too.
+        while let Ok(command) = self.commands.try_recv() {
+            if let Command::Submit(sub) = command {
+                let n = abort_unadmitted(&sub, Instant::now());
+                self.shared.stats.pending.fetch_sub(n, Ordering::AcqRel);
+                aborted += n;
+            }
+        }
+        self.telemetry.publish(&self.scheduler);
+        aborted
+    }
+
+    fn step(&mut self) {
+        let step_start = Instant::now();
+        let out = self.scheduler.schedule();
+        if out.is_empty() {
+            // Cannot happen while something is unfinished (the oldest running sequence can
+            // always proceed); wait for a command rather than spin if it ever does.
+            let _ = self.scheduler.commit(&[]);
+            self.telemetry.publish(&self.scheduler);
+            if let Ok(command) = self.commands.recv_timeout(Duration::from_millis(100)) {
+                self.handle(command);
+            }
+            return;
+        }
+        let num_tokens = out.num_tokens();
+        for s in out.scheduled() {
+            if let Some(r) = self.requests.get_mut(&s.seq_id.request) {
+                if r.scheduled.is_none() {
+                    r.scheduled = Some(step_start);
+                    self.telemetry
+                        .metrics
+                        .queue_time
+                        .record((step_start - r.arrival).as_secs_f64());
+                }
+            }
+        }
+        self.scheduler.fill_step_batch(&mut self.batch);
+        self.telemetry.publish_counts(&self.scheduler);
+
+        let forward_start = Instant::now();
+        let (model, batch, logits) = (&mut self.model, &self.batch, &mut self.logits);
+        let result = catch_unwind(AssertUnwindSafe(|| model.forward(batch, logits)));
+        let forward = forward_start.elapsed();
+        let num_samples = self.scheduler.output().num_samples();
+        let failure = match result {
+            Ok(Ok(())) if self.logits.len() == num_samples * self.sampler.vocab_size() => None,
+            Ok(Ok(())) => Some(format!(
+                "the model returned {} logits for {num_samples} rows of {}",
+                self.logits.len(),
+                self.sampler.vocab_size()
+            )),
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(panic) => Some(format!("model forward panicked: {}", panic_message(&panic))),
+        };
+        let mut timing = StepTiming {
+            start: step_start,
+            forward,
+            sample: Duration::ZERO,
+            num_tokens,
+        };
+        if let Some(message) = failure {
+            self.fail_step(message);
+            self.telemetry.finish_step(&self.scheduler, timing);
+            return;
+        }
+
+        let sample_start = Instant::now();
+        self.sample();
+        timing.sample = sample_start.elapsed();
+        if let Err(e) = self.scheduler.commit(&self.tokens) {
+            tracing::error!("commit failed: {e}");
+        }
+        self.emit(Instant::now());
+        for &id in &self.finished {
+            self.scheduler.finish(id);
+        }
+        // Free and count first, tell the client second: whoever sees a finish sees its blocks
+        // free and the step's counters (prefix hits, preemptions) published, even when the
+        // request finished in the step that admitted it.
+        self.telemetry.publish(&self.scheduler);
+        for (events, event) in self.finish_events.drain(..) {
+            let _ = events.send(event);
+        }
+        self.reap_closed();
+        self.telemetry.finish_step(&self.scheduler, timing);
+    }
+
+    /// Samples every row of the step into `self.tokens` (and `self.sampled`).
+    fn sample(&mut self) {
+        let requests = &self.requests;
+        let mut rows = reuse_rows(std::mem::take(&mut self.rows));
+        rows.extend(self.scheduler.output().sampling().map(
+            |s| match requests.get(&s.seq_id.request) {
+                Some(r) => {
+                    let seq = &r.seqs[s.seq_id.index as usize];
+                    SampleRow {
+                        params: &r.sampling,
+                        rng: seq.rng,
+                        prompt_tokens: &r.prompt_set,
+                        output_counts: seq.counts.as_ref(),
+                        banned: r.stop.banned(seq.generated),
+                    }
+                }
+                None => SampleRow {
+                    params: &ORPHAN_PARAMS,
+                    rng: SeqRng::new(0, 0),
+                    prompt_tokens: &[],
+                    output_counts: None,
+                    banned: &[],
+                },
+            },
+        ));
+        self.sampler
+            .sample(&mut self.logits, &mut rows, &mut self.sampled);
+        self.rngs.clear();
+        self.rngs.extend(rows.iter().map(|r| r.rng));
+        self.rows = reuse_rows(rows);
+        self.tokens.clear();
+        self.tokens.extend(self.sampled.iter().map(|s| s.token));
+    }
+
+    /// Streams each sampled token and decides which sequences stopped (into `self.finished`,
+    /// their finish events into `self.finish_events`).
+    fn emit(&mut self, now: Instant) {
+        self.finished.clear();
+        let mut generated = 0u64;
+        let metrics = &self.telemetry.metrics;
+        let rows = self.scheduler.output().sampling();
+        for ((s, sampled), &rng) in rows.zip(self.sampled.iter_mut()).zip(&self.rngs) {
+            let Some(r) = self.requests.get_mut(&s.seq_id.request) else {
+                continue;
+            };
+            let index = s.seq_id.index;
+            let seq = &mut r.seqs[index as usize];
+            if seq.done {
+                continue;
+            }
+            generated += 1;
+            seq.rng = rng;
+            seq.generated += 1;
+            if let Some(counts) = &mut seq.counts {
+                counts.add(sampled.token);
+            }
+            match seq.last_token {
+                None => metrics
+                    .time_to_first_token
+                    .record((now - r.arrival).as_secs_f64()),
+                Some(last) => metrics
+                    .inter_token_latency
+                    .record((now - last).as_secs_f64()),
+            }
+            seq.first_token.get_or_insert(now);
+            seq.last_token = Some(now);
+            if !r.prompt_counted {
+                r.prompt_counted = true;
+                metrics.prompt_tokens.increment(r.prompt_len as u64);
+            }
+            let mut text = String::new();
+            let stopped = seq.text.push(
+                &self.tokenizer,
+                &r.stop,
+                sampled.token,
+                seq.generated,
+                r.prompt_len + seq.generated,
+                &mut text,
+            );
+            let event = Event::Token(TokenEvent {
+                index,
+                token: sampled.token,
+                text,
+                logprobs: sampled.logprobs.take(),
+            });
+            if r.events.send(event).is_err() {
+                self.closed.push(s.seq_id.request);
+                continue;
+            }
+            if let Some(stopped) = stopped {
+                seq.done = true;
+                r.live -= 1;
+                let reason = stopped.reason;
+                self.finish_events
+                    .push((r.events.clone(), r.finish_event(index, stopped, None, now)));
+                self.finished.push(s.seq_id);
+                self.telemetry.sequence_finished(reason, r.arrival, now);
+                if r.live == 0 {
+                    // Once its finish events are sent, the last sender is gone and the
+                    // client's stream ends.
+                    self.requests.remove(&s.seq_id.request);
+                }
+            }
+        }
+        metrics.generation_tokens.increment(generated);
+    }
+
+    /// Aborts requests whose client is gone: those whose send failed this step, and any whose
+    /// stream was dropped (the abort command may still be in the channel).
+    fn reap_closed(&mut self) {
+        for (&id, r) in &self.requests {
+            if r.events.is_closed() {
+                self.closed.push(id);
+            }
+        }
+        while let Some(id) = self.closed.pop() {
+            self.abort_request(id);
+        }
+    }
+
+    /// Fails every request with a sequence in the current step; the step's plan is then
+    /// committed empty-handed (those sequences are gone, so nothing is applied).
+    fn fail_step(&mut self, message: String) {
+        tracing::error!("engine step failed: {message}");
+        self.telemetry.failed_step();
+        let mut failed: Vec<RequestId> = self
+            .scheduler
+            .output()
+            .scheduled()
+            .iter()
+            .map(|s| s.seq_id.request)
+            .collect();
+        failed.sort_unstable();
+        failed.dedup();
+        for id in failed {
+            self.end_request(id, FinishReason::Error, Some(message.clone()));
+        }
+        self.tokens.clear();
+        self.tokens.resize(self.scheduler.output().num_samples(), 0);
+        if let Err(e) = self.scheduler.commit(&self.tokens) {
+            tracing::error!("commit after a failed step: {e}");
+        }
+    }
+}
+
+/// `buffer`'s allocation, emptied, retyped for rows borrowing from another step. Collecting a
+/// mapped `vec::IntoIter` into a `Vec` whose element has the same layout reuses the source
+/// allocation (std's in-place collect), and the iterator is empty, so this is free: the rows
+/// of a step cost no allocation once the buffer has grown to the batch.
+fn reuse_rows<'a, 'b>(mut buffer: Vec<SampleRow<'a>>) -> Vec<SampleRow<'b>> {
+    buffer.clear();
+    buffer
+        .into_iter()
+        .map(|_| unreachable!("the buffer was cleared"))
+        .collect()
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reused_rows_keep_their_allocation() {
+        let params = SamplingParams::greedy();
+        let mut rows: Vec<SampleRow<'_>> = Vec::with_capacity(64);
+        rows.push(SampleRow {
+            params: &params,
+            rng: SeqRng::new(0, 0),
+            prompt_tokens: &[],
+            output_counts: None,
+            banned: &[],
+        });
+        let ptr = rows.as_ptr() as usize;
+        let reused: Vec<SampleRow<'static>> = reuse_rows(rows);
+        assert!(reused.is_empty());
+        assert_eq!(reused.capacity(), 64);
+        assert_eq!(reused.as_ptr() as usize, ptr);
+    }
+}

@@ -1,0 +1,150 @@
+//! What the engine thread keeps per request while it runs, and the finish events built from
+//! it: the client's event channel, its sampling and stop rules, and per sequence the random
+//! generator, the penalty counts, the text stream and the timestamps.
+
+use std::time::Instant;
+
+use sluice_tokenizer::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::events::{Event, FinishEvent, Timing, Usage};
+use crate::handle::Submission;
+use crate::params::{Request, SamplingParams};
+use crate::rng::SeqRng;
+use crate::sampler::TokenCounts;
+use crate::stop::{FinishReason, StopSpec, Stopped, TextStream};
+
+pub(crate) struct SeqState {
+    pub rng: SeqRng,
+    /// Generated-token counts, kept only when the request uses penalties.
+    pub counts: Option<TokenCounts>,
+    pub text: TextStream,
+    pub generated: usize,
+    pub first_token: Option<Instant>,
+    pub last_token: Option<Instant>,
+    pub done: bool,
+}
+
+pub(crate) struct RequestState {
+    pub events: UnboundedSender<Event>,
+    pub sampling: SamplingParams,
+    pub stop: StopSpec,
+    pub prompt_len: usize,
+    /// Distinct prompt tokens, sorted, for the repetition penalty (empty without it).
+    pub prompt_set: Vec<u32>,
+    pub arrival: Instant,
+    pub scheduled: Option<Instant>,
+    pub prompt_counted: bool,
+    pub seqs: Vec<SeqState>,
+    /// Sequences not finished yet.
+    pub live: usize,
+}
+
+impl RequestState {
+    /// The state of a request the engine thread takes in, none of its sequences started; hands
+    /// the prompt back for the scheduler. `max_tokens` is the validated, resolved one.
+    pub fn admit(
+        request: Request,
+        max_tokens: usize,
+        events: UnboundedSender<Event>,
+        arrival: Instant,
+        tokenizer: &Tokenizer,
+        max_model_len: usize,
+    ) -> (Self, Vec<u32>) {
+        let Request {
+            prompt,
+            n,
+            sampling,
+            stop,
+            ..
+        } = request;
+        let prompt_set = if sampling.repetition_penalty != 1.0 {
+            let mut set = prompt.clone();
+            set.sort_unstable();
+            set.dedup();
+            set
+        } else {
+            Vec::new()
+        };
+        let stop = StopSpec::new(stop, tokenizer, max_tokens, max_model_len);
+        let seed = sampling.seed.unwrap_or_else(rand::random);
+        let has_penalties = sampling.has_penalties();
+        let seqs = (0..n as u32)
+            .map(|index| SeqState {
+                rng: SeqRng::new(seed, index),
+                counts: has_penalties.then(TokenCounts::default),
+                text: TextStream::new(stop.params.skip_special_tokens),
+                generated: 0,
+                first_token: None,
+                last_token: None,
+                done: false,
+            })
+            .collect();
+        let state = Self {
+            events,
+            sampling,
+            stop,
+            prompt_len: prompt.len(),
+            prompt_set,
+            arrival,
+            scheduled: None,
+            prompt_counted: false,
+            seqs,
+            live: n,
+        };
+        (state, prompt)
+    }
+
+    pub fn finish_event(
+        &self,
+        index: u32,
+        stopped: Stopped,
+        error: Option<String>,
+        now: Instant,
+    ) -> Event {
+        let seq = &self.seqs[index as usize];
+        Event::Finished(FinishEvent {
+            index,
+            reason: stopped.reason,
+            stop_reason: stopped.stop_reason,
+            error,
+            usage: Usage {
+                prompt_tokens: self.prompt_len,
+                completion_tokens: seq.generated,
+            },
+            timing: Timing {
+                arrival: self.arrival,
+                scheduled: self.scheduled,
+                first_token: seq.first_token,
+                last_token: seq.last_token,
+                finished: now,
+            },
+        })
+    }
+}
+
+/// Answers a submission the engine thread never took in (it is exiting): every sequence
+/// finishes with `Abort`. Returns how many sequences that was.
+pub(crate) fn abort_unadmitted(sub: &Submission, now: Instant) -> usize {
+    let n = sub.request.n();
+    for index in 0..n as u32 {
+        let _ = sub.events.send(Event::Finished(FinishEvent {
+            index,
+            reason: FinishReason::Abort,
+            stop_reason: None,
+            error: None,
+            usage: Usage {
+                prompt_tokens: sub.request.prompt_len(),
+                completion_tokens: 0,
+            },
+            timing: Timing {
+                arrival: sub.arrival,
+                scheduled: None,
+                first_token: None,
+                last_token: None,
+                finished: now,
+            },
+        }));
+    }
+    n
+}

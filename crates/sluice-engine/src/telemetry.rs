@@ -1,0 +1,114 @@
+//! What the engine thread tells the outside about itself: the counters the handle reads
+//! without a round trip ([`crate::EngineStats`]) and the Prometheus metrics. Publishing is a
+//! few atomic stores; nothing here allocates.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::block_manager::PrefixCacheStats;
+use crate::handle::Shared;
+use crate::metrics::EngineMetrics;
+use crate::scheduler::Scheduler;
+use crate::stop::FinishReason;
+
+/// How one step's time was spent.
+pub(crate) struct StepTiming {
+    pub start: Instant,
+    pub forward: Duration,
+    pub sample: Duration,
+    pub num_tokens: usize,
+}
+
+pub(crate) struct Telemetry {
+    shared: Arc<Shared>,
+    /// Recorded directly by the loop for per-token and per-request histograms.
+    pub metrics: EngineMetrics,
+    /// The scheduler's cumulative counters at the last publish: metrics get the difference.
+    last_prefix: PrefixCacheStats,
+    last_preemptions: u64,
+}
+
+impl Telemetry {
+    pub fn new(shared: Arc<Shared>, metrics: EngineMetrics) -> Self {
+        Self {
+            shared,
+            metrics,
+            last_prefix: PrefixCacheStats::default(),
+            last_preemptions: 0,
+        }
+    }
+
+    /// Queue and pool counts (cheap; after every change a client could observe).
+    pub fn publish_counts(&self, scheduler: &Scheduler) {
+        let s = &self.shared.stats;
+        s.running.store(scheduler.num_running(), Ordering::Release);
+        s.waiting.store(scheduler.num_waiting(), Ordering::Release);
+        s.blocks_used
+            .store(scheduler.num_used_blocks(), Ordering::Release);
+    }
+
+    /// Everything, counters and gauges included.
+    pub fn publish(&mut self, scheduler: &Scheduler) {
+        self.publish_counts(scheduler);
+        let s = &self.shared.stats;
+        let preemptions = scheduler.num_preemptions();
+        s.preemptions.store(preemptions, Ordering::Release);
+        self.metrics
+            .preemptions
+            .increment(preemptions - self.last_preemptions);
+        self.last_preemptions = preemptions;
+        let prefix = scheduler.prefix_cache_stats();
+        s.prefix_queries.store(prefix.queries, Ordering::Release);
+        s.prefix_hits.store(prefix.hits, Ordering::Release);
+        self.metrics
+            .prefix_queries
+            .increment(prefix.queries - self.last_prefix.queries);
+        self.metrics
+            .prefix_hits
+            .increment(prefix.hits - self.last_prefix.hits);
+        self.last_prefix = prefix;
+        let pending = s.pending.load(Ordering::Acquire);
+        self.metrics.running.set(scheduler.num_running() as f64);
+        self.metrics
+            .waiting
+            .set((scheduler.num_waiting() + pending) as f64);
+        self.metrics
+            .blocks_used
+            .set(scheduler.num_used_blocks() as f64);
+    }
+
+    /// Counts a finished step (failed or not) and publishes everything.
+    pub fn finish_step(&mut self, scheduler: &Scheduler, timing: StepTiming) {
+        let elapsed = timing.start.elapsed();
+        let s = &self.shared.stats;
+        s.steps.fetch_add(1, Ordering::Relaxed);
+        s.step_nanos
+            .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+        s.forward_nanos
+            .fetch_add(timing.forward.as_nanos() as u64, Ordering::Relaxed);
+        s.sample_nanos
+            .fetch_add(timing.sample.as_nanos() as u64, Ordering::Relaxed);
+        self.metrics.step_duration.record(elapsed.as_secs_f64());
+        self.metrics
+            .tokens_per_step
+            .record(timing.num_tokens as f64);
+        self.publish(scheduler);
+    }
+
+    pub fn failed_step(&self) {
+        self.metrics.step_failures.increment(1);
+        self.shared
+            .stats
+            .failed_steps
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A sequence finished (any reason): the success counter and its end-to-end latency.
+    pub fn sequence_finished(&self, reason: FinishReason, arrival: Instant, now: Instant) {
+        self.metrics.finished(reason).increment(1);
+        self.metrics
+            .e2e_latency
+            .record((now - arrival).as_secs_f64());
+    }
+}
