@@ -109,10 +109,10 @@ def default_port() -> int:
 
 
 def file_config_keys() -> set[str]:
-    """The fields of FileConfig in config.rs: the keys a config file may have."""
+    """The fields of FileKeys in config.rs: the keys a config file may have."""
     src = (ROOT / "crates" / "sluice-server" / "src" / "config.rs").read_text()
-    body = re.search(r"pub struct FileConfig \{(.*?)\n\}", src, re.S)
-    assert body, "FileConfig not found in config.rs"
+    body = re.search(r"pub struct FileKeys \{(.*?)\n\}", src, re.S)
+    assert body, "FileKeys not found in config.rs"
     keys = set(re.findall(r"pub (\w+):", body.group(1)))
     assert {"model", "port", "drain_timeout_secs"} <= keys, keys
     return keys

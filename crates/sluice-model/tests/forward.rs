@@ -41,6 +41,15 @@ fn serving_backend(spec: &TinyModelSpec) -> AttentionBackend {
     }
 }
 
+fn largest_abs(t: &Tensor) -> f32 {
+    t.abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());
     (a - b)
@@ -206,13 +215,7 @@ fn check_batching_is_invisible(spec: TinyModelSpec, name: &str, backend: Attenti
             // AVX-512 the linear layers run on candle's gemm, whose summation order depends on the
             // number of rows: still f32 rounding, so bounded relative to the logits (measured: 9e-6
             // of the largest logit on an AVX2-only CPU).
-            let scale = x
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let scale = largest_abs(x);
             let bound = if sluice_kernels::cpu::gemm::available() {
                 1e-4
             } else {
@@ -394,13 +397,7 @@ fn weight_kinds_agree() {
     // has them, whose split-bf16 products keep about 16 bits (measured: 4e-6 of the largest
     // logit here).
     let auto_diff = max_abs_diff(&f32_logits, &run(WeightsKind::Auto));
-    let largest = f32_logits
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let largest = largest_abs(&f32_logits);
     let bound = if sluice_kernels::cpu::amx::available() {
         2e-5 * largest
     } else {
