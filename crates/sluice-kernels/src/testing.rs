@@ -1,7 +1,9 @@
 //! Deterministic inputs and oracles for kernel tests (this crate's and the model's); compiled
 //! only for tests and with the `testing` feature.
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use std::borrow::Cow;
+
+use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::{Device, Tensor};
 
 use crate::QuantFormat;
@@ -26,8 +28,43 @@ pub fn ggml_dtype(format: QuantFormat) -> GgmlDType {
     match format {
         QuantFormat::Q4_0 => GgmlDType::Q4_0,
         QuantFormat::Q4_1 => GgmlDType::Q4_1,
+        QuantFormat::Q5_0 => GgmlDType::Q5_0,
+        QuantFormat::Q5_1 => GgmlDType::Q5_1,
         QuantFormat::Q8_0 => GgmlDType::Q8_0,
+        QuantFormat::Q4K => GgmlDType::Q4K,
+        QuantFormat::Q5K => GgmlDType::Q5K,
+        QuantFormat::Q6K => GgmlDType::Q6K,
     }
+}
+
+/// A `[n, k]` matrix of random GGUF blocks of `format` (every quant, scale and high bit random;
+/// the f16 scales finite, of either sign), and the f32 values candle dequantizes them to: the
+/// bit patterns a quantizer may never write are covered too.
+pub fn random_blocks(n: usize, k: usize, format: QuantFormat, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let gb = format.block_bytes();
+    let blocks = n * k / format.block_weights();
+    let noise = random_values(blocks * gb, seed);
+    let mut bytes: Vec<u8> = noise.iter().map(|v| ((v + 1.0) * 128.0) as u8).collect();
+    let scales = random_values(blocks * 2, seed ^ 0x5EED);
+    let f16_at: &[usize] = match format {
+        QuantFormat::Q6K => &[208],
+        QuantFormat::Q4_0 | QuantFormat::Q5_0 | QuantFormat::Q8_0 => &[0],
+        _ => &[0, 2],
+    };
+    for (b, block) in bytes.chunks_exact_mut(gb).enumerate() {
+        for (i, &at) in f16_at.iter().enumerate() {
+            let v = half::f16::from_f32(scales[2 * b + i] * 0.05);
+            block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    let storage = QStorage::from_data(Cow::Borrowed(&bytes), &Device::Cpu, ggml_dtype(format))
+        .expect("whole blocks");
+    let dense = QTensor::new(storage, (n, k))
+        .and_then(|q| q.dequantize(&Device::Cpu))
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f32>())
+        .expect("a CPU tensor dequantizes");
+    (bytes, dense)
 }
 
 /// A random `[n, k]` matrix quantized to `format` by candle (its GGUF blocks, row by row), and

@@ -386,6 +386,7 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
                                     );
                                 }
                             }
+                            _ => unreachable!("only legacy layouts are tiled (enable_amx)"),
                         }
                     }
                 }

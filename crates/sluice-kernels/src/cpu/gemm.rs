@@ -7,14 +7,18 @@
 //! 64-column tile of outputs in 24 registers while it streams the panels: per k, 4 panel loads
 //! and 6 broadcasts feed 24 FMAs. Work is split over column groups, so each thread streams its
 //! own share of the weights once per 6 rows of activations, from L2.
+//!
+//! CPUs with AVX2 and FMA but not AVX-512 run the same panels through 8-lane kernels
+//! ([`avx2`]); so do the formats the AVX-512 kernels do not read. Both compute every output
+//! column as the same chain of FMAs, so which kernel runs never changes a result.
 
 use rayon::prelude::*;
 
 use crate::disjoint::DisjointSlice;
-use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as QBLOCK};
+use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as QBLOCK, PANEL_COLUMNS as PANEL};
 
-/// Output features per panel: one AVX-512 register of f32.
-const PANEL: usize = 16;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 /// Rows of activations per register tile.
 const MR: usize = 6;
 
@@ -35,9 +39,9 @@ pub struct PackedMatrix {
 enum Panels {
     /// `[panel][k][16]` f32.
     F32(Vec<f32>),
-    /// GGUF blocks regrouped by panel: `[panel][k / 32]` blocks of [`QuantFormat::block_bytes`]
-    /// holding 16 f16 scales, 16 f16 minimums (Q4_1 only), then the quants of 32 k-rows x 16
-    /// columns (Q4: two k-rows per byte, low nibble first; Q8: one byte per weight).
+    /// GGUF blocks regrouped by panel: `[panel][k / super_rows]` panel-blocks laid out as
+    /// [`PanelLayout`](crate::quant_format::PanelLayout) says (for Q4_0, Q4_1 and Q8_0: 16 f16
+    /// scales, 16 f16 minimums for Q4_1, then the quants of 32 k-rows x 16 columns).
     Quant {
         format: QuantFormat,
         bytes: Vec<u8>,
@@ -45,23 +49,38 @@ enum Panels {
     },
 }
 
-/// Bytes of one panel-block (16 columns x 32 k-rows) of the format with const id `id`: 16 f16
-/// scales, 16 f16 minimums (Q4_1 only), then the quants.
+/// Bytes of one panel-block of the format with const id `id`.
 pub(crate) const fn panel_block_bytes(id: u8) -> usize {
-    match id {
-        QuantFormat::Q4_0_ID => 32 + 256,
-        QuantFormat::Q4_1_ID => 32 + 32 + 256,
-        _ => 32 + 512,
-    }
+    QuantFormat::from_id(id).panel_layout().block_bytes()
 }
 
-/// Whether this CPU runs the packed kernel.
+/// Whether this CPU runs the packed kernel: AVX2, FMA and F16C (x86-64-v3), or AVX-512.
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::sync::OnceLock;
         static AVAILABLE: OnceLock<bool> = OnceLock::new();
-        *AVAILABLE.get_or_init(|| is_x86_feature_detected!("avx512f"))
+        *AVAILABLE.get_or_init(|| {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the AVX-512 microkernels run (f32 panels and the Q4_0, Q4_1 and Q8_0 panels).
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static AVX512: OnceLock<bool> = OnceLock::new();
+        *AVX512.get_or_init(|| {
+            available()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -121,15 +140,32 @@ impl PackedMatrix {
     /// quantized panels; `None` when `k` is not a whole number of blocks or `data` has the
     /// wrong size.
     pub fn pack_quantized(format: QuantFormat, data: &[u8], n: usize, k: usize) -> Option<Self> {
-        if !k.is_multiple_of(QBLOCK) {
+        let row_bytes = k / format.block_weights() * format.block_bytes();
+        if data.len() != n * row_bytes {
+            return None;
+        }
+        Self::pack_quantized_rows(format, n, k, |r| &data[r * row_bytes..][..row_bytes])
+    }
+
+    /// Like [`Self::pack_quantized`], with output feature `r`'s GGUF blocks at `row(r)`: rows
+    /// can come from several tensors, or in another order, straight from a mapped file.
+    /// `None` when `k` is not a whole number of blocks or a row has the wrong size.
+    pub fn pack_quantized_rows<'a>(
+        format: QuantFormat,
+        n: usize,
+        k: usize,
+        row: impl Fn(usize) -> &'a [u8] + Sync,
+    ) -> Option<Self> {
+        let layout = format.panel_layout();
+        if k == 0 || !k.is_multiple_of(layout.super_rows) {
             return None;
         }
         let gb = format.block_bytes();
-        let nb = k / QBLOCK;
-        if data.len() != n * nb * gb {
+        let nb = k / layout.super_rows;
+        if (0..n).any(|r| row(r).len() != nb * gb) {
             return None;
         }
-        let pb = panel_block_bytes(format.id());
+        let pb = layout.block_bytes();
         let panel_bytes = nb * pb;
         let num_panels = n.div_ceil(PANEL);
         let mut bytes = vec![0u8; num_panels * panel_bytes];
@@ -138,38 +174,32 @@ impl PackedMatrix {
             .enumerate()
             .for_each(|(p, panel)| {
                 for col in 0..PANEL.min(n - p * PANEL) {
-                    let row = &data[(p * PANEL + col) * nb * gb..][..nb * gb];
-                    for (kb, src) in row.chunks_exact(gb).enumerate() {
+                    let src = row(p * PANEL + col);
+                    for (kb, block) in src.chunks_exact(gb).enumerate() {
+                        let b = format.decode(block);
                         let dst = &mut panel[kb * pb..][..pb];
-                        dst[2 * col..2 * col + 2].copy_from_slice(&src[..2]);
-                        let (quants_at, qs) = match format {
-                            QuantFormat::Q4_1 => {
-                                dst[32 + 2 * col..32 + 2 * col + 2].copy_from_slice(&src[2..4]);
-                                (64, &src[4..20])
-                            }
-                            QuantFormat::Q4_0 => (32, &src[2..18]),
-                            QuantFormat::Q8_0 => (32, &src[2..34]),
-                        };
-                        match format {
-                            QuantFormat::Q8_0 => {
-                                for (kk, &q) in qs.iter().enumerate() {
-                                    dst[quants_at + kk * PANEL + col] = q;
+                        dst[2 * col..2 * col + 2].copy_from_slice(&b.d.to_le_bytes());
+                        if layout.min != crate::quant_format::MinKind::None {
+                            let at = layout.min_at() + 2 * col;
+                            dst[at..at + 2].copy_from_slice(&b.m.to_le_bytes());
+                        }
+                        if layout.sub_scales {
+                            for sub in 0..layout.subs() {
+                                dst[layout.scales_at() + sub * PANEL + col] = b.sc[sub] as u8;
+                                if layout.min == crate::quant_format::MinKind::SubScaled {
+                                    dst[layout.mins_at() + sub * PANEL + col] = b.mn[sub] as u8;
                                 }
                             }
-                            _ => {
-                                // GGUF: element j < 16 is the low nibble of byte j, j >= 16 the
-                                // high nibble of byte j - 16.
-                                let nibble = |j: usize| {
-                                    if j < 16 {
-                                        qs[j] & 0x0F
-                                    } else {
-                                        qs[j - 16] >> 4
-                                    }
-                                };
-                                for pair in 0..QBLOCK / 2 {
-                                    dst[quants_at + pair * PANEL + col] =
-                                        nibble(2 * pair) | (nibble(2 * pair + 1) << 4);
-                                }
+                        }
+                        let quants = &mut dst[layout.quants_at()..];
+                        if layout.nibbles {
+                            for pair in 0..layout.super_rows / 2 {
+                                quants[pair * PANEL + col] =
+                                    (b.q[2 * pair] as u8 & 0x0F) | ((b.q[2 * pair + 1] as u8) << 4);
+                            }
+                        } else {
+                            for (kk, &q) in b.q[..layout.super_rows].iter().enumerate() {
+                                quants[kk * PANEL + col] = q as u8;
                             }
                         }
                     }
@@ -185,6 +215,83 @@ impl PackedMatrix {
             },
             amx: None,
         })
+    }
+
+    /// The quantized format of the panels, `None` for f32 panels.
+    pub fn format(&self) -> Option<QuantFormat> {
+        match &self.panels {
+            Panels::F32(_) => None,
+            Panels::Quant { format, .. } => Some(*format),
+        }
+    }
+
+    /// Bytes the panels take.
+    pub fn bytes(&self) -> usize {
+        match &self.panels {
+            Panels::F32(p) => p.len() * 4,
+            Panels::Quant { bytes, .. } => bytes.len(),
+        }
+    }
+
+    /// Output feature `c`'s weights, dequantized with the reference arithmetic (the values the
+    /// kernels multiply by): an embedding row read from an lm_head's panels.
+    pub fn dequantize_column(&self, c: usize, out: &mut [f32]) {
+        assert!(c < self.n, "column {c} of {}", self.n);
+        assert_eq!(out.len(), self.k, "one column of k weights");
+        let (p, col) = (c / PANEL, c % PANEL);
+        match &self.panels {
+            Panels::F32(panels) => {
+                let panel = &panels[p * self.k * PANEL..][..self.k * PANEL];
+                for (kk, o) in out.iter_mut().enumerate() {
+                    *o = panel[kk * PANEL + col];
+                }
+            }
+            Panels::Quant {
+                format,
+                bytes,
+                panel_bytes,
+            } => {
+                use crate::quant_format::{weight, MinKind};
+                let layout = format.panel_layout();
+                let pb = layout.block_bytes();
+                let f16 =
+                    |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+                let panel = &bytes[p * panel_bytes..][..*panel_bytes];
+                for (sb, out) in out.chunks_exact_mut(layout.super_rows).enumerate() {
+                    let blk = &panel[sb * pb..][..pb];
+                    let d = f16(blk, 2 * col);
+                    let m = if layout.min == MinKind::None {
+                        0.0
+                    } else {
+                        f16(blk, layout.min_at() + 2 * col)
+                    };
+                    let quants = &blk[layout.quants_at()..];
+                    for (sub, out) in out.chunks_exact_mut(layout.sub_rows).enumerate() {
+                        let (s, m) = if layout.sub_scales {
+                            let sc = blk[layout.scales_at() + sub * PANEL + col] as i8;
+                            let mn = if layout.min == MinKind::SubScaled {
+                                blk[layout.mins_at() + sub * PANEL + col] as i8
+                            } else {
+                                0
+                            };
+                            (d * sc as f32, m * mn as f32)
+                        } else {
+                            (d, m)
+                        };
+                        for (i, o) in out.iter_mut().enumerate() {
+                            let kk = sub * layout.sub_rows + i;
+                            let q = if layout.nibbles {
+                                let byte = quants[kk / 2 * PANEL + col];
+                                (if kk % 2 == 0 { byte & 0x0F } else { byte >> 4 }) as i8
+                            } else {
+                                quants[kk * PANEL + col] as i8
+                            };
+                            *o = weight(layout, q, s, m);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     pub fn out_features(&self) -> usize {
@@ -206,14 +313,16 @@ impl PackedMatrix {
     }
 
     fn enable_amx(&mut self, min_rows: usize, pretile: bool) -> bool {
+        // The tile kernel dequantizes the legacy layouts only.
+        let tileable = self.format().is_none_or(QuantFormat::is_legacy_layout);
         #[cfg(target_arch = "x86_64")]
-        if crate::cpu::amx::available() && self.k.is_multiple_of(32) {
+        if tileable && crate::cpu::amx::available() && self.k.is_multiple_of(32) {
             let tiles =
                 pretile.then(|| crate::cpu::amx::tile_all(self.amx_source(), self.n, self.k));
             self.amx = Some((min_rows, tiles));
             return true;
         }
-        let _ = (min_rows, pretile);
+        let _ = (min_rows, pretile, tileable);
         false
     }
 
@@ -253,14 +362,27 @@ impl PackedMatrix {
         self.k
     }
 
-    /// `out[m, n] = x[m, k] . W^T`. Panics if the sizes disagree or the CPU lacks AVX-512
+    /// `out[m, n] = x[m, k] . W^T`. Panics if the sizes disagree or the CPU lacks the kernel
     /// (check [`available`] first).
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        assert!(available(), "the packed kernel needs AVX-512");
-        assert_eq!(x.len(), m * self.k, "activation size");
         assert_eq!(out.len(), m * self.n, "output size");
+        self.matmul_into(x, m, out, self.n, 0);
+    }
+
+    /// `out[r * ldo + col0 + c] = (x[m, k] . W^T)[r, c]`: this matrix's columns of a wider
+    /// output, as when projections of different formats share one output. Panics as
+    /// [`Self::matmul`] does, or if the columns do not fit in `ldo`.
+    pub fn matmul_into(&self, x: &[f32], m: usize, out: &mut [f32], ldo: usize, col0: usize) {
+        assert!(available(), "the packed kernel needs AVX2, FMA and F16C");
+        assert_eq!(x.len(), m * self.k, "activation size");
+        assert!(col0 + self.n <= ldo, "columns past the output row");
+        assert_eq!(out.len(), m * ldo, "output size");
         #[cfg(target_arch = "x86_64")]
-        if let Some((_, tiles)) = self.amx.as_ref().filter(|(min, _)| m >= *min) {
+        if let Some((_, tiles)) = self
+            .amx
+            .as_ref()
+            .filter(|(min, _)| m >= *min && ldo == self.n)
+        {
             let weights = match tiles {
                 Some(t) => crate::cpu::amx::Weights::Tiles(t),
                 None => crate::cpu::amx::Weights::Dequantize(self.amx_source()),
@@ -284,18 +406,22 @@ impl PackedMatrix {
             .for_each(|g| {
                 let first = g * group;
                 let count = group.min(num_panels - first);
-                // SAFETY: AVX-512 checked above; each task writes only columns of its own panels,
-                // and all pointers stay within `x`, `self.panels` and `out` by the size checks.
-                unsafe { self.columns(x, m, first, count, out) };
+                // SAFETY: the kernel's CPU features checked above; each task writes only columns of
+                // its own panels, and all pointers stay within `x`, `self.panels` and `out` by the
+                // size checks.
+                unsafe { self.columns(x, m, first, count, out, ldo, col0) };
             });
     }
 
-    /// Computes panels `first..first + count` of every row of `x` into `out`.
+    /// Computes panels `first..first + count` of every row of `x` into `out` (rows `ldo` apart,
+    /// this matrix's column 0 at `col0`).
     ///
     /// # Safety
-    /// The CPU has AVX-512 ([`available`]); `x` holds `m * k` values and `out` `m * n`; no other
-    /// task writes these panels' columns of `out` meanwhile.
+    /// The CPU has the packed kernel ([`available`]); `x` holds `m * k` values and `out`
+    /// `m * ldo`, with `col0 + n <= ldo`; no other task writes these panels' columns of `out`
+    /// meanwhile.
     #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn columns(
         &self,
         x: &[f32],
@@ -303,10 +429,20 @@ impl PackedMatrix {
         first: usize,
         count: usize,
         out: DisjointSlice<'_, f32>,
+        ldo: usize,
+        col0: usize,
     ) {
+        let wide = avx512()
+            && match &self.panels {
+                Panels::F32(_) => true,
+                Panels::Quant { format, .. } => format.is_legacy_layout(),
+            };
         // SAFETY: in bounds of `x`, the panels and `out` by the caller's sizes (at most `first + count`
         // panels); the microkernels' CPU features and the exclusive columns are the caller's promise.
         unsafe {
+            if !wide {
+                return self.columns_avx2(x, m, first, count, out, ldo, col0);
+            }
             let col = first * PANEL;
             let valid = (self.n - col).min(count * PANEL);
             let mut row = 0;
@@ -315,8 +451,8 @@ impl PackedMatrix {
                 let t = x86::Tile {
                     x: x.as_ptr().add(row * self.k),
                     k: self.k,
-                    out: out.as_mut_ptr().add(row * self.n + col),
-                    ldo: self.n,
+                    out: out.as_mut_ptr().add(row * ldo + col0 + col),
+                    ldo,
                     valid,
                 };
                 match &self.panels {
@@ -340,8 +476,114 @@ impl PackedMatrix {
                             QuantFormat::Q8_0 => {
                                 tiles!(t, rows, count, *panel_bytes, w, x86::qtile_q8_0, [1 2 3 4 5 6])
                             }
+                            _ => unreachable!("wide kernels run the legacy layouts only"),
                         }
                     }
+                }
+                row += rows;
+            }
+        }
+    }
+
+    /// [`Self::columns`] on the AVX2 kernels: six rows of one panel, or up to three rows of two
+    /// panels (a decode step's single row keeps four FMA chains in flight).
+    ///
+    /// # Safety
+    /// As [`Self::columns`].
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn columns_avx2(
+        &self,
+        x: &[f32],
+        m: usize,
+        first: usize,
+        count: usize,
+        out: DisjointSlice<'_, f32>,
+        ldo: usize,
+        col0: usize,
+    ) {
+        type Kernel = unsafe fn(&x86::Tile, *const u8, usize);
+        macro_rules! quant {
+            ($id:expr, $rows:expr, $nr:expr) => {
+                match ($rows, $nr) {
+                    (1, 2) => avx2::qtile::<1, 2, { $id }> as Kernel,
+                    (2, 2) => avx2::qtile::<2, 2, { $id }>,
+                    (3, 2) => avx2::qtile::<3, 2, { $id }>,
+                    (1, _) => avx2::qtile::<1, 1, { $id }>,
+                    (2, _) => avx2::qtile::<2, 1, { $id }>,
+                    (3, _) => avx2::qtile::<3, 1, { $id }>,
+                    (4, _) => avx2::qtile::<4, 1, { $id }>,
+                    (5, _) => avx2::qtile::<5, 1, { $id }>,
+                    _ => avx2::qtile::<6, 1, { $id }>,
+                }
+            };
+        }
+        /// The f32 kernel behind the quantized kernels' signature.
+        ///
+        /// # Safety
+        /// As [`avx2::tile`], with `w` the panels' first float and `stride` in bytes.
+        unsafe fn f32_tile<const MR: usize, const NR: usize>(
+            t: &x86::Tile,
+            w: *const u8,
+            stride: usize,
+        ) {
+            // SAFETY: forwarded: the caller makes [`avx2::tile`]'s promise.
+            unsafe { avx2::tile::<MR, NR>(t, w as *const f32, stride / 4) }
+        }
+        let kernel = |rows: usize, nr: usize| -> Kernel {
+            match &self.panels {
+                Panels::F32(_) => match (rows, nr) {
+                    (1, 2) => f32_tile::<1, 2>,
+                    (2, 2) => f32_tile::<2, 2>,
+                    (3, 2) => f32_tile::<3, 2>,
+                    (1, _) => f32_tile::<1, 1>,
+                    (2, _) => f32_tile::<2, 1>,
+                    (3, _) => f32_tile::<3, 1>,
+                    (4, _) => f32_tile::<4, 1>,
+                    (5, _) => f32_tile::<5, 1>,
+                    _ => f32_tile::<6, 1>,
+                },
+                Panels::Quant { format, .. } => match *format {
+                    QuantFormat::Q4_0 => quant!(QuantFormat::Q4_0_ID, rows, nr),
+                    QuantFormat::Q4_1 => quant!(QuantFormat::Q4_1_ID, rows, nr),
+                    QuantFormat::Q5_0 => quant!(QuantFormat::Q5_0_ID, rows, nr),
+                    QuantFormat::Q5_1 => quant!(QuantFormat::Q5_1_ID, rows, nr),
+                    QuantFormat::Q8_0 => quant!(QuantFormat::Q8_0_ID, rows, nr),
+                    QuantFormat::Q4K => quant!(QuantFormat::Q4K_ID, rows, nr),
+                    QuantFormat::Q5K => quant!(QuantFormat::Q5K_ID, rows, nr),
+                    QuantFormat::Q6K => quant!(QuantFormat::Q6K_ID, rows, nr),
+                },
+            }
+        };
+        let (base, stride) = match &self.panels {
+            Panels::F32(p) => (p.as_ptr() as *const u8, self.k * PANEL * 4),
+            Panels::Quant {
+                bytes, panel_bytes, ..
+            } => (bytes.as_ptr(), *panel_bytes),
+        };
+        // SAFETY: every tile lies inside panels `first..first + count` and rows `0..m` (the
+        // caller's sizes); the kernels' CPU features are the caller's promise.
+        unsafe {
+            let mut row = 0;
+            while row < m {
+                let rows = MR.min(m - row);
+                let mut p = first;
+                while p < first + count {
+                    let nr = if rows <= 3 && first + count - p >= 2 {
+                        2
+                    } else {
+                        1
+                    };
+                    let col = p * PANEL;
+                    let t = x86::Tile {
+                        x: x.as_ptr().add(row * self.k),
+                        k: self.k,
+                        out: out.as_mut_ptr().add(row * ldo + col0 + col),
+                        ldo,
+                        valid: (self.n - col).min(nr * PANEL),
+                    };
+                    kernel(rows, nr)(&t, base.add(p * stride), stride);
+                    p += nr;
                 }
                 row += rows;
             }
@@ -351,7 +593,17 @@ impl PackedMatrix {
     /// # Safety
     /// Never called: [`available`] is false off x86_64.
     #[cfg(not(target_arch = "x86_64"))]
-    unsafe fn columns(&self, _: &[f32], _: usize, _: usize, _: usize, _: DisjointSlice<'_, f32>) {
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn columns(
+        &self,
+        _: &[f32],
+        _: usize,
+        _: usize,
+        _: usize,
+        _: DisjointSlice<'_, f32>,
+        _: usize,
+        _: usize,
+    ) {
         unreachable!("available() is false off x86_64")
     }
 }
@@ -615,7 +867,10 @@ mod tests {
             eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
             return;
         }
-        for format in QuantFormat::ALL {
+        for format in QuantFormat::ALL
+            .into_iter()
+            .filter(|f| f.is_legacy_layout())
+        {
             for &(m, n, k) in &[(40usize, 72usize, 576usize), (64, 16, 64)] {
                 let (q, dense) = quantized_matrix(n, k, format, 5);
                 let x = random_values(m * k, 6);
@@ -662,38 +917,96 @@ mod tests {
         }
     }
 
+    /// Shapes at panel edges (n not a multiple of 16, one panel, several) and block edges (one
+    /// super-block, several), with every row count of the microkernels.
+    fn edge_shapes(format: QuantFormat) -> Vec<(usize, usize, usize)> {
+        let sb = format.block_weights();
+        vec![
+            (1, 40, sb),
+            (2, 16, 2 * sb),
+            (3, 200, 3 * sb),
+            (6, 16, sb),
+            (7, 33, 2 * sb),
+            (13, 70, sb),
+        ]
+    }
+
     #[test]
     fn quantized_panels_equal_dequantized_f32_panels_bit_for_bit() {
         if !available() {
-            eprintln!("skipped: no AVX-512 on this CPU, the packed kernel is never used here");
+            eprintln!(
+                "skipped: no AVX2/FMA/F16C on this CPU, the packed kernel is never used here"
+            );
             return;
         }
         for format in QuantFormat::ALL {
-            for &(m, n, k) in &[
-                (1usize, 40usize, 64usize),
-                (3, 200, 576),
-                (6, 16, 32),
-                (13, 70, 96),
-            ] {
-                let (q, dense) = quantized_matrix(n, k, format, 5);
-                let f32_panels = PackedMatrix::pack(&dense, n, k);
-                let q_panels = PackedMatrix::pack_quantized(format, &q, n, k).unwrap();
-                let x = random_values(m * k, 6);
-                let (mut a, mut b) = (vec![0f32; m * n], vec![0f32; m * n]);
-                f32_panels.matmul(&x, m, &mut a);
-                q_panels.matmul(&x, m, &mut b);
-                assert!(
-                    a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "{format:?} m{m} n{n} k{k}: not bit-identical"
-                );
+            for (m, n, k) in edge_shapes(format) {
+                // Blocks from candle's quantizer, and random bytes in every field.
+                for (seed, (q, dense)) in [
+                    quantized_matrix(n, k, format, 5),
+                    crate::testing::random_blocks(n, k, format, 7),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    let f32_panels = PackedMatrix::pack(&dense, n, k);
+                    let q_panels = PackedMatrix::pack_quantized(format, &q, n, k).unwrap();
+                    let x = random_values(m * k, 6);
+                    let (mut a, mut b) = (vec![0f32; m * n], vec![0f32; m * n]);
+                    f32_panels.matmul(&x, m, &mut a);
+                    q_panels.matmul(&x, m, &mut b);
+                    assert!(
+                        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{format:?} m{m} n{n} k{k} input {seed}: not bit-identical"
+                    );
+                    let mut column = vec![0f32; k];
+                    for c in [0, n / 2, n - 1] {
+                        q_panels.dequantize_column(c, &mut column);
+                        assert!(
+                            column
+                                .iter()
+                                .zip(&dense[c * k..][..k])
+                                .all(|(x, y)| x.to_bits() == y.to_bits()),
+                            "{format:?} n{n} k{k} input {seed}: column {c} differs from candle's"
+                        );
+                    }
+                }
             }
+        }
+    }
+
+    #[test]
+    fn columns_written_into_a_wider_output_equal_a_matrix_of_their_own() {
+        if !available() {
+            eprintln!(
+                "skipped: no AVX2/FMA/F16C on this CPU, the packed kernel is never used here"
+            );
+            return;
+        }
+        let (m, k) = (5, 512);
+        let (q, _) = quantized_matrix(40, k, QuantFormat::Q4K, 3);
+        let (v, _) = quantized_matrix(24, k, QuantFormat::Q6K, 4);
+        let q = PackedMatrix::pack_quantized(QuantFormat::Q4K, &q, 40, k).unwrap();
+        let v = PackedMatrix::pack_quantized(QuantFormat::Q6K, &v, 24, k).unwrap();
+        let x = random_values(m * k, 9);
+        let mut fused = vec![f32::NAN; m * 64];
+        q.matmul_into(&x, m, &mut fused, 64, 0);
+        v.matmul_into(&x, m, &mut fused, 64, 40);
+        let (mut a, mut b) = (vec![0f32; m * 40], vec![0f32; m * 24]);
+        q.matmul(&x, m, &mut a);
+        v.matmul(&x, m, &mut b);
+        for r in 0..m {
+            assert_eq!(&fused[r * 64..][..40], &a[r * 40..][..40]);
+            assert_eq!(&fused[r * 64 + 40..][..24], &b[r * 24..][..24]);
         }
     }
 
     #[test]
     fn packed_product_equals_naive() {
         if !available() {
-            eprintln!("skipped: no AVX-512 on this CPU, the packed kernel is never used here");
+            eprintln!(
+                "skipped: no AVX2/FMA/F16C on this CPU, the packed kernel is never used here"
+            );
             return;
         }
         for &(m, n, k) in &[
