@@ -1,48 +1,84 @@
 //! Reading a GGUF file: its metadata (hyper-parameters, tokenizer) and its tensors, handed to
 //! the layer builder as a [`WeightSource`].
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::QTensor;
+use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::Device;
+use memmap2::Mmap;
 
 use candle_core::Tensor;
 use sluice_tokenizer::{GgufMetadata, Tokenizer};
 
 use crate::config::{Architecture, ModelConfig, RopeScaling};
+use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::load::{check_shape, LoadOptions, Weight, WeightSource};
 use crate::model::LlamaModel;
-use crate::weights::{concat_rows, unpermute_qk, Linear, LinearOptions};
+use crate::weights::{GgufMatrix, Linear, LinearOptions, WeightsKind};
 
-/// An opened GGUF file: the parsed header, and a reader for tensor data.
+/// An opened GGUF file: the parsed header, and the file mapped into memory. Tensors are read
+/// straight from the map (regrouped into panels, or copied); the map is dropped with the
+/// file, so after loading the page cache holds the file, not the process.
 pub struct GgufFile {
     pub path: PathBuf,
     pub content: Content,
-    reader: BufReader<File>,
+    map: Mmap,
 }
 
 impl GgufFile {
+    /// Opens and maps the file, and checks every tensor's type, shape and extent against the
+    /// file before anything is read: a truncated or inconsistent file is an error naming the
+    /// file, the tensor and its type, never a fault from the mapping.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|source| ModelError::Io {
+        let io = |source| ModelError::Io {
             path: path.clone(),
             source,
+        };
+        let mut file = File::open(&path).map_err(io)?;
+        let content = Content::read(&mut std::io::BufReader::new(&mut file)).map_err(|e| {
+            let reason = match crate::gguf_header::unknown_tensor_type(&path) {
+                Some((name, id)) => format!(
+                    "tensor `{name}` has GGML type {id}, which sluice does not support (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
+                ),
+                None => e.to_string(),
+            };
+            ModelError::Gguf {
+                path: path.clone(),
+                reason,
+            }
         })?;
-        let mut reader = BufReader::new(file);
-        let content = Content::read(&mut reader).map_err(|e| ModelError::Gguf {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        Ok(Self {
-            path,
-            content,
-            reader,
-        })
+        let len = file.metadata().map_err(io)?.len();
+        check_extents(&path, &content, len)?;
+        // SAFETY: the map is only read, within the extents checked above against the file's
+        // length. Like every reader of model files (llama.cpp, candle's safetensors), we rely
+        // on nobody truncating or rewriting the file while it is loaded.
+        #[allow(unsafe_code)]
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        Ok(Self { path, content, map })
+    }
+
+    /// The bytes of tensor `name`, its type and its shape (rows first), from the map.
+    fn tensor_bytes(&self, name: &str) -> Result<(GgmlDType, Vec<usize>, &[u8])> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| ModelError::Gguf {
+                path: self.path.clone(),
+                reason: format!("tensor `{name}` is missing"),
+            })?;
+        let (start, len) = extent(&self.content, info).expect("checked at open");
+        Ok((
+            info.ggml_dtype,
+            info.shape.dims().to_vec(),
+            &self.map[start as usize..][..len as usize],
+        ))
     }
 
     pub fn metadata(&self) -> &HashMap<String, Value> {
@@ -53,20 +89,11 @@ impl GgufFile {
         self.content.tensor_infos.contains_key(name)
     }
 
-    /// Reads one tensor. A truncated file shows up here, with the tensor's name in the message.
+    /// One tensor, copied out of the map.
     pub fn tensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
-        if !self.has_tensor(name) {
-            return Err(ModelError::Gguf {
-                path: self.path.clone(),
-                reason: format!("tensor `{name}` is missing"),
-            });
-        }
-        self.content
-            .tensor(&mut self.reader, name, device)
-            .map_err(|e| ModelError::Gguf {
-                path: self.path.clone(),
-                reason: format!("cannot read tensor `{name}`: {e}"),
-            })
+        let (dtype, dims, bytes) = self.tensor_bytes(name)?;
+        let storage = QStorage::from_data(Cow::Borrowed(bytes), device, dtype)?;
+        Ok(QTensor::new(storage, dims)?)
     }
 
     fn meta_err(&self, key: &str, reason: impl Into<String>) -> ModelError {
@@ -237,8 +264,6 @@ pub(crate) struct GgufWeights<'a> {
     file: &'a mut GgufFile,
     /// `Some(head_dim)` for llama files, whose Q/K rows llama.cpp permuted.
     unpermute_head_dim: Option<usize>,
-    /// The embedding as read, reused by a tied output projection.
-    embed: Option<QTensor>,
 }
 
 impl<'a> GgufWeights<'a> {
@@ -249,7 +274,6 @@ impl<'a> GgufWeights<'a> {
             // stored unpermuted) so one rotary convention serves every architecture.
             unpermute_head_dim: (config.architecture == Architecture::Llama)
                 .then_some(config.head_dim),
-            embed: None,
         }
     }
 
@@ -260,6 +284,26 @@ impl<'a> GgufWeights<'a> {
         check_shape(&self.file.path, &name, t.shape().dims(), shape)?;
         Ok(t)
     }
+}
+
+/// A matrix of the file, straight from the map, checked to be `[rows, cols]`.
+fn matrix<'a>(
+    file: &'a GgufFile,
+    name: &'a str,
+    rows: usize,
+    cols: usize,
+) -> Result<GgufMatrix<'a>> {
+    check_supported_dtype(file, name)?;
+    let (dtype, dims, data) = file.tensor_bytes(name)?;
+    check_shape(&file.path, name, &dims, &[rows, cols])?;
+    Ok(GgufMatrix {
+        name,
+        dtype,
+        rows,
+        cols,
+        data,
+        unpermute: None,
+    })
 }
 
 impl WeightSource for GgufWeights<'_> {
@@ -273,11 +317,25 @@ impl WeightSource for GgufWeights<'_> {
 
     fn dense(&mut self, w: Weight, shape: &[usize], device: &Device) -> Result<Tensor> {
         let t = self.read(w, shape)?;
-        let dense = t.dequantize(device)?;
-        if w == Weight::Embed {
-            self.embed = Some(t);
+        Ok(t.dequantize(device)?)
+    }
+
+    fn embedding(&mut self, shape: [usize; 2], options: &LinearOptions) -> Result<Embedding> {
+        let name = Weight::Embed.gguf_name();
+        let m = matrix(self.file, &name, shape[0], shape[1])?;
+        if options.kind == WeightsKind::F32 || !options.device.is_cpu() {
+            return Ok(Embedding::Dense(self.dense(
+                Weight::Embed,
+                &shape,
+                &options.device,
+            )?));
         }
-        Ok(dense)
+        Ok(Embedding::Rows {
+            dtype: m.dtype,
+            bytes: m.data.to_vec(),
+            row_bytes: m.data.len() / m.rows,
+            hidden: m.cols,
+        })
     }
 
     fn linear(
@@ -287,19 +345,21 @@ impl WeightSource for GgufWeights<'_> {
         bias: Option<Tensor>,
         options: &LinearOptions,
     ) -> Result<Linear> {
-        let mut ws = Vec::with_capacity(parts.len());
-        for &(w, rows) in parts {
-            let mut t = self.read(w, &[rows, cols])?;
+        let names: Vec<String> = parts.iter().map(|&(w, _)| w.gguf_name()).collect();
+        let mut ms = Vec::with_capacity(parts.len());
+        for (&(w, rows), name) in parts.iter().zip(&names) {
+            let mut m = matrix(self.file, name, rows, cols)?;
             if let (Some(head_dim), Weight::Q(_) | Weight::K(_)) = (self.unpermute_head_dim, w) {
-                t = unpermute_qk(&t, rows / head_dim, head_dim)?;
+                if rows % head_dim != 0 {
+                    return Err(ModelError::WeightLayout(format!(
+                        "{name} has {rows} rows, not a whole number of heads of {head_dim}"
+                    )));
+                }
+                m.unpermute = Some((rows / head_dim, head_dim));
             }
-            ws.push(t);
+            ms.push(m);
         }
-        let w = match ws.len() {
-            1 => ws.pop().expect("one part"),
-            _ => concat_rows(&ws.iter().collect::<Vec<_>>())?,
-        };
-        Linear::from_qtensor(w, bias, options)
+        Linear::from_gguf(&ms, bias, options)
     }
 
     fn lm_head(
@@ -308,13 +368,77 @@ impl WeightSource for GgufWeights<'_> {
         shape: [usize; 2],
         options: &LinearOptions,
     ) -> Result<Linear> {
-        let w = match (tied, self.embed.take()) {
-            (true, Some(embed)) => embed,
-            (true, None) => self.read(Weight::Embed, &shape)?,
-            (false, _) => self.read(Weight::Output, &shape)?,
-        };
-        Linear::from_qtensor(w, None, options)
+        let name = if tied { Weight::Embed } else { Weight::Output }.gguf_name();
+        let m = matrix(self.file, &name, shape[0], shape[1])?;
+        Linear::from_gguf(&[m], None, options)
     }
+}
+
+/// Where tensor `info`'s bytes lie in the file: offset and length, or why they cannot.
+fn extent(
+    content: &Content,
+    info: &candle_core::quantized::gguf_file::TensorInfo,
+) -> std::result::Result<(u64, u64), String> {
+    let dims = info.shape.dims();
+    let block = info.ggml_dtype.block_size();
+    let cols = dims.last().copied().unwrap_or(1);
+    if cols % block != 0 {
+        return Err(format!(
+            "its rows of {cols} are not a whole number of {block}-weight blocks"
+        ));
+    }
+    let elems = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+        .ok_or("its shape overflows")?;
+    let len = (elems / block as u64)
+        .checked_mul(info.ggml_dtype.type_size() as u64)
+        .ok_or("its size overflows")?;
+    let start = content
+        .tensor_data_offset
+        .checked_add(info.offset)
+        .ok_or("its offset overflows")?;
+    Ok((start, len))
+}
+
+/// Checks that every tensor's blocks fit its shape and lie inside the file without overlapping
+/// another's.
+fn check_extents(path: &Path, content: &Content, file_len: u64) -> Result<()> {
+    let mut spans = Vec::with_capacity(content.tensor_infos.len());
+    for (name, info) in &content.tensor_infos {
+        let err = |reason: String| ModelError::Gguf {
+            path: path.to_path_buf(),
+            reason: format!(
+                "tensor `{name}` ({:?}, shape {:?}): {reason}",
+                info.ggml_dtype,
+                info.shape.dims()
+            ),
+        };
+        let (start, len) = extent(content, info).map_err(err)?;
+        let end = start.checked_add(len).unwrap_or(u64::MAX);
+        if end > file_len {
+            return Err(err(format!(
+                "its {len} bytes at offset {start} run past the end of the file ({file_len} bytes): the file is truncated"
+            )));
+        }
+        spans.push((start, end, name));
+    }
+    spans.sort();
+    for pair in spans.windows(2) {
+        let ((_, end, a), (start, _, b)) = (pair[0], pair[1]);
+        if start < end {
+            let info = &content.tensor_infos[b.as_str()];
+            return Err(ModelError::Gguf {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "tensor `{b}` ({:?}, shape {:?}) overlaps tensor `{a}`: its byte size does not match its type and shape",
+                    info.ggml_dtype,
+                    info.shape.dims()
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Quantization formats candle can dequantize and multiply; anything else is refused by name.

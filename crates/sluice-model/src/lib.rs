@@ -12,8 +12,10 @@
 pub mod attention;
 pub mod batch;
 pub mod config;
+mod embedding;
 pub mod error;
 pub mod gguf;
+mod gguf_header;
 pub mod hf;
 mod hf_config;
 pub mod kv_cache;

@@ -7,6 +7,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 
 use crate::attention::AttentionBackend;
+use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::weights::{Linear, LinearOptions, WeightsKind, AUTO_AMX_MIN_ROWS};
 
@@ -128,6 +129,14 @@ pub(crate) trait WeightSource {
     fn has(&self, w: Weight) -> bool;
     /// `w` (a vector, or the embedding) as f32 on `device`, checked to have `shape`.
     fn dense(&mut self, w: Weight, shape: &[usize], device: &Device) -> Result<Tensor>;
+    /// The token embedding `[vocab, hidden]`: f32 rows unless the format keeps its own blocks.
+    fn embedding(&mut self, shape: [usize; 2], options: &LinearOptions) -> Result<Embedding> {
+        Ok(Embedding::Dense(self.dense(
+            Weight::Embed,
+            &shape,
+            &options.device,
+        )?))
+    }
     /// The matrices `parts` (`(weight, rows)`, each `[rows, cols]`) stacked along their rows
     /// into one layer, so one matmul computes them all.
     fn linear(

@@ -8,6 +8,7 @@ use sluice_kernels::AttentionShape;
 use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend};
 use crate::batch::StepBatch;
 use crate::config::ModelConfig;
+use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::load::{LoadOptions, Weight, WeightSource};
@@ -31,7 +32,7 @@ struct Layer {
 pub struct LlamaModel {
     config: ModelConfig,
     device: Device,
-    embed: Tensor,
+    embed: Embedding,
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Linear,
@@ -60,7 +61,7 @@ impl LlamaModel {
             config.intermediate_size,
             config.vocab_size,
         );
-        let embed = src.dense(Weight::Embed, &[vocab, hidden], &device)?;
+        let mut embed = src.embedding([vocab, hidden], linear)?;
 
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
@@ -114,6 +115,24 @@ impl LlamaModel {
         }
         let norm = src.dense(Weight::OutputNorm, &[hidden], &device)?;
         let lm_head = src.lm_head(config.tie_word_embeddings, [vocab, hidden], linear)?;
+        if let (true, Embedding::Rows { .. }, Some(panels)) =
+            (config.tie_word_embeddings, &embed, lm_head.panels())
+        {
+            // Tied: look rows up in the lm_head's panels (the same values) instead of keeping
+            // a second copy of the table.
+            embed = Embedding::Panels(panels);
+        }
+        let weight_bytes = embed.bytes()
+            + lm_head.weight_bytes()
+            + layers
+                .iter()
+                .map(|l| {
+                    l.qkv.weight_bytes()
+                        + l.o.weight_bytes()
+                        + l.gate_up.weight_bytes()
+                        + l.down.weight_bytes()
+                })
+                .sum::<usize>();
         let rope = RotaryTables::new(&config, &device)?;
         let attention = options.attention.unwrap_or(
             if device.is_cpu() && cpu_attention::supports(config.head_dim, config.gqa_group()) {
@@ -128,6 +147,7 @@ impl LlamaModel {
             layers = config.num_layers,
             hidden = config.hidden_size,
             weights = %kind,
+            weight_mib = weight_bytes >> 20,
             ?attention,
             "model loaded"
         );
@@ -278,7 +298,6 @@ impl LlamaModel {
         let dev = &self.device;
         let eps = cfg.rms_norm_eps as f32;
 
-        let ids = Tensor::from_slice(&batch.input_ids, t, dev)?;
         let positions = Tensor::from_slice(&batch.positions, t, dev)?;
         let (cos, sin) = self.rope.gather(&positions)?;
         let write_at = kv.write_indices(batch)?;
@@ -289,7 +308,7 @@ impl LlamaModel {
             scale: 1.0 / (d as f32).sqrt(),
         };
 
-        let mut x = self.embed.index_select(&ids, 0)?;
+        let mut x = self.embed.lookup(&batch.input_ids, dev)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let normed = rms_norm(&x, &layer.attn_norm, eps)?;
             let qkv = layer.qkv.forward(&normed)?;

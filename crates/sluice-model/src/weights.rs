@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
@@ -20,12 +21,11 @@ pub enum WeightsKind {
     F16,
     /// The file's quantized blocks, multiplied with candle's quantized matmul: least memory.
     Quantized,
-    /// The fastest exact-enough path for each step size. Small steps (bound by reading weights)
-    /// read the file's Q4_0/Q4_1/Q8_0 blocks, dequantized in registers with the f32 kernel's
-    /// arithmetic (identical results). Large steps (bound by arithmetic) run on AMX tiles where
-    /// the CPU has them (split-bf16 products, relative error about 2^-16, see `sluice_kernels::cpu::amx`),
-    /// else on the f32 panels. Formats without quantized panels use the tiles for every step,
-    /// or the f32 panels without AMX.
+    /// The file's quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), regrouped
+    /// into panels and dequantized in registers with the reference arithmetic: the results of
+    /// `f32` at the memory of the file. Large steps run on AMX tiles where the CPU has them
+    /// (Q4_0, Q4_1, Q8_0; split-bf16 products, relative error about 2^-16, see
+    /// `sluice_kernels::cpu::amx`). Formats without panels run on candle's quantized matmul.
     Auto,
 }
 
@@ -71,54 +71,81 @@ pub struct LinearOptions {
 }
 
 /// The kernel format of a GGUF block type, where our kernels read it in place.
-fn kernel_format(dtype: GgmlDType) -> Option<QuantFormat> {
-    match dtype {
-        GgmlDType::Q4_0 => Some(QuantFormat::Q4_0),
-        GgmlDType::Q4_1 => Some(QuantFormat::Q4_1),
-        GgmlDType::Q8_0 => Some(QuantFormat::Q8_0),
-        _ => None,
-    }
+pub(crate) fn kernel_format(dtype: GgmlDType) -> Option<QuantFormat> {
+    Some(match dtype {
+        GgmlDType::Q4_0 => QuantFormat::Q4_0,
+        GgmlDType::Q4_1 => QuantFormat::Q4_1,
+        GgmlDType::Q5_0 => QuantFormat::Q5_0,
+        GgmlDType::Q5_1 => QuantFormat::Q5_1,
+        GgmlDType::Q8_0 => QuantFormat::Q8_0,
+        GgmlDType::Q4K => QuantFormat::Q4K,
+        GgmlDType::Q5K => QuantFormat::Q5K,
+        GgmlDType::Q6K => QuantFormat::Q6K,
+        _ => return None,
+    })
 }
 
-/// A 2-D GGUF matrix in a kernel format: its format, bytes, rows and columns.
-fn kernel_blocks(w: &QTensor) -> Option<(QuantFormat, Cow<'_, [u8]>, usize, usize)> {
-    let format = kernel_format(w.dtype())?;
-    let (rows, cols) = w.shape().dims2().ok()?;
-    let data = w.data().ok()?;
-    Some((format, data, rows, cols))
+/// One GGUF matrix as it lies in the file (or its map): `[rows, cols]` weights as rows of
+/// `dtype` blocks, optionally read in another row order.
+#[derive(Clone, Copy)]
+pub(crate) struct GgufMatrix<'a> {
+    pub name: &'a str,
+    pub dtype: GgmlDType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+    /// `Some((heads, head_dim))`: llama Q/K rows, read un-permuted (see [`unpermuted_row`]).
+    pub unpermute: Option<(usize, usize)>,
+}
+
+impl<'a> GgufMatrix<'a> {
+    fn row_bytes(&self) -> usize {
+        self.data.len() / self.rows
+    }
+
+    /// The bytes of output feature `r`, in the order the model uses.
+    fn row(&self, r: usize) -> &'a [u8] {
+        let src = match self.unpermute {
+            Some((_, head_dim)) => unpermuted_row(r, head_dim),
+            None => r,
+        };
+        let rb = self.row_bytes();
+        &self.data[src * rb..][..rb]
+    }
+
+    /// A candle tensor of the rows in model order (a copy), for candle's kernels and for
+    /// dequantizing with candle's reference.
+    fn qtensor(&self) -> Result<QTensor> {
+        let mut bytes = Vec::with_capacity(self.data.len());
+        for r in 0..self.rows {
+            bytes.extend_from_slice(self.row(r));
+        }
+        let storage = QStorage::from_data(Cow::Owned(bytes), &Device::Cpu, self.dtype)?;
+        Ok(QTensor::new(storage, (self.rows, self.cols))?)
+    }
 }
 
 /// `y = x W^T (+ b)` for `x: [T, in]`, `W: [out, in]`.
 pub struct Linear {
-    dense: Option<DenseWeights>,
-    quantized: Option<QuantizedWeights>,
+    weights: Weights,
     bias: Option<Tensor>,
-    /// With both representations present, steps of at most this many rows use the quantized one.
-    quantized_max_rows: usize,
     out_features: usize,
 }
 
-enum DenseWeights {
-    /// f32 packed for our AVX-512 kernel (CPU).
-    Packed(PackedMatrix),
-    /// A candle tensor: f16, or any device without the packed kernel.
+enum Weights {
+    /// Packed panels, each matrix writing its columns of the output: f32 panels
+    /// ([`WeightsKind::F32`], or files' f32/f16 matrices), or the file's quantized blocks
+    /// regrouped and dequantized in registers with the f32 kernel's exact arithmetic
+    /// ([`WeightsKind::Auto`]). Several matrices when fused projections differ in format
+    /// (Q4_K_M stores V as Q6_K beside a Q4_K Q and K).
+    Panels(Vec<(usize, Arc<PackedMatrix>)>),
+    /// A candle tensor: f16, or f32 where the packed kernel does not run.
     Tensor(Tensor),
+    /// Our int8-dot kernels for the formats they cover ([`WeightsKind::Quantized`]).
+    Int8(QuantMatrix),
+    /// candle's quantized matmul: every other quantized format; and the bytes of its blocks.
+    Candle(QMatMul, usize),
 }
-
-enum QuantizedWeights {
-    /// Quantized panels dequantized in registers into the f32 kernel's exact arithmetic
-    /// ([`WeightsKind::Auto`]): f32 results, a fraction of the bytes.
-    Exact(PackedMatrix),
-    /// Our int8-dot kernels for the formats they cover.
-    Ours(QuantMatrix),
-    /// candle's quantized matmul for every other format.
-    Candle(QMatMul),
-}
-
-/// Rows at or below which [`WeightsKind::Auto`] reads the quantized panels. Measured on the
-/// default model (2 cores, quiet machine): they win clearly up to 8 rows (28 vs 39 ms), tie at
-/// 16, and lose from 24 (79 vs 75 ms) as dequantizing costs more than the bytes it saves.
-pub const AUTO_QUANTIZED_MAX_ROWS: usize = 16;
 
 /// Rows from which [`WeightsKind::Auto`] multiplies on AMX tiles where the CPU has them
 /// (`sluice_kernels::cpu::amx`: split-bf16 products, relative error about 2^-16). Below it, steps read the
@@ -131,85 +158,176 @@ thread_local! {
 }
 
 impl Linear {
-    pub fn from_qtensor(w: QTensor, bias: Option<Tensor>, options: &LinearOptions) -> Result<Self> {
+    /// A layer of GGUF matrices stacked along their rows (Q, K and V; gate and up), by the
+    /// policy [`WeightsKind`] describes. No quantized block is ever re-quantized: matrices of
+    /// different formats keep their own panels under `auto`, and are dequantized exactly under
+    /// `f32`.
+    pub(crate) fn from_gguf(
+        parts: &[GgufMatrix<'_>],
+        bias: Option<Tensor>,
+        options: &LinearOptions,
+    ) -> Result<Self> {
         let (kind, device) = (options.kind, &options.device);
-        let out_features = w.shape().dims()[0];
-        let quantized = |w: QTensor| -> Result<QuantizedWeights> {
-            let ours = kernel_blocks(&w).filter(|_| device.is_cpu()).and_then(
-                |(format, data, rows, cols)| {
-                    QuantMatrix::new(format, data.into_owned(), rows, cols)
-                },
-            );
-            Ok(match ours {
-                Some(m) => QuantizedWeights::Ours(m),
-                None => QuantizedWeights::Candle(QMatMul::from_qtensor(w)?),
-            })
-        };
-        let dense_f32 = |w: &QTensor| -> Result<DenseWeights> {
-            if device.is_cpu() && gemm::available() {
-                let (n, k) = w.shape().dims2()?;
-                let data = w
-                    .dequantize(&Device::Cpu)?
-                    .flatten_all()?
-                    .to_vec1::<f32>()?;
-                Ok(DenseWeights::Packed(PackedMatrix::pack(&data, n, k)))
-            } else {
-                Ok(DenseWeights::Tensor(w.dequantize(device)?))
-            }
-        };
-        let (dense, quantized) = match kind {
-            WeightsKind::F32 => (Some(dense_f32(&w)?), None),
-            WeightsKind::F16 => (Some(DenseWeights::Tensor(w.dequantize_f16(device)?)), None),
-            WeightsKind::Quantized => (None, Some(quantized(w)?)),
-            WeightsKind::Auto => {
-                // Small steps read the quantized panels; both paths give the same numbers, so
-                // a sequence's output never depends on what else is in the batch.
-                let mut exact = kernel_blocks(&w)
-                    .filter(|_| device.is_cpu() && gemm::available())
-                    .and_then(|(format, data, n, k)| {
-                        PackedMatrix::pack_quantized(format, &data, n, k)
-                    });
-                // With AMX, large steps dequantize the same panels into tiles at each call, and
-                // the f32 panels are not needed at all. Holding the tiles instead (4 bytes per
-                // weight) made 64-row steps no faster, as they then read 7x the bytes.
-                let amx = match (exact.as_mut(), options.amx_min_rows) {
-                    (Some(q), Some(min_rows)) => q.use_amx_dequantizing_from(min_rows),
-                    _ => false,
-                };
-                match exact {
-                    Some(q) if amx => (None, Some(QuantizedWeights::Exact(q))),
-                    exact => {
-                        let mut dense = dense_f32(&w)?;
-                        if let (DenseWeights::Packed(d), Some(_), None) =
-                            (&mut dense, options.amx_min_rows, &exact)
-                        {
-                            // No quantized panels for small steps (K-quants, f16/f32 tensors):
-                            // every step on the tiles rather than the tiles and f32 panels both.
-                            d.use_amx_only();
-                        }
-                        (Some(dense), exact.map(QuantizedWeights::Exact))
+        let n: usize = parts.iter().map(|p| p.rows).sum();
+        let k = parts[0].cols;
+        let packed = device.is_cpu() && gemm::available();
+        let weights = match kind {
+            WeightsKind::Auto if packed => match Self::quantized_panels(parts, n, k, options)? {
+                Some(panels) => Weights::Panels(panels),
+                None => Self::candle_quantized(parts)?,
+            },
+            WeightsKind::F32 | WeightsKind::Auto => {
+                let dense = parts
+                    .iter()
+                    .map(|p| p.qtensor()?.dequantize(&Device::Cpu).map_err(Into::into))
+                    .collect::<Result<Vec<_>>>()?;
+                let dense = Tensor::cat(&dense, 0)?;
+                if packed {
+                    let data = dense.flatten_all()?.to_vec1::<f32>()?;
+                    let mut m = PackedMatrix::pack(&data, n, k);
+                    if let (WeightsKind::Auto, Some(_)) = (kind, options.amx_min_rows) {
+                        // f32/f16 matrices in the file: every step on the tiles where the CPU
+                        // has AMX rather than the tiles and the f32 panels both.
+                        m.use_amx_only();
                     }
+                    Weights::Panels(vec![(0, Arc::new(m))])
+                } else {
+                    Weights::Tensor(dense.to_device(device)?)
                 }
+            }
+            WeightsKind::F16 => {
+                let dense = parts
+                    .iter()
+                    .map(|p| p.qtensor()?.dequantize_f16(device).map_err(Into::into))
+                    .collect::<Result<Vec<_>>>()?;
+                Weights::Tensor(Tensor::cat(&dense, 0)?)
+            }
+            WeightsKind::Quantized => {
+                let qs = parts
+                    .iter()
+                    .map(GgufMatrix::qtensor)
+                    .collect::<Result<Vec<_>>>()?;
+                let w = match qs.len() {
+                    1 => qs.into_iter().next().expect("one part"),
+                    _ => concat_rows(&qs.iter().collect::<Vec<_>>())?,
+                };
+                Self::int8_or_candle(w, device)?
             }
         };
         Ok(Self {
-            dense,
-            quantized,
+            weights,
             bias,
-            quantized_max_rows: AUTO_QUANTIZED_MAX_ROWS,
-            out_features,
+            out_features: n,
+        })
+    }
+
+    /// Quantized panels for `parts` (consecutive matrices of one format share panels), or
+    /// `None` when a part's format has no kernel: then candle's quantized matmul runs the whole
+    /// layer, said in the log, never a silent f32 copy.
+    fn quantized_panels(
+        parts: &[GgufMatrix<'_>],
+        n: usize,
+        k: usize,
+        options: &LinearOptions,
+    ) -> Result<Option<Vec<(usize, Arc<PackedMatrix>)>>> {
+        let mut panels = Vec::new();
+        let mut first = 0;
+        let mut col0 = 0;
+        while first < parts.len() {
+            let dtype = parts[first].dtype;
+            let end = parts[first..]
+                .iter()
+                .position(|p| p.dtype != dtype)
+                .map_or(parts.len(), |i| first + i);
+            let group = &parts[first..end];
+            let rows: usize = group.iter().map(|p| p.rows).sum();
+            let m = match dtype {
+                // Unquantized in the file: f32 panels are no bigger than f32 data.
+                GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                    let dense = group
+                        .iter()
+                        .map(|p| p.qtensor()?.dequantize(&Device::Cpu).map_err(Into::into))
+                        .collect::<Result<Vec<_>>>()?;
+                    let data = Tensor::cat(&dense, 0)?.flatten_all()?.to_vec1::<f32>()?;
+                    Some(PackedMatrix::pack(&data, rows, k))
+                }
+                _ => kernel_format(dtype).and_then(|format| {
+                    let row = |r: usize| {
+                        let mut r = r;
+                        let mut i = 0;
+                        while r >= group[i].rows {
+                            r -= group[i].rows;
+                            i += 1;
+                        }
+                        group[i].row(r)
+                    };
+                    PackedMatrix::pack_quantized_rows(format, rows, k, row)
+                }),
+            };
+            let Some(m) = m else {
+                tracing::warn!(
+                    tensor = parts[first].name,
+                    format = ?dtype,
+                    "no quantized panels for this format (or its row length): the layer runs on candle's quantized matmul"
+                );
+                return Ok(None);
+            };
+            panels.push((col0, m));
+            col0 += rows;
+            first = end;
+        }
+        debug_assert_eq!(col0, n);
+        // AMX tiles need one matrix writing whole rows; fused matrices of several formats
+        // stay on the exact panels at every step.
+        if let ([(_, m)], Some(min_rows)) = (&mut panels[..], options.amx_min_rows) {
+            if m.format().is_some() {
+                m.use_amx_dequantizing_from(min_rows);
+            } else {
+                m.use_amx_only();
+            }
+        }
+        Ok(Some(
+            panels.into_iter().map(|(c, m)| (c, Arc::new(m))).collect(),
+        ))
+    }
+
+    fn candle_quantized(parts: &[GgufMatrix<'_>]) -> Result<Weights> {
+        let qs = parts
+            .iter()
+            .map(GgufMatrix::qtensor)
+            .collect::<Result<Vec<_>>>()?;
+        let w = match qs.len() {
+            1 => qs.into_iter().next().expect("one part"),
+            _ => concat_rows(&qs.iter().collect::<Vec<_>>())?,
+        };
+        let bytes = parts.iter().map(|p| p.data.len()).sum();
+        Ok(Weights::Candle(QMatMul::from_qtensor(w)?, bytes))
+    }
+
+    fn int8_or_candle(w: QTensor, device: &Device) -> Result<Weights> {
+        let ours = kernel_format(w.dtype())
+            .filter(|f| f.is_legacy_layout() && device.is_cpu())
+            .and_then(|format| {
+                let (rows, cols) = w.shape().dims2().ok()?;
+                let data = w.data().ok()?.into_owned();
+                QuantMatrix::new(format, data, rows, cols)
+            });
+        let bytes = w.storage_size_in_bytes();
+        Ok(match ours {
+            Some(m) => Weights::Int8(m),
+            None => Weights::Candle(QMatMul::from_qtensor(w)?, bytes),
         })
     }
 
     /// A layer from a dense `[out, in]` tensor (f32, f16 or bf16, as Hugging Face checkpoints
-    /// hold them), by the same policy as [`from_qtensor`](Self::from_qtensor): `f32` packs f32
+    /// hold them), by the same policy as [`from_gguf`](Self::from_gguf): `f32` packs f32
     /// panels, `auto` too, or where the CPU has AMX tiles for every step (there are no
     /// quantized blocks to read for small ones), `f16` keeps an f16 tensor, and `quantized` quantizes to Q8_0 at load
     /// (the file has no blocks of its own) and multiplies as for a GGUF file.
     pub fn from_tensor(w: Tensor, bias: Option<Tensor>, options: &LinearOptions) -> Result<Self> {
         let (kind, device) = (options.kind, &options.device);
         let (n, k) = w.dims2()?;
-        let dense = match kind {
+        let weights = match kind {
             WeightsKind::F32 | WeightsKind::Auto if device.is_cpu() && gemm::available() => {
                 let data = w
                     .to_device(&Device::Cpu)?
@@ -218,15 +336,15 @@ impl Linear {
                     .to_vec1::<f32>()?;
                 let mut packed = PackedMatrix::pack(&data, n, k);
                 if let (WeightsKind::Auto, Some(_)) = (kind, options.amx_min_rows) {
-                    // As for GGUF formats without quantized panels: tiles only.
+                    // As for GGUF f32 matrices: tiles only.
                     packed.use_amx_only();
                 }
-                DenseWeights::Packed(packed)
+                Weights::Panels(vec![(0, Arc::new(packed))])
             }
             WeightsKind::F32 | WeightsKind::Auto => {
-                DenseWeights::Tensor(w.to_dtype(DType::F32)?.to_device(device)?)
+                Weights::Tensor(w.to_dtype(DType::F32)?.to_device(device)?)
             }
-            WeightsKind::F16 => DenseWeights::Tensor(w.to_dtype(DType::F16)?.to_device(device)?),
+            WeightsKind::F16 => Weights::Tensor(w.to_dtype(DType::F16)?.to_device(device)?),
             WeightsKind::Quantized => {
                 let dtype = if k.is_multiple_of(GgmlDType::Q8_0.block_size()) {
                     GgmlDType::Q8_0
@@ -234,14 +352,12 @@ impl Linear {
                     GgmlDType::F32
                 };
                 let w = w.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
-                return Self::from_qtensor(QTensor::quantize(&w, dtype)?, bias, options);
+                Self::int8_or_candle(QTensor::quantize(&w, dtype)?, device)?
             }
         };
         Ok(Self {
-            dense: Some(dense),
-            quantized: None,
+            weights,
             bias,
-            quantized_max_rows: AUTO_QUANTIZED_MAX_ROWS,
             out_features: n,
         })
     }
@@ -250,13 +366,46 @@ impl Linear {
         self.out_features
     }
 
+    /// The single matrix of panels this layer multiplies by, if that is what it holds: a tied
+    /// embedding reads its rows from the lm_head's panels rather than keep a copy.
+    pub(crate) fn panels(&self) -> Option<Arc<PackedMatrix>> {
+        match &self.weights {
+            Weights::Panels(p) if p.len() == 1 => Some(p[0].1.clone()),
+            _ => None,
+        }
+    }
+
+    /// Bytes the weights take in memory.
+    pub fn weight_bytes(&self) -> usize {
+        match &self.weights {
+            Weights::Panels(p) => p.iter().map(|(_, m)| m.bytes()).sum(),
+            Weights::Tensor(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            Weights::Int8(m) => m.bytes(),
+            Weights::Candle(_, bytes) => *bytes,
+        }
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let rows = x.dim(0)?;
-        let y = match (&self.dense, &self.quantized) {
-            (Some(_), Some(q)) if rows <= self.quantized_max_rows => q.forward(x)?,
-            (Some(d), _) => d.forward(x)?,
-            (None, Some(q)) => q.forward(x)?,
-            (None, None) => unreachable!("a Linear always holds at least one representation"),
+        let y = match &self.weights {
+            Weights::Panels(p) => panels_forward(p, self.out_features, x)?,
+            Weights::Tensor(w) if w.dtype() == DType::F16 => x
+                .to_dtype(DType::F16)?
+                .matmul(&w.t()?)?
+                .to_dtype(x.dtype())?,
+            Weights::Tensor(w) => x.matmul(&w.t()?)?,
+            Weights::Candle(q, _) => q.forward(x)?,
+            Weights::Int8(m) => {
+                let t = x.dim(0)?;
+                let mut out = vec![0f32; t * m.rows()];
+                with_cpu_rows(x, |data, t, cols| {
+                    ACTIVATIONS.with(|acts| {
+                        let mut acts = acts.borrow_mut();
+                        acts.quantize(data, t, cols);
+                        m.matmul(&acts, &mut out);
+                    })
+                })?;
+                Tensor::from_vec(out, (t, m.rows()), x.device())?
+            }
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
@@ -277,45 +426,15 @@ fn with_cpu_rows<R>(x: &Tensor, f: impl FnOnce(&[f32], usize, usize) -> R) -> Re
     Ok(f(data, t, cols))
 }
 
-fn packed_forward(m: &PackedMatrix, x: &Tensor) -> Result<Tensor> {
+fn panels_forward(panels: &[(usize, Arc<PackedMatrix>)], n: usize, x: &Tensor) -> Result<Tensor> {
     let t = x.dim(0)?;
-    let mut out = vec![0f32; t * m.out_features()];
-    with_cpu_rows(x, |data, t, _| m.matmul(data, t, &mut out))?;
-    Ok(Tensor::from_vec(out, (t, m.out_features()), x.device())?)
-}
-
-impl DenseWeights {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Self::Packed(m) => packed_forward(m, x),
-            Self::Tensor(w) if w.dtype() == DType::F16 => Ok(x
-                .to_dtype(DType::F16)?
-                .matmul(&w.t()?)?
-                .to_dtype(x.dtype())?),
-            Self::Tensor(w) => Ok(x.matmul(&w.t()?)?),
+    let mut out = vec![0f32; t * n];
+    with_cpu_rows(x, |data, t, _| {
+        for (col0, m) in panels {
+            m.matmul_into(data, t, &mut out, n, *col0);
         }
-    }
-}
-
-impl QuantizedWeights {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Self::Candle(q) => Ok(q.forward(x)?),
-            Self::Exact(m) => packed_forward(m, x),
-            Self::Ours(m) => {
-                let t = x.dim(0)?;
-                let mut out = vec![0f32; t * m.rows()];
-                with_cpu_rows(x, |data, t, cols| {
-                    ACTIVATIONS.with(|acts| {
-                        let mut acts = acts.borrow_mut();
-                        acts.quantize(data, t, cols);
-                        m.matmul(&acts, &mut out);
-                    })
-                })?;
-                Ok(Tensor::from_vec(out, (t, m.rows()), x.device())?)
-            }
-        }
-    }
+    })?;
+    Ok(Tensor::from_vec(out, (t, n), x.device())?)
 }
 
 /// Rewrites a quantized (or plain) matrix through its raw rows. Rows are the output features;
@@ -341,6 +460,15 @@ fn map_rows(
     Ok(QTensor::new(storage, (rows_out, cols))?)
 }
 
+/// The GGUF row that holds row `r` of a llama Q/K matrix before llama.cpp's converter permuted
+/// it: GGUF row `h*D + 2j + s` holds original row `h*D + s*D/2 + j`.
+pub(crate) fn unpermuted_row(r: usize, head_dim: usize) -> usize {
+    let half = head_dim / 2;
+    let (h, within) = (r / head_dim, r % head_dim);
+    let (s, j) = (within / half, within % half);
+    h * head_dim + 2 * j + s
+}
+
 /// Undoes the row permutation that llama.cpp's converter applies to llama Q/K weights, so
 /// that the half-split ("NeoX") rotary convention applies to every architecture alike. GGUF row
 /// `h*D + 2j + s` holds original row `h*D + s*D/2 + j`.
@@ -351,12 +479,7 @@ pub fn unpermute_qk(w: &QTensor, num_heads: usize, head_dim: usize) -> Result<QT
             "Q/K weight has {rows} rows, expected {num_heads} heads x {head_dim}"
         )));
     }
-    let half = head_dim / 2;
-    map_rows(&[w], rows, |r| {
-        let (h, within) = (r / head_dim, r % head_dim);
-        let (s, j) = (within / half, within % half);
-        (0, h * head_dim + 2 * j + s)
-    })
+    map_rows(&[w], rows, |r| (0, unpermuted_row(r, head_dim)))
 }
 
 /// Stacks matrices with the same input size and format along the output dimension, so one

@@ -90,6 +90,11 @@ impl QuantMatrix {
         })
     }
 
+    /// Bytes the blocks take.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
     pub fn rows(&self) -> usize {
         self.rows
     }
