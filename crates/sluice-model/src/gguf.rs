@@ -418,7 +418,7 @@ fn check_extents(path: &Path, content: &Content, file_len: u64) -> Result<()> {
         let end = start.checked_add(len).unwrap_or(u64::MAX);
         if end > file_len {
             return Err(err(format!(
-                "its {len} bytes at offset {start} run past the end of the file ({file_len} bytes): the file is truncated"
+                "its {len} bytes at offset {start} run past the end of the file ({file_len} bytes): the file is truncated or the tensor's shape is wrong"
             )));
         }
         spans.push((start, end, name));

@@ -441,13 +441,27 @@ fn weight_kinds_agree() {
     );
 }
 
-/// `auto` reads quantized blocks for small steps and f32 panels for large ones; both must give
-/// the f32 path's numbers exactly, or a sequence's tokens would depend on its batch.
+/// `auto` reads quantized panels, dequantized in registers for small steps and once per call
+/// for large ones; both must give the f32 path's numbers exactly, or a sequence's tokens would
+/// depend on its batch.
 #[test]
 fn auto_weights_equal_f32_bit_for_bit() {
-    for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::Q4_0] {
+    for dtype in [
+        GgmlDType::Q4_1,
+        GgmlDType::Q8_0,
+        GgmlDType::Q4_0,
+        GgmlDType::Q5_0,
+        GgmlDType::Q5_1,
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+    ] {
+        // K-quants need rows of whole 256-weight super-blocks.
+        let k_quant = dtype.block_size() == 256;
         let spec = TinyModelSpec {
             dtype,
+            hidden_size: if k_quant { 256 } else { 64 },
+            intermediate_size: if k_quant { 512 } else { 128 },
             ..TinyModelSpec::default()
         };
         let path = tiny_path(&spec, &format!("auto-{dtype:?}.gguf"));
@@ -539,6 +553,49 @@ fn bad_files_are_clear_errors() {
             msg.contains("truncated-"),
             "error should name the file: {msg}"
         );
+    }
+
+    // A header edited after writing: a tensor of a type sluice cannot read (20 is IQ4_NL), and
+    // a tensor whose shape needs more bytes than lie before the next tensor.
+    let name = b"blk.0.attn_q.weight";
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("the tensor's info")
+        + name.len();
+    let dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let type_at = at + 4 + 8 * dims;
+    let mut unknown = bytes.clone();
+    unknown[type_at..type_at + 4].copy_from_slice(&20u32.to_le_bytes());
+    let path = good.with_file_name("unknown-type.gguf");
+    std::fs::write(&path, &unknown).unwrap();
+    let msg = LlamaModel::load(&path, &LoadOptions::default())
+        .err()
+        .expect("an unknown type must not load")
+        .to_string();
+    for part in ["unknown-type.gguf", "blk.0.attn_q.weight", "type 20"] {
+        assert!(msg.contains(part), "error should name {part}: {msg}");
+    }
+    // Twice the rows overlap the next tensor; 64 times run past the end of the file.
+    for (factor, what) in [(2, "overlaps"), (64, "past the end")] {
+        let mut oversized = bytes.clone();
+        let rows_at = at + 4 + 8; // GGUF lists the row length first, then the rows
+        let rows = u64::from_le_bytes(oversized[rows_at..rows_at + 8].try_into().unwrap());
+        oversized[rows_at..rows_at + 8].copy_from_slice(&(rows * factor).to_le_bytes());
+        let path = good.with_file_name(format!("oversized-{factor}.gguf"));
+        std::fs::write(&path, &oversized).unwrap();
+        let msg = LlamaModel::load(&path, &LoadOptions::default())
+            .err()
+            .expect("a tensor past its extent must not load")
+            .to_string();
+        for part in [
+            &format!("oversized-{factor}.gguf"),
+            "blk.0.attn_q.weight",
+            "F32",
+            what,
+        ] {
+            assert!(msg.contains(part), "error should name {part}: {msg}");
+        }
     }
 
     let text = good.with_file_name("not-gguf.gguf");

@@ -201,3 +201,85 @@ pub(super) unsafe fn qtile<const MR: usize, const NR: usize, const FMT: u8>(
         store(t, &acc);
     }
 }
+
+/// Dequantizes one quantized panel of format `FMT` over `k` into `out` as f32 panel rows
+/// (`[k][16]`), with the arithmetic of [`qtile`]: large steps multiply these with [`tile`] and
+/// dequantize each weight once per call rather than once per six rows, with the same results.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `w` holds one quantized panel of `FMT` covering `k` (a
+/// multiple of the format's super-block) and `out` has room for `k * 16` floats.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dequantize_panel<const FMT: u8>(w: *const u8, k: usize, out: *mut f32) {
+    // SAFETY: the CPU features and the bounds of every load and store are the caller's promise:
+    // every offset below is inside one panel-block of the layout, every store below `k * 16`.
+    unsafe {
+        let l = const { QuantFormat::from_id(FMT).panel_layout() };
+        let block = l.block_bytes();
+        let low = _mm256_set1_epi32(0x0F);
+        let offset = _mm256_set1_epi32(l.nibble_offset);
+        let zero = _mm256_setzero_ps();
+        let f16x8 = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        let i8x8 = |p: *const u8| {
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+        };
+        for sb in 0..k / l.super_rows {
+            let blk = w.add(sb * block);
+            let k0 = sb * l.super_rows;
+            let mut d = [zero; 2];
+            let mut m = [zero; 2];
+            for h in 0..2 {
+                d[h] = f16x8(blk.add(16 * h));
+                if l.min != MinKind::None {
+                    m[h] = f16x8(blk.add(l.min_at() + 16 * h));
+                }
+            }
+            for sub in 0..l.subs() {
+                let (mut s, mut o) = (d, m);
+                if l.sub_scales {
+                    for h in 0..2 {
+                        let at = sub * 16 + 8 * h;
+                        s[h] = _mm256_mul_ps(d[h], i8x8(blk.add(l.scales_at() + at)));
+                        if l.min == MinKind::SubScaled {
+                            o[h] = _mm256_mul_ps(m[h], i8x8(blk.add(l.mins_at() + at)));
+                        }
+                    }
+                }
+                let r0 = sub * l.sub_rows;
+                for h in 0..2 {
+                    if l.nibbles {
+                        for pair in r0 / 2..(r0 + l.sub_rows) / 2 {
+                            let at = l.quants_at() + pair * PANEL + 8 * h;
+                            let q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                blk.add(at) as *const __m128i
+                            ));
+                            let mut lo = _mm256_and_si256(q, low);
+                            let mut hi = _mm256_srli_epi32(q, 4);
+                            if l.nibble_offset != 0 {
+                                lo = _mm256_sub_epi32(lo, offset);
+                                hi = _mm256_sub_epi32(hi, offset);
+                            }
+                            let row = k0 + 2 * pair;
+                            _mm256_storeu_ps(
+                                out.add(row * PANEL + 8 * h),
+                                weight(l.min, _mm256_cvtepi32_ps(lo), s[h], o[h]),
+                            );
+                            _mm256_storeu_ps(
+                                out.add((row + 1) * PANEL + 8 * h),
+                                weight(l.min, _mm256_cvtepi32_ps(hi), s[h], o[h]),
+                            );
+                        }
+                    } else {
+                        for row in r0..r0 + l.sub_rows {
+                            let q = i8x8(blk.add(l.quants_at() + row * PANEL + 8 * h));
+                            _mm256_storeu_ps(
+                                out.add((k0 + row) * PANEL + 8 * h),
+                                weight(l.min, q, s[h], o[h]),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
