@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 ./scripts/fetch-model.sh
 # The optional second model (Qwen2.5-Coder-0.5B, qwen2): its tests skip without it, CI runs them.
 ./scripts/fetch-qwen.sh
+# The optional larger model (Qwen2.5-Coder-1.5B, 1.1 GB): its tests skip without it, CI runs them.
+./scripts/fetch-qwen-1.5b.sh
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 # No module of a crate imports a module that imports it back (ARCHITECTURE.md, invariants).

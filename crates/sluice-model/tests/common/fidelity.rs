@@ -1,0 +1,103 @@
+//! The comparison with llama.cpp's greedy fixtures that `shared/fixtures/README.md` prescribes,
+//! for any model: SmolLM2 (`fidelity.rs`) and Qwen2.5-Coder (`qwen_fidelity.rs`).
+
+use candle_core::{Tensor, D};
+use sluice_model::{LlamaModel, StepBatch};
+
+const BLOCK: usize = 16;
+
+/// One step's log-probabilities (`[vocab]`) and the top five `(id, logprob)`.
+pub struct Step {
+    pub logprobs: Vec<f32>,
+    pub top5: Vec<(u32, f32)>,
+}
+
+pub fn step_of(logits: &Tensor) -> Step {
+    let logprobs = candle_nn::ops::log_softmax(&logits.flatten_all().unwrap(), D::Minus1)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let mut order: Vec<u32> = (0..logprobs.len() as u32).collect();
+    order.sort_by(|&a, &b| logprobs[b as usize].total_cmp(&logprobs[a as usize]));
+    let top5 = order[..5]
+        .iter()
+        .map(|&i| (i, logprobs[i as usize]))
+        .collect();
+    Step { logprobs, top5 }
+}
+
+/// Greedy generation of one sequence, following `forced` tokens (the fixture's) so that each
+/// step's distribution can be compared with the fixture's at the same prefix.
+pub fn greedy_steps(model: &LlamaModel, prompt: &[u32], forced: &[u32]) -> Vec<Step> {
+    let total = prompt.len() + forced.len();
+    let blocks = total.div_ceil(BLOCK);
+    let mut kv = model.new_kv_cache(blocks, BLOCK).unwrap();
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut batch = StepBatch::new(BLOCK);
+    batch.push_sequence(prompt, 0, &table, true);
+    let mut steps = vec![step_of(&model.forward(&batch, &mut kv).unwrap())];
+    for (i, &tok) in forced
+        .iter()
+        .enumerate()
+        .take(forced.len().saturating_sub(1))
+    {
+        batch.clear();
+        batch.push_sequence(&[tok], prompt.len() + i, &table, true);
+        steps.push(step_of(&model.forward(&batch, &mut kv).unwrap()));
+    }
+    steps
+}
+
+/// The comparison of `shared/fixtures/README.md`: equal tokens until the first disagreement,
+/// where each side's choice is in the other's top five; agreeing logprobs within `tol`.
+/// Returns how many tokens agreed and how far apart their logprobs were. The model runs from the row's `prompt_ids` (for chat rows,
+/// the template as llama.cpp rendered and tokenized it), so only the forward is compared.
+pub fn compare_with_fixture(model: &LlamaModel, row: &serde_json::Value, tol: f32) -> Agreement {
+    let prompt = super::ids(&row["prompt_ids"]);
+    let expected = super::ids(&row["ids"]);
+    let fixture_steps = row["steps"].as_array().unwrap();
+    let ours = greedy_steps(model, &prompt, &expected);
+    let name = row["prompt"].as_str().unwrap();
+    let mut max_logprob_diff = 0f32;
+    for (i, (step, want)) in ours.iter().zip(fixture_steps).enumerate() {
+        let our_tok = step.top5[0].0;
+        let fixture_tok = expected[i];
+        let fixture_top5: Vec<u32> = want["top"]
+            .as_array()
+            .or(want["top_logprobs"].as_array())
+            .unwrap()
+            .iter()
+            .map(|p| p[0].as_u64().unwrap() as u32)
+            .collect();
+        if our_tok != fixture_tok {
+            let our_top5: Vec<u32> = step.top5.iter().map(|p| p.0).collect();
+            assert!(
+                fixture_top5.contains(&our_tok) && our_top5.contains(&fixture_tok),
+                "{name:?} step {i}: we chose {our_tok} (top5 {our_top5:?}), llama.cpp {fixture_tok} (top5 {fixture_top5:?})"
+            );
+            return Agreement {
+                agreed: i,
+                max_logprob_diff,
+            };
+        }
+        let want_lp = want["logprob"].as_f64().unwrap() as f32;
+        let got_lp = step.logprobs[our_tok as usize];
+        max_logprob_diff = max_logprob_diff.max((got_lp - want_lp).abs());
+        assert!(
+            (got_lp - want_lp).abs() <= tol,
+            "{name:?} step {i}: logprob of token {our_tok} is {got_lp}, llama.cpp says {want_lp} (tolerance {tol})"
+        );
+    }
+    Agreement {
+        agreed: expected.len(),
+        max_logprob_diff,
+    }
+}
+
+/// How one fixture row compared.
+pub struct Agreement {
+    /// Tokens equal to llama.cpp's before the first divergence (all of them when none).
+    pub agreed: usize,
+    /// The largest difference between our logprob and llama.cpp's over those tokens.
+    pub max_logprob_diff: f32,
+}

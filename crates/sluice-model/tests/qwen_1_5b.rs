@@ -1,0 +1,199 @@
+//! Qwen2.5-Coder-1.5B-Instruct (qwen2, Q4_K_M), the optional larger model: 128-wide heads, six
+//! query heads per KV head, a 9k-wide MLP, and 1.1 GB of K-quants, where an f32 copy (7 GB) is
+//! what memory has to be watched for. `scripts/fetch-qwen-1.5b.sh` fetches it (CI does,
+//! through `scripts/test.sh`); without it each test prints why it skipped and passes.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use common::decode::greedy_alone;
+use sluice_model::{Architecture, LlamaModel, LoadOptions, ModelSource, WeightsKind};
+use sluice_tokenizer::Tokenizer;
+
+const GGUF: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+const FETCH: &str = "scripts/fetch-qwen-1.5b.sh";
+
+fn tokenizer() -> Option<&'static Tokenizer> {
+    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
+    let path = common::optional_model(GGUF, FETCH)?;
+    Some(TOKENIZER.get_or_init(|| ModelSource::open(&path).unwrap().tokenizer().unwrap()))
+}
+
+/// The one model this binary holds, and the kind it was loaded as. Not a `OnceLock` per kind:
+/// where `auto` keeps no quantized panels for K-quants it is an f32 copy too, and two 7 GB
+/// copies at once is more than a CI machine should need. Tests take turns on the lock (which
+/// also keeps two forwards of this size off the same cores); one that needs the other kind
+/// drops the model before loading it.
+static MODEL: Mutex<Option<(WeightsKind, LlamaModel)>> = Mutex::new(None);
+
+/// The kind the model is held as now, if any.
+fn resident() -> Option<WeightsKind> {
+    MODEL
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map(|(k, _)| *k)
+}
+
+/// Runs `f` on the model as `kind` holds it, loading it first unless it is already held so.
+fn with_model<R>(kind: WeightsKind, f: impl FnOnce(&LlamaModel) -> R) -> Option<R> {
+    let path = common::optional_model(GGUF, FETCH)?;
+    // A test that failed while holding the lock leaves a usable model behind.
+    let mut slot = MODEL.lock().unwrap_or_else(|e| e.into_inner());
+    if slot.as_ref().map(|(k, _)| *k) != Some(kind) {
+        // Dropped before the next load, so the two are never in memory together.
+        *slot = None;
+        let started = Instant::now();
+        let options = LoadOptions {
+            weights: kind,
+            ..LoadOptions::default()
+        };
+        let model = LlamaModel::load(&path, &options).unwrap();
+        eprintln!("{kind} weights loaded in {:.1?}", started.elapsed());
+        *slot = Some((kind, model));
+    }
+    Some(f(&slot.as_ref().unwrap().1))
+}
+
+#[test]
+fn hyper_parameters_and_tokenizer() {
+    let Some(path) = common::optional_model(GGUF, FETCH) else {
+        return;
+    };
+    let mut source = ModelSource::open(&path).unwrap();
+    let config = source.model_config().unwrap();
+    assert_eq!(config.architecture, Architecture::Qwen2);
+    assert_eq!(
+        (
+            config.hidden_size,
+            config.num_layers,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            config.intermediate_size,
+            config.vocab_size,
+        ),
+        (1536, 28, 12, 2, 128, 8960, 151936)
+    );
+    // Unlike Qwen's safetensors, this file carries its own output.weight (Q6_K).
+    assert!(!config.tie_word_embeddings);
+    assert_eq!(config.rope_theta, 1_000_000.0);
+
+    let tok = source.tokenizer().unwrap();
+    assert_eq!(tok.vocab_size(), 151936);
+    assert!(!tok.add_bos_token());
+    let im_end = tok.token_to_id("<|im_end|>").unwrap();
+    assert_eq!(im_end, 151645);
+    assert!(tok.eos_token_ids().contains(&im_end));
+    assert!(tok.chat_template().unwrap().contains("<|im_start|>"));
+    // Qwen2.5-Coder shares one vocabulary across sizes: every prompt llama.cpp tokenized for
+    // the 0.5B fixtures (chat rows with their special tokens) must give the same ids here.
+    let mut rows = common::read_jsonl("qwen2.5-coder-0.5b-greedy.jsonl");
+    rows.extend(common::read_jsonl("qwen2.5-coder-0.5b-chat-greedy.jsonl"));
+    for row in &rows {
+        let text = row["prompt"].as_str().unwrap();
+        let ids = tok.encode_prompt(text).unwrap();
+        assert_eq!(ids, common::ids(&row["prompt_ids"]), "{text:?}");
+        assert_eq!(tok.decode(&ids, false), text);
+    }
+}
+
+/// `auto` (as served) and `f32` give the same greedy tokens on a code prompt. On current
+/// kernels both compute from f32 weights; once `auto` reads the K-quant blocks in place, this
+/// is what says that it computes the same numbers.
+#[test]
+fn auto_and_f32_weights_give_the_same_greedy_tokens() {
+    let Some(tok) = tokenizer() else {
+        return;
+    };
+    let ids = tok
+        .encode_prompt("def is_prime(n: int) -> bool:\n")
+        .unwrap();
+    let eos = tok.eos_token_ids();
+    // Whichever kind is held already goes first, so the binary loads each kind once whenever
+    // the other test is not between the two.
+    let order = match resident() {
+        Some(WeightsKind::F32) => [WeightsKind::F32, WeightsKind::Auto],
+        _ => [WeightsKind::Auto, WeightsKind::F32],
+    };
+    let mut out = Vec::new();
+    for kind in order {
+        let started = Instant::now();
+        let tokens = with_model(kind, |m| greedy_alone(m, &ids, 16, eos)).unwrap();
+        eprintln!(
+            "{kind}: {:?} ({:.1?})",
+            tok.decode(&tokens, false),
+            started.elapsed()
+        );
+        out.push((kind, tokens));
+    }
+    assert_eq!(out[0].1.len(), 16, "stopped early: {:?}", out[0]);
+    assert_eq!(
+        out[0].1, out[1].1,
+        "{:?} and {:?} differ",
+        out[0].0, out[1].0
+    );
+}
+
+/// Whether `code` (cut to its last whole line) has a prefix of lines that Python parses and
+/// that returns something: the model wrote a function, not prose. `None` without python3.
+fn python_parses(code: &str) -> Option<bool> {
+    let script = r#"
+import ast, sys
+lines = sys.stdin.read().split("\n")[:-1]
+for n in range(len(lines), 0, -1):
+    src = "\n".join(lines[:n])
+    try:
+        ast.parse(src)
+    except SyntaxError:
+        continue
+    sys.exit(0 if "return" in src and n > 1 else 2)
+sys.exit(1)
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .spawn()
+        .ok()?;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(code.as_bytes())
+        .unwrap();
+    Some(child.wait().unwrap().success())
+}
+
+/// A coherent greedy continuation: a Python body that returns, recursing or using `n`.
+#[test]
+fn fibonacci_continues_with_python() {
+    let Some(tok) = tokenizer() else {
+        return;
+    };
+    let prompt = "def fibonacci(n):";
+    let ids = tok.encode_prompt(prompt).unwrap();
+    let started = Instant::now();
+    let out = with_model(WeightsKind::Auto, |m| {
+        greedy_alone(m, &ids, 48, tok.eos_token_ids())
+    })
+    .unwrap();
+    let text = format!("{prompt}{}", tok.decode(&out, true));
+    eprintln!(
+        "{text}\n({} tokens in {:.1?})",
+        out.len(),
+        started.elapsed()
+    );
+    assert!(text.contains("return"), "{text}");
+    assert!(
+        text.matches("fibonacci(").count() >= 2 || text.contains(" n"),
+        "the body does not use fibonacci or n: {text}"
+    );
+    match python_parses(&text) {
+        Some(ok) => assert!(ok, "not a Python function body:\n{text}"),
+        None => eprintln!("python3 not found: the syntax check was skipped"),
+    }
+}
