@@ -281,9 +281,9 @@ impl QuantFormat {
                 if self.has_min() {
                     b.m = f16_at(2);
                 }
-                for j in 0..16 {
-                    b.q[j] = (qs[j] & 0x0F) as i8;
-                    b.q[j + 16] = (qs[j] >> 4) as i8;
+                for (j, &byte) in qs[..16].iter().enumerate() {
+                    b.q[j] = (byte & 0x0F) as i8;
+                    b.q[j + 16] = (byte >> 4) as i8;
                 }
             }
             Self::Q5_0 | Self::Q5_1 => {
@@ -295,11 +295,11 @@ impl QuantFormat {
                 };
                 let qh = u32::from_le_bytes(src[qh_at..qh_at + 4].try_into().expect("4 bytes"));
                 let qs = &src[qh_at + 4..];
-                for j in 0..16 {
+                for (j, &byte) in qs[..16].iter().enumerate() {
                     let h0 = ((qh >> j) & 1) as u8;
                     let h1 = ((qh >> (j + 16)) & 1) as u8;
-                    b.q[j] = ((qs[j] & 0x0F) | (h0 << 4)) as i8 - offset;
-                    b.q[j + 16] = ((qs[j] >> 4) | (h1 << 4)) as i8 - offset;
+                    b.q[j] = ((byte & 0x0F) | (h0 << 4)) as i8 - offset;
+                    b.q[j + 16] = ((byte >> 4) | (h1 << 4)) as i8 - offset;
                 }
             }
             Self::Q8_0 => {

@@ -415,7 +415,7 @@ fn check_extents(path: &Path, content: &Content, file_len: u64) -> Result<()> {
             ),
         };
         let (start, len) = extent(content, info).map_err(err)?;
-        let end = start.checked_add(len).unwrap_or(u64::MAX);
+        let end = start.saturating_add(len);
         if end > file_len {
             return Err(err(format!(
                 "its {len} bytes at offset {start} run past the end of the file ({file_len} bytes): the file is truncated or the tensor's shape is wrong"

@@ -132,13 +132,16 @@ pub struct Linear {
     out_features: usize,
 }
 
+/// Matrices of panels and the output column each starts at.
+type PanelSet = Vec<(usize, Arc<PackedMatrix>)>;
+
 enum Weights {
     /// Packed panels, each matrix writing its columns of the output: f32 panels
     /// ([`WeightsKind::F32`], or files' f32/f16 matrices), or the file's quantized blocks
     /// regrouped and dequantized in registers with the f32 kernel's exact arithmetic
     /// ([`WeightsKind::Auto`]). Several matrices when fused projections differ in format
     /// (Q4_K_M stores V as Q6_K beside a Q4_K Q and K).
-    Panels(Vec<(usize, Arc<PackedMatrix>)>),
+    Panels(PanelSet),
     /// A candle tensor: f16, or f32 where the packed kernel does not run.
     Tensor(Tensor),
     /// Our int8-dot kernels for the formats they cover ([`WeightsKind::Quantized`]).
@@ -229,7 +232,7 @@ impl Linear {
         n: usize,
         k: usize,
         options: &LinearOptions,
-    ) -> Result<Option<Vec<(usize, Arc<PackedMatrix>)>>> {
+    ) -> Result<Option<PanelSet>> {
         let mut panels = Vec::new();
         let mut first = 0;
         let mut col0 = 0;

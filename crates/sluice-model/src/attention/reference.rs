@@ -1,5 +1,5 @@
-//! Exact paged attention from candle ops: gather a sequence's K/V out of the cache, repeat them
-//! over the query heads of each group, masked softmax. Simple enough to trust, so it is the
+//! Exact paged attention from candle ops: gather a sequence's K/V out of the cache, multiply
+//! each KV head by the query heads of its group at once, masked softmax. Simple enough to trust, so it is the
 //! oracle for the fast kernel.
 
 use candle_core::Tensor;
@@ -23,35 +23,43 @@ pub fn paged_attention(
     let mut outputs = Vec::with_capacity(batch.sequences.len());
     for seq in &batch.sequences {
         let (len, q_len) = (seq.context_len, seq.query_len);
-        let table = batch.block_table(seq);
-        let slot = |p: usize| {
-            table[p / batch.block_size] as usize * batch.block_size + p % batch.block_size
-        };
+        let bs = batch.block_size;
+        let blocks = len.div_ceil(bs);
+        let table = &batch.block_table(seq)[..blocks];
+        let table = Tensor::from_slice(table, blocks, device)?;
+        // Whole blocks out of the cache, then this sequence's positions as [kvh, L, D] (the
+        // query heads of a group share their K/V head below, rather than a copy each).
         let gather =
-            |cache: &Tensor, offset: &dyn Fn(usize, usize, usize) -> usize| -> Result<Tensor> {
-                let idx: Vec<u32> = (0..len)
-                    .flat_map(|p| (0..kvh).flat_map(move |h| (0..d).map(move |dd| (p, h, dd))))
-                    .map(|(p, h, dd)| offset(slot(p), h, dd) as u32)
-                    .collect();
+            |cache: &Tensor, dims: (usize, usize, usize, usize), k: bool| -> Result<Tensor> {
                 let x = cache
-                    .index_select(&Tensor::from_vec(idx, len * kvh * d, device)?, 0)?
+                    .reshape((layout.num_blocks, dims.1, dims.2, dims.3))?
+                    .index_select(&table, 0)?
                     .to_dtype(q.dtype())?;
-                let x = x
-                    .reshape((len, kvh, 1, d))?
-                    .expand((len, kvh, group, d))?
-                    .reshape((len, shape.num_heads, d))?;
-                Ok(x.transpose(0, 1)?.contiguous()?) // [H, L, D]
+                // K blocks are [kvh, D, bs] (dimension-major), V blocks [kvh, bs, D].
+                let x = if k {
+                    x.permute((1, 0, 3, 2))?
+                } else {
+                    x.permute((1, 0, 2, 3))?
+                };
+                Ok(x.contiguous()?
+                    .reshape((kvh, blocks * bs, d))?
+                    .narrow(1, 0, len)?
+                    .contiguous()?)
             };
-        let k = gather(k_cache, &|s, h, dd| layout.k_offset(s, h, dd))?;
-        let v = gather(v_cache, &|s, h, dd| layout.v_offset(s, h, dd))?;
+        let k = gather(k_cache, (layout.num_blocks, kvh, d, bs), true)?;
+        let v = gather(v_cache, (layout.num_blocks, kvh, bs, d), false)?;
+        // Query head h = g_kv * group + j: [q, H, D] -> [kvh, group * q, D], rows j * q + i.
         let qs = q
             .narrow(0, seq.query_start, q_len)?
-            .transpose(0, 1)?
-            .contiguous()?; // [H, q, D]
-        let scores = (qs.matmul(&k.t()?)? * shape.scale as f64)?; // [H, q, L]
+            .reshape((q_len, kvh, group, d))?
+            .permute((1, 2, 0, 3))?
+            .contiguous()?
+            .reshape((kvh, group * q_len, d))?;
+        let scores = (qs.matmul(&k.t()?)? * shape.scale as f64)?; // [kvh, group * q, L]
         let first_pos = len - q_len;
-        let mask: Vec<f32> = (0..q_len)
-            .flat_map(|i| {
+        let mask: Vec<f32> = (0..group * q_len)
+            .flat_map(|row| {
+                let i = row % q_len;
                 (0..len).map(move |j| {
                     if j > first_pos + i {
                         f32::NEG_INFINITY
@@ -61,10 +69,14 @@ pub fn paged_attention(
                 })
             })
             .collect();
-        let mask = Tensor::from_vec(mask, (q_len, len), device)?;
+        let mask = Tensor::from_vec(mask, (group * q_len, len), device)?;
         let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
-        let out = probs.matmul(&v)?; // [H, q, D]
-        outputs.push(out.transpose(0, 1)?.reshape((q_len, shape.num_heads * d))?);
+        let out = probs.matmul(&v)?; // [kvh, group * q, D]
+        outputs.push(
+            out.reshape((kvh, group, q_len, d))?
+                .permute((2, 0, 1, 3))?
+                .reshape((q_len, shape.num_heads * d))?,
+        );
     }
     Ok(Tensor::cat(&outputs, 0)?.contiguous()?)
 }
