@@ -65,5 +65,5 @@ LD_LIBRARY_PATH=$peer measure llama.cpp "$peer/llama-server" -m "$model" -t "$(n
 
 echo "## prefill of 512 tokens"
 LD_LIBRARY_PATH=$peer "$peer/llama-bench" -m "$model" -t "$(nproc)" -p 512 -n 0 | tee "$out/$name.llama-bench.md"
-SLUICE_MODEL=$model SLUICE_BENCH_WEIGHTS=auto SLUICE_BENCH_BATCHES=1 \
+SLUICE_MODEL=$(realpath "$model") SLUICE_BENCH_WEIGHTS=auto SLUICE_BENCH_BATCHES=1 \
     cargo bench -p sluice-model --bench forward | tee "$out/$name.forward.md"
