@@ -7,8 +7,9 @@
 #   ./scripts/compare-llama.sh MODEL.gguf [LEVELS] [OUT_DIR]
 #
 # LEVELS: concurrent clients (default 1,16,64). Prints, per server: start to ready, RSS when
-# ready, output tokens/s per level; then llama-bench's and sluice's 512-token prefill. The
-# peer is built by ../shared/tools/llama-server.sh (about 10 minutes the first time).
+# ready, output tokens/s per level, peak RSS over the run; then llama-bench's and sluice's
+# 512-token prefill. The peer is built by ../shared/tools/llama-server.sh (about 10 minutes
+# the first time).
 # Environment: SLUICE_KV (sluice's --kv-cache-memory, default 512MiB), COMPARE_PORT (8411),
 # COMPARE_REQUESTS (requests per client at each level, default 2x).
 set -euo pipefail
@@ -52,6 +53,7 @@ measure() {
     ./target/release/sluice-bench --base-url "http://127.0.0.1:$port" --sweep "$levels" \
         --num-requests "$requests" --prompt-tokens 130 --output-tokens 128 --quiet \
         --json "$out/$name.$label.json" | tee "$out/$name.$label.md"
+    echo "| $label | peak RSS over the run $(awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status") MiB |"
     kill "$pid"
     wait "$pid" 2>/dev/null || true
 }

@@ -1,4 +1,5 @@
-//! GEMM throughput on the forward's shapes: our packed AVX-512 kernel against candle's matmul
+//! The machine's memory read bandwidth (what bounds a single stream's decode), then GEMM
+//! throughput on the forward's shapes: our packed AVX-512 kernel against candle's matmul
 //! (the gemm crate), and the peak f32 rate of this machine (the largest shape), which bounds
 //! batched decode at `peak / (2 x params)` tokens/s; and, where the CPU has AMX, the split-bf16
 //! tile kernel from f32 panels and from Q4_1 panels (what `--weights auto` runs for large steps).
@@ -46,8 +47,45 @@ fn seconds_per_call(mut f: impl FnMut()) -> f64 {
     }
 }
 
+/// The machine's read bandwidth in GB/s: every thread of the pool sums its share of a 1 GiB
+/// array, best of five. A decode step of one sequence reads every weight once, so this bounds
+/// single-stream speed at `bandwidth / bytes of weights` tokens/s.
+fn read_bandwidth() -> f64 {
+    use rayon::prelude::*;
+    let data = vec![1.0f32; 1 << 28];
+    let chunk = data.len() / rayon::current_num_threads();
+    (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            let total: f32 = data
+                .par_chunks(chunk)
+                .map(|part| {
+                    // Eight independent sums, so the loop vectorizes and is bound by loads.
+                    let mut acc = [0f32; 8];
+                    for v in part.chunks_exact(8) {
+                        for (a, x) in acc.iter_mut().zip(v) {
+                            *a += x;
+                        }
+                    }
+                    acc.iter().sum::<f32>()
+                })
+                .sum();
+            std::hint::black_box(total);
+            (data.len() * 4) as f64 / start.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
 fn main() {
-    assert!(gemm::available(), "the packed kernel needs AVX-512");
+    assert!(
+        gemm::available(),
+        "the packed kernel needs AVX2, FMA and F16C"
+    );
+    println!(
+        "read bandwidth ({} threads, 1 GiB, best of 5): {:.1} GB/s\n",
+        rayon::current_num_threads(),
+        read_bandwidth()
+    );
     let dev = Device::Cpu;
     let amx = amx::available();
     println!(

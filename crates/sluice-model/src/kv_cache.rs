@@ -57,12 +57,7 @@ impl KvCache {
             )));
         }
         let layers = (0..config.num_layers)
-            .map(|_| {
-                Ok((
-                    Tensor::zeros(n, dtype, device)?,
-                    Tensor::zeros(n, dtype, device)?,
-                ))
-            })
+            .map(|_| Ok((zeros(n, dtype, device)?, zeros(n, dtype, device)?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             layers,
@@ -133,4 +128,17 @@ impl KvCache {
         vc.scatter_set(&at.v, &v.flatten_all()?.to_dtype(self.dtype)?, 0)?;
         Ok(())
     }
+}
+
+/// `n` zeros of `dtype` on `device`. On the CPU an f16 cache is made from zeroed u16 bits, which
+/// the allocator takes from the OS as zero pages: a 1 GiB cache costs nothing at start, and
+/// its pages become resident as sequences fill them (candle writes every f16 zero, which took
+/// about a second at startup).
+fn zeros(n: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    if dtype == DType::F16 && device.is_cpu() {
+        use half::vec::HalfBitsVecExt;
+        let bits: Vec<half::f16> = vec![0u16; n].reinterpret_into();
+        return Ok(Tensor::from_vec(bits, n, device)?);
+    }
+    Ok(Tensor::zeros(n, dtype, device)?)
 }

@@ -11,8 +11,9 @@
 //! The [`KvLayout`] makes a chunk's scores `head_dim` broadcast-FMAs over 16 lanes with no
 //! horizontal sums, and its values contiguous rows.
 //!
-//! Needs AVX-512 (F, BW, F16C) and a head dimension that is a multiple of 16; [`supports`] says
-//! whether this machine and shape can use it, and the model picks the reference otherwise.
+//! The kernel needs AVX-512 (F, BW, F16C) and a head dimension that is a multiple of 16
+//! ([`fast`]); elsewhere the same work items run in portable Rust ([`portable`]), exact per
+//! query whatever the step holds.
 
 use std::cell::RefCell;
 
@@ -23,7 +24,7 @@ use crate::paged::{AttentionShape, KvLayout, SequenceSlice};
 
 /// The element types a KV cache may hold: f32, and f16 (half the bytes that decode reads,
 /// widened in registers). Sealed: the kernel knows how to load exactly these.
-pub trait KvElem: Copy + Send + Sync + x86::Load {}
+pub trait KvElem: Copy + Send + Sync + Into<f32> + x86::Load {}
 impl KvElem for f32 {}
 impl KvElem for half::f16 {}
 
@@ -38,16 +39,26 @@ const MAX_GROUP: usize = 8;
 /// Why [`paged_attention`] refused a call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AttentionError {
-    #[error("the CPU attention kernel needs AVX-512, head_dim a multiple of {LANES} (got {head_dim}) and at most {MAX_GROUP} query heads per KV head (got {group})")]
+    #[error(
+        "attention needs a head_dim (got {head_dim}) and query heads per KV head (got {group})"
+    )]
     Unsupported { head_dim: usize, group: usize },
     #[error("attention buffers do not fit their shapes: {0}")]
     Shape(String),
 }
 
-/// Whether the kernel runs on this CPU for heads of `head_dim` in groups of `group`.
+/// Whether [`paged_attention`] runs for heads of `head_dim` in groups of `group`: always, on
+/// the AVX-512 kernel where [`fast`] holds, else in portable Rust ([`portable`]).
 pub fn supports(head_dim: usize, group: usize) -> bool {
+    head_dim > 0 && group > 0
+}
+
+/// Whether the AVX-512 kernel runs on this CPU for heads of `head_dim` in groups of `group`.
+pub fn fast(head_dim: usize, group: usize) -> bool {
     cpu_features() && head_dim.is_multiple_of(LANES) && (1..=MAX_GROUP).contains(&group)
 }
+
+mod portable;
 
 fn cpu_features() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -113,6 +124,7 @@ pub fn paged_attention<E: KvElem>(
             group: h / kvh,
         });
     }
+    let fast = fast(d, h / kvh);
     let n = layout.values_per_layer();
     if q.len() < t * h * d || out.len() != q.len() || k_cache.len() < n || v_cache.len() < n {
         return shape_error(format!(
@@ -171,8 +183,11 @@ pub fn paged_attention<E: KvElem>(
     items.par_iter().for_each(|item| {
         SCRATCH.with(|scratch| {
             let scratch = &mut scratch.borrow_mut();
-            // SAFETY: `supports` held above, the sizes and block tables were checked against
-            // the cache, and each work item writes only its own (token, head) rows of `out`.
+            if !fast {
+                return kernel.run_portable(item, &k_cache[..n], &v_cache[..n], scratch, out);
+            }
+            // SAFETY: `fast` held above, the sizes and block tables were checked against the
+            // cache, and each work item writes only its own (token, head) rows of `out`.
             unsafe { kernel.run(item, &k_cache[..n], &v_cache[..n], scratch, out) }
         })
     });
@@ -292,9 +307,9 @@ mod x86 {
     impl Load for half::f16 {}
 
     /// # Safety
-    /// Never called: `supports()` is false off x86_64.
+    /// Never called: `fast()` is false off x86_64.
     pub unsafe fn chunk_for_group<E: KvElem>(_: usize, _: &Chunk<'_, E>, _: RowState<'_>) {
-        unreachable!("supports() is false off x86_64")
+        unreachable!("fast() is false off x86_64")
     }
 
     pub fn prefetch<E>(_: &[E]) {}
@@ -384,7 +399,7 @@ mod x86 {
                 6 => chunk::<E, 6>(c, s),
                 7 => chunk::<E, 7>(c, s),
                 8 => chunk::<E, 8>(c, s),
-                _ => unreachable!("group sizes above {MAX_GROUP} are refused by supports()"),
+                _ => unreachable!("group sizes above {MAX_GROUP} are refused by fast()"),
             }
         }
     }

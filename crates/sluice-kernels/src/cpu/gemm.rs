@@ -1058,6 +1058,40 @@ mod tests {
         }
     }
 
+    /// A decode step's row and the same row inside a prefill or a large batch must come out
+    /// identical, or a sequence's tokens would depend on what it is batched with.
+    #[test]
+    fn a_rows_result_does_not_depend_on_the_row_count() {
+        if !available() {
+            eprintln!(
+                "skipped: no AVX2/FMA/F16C on this CPU, the packed kernel is never used here"
+            );
+            return;
+        }
+        let (n, k) = (200, 512);
+        let x = random_values(77 * k, 22);
+        let (q, dense) = quantized_matrix(n, k, QuantFormat::Q4K, 23);
+        let matrices = [
+            PackedMatrix::pack(&dense, n, k),
+            PackedMatrix::pack_quantized(QuantFormat::Q4K, &q, n, k).unwrap(),
+        ];
+        for m in &matrices {
+            let mut batch = vec![0f32; 77 * n];
+            m.matmul(&x, 77, &mut batch);
+            for rows in [1, 2, 3, 5, 6, 7, 13] {
+                let mut some = vec![0f32; rows * n];
+                m.matmul(&x[..rows * k], rows, &mut some);
+                assert!(
+                    some.iter()
+                        .zip(&batch)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{:?}: the first {rows} rows differ alone and in a batch of 77",
+                    m.format()
+                );
+            }
+        }
+    }
+
     #[test]
     fn packed_product_equals_naive() {
         if !available() {

@@ -1,5 +1,5 @@
-//! Exact paged attention from candle ops: gather a sequence's K/V out of the cache, multiply
-//! each KV head by the query heads of its group at once, masked softmax. Simple enough to trust, so it is the
+//! Exact paged attention from candle ops: gather a sequence's K/V blocks out of the cache,
+//! repeat them over the query heads of each group, masked softmax. Simple enough to trust, so it is the
 //! oracle for the fast kernel.
 
 use candle_core::Tensor;
@@ -27,8 +27,11 @@ pub fn paged_attention(
         let blocks = len.div_ceil(bs);
         let table = &batch.block_table(seq)[..blocks];
         let table = Tensor::from_slice(table, blocks, device)?;
-        // Whole blocks out of the cache, then this sequence's positions as [kvh, L, D] (the
-        // query heads of a group share their K/V head below, rather than a copy each).
+        // Whole blocks out of the cache, then this sequence's positions as [H, L, D]: each KV
+        // head repeated over the query heads of its group. Multiplying a KV head by its whole
+        // group at once would skip that copy, but candle's matmul sums in a different order
+        // for different row counts, and a decode step (one query row per head) must give what
+        // recomputing the sequence after a preemption gives (many).
         let gather =
             |cache: &Tensor, dims: (usize, usize, usize, usize), k: bool| -> Result<Tensor> {
                 let x = cache
@@ -41,25 +44,25 @@ pub fn paged_attention(
                 } else {
                     x.permute((1, 0, 2, 3))?
                 };
-                Ok(x.contiguous()?
+                let x = x
+                    .contiguous()?
                     .reshape((kvh, blocks * bs, d))?
-                    .narrow(1, 0, len)?
-                    .contiguous()?)
+                    .narrow(1, 0, len)?;
+                Ok(x.unsqueeze(1)?
+                    .expand((kvh, group, len, d))?
+                    .contiguous()?
+                    .reshape((shape.num_heads, len, d))?)
             };
         let k = gather(k_cache, (layout.num_blocks, kvh, d, bs), true)?;
         let v = gather(v_cache, (layout.num_blocks, kvh, bs, d), false)?;
-        // Query head h = g_kv * group + j: [q, H, D] -> [kvh, group * q, D], rows j * q + i.
         let qs = q
             .narrow(0, seq.query_start, q_len)?
-            .reshape((q_len, kvh, group, d))?
-            .permute((1, 2, 0, 3))?
-            .contiguous()?
-            .reshape((kvh, group * q_len, d))?;
-        let scores = (qs.matmul(&k.t()?)? * shape.scale as f64)?; // [kvh, group * q, L]
+            .transpose(0, 1)?
+            .contiguous()?; // [H, q, D]
+        let scores = (qs.matmul(&k.t()?)? * shape.scale as f64)?; // [H, q, L]
         let first_pos = len - q_len;
-        let mask: Vec<f32> = (0..group * q_len)
-            .flat_map(|row| {
-                let i = row % q_len;
+        let mask: Vec<f32> = (0..q_len)
+            .flat_map(|i| {
                 (0..len).map(move |j| {
                     if j > first_pos + i {
                         f32::NEG_INFINITY
@@ -69,14 +72,10 @@ pub fn paged_attention(
                 })
             })
             .collect();
-        let mask = Tensor::from_vec(mask, (group * q_len, len), device)?;
+        let mask = Tensor::from_vec(mask, (q_len, len), device)?;
         let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
-        let out = probs.matmul(&v)?; // [kvh, group * q, D]
-        outputs.push(
-            out.reshape((kvh, group, q_len, d))?
-                .permute((2, 0, 1, 3))?
-                .reshape((q_len, shape.num_heads * d))?,
-        );
+        let out = probs.matmul(&v)?; // [H, q, D]
+        outputs.push(out.transpose(0, 1)?.reshape((q_len, shape.num_heads * d))?);
     }
     Ok(Tensor::cat(&outputs, 0)?.contiguous()?)
 }

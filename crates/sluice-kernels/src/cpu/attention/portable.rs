@@ -1,0 +1,83 @@
+//! Paged attention in plain Rust, for CPUs and shapes the AVX-512 kernel does not cover. It
+//! reads the same blocks in place, and computes each query on its own: its scores, softmax and
+//! weighted sum take the same operations in the same order whatever else is in the step, so a
+//! sequence decoded one token at a time gets exactly what recomputing it in one prefill gets
+//! (the candle reference, whose matmuls sum in an order that depends on the row count, does
+//! not). The inner loops run along keys or along the head dimension, which the compiler
+//! vectorizes.
+
+use super::{Kernel, KvElem, WorkItem};
+use crate::disjoint::DisjointSlice;
+
+impl Kernel<'_> {
+    /// One work item's rows of the output, as [`Kernel::run`] computes them with AVX-512.
+    pub(super) fn run_portable<E: KvElem>(
+        &self,
+        item: &WorkItem,
+        k: &[E],
+        v: &[E],
+        scratch: &mut Vec<f32>,
+        out: DisjointSlice<'_, f32>,
+    ) {
+        let s = &self.sequences[item.seq];
+        let table = s.block_table(self.block_tables);
+        let (d, bs) = (self.layout.head_dim, self.layout.block_size);
+        let group = self.heads / self.layout.num_kv_heads;
+        let first_pos = s.context_len - s.query_len;
+        let keys = first_pos + item.query_end;
+        // This KV head's keys dimension-major (`kf[i * keys + j]`) and values key-major, in f32.
+        scratch.resize(2 * keys * d + keys + d, 0.0);
+        let (kf, rest) = scratch.split_at_mut(keys * d);
+        let (vf, rest) = rest.split_at_mut(keys * d);
+        let (scores, acc) = rest.split_at_mut(keys);
+        for j in 0..keys {
+            let base = self
+                .layout
+                .block_head_offset(table[j / bs] as usize, item.kv_head);
+            let off = j % bs;
+            for i in 0..d {
+                kf[i * keys + j] = k[base + i * bs + off].into();
+            }
+            for (i, x) in vf[j * d..][..d].iter_mut().enumerate() {
+                *x = v[base + off * d + i].into();
+            }
+        }
+        for query in item.query_begin..item.query_end {
+            let n = first_pos + query + 1;
+            let token = s.query_start + query;
+            for g in 0..group {
+                let head = item.kv_head * group + g;
+                let q = &self.q[(token * self.heads + head) * d..][..d];
+                let scores = &mut scores[..n];
+                scores.fill(0.0);
+                for (i, &x) in q.iter().enumerate() {
+                    for (sc, &key) in scores.iter_mut().zip(&kf[i * keys..][..n]) {
+                        *sc += x * key;
+                    }
+                }
+                let mut max = f32::NEG_INFINITY;
+                for sc in scores.iter_mut() {
+                    *sc *= self.scale;
+                    max = max.max(*sc);
+                }
+                let mut sum = 0f32;
+                for sc in scores.iter_mut() {
+                    *sc = (*sc - max).exp();
+                    sum += *sc;
+                }
+                acc.fill(0.0);
+                for (j, &p) in scores.iter().enumerate() {
+                    for (a, &x) in acc.iter_mut().zip(&vf[j * d..][..d]) {
+                        *a += p * x;
+                    }
+                }
+                // SAFETY: the row is inside `out` (`paged_attention` checked its size against
+                // the tokens and heads), and only this item writes this (token, head) row.
+                let dst = unsafe { out.slice_mut((token * self.heads + head) * d, d) };
+                for (o, a) in dst.iter_mut().zip(acc.iter()) {
+                    *o = a / sum;
+                }
+            }
+        }
+    }
+}
