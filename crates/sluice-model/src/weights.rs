@@ -125,6 +125,19 @@ impl<'a> GgufMatrix<'a> {
     }
 }
 
+/// `parts` stacked into one candle tensor for candle's quantized matmul (mixed formats are
+/// re-quantized to Q8_0 by [`concat_rows`]: candle's kernels take one format per matrix).
+fn stacked_qtensor(parts: &[GgufMatrix<'_>]) -> Result<QTensor> {
+    let qs = parts
+        .iter()
+        .map(GgufMatrix::qtensor)
+        .collect::<Result<Vec<_>>>()?;
+    Ok(match qs.len() {
+        1 => qs.into_iter().next().expect("one part"),
+        _ => concat_rows(&qs.iter().collect::<Vec<_>>())?,
+    })
+}
+
 /// `y = x W^T (+ b)` for `x: [T, in]`, `W: [out, in]`.
 pub struct Linear {
     weights: Weights,
@@ -205,17 +218,7 @@ impl Linear {
                     .collect::<Result<Vec<_>>>()?;
                 Weights::Tensor(Tensor::cat(&dense, 0)?)
             }
-            WeightsKind::Quantized => {
-                let qs = parts
-                    .iter()
-                    .map(GgufMatrix::qtensor)
-                    .collect::<Result<Vec<_>>>()?;
-                let w = match qs.len() {
-                    1 => qs.into_iter().next().expect("one part"),
-                    _ => concat_rows(&qs.iter().collect::<Vec<_>>())?,
-                };
-                Self::int8_or_candle(w, device)?
-            }
+            WeightsKind::Quantized => Self::int8_or_candle(stacked_qtensor(parts)?, device)?,
         };
         Ok(Self {
             weights,
@@ -295,14 +298,7 @@ impl Linear {
     }
 
     fn candle_quantized(parts: &[GgufMatrix<'_>]) -> Result<Weights> {
-        let qs = parts
-            .iter()
-            .map(GgufMatrix::qtensor)
-            .collect::<Result<Vec<_>>>()?;
-        let w = match qs.len() {
-            1 => qs.into_iter().next().expect("one part"),
-            _ => concat_rows(&qs.iter().collect::<Vec<_>>())?,
-        };
+        let w = stacked_qtensor(parts)?;
         let bytes = parts.iter().map(|p| p.data.len()).sum();
         Ok(Weights::Candle(QMatMul::from_qtensor(w)?, bytes))
     }

@@ -2,11 +2,12 @@
 //! Hugging Face tokenizer.json. `scripts/fetch-qwen.sh` fetches both (CI does, through
 //! `scripts/test.sh`); when they are absent each test prints why it skipped and passes.
 
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
+mod common;
+
+use common::python::python_parses;
 use sluice_model::{Architecture, LlamaModel, LoadOptions, ModelSource, StepBatch, WeightsKind};
 use sluice_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
@@ -127,35 +128,6 @@ fn qwen_tokenizer_json_matches_the_gguf_vocabulary() {
     for text in ["<|im_start|>", "<|im_end|>", "<|endoftext|>"] {
         assert_eq!(ours.token_to_id(text), hf.token_to_id(text), "{text}");
     }
-}
-
-/// Whether `code` (cut to its last whole line) has a prefix of lines that Python parses and
-/// that returns something: the model wrote a function, not prose.
-fn python_parses(code: &str) -> Option<bool> {
-    let script = r#"
-import ast, sys
-lines = sys.stdin.read().split("\n")[:-1]
-for n in range(len(lines), 0, -1):
-    src = "\n".join(lines[:n])
-    try:
-        ast.parse(src)
-    except SyntaxError:
-        continue
-    sys.exit(0 if "return" in src and n > 1 else 2)
-sys.exit(1)
-"#;
-    let mut child = Command::new("python3")
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .spawn()
-        .ok()?;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(code.as_bytes())
-        .unwrap();
-    Some(child.wait().unwrap().success())
 }
 
 #[test]

@@ -5,12 +5,11 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use common::decode::greedy_alone;
+use common::python::python_parses;
 use sluice_model::{Architecture, LlamaModel, LoadOptions, ModelSource, WeightsKind};
 use sluice_tokenizer::Tokenizer;
 
@@ -137,35 +136,6 @@ fn auto_and_f32_weights_give_the_same_greedy_tokens() {
         "{:?} and {:?} differ",
         out[0].0, out[1].0
     );
-}
-
-/// Whether `code` (cut to its last whole line) has a prefix of lines that Python parses and
-/// that returns something: the model wrote a function, not prose. `None` without python3.
-fn python_parses(code: &str) -> Option<bool> {
-    let script = r#"
-import ast, sys
-lines = sys.stdin.read().split("\n")[:-1]
-for n in range(len(lines), 0, -1):
-    src = "\n".join(lines[:n])
-    try:
-        ast.parse(src)
-    except SyntaxError:
-        continue
-    sys.exit(0 if "return" in src and n > 1 else 2)
-sys.exit(1)
-"#;
-    let mut child = Command::new("python3")
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .spawn()
-        .ok()?;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(code.as_bytes())
-        .unwrap();
-    Some(child.wait().unwrap().success())
 }
 
 /// A coherent greedy continuation: a Python body that returns, recursing or using `n`.

@@ -8,6 +8,7 @@
 
 pub mod decode;
 pub mod fidelity;
+pub mod python;
 
 use std::path::PathBuf;
 
