@@ -150,3 +150,121 @@ fn emit(out: &mut Vec<ReasoningEvent>, kind: fn(String) -> ReasoningEvent, text:
         _ => out.push(kind(text.to_string())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ReasoningEvent::{Content, Reasoning};
+
+    fn split_chunks<'a>(
+        opened: bool,
+        chunks: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<ReasoningEvent> {
+        let mut parser = ReasoningParser::new(opened);
+        let mut out = Vec::new();
+        for chunk in chunks {
+            parser.push(chunk, &mut out);
+        }
+        parser.finish(&mut out);
+        // `emit` already joins neighbours within a call; join across calls too.
+        let mut joined: Vec<ReasoningEvent> = Vec::new();
+        for event in out {
+            match (joined.last_mut(), event) {
+                (Some(Reasoning(last)), Reasoning(text)) | (Some(Content(last)), Content(text)) => {
+                    last.push_str(&text)
+                }
+                (_, event) => joined.push(event),
+            }
+        }
+        joined
+    }
+
+    /// Splits `text` whole and checks that every chunking gives the same result.
+    fn split(opened: bool, text: &str) -> Vec<ReasoningEvent> {
+        let whole = split_chunks(opened, [text]);
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        assert_eq!(
+            split_chunks(opened, chars.iter().map(String::as_str)),
+            whole,
+            "{text:?}"
+        );
+        for (at, _) in text.char_indices().skip(1) {
+            assert_eq!(
+                split_chunks(opened, [&text[..at], &text[at..]]),
+                whole,
+                "at {at}: {text:?}"
+            );
+            for (second, _) in text[at..].char_indices().skip(1) {
+                let second = at + second;
+                let chunks = [&text[..at], &text[at..second], &text[second..]];
+                assert_eq!(
+                    split_chunks(opened, chunks),
+                    whole,
+                    "at {at},{second}: {text:?}"
+                );
+            }
+        }
+        whole
+    }
+
+    fn reasoning(text: &str) -> ReasoningEvent {
+        Reasoning(text.to_string())
+    }
+
+    fn content(text: &str) -> ReasoningEvent {
+        Content(text.to_string())
+    }
+
+    #[test]
+    fn think_block_is_reasoning_and_the_rest_content() {
+        assert_eq!(
+            split(
+                false,
+                "<think>\nHmm, 2 < 3 </thin k>.\n</think>\n\nIt is 5 <think> é."
+            ),
+            vec![
+                reasoning("Hmm, 2 < 3 </thin k>."),
+                content("It is 5 <think> é.")
+            ]
+        );
+        assert_eq!(
+            split(false, "\n <think>a</think>b"),
+            vec![reasoning("a"), content("b")]
+        );
+    }
+
+    #[test]
+    fn without_a_leading_think_everything_is_content() {
+        assert_eq!(
+            split(false, "Hi <think>x</think>"),
+            vec![content("Hi <think>x</think>")]
+        );
+        assert_eq!(split(false, "<thin"), vec![content("<thin")]);
+        assert_eq!(split(false, "  \n"), vec![content("  \n")]);
+    }
+
+    #[test]
+    fn prompt_opened_think_starts_in_reasoning() {
+        assert_eq!(
+            split(true, "\nstep 1\n</think>\n\nDone"),
+            vec![reasoning("step 1"), content("Done")]
+        );
+        // Cut off inside the block: all reasoning, partial tag included.
+        assert_eq!(
+            split(true, "step 1\n</thi"),
+            vec![reasoning("step 1\n</thi")]
+        );
+        assert_eq!(split(true, "a</think>"), vec![reasoning("a")]);
+    }
+
+    #[test]
+    fn reasoning_streams_until_it_could_be_the_closing_tag() {
+        let mut parser = ReasoningParser::new(false);
+        let mut out = Vec::new();
+        parser.push("<think>I think </th", &mut out);
+        assert_eq!(out, vec![reasoning("I think")]);
+        out.clear();
+        parser.push("ink>Yes", &mut out);
+        assert_eq!(out, vec![content("Yes")]);
+    }
+}
