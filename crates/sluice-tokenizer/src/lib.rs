@@ -1,7 +1,8 @@
 //! sluice-tokenizer: text in and out of a model. Byte-level BPE with the pre-tokenizers GGUF
 //! files name, vocabularies from GGUF metadata or a Hugging Face `tokenizer.json`, incremental
-//! UTF-8-safe detokenization, and Jinja chat templates. Output parsers (tool calls, reasoning)
-//! belong here too. Nothing here knows about tensors.
+//! UTF-8-safe detokenization, Jinja chat templates (with tools), and the parsers that split a
+//! model's output into content, tool calls (`tool_parser`) and reasoning (`reasoning`).
+//! Nothing here knows about tensors.
 
 mod bpe;
 pub mod byte_level;
@@ -11,16 +12,22 @@ pub mod error;
 pub mod gguf_metadata;
 mod gguf_vocab;
 mod hf_json;
+mod partial_marker;
 mod parts;
 mod pretokenize;
+mod python_json;
+pub mod reasoning;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tokenizer;
+pub mod tool_parser;
 mod vocab;
 
 pub use byte_level::ByteLevelAlphabet;
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatFunctionCall, ChatMessage, ChatTemplate, ChatToolCall, RenderOptions};
 pub use detokenizer::IncrementalDecoder;
 pub use error::{Result, TokenizerError};
 pub use gguf_metadata::{GgufMetadata, MetadataMap, MetadataValue};
+pub use reasoning::{ReasoningEvent, ReasoningParser};
 pub use tokenizer::{Tokenizer, SUPPORTED_PRE_TOKENIZERS};
+pub use tool_parser::{FunctionSpec, ToolCallFormat, ToolCallParser, ToolEvent};

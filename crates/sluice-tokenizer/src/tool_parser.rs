@@ -1,0 +1,1265 @@
+//! Tool calls out of a model's text: which format a model writes its calls in, an incremental
+//! parser that splits generated text into plain content and calls as it streams, and the
+//! grammar that forces a model to write a valid call (`tool_choice: "required"` or a named
+//! function).
+//!
+//! The parser streams: content is given out as soon as it cannot be the start of a call, a
+//! call's name as soon as it is complete, and its arguments as they arrive, so a streaming
+//! client sees the same deltas OpenAI sends. Any chunking of the same text gives the same
+//! events once merged.
+
+use serde_json::{json, Value};
+
+use crate::partial_marker::hold_point;
+
+/// How a model family writes tool calls in its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ToolCallFormat {
+    /// Hermes, Qwen 2.5/3: `<tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>`, one
+    /// block per call.
+    Hermes,
+    /// Llama 3.1-3.3 JSON calls: an optional `<|python_tag|>`, then
+    /// `{"name": "f", "parameters": {...}}` (or `"arguments"`), several separated by `;`.
+    Llama3Json,
+    /// Mistral: `[TOOL_CALLS]` and a JSON array of `{"name": ..., "arguments": {...}}`, or the
+    /// newer `[TOOL_CALLS]f[ARGS]{...}` per call.
+    Mistral,
+}
+
+impl ToolCallFormat {
+    /// Every format, in the order of [`ToolCallFormat::NAMES`].
+    pub const ALL: [ToolCallFormat; 3] = [Self::Hermes, Self::Llama3Json, Self::Mistral];
+
+    /// The names [`from_name`](Self::from_name) accepts (vLLM's parser names), for help and
+    /// error messages.
+    pub const NAMES: [&'static str; 3] = ["hermes", "llama3_json", "mistral"];
+
+    /// The format called `name` (`"hermes"`, `"llama3_json"`, `"mistral"`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|format| format.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hermes => "hermes",
+            Self::Llama3Json => "llama3_json",
+            Self::Mistral => "mistral",
+        }
+    }
+
+    /// The format a chat template teaches its model, read from the markup the template prints
+    /// around tools: `<tool_call>` (Hermes), `[TOOL_CALLS]` (Mistral), `<|python_tag|>` or an
+    /// `ipython` role with JSON function-call instructions (Llama 3). `None` when the template
+    /// shows none of them.
+    pub fn detect(template_source: &str) -> Option<Self> {
+        if template_source.contains("<tool_call>") {
+            return Some(Self::Hermes);
+        }
+        if template_source.contains("[TOOL_CALLS]") {
+            return Some(Self::Mistral);
+        }
+        let llama_json_wording = [
+            "\"parameters\"",
+            "JSON for a function call",
+            "function call",
+        ]
+        .iter()
+        .any(|wording| template_source.contains(wording));
+        if template_source.contains("<|python_tag|>")
+            || (template_source.contains("ipython") && llama_json_wording)
+        {
+            return Some(Self::Llama3Json);
+        }
+        None
+    }
+
+    /// A parser for one response in this format.
+    pub fn parser(self) -> ToolCallParser {
+        ToolCallParser::new(self)
+    }
+
+    /// The text that opens a call: content stops where it appears.
+    fn opening_marker(self) -> &'static str {
+        match self {
+            Self::Hermes => "<tool_call>",
+            Self::Llama3Json => "<|python_tag|>",
+            Self::Mistral => "[TOOL_CALLS]",
+        }
+    }
+
+    /// A character that opens a call when it is the first thing the model writes (or the
+    /// first after a call): Llama 3 often writes its JSON bare, and Mistral's `[TOOL_CALLS]` is
+    /// a control token that decoding with `skip_special_tokens` removes, leaving the array.
+    fn bare_opener(self) -> Option<char> {
+        match self {
+            Self::Hermes => None,
+            Self::Llama3Json => Some('{'),
+            Self::Mistral => Some('['),
+        }
+    }
+
+    /// The key under which the model writes a call's arguments when its output is forced.
+    fn arguments_key(self) -> &'static str {
+        match self {
+            // Llama 3.1's template asks for "parameters"; the parser takes either.
+            Self::Llama3Json => "parameters",
+            Self::Hermes | Self::Mistral => "arguments",
+        }
+    }
+
+    /// A grammar in llguidance's Lark dialect accepting exactly one call in this format (or,
+    /// with `parallel`, one or more), where the call object names one of `tools` and its
+    /// arguments validate against that tool's parameter schema. The name comes first, so a
+    /// streaming client sees it before the arguments. JSON inside is laid out as Python's
+    /// `json.dumps` does (`", "`, `": "`), the way these models were trained to write calls.
+    /// With no tools, any name and any arguments object are accepted.
+    pub fn forced_call_grammar(self, tools: &[FunctionSpec], parallel: bool) -> String {
+        let arguments_key = self.arguments_key();
+        let call_schemas: Vec<Value> = if tools.is_empty() {
+            vec![call_schema(
+                arguments_key,
+                json!({"type": "string"}),
+                json!({"type": "object"}),
+            )]
+        } else {
+            tools
+                .iter()
+                .map(|tool| {
+                    let parameters = match &tool.parameters {
+                        Value::Null => json!({"type": "object"}),
+                        parameters => parameters.clone(),
+                    };
+                    call_schema(arguments_key, json!({ "const": tool.name }), parameters)
+                })
+                .collect()
+        };
+        let schema = json!({
+            "anyOf": call_schemas,
+            // Fixed separators: no whitespace for the model to loop on, and the layout it
+            // was trained on.
+            "x-guidance": {
+                "whitespace_flexible": false,
+                "item_separator": ", ",
+                "key_separator": ": ",
+            },
+        });
+        let (call, separator, prefix, suffix) = match self {
+            Self::Hermes => (
+                format!("\"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\""),
+                "\"\\n\"",
+                "",
+                "",
+            ),
+            Self::Llama3Json => (format!("%json {schema}"), "\"; \"", "", ""),
+            Self::Mistral => (
+                format!("%json {schema}"),
+                "\", \"",
+                "\"[TOOL_CALLS][\" ",
+                " \"]\"",
+            ),
+        };
+        let calls = if parallel {
+            format!("call ({separator} call)*")
+        } else {
+            "call".to_string()
+        };
+        format!("start: {prefix}{calls}{suffix}\ncall: {call}\n")
+    }
+}
+
+impl std::fmt::Display for ToolCallFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The schema of one call object naming the function `name_schema` allows.
+fn call_schema(arguments_key: &str, name_schema: Value, parameters: Value) -> Value {
+    let mut properties = serde_json::Map::new();
+    properties.insert("name".to_string(), name_schema);
+    properties.insert(arguments_key.to_string(), parameters);
+    json!({
+        "type": "object",
+        "properties": properties,
+        "required": ["name", arguments_key],
+        "additionalProperties": false,
+    })
+}
+
+/// A function the model may call, as a forced-call grammar needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionSpec {
+    pub name: String,
+    /// The JSON schema of the arguments object; `Value::Null` when the tool declares none.
+    pub parameters: Value,
+}
+
+impl FunctionSpec {
+    /// The function of an OpenAI tool (`{"type": "function", "function": {"name": ...,
+    /// "parameters": {...}}}`); `None` when it has no function name.
+    pub fn from_openai_tool(tool: &Value) -> Option<Self> {
+        let function = tool.get("function")?;
+        Some(Self {
+            name: function.get("name")?.as_str()?.to_string(),
+            parameters: function.get("parameters").cloned().unwrap_or(Value::Null),
+        })
+    }
+}
+
+/// What the parser found in the text pushed so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolEvent {
+    /// Text of the reply that is not a call: the model's own words, never call markup.
+    Content(String),
+    /// Call `index` (0, 1, ... in the order the model wrote them) names function `name`.
+    CallStart { index: usize, name: String },
+    /// The next piece of call `index`'s arguments. A call's fragments joined are its arguments
+    /// object exactly as the model wrote it (or `{}` when it wrote none).
+    CallArguments { index: usize, fragment: String },
+}
+
+/// Splits one response's text into content and tool calls as it is generated. Push the text as
+/// it is decoded, then call [`finish`](Self::finish) once at the end.
+///
+/// Call text never reaches [`ToolEvent::Content`], and content is held back only while it
+/// could still be the start of a call (a trailing `<tool_` say, or whitespace that may turn
+/// out to be a separator before a call). Whitespace directly before a call, between calls and
+/// after the last call is dropped; other text after a call is content.
+///
+/// A call that turns out malformed before its name was given out (no JSON object after the
+/// marker, no name, the output ends first) is given back as content, markup included: those
+/// are the model's own words. Once [`ToolEvent::CallStart`] is out the call is never taken
+/// back: if the text then breaks off (the output is cut at its token limit) or stops making
+/// sense, the arguments given out so far stay as they are, possibly incomplete JSON, and the
+/// rest of that call's text is dropped (for Hermes, up to `</tool_call>`; for the other
+/// formats, parsing goes back to content at the first character that cannot belong to it).
+#[derive(Debug, Clone)]
+pub struct ToolCallParser {
+    format: ToolCallFormat,
+    state: State,
+    /// Text pushed and not yet dealt with: in content, what is held back.
+    pending: String,
+    /// The current call's text since its marker, while it has not started: given back as
+    /// content if it turns out not to be a call.
+    raw: String,
+    /// Index the next call will have.
+    next_index: usize,
+    /// A call ended and no content came since: whitespace here separates, and is dropped.
+    after_call: bool,
+    /// Only whitespace since the start or the last call: a bare opener may start a call.
+    at_boundary: bool,
+    /// A call is open whose name has not been given out: its text is kept in `raw`.
+    unstarted: bool,
+    /// The open call began with a bare opener, not a marker: its first object must look like
+    /// a call.
+    bare_opening: bool,
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    /// Plain content.
+    Text,
+    /// After an opening marker (or `,`/`;` between calls), before the call object's `{`.
+    BeforeObject(Container),
+    /// Mistral, after `[TOOL_CALLS]`: an array, an object, or the `name[ARGS]` form.
+    MistralAfterMarker,
+    /// Mistral's `name[ARGS]` form, reading the name.
+    MistralName(String),
+    /// Mistral's `name[ARGS]` form, after `[ARGS]`: the arguments object alone.
+    BareArguments(Option<NestingScanner>),
+    /// Inside the call object.
+    Object(Box<CallObject>, Container),
+    /// After a call object, looking for what comes next in its container.
+    AfterObject(Container),
+    /// Hermes: skipping to `</tool_call>`.
+    SkipToClosingTag(String),
+}
+
+/// What holds the call objects, which decides what may follow one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Container {
+    /// `<tool_call>` ... `</tool_call>`.
+    HermesTags,
+    /// Llama 3: objects separated by `;`.
+    Semicolons,
+    /// Mistral's `[...]` array.
+    Array,
+    /// One object and nothing after it (Mistral's `[TOOL_CALLS]{...}`).
+    Single,
+}
+
+/// The state of one call object being read.
+#[derive(Debug, Clone)]
+struct CallObject {
+    phase: Phase,
+    name: Option<String>,
+    /// Arguments read before the name, given out when it arrives.
+    early_arguments: Option<String>,
+    arguments_given: bool,
+    /// The object opened without a marker: it is a call only if its first key is one.
+    bare: bool,
+    keys_seen: usize,
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    /// After `{` or `,`: a key or `}`.
+    KeyOrEnd,
+    Key(StringLiteral),
+    Colon(Key),
+    ValueStart(Key),
+    Name(StringLiteral),
+    ArgumentsObject(NestingScanner),
+    ArgumentsString(StringLiteral),
+    /// A value we do not use (`"id": ...`), skipped: a string, a nested value, or a scalar.
+    OtherString(StringLiteral),
+    OtherNested(NestingScanner),
+    OtherScalar,
+    /// After a value: `,` or `}`.
+    AfterValue,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Name,
+    Arguments,
+    Other,
+}
+
+/// What became of one character fed to a call state.
+enum Fed {
+    Consumed,
+    /// The state changed without taking the character; feed it again.
+    Again,
+}
+
+impl ToolCallParser {
+    pub fn new(format: ToolCallFormat) -> Self {
+        Self {
+            format,
+            state: State::Text,
+            pending: String::new(),
+            raw: String::new(),
+            next_index: 0,
+            after_call: false,
+            at_boundary: true,
+            unstarted: false,
+            bare_opening: false,
+        }
+    }
+
+    /// Parses the next piece of generated text, appending what it completes to `out`.
+    pub fn push(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
+        self.pending.push_str(text);
+        let pending = std::mem::take(&mut self.pending);
+        let mut consumed = 0;
+        while consumed < pending.len() {
+            if let State::Text = self.state {
+                let (taken, waiting) = self.scan_text(&pending[consumed..], out);
+                consumed += taken;
+                if waiting {
+                    break;
+                }
+                continue;
+            }
+            let c = pending[consumed..]
+                .chars()
+                .next()
+                .expect("consumed stops on a character boundary");
+            if let Fed::Consumed = self.feed_call(c, out) {
+                consumed += c.len_utf8();
+                if self.unstarted {
+                    self.raw.push(c);
+                }
+            }
+        }
+        self.pending = pending[consumed..].to_string();
+    }
+
+    /// Ends the response: held-back text and a call that never started come out as content.
+    /// A call that started stays as it is (see the type's documentation).
+    pub fn finish(&mut self, out: &mut Vec<ToolEvent>) {
+        let held = std::mem::take(&mut self.pending);
+        if self.unstarted {
+            self.not_a_call(out);
+        }
+        if let State::Text = self.state {
+            self.emit_content(&held, out);
+        }
+        self.state = State::Text;
+    }
+
+    /// Content: finds the next call opening in `text`, gives out the content before it and
+    /// enters the call. Returns the bytes taken and whether it is waiting for more text (no
+    /// opening found; the possible start of one is held back).
+    fn scan_text(&mut self, text: &str, out: &mut Vec<ToolEvent>) -> (usize, bool) {
+        let marker = self.format.opening_marker();
+        let mut opening: Option<(usize, usize)> = text.find(marker).map(|at| (at, marker.len()));
+        if let (true, Some(opener)) = (self.at_boundary, self.format.bare_opener()) {
+            if let Some((at, c)) = text.char_indices().find(|(_, c)| !c.is_whitespace()) {
+                let rest = &text[at..];
+                let could_be_marker = marker.starts_with(rest) && rest.len() < marker.len();
+                if c == opener && !rest.starts_with(marker) && !could_be_marker {
+                    opening = Some((at, opener.len_utf8()));
+                }
+            }
+        }
+        let Some((at, length)) = opening else {
+            let held_from = hold_point(text, marker);
+            self.emit_content(&text[..held_from], out);
+            return (held_from, true);
+        };
+        // Whitespace before a call only separates it from the content.
+        self.emit_content(text[..at].trim_end(), out);
+        let opened = &text[at..at + length];
+        self.raw = opened.to_string();
+        self.unstarted = true;
+        self.bare_opening = opened != marker;
+        self.state = match (opened == marker, self.format) {
+            (true, ToolCallFormat::Hermes) => State::BeforeObject(Container::HermesTags),
+            (true, ToolCallFormat::Llama3Json) => State::BeforeObject(Container::Semicolons),
+            (true, ToolCallFormat::Mistral) => State::MistralAfterMarker,
+            (false, ToolCallFormat::Mistral) => State::BeforeObject(Container::Array),
+            (false, _) => State::Object(Box::new(CallObject::new(true)), Container::Semicolons),
+        };
+        (at + length, false)
+    }
+
+    /// Feeds one character of call text to the current state.
+    fn feed_call(&mut self, c: char, out: &mut Vec<ToolEvent>) -> Fed {
+        let state = std::mem::replace(&mut self.state, State::Text);
+        let (next, fed) = match state {
+            State::Text => unreachable!("content is scanned, not fed"),
+            State::BeforeObject(container) => {
+                if c.is_whitespace() {
+                    (State::BeforeObject(container), Fed::Consumed)
+                } else if c == '{' {
+                    // After a bare `[`, the object must look like a call; after a marker the
+                    // model said it is calling.
+                    let object = CallObject::new(self.bare_opening);
+                    (State::Object(Box::new(object), container), Fed::Consumed)
+                } else {
+                    return self.not_a_call(out);
+                }
+            }
+            State::MistralAfterMarker => match c {
+                c if c.is_whitespace() => (State::MistralAfterMarker, Fed::Consumed),
+                '[' => (State::BeforeObject(Container::Array), Fed::Consumed),
+                '{' => (
+                    State::Object(Box::new(CallObject::new(false)), Container::Single),
+                    Fed::Consumed,
+                ),
+                c if is_function_name_char(c) => (State::MistralName(c.to_string()), Fed::Consumed),
+                _ => return self.not_a_call(out),
+            },
+            State::MistralName(mut text) => {
+                text.push(c);
+                if let Some(name_and_id) = text.strip_suffix("[ARGS]") {
+                    // Newer Mistral templates put `[CALL_ID]id` between the name and
+                    // `[ARGS]`.
+                    let name = name_and_id
+                        .split_once("[CALL_ID]")
+                        .map_or(name_and_id, |(name, _)| name);
+                    self.start_call(name.to_string(), out);
+                    (State::BareArguments(None), Fed::Consumed)
+                } else if c == '\n' || text.len() > MAX_MARKUP_NAME_BYTES {
+                    // `c` was not kept in `raw` yet: it is read again as content.
+                    return self.not_a_call(out);
+                } else {
+                    (State::MistralName(text), Fed::Consumed)
+                }
+            }
+            State::BareArguments(None) => {
+                if c.is_whitespace() {
+                    (State::BareArguments(None), Fed::Consumed)
+                } else if c == '{' {
+                    let mut scanner = NestingScanner::default();
+                    scanner.feed(c);
+                    self.emit_arguments(&c.to_string(), out);
+                    (State::BareArguments(Some(scanner)), Fed::Consumed)
+                } else {
+                    // No arguments object: the call has none.
+                    self.emit_arguments("{}", out);
+                    self.end_call();
+                    (State::Text, Fed::Again)
+                }
+            }
+            State::BareArguments(Some(mut scanner)) => {
+                self.emit_arguments(&c.to_string(), out);
+                if scanner.feed(c) {
+                    self.end_call();
+                    (State::Text, Fed::Consumed)
+                } else {
+                    (State::BareArguments(Some(scanner)), Fed::Consumed)
+                }
+            }
+            State::Object(mut object, container) => {
+                match self.feed_object(&mut object, c, out) {
+                    ObjectStep::Continue(fed) => (State::Object(object, container), fed),
+                    ObjectStep::Closed => {
+                        if object.name.is_none() {
+                            // A complete object without a name: the `}` is content too.
+                            self.raw.push(c);
+                            self.not_a_call(out);
+                            return Fed::Consumed;
+                        }
+                        if !object.arguments_given {
+                            self.emit_arguments("{}", out);
+                        }
+                        self.end_call();
+                        let next = match container {
+                            Container::Single => State::Text,
+                            container => State::AfterObject(container),
+                        };
+                        (next, Fed::Consumed)
+                    }
+                    ObjectStep::NotACall => return self.not_a_call(out),
+                    ObjectStep::Broken => {
+                        self.end_call();
+                        match container {
+                            Container::HermesTags => {
+                                (State::SkipToClosingTag(String::new()), Fed::Again)
+                            }
+                            _ => (State::Text, Fed::Again),
+                        }
+                    }
+                }
+            }
+            State::AfterObject(container) => match (container, c) {
+                (_, c) if c.is_whitespace() => (State::AfterObject(container), Fed::Consumed),
+                (Container::HermesTags, _) => (State::SkipToClosingTag(String::new()), Fed::Again),
+                (Container::Semicolons, ';') | (Container::Array, ',') => {
+                    // Another call follows; `c` opens its text.
+                    self.unstarted = true;
+                    (State::BeforeObject(container), Fed::Consumed)
+                }
+                (Container::Array, ']') => (State::Text, Fed::Consumed),
+                _ => (State::Text, Fed::Again),
+            },
+            State::SkipToClosingTag(mut tail) => {
+                tail.push(c);
+                if tail.ends_with(HERMES_CLOSING_TAG) {
+                    (State::Text, Fed::Consumed)
+                } else {
+                    if tail.len() > HERMES_CLOSING_TAG.len() {
+                        let keep_from = tail.len() - HERMES_CLOSING_TAG.len();
+                        let keep_from = (keep_from..tail.len())
+                            .find(|at| tail.is_char_boundary(*at))
+                            .unwrap_or(tail.len());
+                        tail.drain(..keep_from);
+                    }
+                    (State::SkipToClosingTag(tail), Fed::Consumed)
+                }
+            }
+        };
+        self.state = next;
+        fed
+    }
+
+    /// One character inside a call object.
+    fn feed_object(
+        &mut self,
+        object: &mut CallObject,
+        c: char,
+        out: &mut Vec<ToolEvent>,
+    ) -> ObjectStep {
+        let phase = std::mem::replace(&mut object.phase, Phase::AfterValue);
+        object.phase = match phase {
+            Phase::KeyOrEnd => match c {
+                c if c.is_whitespace() => Phase::KeyOrEnd,
+                '"' => {
+                    let mut key = StringLiteral::default();
+                    key.feed(c);
+                    Phase::Key(key)
+                }
+                '}' => return ObjectStep::Closed,
+                _ => return object.broken(),
+            },
+            Phase::Key(mut literal) => {
+                if !literal.feed(c) {
+                    object.phase = Phase::Key(literal);
+                    return ObjectStep::Continue(Fed::Consumed);
+                }
+                let key = match literal.decode().as_deref() {
+                    Some("name") if object.name.is_none() => Key::Name,
+                    Some("arguments" | "parameters")
+                        if !object.arguments_given && object.early_arguments.is_none() =>
+                    {
+                        Key::Arguments
+                    }
+                    _ => Key::Other,
+                };
+                object.keys_seen += 1;
+                if object.bare && object.keys_seen == 1 && key == Key::Other {
+                    return ObjectStep::NotACall;
+                }
+                Phase::Colon(key)
+            }
+            Phase::Colon(key) => match c {
+                c if c.is_whitespace() => Phase::Colon(key),
+                ':' => Phase::ValueStart(key),
+                _ => return object.broken(),
+            },
+            Phase::ValueStart(key) => match (key, c) {
+                (_, c) if c.is_whitespace() => Phase::ValueStart(key),
+                (Key::Name, '"') => {
+                    let mut literal = StringLiteral::default();
+                    literal.feed(c);
+                    Phase::Name(literal)
+                }
+                (Key::Name, _) => return object.broken(),
+                (Key::Arguments, '{') => {
+                    let mut scanner = NestingScanner::default();
+                    scanner.feed(c);
+                    self.arguments_text(object, c, out);
+                    Phase::ArgumentsObject(scanner)
+                }
+                (Key::Arguments, '"') => {
+                    let mut literal = StringLiteral::default();
+                    literal.feed(c);
+                    Phase::ArgumentsString(literal)
+                }
+                (_, '"') => {
+                    let mut literal = StringLiteral::default();
+                    literal.feed(c);
+                    Phase::OtherString(literal)
+                }
+                (_, '{' | '[') => {
+                    let mut scanner = NestingScanner::default();
+                    scanner.feed(c);
+                    Phase::OtherNested(scanner)
+                }
+                (_, ',' | '}' | ']' | ':') => return object.broken(),
+                _ => Phase::OtherScalar,
+            },
+            Phase::Name(mut literal) => {
+                if !literal.feed(c) {
+                    object.phase = Phase::Name(literal);
+                    return ObjectStep::Continue(Fed::Consumed);
+                }
+                let Some(name) = literal.decode() else {
+                    return object.broken();
+                };
+                object.name = Some(name.clone());
+                self.start_call(name, out);
+                if let Some(arguments) = object.early_arguments.take() {
+                    self.emit_arguments(&arguments, out);
+                    object.arguments_given = true;
+                }
+                Phase::AfterValue
+            }
+            Phase::ArgumentsObject(mut scanner) => {
+                self.arguments_text(object, c, out);
+                if scanner.feed(c) {
+                    if object.name.is_some() {
+                        object.arguments_given = true;
+                    }
+                    Phase::AfterValue
+                } else {
+                    Phase::ArgumentsObject(scanner)
+                }
+            }
+            Phase::ArgumentsString(mut literal) => {
+                if !literal.feed(c) {
+                    object.phase = Phase::ArgumentsString(literal);
+                    return ObjectStep::Continue(Fed::Consumed);
+                }
+                let Some(inner) = literal.decode() else {
+                    return object.broken();
+                };
+                // A string holding the JSON object: the object's text is the arguments.
+                let arguments = if inner.trim().is_empty() {
+                    "{}".to_string()
+                } else {
+                    inner
+                };
+                if object.name.is_some() {
+                    self.emit_arguments(&arguments, out);
+                    object.arguments_given = true;
+                } else {
+                    object.early_arguments = Some(arguments);
+                }
+                Phase::AfterValue
+            }
+            Phase::OtherString(mut literal) => {
+                if literal.feed(c) {
+                    Phase::AfterValue
+                } else {
+                    Phase::OtherString(literal)
+                }
+            }
+            Phase::OtherNested(mut scanner) => {
+                if scanner.feed(c) {
+                    Phase::AfterValue
+                } else {
+                    Phase::OtherNested(scanner)
+                }
+            }
+            Phase::OtherScalar => match c {
+                ',' | '}' => {
+                    object.phase = Phase::AfterValue;
+                    return ObjectStep::Continue(Fed::Again);
+                }
+                c if c.is_whitespace() => Phase::AfterValue,
+                _ => Phase::OtherScalar,
+            },
+            Phase::AfterValue => match c {
+                c if c.is_whitespace() => Phase::AfterValue,
+                ',' => Phase::KeyOrEnd,
+                '}' => return ObjectStep::Closed,
+                _ => return object.broken(),
+            },
+        };
+        ObjectStep::Continue(Fed::Consumed)
+    }
+
+    /// One character of an arguments object: given out when the call has started, else kept
+    /// until the name arrives.
+    fn arguments_text(&mut self, object: &mut CallObject, c: char, out: &mut Vec<ToolEvent>) {
+        if object.name.is_some() {
+            self.emit_arguments(&c.to_string(), out);
+        } else {
+            object
+                .early_arguments
+                .get_or_insert_with(String::new)
+                .push(c);
+        }
+    }
+
+    /// The open call is not one after all (it had not started): its text so far is content,
+    /// and the character that showed it is read again as content.
+    fn not_a_call(&mut self, out: &mut Vec<ToolEvent>) -> Fed {
+        let raw = std::mem::take(&mut self.raw);
+        self.unstarted = false;
+        self.bare_opening = false;
+        self.state = State::Text;
+        self.emit_content(&raw, out);
+        Fed::Again
+    }
+
+    fn start_call(&mut self, name: String, out: &mut Vec<ToolEvent>) {
+        self.raw.clear();
+        self.unstarted = false;
+        self.bare_opening = false;
+        out.push(ToolEvent::CallStart {
+            index: self.next_index,
+            name,
+        });
+    }
+
+    fn end_call(&mut self) {
+        self.next_index += 1;
+        self.raw.clear();
+        self.unstarted = false;
+        self.after_call = true;
+        self.at_boundary = true;
+    }
+
+    fn emit_arguments(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
+        let index = self.next_index;
+        if let Some(ToolEvent::CallArguments {
+            index: last_index,
+            fragment,
+        }) = out.last_mut()
+        {
+            if *last_index == index {
+                fragment.push_str(text);
+                return;
+            }
+        }
+        out.push(ToolEvent::CallArguments {
+            index,
+            fragment: text.to_string(),
+        });
+    }
+
+    fn emit_content(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
+        let text = if self.after_call {
+            text.trim_start()
+        } else {
+            text
+        };
+        if text.is_empty() {
+            return;
+        }
+        if !text.trim().is_empty() {
+            self.after_call = false;
+            self.at_boundary = false;
+        }
+        if let Some(ToolEvent::Content(last)) = out.last_mut() {
+            last.push_str(text);
+        } else {
+            out.push(ToolEvent::Content(text.to_string()));
+        }
+    }
+}
+
+const HERMES_CLOSING_TAG: &str = "</tool_call>";
+
+/// Longest function name read in Mistral's `name[ARGS]` form before deciding it is no call.
+const MAX_MARKUP_NAME_BYTES: usize = 256;
+
+fn is_function_name_char(c: char) -> bool {
+    c.is_alphanumeric() || matches!(c, '_' | '-' | '.')
+}
+
+enum ObjectStep {
+    Continue(Fed),
+    /// The object's closing `}`.
+    Closed,
+    /// A bare object whose first key is not a call's.
+    NotACall,
+    /// Text that cannot continue the object.
+    Broken,
+}
+
+impl CallObject {
+    fn new(bare: bool) -> Self {
+        Self {
+            phase: Phase::KeyOrEnd,
+            name: None,
+            early_arguments: None,
+            arguments_given: false,
+            bare,
+            keys_seen: 0,
+        }
+    }
+
+    /// The object cannot be read further: before the name this is not a call, after it the
+    /// call ends here.
+    fn broken(&self) -> ObjectStep {
+        if self.name.is_none() {
+            ObjectStep::NotACall
+        } else {
+            ObjectStep::Broken
+        }
+    }
+}
+
+/// A JSON string literal read a character at a time, quotes included.
+#[derive(Debug, Clone, Default)]
+struct StringLiteral {
+    text: String,
+    escaped: bool,
+}
+
+impl StringLiteral {
+    /// Reads the next character (the opening quote first); true when it closed the string.
+    fn feed(&mut self, c: char) -> bool {
+        let opening = self.text.is_empty();
+        self.text.push(c);
+        if opening {
+            return false;
+        }
+        if self.escaped {
+            self.escaped = false;
+            return false;
+        }
+        match c {
+            '\\' => {
+                self.escaped = true;
+                false
+            }
+            '"' => true,
+            _ => false,
+        }
+    }
+
+    /// The string's value, escapes resolved; `None` for an invalid escape.
+    fn decode(&self) -> Option<String> {
+        serde_json::from_str(&self.text).ok()
+    }
+}
+
+/// Follows a JSON object or array a character at a time: its depth, and whether it is inside a
+/// string, where braces and quotes behind a backslash do not count.
+#[derive(Debug, Clone, Default)]
+struct NestingScanner {
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+}
+
+impl NestingScanner {
+    /// Reads the next character (the opening bracket first); true when it closed the value.
+    fn feed(&mut self, c: char) -> bool {
+        if self.in_string {
+            if self.escaped {
+                self.escaped = false;
+            } else if c == '\\' {
+                self.escaped = true;
+            } else if c == '"' {
+                self.in_string = false;
+            }
+            return false;
+        }
+        match c {
+            '"' => self.in_string = true,
+            '{' | '[' => self.depth += 1,
+            '}' | ']' => {
+                self.depth = self.depth.saturating_sub(1);
+                return self.depth == 0;
+            }
+            _ => {}
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ToolCallFormat::{Hermes, Llama3Json, Mistral};
+
+    /// Joins neighbouring events of the same kind, as a client joins streamed deltas.
+    fn merged(events: Vec<ToolEvent>) -> Vec<ToolEvent> {
+        let mut out: Vec<ToolEvent> = Vec::new();
+        for event in events {
+            match (out.last_mut(), event) {
+                (Some(ToolEvent::Content(last)), ToolEvent::Content(text)) => last.push_str(&text),
+                (
+                    Some(ToolEvent::CallArguments {
+                        index: last_index,
+                        fragment: last,
+                    }),
+                    ToolEvent::CallArguments { index, fragment },
+                ) if *last_index == index => last.push_str(&fragment),
+                (_, event) => out.push(event),
+            }
+        }
+        out
+    }
+
+    fn parse_chunks<'a>(
+        format: ToolCallFormat,
+        chunks: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<ToolEvent> {
+        let mut parser = format.parser();
+        let mut out = Vec::new();
+        for chunk in chunks {
+            parser.push(chunk, &mut out);
+        }
+        parser.finish(&mut out);
+        merged(out)
+    }
+
+    /// Parses `text` whole, then checks that one character at a time, every split in two and
+    /// many random chunkings give the same events; returns them.
+    fn parse(format: ToolCallFormat, text: &str) -> Vec<ToolEvent> {
+        let whole = parse_chunks(format, [text]);
+        let boundaries: Vec<usize> = text.char_indices().map(|(at, _)| at).skip(1).collect();
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        assert_eq!(
+            parse_chunks(format, chars.iter().map(String::as_str)),
+            whole,
+            "by character: {text:?}"
+        );
+        for &at in &boundaries {
+            let halves = [&text[..at], &text[at..]];
+            assert_eq!(
+                parse_chunks(format, halves),
+                whole,
+                "split at {at}: {text:?}"
+            );
+        }
+        let mut seed = 0x9e37_79b9_u64;
+        for _ in 0..50 {
+            let mut cuts: Vec<usize> = boundaries
+                .iter()
+                .copied()
+                .filter(|_| {
+                    seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    seed >> 62 == 0
+                })
+                .collect();
+            cuts.insert(0, 0);
+            cuts.push(text.len());
+            let chunks = cuts.windows(2).map(|w| &text[w[0]..w[1]]);
+            assert_eq!(
+                parse_chunks(format, chunks),
+                whole,
+                "cuts {cuts:?}: {text:?}"
+            );
+        }
+        whole
+    }
+
+    fn content(text: &str) -> ToolEvent {
+        ToolEvent::Content(text.to_string())
+    }
+
+    fn call(index: usize, name: &str, arguments: &str) -> [ToolEvent; 2] {
+        [
+            ToolEvent::CallStart {
+                index,
+                name: name.to_string(),
+            },
+            ToolEvent::CallArguments {
+                index,
+                fragment: arguments.to_string(),
+            },
+        ]
+    }
+
+    fn events<const N: usize>(groups: [&[ToolEvent]; N]) -> Vec<ToolEvent> {
+        groups.iter().flat_map(|g| g.iter().cloned()).collect()
+    }
+
+    #[test]
+    fn names_round_trip_and_templates_are_recognized() {
+        for (format, name) in ToolCallFormat::ALL.iter().zip(ToolCallFormat::NAMES) {
+            assert_eq!(ToolCallFormat::from_name(name), Some(*format));
+            assert_eq!(format.name(), name);
+        }
+        assert_eq!(ToolCallFormat::from_name("pythonic"), None);
+        let qwen = "{%- if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\nFor each function call, return a json object within <tool_call></tool_call>";
+        assert_eq!(ToolCallFormat::detect(qwen), Some(Hermes));
+        assert_eq!(
+            ToolCallFormat::detect(
+                "{{ '[AVAILABLE_TOOLS]' }}{% if m.tool_calls %}[TOOL_CALLS][{% endif %}"
+            ),
+            Some(Mistral)
+        );
+        let llama = "{{- '<|start_header_id|>ipython<|end_header_id|>' }} Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.";
+        assert_eq!(ToolCallFormat::detect(llama), Some(Llama3Json));
+        assert_eq!(
+            ToolCallFormat::detect("{{ '<|python_tag|>' }}"),
+            Some(Llama3Json)
+        );
+        assert_eq!(
+            ToolCallFormat::detect("{% for m in messages %}{{ m.content }}{% endfor %}"),
+            None
+        );
+    }
+
+    #[test]
+    fn hermes_calls_are_split_from_content() {
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich \\\"}{\", \"n\": [1, {\"x\": null}]}}\n</tool_call>\n<tool_call>\n{\"name\": \"time\", \"arguments\": {}}\n</tool_call>\n";
+        assert_eq!(
+            parse(Hermes, text),
+            events([
+                &[content("Let me check.")],
+                &call(
+                    0,
+                    "get_weather",
+                    "{\"city\": \"Zürich \\\"}{\", \"n\": [1, {\"x\": null}]}"
+                ),
+                &call(1, "time", "{}"),
+            ])
+        );
+    }
+
+    #[test]
+    fn content_streams_until_it_could_be_a_marker() {
+        let mut parser = Hermes.parser();
+        let mut out = Vec::new();
+        parser.push("Hello a<b, <tool_", &mut out);
+        assert_eq!(out, vec![content("Hello a<b,")]);
+        out.clear();
+        parser.push("call>\n{\"name\": \"f\", \"arguments\": {\"a\": ", &mut out);
+        assert_eq!(
+            out,
+            vec![
+                ToolEvent::CallStart {
+                    index: 0,
+                    name: "f".into()
+                },
+                ToolEvent::CallArguments {
+                    index: 0,
+                    fragment: "{\"a\": ".into()
+                },
+            ]
+        );
+        out.clear();
+        parser.push("1}}\n</tool_call>", &mut out);
+        parser.finish(&mut out);
+        assert_eq!(
+            out,
+            vec![ToolEvent::CallArguments {
+                index: 0,
+                fragment: "1}".into()
+            }]
+        );
+        // A '<' that does not become a marker is content, whitespace included.
+        assert_eq!(
+            parse(Hermes, "a <b> <tool c\n"),
+            vec![content("a <b> <tool c\n")]
+        );
+        assert_eq!(
+            parse(Hermes, "ends with <tool_"),
+            vec![content("ends with <tool_")]
+        );
+    }
+
+    #[test]
+    fn arguments_before_name_and_arguments_as_a_string_are_read() {
+        assert_eq!(
+            parse(
+                Hermes,
+                "<tool_call>{\"arguments\": {\"x\": \"{\"}, \"name\": \"f\"}</tool_call>"
+            ),
+            call(0, "f", "{\"x\": \"{\"}").to_vec()
+        );
+        assert_eq!(
+            parse(
+                Hermes,
+                "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}</tool_call>"
+            ),
+            call(0, "f", "{\"x\": 1}").to_vec()
+        );
+        // Unknown keys are skipped; a call without arguments has an empty object.
+        assert_eq!(
+            parse(Hermes, "<tool_call>{\"id\": 7, \"type\": \"function\", \"name\": \"n\\u00e9\", \"extra\": [1, \"]\"]}</tool_call>"),
+            call(0, "né", "{}").to_vec()
+        );
+    }
+
+    #[test]
+    fn text_after_calls_is_content_unless_only_whitespace() {
+        assert_eq!(
+            parse(
+                Hermes,
+                "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n\nDone, see above.\n"
+            ),
+            events([&call(0, "f", "{}"), &[content("Done, see above.\n")]])
+        );
+        assert_eq!(
+            parse(
+                Hermes,
+                "  \n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>  \n "
+            ),
+            call(0, "f", "{}").to_vec()
+        );
+    }
+
+    #[test]
+    fn malformed_calls_before_their_start_are_given_back_as_content() {
+        for text in [
+            "<tool_call>\nnot json",
+            "<tool_call>{\"na",
+            "<tool_call>{\"arguments\": {}}</tool_call>",
+            "Sure <tool_call> {\"name\": 3}",
+        ] {
+            let got = parse(Hermes, text);
+            let joined: String = got
+                .iter()
+                .map(|e| match e {
+                    ToolEvent::Content(t) => t.as_str(),
+                    other => panic!("{other:?} in {text:?}"),
+                })
+                .collect();
+            // Whitespace just before the marker is the only text that may go.
+            assert_eq!(joined.replace(' ', ""), text.replace(' ', ""), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_started_call_stays_started_when_the_text_breaks_off() {
+        // Cut at the token limit: the arguments given out are all there is.
+        assert_eq!(
+            parse(
+                Hermes,
+                "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, 2"
+            ),
+            call(0, "f", "{\"a\": [1, 2").to_vec()
+        );
+        // Nonsense inside a started Hermes call is dropped up to the closing tag.
+        assert_eq!(
+            parse(Hermes, "<tool_call>{\"name\": \"f\" oops}</tool_call>after"),
+            vec![
+                ToolEvent::CallStart {
+                    index: 0,
+                    name: "f".into()
+                },
+                content("after"),
+            ]
+        );
+    }
+
+    #[test]
+    fn llama3_json_calls_with_and_without_python_tag() {
+        let expected = events([
+            &call(0, "f", "{\"a\": [1, {\"b\": \"}\"}]}"),
+            &call(1, "g", "{}"),
+        ]);
+        for text in [
+            "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"a\": [1, {\"b\": \"}\"}]}}; {\"name\": \"g\", \"parameters\": {}}",
+            "\n{\"name\": \"f\", \"parameters\": {\"a\": [1, {\"b\": \"}\"}]}};{\"name\": \"g\", \"arguments\": {}}",
+            "{\"name\": \"f\", \"parameters\": {\"a\": [1, {\"b\": \"}\"}]}}\n{\"name\": \"g\"}",
+        ] {
+            assert_eq!(parse(Llama3Json, text), expected, "{text:?}");
+        }
+        // JSON that is no call, and JSON after words, are content.
+        assert_eq!(
+            parse(Llama3Json, "{\"result\": 5}\n"),
+            vec![content("{\"result\": 5}\n")]
+        );
+        assert_eq!(
+            parse(Llama3Json, "I would call {\"name\": \"f\"}"),
+            vec![content("I would call {\"name\": \"f\"}")]
+        );
+        assert_eq!(
+            parse(Llama3Json, "  { not json"),
+            vec![content("{ not json")]
+        );
+    }
+
+    #[test]
+    fn mistral_calls_in_every_form() {
+        let expected = events([&call(0, "f", "{\"a\": \"é\"}"), &call(1, "g", "{}")]);
+        for text in [
+            "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": \"é\"}}, {\"name\": \"g\", \"arguments\": {}}]",
+            "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"a\": \"é\"}, \"id\": \"abc123def\"},{\"name\": \"g\"}]",
+            // `[TOOL_CALLS]` is a control token: decoding may have dropped it.
+            "[{\"name\": \"f\", \"arguments\": {\"a\": \"é\"}}, {\"name\": \"g\", \"arguments\": {}}]",
+            "[TOOL_CALLS]f[ARGS]{\"a\": \"é\"}[TOOL_CALLS]g[ARGS]{}",
+            "[TOOL_CALLS]f[CALL_ID]abc123def[ARGS]{\"a\": \"é\"}[TOOL_CALLS]g[ARGS]{}",
+        ] {
+            assert_eq!(parse(Mistral, text), expected, "{text:?}");
+        }
+        assert_eq!(
+            parse(Mistral, "Hi [TOOL_CALLS]f[ARGS]{}"),
+            events([&[content("Hi")], &call(0, "f", "{}")])
+        );
+        assert_eq!(
+            parse(Mistral, "[1, 2] are [TOOL"),
+            vec![content("[1, 2] are [TOOL")]
+        );
+        assert_eq!(parse(Mistral, "[\"x\"]"), vec![content("[\"x\"]")]);
+    }
+
+    #[test]
+    fn grammars_name_each_tool_with_its_parameters() {
+        let tools = [
+            FunctionSpec {
+                name: "get_weather".into(),
+                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+            },
+            FunctionSpec {
+                name: "now".into(),
+                parameters: Value::Null,
+            },
+        ];
+        let grammar = Hermes.forced_call_grammar(&tools, false);
+        assert!(
+            grammar.starts_with("start: call\ncall: \"<tool_call>\\n\" %json {"),
+            "{grammar}"
+        );
+        assert!(
+            grammar.contains(r#"{"const":"get_weather"}"#)
+                && grammar.contains(r#""arguments":{"type":"object"}"#)
+        );
+        assert!(Llama3Json
+            .forced_call_grammar(&tools, true)
+            .contains("start: call (\"; \" call)*"));
+        assert!(Mistral
+            .forced_call_grammar(&tools, true)
+            .starts_with("start: \"[TOOL_CALLS][\" call (\", \" call)* \"]\""));
+        assert_eq!(
+            FunctionSpec::from_openai_tool(
+                &json!({"type": "function", "function": {"name": "now"}})
+            ),
+            Some(tools[1].clone())
+        );
+    }
+}
