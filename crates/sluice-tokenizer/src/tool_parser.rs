@@ -334,6 +334,7 @@ enum Fed {
 }
 
 impl ToolCallParser {
+    /// A parser for one response in `format` (the same as [`ToolCallFormat::parser`]).
     pub fn new(format: ToolCallFormat) -> Self {
         Self {
             format,
