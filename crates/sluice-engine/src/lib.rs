@@ -8,6 +8,7 @@ pub mod block_manager;
 pub mod engine;
 mod engine_loop;
 pub mod events;
+pub mod gbnf;
 pub mod handle;
 pub mod logits;
 pub mod metrics;
