@@ -26,10 +26,13 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
+use rayon::prelude::*;
+
 use sluice_model::StepBatch;
 use sluice_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::constraint::SeqConstraint;
 use crate::events::{Event, TokenEvent};
 use crate::handle::{Command, Shared, Submission};
 use crate::model::Model;
@@ -68,6 +71,11 @@ pub(crate) struct EngineLoop {
     /// Finish events held until the step has freed the finished sequences' blocks.
     finish_events: Vec<(UnboundedSender<Event>, Event)>,
     closed: Vec<RequestId>,
+    /// Requests whose grammar failed this step, with why; they end with an error.
+    constraint_failures: Vec<(RequestId, String)>,
+    /// The step's constrained sequences, whose masks are computed in parallel; empty between
+    /// steps (it borrows the request states).
+    mask_jobs: Vec<&'static mut SeqConstraint>,
 }
 
 enum Flow {
@@ -103,6 +111,8 @@ impl EngineLoop {
             finished: Vec::new(),
             finish_events: Vec::new(),
             closed: Vec::new(),
+            constraint_failures: Vec::new(),
+            mask_jobs: Vec::new(),
         }
     }
 
@@ -293,12 +303,54 @@ impl EngineLoop {
         for (events, event) in self.finish_events.drain(..) {
             let _ = events.send(event);
         }
+        while let Some((id, message)) = self.constraint_failures.pop() {
+            tracing::warn!("request {id:?} failed: {message}");
+            self.end_request(id, FinishReason::Error, Some(message));
+        }
         self.reap_closed();
         self.telemetry.finish_step(&self.scheduler, timing);
     }
 
+    /// Computes the token masks of the step's constrained rows, all at once on the rayon
+    /// pool. A step without constrained rows pays one lookup per row.
+    fn compute_masks(&mut self) {
+        let mut any = false;
+        for s in self.scheduler.output().sampling() {
+            let seq = self
+                .requests
+                .get_mut(&s.seq_id.request)
+                .and_then(|r| r.seqs.get_mut(s.seq_id.index as usize));
+            if let Some(c) = seq.and_then(|seq| seq.constraint.as_deref_mut()) {
+                c.due = true;
+                any = true;
+            }
+        }
+        if !any {
+            return;
+        }
+        let start = Instant::now();
+        let mut jobs = recycle(std::mem::take(&mut self.mask_jobs));
+        jobs.extend(
+            self.requests
+                .values_mut()
+                .flat_map(|r| r.seqs.iter_mut())
+                .filter_map(|seq| seq.constraint.as_deref_mut())
+                .filter(|c| c.due),
+        );
+        jobs.par_iter_mut().for_each(|c| {
+            c.due = false;
+            c.compute_mask();
+        });
+        self.mask_jobs = recycle(jobs);
+        self.telemetry
+            .metrics
+            .mask_duration
+            .record(start.elapsed().as_secs_f64());
+    }
+
     /// Samples every row of the step into `self.tokens` (and `self.sampled`).
     fn sample(&mut self) {
+        self.compute_masks();
         let requests = &self.requests;
         let mut rows = reuse_rows(std::mem::take(&mut self.rows));
         rows.extend(self.scheduler.output().sampling().map(
@@ -311,6 +363,7 @@ impl EngineLoop {
                         prompt_tokens: &r.prompt_set,
                         output_counts: seq.counts.as_ref(),
                         banned: r.stop.banned(seq.generated),
+                        allowed: seq.constraint.as_ref().and_then(|c| c.allowed()),
                     }
                 }
                 None => SampleRow {
@@ -319,6 +372,7 @@ impl EngineLoop {
                     prompt_tokens: &[],
                     output_counts: None,
                     banned: &[],
+                    allowed: None,
                 },
             },
         ));
@@ -347,6 +401,19 @@ impl EngineLoop {
             if seq.done {
                 continue;
             }
+            let grammar_done = match seq
+                .constraint
+                .as_deref_mut()
+                .map(|c| c.commit(sampled.token))
+            {
+                None | Some(Ok(false)) => false,
+                Some(Ok(true)) => true,
+                Some(Err(message)) => {
+                    // The token was sampled without a valid mask: it is not the client's.
+                    self.constraint_failures.push((s.seq_id.request, message));
+                    continue;
+                }
+            };
             generated += 1;
             seq.rng = rng;
             seq.generated += 1;
@@ -368,7 +435,7 @@ impl EngineLoop {
                 metrics.prompt_tokens.increment(r.prompt_len as u64);
             }
             let mut text = String::new();
-            let stopped = seq.text.push(
+            let mut stopped = seq.text.push(
                 &self.tokenizer,
                 &r.stop,
                 sampled.token,
@@ -376,6 +443,9 @@ impl EngineLoop {
                 r.prompt_len + seq.generated,
                 &mut text,
             );
+            if grammar_done && stopped.is_none() {
+                stopped = Some(seq.text.end_by_grammar(&mut text));
+            }
             let event = Event::Token(TokenEvent {
                 index,
                 token: sampled.token,
@@ -442,6 +512,15 @@ impl EngineLoop {
     }
 }
 
+/// `buffer`'s allocation, emptied, retyped to borrow for another step (see [`reuse_rows`]).
+fn recycle<'a, 'b>(mut buffer: Vec<&'a mut SeqConstraint>) -> Vec<&'b mut SeqConstraint> {
+    buffer.clear();
+    buffer
+        .into_iter()
+        .map(|_| unreachable!("the buffer was cleared"))
+        .collect()
+}
+
 /// `buffer`'s allocation, emptied, retyped for rows borrowing from another step. Collecting a
 /// mapped `vec::IntoIter` into a `Vec` whose element has the same layout reuses the source
 /// allocation (std's in-place collect), and the iterator is empty, so this is free: the rows
@@ -478,6 +557,7 @@ mod tests {
             prompt_tokens: &[],
             output_counts: None,
             banned: &[],
+            allowed: None,
         });
         let ptr = rows.as_ptr() as usize;
         let reused: Vec<SampleRow<'static>> = reuse_rows(rows);

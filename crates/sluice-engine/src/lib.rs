@@ -5,6 +5,7 @@
 //! [`EngineHandle`].
 
 pub mod block_manager;
+pub mod constraint;
 pub mod engine;
 mod engine_loop;
 pub mod events;
@@ -25,6 +26,7 @@ mod telemetry;
 pub mod testing;
 
 pub use block_manager::{BlockId, BlockManager, BlockTable, CachedPrefix, PrefixCacheStats};
+pub use constraint::{Constraint, ConstraintCompiler, ConstraintError, Grammar};
 pub use engine::{Engine, EngineConfig, EngineError, ShutdownReport};
 pub use events::{Event, FinishEvent, Timing, TokenEvent, Usage};
 pub use handle::{EngineHandle, EngineStats, RequestStream, SubmitError};

@@ -231,6 +231,37 @@ pub fn kth_largest(
     *kth
 }
 
+/// Sets every logit whose bit is clear in `allowed` to -inf (token `t` is bit `t % 32` of word
+/// `t / 32`; tokens past the words are out). A grammar's mask is mostly whole words of zeros
+/// or ones, which cost one comparison each.
+pub fn keep_allowed(x: &mut [f32], allowed: &[u32]) {
+    for (w, chunk) in x.chunks_mut(32).enumerate() {
+        let bits = allowed.get(w).copied().unwrap_or(0);
+        if bits == u32::MAX {
+            continue;
+        }
+        if bits == 0 {
+            chunk.fill(f32::NEG_INFINITY);
+            continue;
+        }
+        for (b, v) in chunk.iter_mut().enumerate() {
+            if bits & (1 << b) == 0 {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// The lowest token whose bit is set in `allowed`, below `vocab_size`.
+pub fn first_allowed(allowed: &[u32], vocab_size: usize) -> Option<u32> {
+    allowed
+        .iter()
+        .enumerate()
+        .find(|(_, &bits)| bits != 0)
+        .map(|(w, &bits)| (w * 32) as u32 + bits.trailing_zeros())
+        .filter(|&t| (t as usize) < vocab_size)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,5 +366,21 @@ mod tests {
         let ties = [2.0, 5.0, 5.0, 1.0, 5.0];
         top_n(&ties, 2, &mut shortlist);
         assert_eq!(shortlist, vec![(1, 5.0), (2, 5.0)]);
+    }
+
+    #[test]
+    fn keep_allowed_masks_exactly_the_clear_bits() {
+        let mut x: Vec<f32> = (0..70).map(|i| i as f32).collect();
+        // Word 0: tokens 1 and 31; word 1: all; word 2 missing (tokens 64..70 out).
+        let allowed = [0x8000_0002u32, u32::MAX];
+        keep_allowed(&mut x, &allowed);
+        for (t, &v) in x.iter().enumerate() {
+            let kept = t == 1 || t == 31 || (32..64).contains(&t);
+            assert_eq!(v.is_finite(), kept, "token {t}");
+        }
+        assert_eq!(first_allowed(&allowed, 70), Some(1));
+        assert_eq!(first_allowed(&[0, 0, 4], 70), Some(66));
+        assert_eq!(first_allowed(&[0, 0, 4], 65), None);
+        assert_eq!(first_allowed(&[], 65), None);
     }
 }

@@ -22,6 +22,7 @@
 //! | `sluice_request_queue_time_seconds` | histogram | arrival to first scheduled, per request |
 //! | `sluice_tokens_per_step` | histogram | tokens computed by one forward (prefill and decode) |
 //! | `sluice_step_duration_seconds` | histogram | one engine step: schedule, forward, sample, emit |
+//! | `sluice_constraint_mask_seconds` | histogram | computing the grammar masks of one step's constrained rows (steps with any) |
 
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
@@ -47,9 +48,10 @@ pub const E2E_REQUEST_LATENCY: &str = "sluice_e2e_request_latency_seconds";
 pub const REQUEST_QUEUE_TIME: &str = "sluice_request_queue_time_seconds";
 pub const TOKENS_PER_STEP: &str = "sluice_tokens_per_step";
 pub const STEP_DURATION: &str = "sluice_step_duration_seconds";
+pub const CONSTRAINT_MASK_DURATION: &str = "sluice_constraint_mask_seconds";
 
 /// Every name above, for exporters that want to pre-declare buckets or check coverage.
-pub const ALL: [&str; 17] = [
+pub const ALL: [&str; 18] = [
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
     KV_CACHE_BLOCKS_USED,
@@ -67,6 +69,7 @@ pub const ALL: [&str; 17] = [
     REQUEST_QUEUE_TIME,
     TOKENS_PER_STEP,
     STEP_DURATION,
+    CONSTRAINT_MASK_DURATION,
 ];
 
 /// Registered handles, held by the engine thread.
@@ -89,6 +92,7 @@ pub(crate) struct EngineMetrics {
     pub queue_time: Histogram,
     pub tokens_per_step: Histogram,
     pub step_duration: Histogram,
+    pub mask_duration: Histogram,
 }
 
 impl EngineMetrics {
@@ -138,6 +142,11 @@ impl EngineMetrics {
             "Tokens computed per engine step."
         );
         describe_histogram!(STEP_DURATION, Unit::Seconds, "Duration of one engine step.");
+        describe_histogram!(
+            CONSTRAINT_MASK_DURATION,
+            Unit::Seconds,
+            "Time computing one step's grammar masks."
+        );
         Self {
             running: gauge!(REQUESTS_RUNNING),
             waiting: gauge!(REQUESTS_WAITING),
@@ -157,6 +166,7 @@ impl EngineMetrics {
             queue_time: histogram!(REQUEST_QUEUE_TIME),
             tokens_per_step: histogram!(TOKENS_PER_STEP),
             step_duration: histogram!(STEP_DURATION),
+            mask_duration: histogram!(CONSTRAINT_MASK_DURATION),
         }
     }
 

@@ -3,6 +3,8 @@
 //! [`ValidRequest`] is the only thing the engine takes, and every way a request can be
 //! malformed is one [`InvalidRequest`] variant the server turns into a 400.
 
+use crate::constraint::Constraint;
+
 /// Temperatures below this are greedy, as in vLLM: dividing by a tiny temperature only turns
 /// the distribution into an argmax with extra rounding.
 pub const GREEDY_TEMPERATURE: f32 = 1e-5;
@@ -244,6 +246,9 @@ pub struct Request {
     pub max_tokens: Option<usize>,
     pub sampling: SamplingParams,
     pub stop: StopParams,
+    /// The language every sequence's output must belong to (structured outputs, forced tool
+    /// calls), compiled by the server at the edge.
+    pub constraint: Option<Constraint>,
 }
 
 impl Request {
@@ -255,6 +260,7 @@ impl Request {
             max_tokens: Some(max_tokens),
             sampling: SamplingParams::greedy(),
             stop: StopParams::default(),
+            constraint: None,
         }
     }
 }

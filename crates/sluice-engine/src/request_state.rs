@@ -7,6 +7,7 @@ use std::time::Instant;
 use sluice_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::constraint::SeqConstraint;
 use crate::events::{Event, FinishEvent, Timing, Usage};
 use crate::handle::Submission;
 use crate::params::{Request, SamplingParams};
@@ -23,6 +24,8 @@ pub(crate) struct SeqState {
     pub first_token: Option<Instant>,
     pub last_token: Option<Instant>,
     pub done: bool,
+    /// The grammar its output must follow, when the request has one.
+    pub constraint: Option<Box<SeqConstraint>>,
 }
 
 pub(crate) struct RequestState {
@@ -56,6 +59,7 @@ impl RequestState {
             n,
             sampling,
             stop,
+            constraint,
             ..
         } = request;
         let prompt_set = if sampling.repetition_penalty != 1.0 {
@@ -78,6 +82,7 @@ impl RequestState {
                 first_token: None,
                 last_token: None,
                 done: false,
+                constraint: constraint.as_ref().map(|c| Box::new(c.start())),
             })
             .collect();
         let state = Self {

@@ -57,6 +57,9 @@ pub struct SampleRow<'a> {
     pub output_counts: Option<&'a TokenCounts>,
     /// Tokens that may not be chosen this step (EOS and stop ids before `min_tokens`).
     pub banned: &'a [u32],
+    /// With a grammar: the tokens that may be chosen, as bits (token `t` is bit `t % 32` of
+    /// word `t / 32`). Every other token is out, after the bias and penalties.
+    pub allowed: Option<&'a [u32]>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -128,13 +131,31 @@ fn sample_row(x: &mut [f32], row: &mut SampleRow<'_>, scratch: &mut Scratch) -> 
     });
     scratch.saved.clear();
     apply_edits(x, row, logprob_base.is_some().then_some(&mut scratch.saved));
+    if let Some(allowed) = row.allowed {
+        logits::keep_allowed(x, allowed);
+        if logits::max(x) == f32::NEG_INFINITY {
+            // The grammar's only continuations are banned (EOS before `min_tokens`): the
+            // grammar wins, since any other token would break the output's format.
+            let token = logits::first_allowed(allowed, x.len()).unwrap_or(0);
+            return finish_row(x, token, logprob_base, scratch);
+        }
+    }
 
     let token = if params.is_greedy() || params.top_k == 1 {
         logits::argmax(x)
     } else {
         sample_random(x, params, &mut row.rng, scratch)
     } as u32;
+    finish_row(x, token, logprob_base, scratch)
+}
 
+/// The sampled row with the chosen token's logprob read off its logit before any edit.
+fn finish_row(
+    x: &[f32],
+    token: u32,
+    logprob_base: Option<(f32, Vec<(u32, f32)>)>,
+    scratch: &Scratch,
+) -> Sampled {
     let logprobs = logprob_base.map(|(lse, top)| {
         let raw = scratch
             .saved
@@ -392,6 +413,7 @@ mod tests {
                 prompt_tokens: &[],
                 output_counts: None,
                 banned: &[],
+                allowed: None,
             }];
             sampler.sample(&mut logits, &mut rows, &mut out);
             rng = rows[0].rng;
@@ -415,7 +437,55 @@ mod tests {
             prompt_tokens: &[],
             output_counts: None,
             banned: &[],
+            allowed: None,
         }
+    }
+
+    #[test]
+    fn a_mask_limits_greedy_and_random_choices_and_keeps_raw_logprobs() {
+        let x = [5.0, 1.0, 4.0, 0.5, 3.0, 0.0, 0.0, 0.0];
+        // Tokens 1, 3 and 4 allowed.
+        let allowed = [0b1_1010u32];
+        let greedy = SamplingParams {
+            logprobs: Some(1),
+            ..SamplingParams::greedy()
+        };
+        let got = one(
+            &x,
+            SampleRow {
+                allowed: Some(&allowed),
+                ..row(&greedy)
+            },
+        );
+        assert_eq!(got.token, 4);
+        // The logprob is the model's, not the masked distribution's.
+        let lp = got.logprobs.unwrap();
+        assert_eq!(lp.top[0].0, 0);
+        let unmasked = one(&x, row(&greedy)).logprobs.unwrap();
+        assert_eq!(lp.top, unmasked.top);
+        let sampled = SamplingParams::default();
+        for seed in 0..50 {
+            let mut r = row(&sampled);
+            r.rng = SeqRng::new(seed, 0);
+            r.allowed = Some(&allowed);
+            assert!([1, 3, 4].contains(&one(&x, r).token));
+        }
+    }
+
+    #[test]
+    fn a_mask_wins_over_bans_that_leave_nothing() {
+        let x = [5.0, 1.0, 4.0, 0.5];
+        let allowed = [0b0100u32];
+        let p = SamplingParams::greedy();
+        let got = one(
+            &x,
+            SampleRow {
+                banned: &[2],
+                allowed: Some(&allowed),
+                ..row(&p)
+            },
+        );
+        assert_eq!(got.token, 2);
     }
 
     #[test]

@@ -191,6 +191,16 @@ impl TextStream {
         None
     }
 
+    /// Ends the sequence because its grammar is complete: everything held is released, as
+    /// at any other stop that is not a stop string.
+    pub fn end_by_grammar(&mut self, delta: &mut String) -> Stopped {
+        self.flush(delta);
+        Stopped {
+            reason: FinishReason::Stop,
+            stop_reason: None,
+        }
+    }
+
     /// Releases everything still held, the decoder's unfinished bytes included (as U+FFFD,
     /// exactly as a full decode would render them).
     fn flush(&mut self, delta: &mut String) {

@@ -12,7 +12,8 @@ use std::time::Instant;
 
 use futures_util::stream::{self, SelectAll, Stream, StreamExt};
 use rand::Rng;
-use sluice_engine::{Event, FinishEvent, FinishReason, Request, RequestStream, SamplingParams};
+use sluice_engine::SamplingParams;
+use sluice_engine::{Constraint, Event, FinishEvent, FinishReason, Request, RequestStream};
 use sluice_engine::{StopParams, StopReason, TokenEvent, ValidRequest};
 
 use crate::error::{ApiError, ParamNames};
@@ -30,6 +31,8 @@ pub struct GenerationParams {
     pub max_tokens: Option<usize>,
     pub sampling: SamplingParams,
     pub stop: StopParams,
+    /// The grammar every sequence's output must follow.
+    pub constraint: Option<Constraint>,
     /// What this endpoint calls the fields an invalid request is refused for.
     pub names: ParamNames,
 }
@@ -83,6 +86,7 @@ impl Generation {
             max_tokens,
             sampling,
             stop,
+            constraint,
             names,
         } = params;
         let skip_special_tokens = stop.skip_special_tokens;
@@ -95,6 +99,7 @@ impl Generation {
                     max_tokens,
                     sampling: sampling.clone(),
                     stop: stop.clone(),
+                    constraint: constraint.clone(),
                 };
                 model
                     .engine

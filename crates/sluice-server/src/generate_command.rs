@@ -102,6 +102,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             seed: Some(args.seed),
             ..SamplingParams::default()
         },
+        constraint: None,
         stop: StopParams::default(),
     };
     // Checked like a server request (an empty prompt, a temperature out of [0, 2], ...).

@@ -4,6 +4,7 @@
 //! events; they never touch tensors.
 
 pub mod auth;
+pub mod chat_output;
 pub mod config;
 pub mod engine_request;
 pub mod error;
@@ -20,6 +21,8 @@ pub mod serve;
 pub mod shutdown;
 pub mod sse;
 pub mod state;
+pub mod structured;
+pub mod tool_calls;
 
 pub use config::{Config, ServeArgs};
 pub use error::ApiError;

@@ -4,8 +4,9 @@
 //! [`sluice_engine::ValidRequest::new`] checks every one, once, when
 //! [`crate::engine_request::Generation::start`] builds the requests it submits.
 
+use serde_json::{Map, Value};
 use sluice_engine::{SamplingParams, StopParams};
-use sluice_tokenizer::{ChatMessage, ChatTemplate};
+use sluice_tokenizer::{ChatMessage, ChatTemplate, ChatToolCall, RenderOptions};
 
 use crate::error::ApiError;
 use crate::openai::chat::ChatMessageIn;
@@ -80,7 +81,9 @@ pub fn sampling(
     Ok((f.n.unwrap_or(1), sampling, stop))
 }
 
-/// The conversation as the chat template sees it.
+/// The conversation as the chat template sees it: roles checked, a `tool` message's call id
+/// and an assistant turn's calls carried, each call's arguments parsed from the JSON text
+/// OpenAI clients send (templates print them with `tojson`).
 pub fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
@@ -93,28 +96,60 @@ pub fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, Api
         .enumerate()
         .map(|(i, m)| {
             let role = match m.role.as_str() {
-                "system" | "user" | "assistant" => m.role.as_str(),
+                "system" | "user" | "assistant" | "tool" => m.role.as_str(),
                 // OpenAI's newer name for the system role.
                 "developer" => "system",
                 other => {
                     return Err(ApiError::invalid(
                         format!("messages[{i}].role"),
                         format!(
-                            "the role `{other}` is not supported; use system, user or assistant."
+                            "the role `{other}` is not supported; use system, user, assistant \
+                             or tool."
                         ),
                     ))
                 }
             };
-            Ok(ChatMessage::new(role, m.content.0.clone()))
+            let mut message = ChatMessage::new(role, m.content.0.clone());
+            message.name = m.name.clone();
+            message.tool_call_id = m.tool_call_id.clone();
+            if let Some(calls) = &m.tool_calls {
+                if role != "assistant" && !calls.is_empty() {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].tool_calls"),
+                        "only assistant messages carry tool calls.",
+                    ));
+                }
+                for (j, call) in calls.iter().enumerate() {
+                    let arguments = match &call.function.arguments {
+                        Value::String(text) => serde_json::from_str(text).map_err(|e| {
+                            ApiError::invalid(
+                                format!("messages[{i}].tool_calls[{j}].function.arguments"),
+                                format!("the arguments are not valid JSON: {e}"),
+                            )
+                        })?,
+                        other => other.clone(),
+                    };
+                    let id = call.id.clone().unwrap_or_else(|| format!("call_{i}_{j}"));
+                    message.tool_calls.push(ChatToolCall::function(
+                        id,
+                        call.function.name.clone(),
+                        arguments,
+                    ));
+                }
+            }
+            Ok(message)
         })
         .collect()
 }
 
-/// Renders the conversation with the model's template, ending with the assistant's turn.
+/// Renders the conversation with the model's template (shown the request's tools and
+/// `chat_template_kwargs`); with `add_generation_prompt` it ends with the assistant's turn.
 pub fn render_chat(
     template: Option<&ChatTemplate>,
     messages: &[ChatMessageIn],
     add_generation_prompt: bool,
+    tools: Option<&[Value]>,
+    kwargs: Option<&Map<String, Value>>,
 ) -> Result<String, ApiError> {
     let template = template.ok_or_else(|| {
         ApiError::invalid(
@@ -124,7 +159,14 @@ pub fn render_chat(
     })?;
     let messages = chat_messages(messages)?;
     template
-        .render(&messages, add_generation_prompt)
+        .render_with(
+            &messages,
+            &RenderOptions {
+                add_generation_prompt,
+                tools,
+                kwargs,
+            },
+        )
         .map_err(|e| ApiError::invalid("messages", e.to_string()))
 }
 
@@ -175,11 +217,39 @@ mod tests {
     }
 
     #[test]
+    fn tool_history_is_carried_with_parsed_arguments() {
+        let messages: Vec<ChatMessageIn> = serde_json::from_value(serde_json::json!([
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+                "type": "function", "function": {"name": "w", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+        ]))
+        .unwrap();
+        let m = chat_messages(&messages).unwrap();
+        assert_eq!(m[1].tool_calls[0].function.name, "w");
+        assert_eq!(
+            m[1].tool_calls[0].function.arguments,
+            serde_json::json!({"city": "Paris"})
+        );
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("call_1"));
+        let bad: Vec<ChatMessageIn> = serde_json::from_value(serde_json::json!([
+            {"role": "assistant", "tool_calls": [{"function": {"name": "w", "arguments": "{oops"}}]}
+        ]))
+        .unwrap();
+        assert_eq!(
+            chat_messages(&bad).unwrap_err().param.as_deref(),
+            Some("messages[0].tool_calls[0].function.arguments")
+        );
+    }
+
+    #[test]
     fn roles_are_checked() {
         let msg = |role: &str| ChatMessageIn {
             role: role.into(),
             content: crate::openai::chat::MessageContent("x".into()),
             name: None,
+            tool_calls: None,
+            tool_call_id: None,
         };
         assert!(chat_messages(&[msg("system"), msg("user"), msg("assistant")]).is_ok());
         assert_eq!(
@@ -188,6 +258,7 @@ mod tests {
         );
         let e = chat_messages(&[msg("user"), msg("wizard")]).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[1].role"));
+        assert_eq!(chat_messages(&[msg("tool")]).unwrap()[0].role, "tool");
         assert_eq!(
             chat_messages(&[]).unwrap_err().param.as_deref(),
             Some("messages")

@@ -6,7 +6,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use sluice_engine::{EngineHandle, ModelLimits};
+use sluice_engine::{
+    Constraint, ConstraintCompiler, ConstraintError, EngineHandle, Grammar, ModelLimits,
+};
+use sluice_tokenizer::tool_parser::ToolCallFormat;
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::error::ApiError;
@@ -20,6 +23,11 @@ pub struct ServedModel {
     pub chat_template: Option<ChatTemplate>,
     /// Unix seconds when the model was loaded.
     pub created: u64,
+    /// Built at the first constrained request: it walks the whole vocabulary, which a server
+    /// that never sees one should not pay for at start.
+    constraints: OnceLock<Result<ConstraintCompiler, String>>,
+    /// `--tool-call-parser`: the format tool calls are parsed in, over the template's own.
+    pub tool_call_format: Option<ToolCallFormat>,
 }
 
 impl ServedModel {
@@ -29,7 +37,31 @@ impl ServedModel {
             name,
             chat_template,
             created: unix_now(),
+            constraints: OnceLock::new(),
+            tool_call_format: None,
         }
+    }
+
+    /// Compiles a request's grammar against this model's vocabulary; a grammar that does not
+    /// compile is a 400 naming `param`. Blocking (a schema can take milliseconds): call it
+    /// off the async runtime.
+    pub fn compile_constraint(
+        &self,
+        grammar: Grammar,
+        param: &str,
+    ) -> Result<Constraint, ApiError> {
+        let compiler = self
+            .constraints
+            .get_or_init(|| {
+                ConstraintCompiler::new(self.tokenizer().clone(), self.limits().vocab_size)
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| ApiError::invalid(param, e.clone()))?;
+        compiler.compile(grammar).map_err(|e| match e {
+            ConstraintError::Invalid(m) => ApiError::invalid(param, m),
+            ConstraintError::Vocabulary(m) => ApiError::invalid(param, m),
+        })
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {

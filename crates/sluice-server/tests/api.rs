@@ -326,6 +326,14 @@ async fn models_health_version_and_metrics() {
         )
         .await;
     assert_eq!(status, StatusCode::OK);
+    // A constrained request, so the grammar-mask histogram has a sample.
+    let (status, v) = t
+        .post_json(
+            "/v1/completions",
+            &json!({"prompt": "metrics", "max_tokens": 3, "guided_choice": ["a", "b"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
     let (status, headers, body) = t.get("/metrics").await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers["content-type"]

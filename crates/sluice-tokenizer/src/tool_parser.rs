@@ -112,8 +112,15 @@ impl ToolCallFormat {
     /// arguments validate against that tool's parameter schema. The name comes first, so a
     /// streaming client sees it before the arguments. JSON inside is laid out as Python's
     /// `json.dumps` does (`", "`, `": "`), the way these models were trained to write calls.
-    /// With no tools, any name and any arguments object are accepted.
-    pub fn forced_call_grammar(self, tools: &[FunctionSpec], parallel: bool) -> String {
+    /// With no tools, any name and any arguments object are accepted. `strict` (OpenAI's
+    /// flag on a function): a schema keyword the grammar engine cannot enforce makes the
+    /// grammar fail to compile; without it such a keyword is left unenforced.
+    pub fn forced_call_grammar(
+        self,
+        tools: &[FunctionSpec],
+        parallel: bool,
+        strict: bool,
+    ) -> String {
         let arguments_key = self.arguments_key();
         let call_schemas: Vec<Value> = if tools.is_empty() {
             vec![call_schema(
@@ -141,6 +148,7 @@ impl ToolCallFormat {
                 "whitespace_flexible": false,
                 "item_separator": ", ",
                 "key_separator": ": ",
+                "lenient": !strict,
             },
         });
         let (call, separator, prefix, suffix) = match self {
@@ -1241,7 +1249,7 @@ mod tests {
                 parameters: Value::Null,
             },
         ];
-        let grammar = Hermes.forced_call_grammar(&tools, false);
+        let grammar = Hermes.forced_call_grammar(&tools, false, true);
         assert!(
             grammar.starts_with("start: call\ncall: \"<tool_call>\\n\" %json {"),
             "{grammar}"
@@ -1251,10 +1259,10 @@ mod tests {
                 && grammar.contains(r#""arguments":{"type":"object"}"#)
         );
         assert!(Llama3Json
-            .forced_call_grammar(&tools, true)
+            .forced_call_grammar(&tools, true, true)
             .contains("start: call (\"; \" call)*"));
         assert!(Mistral
-            .forced_call_grammar(&tools, true)
+            .forced_call_grammar(&tools, true, true)
             .starts_with("start: \"[TOOL_CALLS][\" call (\", \" call)* \"]\""));
         assert_eq!(
             FunctionSpec::from_openai_tool(

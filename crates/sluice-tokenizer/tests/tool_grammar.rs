@@ -94,7 +94,7 @@ fn forced_calls_compile_accept_valid_calls_and_parse_back() {
         ),
     ];
     for (format, first, separator, second) in cases {
-        let single = format.forced_call_grammar(&tools, false);
+        let single = format.forced_call_grammar(&tools, false, true);
         assert!(accepts(&factory, &single, first), "{format}: {single}");
         assert_eq!(parsed(format, first), vec![weather.clone()]);
         let both = format!("{first}{separator}{second}");
@@ -102,7 +102,7 @@ fn forced_calls_compile_accept_valid_calls_and_parse_back() {
             !accepts(&factory, &single, &both),
             "{format}: one call only"
         );
-        let parallel = format.forced_call_grammar(&tools, true);
+        let parallel = format.forced_call_grammar(&tools, true, true);
         assert!(accepts(&factory, &parallel, &both), "{format}: {parallel}");
         assert!(accepts(&factory, &parallel, first), "{format}");
         assert_eq!(parsed(format, &both), vec![weather.clone(), now.clone()]);
@@ -110,8 +110,8 @@ fn forced_calls_compile_accept_valid_calls_and_parse_back() {
 
     let mistral_one = "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"days\": 2}}]";
     let mistral_two = "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"days\": 2}}, {\"name\": \"now\", \"arguments\": {}}]";
-    let single = ToolCallFormat::Mistral.forced_call_grammar(&tools, false);
-    let parallel = ToolCallFormat::Mistral.forced_call_grammar(&tools, true);
+    let single = ToolCallFormat::Mistral.forced_call_grammar(&tools, false, true);
+    let parallel = ToolCallFormat::Mistral.forced_call_grammar(&tools, true, true);
     assert!(accepts(&factory, &single, mistral_one), "{single}");
     assert!(!accepts(&factory, &single, mistral_two));
     assert!(accepts(&factory, &parallel, mistral_two), "{parallel}");
@@ -128,7 +128,7 @@ fn forced_calls_compile_accept_valid_calls_and_parse_back() {
 #[test]
 fn forced_calls_refuse_unknown_tools_bad_arguments_and_arguments_first() {
     let factory = factory();
-    let grammar = ToolCallFormat::Hermes.forced_call_grammar(&tools(), false);
+    let grammar = ToolCallFormat::Hermes.forced_call_grammar(&tools(), false, true);
     for wrong in [
         // No such tool.
         "<tool_call>\n{\"name\": \"delete_all\", \"arguments\": {}}\n</tool_call>",
@@ -147,7 +147,7 @@ fn forced_calls_refuse_unknown_tools_bad_arguments_and_arguments_first() {
 #[test]
 fn a_grammar_without_tools_takes_any_named_call() {
     let factory = factory();
-    let grammar = ToolCallFormat::Hermes.forced_call_grammar(&[], false);
+    let grammar = ToolCallFormat::Hermes.forced_call_grammar(&[], false, true);
     let text = "<tool_call>\n{\"name\": \"anything\", \"arguments\": {\"x\": [1]}}\n</tool_call>";
     assert!(accepts(&factory, &grammar, text), "{grammar}");
 }

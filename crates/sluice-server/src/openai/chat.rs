@@ -7,7 +7,12 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use super::common::{Seed, StopList, StreamOptions, Usage};
+use super::structured::{
+    ExtraFields, ResponseFormat, StructuredOutputs, ToolCallDelta, ToolCallIn, ToolCallOut,
+    ToolChoice,
+};
 use super::SamplingFields;
+use crate::structured::ConstraintFields;
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
@@ -39,9 +44,39 @@ pub struct ChatRequest {
     pub stop_token_ids: Option<Vec<u32>>,
     pub skip_special_tokens: Option<bool>,
     pub include_stop_str_in_output: Option<bool>,
+    // Structured outputs: OpenAI's, then vLLM's.
+    pub response_format: Option<ResponseFormat>,
+    pub structured_outputs: Option<StructuredOutputs>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+    // Function calling.
+    /// As sent: the template prints them verbatim; [`crate::tool_calls::plan`] checks them.
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<ToolChoice>,
+    pub parallel_tool_calls: Option<bool>,
+    /// Extra variables for the chat template (`enable_thinking`, ...).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Every other field: refused when it is an OpenAI feature sluice does not serve, else
+    /// named in a debug log line ([`crate::structured::check_extra_fields`]).
+    #[serde(flatten)]
+    pub extra: ExtraFields,
 }
 
 impl ChatRequest {
+    /// The fields that constrain the output (moved out: a schema can be large).
+    pub fn constraint_fields(&mut self) -> ConstraintFields {
+        ConstraintFields {
+            response_format: self.response_format.take(),
+            structured_outputs: self.structured_outputs.take(),
+            guided_json: self.guided_json.take(),
+            guided_regex: self.guided_regex.take(),
+            guided_choice: self.guided_choice.take(),
+            guided_grammar: self.guided_grammar.take(),
+        }
+    }
+
     pub fn sampling(&self) -> SamplingFields {
         SamplingFields {
             temperature: self.temperature,
@@ -72,6 +107,10 @@ pub struct ChatMessageIn {
     #[serde(default)]
     pub content: MessageContent,
     pub name: Option<String>,
+    /// An assistant turn's calls, sent back in the history.
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A `tool` message answers this call.
+    pub tool_call_id: Option<String>,
 }
 
 /// A message's `content`: a string, or a list of parts of which only `{"type": "text"}` ones
@@ -138,7 +177,13 @@ pub struct ChatLogprobs {
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatMessageOut {
     pub role: &'static str,
-    pub content: String,
+    /// Null when the message is only tool calls, as OpenAI's.
+    pub content: Option<String>,
+    /// What a thinking model thought before answering (vLLM's field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -168,6 +213,10 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallDelta>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -119,6 +119,14 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// Only for a model that reasons: how many completion tokens were its thinking.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CompletionTokensDetails {
+    pub reasoning_tokens: usize,
 }
 
 impl Usage {
@@ -127,7 +135,14 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            completion_tokens_details: None,
         }
+    }
+
+    /// The usage of a reasoning model's response, which reports its thinking tokens.
+    pub fn with_reasoning_tokens(mut self, reasoning_tokens: usize) -> Self {
+        self.completion_tokens_details = Some(CompletionTokensDetails { reasoning_tokens });
+        self
     }
 }
 

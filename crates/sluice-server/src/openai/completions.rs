@@ -5,10 +5,13 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::common::{Prompt, Seed, StopList, StreamOptions, Usage};
-use super::SamplingFields;
+use serde_json::Value;
 
-/// Unknown fields are ignored, as OpenAI's API does.
+use super::common::{Prompt, Seed, StopList, StreamOptions, Usage};
+use super::structured::{ExtraFields, ResponseFormat, StructuredOutputs};
+use super::SamplingFields;
+use crate::structured::ConstraintFields;
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct CompletionRequest {
     pub model: Option<String>,
@@ -40,9 +43,32 @@ pub struct CompletionRequest {
     pub stop_token_ids: Option<Vec<u32>>,
     pub skip_special_tokens: Option<bool>,
     pub include_stop_str_in_output: Option<bool>,
+    // Structured outputs: OpenAI's, then vLLM's.
+    pub response_format: Option<ResponseFormat>,
+    pub structured_outputs: Option<StructuredOutputs>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+    /// Every other field: refused when it is an OpenAI feature sluice does not serve, else
+    /// named in a debug log line ([`crate::structured::check_extra_fields`]).
+    #[serde(flatten)]
+    pub extra: ExtraFields,
 }
 
 impl CompletionRequest {
+    /// The fields that constrain the output (moved out: a schema can be large).
+    pub fn constraint_fields(&mut self) -> ConstraintFields {
+        ConstraintFields {
+            response_format: self.response_format.take(),
+            structured_outputs: self.structured_outputs.take(),
+            guided_json: self.guided_json.take(),
+            guided_regex: self.guided_regex.take(),
+            guided_choice: self.guided_choice.take(),
+            guided_grammar: self.guided_grammar.take(),
+        }
+    }
+
     pub fn sampling(&self) -> SamplingFields {
         SamplingFields {
             temperature: self.temperature,

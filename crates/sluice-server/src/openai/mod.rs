@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod common;
 pub mod completions;
+pub mod structured;
 pub mod tokenize;
 
 use std::collections::HashMap;

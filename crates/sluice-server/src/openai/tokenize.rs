@@ -14,6 +14,10 @@ pub struct TokenizeRequest {
     pub add_special_tokens: Option<bool>,
     /// With `messages`: end with the opening of an assistant turn. Default true.
     pub add_generation_prompt: Option<bool>,
+    /// With `messages`: the tools the template is shown, as in a chat request.
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// With `messages`: extra template variables, as in a chat request.
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -18,6 +18,7 @@ use crate::openai::Prompt;
 use crate::request_fields;
 use crate::sse;
 use crate::state::AppState;
+use crate::structured;
 
 /// OpenAI's default for this endpoint.
 const DEFAULT_MAX_TOKENS: usize = 16;
@@ -25,7 +26,7 @@ const OBJECT: &str = "text_completion";
 
 pub async fn handler(
     State(state): State<AppState>,
-    ApiJson(req): ApiJson<CompletionRequest>,
+    ApiJson(mut req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model()?;
@@ -61,9 +62,18 @@ pub async fn handler(
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
 
+    structured::check_extra_fields(&req.extra)?;
+    let requested = structured::requested_grammar(req.constraint_fields())?;
+
     let tokenize_model = model.clone();
     let prompt = req.prompt;
-    let prompts = tokenize_blocking(move || prompt_tokens(&tokenize_model, prompt)).await?;
+    let (prompts, constraint) = tokenize_blocking(move || {
+        let constraint = requested
+            .map(|g| tokenize_model.compile_constraint(g.grammar, g.param))
+            .transpose()?;
+        Ok((prompt_tokens(&tokenize_model, prompt)?, constraint))
+    })
+    .await?;
     let echoes: Vec<String> = if echo {
         prompts.iter().map(|(_, text)| text.clone()).collect()
     } else {
@@ -81,6 +91,7 @@ pub async fn handler(
             max_tokens: Some(max_tokens),
             sampling,
             stop,
+            constraint,
             names: ParamNames::COMPLETIONS,
         },
     )?;

@@ -36,6 +36,8 @@ pub async fn tokenize(
                     model.chat_template.as_ref(),
                     &messages,
                     req.add_generation_prompt.unwrap_or(true),
+                    req.tools.as_deref(),
+                    req.chat_template_kwargs.as_ref(),
                 )?;
                 tokenizer
                     .encode(&text)

@@ -1,0 +1,498 @@
+//! Grammar-constrained decoding on llguidance: which tokens a sequence may sample next so that
+//! its output stays in a language (a JSON schema, a regex, a list of choices, a Lark grammar).
+//!
+//! Three pieces, one per moment of a request's life:
+//! - [`ConstraintCompiler`], one per model: llguidance's token trie over *our* tokenizer's
+//!   bytes (control tokens marked special, so a grammar can never spell `<|im_end|>` by
+//!   accident) and the parser factory. The server compiles each request's grammar with it at
+//!   the edge, so a bad schema is a 400 before admission.
+//! - [`Constraint`], the compiled grammar a [`crate::Request`] carries to the engine.
+//! - [`SeqConstraint`], one per sequence on the engine thread: a matcher advanced by every
+//!   committed token and the bit mask of the tokens allowed next. Preemption by recompute
+//!   keeps a sequence's generated tokens, so its matcher never needs to be rolled back.
+
+use std::fmt;
+use std::sync::Arc;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{json, Value};
+use sluice_tokenizer::Tokenizer;
+use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+
+/// Most alternatives a `choice` constraint may list, and the longest one in bytes: each
+/// becomes a branch of the lexer.
+pub const MAX_CHOICES: usize = 1024;
+pub const MAX_CHOICE_BYTES: usize = 4096;
+/// Longest grammar, regex or schema text accepted, in bytes.
+pub const MAX_GRAMMAR_BYTES: usize = 256 * 1024;
+
+/// A language the output must belong to, as a request states it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Grammar {
+    /// A JSON value valid against `schema`. `strict` (OpenAI's flag): a schema keyword the
+    /// grammar engine cannot enforce is an error; without it such a keyword is left
+    /// unenforced (the rest of the schema still is).
+    Json { schema: Value, strict: bool },
+    /// Text matching a regular expression (Rust `regex` syntax), anchored at both ends.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A grammar in llguidance's Lark dialect.
+    Lark(String),
+}
+
+impl Grammar {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    pub fn json_object() -> Self {
+        Self::Json {
+            schema: json!({"type": "object"}),
+            strict: true,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Json { .. } => "json_schema",
+            Self::Regex(_) => "regex",
+            Self::Choice(_) => "choice",
+            Self::Lark(_) => "grammar",
+        }
+    }
+
+    fn into_top_level(self) -> Result<TopLevelGrammar, ConstraintError> {
+        match self {
+            Self::Json { mut schema, strict } => {
+                if !schema.is_object() && !schema.is_boolean() {
+                    return Err(ConstraintError::Invalid(
+                        "a JSON schema must be an object (or a boolean)".into(),
+                    ));
+                }
+                if let Value::Object(fields) = &mut schema {
+                    // One line, one space after `,` and `:`: models were trained on this
+                    // spelling, and flexible whitespace lets a small model pad forever.
+                    fields.entry("x-guidance").or_insert_with(|| {
+                        json!({
+                            "whitespace_flexible": false,
+                            "item_separator": ", ",
+                            "key_separator": ": ",
+                            "lenient": !strict,
+                        })
+                    });
+                }
+                check_size(&schema.to_string())?;
+                Ok(TopLevelGrammar::from_json_schema(schema))
+            }
+            Self::Regex(rx) => {
+                check_size(&rx)?;
+                Ok(TopLevelGrammar::from_regex(&rx))
+            }
+            Self::Choice(choices) => {
+                if choices.is_empty() {
+                    return Err(ConstraintError::Invalid(
+                        "the list of choices is empty".into(),
+                    ));
+                }
+                if choices.len() > MAX_CHOICES {
+                    return Err(ConstraintError::Invalid(format!(
+                        "{} choices were given; at most {MAX_CHOICES} are allowed",
+                        choices.len()
+                    )));
+                }
+                let mut alternatives = Vec::with_capacity(choices.len());
+                for c in &choices {
+                    if c.len() > MAX_CHOICE_BYTES {
+                        return Err(ConstraintError::Invalid(format!(
+                            "a choice has {} bytes; at most {MAX_CHOICE_BYTES} are allowed",
+                            c.len()
+                        )));
+                    }
+                    // A JSON string literal is a valid Lark string literal.
+                    alternatives.push(Value::String(c.clone()).to_string());
+                }
+                Ok(TopLevelGrammar::from_lark(format!(
+                    "start: {}",
+                    alternatives.join(" | ")
+                )))
+            }
+            Self::Lark(text) => {
+                check_size(&text)?;
+                Ok(TopLevelGrammar::from_lark(text))
+            }
+        }
+    }
+}
+
+fn check_size(text: &str) -> Result<(), ConstraintError> {
+    if text.len() > MAX_GRAMMAR_BYTES {
+        return Err(ConstraintError::Invalid(format!(
+            "the constraint has {} bytes; at most {MAX_GRAMMAR_BYTES} are allowed",
+            text.len()
+        )));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConstraintError {
+    /// The grammar, schema or regex cannot be compiled; the message says why.
+    #[error("{0}")]
+    Invalid(String),
+    /// The vocabulary cannot be turned into a token trie.
+    #[error("cannot prepare constrained decoding for this vocabulary: {0}")]
+    Vocabulary(String),
+}
+
+/// llguidance's view of our tokenizer: every id's bytes, and tokenization for the text a
+/// grammar forces.
+struct SluiceTokEnv {
+    trie: TokTrie,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl TokenizerEnv for SluiceTokEnv {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        self.trie.tokenize_with_greedy_fallback(s, |text| {
+            self.tokenizer
+                .encode(text)
+                .unwrap_or_else(|_| self.trie.greedy_tokenize(text.as_bytes()))
+        })
+    }
+}
+
+/// Compiles requests' grammars against one model's vocabulary. Building it walks the whole
+/// vocabulary once (tens of milliseconds for 150k tokens), so the server makes one lazily.
+pub struct ConstraintCompiler {
+    factory: ParserFactory,
+    /// Every id that ends generation; llguidance knows one EOS, the mask allows them all.
+    eos_ids: Arc<[u32]>,
+}
+
+impl fmt::Debug for ConstraintCompiler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConstraintCompiler")
+            .field("eos_ids", &self.eos_ids)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConstraintCompiler {
+    /// `vocab_size` is the width of the model's logits, which may exceed the tokenizer's
+    /// vocabulary (padding ids have no bytes and are never allowed).
+    pub fn new(tokenizer: Arc<Tokenizer>, vocab_size: usize) -> Result<Self, ConstraintError> {
+        let eos_ids: Arc<[u32]> = tokenizer.eos_token_ids().into();
+        let Some(&eos) = eos_ids.first() else {
+            return Err(ConstraintError::Vocabulary(
+                "the tokenizer has no end-of-sequence token".into(),
+            ));
+        };
+        let words: Vec<Vec<u8>> = (0..vocab_size as u32)
+            .map(|id| {
+                let bytes = tokenizer.token_bytes(id);
+                if tokenizer.is_special(id) {
+                    // llguidance's marker for tokens no text can produce.
+                    let mut word = Vec::with_capacity(bytes.len() + 1);
+                    word.push(TokTrie::SPECIAL_TOKEN_MARKER);
+                    word.extend_from_slice(bytes);
+                    word
+                } else {
+                    bytes.to_vec()
+                }
+            })
+            .collect();
+        let mut info = TokRxInfo::new(vocab_size as u32, eos);
+        info.tok_bos = tokenizer.bos_token_id();
+        info.tok_pad = tokenizer.pad_token_id();
+        let trie = TokTrie::from(&info, &words);
+        let env: TokEnv = Arc::new(SluiceTokEnv { trie, tokenizer });
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
+        factory.quiet();
+        Ok(Self { factory, eos_ids })
+    }
+
+    /// Compiles `grammar`; the error says what is wrong with it.
+    pub fn compile(&self, grammar: Grammar) -> Result<Constraint, ConstraintError> {
+        let kind = grammar.kind();
+        let top = grammar.into_top_level()?;
+        // llguidance reports bad input as errors; a panic inside it (a bug) must still only
+        // fail this request.
+        let parser = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.factory.create_parser(top)
+        }))
+        .map_err(|_| ConstraintError::Invalid("the grammar engine failed on this input".into()))?
+        .map_err(|e| ConstraintError::Invalid(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(ConstraintError::Invalid(e));
+        }
+        Ok(Constraint(Arc::new(Compiled {
+            matcher,
+            eos_ids: self.eos_ids.clone(),
+            kind,
+        })))
+    }
+}
+
+struct Compiled {
+    /// Never advanced: each sequence starts from a deep clone.
+    matcher: Matcher,
+    eos_ids: Arc<[u32]>,
+    kind: &'static str,
+}
+
+/// A compiled grammar, ready for the engine: cheap to clone, each sequence of the request
+/// runs its own copy.
+#[derive(Clone)]
+pub struct Constraint(Arc<Compiled>);
+
+impl Constraint {
+    /// What kind of constraint this is (`json_schema`, `regex`, `choice`, `grammar`).
+    pub fn kind(&self) -> &'static str {
+        self.0.kind
+    }
+
+    pub(crate) fn start(&self) -> SeqConstraint {
+        let matcher = self.0.matcher.deep_clone();
+        let vocab = matcher
+            .tok_env()
+            .map(|env| env.tok_trie().vocab_size())
+            .unwrap_or(0);
+        SeqConstraint {
+            matcher,
+            mask: SimpleVob::alloc(vocab),
+            eos_ids: self.0.eos_ids.clone(),
+            failed: None,
+            due: false,
+        }
+    }
+}
+
+impl fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Constraint({})", self.0.kind)
+    }
+}
+
+/// Two requests carry equal constraints when they share one compilation.
+impl PartialEq for Constraint {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// One sequence's grammar state on the engine thread.
+pub(crate) struct SeqConstraint {
+    matcher: Matcher,
+    /// Bit `t` of word `t / 32` set: token `t` may be sampled next.
+    mask: SimpleVob,
+    eos_ids: Arc<[u32]>,
+    /// Why the grammar engine gave up on this sequence (a mask over its step budget, a token
+    /// it could not take); the request fails with it at the next commit.
+    failed: Option<String>,
+    /// Samples this step, so its mask must be computed.
+    pub due: bool,
+}
+
+impl SeqConstraint {
+    /// Computes the tokens allowed next. llguidance bounds the work of one mask (its lexer
+    /// fuel and Earley item limits), so a hostile grammar fails here instead of stalling the
+    /// step for the other rows.
+    pub fn compute_mask(&mut self) {
+        if self.failed.is_some() {
+            return;
+        }
+        match self.matcher.compute_mask() {
+            Ok(mask) => {
+                self.mask = mask;
+                if self.eos_ids.iter().any(|&e| self.mask.is_allowed(e)) {
+                    for &e in self.eos_ids.iter() {
+                        if (e as usize) < self.mask.len() {
+                            self.mask.allow_token(e);
+                        }
+                    }
+                }
+            }
+            Err(e) => self.failed = Some(format!("constrained decoding failed: {e}")),
+        }
+    }
+
+    /// The mask's words for the sampler, or `None` once the sequence failed (its token is
+    /// then discarded at commit).
+    pub fn allowed(&self) -> Option<&[u32]> {
+        match self.failed {
+            None => Some(self.mask.as_slice()),
+            Some(_) => None,
+        }
+    }
+
+    /// Advances the grammar by the sampled token. `Ok(true)`: the grammar is complete and
+    /// admits no further token, so the sequence ends here.
+    pub fn commit(&mut self, token: u32) -> Result<bool, String> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.eos_ids.contains(&token) {
+            // Allowed only where the grammar may end; the stop rules end the sequence.
+            return Ok(true);
+        }
+        match self.matcher.consume_token(token) {
+            Ok(()) => Ok(self.matcher.is_stopped()),
+            Err(e) => {
+                let e = format!("constrained decoding failed: {e}");
+                self.failed = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::tiny_tokenizer;
+
+    fn compiler() -> ConstraintCompiler {
+        let tok = tiny_tokenizer();
+        let vocab = tok.vocab_size();
+        ConstraintCompiler::new(tok, vocab).unwrap()
+    }
+
+    /// Drives a sequence greedily through the mask, always taking the lowest allowed id
+    /// that is not EOS while there is one, and returns its text.
+    fn walk(c: &Constraint, max: usize) -> (String, bool) {
+        let tok = tiny_tokenizer();
+        let mut seq = c.start();
+        let mut out = Vec::new();
+        for _ in 0..max {
+            seq.compute_mask();
+            let allowed = seq.allowed().unwrap();
+            let mut pick = None;
+            for (w, &bits) in allowed.iter().enumerate() {
+                for b in 0..32 {
+                    let t = (w * 32 + b) as u32;
+                    if bits & (1 << b) != 0 && !seq.eos_ids.contains(&t) && pick.is_none() {
+                        pick = Some(t);
+                    }
+                }
+            }
+            let Some(t) = pick else {
+                return (tok.decode(&out, true), true);
+            };
+            out.push(t);
+            if seq.commit(t).unwrap() {
+                return (tok.decode(&out, true), true);
+            }
+        }
+        (tok.decode(&out, true), false)
+    }
+
+    #[test]
+    fn choices_allow_exactly_their_strings() {
+        let c = compiler()
+            .compile(Grammar::Choice(vec!["yes".into(), "no".into()]))
+            .unwrap();
+        let (text, done) = walk(&c, 10);
+        assert!(done);
+        assert!(text == "yes" || text == "no", "{text}");
+    }
+
+    #[test]
+    fn a_regex_is_followed_to_its_end() {
+        let c = compiler()
+            .compile(Grammar::Regex("[0-9]{3}-x".into()))
+            .unwrap();
+        let (text, done) = walk(&c, 20);
+        assert!(done, "{text}");
+        assert_eq!(text.len(), 5);
+        assert!(text.ends_with("-x"), "{text}");
+    }
+
+    #[test]
+    fn json_schema_output_validates() {
+        let schema = json!({
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "y"]}},
+            "required": ["a", "b"],
+            "additionalProperties": false
+        });
+        let c = compiler()
+            .compile(Grammar::Json {
+                schema,
+                strict: true,
+            })
+            .unwrap();
+        let (text, done) = walk(&c, 64);
+        assert!(done, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        // `-0` is a JSON-schema integer too, and the lowest-id walk writes it.
+        assert!(v["a"].as_f64().is_some_and(|a| a.fract() == 0.0), "{text}");
+        assert!(v["b"] == "x" || v["b"] == "y", "{text}");
+    }
+
+    #[test]
+    fn bad_constraints_are_errors_not_panics() {
+        let c = compiler();
+        for g in [
+            Grammar::Regex("(".into()),
+            Grammar::Lark("start: undefined_rule".into()),
+            Grammar::Lark("this is not a grammar".into()),
+            Grammar::Choice(vec![]),
+            Grammar::Json {
+                schema: json!(5),
+                strict: true,
+            },
+            Grammar::Json {
+                schema: json!({"type": "no-such-type"}),
+                strict: true,
+            },
+            Grammar::Json {
+                schema: json!({"$ref": "#/$defs/missing"}),
+                strict: true,
+            },
+        ] {
+            let shown = format!("{g:?}");
+            assert!(
+                matches!(c.compile(g), Err(ConstraintError::Invalid(_))),
+                "{shown}"
+            );
+        }
+    }
+
+    #[test]
+    fn strict_refuses_what_it_cannot_enforce_and_lenient_does_not() {
+        let schema = json!({"type": "string", "format": "no-such-format"});
+        let c = compiler();
+        assert!(c
+            .compile(Grammar::Json {
+                schema: schema.clone(),
+                strict: true
+            })
+            .is_err());
+        assert!(c
+            .compile(Grammar::Json {
+                schema,
+                strict: false
+            })
+            .is_ok());
+    }
+
+    #[test]
+    fn control_tokens_are_never_allowed_by_text_grammars() {
+        let tok = tiny_tokenizer();
+        let c = compiler().compile(Grammar::Regex(".*".into())).unwrap();
+        let mut seq = c.start();
+        seq.compute_mask();
+        let allowed = seq.allowed().unwrap();
+        for id in 0..tok.vocab_size() as u32 {
+            let bit = allowed[id as usize / 32] & (1 << (id % 32)) != 0;
+            if tok.is_special(id) && !seq.eos_ids.contains(&id) {
+                assert!(!bit, "control token {id} allowed");
+            }
+        }
+    }
+}

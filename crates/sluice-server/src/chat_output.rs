@@ -1,0 +1,274 @@
+//! One chat choice's generated text split into what OpenAI's message has room for: the
+//! reasoning of a thinking model (`reasoning_content`), the answer (`content`) and the tool
+//! calls (`tool_calls`), as deltas while it streams and as a whole message at the end. The
+//! markup around reasoning and calls never reaches `content`.
+
+use rand::Rng;
+use sluice_tokenizer::reasoning::{ReasoningEvent, ReasoningParser};
+use sluice_tokenizer::tool_parser::{ToolCallFormat, ToolCallParser, ToolEvent};
+
+use crate::openai::structured::{FunctionCallDelta, FunctionCallOut, ToolCallDelta, ToolCallOut};
+
+/// What a piece of generated text adds to the message.
+#[derive(Debug, Default)]
+pub struct Delta {
+    pub content: String,
+    pub reasoning: String,
+    pub tool_calls: Vec<ToolCallDelta>,
+}
+
+impl Delta {
+    pub fn is_empty(&self) -> bool {
+        self.content.is_empty() && self.reasoning.is_empty() && self.tool_calls.is_empty()
+    }
+}
+
+/// How a chat request's output is read.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OutputFormat {
+    /// The model thinks in `<think>` blocks; `true` in the pair: the prompt already opened one.
+    pub reasoning: Option<bool>,
+    /// Tool calls are parsed in this format.
+    pub tools: Option<ToolCallFormat>,
+    /// Calls after the first are dropped (`parallel_tool_calls: false`).
+    pub single_call: bool,
+}
+
+struct Call {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// The parsers of one choice and what they found.
+pub struct ChoiceOutput {
+    reasoning: Option<ReasoningParser>,
+    tools: Option<ToolCallParser>,
+    single_call: bool,
+    calls: Vec<Call>,
+    reasoning_tokens: usize,
+    reasoning_events: Vec<ReasoningEvent>,
+    tool_events: Vec<ToolEvent>,
+}
+
+impl ChoiceOutput {
+    pub fn new(format: OutputFormat) -> Self {
+        Self {
+            reasoning: format.reasoning.map(ReasoningParser::new),
+            tools: format.tools.map(ToolCallFormat::parser),
+            single_call: format.single_call,
+            calls: Vec::new(),
+            reasoning_tokens: 0,
+            reasoning_events: Vec::new(),
+            tool_events: Vec::new(),
+        }
+    }
+
+    /// Reads the text of the next token.
+    pub fn push(&mut self, text: &str) -> Delta {
+        let mut delta = Delta::default();
+        self.split(text, false, &mut delta);
+        // A token whose text went only to the reasoning counts as a reasoning token; one
+        // that was held back whole counts with the side it lands on later, approximately.
+        if !delta.reasoning.is_empty() && delta.content.is_empty() && delta.tool_calls.is_empty() {
+            self.reasoning_tokens += 1;
+        }
+        delta
+    }
+
+    /// Releases what the parsers still hold, at the end of the output.
+    pub fn finish(&mut self) -> Delta {
+        let mut delta = Delta::default();
+        self.split("", true, &mut delta);
+        delta
+    }
+
+    fn split(&mut self, text: &str, last: bool, delta: &mut Delta) {
+        let mut answer = String::new();
+        match &mut self.reasoning {
+            Some(parser) => {
+                self.reasoning_events.clear();
+                parser.push(text, &mut self.reasoning_events);
+                if last {
+                    parser.finish(&mut self.reasoning_events);
+                }
+                for event in self.reasoning_events.drain(..) {
+                    match event {
+                        ReasoningEvent::Reasoning(r) => delta.reasoning.push_str(&r),
+                        ReasoningEvent::Content(c) => answer.push_str(&c),
+                    }
+                }
+            }
+            None => answer.push_str(text),
+        }
+        match &mut self.tools {
+            Some(parser) => {
+                self.tool_events.clear();
+                parser.push(&answer, &mut self.tool_events);
+                if last {
+                    parser.finish(&mut self.tool_events);
+                }
+                for event in self.tool_events.drain(..) {
+                    match event {
+                        ToolEvent::Content(c) => delta.content.push_str(&c),
+                        ToolEvent::CallStart { index, name } => {
+                            if self.single_call && index > 0 {
+                                continue;
+                            }
+                            let id = call_id();
+                            delta.tool_calls.push(ToolCallDelta {
+                                index,
+                                id: Some(id.clone()),
+                                kind: Some("function"),
+                                function: FunctionCallDelta {
+                                    name: Some(name.clone()),
+                                    arguments: String::new(),
+                                },
+                            });
+                            self.calls.push(Call {
+                                id,
+                                name,
+                                arguments: String::new(),
+                            });
+                        }
+                        ToolEvent::CallArguments { index, fragment } => {
+                            let Some(call) = self.calls.get_mut(index) else {
+                                continue;
+                            };
+                            call.arguments.push_str(&fragment);
+                            delta.tool_calls.push(ToolCallDelta {
+                                index,
+                                id: None,
+                                kind: None,
+                                function: FunctionCallDelta {
+                                    name: None,
+                                    arguments: fragment,
+                                },
+                            });
+                        }
+                    }
+                }
+            }
+            None => delta.content.push_str(&answer),
+        }
+    }
+
+    pub fn has_calls(&self) -> bool {
+        !self.calls.is_empty()
+    }
+
+    pub fn reasoning_tokens(&self) -> usize {
+        self.reasoning_tokens
+    }
+
+    /// The calls found, whole, for a non-streamed message.
+    pub fn calls(&self) -> Vec<ToolCallOut> {
+        self.calls
+            .iter()
+            .map(|c| ToolCallOut {
+                id: c.id.clone(),
+                kind: "function",
+                function: FunctionCallOut {
+                    name: c.name.clone(),
+                    arguments: c.arguments.clone(),
+                },
+            })
+            .collect()
+    }
+}
+
+/// `call_` and 24 random hex digits, as OpenAI's ids look.
+fn call_id() -> String {
+    let bits: u128 = rand::thread_rng().gen();
+    format!("call_{:024x}", bits >> 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(format: OutputFormat, pieces: &[&str]) -> (Delta, ChoiceOutput) {
+        let mut out = ChoiceOutput::new(format);
+        let mut all = Delta::default();
+        let mut merge = |d: Delta| {
+            all.content.push_str(&d.content);
+            all.reasoning.push_str(&d.reasoning);
+            all.tool_calls.extend(d.tool_calls);
+        };
+        for p in pieces {
+            merge(out.push(p));
+        }
+        merge(out.finish());
+        (all, out)
+    }
+
+    #[test]
+    fn plain_text_is_content() {
+        let (d, out) = run(OutputFormat::default(), &["Hel", "lo <tool_call>"]);
+        assert_eq!(d.content, "Hello <tool_call>");
+        assert!(!out.has_calls());
+    }
+
+    #[test]
+    fn hermes_calls_stream_as_deltas_and_never_leak() {
+        let format = OutputFormat {
+            tools: Some(ToolCallFormat::Hermes),
+            ..Default::default()
+        };
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let pieces: Vec<String> = text.chars().map(String::from).collect();
+        let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        let (d, out) = run(format, &refs);
+        assert_eq!(d.content.trim(), "Let me check.");
+        assert!(!d.content.contains("tool_call"));
+        assert_eq!(
+            d.tool_calls[0].function.name.as_deref(),
+            Some("get_weather")
+        );
+        assert!(d.tool_calls[0].id.is_some());
+        let args: String = d
+            .tool_calls
+            .iter()
+            .map(|c| c.function.arguments.as_str())
+            .collect();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&args).unwrap(),
+            serde_json::json!({"city": "Paris"})
+        );
+        let calls = out.calls();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].function.arguments, args);
+    }
+
+    #[test]
+    fn single_call_drops_later_calls() {
+        let format = OutputFormat {
+            tools: Some(ToolCallFormat::Hermes),
+            single_call: true,
+            ..Default::default()
+        };
+        let call = |n: &str| {
+            format!("<tool_call>\n{{\"name\": \"{n}\", \"arguments\": {{}}}}\n</tool_call>\n")
+        };
+        let text = call("a") + &call("b");
+        let (d, out) = run(format, &[&text]);
+        assert_eq!(out.calls().len(), 1);
+        assert!(d.tool_calls.iter().all(|c| c.index == 0));
+    }
+
+    #[test]
+    fn reasoning_goes_to_its_own_field_before_calls_are_parsed() {
+        let format = OutputFormat {
+            reasoning: Some(false),
+            tools: Some(ToolCallFormat::Hermes),
+            ..Default::default()
+        };
+        let (d, out) = run(
+            format,
+            &["<think>\nI should", " answer.\n</think>\n\n", "Paris."],
+        );
+        assert_eq!(d.reasoning.trim(), "I should answer.");
+        assert_eq!(d.content, "Paris.");
+        assert!(out.reasoning_tokens() >= 1);
+    }
+}
