@@ -8,6 +8,7 @@
 //! for a boolean, a comma-separated origin list) and lists the variables in `--help`, and a
 //! second reader of the same variables could only disagree with it.
 
+use sluice_tokenizer::tool_parser::ToolCallFormat;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -129,6 +130,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_SECS", value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drain_timeout_secs: Option<u64>,
+    /// Format tool calls are parsed in and forced in: hermes, llama3_json or mistral
+    /// [default: the one the chat template shows, else hermes].
+    #[arg(long, env = "SLUICE_TOOL_CALL_PARSER", value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_parser: Option<String>,
 }
 
 /// The config file's keys (the flag names with underscores), each with its built-in default:
@@ -159,6 +165,8 @@ pub struct FileKeys {
     pub log_format: LogFormat,
     pub log_level: String,
     pub drain_timeout_secs: u64,
+    /// `None`: the chat template's own format.
+    pub tool_call_parser: Option<String>,
 }
 
 impl Default for FileKeys {
@@ -184,6 +192,7 @@ impl Default for FileKeys {
             log_format: LogFormat::Text,
             log_level: "info".into(),
             drain_timeout_secs: 30,
+            tool_call_parser: None,
         }
     }
 }
@@ -221,6 +230,8 @@ pub struct Config {
     pub log_format: LogFormat,
     pub log_level: String,
     pub drain_timeout: Duration,
+    /// `None`: the chat template's own format.
+    pub tool_call_parser: Option<ToolCallFormat>,
 }
 
 // The API key stays out of logs and panics.
@@ -247,6 +258,7 @@ impl fmt::Debug for Config {
             .field("log_format", &self.log_format)
             .field("log_level", &self.log_level)
             .field("drain_timeout", &self.drain_timeout)
+            .field("tool_call_parser", &self.tool_call_parser)
             .finish()
     }
 }
@@ -304,6 +316,19 @@ impl Config {
                 key: "weights",
                 reason,
             })?;
+        let tool_call_parser = keys
+            .tool_call_parser
+            .as_deref()
+            .map(|name| {
+                ToolCallFormat::from_name(name).ok_or_else(|| ConfigError::Invalid {
+                    key: "tool_call_parser",
+                    reason: format!(
+                        "`{name}` is not a tool-call format; use one of {}",
+                        ToolCallFormat::NAMES.join(", ")
+                    ),
+                })
+            })
+            .transpose()?;
         let served_model_name = keys
             .served_model_name
             .unwrap_or_else(|| default_served_name(&keys.model));
@@ -329,6 +354,7 @@ impl Config {
             log_format: keys.log_format,
             log_level: keys.log_level,
             drain_timeout: Duration::from_secs(keys.drain_timeout_secs),
+            tool_call_parser,
         };
         config.check()?;
         Ok(config)
@@ -668,6 +694,25 @@ mod tests {
         assert_eq!(default_served_name(&model), "Qwen2.5-0.5B-Instruct");
         let with_slash = PathBuf::from(format!("{}/", model.display()));
         assert_eq!(default_served_name(&with_slash), "Qwen2.5-0.5B-Instruct");
+    }
+
+    #[test]
+    fn the_tool_call_parser_is_a_known_format() {
+        let args = ServeArgs {
+            tool_call_parser: Some("mistral".into()),
+            ..ServeArgs::default()
+        };
+        let c = Config::from_layers(None, &args).unwrap();
+        assert_eq!(c.tool_call_parser, Some(ToolCallFormat::Mistral));
+        let args = ServeArgs {
+            tool_call_parser: Some("xml".into()),
+            ..ServeArgs::default()
+        };
+        let e = Config::from_layers(None, &args).unwrap_err().to_string();
+        assert!(
+            e.contains("tool_call_parser") && e.contains("hermes"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! cache sized from its memory budget and the engine thread ([`load`]). Blocking (seconds for
 //! a real model); the server runs it on a blocking thread while `/health` answers 503.
 
+use sluice_tokenizer::tool_parser::ToolCallFormat;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,6 +23,8 @@ pub struct ModelSettings {
     pub model: PathBuf,
     pub served_model_name: String,
     pub weights: WeightsKind,
+    /// `--tool-call-parser`.
+    pub tool_call_parser: Option<ToolCallFormat>,
     pub kv_cache_bytes: usize,
     pub kv_cache_dtype: KvCacheDtype,
     pub block_size: usize,
@@ -34,6 +37,7 @@ impl ModelSettings {
             model: c.model.clone(),
             served_model_name: c.served_model_name.clone(),
             weights: c.weights,
+            tool_call_parser: c.tool_call_parser,
             kv_cache_bytes: usize::try_from(c.kv_cache_memory.bytes()).unwrap_or(usize::MAX),
             kv_cache_dtype: c.kv_cache_dtype,
             block_size: c.block_size,
@@ -138,11 +142,12 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
             limits.kv_cache_tokens
         );
     }
-    let model = ServedModel::new(
+    let mut model = ServedModel::new(
         engine.handle(),
         settings.served_model_name.clone(),
         chat_template,
     );
+    model.tool_call_format = settings.tool_call_parser;
     Ok(Loaded { engine, model })
 }
 
@@ -196,6 +201,7 @@ mod tests {
         let settings = ModelSettings {
             model: dir,
             served_model_name: "tiny-hf".into(),
+            tool_call_parser: None,
             weights: WeightsKind::Auto,
             kv_cache_bytes: 4 << 20,
             kv_cache_dtype: KvCacheDtype::F16,

@@ -91,6 +91,7 @@ pub fn tiny_app(http: HttpSettings) -> TestApp {
         model: tiny_model_path(),
         served_model_name: TINY_NAME.into(),
         weights: WeightsKind::F32,
+        tool_call_parser: None,
         kv_cache_bytes: 2 << 20,
         kv_cache_dtype: KvCacheDtype::F32,
         block_size: 16,
