@@ -155,12 +155,15 @@ impl TokenizerEnv for SluiceTokEnv {
         &self.trie
     }
 
+    /// Text a grammar forces, as tokens. Our tokenizer reads `<|im_start|>` in text as the
+    /// control token, which no grammar may produce; such text falls back to the trie's
+    /// greedy tokenization, which never yields a control token.
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        self.trie.tokenize_with_greedy_fallback(s, |text| {
-            self.tokenizer
-                .encode(text)
-                .unwrap_or_else(|_| self.trie.greedy_tokenize(text.as_bytes()))
-        })
+        self.trie
+            .tokenize_with_greedy_fallback(s, |text| match self.tokenizer.encode(text) {
+                Ok(ids) if !ids.iter().any(|&id| self.tokenizer.is_special(id)) => ids,
+                _ => self.trie.greedy_tokenize(text.as_bytes()),
+            })
     }
 }
 
@@ -479,6 +482,16 @@ mod tests {
                 strict: false
             })
             .is_ok());
+    }
+
+    #[test]
+    fn a_choice_spelling_a_control_token_is_written_as_text() {
+        let c = compiler()
+            .compile(Grammar::Choice(vec!["<|im_start|>".into()]))
+            .unwrap();
+        let (text, done) = walk(&c, 40);
+        assert!(done);
+        assert_eq!(text, "<|im_start|>");
     }
 
     #[test]

@@ -33,7 +33,7 @@ use sluice_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::constraint::SeqConstraint;
-use crate::events::{Event, TokenEvent};
+use crate::events::{ErrorCause, Event, TokenEvent};
 use crate::handle::{Command, Shared, Submission};
 use crate::model::Model;
 use crate::params::SamplingParams;
@@ -188,7 +188,12 @@ impl EngineLoop {
         self.end_request(id, FinishReason::Abort, None);
     }
 
-    fn end_request(&mut self, id: RequestId, reason: FinishReason, error: Option<String>) {
+    fn end_request(
+        &mut self,
+        id: RequestId,
+        reason: FinishReason,
+        error: Option<(String, ErrorCause)>,
+    ) {
         self.scheduler.abort(id);
         let Some(state) = self.requests.remove(&id) else {
             return;
@@ -305,7 +310,11 @@ impl EngineLoop {
         }
         while let Some((id, message)) = self.constraint_failures.pop() {
             tracing::warn!("request {id:?} failed: {message}");
-            self.end_request(id, FinishReason::Error, Some(message));
+            self.end_request(
+                id,
+                FinishReason::Error,
+                Some((message, ErrorCause::Constraint)),
+            );
         }
         self.reap_closed();
         self.telemetry.finish_step(&self.scheduler, timing);
@@ -502,7 +511,11 @@ impl EngineLoop {
         failed.sort_unstable();
         failed.dedup();
         for id in failed {
-            self.end_request(id, FinishReason::Error, Some(message.clone()));
+            self.end_request(
+                id,
+                FinishReason::Error,
+                Some((message.clone(), ErrorCause::Engine)),
+            );
         }
         self.tokens.clear();
         self.tokens.resize(self.scheduler.output().num_samples(), 0);
@@ -513,7 +526,7 @@ impl EngineLoop {
 }
 
 /// `buffer`'s allocation, emptied, retyped to borrow for another step (see [`reuse_rows`]).
-fn recycle<'a, 'b>(mut buffer: Vec<&'a mut SeqConstraint>) -> Vec<&'b mut SeqConstraint> {
+fn recycle<'b>(mut buffer: Vec<&mut SeqConstraint>) -> Vec<&'b mut SeqConstraint> {
     buffer.clear();
     buffer
         .into_iter()

@@ -47,8 +47,20 @@ pub struct FinishEvent {
     pub stop_reason: Option<StopReason>,
     /// Why the engine failed it, with [`FinishReason::Error`].
     pub error: Option<String>,
+    /// Whose failure that was, with [`FinishReason::Error`].
+    pub error_cause: Option<ErrorCause>,
     pub usage: Usage,
     pub timing: Timing,
+}
+
+/// What failed a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCause {
+    /// The model's forward (a fault of the server, not of the request).
+    Engine,
+    /// The request's own grammar: its mask went over the grammar engine's budget, or it could
+    /// not take a token (the request asked for something the grammar engine cannot do).
+    Constraint,
 }
 
 /// Token counts of one sequence (the server adds up the `n` of a request; the prompt is

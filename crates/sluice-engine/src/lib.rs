@@ -28,7 +28,7 @@ pub mod testing;
 pub use block_manager::{BlockId, BlockManager, BlockTable, CachedPrefix, PrefixCacheStats};
 pub use constraint::{Constraint, ConstraintCompiler, ConstraintError, Grammar};
 pub use engine::{Engine, EngineConfig, EngineError, ShutdownReport};
-pub use events::{Event, FinishEvent, Timing, TokenEvent, Usage};
+pub use events::{ErrorCause, Event, FinishEvent, Timing, TokenEvent, Usage};
 pub use handle::{EngineHandle, EngineStats, RequestStream, SubmitError};
 pub use model::{Model, ModelFailure};
 pub use params::{InvalidRequest, ModelLimits, Request, SamplingParams, StopParams, ValidRequest};

@@ -8,7 +8,7 @@ use sluice_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::constraint::SeqConstraint;
-use crate::events::{Event, FinishEvent, Timing, Usage};
+use crate::events::{ErrorCause, Event, FinishEvent, Timing, Usage};
 use crate::handle::Submission;
 use crate::params::{Request, SamplingParams};
 use crate::rng::SeqRng;
@@ -104,7 +104,7 @@ impl RequestState {
         &self,
         index: u32,
         stopped: Stopped,
-        error: Option<String>,
+        error: Option<(String, ErrorCause)>,
         now: Instant,
     ) -> Event {
         let seq = &self.seqs[index as usize];
@@ -112,7 +112,8 @@ impl RequestState {
             index,
             reason: stopped.reason,
             stop_reason: stopped.stop_reason,
-            error,
+            error_cause: error.as_ref().map(|(_, cause)| *cause),
+            error: error.map(|(message, _)| message),
             usage: Usage {
                 prompt_tokens: self.prompt_len,
                 completion_tokens: seq.generated,
@@ -138,6 +139,7 @@ pub(crate) fn abort_unadmitted(sub: &Submission, now: Instant) -> usize {
             reason: FinishReason::Abort,
             stop_reason: None,
             error: None,
+            error_cause: None,
             usage: Usage {
                 prompt_tokens: sub.request.prompt_len(),
                 completion_tokens: 0,

@@ -14,7 +14,7 @@ use futures_util::stream::{self, SelectAll, Stream, StreamExt};
 use rand::Rng;
 use sluice_engine::SamplingParams;
 use sluice_engine::{Constraint, Event, FinishEvent, FinishReason, Request, RequestStream};
-use sluice_engine::{StopParams, StopReason, TokenEvent, ValidRequest};
+use sluice_engine::{ErrorCause, StopParams, StopReason, TokenEvent, ValidRequest};
 
 use crate::error::{ApiError, ParamNames};
 use crate::state::{AppState, InFlight, ServedModel};
@@ -216,11 +216,16 @@ pub fn stop_reason(event: &FinishEvent) -> Option<serde_json::Value> {
 }
 
 /// The error a client gets for a choice the engine failed.
+/// The error a failed choice answers with: a 400 when the request's own grammar could not be
+/// followed (it asked for more than the grammar engine's budget), a 500 otherwise.
 pub fn engine_failure(event: &FinishEvent) -> ApiError {
-    ApiError::internal(format!(
-        "The engine failed while generating: {}",
-        event.error.as_deref().unwrap_or("unknown error")
-    ))
+    let message = event.error.as_deref().unwrap_or("unknown error");
+    match event.error_cause {
+        Some(ErrorCause::Constraint) => ApiError::malformed(format!(
+            "The output constraint could not be followed: {message}"
+        )),
+        _ => ApiError::internal(format!("The engine failed while generating: {message}")),
+    }
 }
 
 pub fn engine_lost() -> ApiError {

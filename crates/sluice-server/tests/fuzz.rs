@@ -66,6 +66,20 @@ const FIELDS: &[&str] = &[
     "include_usage",
     "type",
     "text",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+    "tool_calls",
+    "tool_call_id",
+    "audio",
+    "modalities",
 ];
 
 /// `PROPTEST_CASES` when set, else `default`.
@@ -278,6 +292,83 @@ fn arbitrary_json_never_gets_a_5xx() {
     let strategy = (0..ROUTES.len(), json_value())
         .prop_map(|(route, value)| (route, value.to_string().into_bytes()));
     fuzz(512, strategy);
+}
+
+/// A JSON schema built from real keywords with arbitrary values in places: reaches the
+/// schema compiler, not just the request parser.
+fn schema() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        prop::sample::select(vec![
+            "string", "integer", "number", "boolean", "null", "object"
+        ])
+        .prop_map(|t| json!({ "type": t })),
+        vec(string(), 1..4).prop_map(|e| json!({ "enum": e })),
+        string().prop_map(|p| json!({"type": "string", "pattern": p})),
+        (0u64..5, 0u64..5)
+            .prop_map(|(a, b)| json!({"type": "array", "minItems": a, "maxItems": b})),
+        json_value(),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            btree_map("[a-z]{1,6}", inner.clone(), 0..4).prop_map(|props| {
+                let required: Vec<String> = props.keys().take(2).cloned().collect();
+                json!({"type": "object", "properties": props, "required": required})
+            }),
+            inner
+                .clone()
+                .prop_map(|items| json!({"type": "array", "items": items})),
+            vec(inner, 1..3).prop_map(|any| json!({ "anyOf": any })),
+        ]
+    })
+}
+
+/// One constraint field (or a tool list) with a plausible or arbitrary value.
+fn constraint() -> impl Strategy<Value = (&'static str, Value)> {
+    prop_oneof![
+        schema().prop_map(|s| (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": s}})
+        )),
+        schema().prop_map(|s| ("guided_json", s)),
+        string().prop_map(|r| ("guided_regex", Value::String(r))),
+        vec(string(), 0..4).prop_map(|c| ("guided_choice", json!(c))),
+        string().prop_map(|g| ("guided_grammar", Value::String(format!("start: {g}")))),
+        string().prop_map(|g| ("guided_grammar", Value::String(format!("root ::= {g}")))),
+        (schema(), "[a-z_]{0,8}").prop_map(|(s, name)| (
+            "tools",
+            json!([{"type": "function", "function": {"name": name, "parameters": s}}])
+        )),
+        json_value().prop_map(|v| ("structured_outputs", v)),
+        json_value().prop_map(|v| ("tool_choice", v)),
+    ]
+}
+
+#[test]
+fn constrained_requests_get_200_or_a_4xx_and_streams_finish() {
+    let strategy = (
+        0..2usize,
+        constraint(),
+        prop::option::of(prop::sample::select(vec!["required", "auto", "none"])),
+        any::<bool>(),
+    )
+        .prop_map(|(route, (field, value), choice, stream)| {
+            let mut body = if route == 0 {
+                json!({"prompt": "the cat", "max_tokens": 6})
+            } else {
+                json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6})
+            };
+            body[field] = value;
+            if let (Some(choice), 1) = (choice, route) {
+                if field == "tools" {
+                    body["tool_choice"] = json!(choice);
+                }
+            }
+            if stream {
+                body["stream"] = json!(true);
+            }
+            (route, body.to_string().into_bytes())
+        });
+    fuzz(256, strategy);
 }
 
 #[test]

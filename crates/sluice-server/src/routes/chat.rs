@@ -235,8 +235,7 @@ async fn collect(
                     message: ChatMessageOut {
                         role: ROLE,
                         // OpenAI's message of only calls has null content.
-                        content: (!(c.content.is_empty() && !calls.is_empty()))
-                            .then_some(c.content),
+                        content: (!c.content.is_empty() || calls.is_empty()).then_some(c.content),
                         reasoning_content: output.reasoning.map(|_| c.reasoning),
                         tool_calls: calls,
                     },
