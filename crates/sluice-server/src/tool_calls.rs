@@ -23,8 +23,9 @@ pub struct ToolPlan {
     pub template_tools: Option<Vec<Value>>,
     /// The output is parsed for calls in this format; `None` leaves it all content.
     pub format: Option<ToolCallFormat>,
-    /// The grammar that forces the model to call (`required`, a named function).
-    pub forced: Option<Grammar>,
+    /// The grammar the output follows: a forced call (`required`, a named function), or, for
+    /// `auto` with strict tools, text or valid calls.
+    pub grammar: Option<Grammar>,
     /// At most one call is returned (`parallel_tool_calls: false`).
     pub single_call: bool,
 }
@@ -131,19 +132,36 @@ pub fn plan(
     let format = format_override.unwrap_or_else(|| template.tool_call_format());
     let single_call = parallel == Some(false);
     let strict = tools.iter().any(|t| t.function.strict == Some(true));
-    let forced = match &choice {
+    let grammar = match &choice {
         ToolChoice::Required => Some(forced_grammar(format, &specs, !single_call, strict)),
         ToolChoice::Function(name) => {
             let only: Vec<FunctionSpec> =
                 specs.iter().filter(|s| &s.name == name).cloned().collect();
             Some(forced_grammar(format, &only, false, strict))
         }
+        // Strict tools promise valid calls, so `auto` is constrained too: text, or calls that
+        // validate. Without strict the model writes freely and its calls are parsed.
+        ToolChoice::Auto if strict => {
+            let lark = format
+                .auto_call_grammar(&specs, !single_call, strict)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "tools",
+                        format!(
+                            "strict tools with tool_choice \"auto\" need the hermes call format; \
+                             this model's is {format}. Use tool_choice \"required\" or drop \
+                             strict."
+                        ),
+                    )
+                })?;
+            Some(Grammar::Lark(lark))
+        }
         ToolChoice::Auto | ToolChoice::None => None,
     };
     Ok(ToolPlan {
         template_tools: Some(raw_tools),
         format: Some(format),
-        forced,
+        grammar,
         single_call,
     })
 }
@@ -183,7 +201,7 @@ mod tests {
     fn choices_plan_rendering_parsing_and_forcing() {
         let t = chatml();
         let auto = plan(Some(vec![tool("f")]), None, None, &t, None).unwrap();
-        assert!(auto.template_tools.is_some() && auto.format.is_some() && auto.forced.is_none());
+        assert!(auto.template_tools.is_some() && auto.format.is_some() && auto.grammar.is_none());
         let none = plan(
             Some(vec![tool("f")]),
             Some(ToolChoice::None),
@@ -202,7 +220,7 @@ mod tests {
         )
         .unwrap();
         assert!(
-            matches!(req.forced, Some(Grammar::Lark(ref l)) if l.contains("\"f\"") && l.contains("\"g\""))
+            matches!(req.grammar, Some(Grammar::Lark(ref l)) if l.contains("\"f\"") && l.contains("\"g\""))
         );
         let named = plan(
             Some(vec![tool("f"), tool("g")]),
@@ -212,7 +230,7 @@ mod tests {
             None,
         )
         .unwrap();
-        assert!(matches!(named.forced, Some(Grammar::Lark(ref l)) if !l.contains("\"f\"")));
+        assert!(matches!(named.grammar, Some(Grammar::Lark(ref l)) if !l.contains("\"f\"")));
         assert!(named.single_call);
         let mistral = plan(
             Some(vec![tool("f")]),
@@ -223,6 +241,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(mistral.format, Some(ToolCallFormat::Mistral));
+        let mut strict = tool("f");
+        strict["function"]["strict"] = json!(true);
+        let auto = plan(Some(vec![strict.clone()]), None, None, &t, None).unwrap();
+        assert!(matches!(auto.grammar, Some(Grammar::Lark(ref l)) if l.contains("lead")));
+        let e = plan(
+            Some(vec![strict]),
+            None,
+            None,
+            &t,
+            Some(ToolCallFormat::Mistral),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools"));
     }
 
     #[test]

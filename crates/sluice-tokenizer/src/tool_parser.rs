@@ -121,36 +121,7 @@ impl ToolCallFormat {
         parallel: bool,
         strict: bool,
     ) -> String {
-        let arguments_key = self.arguments_key();
-        let call_schemas: Vec<Value> = if tools.is_empty() {
-            vec![call_schema(
-                arguments_key,
-                json!({"type": "string"}),
-                json!({"type": "object"}),
-            )]
-        } else {
-            tools
-                .iter()
-                .map(|tool| {
-                    let parameters = match &tool.parameters {
-                        Value::Null => json!({"type": "object"}),
-                        parameters => parameters.clone(),
-                    };
-                    call_schema(arguments_key, json!({ "const": tool.name }), parameters)
-                })
-                .collect()
-        };
-        let schema = json!({
-            "anyOf": call_schemas,
-            // Fixed separators: no whitespace for the model to loop on, and the layout it
-            // was trained on.
-            "x-guidance": {
-                "whitespace_flexible": false,
-                "item_separator": ", ",
-                "key_separator": ": ",
-                "lenient": !strict,
-            },
-        });
+        let schema = self.call_object_schema(tools, strict);
         let (call, separator, prefix, suffix) = match self {
             Self::Hermes => (
                 format!("\"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\""),
@@ -172,6 +143,69 @@ impl ToolCallFormat {
             "call".to_string()
         };
         format!("start: {prefix}{calls}{suffix}\ncall: {call}\n")
+    }
+
+    /// The schema of one call object: the name first, then arguments valid against that
+    /// tool's parameters (one `anyOf` branch per tool; any name and object with no tools).
+    /// JSON inside is laid out as Python's `json.dumps` does (`", "`, `": "`), the way these
+    /// models were trained to write calls, with no free whitespace to loop on.
+    fn call_object_schema(self, tools: &[FunctionSpec], strict: bool) -> Value {
+        let arguments_key = self.arguments_key();
+        let call_schemas: Vec<Value> = if tools.is_empty() {
+            vec![call_schema(
+                arguments_key,
+                json!({"type": "string"}),
+                json!({"type": "object"}),
+            )]
+        } else {
+            tools
+                .iter()
+                .map(|tool| {
+                    let parameters = match &tool.parameters {
+                        Value::Null => json!({"type": "object"}),
+                        parameters => parameters.clone(),
+                    };
+                    call_schema(arguments_key, json!({ "const": tool.name }), parameters)
+                })
+                .collect()
+        };
+        json!({
+            "anyOf": call_schemas,
+            "x-guidance": {
+                "whitespace_flexible": false,
+                "item_separator": ", ",
+                "key_separator": ": ",
+                "lenient": !strict,
+            },
+        })
+    }
+
+    /// For `tool_choice: "auto"` with strict tools: a grammar that lets the model either
+    /// answer in text (never containing a call marker) or write text and then calls, each of
+    /// which names a tool and validates against its schema. `None` for formats whose calls
+    /// open with a control token (Llama 3's `<|python_tag|>`, Mistral's `[TOOL_CALLS]`),
+    /// which a text grammar cannot spell.
+    pub fn auto_call_grammar(
+        self,
+        tools: &[FunctionSpec],
+        parallel: bool,
+        strict: bool,
+    ) -> Option<String> {
+        if self != Self::Hermes {
+            return None;
+        }
+        let schema = self.call_object_schema(tools, strict);
+        let more = if parallel { " more*" } else { "" };
+        // `lead` is lazy with the opening marker as its suffix: it ends at the first
+        // `<tool_call>`, where a greedy text lexeme would run past it. `TEXT` is a whole answer
+        // without any call.
+        Some(format!(
+            "start: TEXT | lead body{more}\n\
+             more: \"\\n<tool_call>\\n\" body\n\
+             body: %json {schema} \"\\n</tool_call>\"\n\
+             lead[suffix=\"<tool_call>\\n\"]: /(?s:.*)/\n\
+             TEXT: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/\n"
+        ))
     }
 }
 

@@ -151,3 +151,35 @@ fn a_grammar_without_tools_takes_any_named_call() {
     let text = "<tool_call>\n{\"name\": \"anything\", \"arguments\": {\"x\": [1]}}\n</tool_call>";
     assert!(accepts(&factory, &grammar, text), "{grammar}");
 }
+
+#[test]
+fn the_strict_auto_grammar_allows_text_or_valid_calls_only() {
+    let factory = factory();
+    let tools = tools();
+    let grammar = ToolCallFormat::Hermes
+        .auto_call_grammar(&tools, true, true)
+        .expect("Hermes has one");
+    let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    for ok in [
+        "It is sunny <b>today</b>, no call needed.".to_string(),
+        call.to_string(),
+        format!("Let me look that up. {call}"),
+        format!("{call}\n<tool_call>\n{{\"name\": \"now\", \"arguments\": {{}}}}\n</tool_call>"),
+    ] {
+        assert!(accepts(&factory, &grammar, &ok), "{ok}");
+    }
+    for bad in [
+        "Checking. <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Oslo\"}}\n</tool_call>".to_string(),
+        "<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {}}\n</tool_call>".to_string(),
+        format!("{call} and some trailing words"),
+    ] {
+        assert!(!accepts(&factory, &grammar, &bad), "{bad}");
+    }
+    let single = ToolCallFormat::Hermes
+        .auto_call_grammar(&tools, false, true)
+        .unwrap();
+    assert!(!accepts(&factory, &single, &format!("{call}\n{call}")));
+    assert!(ToolCallFormat::Mistral
+        .auto_call_grammar(&tools, true, true)
+        .is_none());
+}

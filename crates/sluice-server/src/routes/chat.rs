@@ -67,12 +67,12 @@ pub async fn handler(
         // Rendering refuses the request below, naming `messages`.
         None => ToolPlan::default(),
     };
-    let grammar = match (plan.forced.clone(), requested) {
+    let grammar = match (plan.grammar.clone(), requested) {
         (Some(_), Some(r)) => {
             return Err(ApiError::invalid(
                 r.param,
-                "the output cannot follow a format and be a forced tool call at once; drop \
-                 one of them or use tool_choice \"auto\".",
+                "the output cannot follow a format and the tools' call grammar at once (a \
+                 forced call, or strict tools); drop one of them.",
             ))
         }
         (Some(forced), None) => Some((forced, "tools")),
