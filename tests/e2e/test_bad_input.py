@@ -1,8 +1,11 @@
 """A corpus of malformed and hostile input against the real binary, over raw sockets: broken and
 truncated JSON, wrong types, huge, negative and NaN-like numbers, empty and 1 MB prompts,
 invalid UTF-8, 10k stop strings, unknown fields, out-of-vocabulary token ids, n = 0 and 10000,
-nested garbage in messages, a header flood, and slow-loris clients that never finish their
-headers or body. Each gets a 4xx in OpenAI's error shape or a closed connection (unknown fields
+nested garbage in messages, malformed constraint and tool fields (structured outputs, tools), a
+header flood, and slow-loris clients that never finish their headers or body. Hostile
+constraints (regexes built to backtrack, recursive, deeply nested and huge schemas, grammars with
+no finite derivation) get a 4xx or are bounded: they complete, or a stream ends with an error
+event, within a time limit. Each gets a 4xx in OpenAI's error shape or a closed connection (unknown fields
 are ignored, as OpenAI does: 200); never a 5xx. Afterwards the server still answers a normal
 request and /metrics shows nothing running, nothing waiting, no KV block held and no 5xx."""
 
@@ -193,6 +196,43 @@ REJECTED = [
     (CHAT, j({"messages": [{"content": "no role"}]})),
     (CHAT, j({"messages": [None, 1, "two"]})),
     (TOK, j({"messages": [{"role": 7}]})),
+    # structured outputs and tools (issue 15): malformed constraint fields
+    (CHAT, j({"messages": MSG, "response_format": {"type": "xml"}})),
+    (CHAT, j({"messages": MSG, "response_format": "json"})),
+    (CHAT, j({"messages": MSG, "response_format": {"type": "json_schema"}})),
+    (CHAT, j({"messages": MSG, "guided_regex": "("})),
+    (CHAT, j({"messages": MSG, "guided_regex": 5})),
+    (C, j({"prompt": "hi", "guided_choice": []})),
+    (C, j({"prompt": "hi", "guided_choice": "yes"})),
+    (C, j({"prompt": "hi", "guided_choice": ["x" * 5000]})),
+    (C, j({"prompt": "hi", "guided_choice": [str(i) for i in range(2000)]})),
+    (C, j({"prompt": "hi", "guided_regex": "a" * 300_000})),
+    (C, j({"prompt": "hi", "guided_json": "{\"type\": "})),
+    (C, j({"prompt": "hi", "guided_json": [1, 2]})),
+    (C, j({"prompt": "hi", "structured_outputs": {"structural_tag": {}}})),
+    (C, j({"prompt": "hi", "structured_outputs": "regex"})),
+    (CHAT, j({"messages": MSG, "guided_grammar": 'root ::= "a'})),  # malformed GBNF
+    (CHAT, j({"messages": MSG, "guided_grammar": "root ::= ( \"a\" "})),
+    (CHAT, j({"messages": MSG, "guided_grammar": "root ::= missing"})),
+    (CHAT, j({"messages": MSG, "guided_grammar": "root = \"a\" ::= ::="})),
+    (CHAT, j({"messages": MSG, "structured_outputs": {"grammar": "start: ((("}})),
+    (CHAT, j({"messages": MSG, "guided_json": {"type": "object"}, "guided_regex": "a"})),
+    (CHAT, j({"messages": MSG, "tools": "get_weather"})),
+    (CHAT, j({"messages": MSG, "tools": [{"type": "function"}]})),
+    (CHAT, j({"messages": MSG, "tools": [None]})),
+    (CHAT, j({"messages": MSG, "tools": [{"type": "function", "function": {"name": ""}}]})),
+    (CHAT, j({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f" * 65}}]})),
+    (CHAT, j({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}] * 129})),
+    (CHAT, j({"messages": MSG, "tool_choice": 5})),
+    (CHAT, j({"messages": MSG, "tool_choice": {"type": "function"}})),
+    (CHAT, j({"messages": MSG, "tool_choice": "required"})),
+    (CHAT, j({"messages": MSG, "audio": {"voice": "alloy"}})),
+    (CHAT, j({"messages": MSG, "modalities": ["audio"]})),
+    (CHAT, j({"messages": MSG, "chat_template_kwargs": [1, 2]})),
+    (CHAT, j({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": 5}}]}]})),
+    (CHAT, j({"messages": [{"role": "assistant", "tool_calls": "call"}]})),
+    (CHAT, j({"messages": [{"role": "user", "content": "hi"},
+                           {"role": "tool", "tool_call_id": 7, "content": "x"}]})),
 ]
 
 # Unknown fields are ignored, as OpenAI's API does.
@@ -250,6 +290,119 @@ def test_slow_loris_clients_are_cut_off(srv):
     answer = exchange(srv.port, chunks, pause=0.25, timeout=60)
     assert_openai_error(answer, "trickled body")
     assert answer.status == 408 and answer.elapsed < limit + 1, answer
+
+
+def nested_schema(depth: int) -> str:
+    """`"guided_json": ` a schema of objects nested `depth` deep, as JSON text (deeper than
+    Python's json module can write)."""
+    head = '{"type": "object", "required": ["a"], "properties": {"a": ' * depth
+    return '"guided_json": ' + head + '{"type": "string"}' + "}}" * depth
+
+
+# A tree: finite instances exist (a node without its optional child).
+TREE = {
+    "$ref": "#/$defs/node",
+    "$defs": {"node": {"type": "object", "properties": {"child": {"$ref": "#/$defs/node"}}}},
+}
+# No finite instance: every node requires a child.
+RECURSIVE = {
+    "$ref": "#/$defs/node",
+    "$defs": {"node": {"type": "object", "properties": {"child": {"$ref": "#/$defs/node"}},
+                       "required": ["child"]}},
+}
+HOSTILE_GRAMMARS = [
+    'start: start "a"',  # no finite derivation
+    "start: a\na: b\nb: a",  # a cycle of rules
+    'start: "a" start',
+    'root ::= root "a"',
+    "root ::= x\nx ::= root",
+    'root ::= [z-a]',
+    'start: "a"{1000000}',
+    "start: /(a*)*b/",
+    'root ::= ("a"*)* "b"',
+]
+# Constraints built to be expensive (constraint fields, or such fields as JSON text): each gets a
+# 4xx, or completes (or fails with an error event when streamed) within a bounded time, never a
+# 5xx.
+HOSTILE = [
+    {"guided_regex": "(a*)*b"},
+    {"guided_regex": "(x+x+)+y"},
+    {"guided_regex": "(a|aa)*c"},
+    {"guided_regex": "(a{1,100}){1,100}b"},
+    {"guided_regex": "[a-z]{1000}{1000}"},
+    {"guided_regex": "(.*a){20}"},
+    {"structured_outputs": {"regex": "((((((((((a*)*)*)*)*)*)*)*)*)*)*b"}},
+    {"guided_json": TREE},
+    {"guided_json": RECURSIVE},
+    nested_schema(40),
+    nested_schema(2000),
+    {"guided_json": {"enum": [f"value-{i:06d}" for i in range(10_000)]}},
+    {"guided_json": {"type": "string", "pattern": "(a*)*b"}},
+    {"guided_json": {"type": "array", "minItems": 100_000, "items": {"type": "integer"}}},
+    {"guided_json": {"type": "string", "minLength": 10_000_000}},
+    {"guided_json": {"type": "object", "required": ["x"], "properties": {"x": False}}},
+    {"guided_json": {"allOf": [{"type": "string"}, {"type": "integer"}]}},
+    {"guided_json": {"$ref": "#/$defs/missing"}},
+    {"guided_json": {"$ref": "http://example.com/schema.json"}},
+    {"guided_choice": ["a" * i for i in range(1, 1001)]},
+    *[{"guided_grammar": g} for g in HOSTILE_GRAMMARS],
+]
+HOSTILE_TIME_LIMIT_S = 60
+
+
+def sse_events(body: bytes) -> list:
+    events = []
+    for line in body.decode().splitlines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def test_hostile_constraints_are_refused_or_bounded(srv):
+    """Each hostile constraint, as a plain completion and as a streamed chat: every failure is
+    listed at the end."""
+    problems, outcomes = [], []
+    for fields in HOSTILE:
+        for path, base in ((C, {"prompt": "Hello", "max_tokens": 16}),
+                           (CHAT, {"messages": MSG, "max_tokens": 16, "stream": True})):
+            if isinstance(fields, str):
+                what = f"POST {path} {fields[:100]}"
+                body = j(base)[:-1] + b", " + fields.encode() + b"}"
+            else:
+                what = f"POST {path} {json.dumps(fields)[:100]}"
+                body = j({**base, **fields})
+            answer = exchange(srv.port, [post(path, body)], timeout=120)
+            if answer.status is None or answer.status >= 500:
+                problems.append(f"{what}: {answer!r}")
+                continue
+            if answer.elapsed > HOSTILE_TIME_LIMIT_S:
+                problems.append(f"{what}: took {answer.elapsed:.1f} s")
+            if answer.status != 200:
+                assert_openai_error(answer, what)
+                messages = [json.loads(answer.body)["error"]["message"]]
+                outcomes.append(f"{answer.status}: {what}")
+            elif base.get("stream"):
+                events = sse_events(answer.body)
+                if not events or events[-1] != "[DONE]":
+                    problems.append(f"{what}: the stream did not end with [DONE]: {answer!r}")
+                errors = [e for e in events if isinstance(e, dict) and "error" in e]
+                messages = [e["error"]["message"] for e in errors]
+                outcomes.append(f"stream with {len(errors)} error events: {what}")
+            else:
+                choice = json.loads(answer.body)["choices"][0]
+                if choice["finish_reason"] not in ("stop", "length"):
+                    problems.append(f"{what}: {choice}")
+                outcomes.append(f"200: {what}")
+                messages = []
+            # A clear error: one short message, not the grammar engine's internal state.
+            for m in messages:
+                if len(m) > 1000 or "<state>" in m or "<grammar>" in m:
+                    problems.append(f"{what}: an unclear error message: {m[:300]!r}")
+    print("\n".join(outcomes))
+    assert not problems, "\n".join(problems)
+    # A normal request still answers at once.
+    assert exchange(srv.port, [post(C, VALID)]).status == 200
 
 
 def test_the_server_is_whole_after_the_corpus(srv):
