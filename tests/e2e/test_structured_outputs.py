@@ -224,7 +224,7 @@ def test_chat_constraint_fields(server, model_name, fields, check):
                          ids=[c[0] for c in CONSTRAINTS if c[0] != "json_schema_no_schema"])
 def test_completions_constraint_fields(server, model_name, fields, check):
     a = ok(completion(server, {"model": model_name, "prompt": "Q: Is the sky blue?\nA:",
-                               "max_tokens": 40, "temperature": 0.7, "seed": 3, **fields}))
+                               "max_tokens": 40, "temperature": 0, **fields}))
     c = a["choices"][0]
     if "response_format" not in fields or fields["response_format"]["type"] != "text":
         assert c["finish_reason"] == "stop", c
@@ -286,8 +286,8 @@ CONSTRAINED = [
     ({"guided_regex": PHONE}, lambda t: re.fullmatch(PHONE, t) or pytest.fail(t)),
     ({"guided_choice": ["left", "right"]}, lambda t: t in ("left", "right") or pytest.fail(t)),
     ({"guided_json": SMALL_SCHEMA}, lambda t: jsonschema.validate(json.loads(t), SMALL_SCHEMA)),
-    ({"structured_outputs": {"grammar": 'root ::= [a-c]+ "."'}},
-     lambda t: re.fullmatch(r"[a-c]+\.", t) or pytest.fail(t)),
+    ({"structured_outputs": {"grammar": 'root ::= [a-c]{1,6} "."'}},
+     lambda t: re.fullmatch(r"[a-c]{1,6}\.", t) or pytest.fail(t)),
 ]
 
 
