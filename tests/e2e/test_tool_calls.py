@@ -178,6 +178,24 @@ def test_auto_leaves_plain_answers_as_content(model: Served):
         assert a["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_strict_tools_constrain_auto(model: Served):
+    """Strict tools promise valid calls also when the model chooses to call: each sampled row
+    is a plain answer, or text then calls that validate."""
+    strict = [{"type": "function", "function": {**t["function"], "strict": True}} for t in TOOLS]
+    a = model.ok({"messages": ASK_WEATHER, "tools": strict, "tool_choice": "auto",
+                  "temperature": 1.0, "seed": 4, "n": 4, "max_tokens": 60})
+    for c in a["choices"]:
+        msg = c["message"]
+        assert "<tool_call>" not in (msg.get("content") or ""), c
+        if msg.get("tool_calls"):
+            assert c["finish_reason"] == "tool_calls", c
+            for call in msg["tool_calls"]:
+                name = call["function"]["name"]
+                jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[name])
+        else:
+            assert c["finish_reason"] in ("stop", "length"), c
+
+
 # `auto` parses what the model writes. Neither model calls by itself here (both Qwen coders
 # answer `auto` with a ```json block, SmolLM2 with prose), so a regex makes the model write text
 # and then a Hermes call, as a model that calls would.
