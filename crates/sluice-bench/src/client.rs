@@ -4,7 +4,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use futures_util::StreamExt;
-use serde_json::{json, Value};
+use serde_json::Value;
+
+use crate::server_metrics::{self, Scrape};
+use crate::structured::ToolCall;
 
 pub struct Client {
     http: reqwest::Client,
@@ -12,8 +15,38 @@ pub struct Client {
     api_key: Option<String>,
 }
 
-/// What one request measured.
+/// Which endpoint a request goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/completions`: token-id prompts, output in `choices[0].text`.
+    Completions,
+    /// `/v1/chat/completions`: text messages, output in `choices[0].delta` (content,
+    /// reasoning, tool calls).
+    Chat,
+}
+
+impl Endpoint {
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Completions => "/v1/completions",
+            Self::Chat => "/v1/chat/completions",
+        }
+    }
+}
+
+/// One request, ready to send.
 #[derive(Debug, Clone)]
+pub struct Request {
+    pub endpoint: Endpoint,
+    pub body: Value,
+    /// The prompt's length as generated (tokens, or words for chat); the server's `usage`
+    /// replaces it when it reports one.
+    pub prompt_tokens: usize,
+    pub max_tokens: usize,
+}
+
+/// What one request measured.
+#[derive(Debug, Clone, Default)]
 pub struct Outcome {
     pub prompt_tokens: usize,
     pub output_tokens: usize,
@@ -24,6 +57,14 @@ pub struct Outcome {
     /// When it finished, counted from the start of the run (set by the runner).
     pub finished_at: Duration,
     pub error: Option<String>,
+    /// `finish_reason` of the last chunk that had one.
+    pub finish_reason: Option<String>,
+    /// The output text (content only, for chat) and the tool calls, reassembled; the runner
+    /// checks them against the workload's structure and drops them.
+    pub text: String,
+    pub tool_calls: Vec<ToolCall>,
+    /// Whether the output honours the workload's structure (`None`: nothing to check).
+    pub valid: Option<Result<(), String>>,
 }
 
 impl Client {
@@ -45,76 +86,63 @@ impl Client {
         }
     }
 
-    pub async fn first_model(&self) -> anyhow::Result<String> {
-        let mut req = self.http.get(format!("{}/v1/models", self.base));
-        if let Some(key) = &self.api_key {
-            req = req.bearer_auth(key);
+    fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        let req = self.http.get(format!("{}{path}", self.base));
+        match &self.api_key {
+            Some(key) => req.bearer_auth(key),
+            None => req,
         }
-        let body: Value = req.send().await?.error_for_status()?.json().await?;
+    }
+
+    pub async fn first_model(&self) -> anyhow::Result<String> {
+        let body: Value = self
+            .get("/v1/models")
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
         body["data"][0]["id"]
             .as_str()
             .map(str::to_string)
             .context("the server lists no model")
     }
 
-    /// Sends one streaming completion and times each content chunk as it arrives.
-    pub async fn complete(
-        &self,
-        model: &str,
-        prompt: &[u32],
-        max_tokens: usize,
-        ignore_eos: bool,
-        temperature: f32,
-    ) -> Outcome {
+    /// The server's step metrics from `/metrics`, or `None` when it has no such page.
+    pub async fn scrape_metrics(&self) -> Option<Scrape> {
+        let resp = self.get("/metrics").send().await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        Some(server_metrics::parse(&resp.text().await.ok()?))
+    }
+
+    /// Sends one streaming request and times each output chunk as it arrives.
+    pub async fn send(&self, request: &Request) -> Outcome {
         let start = Instant::now();
         let mut outcome = Outcome {
-            prompt_tokens: prompt.len(),
-            output_tokens: 0,
-            ttft: Duration::ZERO,
-            itl: Vec::with_capacity(max_tokens),
-            e2e: Duration::ZERO,
-            finished_at: Duration::ZERO,
-            error: None,
+            prompt_tokens: request.prompt_tokens,
+            itl: Vec::with_capacity(request.max_tokens),
+            ..Outcome::default()
         };
-        if let Err(e) = self
-            .stream(
-                model,
-                prompt,
-                max_tokens,
-                ignore_eos,
-                temperature,
-                start,
-                &mut outcome,
-            )
-            .await
-        {
+        if let Err(e) = self.stream(request, start, &mut outcome).await {
             outcome.error = Some(format!("{e:#}"));
         }
         outcome.e2e = start.elapsed();
         outcome
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn stream(
         &self,
-        model: &str,
-        prompt: &[u32],
-        max_tokens: usize,
-        ignore_eos: bool,
-        temperature: f32,
+        request: &Request,
         start: Instant,
         out: &mut Outcome,
     ) -> anyhow::Result<()> {
-        let body = json!({
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "ignore_eos": ignore_eos,
-            "stream": true,
-            "stream_options": {"include_usage": true},
-        });
-        let resp = self.post("/v1/completions").json(&body).send().await?;
+        let resp = self
+            .post(request.endpoint.path())
+            .json(&request.body)
+            .send()
+            .await?;
         let status = resp.status();
         if !status.is_success() {
             bail!("HTTP {status}: {}", resp.text().await.unwrap_or_default());
@@ -145,10 +173,10 @@ impl Client {
                     if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
                         usage_tokens = Some(n as usize);
                     }
-                    let has_text = v["choices"][0]["text"]
-                        .as_str()
-                        .is_some_and(|t| !t.is_empty());
-                    if has_text {
+                    if let Some(n) = v["usage"]["prompt_tokens"].as_u64() {
+                        out.prompt_tokens = n as usize;
+                    }
+                    if absorb_chunk(&v, request.endpoint, out) {
                         let now = Instant::now();
                         match last {
                             None => out.ttft = now - start,
@@ -162,9 +190,61 @@ impl Client {
         }
         out.output_tokens = usage_tokens.unwrap_or(chunks);
         if last.is_none() {
-            bail!("the stream carried no text");
+            bail!("the stream carried no output");
         }
         Ok(())
+    }
+}
+
+/// Takes one streamed chunk's output into `out` (text, tool-call fragments, finish reason);
+/// true when it carried output (a timed chunk).
+fn absorb_chunk(v: &Value, endpoint: Endpoint, out: &mut Outcome) -> bool {
+    let choice = &v["choices"][0];
+    if let Some(reason) = choice["finish_reason"].as_str() {
+        out.finish_reason = Some(reason.to_string());
+    }
+    fn nonempty(x: &Value) -> Option<&str> {
+        x.as_str().filter(|t| !t.is_empty())
+    }
+    match endpoint {
+        Endpoint::Completions => match nonempty(&choice["text"]) {
+            Some(t) => {
+                out.text.push_str(t);
+                true
+            }
+            None => false,
+        },
+        Endpoint::Chat => {
+            let delta = &choice["delta"];
+            let mut carried = false;
+            if let Some(t) = nonempty(&delta["content"]) {
+                out.text.push_str(t);
+                carried = true;
+            }
+            // Reasoning is output the server computed too, but no part of the answer.
+            carried |= nonempty(&delta["reasoning_content"]).is_some()
+                || nonempty(&delta["reasoning"]).is_some();
+            if let Some(calls) = delta["tool_calls"].as_array() {
+                for (pos, call) in calls.iter().enumerate() {
+                    let index = call["index"].as_u64().map_or(pos, |i| i as usize);
+                    if out.tool_calls.len() <= index {
+                        out.tool_calls.resize(index + 1, ToolCall::default());
+                    }
+                    let slot = &mut out.tool_calls[index];
+                    // The name comes once; a server that repeats it is not concatenated.
+                    if let Some(name) = nonempty(&call["function"]["name"]) {
+                        if slot.name != name {
+                            slot.name.push_str(name);
+                        }
+                    }
+                    if let Some(args) = nonempty(&call["function"]["arguments"]) {
+                        slot.arguments.push_str(args);
+                    }
+                    carried = true;
+                }
+            }
+            carried
+        }
     }
 }
 
@@ -180,12 +260,78 @@ fn find_event_end(buf: &[u8]) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::find_event_end;
+    use super::*;
+    use serde_json::json;
 
     #[test]
     fn events_end_at_blank_lines() {
         assert_eq!(find_event_end(b"data: 1\n\ndata: 2"), Some(9));
         assert_eq!(find_event_end(b"data: 1\r\n\r\n"), Some(11));
         assert_eq!(find_event_end(b"data: 1\n"), None);
+    }
+
+    #[test]
+    fn completion_chunks_give_text_and_finish() {
+        let mut out = Outcome::default();
+        let e = Endpoint::Completions;
+        assert!(absorb_chunk(
+            &json!({"choices": [{"text": "{\"a\""}]}),
+            e,
+            &mut out
+        ));
+        assert!(absorb_chunk(
+            &json!({"choices": [{"text": ": 1}", "finish_reason": "stop"}]}),
+            e,
+            &mut out
+        ));
+        assert!(!absorb_chunk(
+            &json!({"choices": [], "usage": {"completion_tokens": 5}}),
+            e,
+            &mut out
+        ));
+        assert_eq!(out.text, "{\"a\": 1}");
+        assert_eq!(out.finish_reason.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn chat_chunks_reassemble_tool_calls() {
+        let mut out = Outcome::default();
+        let e = Endpoint::Chat;
+        let chunks = [
+            json!({"choices": [{"delta": {"role": "assistant", "content": ""}}]}),
+            json!({"choices": [{"delta": {"reasoning_content": "hmm"}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": ""}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\": "}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\"Oslo\"}"}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 1, "function": {"name": "f", "arguments": "{}"}}]}}]}),
+            json!({"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}),
+        ];
+        let carried: Vec<bool> = chunks
+            .iter()
+            .map(|c| absorb_chunk(c, e, &mut out))
+            .collect();
+        assert_eq!(carried, [false, true, true, true, true, true, false]);
+        assert_eq!(out.text, "");
+        assert_eq!(
+            out.tool_calls,
+            [
+                ToolCall {
+                    name: "get_weather".into(),
+                    arguments: "{\"city\": \"Oslo\"}".into()
+                },
+                ToolCall {
+                    name: "f".into(),
+                    arguments: "{}".into()
+                },
+            ]
+        );
+        assert_eq!(out.finish_reason.as_deref(), Some("tool_calls"));
+        assert!(absorb_chunk(
+            &json!({"choices": [{"delta": {"content": "hi"}}]}),
+            e,
+            &mut out
+        ));
+        assert_eq!(out.text, "hi");
     }
 }

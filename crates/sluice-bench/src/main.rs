@@ -6,10 +6,18 @@
 //! open loop sends Poisson arrivals at a rate. A sweep runs closed loop over several
 //! concurrencies and writes one CSV row per level, and a PNG plot of throughput and latency
 //! against concurrency with `--plot` (also from an earlier sweep's CSV with `--from-csv`).
+//!
+//! Structured workloads constrain every output: `--json-schema FILE` sends a JSON schema with
+//! each completion, `--tools FILE` sends OpenAI function tools to the chat endpoint. Each
+//! output is checked (it parses and validates, or holds valid tool calls), and where the server
+//! exposes sluice's `/metrics`, the mean step time and grammar-mask time per constrained step
+//! over each level are reported beside the throughput.
 
 mod client;
 mod plot;
 mod report;
+mod server_metrics;
+mod structured;
 mod workload;
 
 use std::path::PathBuf;
@@ -17,6 +25,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 
+use crate::client::Endpoint;
+use crate::server_metrics::StepCost;
+use crate::structured::{SchemaField, Structure};
 use crate::workload::{Load, Workload};
 
 #[derive(Parser, Debug)]
@@ -80,6 +91,79 @@ pub struct Args {
     /// Hide the progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Constrain every output to the JSON schema in FILE (a bare schema, or OpenAI's
+    /// `{"name", "schema", "strict"}` object). A constrained output ends when the schema is
+    /// complete: `ignore_eos` is not sent, --output-tokens only caps it (`max_tokens`), and
+    /// throughput counts the output tokens of the server's `usage`.
+    #[arg(long, value_name = "FILE", conflicts_with = "tools")]
+    json_schema: Option<PathBuf>,
+    /// Where --json-schema goes in the request: OpenAI's `response_format` (sluice on both
+    /// endpoints, vLLM on chat and recent completions), vLLM's `structured_outputs` or its
+    /// older `guided_json`.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "response-format",
+        requires = "json_schema"
+    )]
+    schema_field: SchemaField,
+    /// Offer the OpenAI function tools in FILE (a JSON array) with every request, on
+    /// `/v1/chat/completions` (implies --chat). Outputs end with the call, as with --json-schema.
+    #[arg(long, value_name = "FILE")]
+    tools: Option<PathBuf>,
+    /// `tool_choice` with --tools: `required` (a call forced by grammar), `auto`, `none`, or a
+    /// function's name.
+    #[arg(long, default_value = "required", requires = "tools")]
+    tool_choice: String,
+    /// `parallel_tool_calls` with --tools (default: not sent, the server's choice). `false`
+    /// ends each output with its one call; with `true` a small model may chain calls up to
+    /// `max_tokens`.
+    #[arg(long, value_name = "BOOL", requires = "tools")]
+    parallel_tool_calls: Option<bool>,
+    /// Send chat requests (`/v1/chat/completions`) whose user message is --prompt-tokens words
+    /// (about as many tokens, plus the chat template's) instead of token-id completions.
+    #[arg(long)]
+    chat: bool,
+    /// With --chat: a system message of N words, the same in every request (a shared prefix,
+    /// like tool definitions; `scripts/bench-structured.sh` sizes it to match --tools).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    system_words: usize,
+    /// Do not read the server's `/metrics` (sluice's step and grammar-mask times) before and
+    /// after each level. Servers without them are skipped anyway.
+    #[arg(long)]
+    no_server_metrics: bool,
+}
+
+impl Args {
+    /// The workload the flags describe (files read and checked here, before any request).
+    fn workload(&self, model: String) -> anyhow::Result<Workload> {
+        let structure = match (&self.json_schema, &self.tools) {
+            (Some(path), _) => {
+                Structure::json_schema_file(path, self.schema_field).context("--json-schema")?
+            }
+            (None, Some(path)) => {
+                Structure::tools_file(path, &self.tool_choice).context("--tools")?
+            }
+            (None, None) => Structure::Plain,
+        };
+        let chat = self.chat || self.tools.is_some();
+        Ok(Workload {
+            model,
+            prompt_tokens: workload::parse_range(&self.prompt_tokens).context("--prompt-tokens")?,
+            output_tokens: workload::parse_range(&self.output_tokens).context("--output-tokens")?,
+            ignore_eos: !self.respect_eos,
+            temperature: self.temperature,
+            seed: self.seed,
+            endpoint: if chat {
+                Endpoint::Chat
+            } else {
+                Endpoint::Completions
+            },
+            structure,
+            system_words: self.system_words,
+            parallel_tool_calls: self.parallel_tool_calls,
+        })
+    }
 }
 
 #[tokio::main]
@@ -92,6 +176,8 @@ async fn main() -> anyhow::Result<()> {
         args.plot.is_none() || !args.sweep.is_empty() || args.request_rate.is_none(),
         "--plot draws closed-loop levels against concurrency: use it with --sweep or --concurrency"
     );
+    // The files are read before anything is sent: a bad schema fails at once.
+    args.workload(String::new())?;
     let client = client::Client::new(&args.base_url, args.api_key.clone())?;
     let model = match &args.model {
         Some(m) => m.clone(),
@@ -100,14 +186,7 @@ async fn main() -> anyhow::Result<()> {
             .await
             .context("listing the server's models (pass --model to skip)")?,
     };
-    let workload = Workload {
-        model,
-        prompt_tokens: workload::parse_range(&args.prompt_tokens).context("--prompt-tokens")?,
-        output_tokens: workload::parse_range(&args.output_tokens).context("--output-tokens")?,
-        ignore_eos: !args.respect_eos,
-        temperature: args.temperature,
-        seed: args.seed,
-    };
+    let workload = args.workload(model)?;
     if args.warmup > 0 {
         workload::run(
             &client,
@@ -141,8 +220,20 @@ async fn main() -> anyhow::Result<()> {
     let mut results = Vec::new();
     for load in levels {
         let count = args.num_requests.for_load(load)?;
+        let before = match args.no_server_metrics {
+            false => client.scrape_metrics().await,
+            true => None,
+        };
         let outcomes = workload::run(&client, &workload, load, count, args.quiet).await?;
-        let summary = report::Summary::new(load, &outcomes);
+        let after = match before {
+            Some(_) => client.scrape_metrics().await,
+            None => None,
+        };
+        let mut summary = report::Summary::new(load, &outcomes);
+        summary.workload = workload.structure.label().to_string();
+        summary.server = before
+            .zip(after)
+            .and_then(|(b, a)| StepCost::between(&b, &a));
         println!("{}", summary.table());
         results.push(summary);
     }
@@ -155,7 +246,11 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &args.plot {
-        let output = if args.respect_eos { "up to " } else { "" };
+        let output = if args.respect_eos || !workload.structure.is_plain() {
+            "up to "
+        } else {
+            ""
+        };
         let subtitle = format!(
             "prompt {} tokens, output {output}{} tokens, {} per level",
             args.prompt_tokens, args.output_tokens, args.num_requests
@@ -236,6 +331,160 @@ fn plot_csv(args: &Args, csv: &std::path::Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn args(flags: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("sluice-bench").chain(flags.iter().copied()))
+    }
+
+    fn example(name: &str) -> String {
+        format!(
+            "{}/../../benchmarks/structured/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    }
+
+    #[test]
+    fn plain_flags_give_the_unconstrained_workload() {
+        let w = args(&[]).unwrap().workload("m".into()).unwrap();
+        assert_eq!(w.endpoint, Endpoint::Completions);
+        assert_eq!(w.structure, Structure::Plain);
+        let r = w.request(0);
+        assert_eq!(r.endpoint, Endpoint::Completions);
+        assert_eq!(r.body["prompt"].as_array().unwrap().len(), 128);
+        assert_eq!(r.body["ignore_eos"], true);
+        assert_eq!(r.body["max_tokens"], 128);
+        assert!(r.body.get("response_format").is_none());
+        let chat = args(&["--chat"]).unwrap().workload("m".into()).unwrap();
+        assert_eq!(chat.endpoint, Endpoint::Chat);
+        assert_eq!(chat.request(0).body["ignore_eos"], true);
+        assert_eq!(
+            chat.request(0).body["messages"].as_array().unwrap().len(),
+            1
+        );
+
+        // A system message shared by every request, then each one's own user message.
+        let chat = args(&["--chat", "--system-words", "300", "--prompt-tokens", "20"])
+            .unwrap()
+            .workload("m".into())
+            .unwrap();
+        let (a, b) = (chat.request(0).body, chat.request(1).body);
+        assert_eq!(a["messages"][0]["role"], "system");
+        assert_eq!(a["messages"][0], b["messages"][0]);
+        assert_eq!(
+            a["messages"][0]["content"]
+                .as_str()
+                .unwrap()
+                .split(' ')
+                .count(),
+            300
+        );
+        assert_ne!(a["messages"][1], b["messages"][1]);
+        assert_eq!(
+            a["messages"][1]["content"]
+                .as_str()
+                .unwrap()
+                .split(' ')
+                .count(),
+            20
+        );
+    }
+
+    #[test]
+    fn json_schema_flags() {
+        let schema = example("schema.json");
+        let a = args(&["--json-schema", &schema, "--output-tokens", "200"]).unwrap();
+        assert_eq!(a.schema_field, SchemaField::ResponseFormat);
+        let w = a.workload("m".into()).unwrap();
+        assert_eq!(
+            w.endpoint,
+            Endpoint::Completions,
+            "the same shape as the plain run"
+        );
+        let r = w.request(3);
+        assert_eq!(r.body["response_format"]["type"], "json_schema");
+        assert_eq!(r.body["max_tokens"], 200);
+        assert!(
+            r.body.get("ignore_eos").is_none(),
+            "a grammar ends the output"
+        );
+        assert_eq!(
+            r.body["prompt"],
+            args(&[])
+                .unwrap()
+                .workload("m".into())
+                .unwrap()
+                .request(3)
+                .body["prompt"]
+        );
+
+        let a = args(&[
+            "--json-schema",
+            &schema,
+            "--schema-field",
+            "structured-outputs",
+            "--chat",
+        ])
+        .unwrap();
+        let r = a.workload("m".into()).unwrap().request(0);
+        assert_eq!(r.endpoint, Endpoint::Chat);
+        assert_eq!(r.body["structured_outputs"]["json"]["type"], "object");
+        assert!(r.body.get("response_format").is_none());
+        let a = args(&["--json-schema", &schema, "--schema-field", "guided-json"]).unwrap();
+        assert!(a.workload("m".into()).unwrap().request(0).body["guided_json"].is_object());
+
+        assert!(
+            args(&["--schema-field", "guided-json"]).is_err(),
+            "needs --json-schema"
+        );
+        assert!(args(&["--json-schema", &schema, "--schema-field", "xml"]).is_err());
+        assert!(args(&["--json-schema", &schema, "--tools", &example("tools.json")]).is_err());
+        let missing = args(&["--json-schema", "/nonexistent.json"]).unwrap();
+        assert!(missing.workload("m".into()).is_err());
+    }
+
+    #[test]
+    fn tools_flags() {
+        let tools = example("tools.json");
+        let w = args(&["--tools", &tools, "--prompt-tokens", "40", "--seed", "7"])
+            .unwrap()
+            .workload("m".into())
+            .unwrap();
+        assert_eq!(w.endpoint, Endpoint::Chat, "--tools implies chat");
+        let r = w.request(0);
+        assert_eq!(r.endpoint.path(), "/v1/chat/completions");
+        assert_eq!(r.body["tool_choice"], "required");
+        assert_eq!(r.body["tools"].as_array().unwrap().len(), 3);
+        assert_eq!(r.body["stream"], true);
+        assert!(r.body.get("prompt").is_none());
+        let messages = r.body["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 1);
+        assert_eq!(messages[0]["role"], "user");
+        let words = messages[0]["content"].as_str().unwrap().split(' ').count();
+        assert_eq!(words, 40);
+        assert_eq!(
+            r.body,
+            w.request(0).body,
+            "the same request for the same seed"
+        );
+
+        let named = args(&["--tools", &tools, "--tool-choice", "get_weather"]).unwrap();
+        let r = named.workload("m".into()).unwrap().request(0);
+        assert_eq!(r.body["tool_choice"]["function"]["name"], "get_weather");
+        let unknown = args(&["--tools", &tools, "--tool-choice", "fly"]).unwrap();
+        assert!(unknown.workload("m".into()).is_err());
+        assert!(args(&["--tool-choice", "auto"]).is_err(), "needs --tools");
+        assert!(
+            r.body.get("parallel_tool_calls").is_none(),
+            "the server's default"
+        );
+        let single = args(&["--tools", &tools, "--parallel-tool-calls", "false"]).unwrap();
+        let r = single.workload("m".into()).unwrap().request(0);
+        assert_eq!(r.body["parallel_tool_calls"], false);
+        assert!(
+            args(&["--parallel-tool-calls", "false"]).is_err(),
+            "needs --tools"
+        );
+    }
 
     #[test]
     fn request_counts_parse_fixed_and_per_client() {

@@ -504,7 +504,7 @@ mod tests {
             itl: vec![Duration::from_millis(7); 4],
             e2e: Duration::from_millis(e2e),
             finished_at: Duration::from_millis(e2e),
-            error: None,
+            ..Outcome::default()
         };
         let results = vec![
             Summary::new(Load::Closed { concurrency: 8 }, &[outcome(40, 200)]),

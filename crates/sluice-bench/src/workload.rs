@@ -8,8 +8,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
+use serde_json::{json, Value};
 
-use crate::client::{Client, Outcome};
+use crate::client::{Client, Endpoint, Outcome, Request};
+use crate::structured::Structure;
 
 /// How requests arrive.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -25,9 +27,19 @@ pub struct Workload {
     pub model: String,
     pub prompt_tokens: (usize, usize),
     pub output_tokens: (usize, usize),
+    /// Sent only without a structure: a constrained output ends when its grammar completes.
     pub ignore_eos: bool,
     pub temperature: f32,
     pub seed: u64,
+    /// Completions take token-id prompts; chat takes a user message of about as many words.
+    pub endpoint: Endpoint,
+    /// What constrains the outputs (a schema, tools) and how they are checked.
+    pub structure: Structure,
+    /// Chat only: a system message of this many words, the same in every request, so the
+    /// prompts share a prefix as they do when they carry the same tool definitions.
+    pub system_words: usize,
+    /// `parallel_tool_calls` sent with tools, when set.
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// `N` or `MIN:MAX`.
@@ -51,14 +63,72 @@ pub fn parse_range(s: &str) -> anyhow::Result<(usize, usize)> {
 /// Token ids well inside any real vocabulary and clear of special tokens.
 const PROMPT_IDS: std::ops::Range<u32> = 1000..9000;
 
+/// Words of a chat prompt: common English words, each one token (with its leading space) in
+/// the usual BPE vocabularies, so `N` words make a message of about `N` tokens.
+const WORDS: &[&str] = &[
+    "the", "order", "was", "late", "and", "my", "account", "shows", "a", "charge", "for", "two",
+    "items", "I", "did", "not", "buy", "please", "check", "what", "happened", "with", "last",
+    "week", "when", "we", "moved", "office", "to", "new", "city", "our", "team", "meeting", "is",
+    "on", "Monday", "at", "ten", "weather", "there", "will", "be", "cold", "so", "bring", "coat",
+    "customer", "asked", "about", "refund", "status", "of", "shipping", "box", "from", "store",
+    "today", "time", "call", "back", "number", "help", "need",
+];
+
+fn words(rng: &mut StdRng, n: usize) -> String {
+    let words: Vec<&str> = (0..n)
+        .map(|_| WORDS[rng.gen_range(0..WORDS.len())])
+        .collect();
+    words.join(" ")
+}
+
 impl Workload {
-    /// The `i`-th request's prompt and output length, the same for every run with this seed.
-    fn request(&self, i: usize) -> (Vec<u32>, usize) {
+    /// The `i`-th request, the same for every run with this seed: a prompt of the drawn length
+    /// (token ids for completions, that many words for chat), `max_tokens` the drawn output
+    /// length, and the structure's fields.
+    pub fn request(&self, i: usize) -> Request {
         let mut rng =
             StdRng::seed_from_u64(self.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let p = rng.gen_range(self.prompt_tokens.0..=self.prompt_tokens.1);
         let o = rng.gen_range(self.output_tokens.0..=self.output_tokens.1);
-        ((0..p).map(|_| rng.gen_range(PROMPT_IDS)).collect(), o)
+        let mut body = json!({
+            "model": self.model,
+            "max_tokens": o,
+            "temperature": self.temperature,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        let fields = body.as_object_mut().expect("an object");
+        match self.endpoint {
+            Endpoint::Completions => {
+                let ids: Vec<u32> = (0..p).map(|_| rng.gen_range(PROMPT_IDS)).collect();
+                fields.insert("prompt".into(), json!(ids));
+            }
+            Endpoint::Chat => {
+                let mut messages = Vec::new();
+                if self.system_words > 0 {
+                    let mut shared = StdRng::seed_from_u64(self.seed ^ 0x5157_E300);
+                    messages.push(json!({"role": "system",
+                                         "content": words(&mut shared, self.system_words)}));
+                }
+                messages.push(json!({"role": "user", "content": words(&mut rng, p)}));
+                fields.insert("messages".into(), Value::Array(messages));
+            }
+        }
+        if self.structure.is_plain() {
+            fields.insert("ignore_eos".into(), Value::Bool(self.ignore_eos));
+        }
+        self.structure.apply(fields);
+        if let (Structure::Tools { .. }, Some(parallel)) =
+            (&self.structure, self.parallel_tool_calls)
+        {
+            fields.insert("parallel_tool_calls".into(), Value::Bool(parallel));
+        }
+        Request {
+            endpoint: self.endpoint,
+            body,
+            prompt_tokens: p,
+            max_tokens: o,
+        }
     }
 }
 
@@ -84,11 +154,14 @@ pub async fn run(
     let one = |i: usize| {
         let bar = bar.clone();
         async move {
-            let (prompt, out) = w.request(i);
-            let mut outcome = client
-                .complete(&w.model, &prompt, out, w.ignore_eos, w.temperature)
-                .await;
+            let request = w.request(i);
+            let mut outcome = client.send(&request).await;
             outcome.finished_at = run_start.elapsed();
+            if outcome.error.is_none() {
+                outcome.valid = w.structure.check(&outcome.text, &outcome.tool_calls);
+            }
+            outcome.text = String::new();
+            outcome.tool_calls = Vec::new();
             bar.inc(1);
             outcome
         }
