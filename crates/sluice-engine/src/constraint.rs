@@ -11,8 +11,9 @@
 //!   committed token and the bit mask of the tokens allowed next. Preemption by recompute
 //!   keeps a sequence's generated tokens, so its matcher never needs to be rolled back.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
@@ -57,6 +58,16 @@ impl Grammar {
             Self::Regex(_) => "regex",
             Self::Choice(_) => "choice",
             Self::Lark(_) => "grammar",
+        }
+    }
+
+    /// The grammar's identity as text: equal keys compile to the same constraint.
+    fn cache_key(&self) -> String {
+        match self {
+            Self::Json { schema, strict } => format!("json\0{strict}\0{schema}"),
+            Self::Regex(rx) => format!("regex\0{rx}"),
+            Self::Choice(choices) => format!("choice\0{}", Value::from(choices.clone())),
+            Self::Lark(text) => format!("lark\0{text}"),
         }
     }
 
@@ -167,12 +178,18 @@ impl TokenizerEnv for SluiceTokEnv {
     }
 }
 
+/// Compiled grammars kept for reuse: agents send the same tools and schemas with every
+/// request, and compiling one can take longer than the request's first token.
+const CACHED_GRAMMARS: usize = 64;
+
 /// Compiles requests' grammars against one model's vocabulary. Building it walks the whole
 /// vocabulary once (tens of milliseconds for 150k tokens), so the server makes one lazily.
 pub struct ConstraintCompiler {
     factory: ParserFactory,
     /// Every id that ends generation; llguidance knows one EOS, the mask allows them all.
     eos_ids: Arc<[u32]>,
+    /// The last grammars compiled, by their text; never advanced (sequences clone them).
+    cache: Mutex<HashMap<String, Constraint>>,
 }
 
 impl fmt::Debug for ConstraintCompiler {
@@ -215,11 +232,38 @@ impl ConstraintCompiler {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| ConstraintError::Vocabulary(e.to_string()))?;
         factory.quiet();
-        Ok(Self { factory, eos_ids })
+        Ok(Self {
+            factory,
+            eos_ids,
+            cache: Mutex::new(HashMap::new()),
+        })
     }
 
-    /// Compiles `grammar`; the error says what is wrong with it.
+    /// Compiles `grammar`, or hands back the compilation of the same grammar from an earlier
+    /// request; the error says what is wrong with it.
     pub fn compile(&self, grammar: Grammar) -> Result<Constraint, ConstraintError> {
+        let key = grammar.cache_key();
+        if let Some(hit) = self.cache_lock().get(&key) {
+            return Ok(hit.clone());
+        }
+        let compiled = self.compile_uncached(grammar)?;
+        let mut cache = self.cache_lock();
+        if cache.len() >= CACHED_GRAMMARS {
+            // Any entry: a cache this small is for the few grammars a deployment repeats.
+            if let Some(old) = cache.keys().next().cloned() {
+                cache.remove(&old);
+            }
+        }
+        cache.insert(key, compiled.clone());
+        Ok(compiled)
+    }
+
+    fn cache_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Constraint>> {
+        // The map is never left half-updated, so a panic elsewhere does not spoil it.
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn compile_uncached(&self, grammar: Grammar) -> Result<Constraint, ConstraintError> {
         let kind = grammar.kind();
         let top = grammar.into_top_level()?;
         // llguidance reports bad input as errors; a panic inside it (a bug) must still only
@@ -392,6 +436,21 @@ mod tests {
             }
         }
         (tok.decode(&out, true), false)
+    }
+
+    #[test]
+    fn the_same_grammar_compiles_once_and_sequences_stay_independent() {
+        let c = compiler();
+        let a = c.compile(Grammar::Regex("[ab]{3}".into())).unwrap();
+        let b = c.compile(Grammar::Regex("[ab]{3}".into())).unwrap();
+        assert_eq!(a, b, "the second request reuses the first compilation");
+        assert_ne!(a, c.compile(Grammar::Regex("[ab]{4}".into())).unwrap());
+        // A sequence advancing its copy leaves the cached grammar at its start.
+        let mut first = a.start();
+        first.compute_mask();
+        assert_eq!(first.commit(u32::from(b'a')), Ok(false));
+        let (text, done) = walk(&b, 10);
+        assert!(done && text.len() == 3, "{text}");
     }
 
     #[test]
