@@ -134,6 +134,17 @@ impl Grammar {
     }
 }
 
+/// llguidance's message without the parser state and grammar it may append: clients get the
+/// reason, not a dump of the grammar engine.
+fn short_error(message: &str) -> String {
+    let cut = ["\n<state>", "\n<non-verbose/>"]
+        .iter()
+        .filter_map(|marker| message.find(marker))
+        .min()
+        .unwrap_or(message.len());
+    message[..cut].trim_end().to_string()
+}
+
 fn check_size(text: &str) -> Result<(), ConstraintError> {
     if text.len() > MAX_GRAMMAR_BYTES {
         return Err(ConstraintError::Invalid(format!(
@@ -275,7 +286,14 @@ impl ConstraintCompiler {
         .map_err(|e| ConstraintError::Invalid(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(ConstraintError::Invalid(e));
+            return Err(ConstraintError::Invalid(short_error(&e)));
+        }
+        // The first mask, on a copy: a grammar with no finite derivation (`start: start "a"`)
+        // or one past the parser's budget from the start fails here, as a 400 naming the
+        // field, instead of failing its request after admission.
+        let mut probe = matcher.deep_clone();
+        if let Err(e) = probe.compute_mask() {
+            return Err(ConstraintError::Invalid(short_error(&e.to_string())));
         }
         Ok(Constraint(Arc::new(Compiled {
             matcher,
@@ -364,7 +382,12 @@ impl SeqConstraint {
                     }
                 }
             }
-            Err(e) => self.failed = Some(format!("constrained decoding failed: {e}")),
+            Err(e) => {
+                self.failed = Some(format!(
+                    "constrained decoding failed: {}",
+                    short_error(&e.to_string())
+                ))
+            }
         }
     }
 
@@ -390,7 +413,10 @@ impl SeqConstraint {
         match self.matcher.consume_token(token) {
             Ok(()) => Ok(self.matcher.is_stopped()),
             Err(e) => {
-                let e = format!("constrained decoding failed: {e}");
+                let e = format!(
+                    "constrained decoding failed: {}",
+                    short_error(&e.to_string())
+                );
                 self.failed = Some(e.clone());
                 Err(e)
             }
@@ -503,6 +529,9 @@ mod tests {
             Grammar::Regex("(".into()),
             Grammar::Lark("start: undefined_rule".into()),
             Grammar::Lark("this is not a grammar".into()),
+            // No finite derivation: refused at compile time, by the first mask.
+            Grammar::Lark("start: start \"a\"".into()),
+            Grammar::Lark("start: a\na: b\nb: a".into()),
             Grammar::Choice(vec![]),
             Grammar::Json {
                 schema: json!(5),
@@ -518,10 +547,13 @@ mod tests {
             },
         ] {
             let shown = format!("{g:?}");
-            assert!(
-                matches!(c.compile(g), Err(ConstraintError::Invalid(_))),
-                "{shown}"
-            );
+            match c.compile(g) {
+                Err(ConstraintError::Invalid(m)) => {
+                    assert!(!m.contains("<state>") && !m.contains("<non-verbose"), "{m}");
+                    assert!(!m.is_empty());
+                }
+                other => panic!("{shown}: {other:?}"),
+            }
         }
     }
 

@@ -109,6 +109,13 @@ pub fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, Api
                     ))
                 }
             };
+            if role == "tool" && m.tool_call_id.is_none() {
+                // OpenAI's rule: a tool result answers one call of the turn before.
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].tool_call_id"),
+                    "a tool message needs the tool_call_id of the call it answers.",
+                ));
+            }
             let mut message = ChatMessage::new(role, m.content.0.clone());
             message.name = m.name.clone();
             message.tool_call_id = m.tool_call_id.clone();
@@ -258,7 +265,8 @@ mod tests {
         );
         let e = chat_messages(&[msg("user"), msg("wizard")]).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[1].role"));
-        assert_eq!(chat_messages(&[msg("tool")]).unwrap()[0].role, "tool");
+        let e = chat_messages(&[msg("tool")]).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].tool_call_id"));
         assert_eq!(
             chat_messages(&[]).unwrap_err().param.as_deref(),
             Some("messages")
