@@ -236,7 +236,8 @@ async fn collect(
                         role: ROLE,
                         // OpenAI's message of only calls has null content.
                         content: (!c.content.is_empty() || calls.is_empty()).then_some(c.content),
-                        reasoning_content: output.reasoning.map(|_| c.reasoning),
+                        // Null, as vLLM's, when the model did not think.
+                        reasoning_content: Some(c.reasoning).filter(|r| !r.is_empty()),
                         tool_calls: calls,
                     },
                     logprobs: c.logprobs,

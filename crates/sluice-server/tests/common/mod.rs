@@ -115,6 +115,15 @@ pub fn tiny_app(http: HttpSettings) -> TestApp {
 
 /// The router over the engine's mock model (no weights; steerable through `control`).
 pub fn mock_app(http: HttpSettings, config: EngineConfig) -> TestApp {
+    mock_app_with_template(http, config, ChatTemplate::chatml().expect("chatml"))
+}
+
+/// [`mock_app`] with a chat template of the test's own.
+pub fn mock_app_with_template(
+    http: HttpSettings,
+    config: EngineConfig,
+    template: ChatTemplate,
+) -> TestApp {
     let metrics = sluice_server::metrics::install();
     let model = MockModel::new(TINY_VOCAB, 512, 256, 16);
     let control = model.control();
@@ -123,7 +132,7 @@ pub fn mock_app(http: HttpSettings, config: EngineConfig) -> TestApp {
     state.set_ready(ServedModel::new(
         engine.handle(),
         "mock".into(),
-        Some(ChatTemplate::chatml().expect("chatml")),
+        Some(template),
     ));
     TestApp {
         app: router(state.clone(), &http),
