@@ -349,7 +349,5 @@ mod tests {
         assert_eq!(col("validated"), "2");
         assert_eq!(col("mask_ms"), "0.7500");
         assert_eq!(col("server_step_ms"), "12.500");
-        // The plot still reads it.
-        assert_eq!(crate::plot::points_from_csv(&text).unwrap().len(), 1);
     }
 }
