@@ -199,3 +199,81 @@ fn qwen_f32_weights_agree_with_auto() {
         greedy(auto, tok, &ids, 16).0
     );
 }
+
+/// The tokenizer alone, from the GGUF's metadata (no weights read).
+fn qwen_tokenizer() -> Option<Tokenizer> {
+    let path = optional_file(GGUF)?;
+    Some(
+        sluice_model::GgufFile::open(&path)
+            .unwrap()
+            .tokenizer()
+            .unwrap(),
+    )
+}
+
+// Qwen2.5's tool-call tags are ordinary text to the tokenizer: `<tool_call>` (151657) and
+// `</tool_call>` (151658) are user-defined added tokens, not control tokens, so decoding with
+// `skip_special_tokens` keeps them and the tool parser sees them; `<|im_end|>` stays special.
+
+#[test]
+fn qwen_tool_call_tags_are_text_and_im_end_is_special() {
+    let Some(tokenizer) = qwen_tokenizer() else {
+        return;
+    };
+    let opening = tokenizer.token_to_id("<tool_call>").unwrap();
+    let closing = tokenizer.token_to_id("</tool_call>").unwrap();
+    assert_eq!((opening, closing), (151657, 151658));
+    assert!(!tokenizer.is_special(opening) && !tokenizer.is_special(closing));
+    assert_eq!(tokenizer.decode(&[opening], true), "<tool_call>");
+    assert_eq!(tokenizer.decode(&[closing], true), "</tool_call>");
+    let im_end = tokenizer.token_to_id("<|im_end|>").unwrap();
+    assert!(tokenizer.is_special(im_end));
+    assert_eq!(tokenizer.decode(&[im_end], true), "");
+    // The tag in text encodes to its single id, so the prompt shows the model its own token.
+    assert_eq!(tokenizer.encode("<tool_call>").unwrap(), vec![opening]);
+
+    // Qwen's own template renders tools itself, in the Hermes format the parser reads.
+    let template = ChatTemplate::new(tokenizer.chat_template().unwrap(), None, None).unwrap();
+    assert!(template.renders_tools());
+    assert_eq!(
+        template.tool_call_format(),
+        sluice_tokenizer::ToolCallFormat::Hermes
+    );
+}
+
+#[test]
+fn qwen_template_renders_tools_and_history_as_hugging_face_does() {
+    let Some(tokenizer) = qwen_tokenizer() else {
+        return;
+    };
+    let template = ChatTemplate::new(tokenizer.chat_template().unwrap(), None, None).unwrap();
+    // Key order, `<>&'`, non-ASCII and a float default must come out as json.dumps writes them.
+    let tool_text = r#"{"type": "function", "function": {"name": "get_weather", "description": "Weather <now> & 'later' in °C", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "default": 1.0}}, "required": ["city"]}}}"#;
+    let tools = [serde_json::from_str::<serde_json::Value>(tool_text).unwrap()];
+    let messages: Vec<sluice_tokenizer::ChatMessage> = serde_json::from_str(
+        r#"[{"role": "user", "content": "Weather in Zürich?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}}]},
+            {"role": "tool", "content": "{\"temp\": 21.5}", "tool_call_id": "call_1"}]"#,
+    )
+    .unwrap();
+    let options = sluice_tokenizer::RenderOptions {
+        add_generation_prompt: true,
+        tools: Some(&tools),
+        kwargs: None,
+    };
+    let prompt = template.render_with(&messages, &options).unwrap();
+    // For a byte-for-byte comparison with Python's jinja2 rendering the same template by hand.
+    if let Ok(out) = std::env::var("SLUICE_DUMP_QWEN_PROMPT") {
+        std::fs::write(out, &prompt).unwrap();
+    }
+    assert!(
+        prompt.contains(&format!("<tools>\n{tool_text}\n</tools>")),
+        "{prompt}"
+    );
+    assert!(prompt.contains(
+        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"days\": 2}}\n</tool_call><|im_end|>\n"
+    ), "{prompt}");
+    assert!(prompt.ends_with(
+        "<|im_start|>user\n<tool_response>\n{\"temp\": 21.5}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    ), "{prompt}");
+}
