@@ -791,25 +791,10 @@ impl Emitter {
     }
 }
 
-/// A Lark string literal. llguidance reads these as JSON strings (plus `\xHH`), so quotes,
-/// backslashes and control characters are escaped JSON-style; everything else is written as
-/// is, since the lexer takes any other code point literally.
+/// A Lark string literal: llguidance reads these as JSON strings, so serde_json's escaping is
+/// exactly what it takes.
 fn push_lark_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c == '\x7f' => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    out.push_str(&serde_json::Value::from(s).to_string());
 }
 
 /// A character class as a Lark `/[...]/` regex (Rust `regex` syntax). Letters, digits and a

@@ -6,9 +6,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use sluice_engine::{
-    Constraint, ConstraintCompiler, ConstraintError, EngineHandle, Grammar, ModelLimits,
-};
+use sluice_engine::{Constraint, ConstraintCompiler, EngineHandle, Grammar, ModelLimits};
 use sluice_tokenizer::tool_parser::ToolCallFormat;
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
@@ -58,10 +56,9 @@ impl ServedModel {
             })
             .as_ref()
             .map_err(|e| ApiError::invalid(param, e.clone()))?;
-        compiler.compile(grammar).map_err(|e| match e {
-            ConstraintError::Invalid(m) => ApiError::invalid(param, m),
-            ConstraintError::Vocabulary(m) => ApiError::invalid(param, m),
-        })
+        compiler
+            .compile(grammar)
+            .map_err(|e| ApiError::invalid(param, e.to_string()))
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {

@@ -132,12 +132,21 @@ pub fn plan(
     let format = format_override.unwrap_or_else(|| template.tool_call_format());
     let single_call = parallel == Some(false);
     let strict = tools.iter().any(|t| t.function.strict == Some(true));
+    // A forced call is valid against its function's schema whatever `strict` says; `strict`
+    // only decides whether a schema keyword the grammar engine cannot enforce is a 400 or is
+    // left unenforced.
     let grammar = match &choice {
-        ToolChoice::Required => Some(forced_grammar(format, &specs, !single_call, strict)),
+        ToolChoice::Required => Some(Grammar::Lark(format.forced_call_grammar(
+            &specs,
+            !single_call,
+            strict,
+        ))),
         ToolChoice::Function(name) => {
             let only: Vec<FunctionSpec> =
                 specs.iter().filter(|s| &s.name == name).cloned().collect();
-            Some(forced_grammar(format, &only, false, strict))
+            Some(Grammar::Lark(
+                format.forced_call_grammar(&only, false, strict),
+            ))
         }
         // Strict tools promise valid calls, so `auto` is constrained too: text, or calls that
         // validate. Without strict the model writes freely and its calls are parsed.
@@ -164,19 +173,6 @@ pub fn plan(
         grammar,
         single_call,
     })
-}
-
-/// The grammar of a forced call: the format's own markup around a JSON object whose
-/// arguments follow the function's schema. Every call this forces is valid against its
-/// schema; `strict` only decides whether a schema keyword the grammar engine cannot enforce
-/// is refused (a 400) or left unenforced.
-fn forced_grammar(
-    format: ToolCallFormat,
-    specs: &[FunctionSpec],
-    parallel: bool,
-    strict: bool,
-) -> Grammar {
-    Grammar::Lark(format.forced_call_grammar(specs, parallel, strict))
 }
 
 #[cfg(test)]
