@@ -71,6 +71,9 @@ pub(crate) struct EngineLoop {
     /// Finish events held until the step has freed the finished sequences' blocks.
     finish_events: Vec<(UnboundedSender<Event>, Event)>,
     closed: Vec<RequestId>,
+    /// Requests in `requests` that carry a grammar: while there are none, a step spends
+    /// nothing on masks.
+    constrained_requests: usize,
     /// Requests whose grammar failed this step, with why; they end with an error.
     constraint_failures: Vec<(RequestId, String)>,
     /// The step's constrained sequences, whose masks are computed in parallel; empty between
@@ -111,6 +114,7 @@ impl EngineLoop {
             finished: Vec::new(),
             finish_events: Vec::new(),
             closed: Vec::new(),
+            constrained_requests: 0,
             constraint_failures: Vec::new(),
             mask_jobs: Vec::new(),
         }
@@ -179,6 +183,7 @@ impl EngineLoop {
         // Validated against this engine's limits (the handle checked they are its own), so
         // the scheduler can always run it.
         self.scheduler.add_request(id, prompt, max_tokens, n);
+        self.constrained_requests += usize::from(state.is_constrained());
         self.requests.insert(id, state);
         self.telemetry.publish_counts(&self.scheduler);
     }
@@ -198,6 +203,7 @@ impl EngineLoop {
         let Some(state) = self.requests.remove(&id) else {
             return;
         };
+        self.constrained_requests -= usize::from(state.is_constrained());
         // Free first, tell the client second: whoever sees the finish sees the blocks free.
         self.telemetry.publish_counts(&self.scheduler);
         let now = Instant::now();
@@ -321,8 +327,11 @@ impl EngineLoop {
     }
 
     /// Computes the token masks of the step's constrained rows, all at once on the rayon
-    /// pool. A step without constrained rows pays one lookup per row.
+    /// pool. While no request has a grammar this is one comparison.
     fn compute_masks(&mut self) {
+        if self.constrained_requests == 0 {
+            return;
+        }
         let mut any = false;
         for s in self.scheduler.output().sampling() {
             let seq = self
@@ -476,7 +485,9 @@ impl EngineLoop {
                 if r.live == 0 {
                     // Once its finish events are sent, the last sender is gone and the
                     // client's stream ends.
-                    self.requests.remove(&s.seq_id.request);
+                    if let Some(done) = self.requests.remove(&s.seq_id.request) {
+                        self.constrained_requests -= usize::from(done.is_constrained());
+                    }
                 }
             }
         }

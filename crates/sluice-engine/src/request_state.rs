@@ -100,6 +100,11 @@ impl RequestState {
         (state, prompt)
     }
 
+    /// Its sequences follow a grammar.
+    pub fn is_constrained(&self) -> bool {
+        self.seqs.iter().any(|s| s.constraint.is_some())
+    }
+
     pub fn finish_event(
         &self,
         index: u32,
