@@ -3,7 +3,10 @@
 //! (the gemm crate), and the peak f32 rate of this machine (the largest shape), which bounds
 //! batched decode at `peak / (2 x params)` tokens/s; and, where the CPU has AMX, the split-bf16
 //! tile kernel from f32 panels and from Q4_1 panels (what `--weights auto` runs for large steps).
-//! Prints a table; asserts nothing.
+//! Then the quantized formats of Q4_K_M files on Qwen2.5-1.5B's shapes: the exact quantized
+//! panels (`--weights auto`), our int8 kernels (`--weights quantized`) and candle's quantized
+//! matmul, in GB/s of weights read and GFLOP/s. `SLUICE_BENCH_ONLY=quant` runs only that table.
+//! Prints tables; asserts nothing.
 
 // getrusage through libc, for the CPU-time mode below.
 #![allow(unsafe_code)]
@@ -11,9 +14,11 @@
 use std::time::Instant;
 
 use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::Module;
 use candle_core::{Device, Tensor};
 use sluice_kernels::cpu::{amx, gemm};
-use sluice_kernels::{PackedMatrix, QuantFormat};
+use sluice_kernels::testing::{ggml_dtype, random_blocks, random_values};
+use sluice_kernels::{PackedMatrix, QuantFormat, QuantMatrix, QuantizedActivations};
 
 /// CPU time this process has used (all threads).
 fn cpu_time() -> f64 {
@@ -81,6 +86,10 @@ fn main() {
         gemm::available(),
         "the packed kernel needs AVX2, FMA and F16C"
     );
+    if std::env::var("SLUICE_BENCH_ONLY").as_deref() == Ok("quant") {
+        quantized_table();
+        return;
+    }
     println!(
         "read bandwidth ({} threads, 1 GiB, best of 5): {:.1} GB/s\n",
         rayon::current_num_threads(),
@@ -145,5 +154,63 @@ fn main() {
             q_dequant * 1e3,
             gflop / q_dequant
         );
+    }
+}
+
+/// Quantized matrices as the project's models hold them: Qwen2.5-1.5B's fused gate/up and down
+/// projection in Q4_K, a Q6_K down projection, the 0.5B's Q5_0 and Q8_0, SmolLM2's Q4_1; at 1,
+/// 16 and 64 rows.
+fn quantized_table() {
+    println!(
+        "| format | shape [m,k]x[k,n] | exact panels ms | GB/s | GFLOP/s | int8 ms | GB/s | GFLOP/s | candle ms | GB/s | GFLOP/s |"
+    );
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let shapes = [
+        (QuantFormat::Q4K, 1536usize, 17920usize),
+        (QuantFormat::Q4K, 8960, 1536),
+        (QuantFormat::Q6K, 8960, 1536),
+        // Qwen2.5-0.5B's Q5_0 and Q8_0 matrices (896 columns are no whole super-block), and
+        // SmolLM2's Q4_1 gate/up.
+        (QuantFormat::Q5_0, 896, 1152),
+        (QuantFormat::Q8_0, 896, 4864),
+        (QuantFormat::Q4_1, 576, 3072),
+    ];
+    for (format, k, n) in shapes {
+        let (bytes, _) = random_blocks(n, k, format, 1);
+        let panels = PackedMatrix::pack_quantized(format, &bytes, n, k).expect("a panel format");
+        let int8 = QuantMatrix::new(format, bytes.clone(), n, k).expect("an int8 format");
+        let storage = candle_core::quantized::QStorage::from_data(
+            std::borrow::Cow::Borrowed(&bytes),
+            &Device::Cpu,
+            ggml_dtype(format),
+        )
+        .unwrap();
+        let qmatmul =
+            candle_core::quantized::QMatMul::from_qtensor(QTensor::new(storage, (n, k)).unwrap())
+                .unwrap();
+        for m in [1usize, 16, 64] {
+            let x = random_values(m * k, 2);
+            let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
+            let mut out = vec![0f32; m * n];
+            let exact = seconds_per_call(|| panels.matmul(&x, m, &mut out));
+            let mut acts = QuantizedActivations::default();
+            let ours = seconds_per_call(|| {
+                acts.quantize(&x, m, k);
+                int8.matmul(&acts, &mut out);
+            });
+            let candle = seconds_per_call(|| {
+                qmatmul.forward(&xt).unwrap();
+            });
+            let gb = bytes.len() as f64 / 1e9;
+            let gflop = 2.0 * (m * k * n) as f64 / 1e9;
+            let cols = |t: f64| format!("{:.3} | {:.1} | {:.0}", t * 1e3, gb / t, gflop / t);
+            println!(
+                "| {} | [{m},{k}]x[{k},{n}] | {} | {} | {} |",
+                format.name(),
+                cols(exact),
+                cols(ours),
+                cols(candle)
+            );
+        }
     }
 }

@@ -8,6 +8,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use sluice_kernels::cpu::gemm;
+use sluice_kernels::quant_format::BLOCK_WEIGHTS;
 use sluice_kernels::{PackedMatrix, QuantFormat, QuantMatrix, QuantizedActivations};
 
 use crate::error::{ModelError, Result};
@@ -157,9 +158,21 @@ enum Weights {
     Panels(PanelSet),
     /// A candle tensor: f16, or f32 where the packed kernel does not run.
     Tensor(Tensor),
-    /// Our int8-dot kernels for the formats they cover ([`WeightsKind::Quantized`]).
-    Int8(QuantMatrix),
+    /// Int8 activations ([`WeightsKind::Quantized`]), each run of one format writing its
+    /// columns of the output: fused projections of several formats keep their own formats.
+    Int8(Vec<(usize, Int8Part)>),
     /// candle's quantized matmul: every other quantized format; and the bytes of its blocks.
+    Candle(QMatMul, usize),
+}
+
+/// One format's matrix under [`WeightsKind::Quantized`].
+enum Int8Part {
+    /// Our int8-dot kernels, the file's blocks read in place: the legacy formats (Q4_0 .. Q8_0),
+    /// where they run 2-5x candle's (`SLUICE_BENCH_ONLY=quant cargo bench -p sluice-kernels
+    /// --bench gemm`).
+    Ours(QuantMatrix),
+    /// candle's quantized matmul: the K-quants, where its repacked int8 kernels outrun ours at
+    /// 16 and 64 rows; and the bytes of its blocks.
     Candle(QMatMul, usize),
 }
 
@@ -218,13 +231,43 @@ impl Linear {
                     .collect::<Result<Vec<_>>>()?;
                 Weights::Tensor(Tensor::cat(&dense, 0)?)
             }
-            WeightsKind::Quantized => Self::int8_or_candle(stacked_qtensor(parts)?, device)?,
+            WeightsKind::Quantized if device.is_cpu() => Weights::Int8(Self::int8_parts(parts)?),
+            WeightsKind::Quantized => Self::candle_quantized(parts)?,
         };
         Ok(Self {
             weights,
             bias,
             out_features: n,
         })
+    }
+
+    /// `parts` in runs of one format for [`WeightsKind::Quantized`] on the CPU: the legacy
+    /// formats on our int8 kernels, the rest (the K-quants; Q2_K, Q3_K) on candle's.
+    fn int8_parts(parts: &[GgufMatrix<'_>]) -> Result<Vec<(usize, Int8Part)>> {
+        format_groups(parts)
+            .map(|(col0, group)| {
+                let rows: usize = group.iter().map(|p| p.rows).sum();
+                let ours = kernel_format(group[0].dtype)
+                    .filter(|f| f.block_weights() == BLOCK_WEIGHTS)
+                    .and_then(|format| {
+                        let mut data = Vec::with_capacity(group.iter().map(|p| p.data.len()).sum());
+                        for part in group {
+                            for r in 0..part.rows {
+                                data.extend_from_slice(part.row(r));
+                            }
+                        }
+                        QuantMatrix::new(format, data, rows, group[0].cols)
+                    });
+                let part = match ours {
+                    Some(m) => Int8Part::Ours(m),
+                    None => {
+                        let bytes = group.iter().map(|p| p.data.len()).sum();
+                        Int8Part::Candle(QMatMul::from_qtensor(stacked_qtensor(group)?)?, bytes)
+                    }
+                };
+                Ok((col0, part))
+            })
+            .collect()
     }
 
     /// Quantized panels for `parts` (consecutive matrices of one format share panels), or
@@ -237,15 +280,8 @@ impl Linear {
         options: &LinearOptions,
     ) -> Result<Option<PanelSet>> {
         let mut panels = Vec::new();
-        let mut first = 0;
-        let mut col0 = 0;
-        while first < parts.len() {
-            let dtype = parts[first].dtype;
-            let end = parts[first..]
-                .iter()
-                .position(|p| p.dtype != dtype)
-                .map_or(parts.len(), |i| first + i);
-            let group = &parts[first..end];
+        for (col0, group) in format_groups(parts) {
+            let dtype = group[0].dtype;
             let rows: usize = group.iter().map(|p| p.rows).sum();
             let m = match dtype {
                 // Unquantized in the file: f32 panels are no bigger than f32 data.
@@ -272,17 +308,15 @@ impl Linear {
             };
             let Some(m) = m else {
                 tracing::warn!(
-                    tensor = parts[first].name,
+                    tensor = group[0].name,
                     format = ?dtype,
                     "no quantized panels for this format (or its row length): the layer runs on candle's quantized matmul"
                 );
                 return Ok(None);
             };
             panels.push((col0, m));
-            col0 += rows;
-            first = end;
         }
-        debug_assert_eq!(col0, n);
+        debug_assert_eq!(parts.iter().map(|p| p.rows).sum::<usize>(), n);
         // AMX tiles need one matrix writing whole rows; fused matrices of several formats
         // stay on the exact panels at every step.
         if let ([(_, m)], Some(min_rows)) = (&mut panels[..], options.amx_min_rows) {
@@ -305,7 +339,7 @@ impl Linear {
 
     fn int8_or_candle(w: QTensor, device: &Device) -> Result<Weights> {
         let ours = kernel_format(w.dtype())
-            .filter(|f| f.is_legacy_layout() && device.is_cpu())
+            .filter(|_| device.is_cpu())
             .and_then(|format| {
                 let (rows, cols) = w.shape().dims2().ok()?;
                 let data = w.data().ok()?.into_owned();
@@ -313,7 +347,7 @@ impl Linear {
             });
         let bytes = w.storage_size_in_bytes();
         Ok(match ours {
-            Some(m) => Weights::Int8(m),
+            Some(m) => Weights::Int8(vec![(0, Int8Part::Ours(m))]),
             None => Weights::Candle(QMatMul::from_qtensor(w)?, bytes),
         })
     }
@@ -379,7 +413,13 @@ impl Linear {
         match &self.weights {
             Weights::Panels(p) => p.iter().map(|(_, m)| m.bytes()).sum(),
             Weights::Tensor(t) => t.elem_count() * t.dtype().size_in_bytes(),
-            Weights::Int8(m) => m.bytes(),
+            Weights::Int8(parts) => parts
+                .iter()
+                .map(|(_, p)| match p {
+                    Int8Part::Ours(m) => m.bytes(),
+                    Int8Part::Candle(_, bytes) => *bytes,
+                })
+                .sum(),
             Weights::Candle(_, bytes) => *bytes,
         }
     }
@@ -393,24 +433,68 @@ impl Linear {
                 .to_dtype(x.dtype())?,
             Weights::Tensor(w) => x.matmul(&w.t()?)?,
             Weights::Candle(q, _) => q.forward(x)?,
-            Weights::Int8(m) => {
-                let t = x.dim(0)?;
-                let mut out = vec![0f32; t * m.rows()];
-                with_cpu_rows(x, |data, t, cols| {
-                    ACTIVATIONS.with(|acts| {
-                        let mut acts = acts.borrow_mut();
-                        acts.quantize(data, t, cols);
-                        m.matmul(&acts, &mut out);
-                    })
-                })?;
-                Tensor::from_vec(out, (t, m.rows()), x.device())?
-            }
+            Weights::Int8(parts) => int8_forward(parts, self.out_features, x)?,
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
     }
+}
+
+/// `x` times the parts of an [`Weights::Int8`] layer of `n` outputs: the activations are
+/// quantized once for our parts; candle's quantize their own.
+fn int8_forward(parts: &[(usize, Int8Part)], n: usize, x: &Tensor) -> Result<Tensor> {
+    if let [(_, Int8Part::Candle(q, _))] = parts {
+        return Ok(q.forward(x)?);
+    }
+    let t = x.dim(0)?;
+    let mut out = vec![0f32; t * n];
+    with_cpu_rows(x, |data, t, cols| {
+        ACTIVATIONS.with(|acts| {
+            let mut acts = acts.borrow_mut();
+            let mut quantized = false;
+            for (col0, part) in parts {
+                if let Int8Part::Ours(m) = part {
+                    if !quantized {
+                        acts.quantize(data, t, cols);
+                        quantized = true;
+                    }
+                    m.matmul_into(&acts, &mut out, n, *col0);
+                }
+            }
+        })
+    })?;
+    for (col0, part) in parts {
+        if let Int8Part::Candle(q, _) = part {
+            let y = q.forward(x)?.to_dtype(DType::F32)?;
+            let cols = y.dim(1)?;
+            for (row, values) in y.to_vec2::<f32>()?.iter().enumerate() {
+                out[row * n + col0..][..cols].copy_from_slice(values);
+            }
+        }
+    }
+    Ok(Tensor::from_vec(out, (t, n), x.device())?)
+}
+
+/// `parts` in runs of one format, each with the output column its first row writes: the
+/// matrices of a fused layer that one kernel reads together.
+fn format_groups<'p, 'a>(
+    parts: &'p [GgufMatrix<'a>],
+) -> impl Iterator<Item = (usize, &'p [GgufMatrix<'a>])> {
+    let mut first = 0;
+    let mut col0 = 0;
+    std::iter::from_fn(move || {
+        let dtype = parts.get(first)?.dtype;
+        let end = parts[first..]
+            .iter()
+            .position(|p| p.dtype != dtype)
+            .map_or(parts.len(), |i| first + i);
+        let group = (col0, &parts[first..end]);
+        col0 += group.1.iter().map(|p| p.rows).sum::<usize>();
+        first = end;
+        Some(group)
+    })
 }
 
 /// `[t, cols]` f32 rows of a CPU tensor, borrowed.

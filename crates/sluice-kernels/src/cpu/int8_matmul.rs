@@ -1,16 +1,27 @@
-//! Quantized matrix products for steps with few rows, where reading the weights is the cost.
+//! Quantized matrix products with int8 activations (`--weights quantized`): the weights stay in
+//! their GGUF blocks, read in place, and each activation row is quantized to int8 per block of
+//! 32 (a scale and the sum of its quants kept beside it, as llama.cpp's Q8_1), so a block's
+//! contribution is an integer dot product and a multiply-add of scales. Every format of
+//! [`QuantFormat`] is read: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K and Q6_K,
+//! whose sub-blocks (32 weights; 16 for Q6_K) fall inside one activation block each. (The model
+//! crate sends the K-quants to candle's repacked kernels, which outrun these at 16 and 64 rows:
+//! the `quant` table of `cargo bench -p sluice-kernels --bench gemm`.)
 //!
-//! Weights stay in their GGUF blocks (Q4_0, Q4_1, Q8_0: 32 weights per block with f16 scales).
-//! Each activation row is quantized to int8 per block of 32 (a scale and the sum of its
-//! quants kept beside it, as llama.cpp's Q8_1), so a block's contribution is one integer dot
-//! product and a multiply-add of scales. On CPUs with AVX-512 VNNI the integer dot is
-//! `vpdpbusd` over 32 bytes; elsewhere a scalar loop with the same arithmetic runs, which is
-//! also the oracle the SIMD path is tested against.
+//! Paths, picked once per process: AVX2 (`maddubs` + `madd`, every format; `avx2.rs`), AVX-512
+//! VNNI for the legacy Q4_0/Q4_1/Q8_0 layouts (`vnni.rs`), and a scalar loop with the same
+//! arithmetic that is the oracle the SIMD paths are tested against. Without AVX2 only the
+//! legacy layouts are taken ([`QuantMatrix::new`] declines the rest).
 
 use half::f16;
 use rayon::prelude::*;
 
+use crate::disjoint::DisjointSlice;
 use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as BLOCK};
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 /// A `[rows, cols]` weight matrix in GGUF blocks, rows being output features.
 pub struct QuantMatrix {
@@ -19,10 +30,11 @@ pub struct QuantMatrix {
     cols: usize,
     data: Vec<u8>,
     row_bytes: usize,
+    path: Path,
 }
 
-/// Activation rows quantized for [`QuantMatrix::matmul`]: per block a scale, the sum of the
-/// dequantized block (scale times the integer sum), and the integer sum itself.
+/// Activation rows quantized for [`QuantMatrix::matmul`]: per block of 32 a scale, the sum of
+/// the dequantized block (scale times the integer sum), and the integer sum itself.
 #[derive(Default)]
 pub struct QuantizedActivations {
     quants: Vec<i8>,
@@ -63,21 +75,68 @@ impl QuantizedActivations {
             self.sums[b] = d * isum as f32;
         }
     }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn row(&self, row: usize) -> ActRow<'_> {
+        let nb = self.blocks_per_row;
+        let cols = nb * BLOCK;
+        ActRow {
+            quants: &self.quants[row * cols..][..cols],
+            scales: &self.scales[row * nb..][..nb],
+            sums: &self.sums[row * nb..][..nb],
+            int_sums: &self.int_sums[row * nb..][..nb],
+        }
+    }
 }
 
 /// Output rows computed together by one task: big enough to amortise scheduling, small enough
-/// to balance 2..N cores on the smallest matrices (192 rows).
+/// to balance 2..N cores on the smallest matrices (128 rows).
 const ROWS_PER_TASK: usize = 32;
+
+/// Activation rows one pass over a weight row serves: each weight block is loaded and
+/// unpacked once for all of them.
+const ACT_ROWS: usize = 4;
+
+/// Which kernel multiplies a matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Avx2,
+    Vnni,
+    Scalar,
+}
 
 impl QuantMatrix {
     /// A matrix of `rows` output features over `cols` inputs, `data` being its rows of GGUF
     /// `format` blocks; `None` when `cols` is not a whole number of blocks, `data` has the
-    /// wrong size, or the format is not one of the int8-dot kernel's (Q4_0, Q4_1, Q8_0).
+    /// wrong size, or no kernel of this CPU reads the format (without AVX2 only the legacy
+    /// Q4_0, Q4_1 and Q8_0 are read).
     pub fn new(format: QuantFormat, data: Vec<u8>, rows: usize, cols: usize) -> Option<Self> {
-        if !format.is_legacy_layout() || !cols.is_multiple_of(BLOCK) {
+        let path = if format.is_legacy_layout() && vnni_available() {
+            Path::Vnni
+        } else if avx2_available() {
+            Path::Avx2
+        } else if format.is_legacy_layout() {
+            Path::Scalar
+        } else {
+            return None;
+        };
+        Self::with_path(format, data, rows, cols, path)
+    }
+
+    fn with_path(
+        format: QuantFormat,
+        data: Vec<u8>,
+        rows: usize,
+        cols: usize,
+        path: Path,
+    ) -> Option<Self> {
+        if !cols.is_multiple_of(format.block_weights()) {
             return None;
         }
-        let row_bytes = cols / BLOCK * format.block_bytes();
+        let row_bytes = cols / format.block_weights() * format.block_bytes();
         if data.len() != rows * row_bytes {
             return None;
         }
@@ -87,7 +146,12 @@ impl QuantMatrix {
             cols,
             data,
             row_bytes,
+            path,
         })
+    }
+
+    pub fn format(&self) -> QuantFormat {
+        self.format
     }
 
     /// Bytes the blocks take.
@@ -103,81 +167,116 @@ impl QuantMatrix {
         self.cols
     }
 
+    fn weight_row(&self, r: usize) -> &[u8] {
+        &self.data[r * self.row_bytes..][..self.row_bytes]
+    }
+
     /// `out[t, r] = sum_c x[t, c] * W[r, c]` for the activation rows in `acts`; `out` is
     /// `[acts.rows, self.rows]` row-major.
     pub fn matmul(&self, acts: &QuantizedActivations, out: &mut [f32]) {
+        self.matmul_into(acts, out, self.rows, 0);
+    }
+
+    /// As [`matmul`](Self::matmul), writing columns `col0..col0 + self.rows` of `out`, which
+    /// has `ldo` columns: fused projections whose parts have different formats write one
+    /// output.
+    pub fn matmul_into(
+        &self,
+        acts: &QuantizedActivations,
+        out: &mut [f32],
+        ldo: usize,
+        col0: usize,
+    ) {
         let t = acts.rows;
         assert_eq!(acts.blocks_per_row * BLOCK, self.cols, "activation width");
-        assert_eq!(out.len(), t * self.rows, "output size");
-        let simd = simd_available();
-        if t == 1 {
-            out.par_chunks_mut(ROWS_PER_TASK)
-                .enumerate()
-                .for_each(|(task, chunk)| {
-                    for (i, o) in chunk.iter_mut().enumerate() {
-                        *o = self.row_dot(task * ROWS_PER_TASK + i, acts, 0, simd);
-                    }
-                });
-            return;
-        }
-        // Several activation rows: each task computes a run of weight rows for all of them,
-        // so every weight block read serves every row, then results go to their places.
-        let transposed: Vec<f32> = (0..self.rows.div_ceil(ROWS_PER_TASK))
+        assert!(col0 + self.rows <= ldo, "columns past the output's width");
+        assert_eq!(out.len(), t * ldo, "output size");
+        let out = DisjointSlice::new(out);
+        (0..self.rows.div_ceil(ROWS_PER_TASK))
             .into_par_iter()
-            .flat_map_iter(|task| {
-                let begin = task * ROWS_PER_TASK;
-                let end = (begin + ROWS_PER_TASK).min(self.rows);
-                (begin..end)
-                    .flat_map(move |r| (0..t).map(move |row| self.row_dot(r, acts, row, simd)))
-            })
-            .collect();
-        for (r, vals) in transposed.chunks_exact(t).enumerate() {
-            for (row, v) in vals.iter().enumerate() {
-                out[row * self.rows + r] = *v;
+            .for_each(|task| {
+                let rows = task * ROWS_PER_TASK..self.rows.min((task + 1) * ROWS_PER_TASK);
+                let mut dots = [0f32; ROWS_PER_TASK * ACT_ROWS];
+                let mut first = 0;
+                while first < t {
+                    let n = ACT_ROWS.min(t - first);
+                    let dots = &mut dots[..rows.len() * n];
+                    self.dots(rows.clone(), acts, first..first + n, dots);
+                    for (r, row_dots) in rows.clone().zip(dots.chunks_exact(n)) {
+                        for (i, &v) in row_dots.iter().enumerate() {
+                            // SAFETY: in bounds by the asserts above; column `col0 + r` of every
+                            // activation row is written by this task alone (tasks own disjoint
+                            // weight rows).
+                            unsafe { out.slice_mut((first + i) * ldo + col0 + r, 1)[0] = v };
+                        }
+                    }
+                    first += n;
+                }
+            });
+    }
+
+    /// Weight rows `rows` against activation rows `act_rows` (at most [`ACT_ROWS`]):
+    /// `dots[i * act_rows.len() + a]` is the `i`-th weight row times the `a`-th activation row.
+    #[inline]
+    fn dots(
+        &self,
+        rows: std::ops::Range<usize>,
+        acts: &QuantizedActivations,
+        act_rows: std::ops::Range<usize>,
+        dots: &mut [f32],
+    ) {
+        let weights = &self.data[rows.start * self.row_bytes..rows.end * self.row_bytes];
+        let n = act_rows.len();
+        match self.path {
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 => {
+                let first = act_rows.start;
+                let a: [ActRow<'_>; ACT_ROWS] =
+                    std::array::from_fn(|i| acts.row(first + i.min(n - 1)));
+                // SAFETY: `Path::Avx2` is only chosen when the CPU has AVX2, FMA and F16C; the
+                // weight rows are whole blocks of `self.format`, every activation row has as
+                // many 32-blocks as a weight row has weights (asserted by `matmul_into`), and
+                // `dots` holds `n` per weight row.
+                unsafe { avx2::rows_dot(self.format, weights, self.row_bytes, &a[..n], dots) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Path::Vnni => {
+                for (w, row_dots) in weights
+                    .chunks_exact(self.row_bytes)
+                    .zip(dots.chunks_exact_mut(n))
+                {
+                    for (d, a) in row_dots.iter_mut().zip(act_rows.clone()) {
+                        // SAFETY: `Path::Vnni` is only chosen for the legacy layouts on a CPU
+                        // with the features `vnni::row_dot` enables; sizes as above.
+                        *d = unsafe { vnni::row_dot(self.format, w, &acts.row(a)) };
+                    }
+                }
+            }
+            _ => {
+                for (w, row_dots) in weights
+                    .chunks_exact(self.row_bytes)
+                    .zip(dots.chunks_exact_mut(n))
+                {
+                    for (d, a) in row_dots.iter_mut().zip(act_rows.clone()) {
+                        *d = scalar_row_dot(self.format, w, &acts.row(a));
+                    }
+                }
             }
         }
     }
 
-    #[inline]
-    fn row_dot(&self, r: usize, acts: &QuantizedActivations, row: usize, simd: bool) -> f32 {
-        let w = &self.data[r * self.row_bytes..][..self.row_bytes];
-        let nb = acts.blocks_per_row;
-        let a = ActRow {
-            quants: &acts.quants[row * self.cols..][..self.cols],
-            scales: &acts.scales[row * nb..][..nb],
-            sums: &acts.sums[row * nb..][..nb],
-            int_sums: &acts.int_sums[row * nb..][..nb],
-        };
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: `simd` is only true when the CPU has the features the function enables.
-            return unsafe { x86::row_dot(self.format, w, &a) };
-        }
-        let _ = simd;
-        scalar_row_dot(self.format, w, &a)
-    }
-
-    /// The same product through the scalar path, for tests of the SIMD one.
+    /// The same product through the scalar path, for tests of the SIMD ones.
     pub fn matmul_scalar(&self, acts: &QuantizedActivations, out: &mut [f32]) {
-        let nb = acts.blocks_per_row;
         for row in 0..acts.rows {
             for r in 0..self.rows {
-                let a = ActRow {
-                    quants: &acts.quants[row * self.cols..][..self.cols],
-                    scales: &acts.scales[row * nb..][..nb],
-                    sums: &acts.sums[row * nb..][..nb],
-                    int_sums: &acts.int_sums[row * nb..][..nb],
-                };
-                out[row * self.rows + r] = scalar_row_dot(
-                    self.format,
-                    &self.data[r * self.row_bytes..][..self.row_bytes],
-                    &a,
-                );
+                out[row * self.rows + r] =
+                    scalar_row_dot(self.format, self.weight_row(r), &acts.row(row));
             }
         }
     }
 }
 
+/// One activation row's blocks, as the kernels read them.
 struct ActRow<'a> {
     quants: &'a [i8],
     scales: &'a [f32],
@@ -185,7 +284,22 @@ struct ActRow<'a> {
     int_sums: &'a [i32],
 }
 
-fn simd_available() -> bool {
+fn avx2_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static AVAILABLE: OnceLock<bool> = OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+fn vnni_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::sync::OnceLock;
@@ -208,163 +322,131 @@ fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
+/// A weight row against an activation row by the reference arithmetic: each GGUF block is
+/// decoded by [`QuantFormat::decode`], and each group of 16 weights (which shares one scale
+/// and one minimum in every format) contributes `xd * (s * sum(q * xq) + m * sum(xq))`, with
+/// `w = s * q + m` the weight and `x = xd * xq` the activation.
 fn scalar_row_dot(format: QuantFormat, w: &[u8], a: &ActRow<'_>) -> f32 {
-    let bb = format.block_bytes();
+    let bw = format.block_weights();
     let mut total = 0f32;
-    for (b, blk) in w.chunks_exact(bb).enumerate() {
-        let x = &a.quants[b * BLOCK..][..BLOCK];
-        let d = f16_at(blk, 0);
-        match format {
-            QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
-                let qs = if format == QuantFormat::Q4_1 {
-                    &blk[4..20]
-                } else {
-                    &blk[2..18]
-                };
-                let mut dot = 0i32;
-                for j in 0..16 {
-                    dot += (qs[j] & 0x0F) as i32 * x[j] as i32
-                        + (qs[j] >> 4) as i32 * x[j + 16] as i32;
-                }
-                if format == QuantFormat::Q4_1 {
-                    total += d * a.scales[b] * dot as f32 + f16_at(blk, 2) * a.sums[b];
-                } else {
-                    total += d * a.scales[b] * (dot - 8 * a.int_sums[b]) as f32;
-                }
-            }
-            // Q8_0: `new` admits the legacy layouts only.
-            _ => {
-                let dot: i32 = blk[2..34]
-                    .iter()
-                    .zip(x)
-                    .map(|(&q, &v)| q as i8 as i32 * v as i32)
-                    .sum();
-                total += d * a.scales[b] * dot as f32;
-            }
+    for (b, blk) in w.chunks_exact(format.block_bytes()).enumerate() {
+        let dec = format.decode(blk);
+        let d = f16::from_bits(dec.d).to_f32();
+        let m = f16::from_bits(dec.m).to_f32();
+        for g in 0..bw / 16 {
+            let (s, min, offset) = match format {
+                QuantFormat::Q4_0 => (d, 0.0, 8),
+                QuantFormat::Q4_1 | QuantFormat::Q5_1 => (d, m, 0),
+                QuantFormat::Q5_0 | QuantFormat::Q8_0 => (d, 0.0, 0),
+                QuantFormat::Q4K | QuantFormat::Q5K => (
+                    d * dec.sc[g / 2] as u8 as f32,
+                    -(m * dec.mn[g / 2] as u8 as f32),
+                    0,
+                ),
+                QuantFormat::Q6K => (d * dec.sc[g] as f32, 0.0, 0),
+            };
+            let at = b * bw + 16 * g;
+            let xq = &a.quants[at..][..16];
+            let q = &dec.q[16 * g..][..16];
+            let dot: i32 = q
+                .iter()
+                .zip(xq)
+                .map(|(&q, &x)| (q as i32 - offset) * x as i32)
+                .sum();
+            let sum: i32 = xq.iter().map(|&x| x as i32).sum();
+            total += a.scales[at / BLOCK] * (s * dot as f32 + min * sum as f32);
         }
     }
     total
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    use super::{f16_at, ActRow, QuantFormat, BLOCK};
-
-    /// # Safety
-    /// The CPU has AVX.
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        // SAFETY: AVX is the caller's promise; the intrinsics only shuffle registers.
-        unsafe {
-            let lo = _mm256_castps256_ps128(v);
-            let hi = _mm256_extractf128_ps(v, 1);
-            let s = _mm_add_ps(lo, hi);
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-            _mm_cvtss_f32(s)
-        }
-    }
-
-    /// One weight row against one activation row. Per block: the 32 weight quants as unsigned
-    /// bytes (nibbles, or |q| for Q8_0 with the sign moved onto the activations), `vpdpbusd`
-    /// against the activation bytes, and the 8 partial sums scaled into a float accumulator;
-    /// the horizontal sum happens once per row.
-    ///
-    /// # Safety
-    /// The CPU has the features enabled below (see `simd_available`); `w` is one weight row of
-    /// `format` blocks and `a` an activation row of the same number of blocks.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma,avx2")]
-    pub(super) unsafe fn row_dot(format: QuantFormat, w: &[u8], a: &ActRow<'_>) -> f32 {
-        // SAFETY: the CPU features and the matching sizes of `w` and `a` are the caller's promise; each
-        // block's loads read inside its block (and the prefetch never faults).
-        unsafe {
-            let bb = format.block_bytes();
-            let nb = w.len() / bb;
-            let mut acc = _mm256_setzero_ps();
-            let mut extra = 0f32;
-            let low = _mm_set1_epi8(0x0F);
-            let wp = w.as_ptr();
-            let xp = a.quants.as_ptr();
-            for b in 0..nb {
-                // Stream ahead of the loads: rows are consecutive, so this reaches into the next.
-                _mm_prefetch::<_MM_HINT_T0>(wp.add(b * bb + 512) as *const i8);
-                let blk = std::slice::from_raw_parts(wp.add(b * bb), bb);
-                let x = _mm256_loadu_si256(xp.add(b * BLOCK) as *const __m256i);
-                let d = f16_at(blk, 0) * *a.scales.get_unchecked(b);
-                let dot = match format {
-                    QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
-                        let off = if format == QuantFormat::Q4_1 { 4 } else { 2 };
-                        let qs = _mm_loadu_si128(blk.as_ptr().add(off) as *const __m128i);
-                        let lo = _mm_and_si128(qs, low);
-                        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low);
-                        let q = _mm256_set_m128i(hi, lo);
-                        if format == QuantFormat::Q4_1 {
-                            extra += f16_at(blk, 2) * *a.sums.get_unchecked(b);
-                        } else {
-                            extra -= d * (8 * *a.int_sums.get_unchecked(b)) as f32;
-                        }
-                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, x)
-                    }
-                    // Q8_0: `new` admits the legacy layouts only.
-                    _ => {
-                        let q = _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i);
-                        _mm256_dpbusd_epi32(
-                            _mm256_setzero_si256(),
-                            _mm256_sign_epi8(q, q),
-                            _mm256_sign_epi8(x, q),
-                        )
-                    }
-                };
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d), acc);
-            }
-            hsum(acc) + extra
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use crate::testing::{quantized_matrix, random_values};
+    use crate::testing::{quantized_matrix, random_blocks, random_values};
     use candle_core::{Device, Tensor};
 
     use super::*;
 
+    /// Every path this CPU can run for `format`, the scalar oracle last.
+    fn paths(format: QuantFormat) -> Vec<Path> {
+        let mut paths = Vec::new();
+        if avx2_available() {
+            paths.push(Path::Avx2);
+        }
+        if format.is_legacy_layout() && vnni_available() {
+            paths.push(Path::Vnni);
+        }
+        paths.push(Path::Scalar);
+        paths
+    }
+
+    fn product(m: &QuantMatrix, x: &[f32], t: usize) -> Vec<f32> {
+        let mut acts = QuantizedActivations::default();
+        acts.quantize(x, t, m.cols());
+        let mut out = vec![0f32; t * m.rows()];
+        m.matmul(&acts, &mut out);
+        out
+    }
+
+    /// `x [t, cols]` times the dequantized `dense [rows, cols]`, transposed, in f32.
+    fn dense_product(dense: &[f32], rows: usize, cols: usize, x: &[f32], t: usize) -> Vec<f32> {
+        let wd = Tensor::from_vec(dense.to_vec(), (rows, cols), &Device::Cpu).unwrap();
+        let xt = Tensor::from_vec(x.to_vec(), (t, cols), &Device::Cpu).unwrap();
+        xt.matmul(&wd.t().unwrap())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    }
+
+    /// Every format through every path against the scalar oracle, on random bytes in every
+    /// field (bit patterns no quantizer writes included) and with 1..=9 activation rows (the
+    /// kernels take rows 4 at a time, then the rest).
     #[test]
-    fn simd_equals_scalar_and_tracks_dequantized_product() {
-        for format in QuantFormat::ALL
-            .into_iter()
-            .filter(|f| f.is_legacy_layout())
-        {
-            for &(rows, cols, t) in &[(40usize, 64usize, 1usize), (200, 576, 3), (33, 160, 8)] {
-                let (bytes, dense) = quantized_matrix(rows, cols, format, 3);
-                let m = QuantMatrix::new(format, bytes, rows, cols).unwrap();
+    fn simd_paths_equal_the_scalar_oracle_on_random_blocks() {
+        for format in QuantFormat::ALL {
+            let bw = format.block_weights();
+            for &(rows, blocks, t) in
+                &[(40usize, 2usize, 1usize), (33, 3, 5), (65, 1, 9), (7, 4, 4)]
+            {
+                let cols = blocks * bw;
+                let (bytes, _) = random_blocks(rows, cols, format, 7 + rows as u64);
                 let x = random_values(t * cols, 11);
-                let mut acts = QuantizedActivations::default();
-                acts.quantize(&x, t, cols);
-                let mut fast = vec![0f32; t * rows];
-                let mut slow = vec![0f32; t * rows];
-                m.matmul(&acts, &mut fast);
-                m.matmul_scalar(&acts, &mut slow);
-                for (a, b) in fast.iter().zip(&slow) {
-                    assert!(
-                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                        "{format:?}: simd {a} vs scalar {b}"
-                    );
+                let oracle =
+                    QuantMatrix::with_path(format, bytes.clone(), rows, cols, Path::Scalar)
+                        .unwrap();
+                let want = product(&oracle, &x, t);
+                for path in paths(format) {
+                    let m =
+                        QuantMatrix::with_path(format, bytes.clone(), rows, cols, path).unwrap();
+                    let got = product(&m, &x, t);
+                    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                            "{format:?} {path:?} rows {rows} cols {cols} t {t} at {i}: {a} vs scalar {b}"
+                        );
+                    }
                 }
-                // Against the dequantized weights in f32: only activation rounding differs.
-                let wd = Tensor::from_vec(dense, (rows, cols), &Device::Cpu).unwrap();
-                let xt = Tensor::from_vec(x.clone(), (t, cols), &Device::Cpu).unwrap();
-                let exact = xt
-                    .matmul(&wd.t().unwrap())
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap();
+            }
+        }
+    }
+
+    /// The int8 product tracks the f32 product of candle's dequantized weights: only the
+    /// activations' rounding to int8 differs.
+    #[test]
+    fn products_track_the_dequantized_weights() {
+        for format in QuantFormat::ALL {
+            let bw = format.block_weights();
+            for &(rows, cols, t) in &[(40usize, 2 * bw, 1usize), (200, 3 * bw, 3), (33, bw, 8)] {
+                let (bytes, dense) = quantized_matrix(rows, cols, format, 3);
+                let m = QuantMatrix::new(format, bytes, rows, cols)
+                    .unwrap_or_else(|| panic!("{format:?} has a kernel on this CPU"));
+                let x = random_values(t * cols, 11);
+                let got = product(&m, &x, t);
+                let exact = dense_product(&dense, rows, cols, &x, t);
                 let scale = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
-                for (a, e) in fast.iter().zip(&exact) {
+                for (a, e) in got.iter().zip(&exact) {
                     assert!(
                         (a - e).abs() <= 0.02 * scale,
                         "{format:?}: {a} vs dequantized {e}"
@@ -374,10 +456,57 @@ mod tests {
         }
     }
 
+    /// Columns written into a wider output equal the matrix's own product, and nothing else of
+    /// the output is touched.
+    #[test]
+    fn matmul_into_writes_only_its_columns() {
+        let (bytes, _) = random_blocks(24, 256, QuantFormat::Q6K, 5);
+        let m = QuantMatrix::new(QuantFormat::Q6K, bytes, 24, 256).unwrap();
+        let t = 6;
+        let x = random_values(t * 256, 2);
+        let own = product(&m, &x, t);
+        let mut acts = QuantizedActivations::default();
+        acts.quantize(&x, t, 256);
+        let (ldo, col0) = (40, 9);
+        let mut wide = vec![f32::NAN; t * ldo];
+        m.matmul_into(&acts, &mut wide, ldo, col0);
+        for row in 0..t {
+            for c in 0..ldo {
+                let v = wide[row * ldo + c];
+                if (col0..col0 + 24).contains(&c) {
+                    assert_eq!(v, own[row * 24 + c - col0]);
+                } else {
+                    assert!(v.is_nan(), "column {c} of row {row} was written");
+                }
+            }
+        }
+    }
+
+    /// A row's result does not depend on how many rows share the step (batching is invisible).
+    #[test]
+    fn a_row_alone_equals_it_in_a_batch() {
+        for format in QuantFormat::ALL {
+            let cols = 2 * format.block_weights();
+            let (bytes, _) = random_blocks(20, cols, format, 9);
+            let m = QuantMatrix::new(format, bytes, 20, cols).unwrap();
+            let t = 7;
+            let x = random_values(t * cols, 4);
+            let batch = product(&m, &x, t);
+            for row in 0..t {
+                let alone = product(&m, &x[row * cols..][..cols], 1);
+                assert_eq!(alone, batch[row * 20..][..20], "{format:?} row {row}");
+            }
+        }
+    }
+
     #[test]
     fn wrong_sizes_are_declined() {
         let (bytes, _) = quantized_matrix(32, 256, QuantFormat::Q4_0, 1);
         assert!(QuantMatrix::new(QuantFormat::Q4_0, bytes.clone(), 32, 255).is_none());
         assert!(QuantMatrix::new(QuantFormat::Q8_0, bytes, 32, 256).is_none());
+        let (bytes, _) = quantized_matrix(32, 256, QuantFormat::Q5_0, 1);
+        assert!(QuantMatrix::new(QuantFormat::Q4K, bytes.clone(), 32, 256).is_none());
+        // Q4_K rows are whole super-blocks of 256.
+        assert!(QuantMatrix::new(QuantFormat::Q4K, bytes, 64, 128).is_none());
     }
 }
