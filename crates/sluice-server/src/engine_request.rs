@@ -62,7 +62,7 @@ pub struct Generation {
     pub n: usize,
     /// Prompt tokens of each prompt.
     pub prompt_tokens: Vec<usize>,
-    /// Control tokens are left out of the text (and so show as empty in logprobs).
+    /// Control tokens are left out of the text (logprobs still list them, by name).
     pub skip_special_tokens: bool,
     events: Events,
     log: RequestLog,

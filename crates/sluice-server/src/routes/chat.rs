@@ -151,11 +151,7 @@ pub async fn handler(
 fn token_logprobs(generation: &Generation, event: &TokenEvent) -> Option<ChatLogprobs> {
     let lp = event.logprobs.as_ref()?;
     Some(ChatLogprobs {
-        content: vec![logprobs::chat_entry(
-            generation.model.tokenizer(),
-            generation.skip_special_tokens,
-            lp,
-        )],
+        content: vec![logprobs::chat_entry(generation.model.tokenizer(), lp)],
     })
 }
 
