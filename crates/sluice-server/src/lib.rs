@@ -4,7 +4,9 @@
 //! events; they never touch tensors.
 
 pub mod auth;
+pub mod blocking;
 pub mod chat_output;
+pub mod chat_request;
 pub mod config;
 pub mod engine_request;
 pub mod error;

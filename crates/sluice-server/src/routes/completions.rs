@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use sluice_engine::FinishEvent;
 
-use super::tokenize_blocking;
+use crate::blocking::tokenize_blocking;
 use crate::engine_request::{self, Generation, GenerationParams, Item};
 use crate::error::{ApiError, ParamNames};
 use crate::json::ApiJson;
