@@ -86,7 +86,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_MAX_MODEL_LEN", value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_model_len: Option<usize>,
-    /// Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize.
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /tokenize and /detokenize.
     #[arg(
         long,
         env = "SLUICE_API_KEY",

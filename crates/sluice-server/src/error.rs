@@ -114,7 +114,7 @@ impl ApiError {
             ..Self::new(
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
-                "Incorrect or missing API key. Send it as `Authorization: Bearer KEY`.",
+                "Incorrect or missing API key. Send it as `Authorization: Bearer KEY` (or `x-api-key: KEY`).",
             )
         }
     }

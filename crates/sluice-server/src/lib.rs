@@ -3,6 +3,7 @@
 //! `ValidRequest`, submit, and translate the engine's events into OpenAI JSON or server-sent
 //! events; they never touch tensors.
 
+pub mod anthropic;
 pub mod auth;
 pub mod blocking;
 pub mod chat_output;
@@ -17,6 +18,7 @@ pub mod logging;
 pub mod logprobs;
 pub mod metrics;
 pub mod openai;
+pub mod output_blocks;
 pub mod request_fields;
 pub mod routes;
 pub mod serve;

@@ -128,6 +128,8 @@ fn valid_body(path: &str) -> Value {
         "/v1/chat/completions" => {
             json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         }
+        "/v1/messages" => json!({"model": TINY_NAME, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]}),
         "/tokenize" => json!({"prompt": "hi"}),
         "/detokenize" => json!({"tokens": [104, 105]}),
         other => panic!("no valid body known for POST {other}: add one"),

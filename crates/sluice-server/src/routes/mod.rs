@@ -11,6 +11,7 @@
 pub mod chat;
 pub mod completions;
 pub mod health;
+pub mod messages;
 pub mod metrics;
 pub mod models;
 pub mod openapi;
@@ -111,6 +112,7 @@ fn api_routes() -> RouteTable {
     RouteTable::new()
         .add(Method::POST, "/v1/completions", completions::handler)
         .add(Method::POST, "/v1/chat/completions", chat::handler)
+        .add(Method::POST, "/v1/messages", messages::handler)
         .add(Method::GET, "/v1/models", models::list)
         .add(Method::GET, "/v1/models/{model}", models::retrieve)
         .add(Method::POST, "/tokenize", tokenize::tokenize)
@@ -157,7 +159,9 @@ pub fn router(state: AppState, settings: &HttpSettings) -> Router {
         .layer(map_response(move |r: Response| {
             openai_error_shape(r, limit)
         }))
-        .layer(CatchPanicLayer::custom(panic_response));
+        .layer(CatchPanicLayer::custom(panic_response))
+        // Outside the layers above, so their errors take Anthropic's shape too.
+        .layer(from_fn(crate::anthropic::errors::reshape));
     if let Some(cors) = cors(&settings.cors_origins) {
         app = app.layer(cors);
     }
@@ -203,6 +207,10 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
                 CONTENT_TYPE,
                 HeaderName::from_static("openai-organization"),
                 HeaderName::from_static("openai-project"),
+                // Anthropic's clients.
+                HeaderName::from_static("x-api-key"),
+                HeaderName::from_static("anthropic-version"),
+                HeaderName::from_static("anthropic-beta"),
             ])
             .max_age(Duration::from_secs(600)),
     )
