@@ -258,6 +258,10 @@ impl EngineLoop {
         let num_tokens = out.num_tokens();
         for s in out.scheduled() {
             if let Some(r) = self.requests.get_mut(&s.seq_id.request) {
+                if let Some(seq) = r.seqs.get_mut(s.seq_id.index as usize) {
+                    // Its first chunk starts after what the prefix cache held.
+                    seq.cached_tokens.get_or_insert(s.start);
+                }
                 if r.scheduled.is_none() {
                     r.scheduled = Some(step_start);
                     self.telemetry

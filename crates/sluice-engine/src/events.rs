@@ -69,6 +69,9 @@ pub enum ErrorCause {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose K/V came from the prefix cache when the sequence was first
+    /// scheduled (a later re-prefill after preemption does not count).
+    pub cached_tokens: usize,
 }
 
 /// When things happened to one sequence.

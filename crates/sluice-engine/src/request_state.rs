@@ -24,6 +24,8 @@ pub(crate) struct SeqState {
     pub first_token: Option<Instant>,
     pub last_token: Option<Instant>,
     pub done: bool,
+    /// Prompt tokens found in the prefix cache when it was first scheduled.
+    pub cached_tokens: Option<usize>,
     /// The grammar its output must follow, when the request has one.
     pub constraint: Option<Box<SeqConstraint>>,
 }
@@ -82,6 +84,7 @@ impl RequestState {
                 first_token: None,
                 last_token: None,
                 done: false,
+                cached_tokens: None,
                 constraint: constraint.as_ref().map(|c| Box::new(c.start())),
             })
             .collect();
@@ -122,6 +125,7 @@ impl RequestState {
             usage: Usage {
                 prompt_tokens: self.prompt_len,
                 completion_tokens: seq.generated,
+                cached_tokens: seq.cached_tokens.unwrap_or(0),
             },
             timing: Timing {
                 arrival: self.arrival,
@@ -148,6 +152,7 @@ pub(crate) fn abort_unadmitted(sub: &Submission, now: Instant) -> usize {
             usage: Usage {
                 prompt_tokens: sub.request.prompt_len(),
                 completion_tokens: 0,
+                cached_tokens: 0,
             },
             timing: Timing {
                 arrival: sub.arrival,

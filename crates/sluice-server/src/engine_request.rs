@@ -130,6 +130,7 @@ impl Generation {
             started,
             prompt_tokens: prompt_tokens.iter().sum(),
             completion_tokens: 0,
+            cached_tokens: 0,
             first_token: None,
             finish: vec![None; prompt_tokens.len() * n],
             _in_flight: state.track(),
@@ -170,6 +171,10 @@ impl Generation {
             }
             Some(Event::Finished(event)) => {
                 let choice = prompt * self.n + event.index as usize;
+                if event.index == 0 {
+                    // A prompt's sequences share its cached prefix: count it once.
+                    self.log.cached_tokens += event.usage.cached_tokens;
+                }
                 if let Some(slot) = self.log.finish.get_mut(choice) {
                     *slot = Some(event.reason);
                 }
@@ -177,6 +182,12 @@ impl Generation {
             }
         };
         Some(item)
+    }
+
+    /// Prompt tokens whose K/V the prefix cache already held (known once the choices have
+    /// finished).
+    pub fn cached_tokens(&self) -> usize {
+        self.log.cached_tokens
     }
 
     pub fn usage(&self) -> crate::openai::Usage {
@@ -240,6 +251,8 @@ struct RequestLog {
     started: Instant,
     prompt_tokens: usize,
     completion_tokens: usize,
+    /// Prompt tokens the prefix cache held, summed over the prompts.
+    cached_tokens: usize,
     first_token: Option<Instant>,
     finish: Vec<Option<FinishReason>>,
     /// Keeps the request counted as in flight for shutdown's drain.
