@@ -21,8 +21,13 @@ use crate::state::{AppState, InFlight, ServedModel};
 
 /// `cmpl-…`, `chatcmpl-…`: a prefix and 24 random hex digits.
 pub fn request_id(prefix: &str) -> String {
+    random_id(prefix, '-')
+}
+
+/// `prefix`, `separator` and 24 random hex digits: `call_…`, `msg_…`, `resp_…`.
+pub fn random_id(prefix: &str, separator: char) -> String {
     let bits: u128 = rand::thread_rng().gen();
-    format!("{prefix}-{:024x}", bits >> 32)
+    format!("{prefix}{separator}{:024x}", bits >> 32)
 }
 
 /// What every sequence of a request is asked for.

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod openai;
 pub mod output_blocks;
 pub mod request_fields;
+pub mod responses;
 pub mod routes;
 pub mod serve;
 pub mod shutdown;

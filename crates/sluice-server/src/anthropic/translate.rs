@@ -260,17 +260,6 @@ pub fn tool_choice(choice: Option<ToolChoiceIn>) -> (Option<ToolChoice>, Option<
     }
 }
 
-/// A tool-plan error names chat completions' fields (`tools[0].function.name`); a Messages
-/// client sent `tools[0].name` and `tools[0].input_schema`.
-pub fn rename_tool_param(mut e: ApiError) -> ApiError {
-    if let Some(p) = e.param.as_mut() {
-        *p = p
-            .replace(".function.parameters", ".input_schema")
-            .replace(".function.", ".");
-    }
-    e
-}
-
 /// Anthropic's ids look like `toolu_...`; the pipeline's `call_...`.
 pub fn tool_use_id(call_id: &str) -> String {
     match call_id.strip_prefix("call_") {
@@ -417,8 +406,6 @@ mod tests {
             tool_choice(Some(c)),
             (Some(ToolChoice::Function("w".into())), None)
         );
-        let e = rename_tool_param(ApiError::invalid("tools[0].function.parameters", "x"));
-        assert_eq!(e.param.as_deref(), Some("tools[0].input_schema"));
     }
 
     #[test]

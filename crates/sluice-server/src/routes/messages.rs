@@ -25,6 +25,7 @@ use crate::output_blocks::{BlockEvent, BlockKind, BlockStream};
 use crate::request_fields;
 use crate::sse;
 use crate::state::AppState;
+use crate::tool_calls;
 
 const NAMES: ParamNames = ParamNames {
     prompt: "messages",
@@ -69,10 +70,10 @@ pub async fn handler(
         stop,
         names: NAMES,
     };
-    let id = engine_request::request_id("msg").replacen("msg-", "msg_", 1);
+    let id = engine_request::random_id("msg", '_');
     let run = chat_request::start(&state, model, job, id, "messages", started)
         .await
-        .map_err(translate::rename_tool_param)?;
+        .map_err(|e| tool_calls::flat_tool_param(e, "input_schema"))?;
     if req.stream.unwrap_or(false) {
         Ok(sse::response(stream_events(run)))
     } else {

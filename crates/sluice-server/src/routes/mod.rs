@@ -15,6 +15,7 @@ pub mod messages;
 pub mod metrics;
 pub mod models;
 pub mod openapi;
+pub mod responses;
 pub mod tokenize;
 pub mod version;
 
@@ -113,6 +114,12 @@ fn api_routes() -> RouteTable {
         .add(Method::POST, "/v1/completions", completions::handler)
         .add(Method::POST, "/v1/chat/completions", chat::handler)
         .add(Method::POST, "/v1/messages", messages::handler)
+        .add(Method::POST, "/v1/responses", responses::create)
+        .add(
+            Method::GET,
+            "/v1/responses/{response_id}",
+            responses::retrieve,
+        )
         .add(Method::GET, "/v1/models", models::list)
         .add(Method::GET, "/v1/models/{model}", models::retrieve)
         .add(Method::POST, "/tokenize", tokenize::tokenize)
