@@ -51,6 +51,9 @@ pub struct FinishEvent {
     pub error_cause: Option<ErrorCause>,
     pub usage: Usage,
     pub timing: Timing,
+    /// An embedding's vector (with [`FinishReason::Stop`]): its tokens' final hidden states
+    /// pooled and L2-normalised.
+    pub embedding: Option<Vec<f32>>,
 }
 
 /// What failed a request.

@@ -35,4 +35,5 @@ pub use params::{InvalidRequest, ModelLimits, Request, SamplingParams, StopParam
 pub use sampler::{SampleRow, Sampled, Sampler, TokenCounts, TokenLogprobs};
 pub use scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerError, SchedulerOutput};
 pub use sequence::{RequestId, SeqId, Sequence, SequenceStatus};
+pub use sluice_model::Pooling;
 pub use stop::{FinishReason, StopReason};

@@ -43,11 +43,15 @@ pub(crate) struct RequestState {
     pub seqs: Vec<SeqState>,
     /// Sequences not finished yet.
     pub live: usize,
+    /// An embedding's pooled hidden state so far (`None` for a generation): the sum of its
+    /// pooled rows for mean pooling, the row itself for the others.
+    pub pooled: Option<Vec<f32>>,
 }
 
 impl RequestState {
     /// The state of a request the engine thread takes in, none of its sequences started; hands
-    /// the prompt back for the scheduler. `max_tokens` is the validated, resolved one.
+    /// the prompt back for the scheduler. `max_tokens` is the validated, resolved one;
+    /// `embedding_size` is set for an embedding (the length of its vector).
     pub fn admit(
         request: Request,
         max_tokens: usize,
@@ -55,6 +59,7 @@ impl RequestState {
         arrival: Instant,
         tokenizer: &Tokenizer,
         max_model_len: usize,
+        embedding_size: Option<usize>,
     ) -> (Self, Vec<u32>) {
         let Request {
             prompt,
@@ -99,8 +104,30 @@ impl RequestState {
             prompt_counted: false,
             seqs,
             live: n,
+            pooled: embedding_size.map(|size| vec![0.0; size]),
         };
         (state, prompt)
+    }
+
+    /// The finish of an embedding whose every token is computed: its pooled state (a sum over
+    /// `mean_of` tokens for mean pooling), L2-normalised as OpenAI's embeddings are.
+    pub fn embedding_finish(&mut self, mean_of: Option<usize>, now: Instant) -> Event {
+        // Leaves `pooled` set (empty): the request is still an embedding as it leaves.
+        let mut vector = self.pooled.as_mut().map(std::mem::take).unwrap_or_default();
+        if let Some(n) = mean_of.filter(|&n| n > 0) {
+            let scale = 1.0 / n as f32;
+            vector.iter_mut().for_each(|v| *v *= scale);
+        }
+        l2_normalize(&mut vector);
+        let stopped = Stopped {
+            reason: FinishReason::Stop,
+            stop_reason: None,
+        };
+        let mut event = self.finish_event(0, stopped, None, now);
+        if let Event::Finished(finish) = &mut event {
+            finish.embedding = Some(vector);
+        }
+        event
     }
 
     /// Its sequences follow a grammar.
@@ -134,7 +161,22 @@ impl RequestState {
                 last_token: seq.last_token,
                 finished: now,
             },
+            embedding: None,
         })
+    }
+}
+
+/// Scales `v` to length 1 (a zero vector stays zero). Summed in f64 so the norm does not
+/// depend on the order of a long sum's rounding.
+pub(crate) fn l2_normalize(v: &mut [f32]) {
+    let norm = v
+        .iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum::<f64>()
+        .sqrt();
+    if norm > 0.0 {
+        let scale = (1.0 / norm) as f32;
+        v.iter_mut().for_each(|x| *x *= scale);
     }
 }
 
@@ -161,6 +203,7 @@ pub(crate) fn abort_unadmitted(sub: &Submission, now: Instant) -> usize {
                 last_token: None,
                 finished: now,
             },
+            embedding: None,
         }));
     }
     n

@@ -112,6 +112,29 @@ impl Generation {
                     .map_err(|e| ApiError::from_invalid(e, &names))
             })
             .collect::<Result<_, _>>()?;
+        Self::submit(
+            state,
+            model,
+            id,
+            endpoint,
+            started,
+            requests,
+            skip_special_tokens,
+        )
+    }
+
+    /// Submits requests already validated (all with the same `n`), as [`Generation::start`]
+    /// does once it has validated its own; embeddings come this way.
+    pub fn submit(
+        state: &AppState,
+        model: Arc<ServedModel>,
+        id: String,
+        endpoint: &'static str,
+        started: Instant,
+        requests: Vec<ValidRequest>,
+        skip_special_tokens: bool,
+    ) -> Result<Self, ApiError> {
+        let n = requests.first().map_or(1, ValidRequest::n);
         let prompt_tokens: Vec<usize> = requests.iter().map(ValidRequest::prompt_len).collect();
         let mut streams = Vec::with_capacity(requests.len());
         for request in requests {

@@ -28,6 +28,14 @@ impl ParamNames {
         logprobs: "logprobs",
     };
 
+    /// `/v1/embeddings`, whose prompts are its `input` (it has no other field the engine
+    /// names).
+    pub const EMBEDDINGS: Self = Self {
+        prompt: "input",
+        max_tokens: "input",
+        logprobs: "input",
+    };
+
     /// `max_completion_tokens`: whether the client sent that field (it wins over
     /// `max_tokens`).
     pub fn chat(max_completion_tokens: bool) -> Self {
@@ -211,6 +219,20 @@ impl ApiError {
                         "This model's maximum context length is {capacity} tokens. However, your \
                          {noun} resulted in {prompt_tokens} tokens, which leaves no room for the \
                          completion. Please reduce the length of the {noun}."
+                    ),
+                )
+            }
+            InvalidRequest::InputTooLong {
+                input_tokens,
+                capacity,
+            } => {
+                let noun = names.prompt;
+                Self::context_length_exceeded(
+                    noun,
+                    format!(
+                        "This model's maximum context length is {capacity} tokens. However, your \
+                         {noun} resulted in {input_tokens} tokens. Please reduce the length of \
+                         the {noun}."
                     ),
                 )
             }

@@ -10,6 +10,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub mod health;
 pub mod messages;
 pub mod metrics;
@@ -113,6 +114,7 @@ fn api_routes() -> RouteTable {
     RouteTable::new()
         .add(Method::POST, "/v1/completions", completions::handler)
         .add(Method::POST, "/v1/chat/completions", chat::handler)
+        .add(Method::POST, "/v1/embeddings", embeddings::handler)
         .add(Method::POST, "/v1/messages", messages::handler)
         .add(Method::POST, "/v1/responses", responses::create)
         .add(

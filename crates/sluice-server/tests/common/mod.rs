@@ -92,6 +92,7 @@ pub fn tiny_app(http: HttpSettings) -> TestApp {
         served_model_name: TINY_NAME.into(),
         weights: WeightsKind::F32,
         tool_call_parser: None,
+        pooling: None,
         kv_cache_bytes: 2 << 20,
         kv_cache_dtype: KvCacheDtype::F32,
         block_size: 16,
@@ -100,6 +101,7 @@ pub fn tiny_app(http: HttpSettings) -> TestApp {
             max_num_batched_tokens: 512,
             max_waiting: 256,
             max_model_len: None,
+            ..EngineConfig::default()
         },
     })
     .expect("load the tiny model");
