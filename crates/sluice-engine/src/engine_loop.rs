@@ -37,6 +37,7 @@ use crate::events::{ErrorCause, Event, TokenEvent};
 use crate::handle::{Command, Shared, Submission};
 use crate::model::Model;
 use crate::params::SamplingParams;
+use crate::pooling::pooled_rows;
 use crate::request_state::{abort_unadmitted, RequestState};
 use crate::rng::SeqRng;
 use crate::sampler::{SampleRow, Sampled, Sampler};
@@ -668,22 +669,6 @@ impl EngineLoop {
         if let Err(e) = self.scheduler.commit(&self.tokens) {
             tracing::error!("commit after a failed step: {e}");
         }
-    }
-}
-
-/// The rows (offsets in a chunk of `len` tokens starting at `start`) whose hidden states an
-/// embedding of `prompt_len` tokens pools.
-fn pooled_rows(
-    pooling: Pooling,
-    start: usize,
-    len: usize,
-    prompt_len: usize,
-) -> std::ops::Range<usize> {
-    match pooling {
-        Pooling::Mean => 0..len,
-        Pooling::Cls if start == 0 => 0..1,
-        Pooling::Last if start + len == prompt_len => len - 1..len,
-        Pooling::Cls | Pooling::Last => 0..0,
     }
 }
 

@@ -11,6 +11,7 @@ use crate::constraint::SeqConstraint;
 use crate::events::{ErrorCause, Event, FinishEvent, Timing, Usage};
 use crate::handle::Submission;
 use crate::params::{Request, SamplingParams};
+use crate::pooling::l2_normalize;
 use crate::rng::SeqRng;
 use crate::sampler::TokenCounts;
 use crate::stop::{FinishReason, StopSpec, Stopped, TextStream};
@@ -163,20 +164,6 @@ impl RequestState {
             },
             embedding: None,
         })
-    }
-}
-
-/// Scales `v` to length 1 (a zero vector stays zero). Summed in f64 so the norm does not
-/// depend on the order of a long sum's rounding.
-pub(crate) fn l2_normalize(v: &mut [f32]) {
-    let norm = v
-        .iter()
-        .map(|&x| f64::from(x) * f64::from(x))
-        .sum::<f64>()
-        .sqrt();
-    if norm > 0.0 {
-        let scale = (1.0 / norm) as f32;
-        v.iter_mut().for_each(|x| *x *= scale);
     }
 }
 

@@ -3,6 +3,8 @@
 //! embeddings and generations, and split over many prefill chunks, for every pooling; blocks
 //! freed at the end; generations beside them unchanged.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use sluice_engine::testing::{tiny_tokenizer, MockModel, MOCK_HIDDEN_SIZE, TINY_VOCAB};
@@ -16,15 +18,10 @@ fn start(config: EngineConfig) -> Engine {
     Engine::start(Box::new(model), tiny_tokenizer(), config).unwrap()
 }
 
+/// Byte tokens (ids under 256: never a control token of the tiny vocabulary).
 fn input(seed: u64, len: usize) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 256) as u32
-        })
+    (0..len as u64)
+        .map(|i| (common::mix(seed, i) % 256) as u32)
         .collect()
 }
 

@@ -211,31 +211,17 @@ impl ApiError {
             InvalidRequest::PromptTooLong {
                 prompt_tokens,
                 capacity,
-            } => {
-                let noun = names.prompt;
-                Self::context_length_exceeded(
-                    noun,
-                    format!(
-                        "This model's maximum context length is {capacity} tokens. However, your \
-                         {noun} resulted in {prompt_tokens} tokens, which leaves no room for the \
-                         completion. Please reduce the length of the {noun}."
-                    ),
-                )
-            }
+            } => Self::too_long(
+                names.prompt,
+                prompt_tokens,
+                capacity,
+                ", which leaves no room for the completion",
+            ),
+            // An embedding needs no room past its input.
             InvalidRequest::InputTooLong {
                 input_tokens,
                 capacity,
-            } => {
-                let noun = names.prompt;
-                Self::context_length_exceeded(
-                    noun,
-                    format!(
-                        "This model's maximum context length is {capacity} tokens. However, your \
-                         {noun} resulted in {input_tokens} tokens. Please reduce the length of \
-                         the {noun}."
-                    ),
-                )
-            }
+            } => Self::too_long(names.prompt, input_tokens, capacity, ""),
             InvalidRequest::TooManyTokens {
                 prompt_tokens,
                 max_tokens,
@@ -257,6 +243,18 @@ impl ApiError {
             | InvalidRequest::OutOfRange { .. }
             | InvalidRequest::Param { .. } => Self::invalid(e.param(), e.to_string()),
         }
+    }
+
+    /// OpenAI's message for a prompt (`noun`) of `tokens` past the `capacity`; `why` says what
+    /// that leaves out.
+    fn too_long(noun: &str, tokens: usize, capacity: usize, why: &str) -> Self {
+        Self::context_length_exceeded(
+            noun,
+            format!(
+                "This model's maximum context length is {capacity} tokens. However, your {noun} \
+                 resulted in {tokens} tokens{why}. Please reduce the length of the {noun}."
+            ),
+        )
     }
 
     /// OpenAI's code for a prompt that does not fit, so clients that look for it keep working.

@@ -9,7 +9,7 @@ use sluice_engine::{FinishEvent, FinishReason, Grammar, StopReason};
 
 use super::types::{
     ContentBlockIn, ContentBlockOut, MessageContentIn, MessageIn, OutputConfig, OutputFormat,
-    SystemPrompt, TextBlock, ToolChoiceIn, ToolIn, ToolResultContent,
+    TextContent, ToolChoiceIn, ToolIn,
 };
 use crate::error::ApiError;
 use crate::openai::chat::{ChatMessageIn, MessageContent};
@@ -82,14 +82,6 @@ pub fn output_grammar(config: Option<OutputConfig>) -> Result<Option<RequestedGr
         }))
 }
 
-fn join_text(blocks: &[TextBlock]) -> String {
-    blocks
-        .iter()
-        .map(|b| b.text.as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 fn chat_message(role: &str, content: String) -> ChatMessageIn {
     ChatMessageIn {
         role: role.into(),
@@ -102,14 +94,12 @@ fn chat_message(role: &str, content: String) -> ChatMessageIn {
 
 /// The conversation in chat completions' terms.
 pub fn messages(
-    system: Option<SystemPrompt>,
+    system: Option<TextContent>,
     messages: Vec<MessageIn>,
 ) -> Result<Vec<ChatMessageIn>, ApiError> {
     let mut out = Vec::with_capacity(messages.len() + 1);
-    match system {
-        Some(SystemPrompt::Text(text)) => out.push(chat_message("system", text)),
-        Some(SystemPrompt::Blocks(blocks)) => out.push(chat_message("system", join_text(&blocks))),
-        None => {}
+    if let Some(system) = system {
+        out.push(chat_message("system", system.into_text()));
     }
     if messages.is_empty() {
         return Err(ApiError::invalid(
@@ -176,11 +166,7 @@ pub fn messages(
                             "tool_result blocks belong in user messages.",
                         ));
                     }
-                    let text = match content {
-                        None => String::new(),
-                        Some(ToolResultContent::Text(t)) => t,
-                        Some(ToolResultContent::Blocks(b)) => join_text(&b),
-                    };
+                    let text = content.map(TextContent::into_text).unwrap_or_default();
                     // Chat templates have no field for a failed call: the result says so.
                     let text = if is_error == Some(true) {
                         format!("Error: {text}")
@@ -328,7 +314,7 @@ mod tests {
     #[test]
     fn tool_use_and_results_become_calls_and_tool_messages() {
         let m = messages(
-            Some(SystemPrompt::Text("Be brief.".into())),
+            Some(TextContent::Text("Be brief.".into())),
             parse(json!([
                 {"role": "user", "content": "Weather in Paris?"},
                 {"role": "assistant", "content": [

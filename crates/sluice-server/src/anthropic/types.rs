@@ -12,7 +12,7 @@ pub struct MessagesRequest {
     /// Required by Anthropic's API.
     pub max_tokens: usize,
     pub messages: Vec<MessageIn>,
-    pub system: Option<SystemPrompt>,
+    pub system: Option<TextContent>,
     pub stop_sequences: Option<Vec<String>>,
     /// Anthropic's range is [0, 1].
     pub temperature: Option<f64>,
@@ -45,12 +45,26 @@ pub enum OutputFormat {
     },
 }
 
-/// `system`: a string, or a list of text blocks.
+/// `system`, or a tool result's `content`: a string, or a list of text blocks.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
-pub enum SystemPrompt {
+pub enum TextContent {
     Text(String),
     Blocks(Vec<TextBlock>),
+}
+
+impl TextContent {
+    /// The text, blocks joined with newlines.
+    pub fn into_text(self) -> String {
+        match self {
+            Self::Text(text) => text,
+            Self::Blocks(blocks) => blocks
+                .into_iter()
+                .map(|b| b.text)
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -95,7 +109,7 @@ pub enum ContentBlockIn {
     },
     ToolResult {
         tool_use_id: String,
-        content: Option<ToolResultContent>,
+        content: Option<TextContent>,
         is_error: Option<bool>,
     },
     Thinking {
@@ -104,13 +118,6 @@ pub enum ContentBlockIn {
     RedactedThinking {
         data: String,
     },
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum ToolResultContent {
-    Text(String),
-    Blocks(Vec<TextBlock>),
 }
 
 /// A client tool. Anthropic's server tools (`web_search_...`, `bash_...`) carry a `type` other

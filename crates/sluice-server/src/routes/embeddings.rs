@@ -8,7 +8,7 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::Json;
 use base64::Engine as _;
-use sluice_engine::{FinishReason, ValidRequest};
+use sluice_engine::{l2_normalize, FinishReason, ValidRequest};
 
 use crate::blocking::tokenize_blocking;
 use crate::engine_request::{self, Generation, Item};
@@ -150,19 +150,6 @@ fn encode_text(model: &ServedModel, text: String) -> Result<Vec<u32>, ApiError> 
         .map_err(|e| ApiError::invalid("input", e.to_string()))
 }
 
-/// Scales `v` to length 1 (a zero vector stays zero).
-fn l2_normalize(v: &mut [f32]) {
-    let norm = v
-        .iter()
-        .map(|&x| f64::from(x) * f64::from(x))
-        .sum::<f64>()
-        .sqrt();
-    if norm > 0.0 {
-        let scale = (1.0 / norm) as f32;
-        v.iter_mut().for_each(|x| *x *= scale);
-    }
-}
-
 /// Floats as they are, or base64 of their little-endian bytes (what OpenAI's SDKs decode).
 fn encode(vector: Vec<f32>, format: EncodingFormat) -> EmbeddingVector {
     match format {
@@ -190,16 +177,5 @@ mod tests {
             bytes,
             [1.0f32.to_le_bytes(), (-0.5f32).to_le_bytes()].concat()
         );
-    }
-
-    #[test]
-    fn truncated_vectors_are_renormalised() {
-        let mut v = vec![0.6, 0.8, 0.0];
-        v.truncate(1);
-        l2_normalize(&mut v);
-        assert_eq!(v, [1.0]);
-        let mut zero = vec![0.0; 3];
-        l2_normalize(&mut zero);
-        assert_eq!(zero, [0.0; 3]);
     }
 }

@@ -296,21 +296,10 @@ impl ItemWriter {
     fn write(&mut self, event: BlockEvent, status: &'static str, out: &mut Vec<StreamEvent>) {
         match event {
             BlockEvent::Start { index, kind, call } => {
-                let (item_kind, part) = match kind {
-                    BlockKind::Reasoning => (
-                        ItemKind::Reasoning,
-                        Some(ContentPart::ReasoningText {
-                            text: String::new(),
-                        }),
-                    ),
-                    BlockKind::Text => (
-                        ItemKind::Message,
-                        Some(ContentPart::OutputText {
-                            text: String::new(),
-                            annotations: Vec::new(),
-                        }),
-                    ),
-                    BlockKind::ToolCall => (ItemKind::FunctionCall, None),
+                let item_kind = match kind {
+                    BlockKind::Reasoning => ItemKind::Reasoning,
+                    BlockKind::Text => ItemKind::Message,
+                    BlockKind::ToolCall => ItemKind::FunctionCall,
                 };
                 let open = OpenItem {
                     kind,
@@ -322,7 +311,7 @@ impl ItemWriter {
                     output_index: index,
                     item: open.item("in_progress", false),
                 });
-                if let Some(part) = part {
+                if let Some(part) = open.part(String::new()) {
                     out.push(StreamEvent::ContentPartAdded {
                         item_id: open.id.clone(),
                         output_index: index,
@@ -363,48 +352,41 @@ impl ItemWriter {
                     return;
                 };
                 let item_id = open.id.clone();
-                match (open.kind, &open.call) {
-                    (BlockKind::Reasoning, _) => {
-                        out.push(StreamEvent::ReasoningTextDone {
-                            item_id: item_id.clone(),
-                            output_index: index,
-                            content_index: 0,
-                            text: open.text.clone(),
+                match open.part(open.text.clone()) {
+                    Some(part) => {
+                        let (id, text) = (item_id.clone(), open.text.clone());
+                        out.push(if open.kind == BlockKind::Reasoning {
+                            StreamEvent::ReasoningTextDone {
+                                item_id: id,
+                                output_index: index,
+                                content_index: 0,
+                                text,
+                            }
+                        } else {
+                            StreamEvent::OutputTextDone {
+                                item_id: id,
+                                output_index: index,
+                                content_index: 0,
+                                text,
+                            }
                         });
                         out.push(StreamEvent::ContentPartDone {
                             item_id,
                             output_index: index,
                             content_index: 0,
-                            part: ContentPart::ReasoningText {
-                                text: open.text.clone(),
-                            },
+                            part,
                         });
                     }
-                    (BlockKind::Text, _) => {
-                        out.push(StreamEvent::OutputTextDone {
-                            item_id: item_id.clone(),
-                            output_index: index,
-                            content_index: 0,
-                            text: open.text.clone(),
-                        });
-                        out.push(StreamEvent::ContentPartDone {
-                            item_id,
-                            output_index: index,
-                            content_index: 0,
-                            part: ContentPart::OutputText {
-                                text: open.text.clone(),
-                                annotations: Vec::new(),
-                            },
-                        });
-                    }
-                    (BlockKind::ToolCall, call) => {
-                        out.push(StreamEvent::FunctionCallArgumentsDone {
-                            item_id,
-                            output_index: index,
-                            name: call.as_ref().map(|(_, n)| n.clone()).unwrap_or_default(),
-                            arguments: open.text.clone(),
-                        })
-                    }
+                    None => out.push(StreamEvent::FunctionCallArgumentsDone {
+                        item_id,
+                        output_index: index,
+                        name: open
+                            .call
+                            .as_ref()
+                            .map(|(_, n)| n.clone())
+                            .unwrap_or_default(),
+                        arguments: open.text.clone(),
+                    }),
                 }
                 let item = open.item(status, true);
                 out.push(StreamEvent::OutputItemDone {
@@ -418,6 +400,18 @@ impl ItemWriter {
 }
 
 impl OpenItem {
+    /// The content part holding `text`, for an item that has one (not a call).
+    fn part(&self, text: String) -> Option<ContentPart> {
+        match self.kind {
+            BlockKind::Reasoning => Some(ContentPart::ReasoningText { text }),
+            BlockKind::Text => Some(ContentPart::OutputText {
+                text,
+                annotations: Vec::new(),
+            }),
+            BlockKind::ToolCall => None,
+        }
+    }
+
     /// The item as it stands: with its content when `whole`, empty when just added.
     fn item(&self, status: &'static str, whole: bool) -> OutputItem {
         let text = if whole {
@@ -425,29 +419,23 @@ impl OpenItem {
         } else {
             String::new()
         };
+        let content: Vec<ContentPart> = if whole {
+            self.part(text.clone()).into_iter().collect()
+        } else {
+            Vec::new()
+        };
         match self.kind {
             BlockKind::Reasoning => OutputItem::Reasoning {
                 id: self.id.clone(),
                 summary: Vec::new(),
-                content: if whole {
-                    vec![ContentPart::ReasoningText { text }]
-                } else {
-                    Vec::new()
-                },
+                content,
                 status,
             },
             BlockKind::Text => OutputItem::Message {
                 id: self.id.clone(),
                 status,
                 role: "assistant",
-                content: if whole {
-                    vec![ContentPart::OutputText {
-                        text,
-                        annotations: Vec::new(),
-                    }]
-                } else {
-                    Vec::new()
-                },
+                content,
             },
             BlockKind::ToolCall => {
                 let (call_id, name) = self.call.clone().unwrap_or_default();
