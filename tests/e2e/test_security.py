@@ -20,6 +20,9 @@ DOCUMENT = json.loads((ROOT / "crates/sluice-server/src/routes/openapi.json").re
 BODIES = {
     "/v1/completions": {"prompt": "Hello", "max_tokens": 2},
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+    "/v1/embeddings": {"input": "Hello"},
+    "/v1/responses": {"input": "Hi", "max_output_tokens": 2},
+    "/v1/messages": {"model": MODEL_NAME, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]},
     "/tokenize": {"prompt": "Hello"},
     "/detokenize": {"tokens": [19556]},
 }
@@ -29,9 +32,11 @@ def operations() -> list[tuple[str, str]]:
     return [(m, p) for p, item in DOCUMENT["paths"].items() for m in item]
 
 
-def call(url: str, method: str, path: str, key: str | None) -> requests.Response:
+def call(
+    url: str, method: str, path: str, key: str | None, response_id: str = "resp_none"
+) -> requests.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    concrete = path.replace("{model}", MODEL_NAME)
+    concrete = path.replace("{model}", MODEL_NAME).replace("{response_id}", response_id)
     return requests.request(
         method, f"{url}{concrete}", json=BODIES.get(path), headers=headers, timeout=60
     )
@@ -61,13 +66,19 @@ def keyed_metrics(tmp_path_factory):
 
 def test_every_api_route_needs_the_key_and_probes_stay_open(keyed):
     api = [(m, p) for m, p in operations() if p.startswith("/v1/") or p in BODIES]
-    assert len(api) == 6, api
+    assert len(api) == 10, api
+    # A stored response for GET /v1/responses/{response_id} to find.
+    stored = call(keyed.url, "post", "/v1/responses", KEY).json()["id"]
     for method, path in api:
         for key in (None, "sk-wrong", KEY + "x"):
-            r = call(keyed.url, method, path, key)
+            r = call(keyed.url, method, path, key, stored)
             assert r.status_code == 401, f"{method} {path} with {key!r}: {r.status_code}"
-            assert r.json()["error"]["code"] == "invalid_api_key"
-        r = call(keyed.url, method, path, KEY)
+            if path == "/v1/messages":
+                # Anthropic's error shape.
+                assert r.json()["error"]["type"] == "authentication_error"
+            else:
+                assert r.json()["error"]["code"] == "invalid_api_key"
+        r = call(keyed.url, method, path, KEY, stored)
         assert r.status_code == 200, f"{method} {path}: {r.status_code} {r.text[:200]}"
     for method, path in operations():
         if (method, path) not in api:

@@ -48,6 +48,7 @@ fn scenario(name: &str, sampling: SamplingParams) {
         max_num_batched_tokens: 8192,
         max_waiting: 4096,
         max_model_len: None,
+        ..EngineConfig::default()
     };
     let engine = Engine::start(Box::new(model), tiny_tokenizer(), config).unwrap();
     let h = engine.handle();

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use sluice_model::Pooling;
 use sluice_tokenizer::Tokenizer;
 
 use crate::engine_loop::EngineLoop;
@@ -30,6 +31,8 @@ pub struct EngineConfig {
     pub max_waiting: usize,
     /// Caps the model's context length (`None`: the model's own).
     pub max_model_len: Option<usize>,
+    /// How embeddings pool the hidden states of their tokens.
+    pub pooling: Pooling,
 }
 
 impl Default for EngineConfig {
@@ -39,6 +42,7 @@ impl Default for EngineConfig {
             max_num_batched_tokens: 512,
             max_waiting: 1024,
             max_model_len: None,
+            pooling: Pooling::Mean,
         }
     }
 }
@@ -107,6 +111,8 @@ impl Engine {
         let shared = Arc::new(Shared {
             stats: SharedStats::default(),
             limits,
+            pooling: config.pooling,
+            hidden_size: model.hidden_size(),
             max_waiting: config.max_waiting,
             tokenizer: tokenizer.clone(),
             next_id: 1.into(),

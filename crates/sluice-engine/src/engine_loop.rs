@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-use sluice_model::StepBatch;
+use sluice_model::{Pooling, StepBatch, StepOutput};
 use sluice_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -37,6 +37,7 @@ use crate::events::{ErrorCause, Event, TokenEvent};
 use crate::handle::{Command, Shared, Submission};
 use crate::model::Model;
 use crate::params::SamplingParams;
+use crate::pooling::pooled_rows;
 use crate::request_state::{abort_unadmitted, RequestState};
 use crate::rng::SeqRng;
 use crate::sampler::{SampleRow, Sampled, Sampler};
@@ -61,7 +62,8 @@ pub(crate) struct EngineLoop {
     draining: bool,
     // Buffers reused every step.
     batch: StepBatch,
-    logits: Vec<f32>,
+    /// The forward's logits and pooled hidden states.
+    output: StepOutput,
     /// The sampler's rows; empty between steps (they borrow the step's request states).
     rows: Vec<SampleRow<'static>>,
     sampled: Vec<Sampled>,
@@ -71,14 +73,35 @@ pub(crate) struct EngineLoop {
     /// Finish events held until the step has freed the finished sequences' blocks.
     finish_events: Vec<(UnboundedSender<Event>, Event)>,
     closed: Vec<RequestId>,
-    /// Requests in `requests` that carry a grammar: while there are none, a step spends
-    /// nothing on masks.
-    constrained_requests: usize,
+    /// What kinds of request `requests` holds.
+    kinds: RequestKinds,
+    pooling: Pooling,
+    hidden_size: usize,
     /// Requests whose grammar failed this step, with why; they end with an error.
     constraint_failures: Vec<(RequestId, String)>,
     /// The step's constrained sequences, whose masks are computed in parallel; empty between
     /// steps (it borrows the request states).
     mask_jobs: Vec<&'static mut SeqConstraint>,
+}
+
+/// How many requests of the loop carry a grammar, and how many are embeddings: while there
+/// are none of a kind, a step spends nothing on it (masks, pooling).
+#[derive(Default)]
+struct RequestKinds {
+    constrained: usize,
+    embeddings: usize,
+}
+
+impl RequestKinds {
+    fn add(&mut self, state: &RequestState) {
+        self.constrained += usize::from(state.is_constrained());
+        self.embeddings += usize::from(state.pooled.is_some());
+    }
+
+    fn remove(&mut self, state: &RequestState) {
+        self.constrained -= usize::from(state.is_constrained());
+        self.embeddings -= usize::from(state.pooled.is_some());
+    }
 }
 
 enum Flow {
@@ -98,6 +121,8 @@ impl EngineLoop {
         Self {
             sampler: Sampler::new(model.vocab_size()),
             batch: StepBatch::new(model.block_size()),
+            pooling: shared.pooling,
+            hidden_size: model.hidden_size(),
             model,
             tokenizer,
             scheduler,
@@ -106,7 +131,7 @@ impl EngineLoop {
             requests: HashMap::new(),
             telemetry,
             draining: false,
-            logits: Vec::new(),
+            output: StepOutput::default(),
             rows: Vec::new(),
             sampled: Vec::new(),
             tokens: Vec::new(),
@@ -114,7 +139,7 @@ impl EngineLoop {
             finished: Vec::new(),
             finish_events: Vec::new(),
             closed: Vec::new(),
-            constrained_requests: 0,
+            kinds: RequestKinds::default(),
             constraint_failures: Vec::new(),
             mask_jobs: Vec::new(),
         }
@@ -171,6 +196,7 @@ impl EngineLoop {
         if events.is_closed() {
             return;
         }
+        let embedding = request.is_embedding();
         let (request, max_tokens) = request.into_parts();
         let (state, prompt) = RequestState::admit(
             request,
@@ -179,11 +205,16 @@ impl EngineLoop {
             arrival,
             &self.tokenizer,
             self.shared.limits.max_model_len,
+            embedding.then_some(self.hidden_size),
         );
         // Validated against this engine's limits (the handle checked they are its own), so
         // the scheduler can always run it.
-        self.scheduler.add_request(id, prompt, max_tokens, n);
-        self.constrained_requests += usize::from(state.is_constrained());
+        if embedding {
+            self.scheduler.add_prefill_only(id, prompt);
+        } else {
+            self.scheduler.add_request(id, prompt, max_tokens, n);
+        }
+        self.kinds.add(&state);
         self.requests.insert(id, state);
         self.telemetry.publish_counts(&self.scheduler);
     }
@@ -203,7 +234,7 @@ impl EngineLoop {
         let Some(state) = self.requests.remove(&id) else {
             return;
         };
-        self.constrained_requests -= usize::from(state.is_constrained());
+        self.kinds.remove(&state);
         // Free first, tell the client second: whoever sees the finish sees the blocks free.
         self.telemetry.publish_counts(&self.scheduler);
         let now = Instant::now();
@@ -258,6 +289,10 @@ impl EngineLoop {
         let num_tokens = out.num_tokens();
         for s in out.scheduled() {
             if let Some(r) = self.requests.get_mut(&s.seq_id.request) {
+                if let Some(seq) = r.seqs.get_mut(s.seq_id.index as usize) {
+                    // Its first chunk starts after what the prefix cache held.
+                    seq.cached_tokens.get_or_insert(s.start);
+                }
                 if r.scheduled.is_none() {
                     r.scheduled = Some(step_start);
                     self.telemetry
@@ -268,19 +303,29 @@ impl EngineLoop {
             }
         }
         self.scheduler.fill_step_batch(&mut self.batch);
+        self.mark_pooled_rows();
         self.telemetry.publish_counts(&self.scheduler);
 
         let forward_start = Instant::now();
-        let (model, batch, logits) = (&mut self.model, &self.batch, &mut self.logits);
-        let result = catch_unwind(AssertUnwindSafe(|| model.forward(batch, logits)));
+        let (model, batch, output) = (&mut self.model, &self.batch, &mut self.output);
+        let result = catch_unwind(AssertUnwindSafe(|| model.forward(batch, output)));
         let forward = forward_start.elapsed();
         let num_samples = self.scheduler.output().num_samples();
+        let num_pooled = self.batch.hidden_indices.len();
         let failure = match result {
-            Ok(Ok(())) if self.logits.len() == num_samples * self.sampler.vocab_size() => None,
+            Ok(Ok(()))
+                if self.output.logits.len() == num_samples * self.sampler.vocab_size()
+                    && self.output.hidden.len() == num_pooled * self.hidden_size =>
+            {
+                None
+            }
             Ok(Ok(())) => Some(format!(
-                "the model returned {} logits for {num_samples} rows of {}",
-                self.logits.len(),
-                self.sampler.vocab_size()
+                "the model returned {} logits for {num_samples} rows of {} and {} hidden \
+                 values for {num_pooled} rows of {}",
+                self.output.logits.len(),
+                self.sampler.vocab_size(),
+                self.output.hidden.len(),
+                self.hidden_size
             )),
             Ok(Err(e)) => Some(e.to_string()),
             Err(panic) => Some(format!("model forward panicked: {}", panic_message(&panic))),
@@ -297,13 +342,16 @@ impl EngineLoop {
             return;
         }
 
+        self.pool();
         let sample_start = Instant::now();
         self.sample();
         timing.sample = sample_start.elapsed();
         if let Err(e) = self.scheduler.commit(&self.tokens) {
             tracing::error!("commit failed: {e}");
         }
-        self.emit(Instant::now());
+        let now = Instant::now();
+        self.emit(now);
+        self.finish_embeddings(now);
         for &id in &self.finished {
             self.scheduler.finish(id);
         }
@@ -326,10 +374,98 @@ impl EngineLoop {
         self.telemetry.finish_step(&self.scheduler, timing);
     }
 
+    /// Asks the forward for the hidden states each embedding of the step pools: every row of
+    /// its chunk (mean), its first token's (cls) or its last token's (last). Rows are in batch
+    /// order, which [`EngineLoop::pool`] reads them back in.
+    fn mark_pooled_rows(&mut self) {
+        if self.kinds.embeddings == 0 {
+            return;
+        }
+        let mut row = 0;
+        for s in self.scheduler.output().scheduled() {
+            if let Some(r) = self.requests.get(&s.seq_id.request) {
+                if r.pooled.is_some() {
+                    let rows = pooled_rows(self.pooling, s.start, s.len, r.prompt_len);
+                    self.batch
+                        .hidden_indices
+                        .extend(rows.map(|i| (row + i) as u32));
+                }
+            }
+            row += s.len;
+        }
+    }
+
+    /// Adds the step's hidden states to their embeddings. A chunk that starts the prompt
+    /// (the first, or the first again after a preemption) starts the pool afresh. Tokens are
+    /// summed in position order whatever the chunking, so the vector does not depend on how
+    /// the prompt was split over steps.
+    fn pool(&mut self) {
+        if self.kinds.embeddings == 0 {
+            return;
+        }
+        let size = self.hidden_size;
+        let mut rows = self.output.hidden.chunks_exact(size);
+        for s in self.scheduler.output().scheduled() {
+            let Some(r) = self.requests.get_mut(&s.seq_id.request) else {
+                continue;
+            };
+            let prompt_len = r.prompt_len;
+            let Some(pooled) = r.pooled.as_mut() else {
+                continue;
+            };
+            if s.start == 0 {
+                pooled.fill(0.0);
+            }
+            for _ in pooled_rows(self.pooling, s.start, s.len, prompt_len) {
+                let Some(row) = rows.next() else {
+                    return;
+                };
+                match self.pooling {
+                    Pooling::Mean => pooled.iter_mut().zip(row).for_each(|(p, h)| *p += h),
+                    Pooling::Cls | Pooling::Last => pooled.copy_from_slice(row),
+                }
+            }
+        }
+    }
+
+    /// Finishes the embeddings whose last chunk this step computed: their vectors go out
+    /// with their finish events, and their sequences join `self.finished` to free their
+    /// blocks.
+    fn finish_embeddings(&mut self, now: Instant) {
+        if self.kinds.embeddings == 0 {
+            return;
+        }
+        let pooling = self.pooling;
+        for s in self.scheduler.output().scheduled() {
+            let id = s.seq_id.request;
+            let Some(r) = self.requests.get_mut(&id) else {
+                continue;
+            };
+            if r.pooled.is_none() || s.start + s.len < r.prompt_len {
+                continue;
+            }
+            let mean_of = (pooling == Pooling::Mean).then_some(r.prompt_len);
+            let event = r.embedding_finish(mean_of, now);
+            r.seqs[0].done = true;
+            r.live = 0;
+            self.telemetry
+                .metrics
+                .prompt_tokens
+                .increment(r.prompt_len as u64);
+            self.telemetry
+                .sequence_finished(FinishReason::Stop, r.arrival, now);
+            self.finish_events.push((r.events.clone(), event));
+            self.finished.push(s.seq_id);
+            if let Some(done) = self.requests.remove(&id) {
+                self.kinds.remove(&done);
+            }
+        }
+    }
+
     /// Computes the token masks of the step's constrained rows, all at once on the rayon
     /// pool. While no request has a grammar this is one comparison.
     fn compute_masks(&mut self) {
-        if self.constrained_requests == 0 {
+        if self.kinds.constrained == 0 {
             return;
         }
         let mut any = false;
@@ -395,7 +531,7 @@ impl EngineLoop {
             },
         ));
         self.sampler
-            .sample(&mut self.logits, &mut rows, &mut self.sampled);
+            .sample(&mut self.output.logits, &mut rows, &mut self.sampled);
         self.rngs.clear();
         self.rngs.extend(rows.iter().map(|r| r.rng));
         self.rows = reuse_rows(rows);
@@ -486,7 +622,7 @@ impl EngineLoop {
                     // Once its finish events are sent, the last sender is gone and the
                     // client's stream ends.
                     if let Some(done) = self.requests.remove(&s.seq_id.request) {
-                        self.constrained_requests -= usize::from(done.is_constrained());
+                        self.kinds.remove(&done);
                     }
                 }
             }

@@ -51,6 +51,9 @@ pub struct FinishEvent {
     pub error_cause: Option<ErrorCause>,
     pub usage: Usage,
     pub timing: Timing,
+    /// An embedding's vector (with [`FinishReason::Stop`]): its tokens' final hidden states
+    /// pooled and L2-normalised.
+    pub embedding: Option<Vec<f32>>,
 }
 
 /// What failed a request.
@@ -69,6 +72,9 @@ pub enum ErrorCause {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose K/V came from the prefix cache when the sequence was first
+    /// scheduled (a later re-prefill after preemption does not count).
+    pub cached_tokens: usize,
 }
 
 /// When things happened to one sequence.

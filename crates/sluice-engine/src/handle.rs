@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use sluice_model::Pooling;
 use sluice_tokenizer::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
@@ -75,6 +76,8 @@ pub(crate) struct SharedStats {
 pub(crate) struct Shared {
     pub stats: SharedStats,
     pub limits: ModelLimits,
+    pub pooling: Pooling,
+    pub hidden_size: usize,
     pub max_waiting: usize,
     pub tokenizer: Arc<Tokenizer>,
     pub next_id: AtomicU64,
@@ -125,6 +128,27 @@ impl EngineHandle {
     /// Checks `request` against this engine's limits ([`ValidRequest::new`]).
     pub fn validate(&self, request: Request) -> Result<ValidRequest, InvalidRequest> {
         ValidRequest::new(request, &self.shared.limits)
+    }
+
+    /// Checks an embedding's input against this engine's limits
+    /// ([`ValidRequest::embedding`]).
+    pub fn validate_embedding(&self, input: Vec<u32>) -> Result<ValidRequest, InvalidRequest> {
+        ValidRequest::embedding(input, &self.shared.limits)
+    }
+
+    /// Most sequences that may wait at once: a request of more can never be queued whole.
+    pub fn max_waiting(&self) -> usize {
+        self.shared.max_waiting
+    }
+
+    /// How this engine pools an embedding's hidden states.
+    pub fn pooling(&self) -> Pooling {
+        self.shared.pooling
+    }
+
+    /// The length of an embedding vector (the model's hidden size).
+    pub fn embedding_size(&self) -> usize {
+        self.shared.hidden_size
     }
 
     /// Queues a request; its events arrive on the returned stream. Fails at once, without

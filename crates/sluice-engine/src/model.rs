@@ -1,9 +1,9 @@
-//! What the engine needs from a model: one batched forward over a [`StepBatch`] into a logits
-//! buffer, and its limits. [`PagedLlama`] (sluice-model: a `LlamaModel` with the KV cache it
+//! What the engine needs from a model: one batched forward over a [`StepBatch`] into its
+//! output buffers (logits, and the hidden states embeddings pool), and its limits. [`PagedLlama`] (sluice-model: a `LlamaModel` with the KV cache it
 //! owns) is the real thing; `testing::MockModel` (feature `testing`) implements the same trait without
 //! weights.
 
-use sluice_model::{ModelError, PagedLlama, StepBatch};
+use sluice_model::{ModelError, PagedLlama, StepBatch, StepOutput};
 
 /// A forward that did not produce logits. The engine fails the requests of that step and
 /// keeps serving.
@@ -32,10 +32,13 @@ pub trait Model: Send {
     fn block_size(&self) -> usize;
     /// Blocks in the KV cache.
     fn num_blocks(&self) -> usize;
-    /// Computes every token of `batch`, writing their K/V into the cache, and replaces `logits`
-    /// with the `[batch.logits_indices.len(), vocab_size]` logits of the sampling rows,
-    /// row-major, in `logits_indices` order.
-    fn forward(&mut self, batch: &StepBatch, logits: &mut Vec<f32>) -> Result<(), ModelFailure>;
+    /// Entries per hidden state (what an embedding's vector holds).
+    fn hidden_size(&self) -> usize;
+    /// Computes every token of `batch`, writing their K/V into the cache, and replaces
+    /// `out.logits` with the `[batch.logits_indices.len(), vocab_size]` logits of the sampling
+    /// rows and `out.hidden` with the `[batch.hidden_indices.len(), hidden_size]` final hidden
+    /// states of the pooled rows, row-major, in index order.
+    fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<(), ModelFailure>;
 }
 
 impl Model for PagedLlama {
@@ -55,7 +58,11 @@ impl Model for PagedLlama {
         PagedLlama::num_blocks(self)
     }
 
-    fn forward(&mut self, batch: &StepBatch, logits: &mut Vec<f32>) -> Result<(), ModelFailure> {
-        Ok(PagedLlama::forward(self, batch, logits)?)
+    fn hidden_size(&self) -> usize {
+        PagedLlama::hidden_size(self)
+    }
+
+    fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<(), ModelFailure> {
+        Ok(PagedLlama::forward(self, batch, out)?)
     }
 }

@@ -275,6 +275,8 @@ pub struct ValidRequest {
     max_tokens: usize,
     /// What it was checked against: the engine refuses a request checked for another one.
     limits: ModelLimits,
+    /// An embedding: the prompt is computed, pooled and returned, nothing is generated.
+    embedding: bool,
 }
 
 impl ValidRequest {
@@ -303,7 +305,40 @@ impl ValidRequest {
             request,
             max_tokens,
             limits: *limits,
+            embedding: false,
         })
+    }
+
+    /// An embedding of `input`: one sequence that computes the input and generates nothing;
+    /// its finish carries the pooled vector. The whole input must fit one sequence
+    /// ([`ModelLimits::capacity`]); nothing is left for generation, and nothing need be.
+    pub fn embedding(input: Vec<u32>, limits: &ModelLimits) -> Result<Self, InvalidRequest> {
+        limits.check_prompt(&input)?;
+        let capacity = limits.capacity();
+        if input.len() > capacity {
+            return Err(InvalidRequest::InputTooLong {
+                input_tokens: input.len(),
+                capacity,
+            });
+        }
+        Ok(Self {
+            request: Request {
+                prompt: input,
+                n: 1,
+                max_tokens: Some(0),
+                sampling: SamplingParams::greedy(),
+                stop: StopParams::default(),
+                constraint: None,
+            },
+            max_tokens: 0,
+            limits: *limits,
+            embedding: true,
+        })
+    }
+
+    /// Whether this is an embedding ([`ValidRequest::embedding`]).
+    pub fn is_embedding(&self) -> bool {
+        self.embedding
     }
 
     pub fn request(&self) -> &Request {
@@ -424,6 +459,12 @@ pub enum InvalidRequest {
         prompt_tokens: usize,
         capacity: usize,
     },
+    /// An embedding's input does not fit one sequence.
+    #[error("the input has {input_tokens} tokens; a sequence holds at most {capacity} tokens")]
+    InputTooLong {
+        input_tokens: usize,
+        capacity: usize,
+    },
     #[error(
         "prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) is more than the \
          {capacity} tokens a sequence holds"
@@ -449,7 +490,10 @@ impl InvalidRequest {
     /// The request field at fault, as the engine calls it.
     pub fn param(&self) -> &'static str {
         match self {
-            Self::EmptyPrompt | Self::PromptTooLong { .. } | Self::TooManyTokens { .. } => "prompt",
+            Self::EmptyPrompt
+            | Self::PromptTooLong { .. }
+            | Self::InputTooLong { .. }
+            | Self::TooManyTokens { .. } => "prompt",
             Self::InvalidN { .. } => "n",
             Self::ZeroMaxTokens => "max_tokens",
             Self::TooManyLogprobs { .. } => "logprobs",
@@ -493,6 +537,28 @@ mod tests {
         assert!(matches!(
             validate(&r),
             Err(InvalidRequest::PromptTooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn an_embedding_may_fill_the_whole_sequence_and_no_more() {
+        let v = ValidRequest::embedding(vec![1; 48], &LIMITS).unwrap();
+        assert!(v.is_embedding());
+        assert_eq!((v.n(), v.max_tokens(), v.prompt_len()), (1, 0, 48));
+        assert!(matches!(
+            ValidRequest::embedding(vec![1; 49], &LIMITS),
+            Err(InvalidRequest::InputTooLong {
+                input_tokens: 49,
+                capacity: 48
+            })
+        ));
+        assert_eq!(
+            ValidRequest::embedding(vec![], &LIMITS),
+            Err(InvalidRequest::EmptyPrompt)
+        );
+        assert!(matches!(
+            ValidRequest::embedding(vec![100], &LIMITS),
+            Err(InvalidRequest::TokenOutOfVocab { .. })
         ));
     }
 

@@ -11,6 +11,7 @@ use crate::constraint::SeqConstraint;
 use crate::events::{ErrorCause, Event, FinishEvent, Timing, Usage};
 use crate::handle::Submission;
 use crate::params::{Request, SamplingParams};
+use crate::pooling::l2_normalize;
 use crate::rng::SeqRng;
 use crate::sampler::TokenCounts;
 use crate::stop::{FinishReason, StopSpec, Stopped, TextStream};
@@ -24,6 +25,8 @@ pub(crate) struct SeqState {
     pub first_token: Option<Instant>,
     pub last_token: Option<Instant>,
     pub done: bool,
+    /// Prompt tokens found in the prefix cache when it was first scheduled.
+    pub cached_tokens: Option<usize>,
     /// The grammar its output must follow, when the request has one.
     pub constraint: Option<Box<SeqConstraint>>,
 }
@@ -41,11 +44,15 @@ pub(crate) struct RequestState {
     pub seqs: Vec<SeqState>,
     /// Sequences not finished yet.
     pub live: usize,
+    /// An embedding's pooled hidden state so far (`None` for a generation): the sum of its
+    /// pooled rows for mean pooling, the row itself for the others.
+    pub pooled: Option<Vec<f32>>,
 }
 
 impl RequestState {
     /// The state of a request the engine thread takes in, none of its sequences started; hands
-    /// the prompt back for the scheduler. `max_tokens` is the validated, resolved one.
+    /// the prompt back for the scheduler. `max_tokens` is the validated, resolved one;
+    /// `embedding_size` is set for an embedding (the length of its vector).
     pub fn admit(
         request: Request,
         max_tokens: usize,
@@ -53,6 +60,7 @@ impl RequestState {
         arrival: Instant,
         tokenizer: &Tokenizer,
         max_model_len: usize,
+        embedding_size: Option<usize>,
     ) -> (Self, Vec<u32>) {
         let Request {
             prompt,
@@ -82,6 +90,7 @@ impl RequestState {
                 first_token: None,
                 last_token: None,
                 done: false,
+                cached_tokens: None,
                 constraint: constraint.as_ref().map(|c| Box::new(c.start())),
             })
             .collect();
@@ -96,8 +105,30 @@ impl RequestState {
             prompt_counted: false,
             seqs,
             live: n,
+            pooled: embedding_size.map(|size| vec![0.0; size]),
         };
         (state, prompt)
+    }
+
+    /// The finish of an embedding whose every token is computed: its pooled state (a sum over
+    /// `mean_of` tokens for mean pooling), L2-normalised as OpenAI's embeddings are.
+    pub fn embedding_finish(&mut self, mean_of: Option<usize>, now: Instant) -> Event {
+        // Leaves `pooled` set (empty): the request is still an embedding as it leaves.
+        let mut vector = self.pooled.as_mut().map(std::mem::take).unwrap_or_default();
+        if let Some(n) = mean_of.filter(|&n| n > 0) {
+            let scale = 1.0 / n as f32;
+            vector.iter_mut().for_each(|v| *v *= scale);
+        }
+        l2_normalize(&mut vector);
+        let stopped = Stopped {
+            reason: FinishReason::Stop,
+            stop_reason: None,
+        };
+        let mut event = self.finish_event(0, stopped, None, now);
+        if let Event::Finished(finish) = &mut event {
+            finish.embedding = Some(vector);
+        }
+        event
     }
 
     /// Its sequences follow a grammar.
@@ -122,6 +153,7 @@ impl RequestState {
             usage: Usage {
                 prompt_tokens: self.prompt_len,
                 completion_tokens: seq.generated,
+                cached_tokens: seq.cached_tokens.unwrap_or(0),
             },
             timing: Timing {
                 arrival: self.arrival,
@@ -130,6 +162,7 @@ impl RequestState {
                 last_token: seq.last_token,
                 finished: now,
             },
+            embedding: None,
         })
     }
 }
@@ -148,6 +181,7 @@ pub(crate) fn abort_unadmitted(sub: &Submission, now: Instant) -> usize {
             usage: Usage {
                 prompt_tokens: sub.request.prompt_len(),
                 completion_tokens: 0,
+                cached_tokens: 0,
             },
             timing: Timing {
                 arrival: sub.arrival,
@@ -156,6 +190,7 @@ pub(crate) fn abort_unadmitted(sub: &Submission, now: Instant) -> usize {
                 last_token: None,
                 finished: now,
             },
+            embedding: None,
         }));
     }
     n

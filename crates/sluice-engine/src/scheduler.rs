@@ -128,7 +128,7 @@ impl SchedulerOutput {
     }
 
     fn push(&mut self, seq: &Sequence, slot: usize, len: usize) {
-        let sample = seq.num_computed + len == seq.tokens.len();
+        let sample = !seq.is_prefill_only() && seq.num_computed + len == seq.tokens.len();
         self.scheduled.push(ScheduledSeq {
             seq_id: seq.id(),
             start: seq.num_computed,
@@ -223,8 +223,39 @@ impl Scheduler {
         max_tokens: usize,
         n: usize,
     ) {
+        self.add_sequences(request, prompt, max_tokens, n, false);
+    }
+
+    /// Queues a request whose one sequence only computes `prompt` (an embedding): it is
+    /// scheduled in chunks like any prefill, never samples (no sampling row), and is done once
+    /// its prompt is computed; the engine then finishes it, which frees its blocks.
+    ///
+    /// It does not look its prompt up in the prefix cache: an embedding pools the hidden
+    /// states of its tokens (all of them, for mean pooling), which only computing them gives,
+    /// and so its vector never depends on what other requests left cached. Its full blocks
+    /// are registered like any other, so a generation with the same prefix may reuse them.
+    ///
+    /// Precondition (what [`crate::ValidRequest::embedding`] guarantees): a non-empty prompt
+    /// within `max_model_len` and the whole cache.
+    pub fn add_prefill_only(&mut self, request: RequestId, prompt: Vec<u32>) {
+        debug_assert!(
+            prompt.len() <= self.config.max_model_len
+                && self.blocks.blocks_for(prompt.len()) <= self.blocks.num_blocks(),
+            "a prompt that can never be computed"
+        );
+        self.add_sequences(request, prompt, 0, 1, true);
+    }
+
+    fn add_sequences(
+        &mut self,
+        request: RequestId,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        n: usize,
+        prefill_only: bool,
+    ) {
         debug_assert!(!prompt.is_empty(), "empty prompt");
-        debug_assert!(max_tokens >= 1, "max_tokens = 0");
+        debug_assert!(prefill_only || max_tokens >= 1, "max_tokens = 0");
         debug_assert!(
             prompt.len() + max_tokens <= self.config.max_model_len
                 && self.blocks.blocks_for(prompt.len() + max_tokens) <= self.blocks.num_blocks(),
@@ -246,7 +277,7 @@ impl Scheduler {
                 prompt.clone()
             };
             let id = SeqId::new(request, index);
-            let seq = Sequence::new(id, self.next_serial, tokens, max_tokens);
+            let seq = Sequence::new(id, self.next_serial, tokens, max_tokens, prefill_only);
             self.next_serial += 1;
             let slot = match self.free_slots.pop() {
                 Some(s) => {
@@ -311,15 +342,25 @@ impl Scheduler {
                     break;
                 }
                 let seq = self.slots[slot].as_mut().expect("waiting slot is live");
-                let prefix = self.blocks.find_cached_prefix(&mut seq.table, &seq.tokens);
-                let start = prefix.num_tokens(self.config.block_size);
-                let len = (seq.tokens.len() - start).min(budget);
-                if !self
-                    .blocks
-                    .allocate_with_prefix(&mut seq.table, &prefix, start + len)
-                {
-                    break;
-                }
+                let (start, len) = if seq.is_prefill_only() {
+                    // See `add_prefill_only`: every token is computed.
+                    let len = seq.tokens.len().min(budget);
+                    if !self.blocks.allocate(&mut seq.table, len) {
+                        break;
+                    }
+                    (0, len)
+                } else {
+                    let prefix = self.blocks.find_cached_prefix(&mut seq.table, &seq.tokens);
+                    let start = prefix.num_tokens(self.config.block_size);
+                    let len = (seq.tokens.len() - start).min(budget);
+                    if !self
+                        .blocks
+                        .allocate_with_prefix(&mut seq.table, &prefix, start + len)
+                    {
+                        break;
+                    }
+                    (start, len)
+                };
                 seq.num_computed = start;
                 seq.status = SequenceStatus::Running;
                 self.waiting.pop_front();

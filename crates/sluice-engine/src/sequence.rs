@@ -47,10 +47,19 @@ pub struct Sequence {
     pub(crate) table: BlockTable,
     pub(crate) status: SequenceStatus,
     pub(crate) num_preemptions: u32,
+    /// Computes its prompt and nothing more (an embedding): never samples, never looks its
+    /// prompt up in the prefix cache.
+    prefill_only: bool,
 }
 
 impl Sequence {
-    pub(crate) fn new(id: SeqId, serial: u64, prompt: Vec<u32>, max_tokens: usize) -> Self {
+    pub(crate) fn new(
+        id: SeqId,
+        serial: u64,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        prefill_only: bool,
+    ) -> Self {
         let prompt_len = prompt.len();
         let mut tokens = prompt;
         tokens.reserve(max_tokens);
@@ -64,6 +73,7 @@ impl Sequence {
             table: BlockTable::new(),
             status: SequenceStatus::Waiting,
             num_preemptions: 0,
+            prefill_only,
         }
     }
 
@@ -113,7 +123,13 @@ impl Sequence {
         self.table.blocks()
     }
 
+    pub fn is_prefill_only(&self) -> bool {
+        self.prefill_only
+    }
+
+    /// Generated all it may: a prefill-only sequence generates nothing and is done when its
+    /// prompt is computed, which the scheduler tells by `num_computed` instead.
     pub(crate) fn reached_max_tokens(&self) -> bool {
-        self.num_generated() >= self.max_tokens
+        !self.prefill_only && self.num_generated() >= self.max_tokens
     }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-use sluice_model::StepBatch;
+use sluice_model::{StepBatch, StepOutput};
 use sluice_tokenizer::{MetadataMap, MetadataValue, Tokenizer};
 
 use crate::model::{Model, ModelFailure};
@@ -19,6 +19,9 @@ fn mix(h: u64, x: u64) -> u64 {
 }
 
 const SEED: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The mock's hidden size: the length of its embeddings.
+pub const MOCK_HIDDEN_SIZE: usize = 8;
 
 /// A model without weights whose logits are a deterministic function of a sequence's whole
 /// context, read back through its block table: like a real model, a wrong block table, a
@@ -97,9 +100,18 @@ impl Model for MockModel {
         self.kv.len() / self.block_size
     }
 
-    fn forward(&mut self, batch: &StepBatch, logits: &mut Vec<f32>) -> Result<(), ModelFailure> {
+    fn hidden_size(&self) -> usize {
+        MOCK_HIDDEN_SIZE
+    }
+
+    fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<(), ModelFailure> {
         self.control.before_forward()?;
+        let logits = &mut out.logits;
         logits.clear();
+        out.hidden.clear();
+        // A row's hidden state is a function of its position's context hash (what its slot
+        // holds once written), so it does not depend on the rest of the batch.
+        let mut hidden_rows = batch.hidden_indices.iter().peekable();
         // Sampling rows come in sequence order, one per sequence at most.
         let mut rows = batch.logits_indices.iter().peekable();
         for s in &batch.sequences {
@@ -123,6 +135,13 @@ impl Model for MockModel {
                 h = mix(h, u64::from(token));
                 let slot = self.slot(batch, table, start + i)?;
                 self.kv[slot] = Some(h);
+                if hidden_rows.peek() == Some(&&((s.query_start + i) as u32)) {
+                    hidden_rows.next();
+                    out.hidden.extend(
+                        (0..MOCK_HIDDEN_SIZE as u64)
+                            .map(|j| ((mix(h, j) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0),
+                    );
+                }
             }
             let last_row = (s.query_start + s.query_len - 1) as u32;
             if rows.peek() != Some(&&last_row) {
@@ -146,6 +165,11 @@ impl Model for MockModel {
         if let Some(row) = rows.next() {
             return Err(ModelFailure::new(format!(
                 "logits row {row} is no sequence's last token"
+            )));
+        }
+        if let Some(row) = hidden_rows.next() {
+            return Err(ModelFailure::new(format!(
+                "hidden-state row {row} is out of order or past the batch"
             )));
         }
         self.control.after_forward();

@@ -182,6 +182,12 @@ fn n_sequences_share_the_prompt_and_sample_independently() {
     }
     // Sequence 1 found sequence 0's two full prompt blocks in the prefix cache.
     assert!(h.stats().prefix_cache.hits >= 32, "{:?}", h.stats());
+    // The first run computed its prompt; the second found its two full blocks cached, and
+    // each finish says so.
+    let usage = |o: &Output| o.finish.as_ref().expect("finished").usage;
+    assert_eq!(usage(&first[0]).cached_tokens, 0);
+    assert_eq!(usage(&again[0]).cached_tokens, 32);
+    assert_eq!(usage(&again[0]).prompt_tokens, 40);
 }
 
 #[test]

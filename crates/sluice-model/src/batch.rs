@@ -21,6 +21,18 @@ pub struct StepBatch {
     /// Rows of the flat batch whose logits are wanted (the last token of each sequence that
     /// samples this step), in output order.
     pub logits_indices: Vec<u32>,
+    /// Rows whose final (normed) hidden states are wanted, in output order: the tokens an
+    /// embedding pools. Empty in a step without embedding sequences.
+    pub hidden_indices: Vec<u32>,
+}
+
+/// What one forward returns, in buffers reused across steps.
+#[derive(Debug, Clone, Default)]
+pub struct StepOutput {
+    /// `[logits_indices.len(), vocab]`, row-major.
+    pub logits: Vec<f32>,
+    /// `[hidden_indices.len(), hidden_size]`, row-major: the final norm's output.
+    pub hidden: Vec<f32>,
 }
 
 impl StepBatch {
@@ -39,6 +51,7 @@ impl StepBatch {
         self.sequences.clear();
         self.block_tables.clear();
         self.logits_indices.clear();
+        self.hidden_indices.clear();
     }
 
     /// Adds `tokens` of one sequence, starting at absolute position `start_pos` (the number of

@@ -53,6 +53,39 @@ pub enum RopeScaling {
     FreqFactors(Vec<f32>),
 }
 
+/// How an embedding pools a sequence's final (normed) hidden states into one vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean over every token: sentence-transformers' default for encoders.
+    Mean,
+    /// The first token's state (BERT's `[CLS]`).
+    Cls,
+    /// The last token's state: decoder embedding models (Qwen3-Embedding), whose last token
+    /// has attended to the whole input.
+    Last,
+}
+
+impl Pooling {
+    pub const NAMES: &'static [&'static str] = &["mean", "cls", "last"];
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "mean" => Some(Self::Mean),
+            "cls" => Some(Self::Cls),
+            "last" => Some(Self::Last),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Mean => "mean",
+            Self::Cls => "cls",
+            Self::Last => "last",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub architecture: Architecture,
@@ -69,6 +102,9 @@ pub struct ModelConfig {
     /// Longest sequence the model supports (prompt + generated tokens).
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
+    /// The pooling the file declares for embeddings (GGUF `{arch}.pooling_type`); `None` when
+    /// it declares none (a model made for generation).
+    pub pooling: Option<Pooling>,
 }
 
 impl ModelConfig {

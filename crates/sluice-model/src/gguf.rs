@@ -14,7 +14,7 @@ use memmap2::Mmap;
 use candle_core::Tensor;
 use sluice_tokenizer::{GgufMetadata, Tokenizer};
 
-use crate::config::{Architecture, ModelConfig, RopeScaling};
+use crate::config::{Architecture, ModelConfig, Pooling, RopeScaling};
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::load::{check_shape, LoadOptions, Weight, WeightSource};
@@ -215,6 +215,14 @@ impl GgufFile {
                 .opt(&key("context_length"), Self::get_usize)?
                 .unwrap_or(4096),
             tie_word_embeddings,
+            // llama.cpp's numbering: 0 none, 1 mean, 2 cls, 3 last, 4 rank (a reranker's
+            // head, which sluice does not run).
+            pooling: match self.opt(&key("pooling_type"), Self::get_usize)? {
+                Some(1) => Some(Pooling::Mean),
+                Some(2) => Some(Pooling::Cls),
+                Some(3) => Some(Pooling::Last),
+                _ => None,
+            },
         })
     }
 

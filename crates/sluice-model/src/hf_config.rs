@@ -169,6 +169,9 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         rope_scaling,
         max_position_embeddings,
         tie_word_embeddings: c.tie_word_embeddings.unwrap_or(!has_lm_head),
+        // config.json declares none; a sentence-transformers directory's pooling lives in
+        // `1_Pooling/config.json`, which sluice does not read (`--pooling` sets it).
+        pooling: None,
     })
 }
 

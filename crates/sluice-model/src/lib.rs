@@ -30,8 +30,9 @@ pub mod testing;
 pub mod weights;
 
 pub use attention::AttentionBackend;
+pub use batch::StepOutput;
 pub use batch::{SequenceSlice, StepBatch};
-pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use config::{Architecture, ModelConfig, Pooling, RopeScaling};
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfModelDir;

@@ -281,12 +281,28 @@ impl LlamaModel {
                 "logits index {i} is outside the batch of {t} tokens"
             ));
         }
+        if let Some(i) = batch.hidden_indices.iter().find(|&&i| i as usize >= t) {
+            return err(format!(
+                "hidden-state index {i} is outside the batch of {t} tokens"
+            ));
+        }
         Ok(())
     }
 
     /// One step: writes every token's K/V into its slot, and returns the logits
     /// `[logits_indices.len(), vocab]` (f32) of the rows that sample.
     pub fn forward(&self, batch: &StepBatch, kv: &mut KvCache) -> Result<Tensor> {
+        Ok(self.forward_step(batch, kv)?.0)
+    }
+
+    /// [`LlamaModel::forward`], also returning the final norm's output
+    /// `[hidden_indices.len(), hidden]` (f32) of the rows an embedding pools (`None` when no
+    /// row asks).
+    pub fn forward_step(
+        &self,
+        batch: &StepBatch,
+        kv: &mut KvCache,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         self.validate(batch, kv)?;
         let cfg = &self.config;
         let (t, h, kvh, d) = (
@@ -343,11 +359,21 @@ impl LlamaModel {
             let act = ops::swiglu(&gate_up, inter)?;
             x = (x + layer.down.forward(&act)?)?;
         }
+        // The norm is per row, so normalising only the rows wanted gives each the value it
+        // has in a full pass.
+        let final_norm = |indices: &[u32]| -> Result<Tensor> {
+            let rows = Tensor::from_slice(indices, indices.len(), dev)?;
+            Ok(rms_norm(&x.index_select(&rows, 0)?, &self.norm, eps)?)
+        };
+        let hidden = if batch.hidden_indices.is_empty() {
+            None
+        } else {
+            Some(final_norm(&batch.hidden_indices)?.to_dtype(DType::F32)?)
+        };
         if batch.logits_indices.is_empty() {
-            return Ok(Tensor::zeros((0, cfg.vocab_size), DType::F32, dev)?);
+            return Ok((Tensor::zeros((0, cfg.vocab_size), DType::F32, dev)?, hidden));
         }
-        let rows = Tensor::from_slice(&batch.logits_indices, batch.logits_indices.len(), dev)?;
-        let x = rms_norm(&x.index_select(&rows, 0)?, &self.norm, eps)?;
-        Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?)
+        let x = final_norm(&batch.logits_indices)?;
+        Ok((self.lm_head.forward(&x)?.to_dtype(DType::F32)?, hidden))
     }
 }

@@ -4,7 +4,7 @@
 
 use candle_core::{Device, Storage, Tensor};
 
-use crate::batch::StepBatch;
+use crate::batch::{StepBatch, StepOutput};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::LlamaModel;
@@ -64,26 +64,38 @@ impl PagedLlama {
         self.kv.num_blocks()
     }
 
+    pub fn hidden_size(&self) -> usize {
+        self.model.config().hidden_size
+    }
+
     /// Computes every token of `batch`, writing their K/V into the cache, and replaces
-    /// `logits` with the `[batch.logits_indices.len(), vocab_size]` logits of the sampling
-    /// rows, row-major.
-    pub fn forward(&mut self, batch: &StepBatch, logits: &mut Vec<f32>) -> Result<()> {
-        let out = self.model.forward(batch, &mut self.kv)?;
-        copy_logits(&out, logits)
+    /// `out.logits` with the `[batch.logits_indices.len(), vocab_size]` logits of the sampling
+    /// rows and `out.hidden` with the `[batch.hidden_indices.len(), hidden_size]` final hidden
+    /// states of the pooled rows, row-major.
+    pub fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<()> {
+        let (logits, hidden) = self.model.forward_step(batch, &mut self.kv)?;
+        copy_rows(&logits, &mut out.logits)?;
+        match hidden {
+            Some(hidden) => copy_rows(&hidden, &mut out.hidden),
+            None => {
+                out.hidden.clear();
+                Ok(())
+            }
+        }
     }
 }
 
 /// Copies an f32 tensor into `out` (cleared first), straight from CPU storage when it can:
 /// `to_vec` would allocate a fresh vector of rows x vocab floats every step.
-fn copy_logits(t: &Tensor, out: &mut Vec<f32>) -> Result<()> {
+fn copy_rows(t: &Tensor, out: &mut Vec<f32>) -> Result<()> {
     out.clear();
     if !t.device().is_cpu() {
         let cpu = t.to_device(&Device::Cpu)?;
-        return copy_logits(&cpu, out);
+        return copy_rows(&cpu, out);
     }
     let (storage, layout) = t.storage_and_layout();
     let Storage::Cpu(cpu) = &*storage else {
-        return Err(ModelError::NotOnCpu("the logits"));
+        return Err(ModelError::NotOnCpu("a step's output"));
     };
     let data = cpu.as_slice::<f32>()?;
     match layout.contiguous_offsets() {

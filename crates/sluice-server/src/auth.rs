@@ -1,5 +1,6 @@
 //! The optional API key: with one configured, every API route (`/v1/*`, `/tokenize`,
-//! `/detokenize`) requires `Authorization: Bearer KEY`; `/health`, `/version` and
+//! `/detokenize`) requires `Authorization: Bearer KEY`, or `x-api-key: KEY` as Anthropic's
+//! clients send it; `/health`, `/version` and
 //! `/openapi.json` stay open for probes, and `/metrics` for scrapers unless
 //! `metrics_require_key` is set (the router decides which routes this guards).
 
@@ -30,6 +31,11 @@ impl ApiKey {
         let Some(token) = strip_bearer(value) else {
             return false;
         };
+        self.matches_key(token)
+    }
+
+    /// Whether `token` (the bare key, as `x-api-key` carries it) is the key.
+    pub fn matches_key(&self, token: &[u8]) -> bool {
         token.ct_eq(self.0.as_bytes()).into()
     }
 }
@@ -45,8 +51,10 @@ fn strip_bearer(value: &[u8]) -> Option<&[u8]> {
 
 /// Middleware for the protected routes.
 pub async fn require_key(State(key): State<ApiKey>, request: Request, next: Next) -> Response {
-    let header = request.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-    if !key.matches(header) {
+    let headers = request.headers();
+    let bearer = headers.get(AUTHORIZATION).map(|v| v.as_bytes());
+    let x_api_key = headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii());
+    if !(key.matches(bearer) || x_api_key.is_some_and(|k| key.matches_key(k))) {
         return ApiError::unauthorized().into_response();
     }
     next.run(request).await
@@ -73,5 +81,7 @@ mod tests {
             assert!(!key.matches(Some(bad)), "{bad:?}");
         }
         assert!(!key.matches(None));
+        assert!(key.matches_key(b"sk-secret"));
+        assert!(!key.matches_key(b"sk-secre") && !key.matches_key(b""));
     }
 }

@@ -3,7 +3,6 @@
 //! calls (`tool_calls`), as deltas while it streams and as a whole message at the end. The
 //! markup around reasoning and calls never reaches `content`.
 
-use rand::Rng;
 use sluice_tokenizer::reasoning::{ReasoningEvent, ReasoningParser};
 use sluice_tokenizer::tool_parser::{ToolCallFormat, ToolCallParser, ToolEvent};
 
@@ -179,8 +178,7 @@ impl ChoiceOutput {
 
 /// `call_` and 24 random hex digits, as OpenAI's ids look.
 fn call_id() -> String {
-    let bits: u128 = rand::thread_rng().gen();
-    format!("call_{:024x}", bits >> 32)
+    crate::engine_request::random_id("call", '_')
 }
 
 #[cfg(test)]

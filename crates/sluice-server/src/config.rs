@@ -18,7 +18,7 @@ use candle_core::DType;
 use figment::providers::{Data, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize, Serializer};
-use sluice_model::WeightsKind;
+use sluice_model::{Pooling, WeightsKind};
 
 /// The config file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_PATH: &str = "config/sluice.toml";
@@ -86,7 +86,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_MAX_MODEL_LEN", value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_model_len: Option<usize>,
-    /// Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize.
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /tokenize and /detokenize.
     #[arg(
         long,
         env = "SLUICE_API_KEY",
@@ -135,6 +135,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_TOOL_CALL_PARSER", value_name = "NAME")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_parser: Option<String>,
+    /// How /v1/embeddings pools a sequence's hidden states: last, mean or cls [default: the
+    /// pooling the model file declares, else mean].
+    #[arg(long, env = "SLUICE_POOLING", value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pooling: Option<String>,
 }
 
 /// The config file's keys (the flag names with underscores), each with its built-in default:
@@ -167,6 +172,8 @@ pub struct FileKeys {
     pub drain_timeout_secs: u64,
     /// `None`: the chat template's own format.
     pub tool_call_parser: Option<String>,
+    /// `None`: the model file's declared pooling, else mean.
+    pub pooling: Option<String>,
 }
 
 impl Default for FileKeys {
@@ -193,6 +200,7 @@ impl Default for FileKeys {
             log_level: "info".into(),
             drain_timeout_secs: 30,
             tool_call_parser: None,
+            pooling: None,
         }
     }
 }
@@ -232,6 +240,8 @@ pub struct Config {
     pub drain_timeout: Duration,
     /// `None`: the chat template's own format.
     pub tool_call_parser: Option<ToolCallFormat>,
+    /// `None`: the model file's declared pooling, else mean.
+    pub pooling: Option<Pooling>,
 }
 
 // The API key stays out of logs and panics.
@@ -259,6 +269,7 @@ impl fmt::Debug for Config {
             .field("log_level", &self.log_level)
             .field("drain_timeout", &self.drain_timeout)
             .field("tool_call_parser", &self.tool_call_parser)
+            .field("pooling", &self.pooling)
             .finish()
     }
 }
@@ -329,6 +340,19 @@ impl Config {
                 })
             })
             .transpose()?;
+        let pooling = keys
+            .pooling
+            .as_deref()
+            .map(|name| {
+                Pooling::from_name(name).ok_or_else(|| ConfigError::Invalid {
+                    key: "pooling",
+                    reason: format!(
+                        "`{name}` is not a pooling; use one of {}",
+                        Pooling::NAMES.join(", ")
+                    ),
+                })
+            })
+            .transpose()?;
         let served_model_name = keys
             .served_model_name
             .unwrap_or_else(|| default_served_name(&keys.model));
@@ -355,6 +379,7 @@ impl Config {
             log_level: keys.log_level,
             drain_timeout: Duration::from_secs(keys.drain_timeout_secs),
             tool_call_parser,
+            pooling,
         };
         config.check()?;
         Ok(config)
@@ -713,6 +738,22 @@ mod tests {
             e.contains("tool_call_parser") && e.contains("hermes"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_pooling_is_a_known_one() {
+        let args = ServeArgs {
+            pooling: Some("last".into()),
+            ..ServeArgs::default()
+        };
+        let c = Config::from_layers(None, &args).unwrap();
+        assert_eq!(c.pooling, Some(Pooling::Last));
+        let args = ServeArgs {
+            pooling: Some("max".into()),
+            ..ServeArgs::default()
+        };
+        let e = Config::from_layers(None, &args).unwrap_err().to_string();
+        assert!(e.contains("pooling") && e.contains("mean"), "{e}");
     }
 
     #[test]

@@ -21,8 +21,13 @@ use crate::state::{AppState, InFlight, ServedModel};
 
 /// `cmpl-…`, `chatcmpl-…`: a prefix and 24 random hex digits.
 pub fn request_id(prefix: &str) -> String {
+    random_id(prefix, '-')
+}
+
+/// `prefix`, `separator` and 24 random hex digits: `call_…`, `msg_…`, `resp_…`.
+pub fn random_id(prefix: &str, separator: char) -> String {
     let bits: u128 = rand::thread_rng().gen();
-    format!("{prefix}-{:024x}", bits >> 32)
+    format!("{prefix}{separator}{:024x}", bits >> 32)
 }
 
 /// What every sequence of a request is asked for.
@@ -62,7 +67,7 @@ pub struct Generation {
     pub n: usize,
     /// Prompt tokens of each prompt.
     pub prompt_tokens: Vec<usize>,
-    /// Control tokens are left out of the text (and so show as empty in logprobs).
+    /// Control tokens are left out of the text (logprobs still list them, by name).
     pub skip_special_tokens: bool,
     events: Events,
     log: RequestLog,
@@ -107,6 +112,29 @@ impl Generation {
                     .map_err(|e| ApiError::from_invalid(e, &names))
             })
             .collect::<Result<_, _>>()?;
+        Self::submit(
+            state,
+            model,
+            id,
+            endpoint,
+            started,
+            requests,
+            skip_special_tokens,
+        )
+    }
+
+    /// Submits requests already validated (all with the same `n`), as [`Generation::start`]
+    /// does once it has validated its own; embeddings come this way.
+    pub fn submit(
+        state: &AppState,
+        model: Arc<ServedModel>,
+        id: String,
+        endpoint: &'static str,
+        started: Instant,
+        requests: Vec<ValidRequest>,
+        skip_special_tokens: bool,
+    ) -> Result<Self, ApiError> {
+        let n = requests.first().map_or(1, ValidRequest::n);
         let prompt_tokens: Vec<usize> = requests.iter().map(ValidRequest::prompt_len).collect();
         let mut streams = Vec::with_capacity(requests.len());
         for request in requests {
@@ -130,6 +158,7 @@ impl Generation {
             started,
             prompt_tokens: prompt_tokens.iter().sum(),
             completion_tokens: 0,
+            cached_tokens: 0,
             first_token: None,
             finish: vec![None; prompt_tokens.len() * n],
             _in_flight: state.track(),
@@ -170,6 +199,10 @@ impl Generation {
             }
             Some(Event::Finished(event)) => {
                 let choice = prompt * self.n + event.index as usize;
+                if event.index == 0 {
+                    // A prompt's sequences share its cached prefix: count it once.
+                    self.log.cached_tokens += event.usage.cached_tokens;
+                }
                 if let Some(slot) = self.log.finish.get_mut(choice) {
                     *slot = Some(event.reason);
                 }
@@ -177,6 +210,12 @@ impl Generation {
             }
         };
         Some(item)
+    }
+
+    /// Prompt tokens whose K/V the prefix cache already held (known once the choices have
+    /// finished).
+    pub fn cached_tokens(&self) -> usize {
+        self.log.cached_tokens
     }
 
     pub fn usage(&self) -> crate::openai::Usage {
@@ -240,6 +279,8 @@ struct RequestLog {
     started: Instant,
     prompt_tokens: usize,
     completion_tokens: usize,
+    /// Prompt tokens the prefix cache held, summed over the prompts.
+    cached_tokens: usize,
     first_token: Option<Instant>,
     finish: Vec<Option<FinishReason>>,
     /// Keeps the request counted as in flight for shutdown's drain.

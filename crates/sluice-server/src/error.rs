@@ -28,6 +28,14 @@ impl ParamNames {
         logprobs: "logprobs",
     };
 
+    /// `/v1/embeddings`, whose prompts are its `input` (it has no other field the engine
+    /// names).
+    pub const EMBEDDINGS: Self = Self {
+        prompt: "input",
+        max_tokens: "input",
+        logprobs: "input",
+    };
+
     /// `max_completion_tokens`: whether the client sent that field (it wins over
     /// `max_tokens`).
     pub fn chat(max_completion_tokens: bool) -> Self {
@@ -114,7 +122,7 @@ impl ApiError {
             ..Self::new(
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
-                "Incorrect or missing API key. Send it as `Authorization: Bearer KEY`.",
+                "Incorrect or missing API key. Send it as `Authorization: Bearer KEY` (or `x-api-key: KEY`).",
             )
         }
     }
@@ -203,17 +211,17 @@ impl ApiError {
             InvalidRequest::PromptTooLong {
                 prompt_tokens,
                 capacity,
-            } => {
-                let noun = names.prompt;
-                Self::context_length_exceeded(
-                    noun,
-                    format!(
-                        "This model's maximum context length is {capacity} tokens. However, your \
-                         {noun} resulted in {prompt_tokens} tokens, which leaves no room for the \
-                         completion. Please reduce the length of the {noun}."
-                    ),
-                )
-            }
+            } => Self::too_long(
+                names.prompt,
+                prompt_tokens,
+                capacity,
+                ", which leaves no room for the completion",
+            ),
+            // An embedding needs no room past its input.
+            InvalidRequest::InputTooLong {
+                input_tokens,
+                capacity,
+            } => Self::too_long(names.prompt, input_tokens, capacity, ""),
             InvalidRequest::TooManyTokens {
                 prompt_tokens,
                 max_tokens,
@@ -235,6 +243,18 @@ impl ApiError {
             | InvalidRequest::OutOfRange { .. }
             | InvalidRequest::Param { .. } => Self::invalid(e.param(), e.to_string()),
         }
+    }
+
+    /// OpenAI's message for a prompt (`noun`) of `tokens` past the `capacity`; `why` says what
+    /// that leaves out.
+    fn too_long(noun: &str, tokens: usize, capacity: usize, why: &str) -> Self {
+        Self::context_length_exceeded(
+            noun,
+            format!(
+                "This model's maximum context length is {capacity} tokens. However, your {noun} \
+                 resulted in {tokens} tokens{why}. Please reduce the length of the {noun}."
+            ),
+        )
     }
 
     /// OpenAI's code for a prompt that does not fit, so clients that look for it keep working.

@@ -3,8 +3,11 @@
 //! `ValidRequest`, submit, and translate the engine's events into OpenAI JSON or server-sent
 //! events; they never touch tensors.
 
+pub mod anthropic;
 pub mod auth;
+pub mod blocking;
 pub mod chat_output;
+pub mod chat_request;
 pub mod config;
 pub mod engine_request;
 pub mod error;
@@ -15,7 +18,9 @@ pub mod logging;
 pub mod logprobs;
 pub mod metrics;
 pub mod openai;
+pub mod output_blocks;
 pub mod request_fields;
+pub mod responses;
 pub mod routes;
 pub mod serve;
 pub mod shutdown;

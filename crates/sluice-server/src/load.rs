@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::Context;
 use candle_core::Device;
 use sluice_engine::{Engine, EngineConfig};
-use sluice_model::{LlamaModel, LoadOptions, ModelSource, PagedLlama, WeightsKind};
+use sluice_model::{LlamaModel, LoadOptions, ModelSource, PagedLlama, Pooling, WeightsKind};
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::config::{Config, KvCacheDtype};
@@ -25,6 +25,9 @@ pub struct ModelSettings {
     pub weights: WeightsKind,
     /// `--tool-call-parser`.
     pub tool_call_parser: Option<ToolCallFormat>,
+    /// `--pooling`; `None`: the pooling the model file declares, else mean. It replaces
+    /// `engine.pooling` once the model is loaded.
+    pub pooling: Option<Pooling>,
     pub kv_cache_bytes: usize,
     pub kv_cache_dtype: KvCacheDtype,
     pub block_size: usize,
@@ -38,6 +41,7 @@ impl ModelSettings {
             served_model_name: c.served_model_name.clone(),
             weights: c.weights,
             tool_call_parser: c.tool_call_parser,
+            pooling: c.pooling,
             kv_cache_bytes: usize::try_from(c.kv_cache_memory.bytes()).unwrap_or(usize::MAX),
             kv_cache_dtype: c.kv_cache_dtype,
             block_size: c.block_size,
@@ -46,6 +50,7 @@ impl ModelSettings {
                 max_num_batched_tokens: c.max_num_batched_tokens,
                 max_waiting: c.max_waiting,
                 max_model_len: c.max_model_len,
+                ..EngineConfig::default()
             },
         }
     }
@@ -124,12 +129,25 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
             "--max-model-len is past the model's context length; using the model's"
         );
     }
+    let pooling = settings
+        .pooling
+        .or(model.config().pooling)
+        .unwrap_or(Pooling::Mean);
+    tracing::info!(
+        pooling = pooling.name(),
+        declared = model.config().pooling.map(Pooling::name),
+        "embeddings pool by {}",
+        pooling.name()
+    );
     let paged = PagedLlama::with_memory_budget(model, settings.kv_cache_bytes, settings.block_size)
         .context("cannot allocate the KV cache")?;
     let engine = Engine::start(
         Box::new(paged),
         Arc::new(tokenizer),
-        settings.engine.clone(),
+        EngineConfig {
+            pooling,
+            ..settings.engine.clone()
+        },
     )
     .context("cannot start the engine")?;
     let limits = engine.handle().limits();
@@ -202,6 +220,7 @@ mod tests {
             model: dir,
             served_model_name: "tiny-hf".into(),
             tool_call_parser: None,
+            pooling: None,
             weights: WeightsKind::Auto,
             kv_cache_bytes: 4 << 20,
             kv_cache_dtype: KvCacheDtype::F16,

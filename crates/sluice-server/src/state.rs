@@ -11,6 +11,7 @@ use sluice_tokenizer::tool_parser::ToolCallFormat;
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::error::ApiError;
+use crate::responses::store::ResponseStore;
 
 /// The model being served, as handlers see it.
 pub struct ServedModel {
@@ -85,6 +86,8 @@ struct Inner {
     /// Longest time a client may take to send its request body.
     body_timeout: Duration,
     metrics: PrometheusHandle,
+    /// Responses kept for `previous_response_id` (the Responses API).
+    responses: ResponseStore,
 }
 
 #[derive(Clone)]
@@ -101,6 +104,7 @@ impl AppState {
                 in_flight: AtomicUsize::new(0),
                 body_timeout,
                 metrics,
+                responses: ResponseStore::new(),
             }),
         }
     }
@@ -143,6 +147,10 @@ impl AppState {
 
     pub fn metrics(&self) -> &PrometheusHandle {
         &self.inner.metrics
+    }
+
+    pub fn responses(&self) -> &ResponseStore {
+        &self.inner.responses
     }
 
     /// Counts a generation request as in flight until the guard is dropped (its response

@@ -175,6 +175,18 @@ pub fn plan(
     })
 }
 
+/// An error of [`plan`] as an API with flat tools (`{"name", "parameters"}` at the top of
+/// each tool, as Anthropic's and the Responses API have) names the field: `tools[0].name`
+/// for `tools[0].function.name`, and `parameters` as that API calls it.
+pub fn flat_tool_param(mut e: ApiError, parameters: &str) -> ApiError {
+    if let Some(p) = e.param.as_mut() {
+        *p = p
+            .replace(".function.parameters", &format!(".{parameters}"))
+            .replace(".function.", ".");
+    }
+    e
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,6 +262,20 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tools"));
+    }
+
+    #[test]
+    fn flat_tool_apis_get_their_own_field_names() {
+        let e = flat_tool_param(
+            ApiError::invalid("tools[0].function.parameters", "x"),
+            "input_schema",
+        );
+        assert_eq!(e.param.as_deref(), Some("tools[0].input_schema"));
+        let e = flat_tool_param(
+            ApiError::invalid("tools[1].function.name", "x"),
+            "parameters",
+        );
+        assert_eq!(e.param.as_deref(), Some("tools[1].name"));
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod common;
 use axum::http::StatusCode;
 use common::*;
 use serde_json::{json, Value};
+use sluice_engine::EngineConfig;
 
 fn text_of(v: &Value, choice: usize) -> String {
     v["choices"][choice]["text"].as_str().unwrap().to_string()
@@ -378,4 +379,49 @@ async fn tokenize_and_detokenize_round_trip() {
         text["prompt"],
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     );
+}
+
+/// A completion that ends in EOS lists its EOS token by name (it used to be an empty string),
+/// and each `top_logprobs` map holds the alternatives asked for plus the chosen token.
+#[tokio::test]
+async fn logprobs_name_control_tokens() {
+    let t = mock_app(settings(), EngineConfig::default());
+    let bias = json!({"259": 100, "260": 100, "261": 100});
+    let (status, v) = t
+        .post_json(
+            "/v1/completions",
+            &json!({"prompt": "abc", "max_tokens": 4, "logprobs": 3, "logit_bias": bias}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{v}");
+    let lp = &choice["logprobs"];
+    let tokens = lp["tokens"].as_array().unwrap();
+    let last = tokens.last().unwrap().as_str().unwrap();
+    assert!(
+        ["<|endoftext|>", "<|im_end|>"].contains(&last),
+        "the EOS token is named: {lp}"
+    );
+    for (top, token) in lp["top_logprobs"].as_array().unwrap().iter().zip(tokens) {
+        let top = top.as_object().unwrap();
+        // Logprobs come from the unbiased logits: the chosen token is listed beside the three
+        // most likely ones when it is not among them.
+        assert!((3..=4).contains(&top.len()), "{top:?}");
+        assert!(top.contains_key(token.as_str().unwrap()), "{top:?}");
+    }
+    // The text leaves the control tokens out; the offsets follow the text.
+    assert_eq!(choice["text"], "");
+    let (status, v) = t
+        .post_json(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+                    "logprobs": true, "top_logprobs": 3, "logit_bias": bias}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let entry = &v["choices"][0]["logprobs"]["content"][0];
+    let token = entry["token"].as_str().unwrap();
+    assert!(token.starts_with("<|"), "{entry}");
+    assert_eq!(entry["bytes"], json!(token.as_bytes()));
 }

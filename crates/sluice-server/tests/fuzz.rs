@@ -1,8 +1,10 @@
 //! Property tests of request parsing and validation (the fuzzing of this crate; cargo-fuzz
 //! would need nightly): arbitrary bytes, arbitrary JSON, and near-valid requests with
 //! arbitrary values in real fields, sent through the real router on the tiny model to every
-//! POST route. Each answer is a 200 or a 4xx in OpenAI's error shape, never a 5xx or a panic;
-//! a stream always ends with `[DONE]`; and afterwards no sequence is left in the engine.
+//! POST route. Each answer is a 200 or a 4xx in the route's error shape (OpenAI's, or
+//! Anthropic's on `/v1/messages`), never a 5xx or a panic; a stream always ends as its API
+//! ends one (`[DONE]`, `message_stop`, `response.completed`); and afterwards no sequence is
+//! left in the engine.
 //!
 //! Case counts are small so `cargo test` stays quick; `PROPTEST_CASES=20000 cargo test
 //! --release -p sluice-server --test fuzz` runs a longer campaign.
@@ -19,11 +21,14 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Map, Number, Value};
 
-const ROUTES: [&str; 4] = [
+const ROUTES: [&str; 7] = [
     "/v1/completions",
     "/v1/chat/completions",
     "/tokenize",
     "/detokenize",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/messages",
 ];
 
 /// Every field the request types read, so generated objects hit real fields, not just unknown
@@ -80,6 +85,16 @@ const FIELDS: &[&str] = &[
     "tool_call_id",
     "audio",
     "modalities",
+    "input",
+    "encoding_format",
+    "dimensions",
+    "instructions",
+    "max_output_tokens",
+    "store",
+    "previous_response_id",
+    "system",
+    "stop_sequences",
+    "output_config",
 ];
 
 /// `PROPTEST_CASES` when set, else `default`.
@@ -187,6 +202,10 @@ fn near_valid() -> impl Strategy<Value = (usize, Value)> {
                 json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
             }
             "/tokenize" => json!({"prompt": "the cat"}),
+            "/v1/embeddings" => json!({"input": ["the cat", "the hen"]}),
+            "/v1/responses" => json!({"input": "the cat", "max_output_tokens": 4}),
+            "/v1/messages" => json!({"model": TINY_NAME, "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}]}),
             _ => json!({"tokens": [116, 104, 101]}),
         };
         if stream {
@@ -218,22 +237,37 @@ async fn check(t: &TestApp, route: &str, body: Vec<u8>) -> Result<(), TestCaseEr
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     if is_stream {
         prop_assert_eq!(status, StatusCode::OK);
+        let (ends_well, failed) = match route {
+            "/v1/messages" => (
+                text.trim_end().lines().any(|l| l == "event: message_stop"),
+                text.contains("event: error"),
+            ),
+            "/v1/responses" => (
+                text.contains("event: response.completed"),
+                text.contains("event: response.failed"),
+            ),
+            _ => (
+                text.ends_with("data: [DONE]\n\n"),
+                text.contains("\"error\""),
+            ),
+        };
         prop_assert!(
-            text.ends_with("data: [DONE]\n\n"),
-            "{} {}: a stream that does not end with [DONE]: {}",
+            ends_well,
+            "{} {}: a stream that does not end as its API ends one: {}",
             route,
             shown,
             text
         );
-        prop_assert!(
-            !text.contains("\"error\""),
-            "{route} {shown}: an error event: {text}"
-        );
+        prop_assert!(!failed, "{route} {shown}: an error event: {text}");
         return Ok(());
     }
     let v: Value = serde_json::from_slice(&bytes)
         .map_err(|e| TestCaseError::fail(format!("{route} {shown}: not JSON ({e}): {text}")))?;
     if status.is_client_error() {
+        // Anthropic's shape wraps the same two fields in `{"type": "error", ...}`.
+        if route == "/v1/messages" {
+            prop_assert!(v["type"] == "error", "{route} {shown}: {v}");
+        }
         prop_assert!(
             v["error"]["message"]
                 .as_str()

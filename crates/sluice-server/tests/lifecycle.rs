@@ -23,6 +23,7 @@ fn config() -> EngineConfig {
         max_num_batched_tokens: 512,
         max_waiting: 64,
         max_model_len: None,
+        ..EngineConfig::default()
     }
 }
 

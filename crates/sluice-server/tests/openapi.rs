@@ -128,6 +128,10 @@ fn valid_body(path: &str) -> Value {
         "/v1/chat/completions" => {
             json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         }
+        "/v1/messages" => json!({"model": TINY_NAME, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]}),
+        "/v1/responses" => json!({"input": "hi", "max_output_tokens": 2}),
+        "/v1/embeddings" => json!({"input": "hi"}),
         "/tokenize" => json!({"prompt": "hi"}),
         "/detokenize" => json!({"tokens": [104, 105]}),
         other => panic!("no valid body known for POST {other}: add one"),
@@ -138,9 +142,19 @@ fn valid_body(path: &str) -> Value {
 async fn every_operation_answers_with_a_documented_status() {
     let doc = document();
     let t = tiny_app(settings());
+    // A stored response for `GET /v1/responses/{response_id}` to find.
+    let (_, stored) = t
+        .post_json("/v1/responses", &valid_body("/v1/responses"))
+        .await;
+    let response_id = stored["id"]
+        .as_str()
+        .expect("a stored response")
+        .to_string();
     for (method, path) in route_table() {
         let op = operation(&doc, &method, path);
-        let concrete = path.replace("{model}", TINY_NAME);
+        let concrete = path
+            .replace("{model}", TINY_NAME)
+            .replace("{response_id}", &response_id);
         let mut cases: Vec<(String, Body, StatusCode)> = Vec::new();
         if method == Method::POST {
             cases.push((
@@ -158,9 +172,10 @@ async fn every_operation_answers_with_a_documented_status() {
             ));
         } else {
             cases.push((concrete.clone(), Body::empty(), StatusCode::OK));
-            if path.contains("{model}") {
+            if path.contains("{model}") || path.contains("{response_id}") {
                 cases.push((
-                    path.replace("{model}", "no-such-model"),
+                    path.replace("{model}", "no-such-model")
+                        .replace("{response_id}", "resp_none"),
                     Body::empty(),
                     StatusCode::NOT_FOUND,
                 ));

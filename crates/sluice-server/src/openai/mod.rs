@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod common;
 pub mod completions;
+pub mod embeddings;
 pub mod structured;
 pub mod tokenize;
 

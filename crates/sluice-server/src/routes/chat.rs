@@ -5,11 +5,11 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
-use sluice_engine::{FinishEvent, FinishReason, TokenEvent};
+use sluice_engine::{FinishReason, TokenEvent};
 
-use super::tokenize_blocking;
 use crate::chat_output::{ChoiceOutput, Delta, OutputFormat};
-use crate::engine_request::{self, Generation, GenerationParams, Item};
+use crate::chat_request::{self, ChatJob, ChatRun};
+use crate::engine_request::{self, Generation, Item};
 use crate::error::{ApiError, ParamNames};
 use crate::json::ApiJson;
 use crate::logprobs;
@@ -21,9 +21,6 @@ use crate::request_fields;
 use crate::sse;
 use crate::state::AppState;
 use crate::structured;
-use crate::tool_calls::{self, ToolPlan};
-use sluice_tokenizer::tool_parser::ToolCallFormat;
-use sluice_tokenizer::ChatTemplate;
 
 const ROLE: &str = "assistant";
 
@@ -43,7 +40,7 @@ pub async fn handler(
         ));
     }
     let logprobs = want_logprobs.then(|| top.unwrap_or(0));
-    let (n, sampling, mut stop) = request_fields::sampling(&req.sampling(), logprobs)?;
+    let (n, sampling, stop) = request_fields::sampling(&req.sampling(), logprobs)?;
     let names = ParamNames::chat(req.max_completion_tokens.is_some());
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
     let stream = req.stream.unwrap_or(false);
@@ -56,84 +53,28 @@ pub async fn handler(
 
     structured::check_extra_fields(&req.extra)?;
     let requested = structured::requested_grammar(req.constraint_fields())?;
-    let plan = match model.chat_template.as_ref() {
-        Some(template) => tool_calls::plan(
-            req.tools.take(),
-            req.tool_choice.take(),
-            req.parallel_tool_calls,
-            template,
-            model.tool_call_format,
-        )?,
-        // Rendering refuses the request below, naming `messages`.
-        None => ToolPlan::default(),
+    let job = ChatJob {
+        tools: req.tools.take(),
+        tool_choice: req.tool_choice.take(),
+        parallel_tool_calls: req.parallel_tool_calls,
+        requested,
+        chat_template_kwargs: req.chat_template_kwargs.take(),
+        messages: req.messages,
+        n,
+        max_tokens,
+        sampling,
+        stop,
+        names,
     };
-    let grammar = match (plan.grammar.clone(), requested) {
-        (Some(_), Some(r)) => {
-            return Err(ApiError::invalid(
-                r.param,
-                "the output cannot follow a format and the tools' call grammar at once (a \
-                 forced call, or strict tools); drop one of them.",
-            ))
-        }
-        (Some(forced), None) => Some((forced, "tools")),
-        (None, Some(r)) => Some((r.grammar, r.param)),
-        (None, None) => None,
-    };
-    if matches!(
-        plan.format,
-        Some(ToolCallFormat::Llama3Json | ToolCallFormat::Mistral)
-    ) {
-        // These formats open calls with control tokens (`<|python_tag|>`, `[TOOL_CALLS]`),
-        // which the parser must see.
-        stop.skip_special_tokens = false;
-    }
-    let kwargs = req.chat_template_kwargs.take();
-    let thinks = model.chat_template.as_ref().is_some_and(|t| t.thinks());
-
-    let render_model = model.clone();
-    let messages = req.messages;
-    let template_tools = plan.template_tools.clone();
-    let (prompt, opens_thinking, constraint) = tokenize_blocking(move || {
-        let text = request_fields::render_chat(
-            render_model.chat_template.as_ref(),
-            &messages,
-            true,
-            template_tools.as_deref(),
-            kwargs.as_ref(),
-        )?;
-        let opens_thinking = ChatTemplate::prompt_opens_thinking(&text);
-        let constraint = grammar
-            .map(|(g, param)| render_model.compile_constraint(g, param))
-            .transpose()?;
-        // The template writes any BOS the model wants itself.
-        let prompt = render_model
-            .tokenizer()
-            .encode(&text)
-            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-        Ok((prompt, opens_thinking, constraint))
-    })
-    .await?;
-    let output = OutputFormat {
-        reasoning: thinks.then_some(opens_thinking),
-        tools: plan.format,
-        single_call: plan.single_call,
-    };
-    let generation = Generation::start(
+    let ChatRun { generation, output } = chat_request::start(
         &state,
         model,
+        job,
         engine_request::request_id("chatcmpl"),
         "chat",
         started,
-        vec![prompt],
-        GenerationParams {
-            n,
-            max_tokens,
-            sampling,
-            stop,
-            constraint,
-            names,
-        },
-    )?;
+    )
+    .await?;
     if stream {
         Ok(sse::response(stream_chunks(
             generation,
@@ -151,67 +92,28 @@ pub async fn handler(
 fn token_logprobs(generation: &Generation, event: &TokenEvent) -> Option<ChatLogprobs> {
     let lp = event.logprobs.as_ref()?;
     Some(ChatLogprobs {
-        content: vec![logprobs::chat_entry(
-            generation.model.tokenizer(),
-            generation.skip_special_tokens,
-            lp,
-        )],
+        content: vec![logprobs::chat_entry(generation.model.tokenizer(), lp)],
     })
 }
 
 async fn collect(
-    mut generation: Generation,
+    generation: Generation,
     output: OutputFormat,
     want_logprobs: bool,
 ) -> Result<axum::Json<ChatResponse>, ApiError> {
-    struct ChoiceState {
-        parsed: ChoiceOutput,
-        content: String,
-        reasoning: String,
-        logprobs: Option<ChatLogprobs>,
-        finish: Option<FinishEvent>,
-    }
-    let mut choices: Vec<ChoiceState> = (0..generation.num_choices())
-        .map(|_| ChoiceState {
-            parsed: ChoiceOutput::new(output),
-            content: String::new(),
-            reasoning: String::new(),
-            logprobs: want_logprobs.then(ChatLogprobs::default),
-            finish: None,
-        })
+    let mut logprobs: Vec<Option<ChatLogprobs>> = (0..generation.num_choices())
+        .map(|_| want_logprobs.then(ChatLogprobs::default))
         .collect();
-    let absorb = |state: &mut ChoiceState, delta: Delta| {
-        state.content.push_str(&delta.content);
-        state.reasoning.push_str(&delta.reasoning);
-    };
-    while let Some(item) = generation.next().await {
-        match item {
-            Item::Token { choice, event } => {
-                let Some(state) = choices.get_mut(choice) else {
-                    continue;
-                };
-                let delta = state.parsed.push(&event.text);
-                absorb(state, delta);
-                if let (Some(all), Some(lp)) =
-                    (&mut state.logprobs, token_logprobs(&generation, &event))
-                {
-                    all.content.extend(lp.content);
-                }
-            }
-            Item::Finished { event, .. } if event.reason == FinishReason::Error => {
-                return Err(engine_request::engine_failure(&event))
-            }
-            Item::Finished { choice, event } => {
-                if let Some(state) = choices.get_mut(choice) {
-                    let delta = state.parsed.finish();
-                    absorb(state, delta);
-                    state.finish = Some(event);
-                }
-            }
-            Item::Lost => return Err(engine_request::engine_lost()),
+    let tokenizer = generation.model.tokenizer().clone();
+    let mut run = ChatRun { generation, output };
+    let choices = chat_request::collect(&mut run, |choice, event| {
+        if let (Some(Some(all)), Some(lp)) = (logprobs.get_mut(choice), &event.logprobs) {
+            all.content.push(logprobs::chat_entry(&tokenizer, lp));
         }
-    }
-    let reasoning_tokens: usize = choices.iter().map(|c| c.parsed.reasoning_tokens()).sum();
+    })
+    .await?;
+    let generation = run.generation;
+    let reasoning_tokens: usize = choices.iter().map(|c| c.reasoning_tokens).sum();
     let mut usage = generation.usage();
     if output.reasoning.is_some() {
         usage = usage.with_reasoning_tokens(reasoning_tokens);
@@ -223,26 +125,23 @@ async fn collect(
         model: generation.model.name.clone(),
         choices: choices
             .into_iter()
+            .zip(logprobs)
             .enumerate()
-            .map(|(index, c)| {
-                let calls = c.parsed.calls();
-                ChatChoice {
-                    index,
-                    finish_reason: c
-                        .finish
-                        .as_ref()
-                        .map(|f| finish_reason(f.reason, !calls.is_empty())),
-                    message: ChatMessageOut {
-                        role: ROLE,
-                        // OpenAI's message of only calls has null content.
-                        content: (!c.content.is_empty() || calls.is_empty()).then_some(c.content),
-                        // Null, as vLLM's, when the model did not think.
-                        reasoning_content: Some(c.reasoning).filter(|r| !r.is_empty()),
-                        tool_calls: calls,
-                    },
-                    logprobs: c.logprobs,
-                    stop_reason: c.finish.as_ref().and_then(engine_request::stop_reason),
-                }
+            .map(|(index, (c, logprobs))| ChatChoice {
+                index,
+                finish_reason: c
+                    .reason()
+                    .map(|reason| finish_reason(reason, !c.calls.is_empty())),
+                stop_reason: c.finish.as_ref().and_then(engine_request::stop_reason),
+                message: ChatMessageOut {
+                    role: ROLE,
+                    // OpenAI's message of only calls has null content.
+                    content: (!c.content.is_empty() || c.calls.is_empty()).then_some(c.content),
+                    // Null, as vLLM's, when the model did not think.
+                    reasoning_content: Some(c.reasoning).filter(|r| !r.is_empty()),
+                    tool_calls: c.calls,
+                },
+                logprobs,
             })
             .collect(),
         usage,

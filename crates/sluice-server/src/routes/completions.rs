@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use sluice_engine::FinishEvent;
 
-use super::tokenize_blocking;
+use crate::blocking::tokenize_blocking;
 use crate::engine_request::{self, Generation, GenerationParams, Item};
 use crate::error::{ApiError, ParamNames};
 use crate::json::ApiJson;
@@ -148,8 +148,8 @@ fn prompt_tokens(
 struct ChoiceState {
     text: String,
     logprobs: Option<CompletionLogprobs>,
-    /// Character offset of the next token in the choice's text.
-    offset: usize,
+    /// Where the next token starts in the choice's text.
+    offset: logprobs::TextOffset,
     finish: Option<FinishEvent>,
 }
 
@@ -182,7 +182,7 @@ async fn collect(
                 .cloned()
                 .unwrap_or_default();
             ChoiceState {
-                offset: echo.chars().count(),
+                offset: logprobs::TextOffset::after(&echo),
                 text: echo,
                 logprobs: with_logprobs.then(CompletionLogprobs::default),
                 finish: None,
@@ -268,7 +268,7 @@ fn stream_chunks(
             let Some(echo) = echoes.get(generation.prompt_of(index)) else {
                 continue;
             };
-            state.offset = echo.chars().count();
+            state.offset = logprobs::TextOffset::after(echo);
             let choice = CompletionChoice {
                 index,
                 text: echo.clone(),

@@ -10,10 +10,13 @@
 
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub mod health;
+pub mod messages;
 pub mod metrics;
 pub mod models;
 pub mod openapi;
+pub mod responses;
 pub mod tokenize;
 pub mod version;
 
@@ -111,6 +114,14 @@ fn api_routes() -> RouteTable {
     RouteTable::new()
         .add(Method::POST, "/v1/completions", completions::handler)
         .add(Method::POST, "/v1/chat/completions", chat::handler)
+        .add(Method::POST, "/v1/embeddings", embeddings::handler)
+        .add(Method::POST, "/v1/messages", messages::handler)
+        .add(Method::POST, "/v1/responses", responses::create)
+        .add(
+            Method::GET,
+            "/v1/responses/{response_id}",
+            responses::retrieve,
+        )
         .add(Method::GET, "/v1/models", models::list)
         .add(Method::GET, "/v1/models/{model}", models::retrieve)
         .add(Method::POST, "/tokenize", tokenize::tokenize)
@@ -157,7 +168,9 @@ pub fn router(state: AppState, settings: &HttpSettings) -> Router {
         .layer(map_response(move |r: Response| {
             openai_error_shape(r, limit)
         }))
-        .layer(CatchPanicLayer::custom(panic_response));
+        .layer(CatchPanicLayer::custom(panic_response))
+        // Outside the layers above, so their errors take Anthropic's shape too.
+        .layer(from_fn(crate::anthropic::errors::reshape));
     if let Some(cors) = cors(&settings.cors_origins) {
         app = app.layer(cors);
     }
@@ -203,6 +216,10 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
                 CONTENT_TYPE,
                 HeaderName::from_static("openai-organization"),
                 HeaderName::from_static("openai-project"),
+                // Anthropic's clients.
+                HeaderName::from_static("x-api-key"),
+                HeaderName::from_static("anthropic-version"),
+                HeaderName::from_static("anthropic-beta"),
             ])
             .max_age(Duration::from_secs(600)),
     )
@@ -258,14 +275,4 @@ async fn openai_error_shape(response: Response, body_limit: usize) -> Response {
         }
     }
     rewritten
-}
-
-/// Runs tokenization (or template rendering, or detokenization) off the async workers: a
-/// prompt of a few MiB takes long enough to stall every other connection on a worker.
-pub(crate) async fn tokenize_blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| ApiError::internal(format!("Tokenization failed: {e}")))?
 }

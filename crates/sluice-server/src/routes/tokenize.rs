@@ -4,7 +4,7 @@
 use axum::extract::State;
 use axum::Json;
 
-use super::tokenize_blocking;
+use crate::blocking::tokenize_blocking;
 use crate::error::ApiError;
 use crate::json::ApiJson;
 use crate::openai::tokenize::{

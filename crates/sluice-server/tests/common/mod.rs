@@ -92,6 +92,7 @@ pub fn tiny_app(http: HttpSettings) -> TestApp {
         served_model_name: TINY_NAME.into(),
         weights: WeightsKind::F32,
         tool_call_parser: None,
+        pooling: None,
         kv_cache_bytes: 2 << 20,
         kv_cache_dtype: KvCacheDtype::F32,
         block_size: 16,
@@ -100,6 +101,7 @@ pub fn tiny_app(http: HttpSettings) -> TestApp {
             max_num_batched_tokens: 512,
             max_waiting: 256,
             max_model_len: None,
+            ..EngineConfig::default()
         },
     })
     .expect("load the tiny model");
@@ -124,8 +126,23 @@ pub fn mock_app_with_template(
     config: EngineConfig,
     template: ChatTemplate,
 ) -> TestApp {
+    mock_app_with(http, config, template, 512)
+}
+
+/// [`mock_app`] with a context of 4096 tokens (the whole KV cache), for prompts with tools:
+/// the tiny tokenizer spends a token per byte.
+pub fn mock_app_long(http: HttpSettings, config: EngineConfig) -> TestApp {
+    mock_app_with(http, config, ChatTemplate::chatml().expect("chatml"), 4096)
+}
+
+fn mock_app_with(
+    http: HttpSettings,
+    config: EngineConfig,
+    template: ChatTemplate,
+    max_model_len: usize,
+) -> TestApp {
     let metrics = sluice_server::metrics::install();
-    let model = MockModel::new(TINY_VOCAB, 512, 256, 16);
+    let model = MockModel::new(TINY_VOCAB, max_model_len, 256, 16);
     let control = model.control();
     let engine = Engine::start(Box::new(model), tiny_tokenizer(), config).expect("start engine");
     let state = AppState::new(http.body_timeout, metrics);

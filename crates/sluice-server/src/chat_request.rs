@@ -1,0 +1,225 @@
+//! One conversation through the chat pipeline, whichever API it came in by (chat completions,
+//! Anthropic's Messages, the Responses API): the tools planned ([`crate::tool_calls`]), the one
+//! output grammar chosen (a forced call's or the request's format, [`crate::structured`]),
+//! the template rendered and tokenized off the async workers, and the sequences submitted.
+//! What comes back is read by [`crate::chat_output`], as a stream or collected here whole.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{Map, Value};
+use sluice_engine::{FinishEvent, FinishReason, SamplingParams, StopParams, TokenEvent};
+use sluice_tokenizer::tool_parser::ToolCallFormat;
+use sluice_tokenizer::ChatTemplate;
+
+use crate::blocking::tokenize_blocking;
+use crate::chat_output::{ChoiceOutput, OutputFormat};
+use crate::engine_request::{self, Generation, GenerationParams, Item};
+use crate::error::{ApiError, ParamNames};
+use crate::openai::chat::ChatMessageIn;
+use crate::openai::structured::{ToolCallOut, ToolChoice};
+use crate::request_fields;
+use crate::state::{AppState, ServedModel};
+use crate::structured::RequestedGrammar;
+use crate::tool_calls::{self, ToolPlan};
+
+/// A conversation and how to continue it, in chat completions' terms (the other APIs
+/// translate theirs into this).
+pub struct ChatJob {
+    pub messages: Vec<ChatMessageIn>,
+    /// As the client sent them (chat completions' shape); checked by [`tool_calls::plan`].
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<ToolChoice>,
+    pub parallel_tool_calls: Option<bool>,
+    /// The output format the request's own field asks for.
+    pub requested: Option<RequestedGrammar>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    pub n: usize,
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: StopParams,
+    /// What the endpoint calls the fields the engine's errors name.
+    pub names: ParamNames,
+}
+
+/// A conversation submitted: its sequences, and how their text is to be read.
+pub struct ChatRun {
+    pub generation: Generation,
+    pub output: OutputFormat,
+}
+
+/// Plans, renders, tokenizes and submits `job`. Every way it can be wrong is a 400 naming the
+/// field (as chat completions names it; the caller's translation keeps those names where the
+/// API shares them).
+pub async fn start(
+    state: &AppState,
+    model: Arc<ServedModel>,
+    job: ChatJob,
+    id: String,
+    endpoint: &'static str,
+    started: Instant,
+) -> Result<ChatRun, ApiError> {
+    let ChatJob {
+        messages,
+        tools,
+        tool_choice,
+        parallel_tool_calls,
+        requested,
+        chat_template_kwargs,
+        n,
+        max_tokens,
+        sampling,
+        mut stop,
+        names,
+    } = job;
+    let plan = match model.chat_template.as_ref() {
+        Some(template) => tool_calls::plan(
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+            template,
+            model.tool_call_format,
+        )?,
+        // Rendering refuses the request below, naming `messages`.
+        None => ToolPlan::default(),
+    };
+    let grammar = match (plan.grammar.clone(), requested) {
+        (Some(_), Some(r)) => {
+            return Err(ApiError::invalid(
+                r.param,
+                "the output cannot follow a format and the tools' call grammar at once (a \
+                 forced call, or strict tools); drop one of them.",
+            ))
+        }
+        (Some(forced), None) => Some((forced, "tools")),
+        (None, Some(r)) => Some((r.grammar, r.param)),
+        (None, None) => None,
+    };
+    if matches!(
+        plan.format,
+        Some(ToolCallFormat::Llama3Json | ToolCallFormat::Mistral)
+    ) {
+        // These formats open calls with control tokens (`<|python_tag|>`, `[TOOL_CALLS]`),
+        // which the parser must see.
+        stop.skip_special_tokens = false;
+    }
+    let thinks = model.chat_template.as_ref().is_some_and(|t| t.thinks());
+
+    let render_model = model.clone();
+    let template_tools = plan.template_tools.clone();
+    let (prompt, opens_thinking, constraint) = tokenize_blocking(move || {
+        let text = request_fields::render_chat(
+            render_model.chat_template.as_ref(),
+            &messages,
+            true,
+            template_tools.as_deref(),
+            chat_template_kwargs.as_ref(),
+        )?;
+        let opens_thinking = ChatTemplate::prompt_opens_thinking(&text);
+        let constraint = grammar
+            .map(|(g, param)| render_model.compile_constraint(g, param))
+            .transpose()?;
+        // The template writes any BOS the model wants itself.
+        let prompt = render_model
+            .tokenizer()
+            .encode(&text)
+            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+        Ok((prompt, opens_thinking, constraint))
+    })
+    .await?;
+    let output = OutputFormat {
+        reasoning: thinks.then_some(opens_thinking),
+        tools: plan.format,
+        single_call: plan.single_call,
+    };
+    let generation = Generation::start(
+        state,
+        model,
+        id,
+        endpoint,
+        started,
+        vec![prompt],
+        GenerationParams {
+            n,
+            max_tokens,
+            sampling,
+            stop,
+            constraint,
+            names,
+        },
+    )?;
+    Ok(ChatRun { generation, output })
+}
+
+/// One choice, read whole.
+pub struct ChoiceResult {
+    pub content: String,
+    pub reasoning: String,
+    pub calls: Vec<ToolCallOut>,
+    pub reasoning_tokens: usize,
+    /// `None` only if the engine never finished it, which [`collect`] reports as an error.
+    pub finish: Option<FinishEvent>,
+}
+
+impl ChoiceResult {
+    /// The engine's finish of this choice (every choice [`collect`] returns has one).
+    pub fn reason(&self) -> Option<FinishReason> {
+        self.finish.as_ref().map(|f| f.reason)
+    }
+}
+
+/// Reads every choice of `run` to its end; `on_token` sees each token event (for logprobs).
+/// A choice the engine failed fails the whole response.
+pub async fn collect(
+    run: &mut ChatRun,
+    mut on_token: impl FnMut(usize, &TokenEvent),
+) -> Result<Vec<ChoiceResult>, ApiError> {
+    let generation = &mut run.generation;
+    let mut parsed: Vec<ChoiceOutput> = (0..generation.num_choices())
+        .map(|_| ChoiceOutput::new(run.output))
+        .collect();
+    let mut results: Vec<ChoiceResult> = (0..generation.num_choices())
+        .map(|_| ChoiceResult {
+            content: String::new(),
+            reasoning: String::new(),
+            calls: Vec::new(),
+            reasoning_tokens: 0,
+            finish: None,
+        })
+        .collect();
+    while let Some(item) = generation.next().await {
+        match item {
+            Item::Token { choice, event } => {
+                let (Some(parser), Some(result)) =
+                    (parsed.get_mut(choice), results.get_mut(choice))
+                else {
+                    continue;
+                };
+                let delta = parser.push(&event.text);
+                result.content.push_str(&delta.content);
+                result.reasoning.push_str(&delta.reasoning);
+                on_token(choice, &event);
+            }
+            Item::Finished { event, .. } if event.reason == FinishReason::Error => {
+                return Err(engine_request::engine_failure(&event))
+            }
+            Item::Finished { choice, event } => {
+                let (Some(parser), Some(result)) =
+                    (parsed.get_mut(choice), results.get_mut(choice))
+                else {
+                    continue;
+                };
+                let delta = parser.finish();
+                result.content.push_str(&delta.content);
+                result.reasoning.push_str(&delta.reasoning);
+                result.finish = Some(event);
+            }
+            Item::Lost => return Err(engine_request::engine_lost()),
+        }
+    }
+    for (result, parser) in results.iter_mut().zip(&parsed) {
+        result.calls = parser.calls();
+        result.reasoning_tokens = parser.reasoning_tokens();
+    }
+    Ok(results)
+}

@@ -1,0 +1,211 @@
+//! `POST /v1/messages`: Anthropic's Messages API, run through the chat pipeline
+//! ([`crate::chat_request`]) and answered as Anthropic's message or its event stream. Errors
+//! take Anthropic's shape at the edge ([`crate::anthropic::errors::reshape`]).
+
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use sluice_engine::FinishReason;
+
+use crate::anthropic::errors::stream_error;
+use crate::anthropic::translate;
+use crate::anthropic::types::{
+    BlockDelta, ContentBlockOut, MessageDeltaBody, MessagesRequest, MessagesResponse,
+    MessagesUsage, OutputUsage, StreamEvent,
+};
+use crate::chat_output::ChoiceOutput;
+use crate::chat_request::{self, ChatJob, ChatRun};
+use crate::engine_request::{self, Item};
+use crate::error::{ApiError, ParamNames};
+use crate::json::ApiJson;
+use crate::openai::{SamplingFields, StopList};
+use crate::output_blocks::{BlockEvent, BlockKind, BlockStream};
+use crate::request_fields;
+use crate::sse;
+use crate::state::AppState;
+use crate::tool_calls;
+
+const NAMES: ParamNames = ParamNames {
+    prompt: "messages",
+    max_tokens: "max_tokens",
+    logprobs: "logprobs",
+};
+
+pub async fn handler(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<MessagesRequest>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let model = state.model()?;
+    request_fields::check_model(Some(&req.model), &model)?;
+    translate::check_extra_fields(&req.extra)?;
+    // Anthropic's range, narrower than OpenAI's.
+    if let Some(t) = req.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!("temperature = {t} is out of range: it must be in [0, 1]."),
+        ));
+    }
+    let fields = SamplingFields {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        stop: req.stop_sequences.map(StopList),
+        ..SamplingFields::default()
+    };
+    let (n, sampling, stop) = request_fields::sampling(&fields, None)?;
+    let (tool_choice, parallel_tool_calls) = translate::tool_choice(req.tool_choice);
+    let job = ChatJob {
+        messages: translate::messages(req.system, req.messages)?,
+        tools: translate::tools(req.tools)?,
+        tool_choice,
+        parallel_tool_calls,
+        requested: translate::output_grammar(req.output_config)?,
+        chat_template_kwargs: None,
+        n,
+        max_tokens: Some(req.max_tokens),
+        sampling,
+        stop,
+        names: NAMES,
+    };
+    let id = engine_request::random_id("msg", '_');
+    let run = chat_request::start(&state, model, job, id, "messages", started)
+        .await
+        .map_err(|e| tool_calls::flat_tool_param(e, "input_schema"))?;
+    if req.stream.unwrap_or(false) {
+        Ok(sse::response(stream_events(run)))
+    } else {
+        Ok(axum::Json(collect(run).await?).into_response())
+    }
+}
+
+fn message(run: &ChatRun, content: Vec<ContentBlockOut>) -> MessagesResponse {
+    let usage = run.generation.usage();
+    MessagesResponse {
+        id: run.generation.id.clone(),
+        kind: "message",
+        role: "assistant",
+        model: run.generation.model.name.clone(),
+        content,
+        stop_reason: None,
+        stop_sequence: None,
+        usage: MessagesUsage {
+            input_tokens: usage.prompt_tokens,
+            output_tokens: usage.completion_tokens,
+        },
+    }
+}
+
+async fn collect(mut run: ChatRun) -> Result<MessagesResponse, ApiError> {
+    let mut choices = chat_request::collect(&mut run, |_, _| {}).await?;
+    let choice = choices.pop().ok_or_else(engine_request::engine_lost)?;
+    let finish = choice
+        .finish
+        .as_ref()
+        .ok_or_else(engine_request::engine_lost)?;
+    let (reason, sequence) =
+        translate::stop_reason(finish, !choice.calls.is_empty()).ok_or_else(translate::aborted)?;
+    let content = translate::content_blocks(choice.reasoning, choice.content, choice.calls);
+    Ok(MessagesResponse {
+        stop_reason: Some(reason),
+        stop_sequence: sequence,
+        ..message(&run, content)
+    })
+}
+
+fn sse_event(event: &StreamEvent) -> SseEvent {
+    match serde_json::to_string(event) {
+        Ok(text) => SseEvent::default().event(event.name()).data(text),
+        Err(e) => stream_error(&ApiError::internal(format!(
+            "cannot serialize an event: {e}"
+        ))),
+    }
+}
+
+/// Anthropic's event for a block event.
+fn block_event(event: BlockEvent) -> StreamEvent {
+    match event {
+        BlockEvent::Start { index, kind, call } => StreamEvent::ContentBlockStart {
+            index,
+            content_block: match (kind, call) {
+                (BlockKind::Reasoning, _) => ContentBlockOut::Thinking {
+                    thinking: String::new(),
+                    signature: String::new(),
+                },
+                (BlockKind::ToolCall, Some((id, name))) => ContentBlockOut::ToolUse {
+                    id: translate::tool_use_id(&id),
+                    name,
+                    input: serde_json::Value::Object(Default::default()),
+                },
+                (BlockKind::Text | BlockKind::ToolCall, _) => ContentBlockOut::Text {
+                    text: String::new(),
+                },
+            },
+        },
+        BlockEvent::Delta { index, kind, text } => StreamEvent::ContentBlockDelta {
+            index,
+            delta: match kind {
+                BlockKind::Reasoning => BlockDelta::ThinkingDelta { thinking: text },
+                BlockKind::Text => BlockDelta::TextDelta { text },
+                BlockKind::ToolCall => BlockDelta::InputJsonDelta { partial_json: text },
+            },
+        },
+        BlockEvent::Stop { index } => StreamEvent::ContentBlockStop { index },
+    }
+}
+
+/// Anthropic's event sequence for one answer; an engine failure ends it with an `error`
+/// event.
+fn stream_events(run: ChatRun) -> impl futures_util::Stream<Item = SseEvent> + Send {
+    async_stream::stream! {
+        let mut run = run;
+        let mut parser = ChoiceOutput::new(run.output);
+        let mut blocks = BlockStream::default();
+        let mut block_events: Vec<BlockEvent> = Vec::new();
+        let mut events: Vec<StreamEvent> = Vec::new();
+        yield sse_event(&StreamEvent::MessageStart { message: message(&run, Vec::new()) });
+        yield sse_event(&StreamEvent::Ping);
+        while let Some(item) = run.generation.next().await {
+            match item {
+                Item::Token { event, .. } => {
+                    blocks.push(parser.push(&event.text), &mut block_events);
+                }
+                Item::Finished { event, .. } if event.reason == FinishReason::Error => {
+                    yield stream_error(&engine_request::engine_failure(&event));
+                    return;
+                }
+                Item::Finished { event, .. } => {
+                    blocks.push(parser.finish(), &mut block_events);
+                    let Some((reason, sequence)) =
+                        translate::stop_reason(&event, parser.has_calls())
+                    else {
+                        yield stream_error(&translate::aborted());
+                        return;
+                    };
+                    blocks.finish(&mut block_events);
+                    events.extend(block_events.drain(..).map(block_event));
+                    events.push(StreamEvent::MessageDelta {
+                        delta: MessageDeltaBody {
+                            stop_reason: reason,
+                            stop_sequence: sequence,
+                        },
+                        usage: OutputUsage {
+                            output_tokens: run.generation.usage().completion_tokens,
+                        },
+                    });
+                    events.push(StreamEvent::MessageStop);
+                }
+                Item::Lost => {
+                    yield stream_error(&engine_request::engine_lost());
+                    return;
+                }
+            }
+            events.extend(block_events.drain(..).map(block_event));
+            for event in events.drain(..) {
+                yield sse_event(&event);
+            }
+        }
+    }
+}
