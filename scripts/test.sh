@@ -13,8 +13,9 @@ cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 # The CUDA build, compiled and linted without a GPU: the pinned CUDA 13.0 toolkit from PyPI
 # (scripts/setup-cuda.sh, cached in ~/.cache/sluice-cuda), then the same clippy with the `cuda`
-# feature (nvcc builds candle's kernels: minutes cold). Release, like the step above, so the
-# crates the feature does not touch are shared with it.
+# feature. nvcc builds candle's kernels (minutes cold) and ours (crates/sluice-kernels/cuda),
+# whose build script fails on a kernel that spills registers. Release, like the step above, so
+# the crates the feature does not touch are shared with it.
 cuda_env=$(./scripts/setup-cuda.sh | tail -n 1)
 (
     # shellcheck disable=SC1090
