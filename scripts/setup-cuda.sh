@@ -43,16 +43,15 @@ if [ "$link" = 1 ]; then
         base=${lib%%.so.*}.so
         [ -e "$base" ] || ln -s "$(basename "$lib")" "$base"
     done
-    # No driver here: a stub libcuda.so that defines every driver symbol lets binaries link.
-    # It is never loaded (the loader wants libcuda.so.1, the real driver's soname).
+    # No driver here: a stub libcuda.so defining every driver API name of the toolkit's cuda.h
+    # (what cudarc's bindings declare) lets binaries link. Its soname is the real driver's,
+    # libcuda.so.1, so a binary linked against it loads the driver where one is installed.
     stub_dir=$prefix/stub
     if [ ! -e "$stub_dir/libcuda.so" ]; then
         mkdir -p "$stub_dir"
-        # cudarc loads the driver through dlopen except for what it links directly; a stub with
-        # the driver API's entry points (from the toolkit's cuda.h) covers what it references.
         grep -oE '\bcu[A-Z][A-Za-z0-9_]*\b' "$cu/include/cuda.h" | sort -u \
             | sed 's/.*/void &(void) {}/' > "$stub_dir/stub.c"
-        cc -shared -fPIC -o "$stub_dir/libcuda.so" "$stub_dir/stub.c"
+        cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$stub_dir/libcuda.so" "$stub_dir/stub.c"
     fi
 fi
 
