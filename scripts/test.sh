@@ -11,6 +11,17 @@ cd "$(dirname "$0")/.."
 ./scripts/fetch-qwen-1.5b.sh
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
+# The CUDA build, compiled and linted without a GPU: the pinned CUDA 13.0 toolkit from PyPI
+# (scripts/setup-cuda.sh, cached in ~/.cache/sluice-cuda), then the same clippy with the `cuda`
+# feature. nvcc builds candle's kernels (minutes cold) and ours (crates/sluice-kernels/cuda),
+# whose build script fails on a kernel that spills registers. Release, like the step above, so
+# the crates the feature does not touch are shared with it.
+cuda_env=$(./scripts/setup-cuda.sh | tail -n 1)
+(
+    # shellcheck disable=SC1090
+    . "$cuda_env"
+    cargo clippy --release --workspace --all-targets --features cuda -- -D warnings
+)
 # No module of a crate imports a module that imports it back (ARCHITECTURE.md, invariants).
 python3 scripts/check-module-cycles.py
 cargo test --release --workspace

@@ -2,7 +2,8 @@
 //! slices: a packed f32 GEMM with quantized panels ([`cpu::gemm`]), split-bf16 products on AMX
 //! tiles ([`cpu::amx`]), int8-dot products against GGUF blocks ([`cpu::int8_matmul`]), paged
 //! attention over a block-major KV cache ([`cpu::attention`]), and fused element-wise ops
-//! ([`cpu::swiglu`]). CUDA kernels sit beside them in a `cuda` module.
+//! ([`cpu::swiglu`]). CUDA kernels sit beside them in a `cuda` module (the `cuda` feature;
+//! unverified on a GPU), planned by [`cuda_plan`], which is plain Rust built and tested always.
 //!
 //! This crate is the project's unsafe boundary: SIMD intrinsics, AMX assembly and the raw
 //! pointers of parallel writes live here, each `unsafe` block with a `SAFETY:` comment and each
@@ -11,8 +12,12 @@
 #![allow(unsafe_code)]
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod cuda_plan;
 pub mod disjoint;
 pub mod paged;
+pub mod ptxas_report;
 pub mod quant_format;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

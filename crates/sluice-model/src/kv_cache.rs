@@ -18,15 +18,23 @@ pub struct WriteIndices {
     v: Tensor,
 }
 
+/// One layer: K and V in one allocation (so a CUDA kernel writes both in one launch), and
+/// each as a view of its half.
+struct LayerKv {
+    kv: Tensor,
+    k: Tensor,
+    v: Tensor,
+}
+
 pub struct KvCache {
-    /// Per layer, `(k, v)`, each a flat tensor of `dtype` in [`KvLayout`] order.
-    layers: Vec<(Tensor, Tensor)>,
+    layers: Vec<LayerKv>,
     layout: KvLayout,
     dtype: DType,
 }
 
 impl KvCache {
     /// `dtype` is F32 or F16: f16 halves the bytes that attention reads at every decode step.
+    /// On a GPU it may also be BF16 (the CPU attention kernel does not read bf16).
     pub fn new(
         config: &ModelConfig,
         num_blocks: usize,
@@ -34,9 +42,10 @@ impl KvCache {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        if !matches!(dtype, DType::F32 | DType::F16) {
+        let bf16_on_gpu = dtype == DType::BF16 && !device.is_cpu();
+        if !matches!(dtype, DType::F32 | DType::F16) && !bf16_on_gpu {
             return Err(ModelError::KvCache(format!(
-                "a KV cache holds f32 or f16, not {dtype:?}"
+                "a KV cache holds f32 or f16 (or bf16 on a GPU), not {dtype:?}"
             )));
         }
         if num_blocks == 0 || block_size == 0 {
@@ -57,7 +66,14 @@ impl KvCache {
             )));
         }
         let layers = (0..config.num_layers)
-            .map(|_| Ok((zeros(n, dtype, device)?, zeros(n, dtype, device)?)))
+            .map(|_| {
+                let kv = zeros(2 * n, dtype, device)?;
+                Ok(LayerKv {
+                    k: kv.narrow(0, 0, n)?,
+                    v: kv.narrow(0, n, n)?,
+                    kv,
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             layers,
@@ -98,8 +114,14 @@ impl KvCache {
 
     /// `(k, v)` of one layer, flat, in [`KvLayout`] order.
     pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
-        let (k, v) = &self.layers[layer];
-        (k, v)
+        let l = &self.layers[layer];
+        (&l.k, &l.v)
+    }
+
+    /// One layer's K then V as one flat tensor (`2 * values_per_layer`), what the CUDA
+    /// kernels take.
+    pub fn layer_kv(&self, layer: usize) -> &Tensor {
+        &self.layers[layer].kv
     }
 
     pub fn write_indices(&self, batch: &StepBatch) -> Result<WriteIndices> {
@@ -114,7 +136,7 @@ impl KvCache {
                 }
             }
         }
-        let device = self.layers[0].0.device();
+        let device = self.layers[0].kv.device();
         Ok(WriteIndices {
             k: Tensor::from_vec(k, n, device)?,
             v: Tensor::from_vec(v, n, device)?,
@@ -123,7 +145,7 @@ impl KvCache {
 
     /// Writes `k, v: [T, num_kv_heads, head_dim]` of one layer into the step's slots.
     pub fn write(&mut self, layer: usize, k: &Tensor, v: &Tensor, at: &WriteIndices) -> Result<()> {
-        let (kc, vc) = &self.layers[layer];
+        let LayerKv { k: kc, v: vc, .. } = &self.layers[layer];
         kc.scatter_set(&at.k, &k.flatten_all()?.to_dtype(self.dtype)?, 0)?;
         vc.scatter_set(&at.v, &v.flatten_all()?.to_dtype(self.dtype)?, 0)?;
         Ok(())

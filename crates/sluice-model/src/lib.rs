@@ -7,11 +7,14 @@
 //! Computing: [`model`] runs the forward with [`weights`] (linear layers on our kernels or
 //! candle's), [`attention`], [`rope`] and [`ops`], over the [`kv_cache`] and the
 //! [`batch::StepBatch`] the scheduler fills; [`paged::PagedLlama`] is a model with its cache,
-//! what the engine drives.
+//! what the engine drives. With the `cuda` feature, a model on a GPU runs the whole step on
+//! sluice's own CUDA kernels (`cuda_forward`, unverified on a GPU so far).
 
 pub mod attention;
 pub mod batch;
 pub mod config;
+#[cfg(feature = "cuda")]
+mod cuda_forward;
 mod embedding;
 pub mod error;
 pub mod gguf;
@@ -19,6 +22,7 @@ mod gguf_header;
 pub mod hf;
 mod hf_config;
 pub mod kv_cache;
+mod layer;
 pub mod load;
 pub mod model;
 pub mod ops;

@@ -8,26 +8,16 @@ use sluice_kernels::AttentionShape;
 use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend};
 use crate::batch::StepBatch;
 use crate::config::ModelConfig;
+#[cfg(feature = "cuda")]
+use crate::cuda_forward;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
+use crate::layer::Layer;
 use crate::load::{LoadOptions, Weight, WeightSource};
 use crate::ops;
 use crate::rope::RotaryTables;
 use crate::weights::{Linear, WeightsKind};
-
-struct Layer {
-    attn_norm: Tensor,
-    /// Q, K and V stacked: one matmul for all three.
-    qkv: Linear,
-    /// qwen3: RMSNorm weights `[head_dim]` applied to each head of Q and of K before RoPE.
-    qk_norm: Option<(Tensor, Tensor)>,
-    o: Linear,
-    ffn_norm: Tensor,
-    /// Gate and up stacked.
-    gate_up: Linear,
-    down: Linear,
-}
 
 pub struct LlamaModel {
     config: ModelConfig,
@@ -134,13 +124,20 @@ impl LlamaModel {
                 })
                 .sum::<usize>();
         let rope = RotaryTables::new(&config, &device)?;
-        let attention = options.attention.unwrap_or(
-            if device.is_cpu() && cpu_attention::supports(config.head_dim, config.gqa_group()) {
-                AttentionBackend::Cpu
-            } else {
-                AttentionBackend::Reference
-            },
-        );
+        let attention = options
+            .attention
+            .unwrap_or_else(|| default_backend(&config, &device));
+        if attention == AttentionBackend::Cuda && !cuda_runs(&config, &device) {
+            return Err(ModelError::Unsupported {
+                path: src.path().to_path_buf(),
+                what: format!(
+                    "attention backend cuda here: it needs the `cuda` feature, a CUDA device and \
+                     head_dim 64 or 128 with at most 16 query heads per KV head (head_dim {}, \
+                     {} over {})",
+                    config.head_dim, config.num_heads, config.num_kv_heads
+                ),
+            });
+        }
         tracing::info!(
             path = %src.path().display(),
             architecture = config.architecture.name(),
@@ -304,6 +301,18 @@ impl LlamaModel {
         kv: &mut KvCache,
     ) -> Result<(Tensor, Option<Tensor>)> {
         self.validate(batch, kv)?;
+        #[cfg(feature = "cuda")]
+        if self.attention == AttentionBackend::Cuda {
+            let weights = cuda_forward::Weights {
+                config: &self.config,
+                embed: &self.embed,
+                layers: &self.layers,
+                norm: &self.norm,
+                lm_head: &self.lm_head,
+                rope: &self.rope,
+            };
+            return cuda_forward::forward(&weights, batch, kv);
+        }
         let cfg = &self.config;
         let (t, h, kvh, d) = (
             batch.num_tokens(),
@@ -376,4 +385,27 @@ impl LlamaModel {
         let x = final_norm(&batch.logits_indices)?;
         Ok((self.lm_head.forward(&x)?.to_dtype(DType::F32)?, hidden))
     }
+}
+
+/// The backend a model gets when the options name none: our CUDA kernels on a GPU where they
+/// cover the model, the CPU kernel on the CPU, else the candle reference.
+fn default_backend(config: &ModelConfig, device: &Device) -> AttentionBackend {
+    if cuda_runs(config, device) {
+        AttentionBackend::Cuda
+    } else if device.is_cpu() && cpu_attention::supports(config.head_dim, config.gqa_group()) {
+        AttentionBackend::Cpu
+    } else {
+        AttentionBackend::Reference
+    }
+}
+
+/// Whether our CUDA forward runs this model on `device`.
+#[cfg(feature = "cuda")]
+fn cuda_runs(config: &ModelConfig, device: &Device) -> bool {
+    device.is_cuda() && cuda_forward::supports(config)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_runs(_: &ModelConfig, _: &Device) -> bool {
+    false
 }

@@ -47,6 +47,11 @@ impl RotaryTables {
         })
     }
 
+    /// `(cos, sin)` of every position, each `[max_positions, head_dim / 2]` f32.
+    pub fn tables(&self) -> (&Tensor, &Tensor) {
+        (&self.cos, &self.sin)
+    }
+
     pub fn max_positions(&self) -> usize {
         self.max_positions
     }

@@ -532,12 +532,14 @@ impl<'de> Deserialize<'de> for ByteSize {
     }
 }
 
-/// Element type of the KV cache.
+/// Element type of the KV cache. `bf16` only on a GPU (the CPU attention kernel reads f16 and
+/// f32); on the CPU loading refuses it with a message that says so.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum KvCacheDtype {
     F16,
     F32,
+    Bf16,
 }
 
 impl KvCacheDtype {
@@ -545,6 +547,7 @@ impl KvCacheDtype {
         match self {
             Self::F16 => DType::F16,
             Self::F32 => DType::F32,
+            Self::Bf16 => DType::BF16,
         }
     }
 }

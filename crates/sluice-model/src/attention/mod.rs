@@ -14,7 +14,7 @@ use candle_core::Tensor;
 pub use sluice_kernels::AttentionShape;
 
 use crate::batch::StepBatch;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::kv_cache::KvLayout;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +23,9 @@ pub enum AttentionBackend {
     Reference,
     /// The in-place paged kernel for CPU tensors.
     Cpu,
+    /// sluice's CUDA kernels for the whole step (`cuda_forward`, the `cuda` feature): not a
+    /// per-layer attention call, the model runs its CUDA forward instead.
+    Cuda,
 }
 
 impl FromStr for AttentionBackend {
@@ -31,8 +34,9 @@ impl FromStr for AttentionBackend {
         match s {
             "reference" => Ok(Self::Reference),
             "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda),
             _ => Err(format!(
-                "unknown attention backend `{s}` (expected reference or cpu)"
+                "unknown attention backend `{s}` (expected reference, cpu or cuda)"
             )),
         }
     }
@@ -52,5 +56,9 @@ pub fn paged_attention(
             reference::paged_attention(q, k_cache, v_cache, layout, batch, shape)
         }
         AttentionBackend::Cpu => cpu::paged_attention(q, k_cache, v_cache, layout, batch, shape),
+        AttentionBackend::Cuda => Err(ModelError::InvalidStep(
+            "the CUDA backend runs whole steps (LlamaModel::forward), not one attention call"
+                .into(),
+        )),
     }
 }

@@ -1,0 +1,46 @@
+//! sluice's CUDA kernels (`crates/sluice-kernels/cuda/*.cu`), compiled to PTX by the build
+//! script and launched on candle tensors through candle's custom-op API: each entry point is a
+//! safe function over tensors that checks shapes, dtypes and devices, with the one `unsafe`
+//! launch inside. What each launch computes and its grid come from [`crate::cuda_plan`].
+//!
+//! UNVERIFIED ON A GPU: these kernels compile with nvcc 13.0 for sm_90 and pass `ptxas -v` with
+//! no spills (the build checks both), and their host-side plan is tested on the CPU against
+//! the CPU attention kernel; no kernel here has run on a GPU yet. `sluice-model/tests/gpu.rs`
+//! and `scripts/gpu-check.sh` are what runs them where a GPU is.
+//!
+//! - [`write_kv`]: the step's K and V into the paged cache through `slot_mapping`, one launch.
+//! - [`paged_attention`]: varlen paged attention over a whole mixed step, one launch (two with
+//!   split-K).
+//! - [`add_rms_norm`], [`rope_qk`], [`swiglu`]: fused element-wise steps.
+//! - [`sample_rows`]: greedy, temperature, top-k and top-p sampling of every row on the device.
+
+mod attention;
+mod cache_write;
+mod fused;
+mod launch;
+mod sampling;
+
+pub use attention::{paged_attention, StepMetadata};
+pub use cache_write::write_kv;
+pub use fused::{add_rms_norm, rope_qk, swiglu, QkNorm};
+pub use sampling::{sample_rows, RowSampling, SampledToken};
+
+/// `ptxas -v` for every kernel, as the build saw it (registers, shared memory, spills).
+pub const PTXAS_REPORT: &str = include_str!(concat!(env!("OUT_DIR"), "/ptxas-report.txt"));
+
+/// The plan's view of `device`: its number of SMs, asked of the driver.
+pub fn device_limits(
+    device: &candle_core::Device,
+) -> candle_core::Result<crate::cuda_plan::DeviceLimits> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+    use candle_core::cuda_backend::WrapErr;
+    let sms = device
+        .as_cuda_device()?
+        .cuda_stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .w()?;
+    Ok(crate::cuda_plan::DeviceLimits {
+        num_sms: sms.max(1) as usize,
+    })
+}

@@ -1,0 +1,420 @@
+//! The plan checked without a GPU: an emulation of the kernels' index arithmetic that reads only
+//! the plan's metadata buffer (what the device reads) must give what the CPU attention kernel
+//! gives, on mixed steps, with and without split-K; the constants must match the `.cu` files;
+//! and a step's launches must not grow with its sequences.
+
+use super::*;
+use crate::cpu::attention;
+use crate::paged::KvLayout;
+
+/// `#define NAME value` of a CUDA source.
+fn define(source: &str, name: &str) -> usize {
+    source
+        .lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix("#define ")?.strip_prefix(name)?;
+            rest.trim().parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no #define {name}"))
+}
+
+#[test]
+fn constants_match_the_cuda_sources() {
+    let attn = include_str!("../../cuda/paged_attention.cu");
+    assert_eq!(define(attn, "ATTN_THREADS"), ATTN_THREADS as usize);
+    assert_eq!(define(attn, "ATTN_ROWS"), ATTN_ROWS);
+    assert_eq!(define(attn, "ATTN_KEYS"), ATTN_KEYS);
+    assert_eq!(define(attn, "COMBINE_THREADS"), COMBINE_THREADS as usize);
+    let fused = include_str!("../../cuda/fused.cu");
+    assert_eq!(define(fused, "NORM_THREADS"), NORM_THREADS as usize);
+    assert_eq!(define(fused, "ROPE_THREADS"), ROPE_THREADS as usize);
+    assert_eq!(define(fused, "SWIGLU_THREADS"), SWIGLU_THREADS as usize);
+    let sampling = include_str!("../../cuda/sampling.cu");
+    assert_eq!(define(sampling, "SAMPLE_THREADS"), SAMPLE_THREADS as usize);
+}
+
+/// A small deterministic generator (xorshift): the crate has no `rand`.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// A step: each sequence `(cached, new)` tokens, blocks drawn at random from the pool.
+struct Step {
+    sequences: Vec<SequenceSlice>,
+    block_tables: Vec<u32>,
+    num_tokens: usize,
+}
+
+fn step(rng: &mut Rng, seqs: &[(usize, usize)], block_size: usize, num_blocks: usize) -> Step {
+    let mut free: Vec<u32> = (0..num_blocks as u32).collect();
+    let (mut sequences, mut block_tables, mut t) = (Vec::new(), Vec::new(), 0);
+    for &(cached, new) in seqs {
+        let context = cached + new;
+        let n_blocks = context.div_ceil(block_size);
+        let start = block_tables.len();
+        for _ in 0..n_blocks {
+            block_tables.push(free.swap_remove(rng.below(free.len())));
+        }
+        sequences.push(SequenceSlice {
+            query_start: t,
+            query_len: new,
+            context_len: context,
+            block_table_start: start,
+            block_table_len: n_blocks,
+        });
+        t += new;
+    }
+    Step {
+        sequences,
+        block_tables,
+        num_tokens: t,
+    }
+}
+
+/// What the device computes, from `plan.metadata` alone: the attention kernel's tiles, chunks
+/// and online softmax in log2 units, then the combine when the plan splits.
+fn emulate(plan: &AttentionPlan, q: &[f32], k: &[f32], v: &[f32], layout: &KvLayout) -> Vec<f32> {
+    let md = &plan.metadata;
+    let o = plan.offsets;
+    let (h, d, bs) = (plan.num_heads, plan.head_dim, plan.block_size);
+    let group = h / plan.num_kv_heads;
+    let max_splits = plan.split.map_or(1, |s| s.max_splits);
+    let mut partial =
+        vec![(f32::NEG_INFINITY, 0f32, vec![0f32; d]); plan.num_tokens * h * max_splits];
+    let (gx, gy, gz) = plan.attention.grid;
+    for (tile, kv_head, split) in (0..gx as usize)
+        .flat_map(|x| (0..gy as usize).flat_map(move |y| (0..gz as usize).map(move |z| (x, y, z))))
+    {
+        let t = &md[o.tiles + 4 * tile..][..4];
+        let (seq, first, queries, splits) =
+            (t[0] as usize, t[1] as usize, t[2] as usize, t[3] as usize);
+        if plan.split.is_some() && split >= splits {
+            continue;
+        }
+        let s = &md[o.seqs + 4 * seq..][..4];
+        let (query_start, query_len, context_len) = (s[0] as usize, s[1] as usize, s[2] as usize);
+        let table = &md[o.block_tables + s[3] as usize..];
+        let first_pos = context_len - query_len + first;
+        let tile_keys = first_pos + queries;
+        let (key_begin, key_end) = match plan.split {
+            Some(sk) => (
+                split * sk.partition_keys,
+                tile_keys.min((split + 1) * sk.partition_keys),
+            ),
+            None => (0, tile_keys),
+        };
+        for row in 0..queries * group {
+            let token = query_start + first + row / group;
+            let head = kv_head * group + row % group;
+            let last_key = first_pos + row / group;
+            let qrow: Vec<f32> = q[(token * h + head) * d..][..d]
+                .iter()
+                .map(|x| x * plan.scale_log2)
+                .collect();
+            let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0f32, vec![0f32; d]);
+            for chunk in (key_begin..key_end).step_by(ATTN_KEYS) {
+                let keys: Vec<usize> = (chunk..(chunk + ATTN_KEYS).min(key_end))
+                    .filter(|&j| j <= last_key)
+                    .collect();
+                let run = |j: usize| layout.block_head_offset(table[j / bs] as usize, kv_head);
+                let scores: Vec<f32> = keys
+                    .iter()
+                    .map(|&j| (0..d).map(|i| qrow[i] * k[run(j) + i * bs + j % bs]).sum())
+                    .collect();
+                let m_new = scores.iter().fold(m, |a, &b| a.max(b));
+                let alpha = if m == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    (m - m_new).exp2()
+                };
+                l *= alpha;
+                acc.iter_mut().for_each(|a| *a *= alpha);
+                for (&j, &sc) in keys.iter().zip(&scores) {
+                    let p = (sc - m_new).exp2();
+                    l += p;
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        *a += p * v[run(j) + (j % bs) * d + i];
+                    }
+                }
+                m = m_new;
+            }
+            partial[(token * h + head) * max_splits + split] = (m, l, acc);
+        }
+    }
+    let mut out = vec![0f32; plan.num_tokens * h * d];
+    for row in 0..plan.num_tokens * h {
+        let splits = if plan.split.is_some() {
+            md[o.token_splits + row / h] as usize
+        } else {
+            1
+        };
+        let parts = &partial[row * max_splits..][..splits];
+        let max = parts.iter().fold(f32::NEG_INFINITY, |a, p| a.max(p.0));
+        let weight = |p: &(f32, f32, Vec<f32>)| {
+            if p.0 == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (p.0 - max).exp2()
+            }
+        };
+        let sum: f32 = parts.iter().map(|p| p.1 * weight(p)).sum();
+        for i in 0..d {
+            let o: f32 = parts.iter().map(|p| p.2[i] * weight(p)).sum();
+            out[row * d + i] = o / sum;
+        }
+    }
+    out
+}
+
+/// Plans `seqs`, emulates the device and compares with the CPU kernel.
+fn check(
+    seed: u64,
+    seqs: &[(usize, usize)],
+    heads: (usize, usize),
+    d: usize,
+    bs: usize,
+    device: DeviceLimits,
+) -> AttentionPlan {
+    let mut rng = Rng(seed);
+    let context: usize = seqs.iter().map(|s| (s.0 + s.1).div_ceil(bs)).sum();
+    let layout = KvLayout {
+        num_blocks: context + 3,
+        block_size: bs,
+        num_kv_heads: heads.1,
+        head_dim: d,
+    };
+    let step = step(&mut rng, seqs, bs, layout.num_blocks);
+    let shape = AttentionShape {
+        num_heads: heads.0,
+        num_kv_heads: heads.1,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+    };
+    let plan = AttentionPlan::new(
+        &step.sequences,
+        &step.block_tables,
+        step.num_tokens,
+        &shape,
+        bs,
+        device,
+    )
+    .unwrap();
+    let n = layout.values_per_layer();
+    let k: Vec<f32> = (0..n).map(|_| rng.unit()).collect();
+    let v: Vec<f32> = (0..n).map(|_| rng.unit()).collect();
+    let q: Vec<f32> = (0..step.num_tokens * heads.0 * d)
+        .map(|_| 2.0 * rng.unit())
+        .collect();
+    let mut want = vec![0f32; q.len()];
+    attention::paged_attention(
+        &q,
+        &k,
+        &v,
+        &layout,
+        &step.sequences,
+        &step.block_tables,
+        &shape,
+        &mut want,
+    )
+    .unwrap();
+    let got = emulate(&plan, &q, &k, &v, &layout);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+            "seed {seed} {seqs:?}: element {i}: {g} vs {w}"
+        );
+    }
+    plan
+}
+
+#[test]
+fn mixed_steps_match_the_cpu_kernel() {
+    // Decode tokens, a first prefill chunk and a later one, in one step; GQA groups of 1, 2, 6
+    // (Qwen2.5-1.5B: 12 over 2) and 8; both head dims; blocks of 16 and of 8.
+    let mixed = [(37, 1), (0, 23), (40, 9), (0, 1), (15, 1)];
+    for (seed, heads, d, bs) in [
+        (1, (4, 4), 64, 16),
+        (2, (4, 2), 128, 16),
+        (3, (12, 2), 128, 16),
+        (4, (16, 2), 64, 8),
+        (5, (9, 9), 64, 32),
+    ] {
+        let plan = check(seed, &mixed, heads, d, bs, DeviceLimits::HOPPER);
+        assert!(plan.split.is_none(), "short contexts do not split");
+    }
+}
+
+#[test]
+fn split_k_matches_the_cpu_kernel() {
+    // Few sequences with long contexts: too few tiles for the GPU, so keys are split; a prefill
+    // chunk rides in the same step and its tiles split too.
+    let steps: [&[(usize, usize)]; 3] = [
+        &[(3000, 1)],
+        &[(700, 1), (2100, 1), (5, 1)],
+        &[(1500, 1), (600, 40)],
+    ];
+    for (seed, seqs) in steps.iter().enumerate() {
+        let plan = check(
+            10 + seed as u64,
+            seqs,
+            (12, 2),
+            128,
+            16,
+            DeviceLimits::HOPPER,
+        );
+        let split = plan.split.expect("long contexts of few sequences split");
+        assert!(split.max_splits > 1 && split.partition_keys.is_multiple_of(ATTN_KEYS));
+        assert!(split.partition_keys >= MIN_PARTITION_KEYS);
+        assert_eq!(plan.combine.unwrap().grid.0 as usize, plan.num_tokens * 12);
+    }
+}
+
+#[test]
+fn metadata_is_laid_out_as_the_kernel_reads_it() {
+    let seqs = [
+        SequenceSlice {
+            query_start: 0,
+            query_len: 5,
+            context_len: 5,
+            block_table_start: 0,
+            block_table_len: 1,
+        },
+        SequenceSlice {
+            query_start: 5,
+            query_len: 1,
+            context_len: 20,
+            block_table_start: 1,
+            block_table_len: 2,
+        },
+    ];
+    let tables = [7, 3, 9];
+    // Groups of 4: 4 tokens a tile, so the prefill of 5 takes two tiles.
+    let shape = AttentionShape {
+        num_heads: 8,
+        num_kv_heads: 2,
+        head_dim: 64,
+        scale: 0.125,
+    };
+    let plan = AttentionPlan::new(&seqs, &tables, 6, &shape, 16, DeviceLimits::HOPPER).unwrap();
+    assert_eq!(plan.num_tiles, 3);
+    assert_eq!(
+        plan.metadata,
+        [
+            0, 0, 4, 1, 0, 4, 1, 1, 1, 0, 1, 1, // tiles
+            0, 5, 5, 0, 5, 1, 20, 1, // sequences
+            7, 3, 9, // block tables
+            1, 1, 1, 1, 1, 1, // splits per token
+        ]
+    );
+    assert_eq!(
+        plan.offsets,
+        MetadataOffsets {
+            tiles: 0,
+            seqs: 12,
+            block_tables: 20,
+            token_splits: 23
+        }
+    );
+    assert_eq!(plan.attention.grid, (3, 2, 1));
+    assert_eq!(plan.attention_shared_bytes(), 4 * (16 * 65 + 2 * 64 * 16));
+    assert_eq!(plan.workspace_floats(), (0, 0));
+}
+
+#[test]
+fn launches_do_not_grow_with_the_sequences() {
+    let shape = AttentionShape {
+        num_heads: 12,
+        num_kv_heads: 2,
+        head_dim: 128,
+        scale: 0.088,
+    };
+    let mut rng = Rng(99);
+    let launches = |seqs: &[(usize, usize)], rng: &mut Rng| {
+        let blocks: usize = seqs.iter().map(|s| (s.0 + s.1).div_ceil(16)).sum();
+        let st = step(rng, seqs, 16, blocks);
+        let plan = AttentionPlan::new(
+            &st.sequences,
+            &st.block_tables,
+            st.num_tokens,
+            &shape,
+            16,
+            DeviceLimits::HOPPER,
+        )
+        .unwrap();
+        (StepLaunches::new(&plan, 8960), plan)
+    };
+    // Decode steps of 1 to 256 sequences of 128-token prompts, plus one prefill in the step:
+    // the same launches every time, only the attention grid grows.
+    let mut previous_tiles = 0;
+    let mut counts = Vec::new();
+    for n in [1, 2, 8, 64, 256] {
+        let mut seqs = vec![(128, 1); n];
+        seqs.push((0, 128));
+        let (l, plan) = launches(&seqs, &mut rng);
+        assert!(plan.split.is_none());
+        assert!(plan.num_tiles > previous_tiles);
+        previous_tiles = plan.num_tiles;
+        counts.push(l.launches_per_layer());
+    }
+    assert!(counts.iter().all(|&c| c == counts[0]), "{counts:?}");
+    assert_eq!(counts[0], 6);
+    // A long context of one sequence splits keys: one more launch (the merge), still bounded.
+    let (l, plan) = launches(&[(4000, 1)], &mut rng);
+    assert!(plan.split.is_some());
+    assert_eq!(l.launches_per_layer(), counts[0] + 1);
+    assert!(l
+        .per_layer
+        .iter()
+        .any(|(k, _)| *k == Kernel::AttentionCombine));
+}
+
+#[test]
+fn unsupported_shapes_and_bad_steps_are_errors() {
+    let seqs = [SequenceSlice {
+        query_start: 0,
+        query_len: 2,
+        context_len: 2,
+        block_table_start: 0,
+        block_table_len: 1,
+    }];
+    let plan = |h, kvh, d, tables: &[u32], t| {
+        let shape = AttentionShape {
+            num_heads: h,
+            num_kv_heads: kvh,
+            head_dim: d,
+            scale: 1.0,
+        };
+        AttentionPlan::new(&seqs, tables, t, &shape, 16, DeviceLimits::HOPPER)
+    };
+    assert_eq!(plan(4, 4, 96, &[0], 2).unwrap_err(), PlanError::HeadDim(96));
+    assert!(matches!(
+        plan(32, 1, 64, &[0], 2),
+        Err(PlanError::Group { .. })
+    ));
+    assert!(matches!(
+        plan(6, 4, 64, &[0], 2),
+        Err(PlanError::Group { .. })
+    ));
+    assert!(matches!(plan(4, 4, 64, &[], 2), Err(PlanError::Step(_))));
+    assert!(matches!(plan(4, 4, 64, &[0], 3), Err(PlanError::Step(_))));
+    assert!(plan(4, 4, 64, &[0], 2).is_ok());
+}
+
+#[test]
+fn swiglu_grid_covers_every_output_and_stays_bounded() {
+    let d = swiglu_dims(3, 100);
+    assert!(d.blocks() * SWIGLU_THREADS as usize >= 300);
+    assert_eq!(swiglu_dims(100_000, 8960).grid.0, 65_535);
+}

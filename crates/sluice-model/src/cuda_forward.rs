@@ -1,0 +1,132 @@
+//! The forward of a step on our CUDA kernels (`sluice_kernels::cuda`, the `cuda` feature): the
+//! same computation as [`crate::model`]'s, launched so that their number per step does not
+//! depend on how many sequences the step holds (`sluice_kernels::cuda_plan::StepLaunches`):
+//! per layer the fused add + RMSNorm, the QKV matmul (cuBLAS through candle), QK-norm and RoPE
+//! by positions in one kernel, the K/V write through `slot_mapping`, one varlen paged-attention
+//! launch for the whole mixed step (two with split-K), the O matmul, add + RMSNorm, gate/up,
+//! SwiGLU and down. The attention metadata is uploaded once per step.
+//!
+//! UNVERIFIED ON A GPU: this compiles and lints with the feature on; it has not run on a GPU
+//! yet. `tests/gpu.rs` compares it with the CPU forward where a GPU is.
+
+use candle_core::{DType, Tensor};
+use candle_nn::ops::rms_norm;
+use sluice_kernels::cuda::{self, QkNorm, StepMetadata};
+use sluice_kernels::cuda_plan::AttentionPlan;
+use sluice_kernels::AttentionShape;
+
+use crate::batch::StepBatch;
+use crate::config::ModelConfig;
+use crate::embedding::Embedding;
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::layer::Layer;
+use crate::rope::RotaryTables;
+use crate::weights::Linear;
+
+/// What the forward reads of a model.
+pub(crate) struct Weights<'a> {
+    pub config: &'a ModelConfig,
+    pub embed: &'a Embedding,
+    pub layers: &'a [Layer],
+    pub norm: &'a Tensor,
+    pub lm_head: &'a Linear,
+    pub rope: &'a RotaryTables,
+}
+
+/// Whether the CUDA kernels run a model of this shape: the head dims and GQA groups the
+/// attention kernel is instantiated for.
+pub(crate) fn supports(config: &ModelConfig) -> bool {
+    let shape = attention_shape(config);
+    AttentionPlan::new(
+        &[],
+        &[],
+        0,
+        &shape,
+        16,
+        sluice_kernels::cuda_plan::DeviceLimits::HOPPER,
+    )
+    .is_ok()
+}
+
+fn attention_shape(config: &ModelConfig) -> AttentionShape {
+    AttentionShape {
+        num_heads: config.num_heads,
+        num_kv_heads: config.num_kv_heads,
+        head_dim: config.head_dim,
+        scale: 1.0 / (config.head_dim as f32).sqrt(),
+    }
+}
+
+/// One step (already validated against the model and the cache): writes every token's K/V and
+/// returns the f32 logits of the sampling rows.
+pub(crate) fn forward(w: &Weights<'_>, batch: &StepBatch, kv: &mut KvCache) -> Result<Tensor> {
+    let cfg = w.config;
+    let dev = w.norm.device();
+    let (t, h, kvh, d) = (
+        batch.num_tokens(),
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+    );
+    let eps = cfg.rms_norm_eps as f32;
+    let plan = AttentionPlan::new(
+        &batch.sequences,
+        &batch.block_tables,
+        t,
+        &attention_shape(cfg),
+        batch.block_size,
+        cuda::device_limits(dev)?,
+    )
+    .map_err(|e| ModelError::InvalidStep(e.to_string()))?;
+    let step = StepMetadata::upload(plan, dev)?;
+    let positions = Tensor::from_slice(&batch.positions, t, dev)?;
+    let slot_mapping = Tensor::from_slice(&batch.slot_mapping, t, dev)?;
+    let (cos, sin) = w.rope.tables();
+    let layout = *kv.layout();
+
+    let mut x = w.embed.lookup(&batch.input_ids, dev)?;
+    let act_dtype = x.dtype();
+    let same_dtype = |t: &Tensor| t.to_dtype(act_dtype);
+    // The MLP's output of the previous layer, added to the residual stream by the next norm.
+    let mut pending: Option<Tensor> = None;
+    for (i, layer) in w.layers.iter().enumerate() {
+        let (resid, normed) =
+            cuda::add_rms_norm(&x, pending.as_ref(), &same_dtype(&layer.attn_norm)?, eps)?;
+        let qkv = layer.qkv.forward(&normed)?.contiguous()?;
+        let qk_norm = match &layer.qk_norm {
+            Some((q, k)) => Some((same_dtype(q)?, same_dtype(k)?)),
+            None => None,
+        };
+        let rotated = cuda::rope_qk(
+            &qkv,
+            (cos, sin),
+            &positions,
+            qk_norm.as_ref().map(|(q, k)| QkNorm { q, k, eps }),
+            h,
+            kvh,
+            d,
+        )?;
+        let q = rotated.narrow(1, 0, h * d)?;
+        let k = rotated.narrow(1, h * d, kvh * d)?;
+        let v = qkv.narrow(1, (h + kvh) * d, kvh * d)?;
+        let layer_kv = kv.layer_kv(i);
+        cuda::write_kv(layer_kv, &k, &v, &slot_mapping, &layout)?;
+        let attn = cuda::paged_attention(&q, layer_kv, &layout, &step)?;
+        let o = layer.o.forward(&attn)?;
+        let (resid, normed) =
+            cuda::add_rms_norm(&resid, Some(&o), &same_dtype(&layer.ffn_norm)?, eps)?;
+        x = resid;
+        let act = cuda::swiglu(&layer.gate_up.forward(&normed)?, cfg.intermediate_size)?;
+        pending = Some(layer.down.forward(&act)?);
+    }
+    if let Some(delta) = pending {
+        x = (x + delta)?;
+    }
+    if batch.logits_indices.is_empty() {
+        return Ok(Tensor::zeros((0, cfg.vocab_size), DType::F32, dev)?);
+    }
+    let rows = Tensor::from_slice(&batch.logits_indices, batch.logits_indices.len(), dev)?;
+    let x = rms_norm(&x.index_select(&rows, 0)?, &same_dtype(w.norm)?, eps)?;
+    Ok(w.lm_head.forward(&x)?.to_dtype(DType::F32)?)
+}
