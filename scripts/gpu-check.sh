@@ -25,7 +25,10 @@ build() {
     . "$env_file"
     mkdir -p "$bundle"
     cargo build --release --features sluice-server/cuda -p sluice-server -p sluice-bench
-    cp target/release/sluice target/release/sluice-bench "$bundle/"
+    # Without debug info: the bundle travels to the GPU machine (sluice is ~200 MB with it).
+    for bin in sluice sluice-bench; do
+        strip --strip-debug -o "$bundle/$bin" "target/release/$bin"
+    done
     # The GPU test binary: cargo names it by hash; ask cargo where it wrote it.
     test_bin=$(cargo test --release -p sluice-model --features cuda --test gpu --no-run \
         --message-format=json 2>/dev/null |
@@ -34,7 +37,7 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu" and m.get("executable"):
         print(m["executable"])')
-    cp "$test_bin" "$bundle/gpu-tests"
+    strip --strip-debug -o "$bundle/gpu-tests" "$test_bin"
     # What the binaries link from the toolkit (cuBLAS, cuRAND, NVRTC, cudart): the GPU machine
     # may not have the toolkit, only the driver.
     mkdir -p "$bundle/lib"

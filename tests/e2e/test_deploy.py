@@ -920,7 +920,10 @@ def test_cuda_example_is_honest_about_support():
     features = tomllib.loads((ROOT / "crates" / "sluice-server" / "Cargo.toml").read_text())
     if "cuda" in features.get("features", {}):
         assert "--features cuda" in text
-        assert "not built or tested" in text
+        # CI compiles and lints the cuda build (scripts/setup-cuda.sh) but has no GPU to run
+        # it on: the example must say that its kernels are unverified on one.
+        assert "setup-cuda.sh" in text
+        assert "UNVERIFIED ON A GPU" in text
     else:
         assert "not available" in text
 
