@@ -59,8 +59,13 @@ fn attention_shape(config: &ModelConfig) -> AttentionShape {
 }
 
 /// One step (already validated against the model and the cache): writes every token's K/V and
-/// returns the f32 logits of the sampling rows.
-pub(crate) fn forward(w: &Weights<'_>, batch: &StepBatch, kv: &mut KvCache) -> Result<Tensor> {
+/// returns the f32 logits of the sampling rows and, when an embedding pools rows of this step,
+/// their final norm's output (as `LlamaModel::forward_step`).
+pub(crate) fn forward(
+    w: &Weights<'_>,
+    batch: &StepBatch,
+    kv: &mut KvCache,
+) -> Result<(Tensor, Option<Tensor>)> {
     let cfg = w.config;
     let dev = w.norm.device();
     let (t, h, kvh, d) = (
@@ -123,10 +128,20 @@ pub(crate) fn forward(w: &Weights<'_>, batch: &StepBatch, kv: &mut KvCache) -> R
     if let Some(delta) = pending {
         x = (x + delta)?;
     }
+    // As on the CPU: the final norm of only the rows wanted (it is per row).
+    let norm = same_dtype(w.norm)?;
+    let final_norm = |indices: &[u32]| -> Result<Tensor> {
+        let rows = Tensor::from_slice(indices, indices.len(), dev)?;
+        Ok(rms_norm(&x.index_select(&rows, 0)?, &norm, eps)?)
+    };
+    let hidden = if batch.hidden_indices.is_empty() {
+        None
+    } else {
+        Some(final_norm(&batch.hidden_indices)?.to_dtype(DType::F32)?)
+    };
     if batch.logits_indices.is_empty() {
-        return Ok(Tensor::zeros((0, cfg.vocab_size), DType::F32, dev)?);
+        return Ok((Tensor::zeros((0, cfg.vocab_size), DType::F32, dev)?, hidden));
     }
-    let rows = Tensor::from_slice(&batch.logits_indices, batch.logits_indices.len(), dev)?;
-    let x = rms_norm(&x.index_select(&rows, 0)?, &same_dtype(w.norm)?, eps)?;
-    Ok(w.lm_head.forward(&x)?.to_dtype(DType::F32)?)
+    let x = final_norm(&batch.logits_indices)?;
+    Ok((w.lm_head.forward(&x)?.to_dtype(DType::F32)?, hidden))
 }

@@ -17,6 +17,7 @@ const KEY_TOKENS: &str = "tokenizer.ggml.tokens";
 const KEY_TYPES: &str = "tokenizer.ggml.token_type";
 const KEY_MERGES: &str = "tokenizer.ggml.merges";
 const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
+const KEY_ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
 const KEY_TEMPLATE: &str = "tokenizer.chat_template";
 
 /// GGUF token types (llama.cpp's `llama_token_type`).
@@ -117,6 +118,8 @@ pub(crate) fn build(metadata: &dyn GgufMetadata, path: &Path) -> Result<Tokenize
     let add_bos = meta
         .optional_bool(KEY_ADD_BOS)?
         .unwrap_or(pre == PreTokenizer::Llama3);
+    // llama.cpp's default: no EOS unless the file asks for it.
+    let add_eos = meta.optional_bool(KEY_ADD_EOS)?.unwrap_or(false);
     let chat_template = meta.optional_str(KEY_TEMPLATE)?.map(str::to_string);
 
     let table = TokenTable::new(
@@ -144,6 +147,7 @@ pub(crate) fn build(metadata: &dyn GgufMetadata, path: &Path) -> Result<Tokenize
         pad,
         extra_eog,
         add_bos,
+        add_eos,
         chat_template,
     })
 }

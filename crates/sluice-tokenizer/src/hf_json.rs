@@ -52,12 +52,23 @@ pub(crate) fn build(path: &Path) -> Result<TokenizerParts> {
     let add_bos = config
         .add_bos_token
         .unwrap_or(prepended.is_some() && prepended == bos);
+    // Likewise at the end: the special token the post-processor appends, if it is EOS.
+    let eos = id_of(&config.eos_token);
+    let appended = inner
+        .encode_fast("", true)
+        .ok()
+        .and_then(|e| e.get_ids().last().copied())
+        .filter(|&id| table.kind(id) == Some(TokenKind::Special));
+    let add_eos = config
+        .add_eos_token
+        .unwrap_or(appended.is_some() && appended == eos);
     Ok(TokenizerParts {
         bos,
-        eos: id_of(&config.eos_token),
+        eos,
         pad: id_of(&config.pad_token),
         extra_eog: Vec::new(),
         add_bos,
+        add_eos,
         chat_template: config.chat_template,
         encoder: Encoder::HuggingFace(Box::new(inner)),
         table,
@@ -101,6 +112,7 @@ struct TokenizerConfig {
     eos_token: Option<String>,
     pad_token: Option<String>,
     add_bos_token: Option<bool>,
+    add_eos_token: Option<bool>,
     chat_template: Option<String>,
 }
 
@@ -123,6 +135,7 @@ impl TokenizerConfig {
                 eos_token: token_text(json.get("eos_token")),
                 pad_token: token_text(json.get("pad_token")),
                 add_bos_token: json.get("add_bos_token").and_then(Json::as_bool),
+                add_eos_token: json.get("add_eos_token").and_then(Json::as_bool),
                 chat_template: template_text(json.get("chat_template")),
             }
         } else {

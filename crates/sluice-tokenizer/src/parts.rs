@@ -45,5 +45,9 @@ pub(crate) struct TokenizerParts {
     /// Further end-of-generation ids the source names explicitly (GGUF `eot`/`eom` ids).
     pub(crate) extra_eog: Vec<u32>,
     pub(crate) add_bos: bool,
+    /// Whether a whole input (an embedding's) ends with EOS (GGUF `tokenizer.ggml.add_eos_token`,
+    /// `add_eos_token` of `tokenizer_config.json`): embedding models pooled on their last token
+    /// (Qwen3-Embedding) were trained with it.
+    pub(crate) add_eos: bool,
     pub(crate) chat_template: Option<String>,
 }

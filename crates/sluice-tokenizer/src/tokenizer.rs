@@ -42,6 +42,7 @@ pub struct Tokenizer {
     pad: Option<u32>,
     eos_ids: Vec<u32>,
     add_bos: bool,
+    add_eos: bool,
     chat_template: Option<String>,
 }
 
@@ -52,6 +53,7 @@ impl std::fmt::Debug for Tokenizer {
             .field("bos", &self.bos)
             .field("eos_ids", &self.eos_ids)
             .field("add_bos", &self.add_bos)
+            .field("add_eos", &self.add_eos)
             .finish_non_exhaustive()
     }
 }
@@ -94,6 +96,7 @@ impl Tokenizer {
             pad,
             extra_eog,
             add_bos,
+            add_eos,
             chat_template,
         } = parts;
         let mut eos_ids: Vec<u32> = eos.into_iter().chain(extra_eog).collect();
@@ -117,6 +120,7 @@ impl Tokenizer {
             pad,
             eos_ids,
             add_bos,
+            add_eos,
             chat_template,
         }
     }
@@ -135,6 +139,19 @@ impl Tokenizer {
         if let (true, Some(bos)) = (self.add_bos, self.bos) {
             if ids.first() != Some(&bos) {
                 ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Token ids of a whole input as the model's tokenizer frames it (an embedding input):
+    /// [`encode_prompt`](Self::encode_prompt), then EOS appended when the model wants one
+    /// ([`add_eos_token`](Self::add_eos_token)) and the text does not already end with it.
+    pub fn encode_input(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode_prompt(text)?;
+        if let (true, Some(eos)) = (self.add_eos, self.eos) {
+            if ids.last() != Some(&eos) {
+                ids.push(eos);
             }
         }
         Ok(ids)
@@ -187,6 +204,12 @@ impl Tokenizer {
     /// as llama.cpp does: true for the Llama 3 pre-tokenizer, false for other BPE vocabularies).
     pub fn add_bos_token(&self) -> bool {
         self.add_bos
+    }
+
+    /// Whether whole inputs end with EOS (GGUF `tokenizer.ggml.add_eos_token`, default false;
+    /// `add_eos_token` or the post-processor of a Hugging Face tokenizer).
+    pub fn add_eos_token(&self) -> bool {
+        self.add_eos
     }
 
     pub fn bos_token_id(&self) -> Option<u32> {

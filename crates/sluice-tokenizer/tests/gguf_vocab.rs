@@ -99,3 +99,28 @@ fn out_of_range_special_ids_are_ignored() {
     // The end-of-turn tokens are still found by name.
     assert_eq!(tok.eos_token_ids(), &[2, 0]);
 }
+
+/// An embedding input ends with EOS when the file asks for it (Qwen3-Embedding's GGUF does, and
+/// its last-token pooling reads that EOS), and not otherwise; a prompt never gets one.
+#[test]
+fn add_eos_token_frames_whole_inputs() {
+    let mut content = tiny_content("gpt-2");
+    let plain = Tokenizer::from_gguf(&content, Path::new("x")).unwrap();
+    assert!(!plain.add_eos_token());
+    assert_eq!(
+        plain.encode_input("the").unwrap(),
+        plain.encode_prompt("the").unwrap()
+    );
+
+    content.insert("tokenizer.ggml.add_eos_token", Value::Bool(true));
+    let tok = Tokenizer::from_gguf(&content, Path::new("x")).unwrap();
+    let eos = tok.eos_token_id().unwrap();
+    let prompt = tok.encode_prompt("the").unwrap();
+    assert_ne!(prompt.last(), Some(&eos), "a prompt gets no EOS");
+    let mut framed = prompt.clone();
+    framed.push(eos);
+    assert_eq!(tok.encode_input("the").unwrap(), framed);
+    // Already ending with EOS (written as text): not doubled.
+    let text = format!("the{}", tok.decode(&[eos], false));
+    assert_eq!(tok.encode_input(&text).unwrap(), framed);
+}

@@ -139,14 +139,15 @@ fn validated_inputs(model: &ServedModel, input: Prompt) -> Result<Vec<ValidReque
         .collect()
 }
 
-/// A text input's ids, as a prompt is tokenized (with BOS when the model wants it).
+/// A text input's ids as the model's tokenizer frames a whole input: BOS and EOS where the
+/// model wants them (an embedding model pooled on its last token reads the EOS there).
 fn encode_text(model: &ServedModel, text: String) -> Result<Vec<u32>, ApiError> {
     if text.is_empty() {
         return Err(ApiError::invalid("input", "An input is an empty string."));
     }
     model
         .tokenizer()
-        .encode_prompt(&text)
+        .encode_input(&text)
         .map_err(|e| ApiError::invalid("input", e.to_string()))
 }
 
