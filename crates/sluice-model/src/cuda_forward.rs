@@ -9,8 +9,7 @@
 //! UNVERIFIED ON A GPU: this compiles and lints with the feature on; it has not run on a GPU
 //! yet. `tests/gpu.rs` compares it with the CPU forward where a GPU is.
 
-use candle_core::{DType, Tensor};
-use candle_nn::ops::rms_norm;
+use candle_core::Tensor;
 use sluice_kernels::cuda::{self, QkNorm, StepMetadata};
 use sluice_kernels::cuda_plan::AttentionPlan;
 use sluice_kernels::AttentionShape;
@@ -128,20 +127,12 @@ pub(crate) fn forward(
     if let Some(delta) = pending {
         x = (x + delta)?;
     }
-    // As on the CPU: the final norm of only the rows wanted (it is per row).
-    let norm = same_dtype(w.norm)?;
-    let final_norm = |indices: &[u32]| -> Result<Tensor> {
-        let rows = Tensor::from_slice(indices, indices.len(), dev)?;
-        Ok(rms_norm(&x.index_select(&rows, 0)?, &norm, eps)?)
-    };
-    let hidden = if batch.hidden_indices.is_empty() {
-        None
-    } else {
-        Some(final_norm(&batch.hidden_indices)?.to_dtype(DType::F32)?)
-    };
-    if batch.logits_indices.is_empty() {
-        return Ok((Tensor::zeros((0, cfg.vocab_size), DType::F32, dev)?, hidden));
-    }
-    let x = final_norm(&batch.logits_indices)?;
-    Ok((w.lm_head.forward(&x)?.to_dtype(DType::F32)?, hidden))
+    crate::model::step_output(
+        &x,
+        &same_dtype(w.norm)?,
+        eps,
+        w.lm_head,
+        batch,
+        cfg.vocab_size,
+    )
 }

@@ -441,30 +441,36 @@ fn weight_kinds_agree() {
     );
 }
 
+/// The GGUF formats our kernels read in place.
+const KERNEL_FORMATS: [GgmlDType; 8] = [
+    GgmlDType::Q4_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q4_0,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
+
+/// A tiny model in `dtype`: K-quants need rows of whole 256-weight super-blocks.
+fn spec_in(dtype: GgmlDType) -> TinyModelSpec {
+    let k_quant = dtype.block_size() == 256;
+    TinyModelSpec {
+        dtype,
+        hidden_size: if k_quant { 256 } else { 64 },
+        intermediate_size: if k_quant { 512 } else { 128 },
+        ..TinyModelSpec::default()
+    }
+}
+
 /// `auto` reads quantized panels, dequantized in registers for small steps and once per call
 /// for large ones; both must give the f32 path's numbers exactly, or a sequence's tokens would
 /// depend on its batch.
 #[test]
 fn auto_weights_equal_f32_bit_for_bit() {
-    for dtype in [
-        GgmlDType::Q4_1,
-        GgmlDType::Q8_0,
-        GgmlDType::Q4_0,
-        GgmlDType::Q5_0,
-        GgmlDType::Q5_1,
-        GgmlDType::Q4K,
-        GgmlDType::Q5K,
-        GgmlDType::Q6K,
-    ] {
-        // K-quants need rows of whole 256-weight super-blocks.
-        let k_quant = dtype.block_size() == 256;
-        let spec = TinyModelSpec {
-            dtype,
-            hidden_size: if k_quant { 256 } else { 64 },
-            intermediate_size: if k_quant { 512 } else { 128 },
-            ..TinyModelSpec::default()
-        };
-        let path = tiny_path(&spec, &format!("auto-{dtype:?}.gguf"));
+    for dtype in KERNEL_FORMATS {
+        let path = tiny_path(&spec_in(dtype), &format!("auto-{dtype:?}.gguf"));
         let f32_model = load(
             &path,
             WeightsKind::F32,
@@ -520,24 +526,8 @@ fn auto_weights_equal_f32_bit_for_bit() {
 /// sequence's logits do not depend on the rows beside it where our kernels run.
 #[test]
 fn quantized_weights_track_f32_in_every_format() {
-    for dtype in [
-        GgmlDType::Q4_1,
-        GgmlDType::Q8_0,
-        GgmlDType::Q4_0,
-        GgmlDType::Q5_0,
-        GgmlDType::Q5_1,
-        GgmlDType::Q4K,
-        GgmlDType::Q5K,
-        GgmlDType::Q6K,
-    ] {
-        let k_quant = dtype.block_size() == 256;
-        let spec = TinyModelSpec {
-            dtype,
-            hidden_size: if k_quant { 256 } else { 64 },
-            intermediate_size: if k_quant { 512 } else { 128 },
-            ..TinyModelSpec::default()
-        };
-        let path = tiny_path(&spec, &format!("quantized-{dtype:?}.gguf"));
+    for dtype in KERNEL_FORMATS {
+        let path = tiny_path(&spec_in(dtype), &format!("quantized-{dtype:?}.gguf"));
         let backend = serving_backend(&TinyModelSpec::default());
         let tokens: Vec<u32> = (0..19).map(|i| (i * 13 % 250) as u32).collect();
         let logits = |kind| {
