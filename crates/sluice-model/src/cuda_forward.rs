@@ -127,7 +127,7 @@ pub(crate) fn forward(
     if let Some(delta) = pending {
         x = (x + delta)?;
     }
-    crate::model::step_output(
+    crate::step_output::step_output(
         &x,
         &same_dtype(w.norm)?,
         eps,

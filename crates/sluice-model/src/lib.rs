@@ -29,6 +29,7 @@ pub mod ops;
 pub mod paged;
 pub mod rope;
 pub mod source;
+mod step_output;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod weights;

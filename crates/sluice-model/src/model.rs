@@ -17,6 +17,7 @@ use crate::layer::Layer;
 use crate::load::{LoadOptions, Weight, WeightSource};
 use crate::ops;
 use crate::rope::RotaryTables;
+use crate::step_output::step_output;
 use crate::weights::{Linear, WeightsKind};
 
 pub struct LlamaModel {
@@ -370,34 +371,6 @@ impl LlamaModel {
         }
         step_output(&x, &self.norm, eps, &self.lm_head, batch, cfg.vocab_size)
     }
-}
-
-/// A step's outputs from the last layer's residual stream `x`: the f32 logits of the sampling
-/// rows and, when an embedding pools rows of the step, their final norm's output. The norm is
-/// per row, so normalising only the rows wanted gives each the value it has in a full pass.
-pub(crate) fn step_output(
-    x: &Tensor,
-    norm: &Tensor,
-    eps: f32,
-    lm_head: &Linear,
-    batch: &StepBatch,
-    vocab_size: usize,
-) -> Result<(Tensor, Option<Tensor>)> {
-    let dev = x.device();
-    let final_norm = |indices: &[u32]| -> Result<Tensor> {
-        let rows = Tensor::from_slice(indices, indices.len(), dev)?;
-        Ok(rms_norm(&x.index_select(&rows, 0)?, norm, eps)?)
-    };
-    let hidden = if batch.hidden_indices.is_empty() {
-        None
-    } else {
-        Some(final_norm(&batch.hidden_indices)?.to_dtype(DType::F32)?)
-    };
-    if batch.logits_indices.is_empty() {
-        return Ok((Tensor::zeros((0, vocab_size), DType::F32, dev)?, hidden));
-    }
-    let x = final_norm(&batch.logits_indices)?;
-    Ok((lm_head.forward(&x)?.to_dtype(DType::F32)?, hidden))
 }
 
 /// The backend a model gets when the options name none: our CUDA kernels on a GPU where they
