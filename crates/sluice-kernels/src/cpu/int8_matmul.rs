@@ -284,19 +284,9 @@ struct ActRow<'a> {
     int_sums: &'a [i32],
 }
 
+/// AVX2, FMA and F16C: the packed kernel's own requirement, so one detection serves both.
 fn avx2_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static AVAILABLE: OnceLock<bool> = OnceLock::new();
-        *AVAILABLE.get_or_init(|| {
-            is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::cpu::gemm::available()
 }
 
 fn vnni_available() -> bool {
