@@ -11,9 +11,10 @@
 //! The [`KvLayout`] makes a chunk's scores `head_dim` broadcast-FMAs over 16 lanes with no
 //! horizontal sums, and its values contiguous rows.
 //!
-//! The kernel needs AVX-512 (F, BW, F16C) and a head dimension that is a multiple of 16
-//! ([`fast`]); elsewhere the same work items run in portable Rust ([`portable`]), exact per
-//! query whatever the step holds.
+//! The kernel needs a head dimension that is a multiple of 16 and either AVX-512 (F, BW, F16C:
+//! a chunk is one register) or AVX2 with FMA and F16C (a chunk is two registers, [`avx2`]);
+//! [`fast`] says whether one runs. Elsewhere the same work items run in portable Rust
+//! ([`portable`]), exact per query whatever the step holds.
 
 use std::cell::RefCell;
 
@@ -24,7 +25,7 @@ use crate::paged::{AttentionShape, KvLayout, SequenceSlice};
 
 /// The element types a KV cache may hold: f32, and f16 (half the bytes that decode reads,
 /// widened in registers). Sealed: the kernel knows how to load exactly these.
-pub trait KvElem: Copy + Send + Sync + Into<f32> + x86::Load {}
+pub trait KvElem: Copy + Send + Sync + Into<f32> + x86::Load + avx2::Load8 {}
 impl KvElem for f32 {}
 impl KvElem for half::f16 {}
 
@@ -48,31 +49,65 @@ pub enum AttentionError {
 }
 
 /// Whether [`paged_attention`] runs for heads of `head_dim` in groups of `group`: always, on
-/// the AVX-512 kernel where [`fast`] holds, else in portable Rust ([`portable`]).
+/// a vector kernel where [`fast`] holds, else in portable Rust ([`portable`]).
 pub fn supports(head_dim: usize, group: usize) -> bool {
     head_dim > 0 && group > 0
 }
 
-/// Whether the AVX-512 kernel runs on this CPU for heads of `head_dim` in groups of `group`.
+/// Whether a vector kernel (AVX-512 or AVX2) runs on this CPU for heads of `head_dim` in
+/// groups of `group`.
 pub fn fast(head_dim: usize, group: usize) -> bool {
-    cpu_features() && head_dim.is_multiple_of(LANES) && (1..=MAX_GROUP).contains(&group)
+    path(head_dim, group) != Path::Portable
 }
 
+mod avx2;
 mod portable;
 
-fn cpu_features() -> bool {
+/// Which code computes a work item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// A chunk of 16 keys is one AVX-512 register.
+    Avx512,
+    /// A chunk is two AVX2 registers.
+    Avx2,
+    /// Plain Rust, one query at a time.
+    Portable,
+}
+
+/// The fastest path this CPU has for the shape.
+fn path(head_dim: usize, group: usize) -> Path {
+    if !head_dim.is_multiple_of(LANES) || !(1..=MAX_GROUP).contains(&group) {
+        return Path::Portable;
+    }
+    let (avx512, avx2) = cpu_features();
+    if avx512 {
+        Path::Avx512
+    } else if avx2 {
+        Path::Avx2
+    } else {
+        Path::Portable
+    }
+}
+
+/// (AVX-512 F, BW, VL, F16C and FMA; AVX2, FMA and F16C) on this CPU.
+fn cpu_features() -> (bool, bool) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::sync::OnceLock;
-        static AVAILABLE: OnceLock<bool> = OnceLock::new();
+        static AVAILABLE: OnceLock<(bool, bool)> = OnceLock::new();
         *AVAILABLE.get_or_init(|| {
-            is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("f16c")
+            let f16c_fma = is_x86_feature_detected!("f16c") && is_x86_feature_detected!("fma");
+            (
+                f16c_fma
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl"),
+                f16c_fma && is_x86_feature_detected!("avx2"),
+            )
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
-    false
+    (false, false)
 }
 
 #[derive(Clone, Copy)]
@@ -106,17 +141,11 @@ pub fn paged_attention<E: KvElem>(
     out: &mut [f32],
 ) -> Result<(), AttentionError> {
     let (h, kvh, d) = (shape.num_heads, layout.num_kv_heads, layout.head_dim);
-    let t = sequences
-        .iter()
-        .map(|s| s.query_start + s.query_len)
-        .max()
-        .unwrap_or(0);
-    let shape_error = |what: String| Err(AttentionError::Shape(what));
     if kvh == 0 || h % kvh != 0 || shape.head_dim != d || shape.num_kv_heads != kvh {
-        return shape_error(format!(
+        return Err(AttentionError::Shape(format!(
             "{h} query heads over {kvh} KV heads of {d} (shape says {} of {})",
             shape.num_kv_heads, shape.head_dim
-        ));
+        )));
     }
     if !supports(d, h / kvh) {
         return Err(AttentionError::Unsupported {
@@ -124,7 +153,52 @@ pub fn paged_attention<E: KvElem>(
             group: h / kvh,
         });
     }
-    let fast = fast(d, h / kvh);
+    run_items(
+        path(d, h / kvh),
+        q,
+        k_cache,
+        v_cache,
+        layout,
+        sequences,
+        block_tables,
+        shape,
+        out,
+    )
+}
+
+/// [`paged_attention`] on the given path, for a shape whose heads divide into groups over the
+/// KV heads. A vector path this CPU or shape lacks is refused ([`path`] picks one it has).
+#[allow(clippy::too_many_arguments)]
+fn run_items<E: KvElem>(
+    path: Path,
+    q: &[f32],
+    k_cache: &[E],
+    v_cache: &[E],
+    layout: &KvLayout,
+    sequences: &[SequenceSlice],
+    block_tables: &[u32],
+    shape: &AttentionShape,
+    out: &mut [f32],
+) -> Result<(), AttentionError> {
+    let (h, kvh, d) = (shape.num_heads, layout.num_kv_heads, layout.head_dim);
+    let t = sequences
+        .iter()
+        .map(|s| s.query_start + s.query_len)
+        .max()
+        .unwrap_or(0);
+    let shape_error = |what: String| Err(AttentionError::Shape(what));
+    let vector_shape = d.is_multiple_of(LANES) && (1..=MAX_GROUP).contains(&(h / kvh));
+    let runs_here = match path {
+        Path::Avx512 => vector_shape && cpu_features().0,
+        Path::Avx2 => vector_shape && cpu_features().1,
+        Path::Portable => true,
+    };
+    if !runs_here {
+        return Err(AttentionError::Unsupported {
+            head_dim: d,
+            group: h / kvh,
+        });
+    }
     let n = layout.values_per_layer();
     if q.len() < t * h * d || out.len() != q.len() || k_cache.len() < n || v_cache.len() < n {
         return shape_error(format!(
@@ -183,12 +257,13 @@ pub fn paged_attention<E: KvElem>(
     items.par_iter().for_each(|item| {
         SCRATCH.with(|scratch| {
             let scratch = &mut scratch.borrow_mut();
-            if !fast {
+            if path == Path::Portable {
                 return kernel.run_portable(item, &k_cache[..n], &v_cache[..n], scratch, out);
             }
-            // SAFETY: `fast` held above, the sizes and block tables were checked against the
-            // cache, and each work item writes only its own (token, head) rows of `out`.
-            unsafe { kernel.run(item, &k_cache[..n], &v_cache[..n], scratch, out) }
+            // SAFETY: the path runs on this CPU for this shape (the caller's promise), the
+            // sizes and block tables were checked against the cache, and each work item writes
+            // only its own (token, head) rows of `out`.
+            unsafe { kernel.run(path, item, &k_cache[..n], &v_cache[..n], scratch, out) }
         })
     });
     Ok(())
@@ -204,14 +279,15 @@ struct Kernel<'a> {
 }
 
 impl Kernel<'_> {
-    /// Computes one work item's rows of the output.
+    /// Computes one work item's rows of the output on a vector path.
     ///
     /// # Safety
-    /// [`supports`] holds for the shape; `k` and `v` hold the layout's values; the item's
-    /// sequence fits its block table and the cache; no other task writes the item's rows of
-    /// `out`.
+    /// `path` is [`Path::Avx512`] or [`Path::Avx2`] and runs on this CPU for the shape; `k` and
+    /// `v` hold the layout's values; the item's sequence fits its block table and the cache;
+    /// no other task writes the item's rows of `out`.
     unsafe fn run<E: KvElem>(
         &self,
+        path: Path,
         item: &WorkItem,
         k: &[E],
         v: &[E],
@@ -266,6 +342,7 @@ impl Kernel<'_> {
                         v: &v[run + chunk * d..],
                         head_dim: d,
                         n_keys,
+                        all_lanes_in_block: chunk + LANES <= bs,
                         scale: self.scale,
                     };
                     let state = RowState {
@@ -273,9 +350,15 @@ impl Kernel<'_> {
                         sums: &mut sums[row..row + group],
                         accs: &mut accs[row * d..(row + group) * d],
                     };
-                    // SAFETY: `supports` checked the CPU features and shapes the kernel needs
-                    // (the caller's promise); the chunk's keys and values lie in the block.
-                    unsafe { x86::chunk_for_group(group, &chunk_args, state) };
+                    // SAFETY: the path runs on this CPU for this shape, so the group is 1..=8
+                    // and head_dim a multiple of 16 (the caller's promise); the chunk's keys and
+                    // values lie in the block.
+                    unsafe {
+                        match path {
+                            Path::Avx512 => x86::chunk_for_group(group, &chunk_args, state),
+                            _ => avx2::chunk_for_group(group, &chunk_args, state),
+                        }
+                    };
                 }
             }
         }
@@ -326,6 +409,9 @@ struct Chunk<'a, E> {
     v: &'a [E],
     head_dim: usize,
     n_keys: usize,
+    /// Whether all 16 key lanes of each row lie inside the block (it is at least 16 keys past
+    /// the chunk's start), so a full-width load is in bounds even where `n_keys < 16`.
+    all_lanes_in_block: bool,
     scale: f32,
 }
 
@@ -482,5 +568,193 @@ mod x86 {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::f16;
+
+    use super::*;
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(6_364_136_223_846_793_005) | 1;
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((x >> 40) % 20_001) as f32 / 10_000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// One step of sequences given as (query tokens, tokens already cached), each on blocks
+    /// taken from the end of the pool, with random queries and cache.
+    struct Step {
+        layout: KvLayout,
+        shape: AttentionShape,
+        sequences: Vec<SequenceSlice>,
+        block_tables: Vec<u32>,
+        q: Vec<f32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+    }
+
+    fn step(heads: usize, kv_heads: usize, head_dim: usize, block_size: usize) -> Step {
+        let shapes = [
+            (1usize, 0usize),
+            (1, 15),
+            (1, 16),
+            (3, 13),
+            (17, 0),
+            (20, 31),
+            (1, 47),
+            (40, 0),
+            (1, 70),
+        ];
+        let num_blocks = shapes
+            .iter()
+            .map(|(q, c)| (q + c).div_ceil(block_size))
+            .sum::<usize>()
+            + 2;
+        let layout = KvLayout {
+            num_blocks,
+            block_size,
+            num_kv_heads: kv_heads,
+            head_dim,
+        };
+        let (mut sequences, mut block_tables) = (Vec::new(), Vec::new());
+        let (mut next_block, mut query_start) = (num_blocks as u32, 0);
+        for &(query_len, cached) in &shapes {
+            let context_len = query_len + cached;
+            let blocks = context_len.div_ceil(block_size);
+            sequences.push(SequenceSlice {
+                query_start,
+                query_len,
+                context_len,
+                block_table_start: block_tables.len(),
+                block_table_len: blocks,
+            });
+            for _ in 0..blocks {
+                next_block -= 1;
+                block_tables.push(next_block);
+            }
+            query_start += query_len;
+        }
+        let n = layout.values_per_layer();
+        Step {
+            layout,
+            shape: AttentionShape {
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+            },
+            q: values(query_start * heads * head_dim, 1)
+                .iter()
+                .map(|x| x * 3.0)
+                .collect(),
+            k: values(n, 2),
+            v: values(n, 3),
+            sequences,
+            block_tables,
+        }
+    }
+
+    fn run<E: KvElem>(path: Path, s: &Step, k: &[E], v: &[E]) -> Vec<f32> {
+        let mut out = vec![0f32; s.q.len()];
+        run_items(
+            path,
+            &s.q,
+            k,
+            v,
+            &s.layout,
+            &s.sequences,
+            &s.block_tables,
+            &s.shape,
+            &mut out,
+        )
+        .unwrap();
+        out
+    }
+
+    /// Every vector path this CPU runs agrees with the portable one, on f32 and f16 caches,
+    /// for every group size, block sizes that do and do not hold whole 16-key chunks, decode
+    /// rows and prefill runs.
+    #[test]
+    fn vector_paths_match_portable() {
+        let (avx512, avx2) = cpu_features();
+        let paths: Vec<Path> = [(avx512, Path::Avx512), (avx2, Path::Avx2)]
+            .into_iter()
+            .filter_map(|(has, p)| has.then_some(p))
+            .collect();
+        if paths.is_empty() {
+            eprintln!("skipped: neither AVX-512 nor AVX2 on this CPU");
+            return;
+        }
+        for (heads, kv_heads) in [
+            (1, 1),
+            (4, 2),
+            (9, 3),
+            (8, 2),
+            (10, 2),
+            (12, 2),
+            (14, 2),
+            (8, 1),
+        ] {
+            for (head_dim, block_size) in [(64, 16), (64, 20), (32, 8), (128, 32), (16, 1)] {
+                let s = step(heads, kv_heads, head_dim, block_size);
+                let k16: Vec<f16> = s.k.iter().map(|&x| f16::from_f32(x)).collect();
+                let v16: Vec<f16> = s.v.iter().map(|&x| f16::from_f32(x)).collect();
+                let want32 = run(Path::Portable, &s, &s.k, &s.v);
+                let want16 = run(Path::Portable, &s, &k16, &v16);
+                for &path in &paths {
+                    for (got, want) in [
+                        (run(path, &s, &s.k, &s.v), &want32),
+                        (run(path, &s, &k16, &v16), &want16),
+                    ] {
+                        let diff = got
+                            .iter()
+                            .zip(want)
+                            .map(|(a, b)| (a - b).abs())
+                            .fold(0f32, f32::max);
+                        assert!(
+                            diff < 2e-6,
+                            "{path:?}, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}: differs from portable by {diff}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A path this CPU lacks, or a shape it does not cover, is an error rather than a fault.
+    #[test]
+    fn a_path_the_cpu_or_shape_lacks_is_refused() {
+        let s = step(4, 2, 24, 16);
+        let err = std::panic::catch_unwind(|| {
+            let mut out = vec![0f32; s.q.len()];
+            run_items(
+                Path::Avx2,
+                &s.q,
+                &s.k,
+                &s.v,
+                &s.layout,
+                &s.sequences,
+                &s.block_tables,
+                &s.shape,
+                &mut out,
+            )
+        })
+        .expect("no panic");
+        assert_eq!(
+            err,
+            Err(AttentionError::Unsupported {
+                head_dim: 24,
+                group: 2
+            })
+        );
     }
 }

@@ -1,0 +1,197 @@
+//! The chunk kernel for x86 CPUs with AVX2, FMA and F16C but no AVX-512: the same work as the
+//! AVX-512 kernel in `attention.rs` (a chunk of 16 keys scored for every query head of a group
+//! while it is in L1, one online-softmax update, the values accumulated), with each 16-key
+//! chunk held as two 8-lane registers.
+
+#[cfg(target_arch = "x86_64")]
+pub(super) use x86::*;
+
+#[cfg(not(target_arch = "x86_64"))]
+mod portable_stub {
+    use super::super::{Chunk, KvElem, RowState};
+
+    /// Sealing trait of [`KvElem`] (the AVX2 loads exist only on x86_64).
+    pub trait Load8 {}
+    impl Load8 for f32 {}
+    impl Load8 for half::f16 {}
+
+    /// # Safety
+    /// Never called: the AVX2 path is never picked off x86_64.
+    pub unsafe fn chunk_for_group<E: KvElem>(_: usize, _: &Chunk<'_, E>, _: RowState<'_>) {
+        unreachable!("the AVX2 path is never picked off x86_64")
+    }
+}
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) use portable_stub::*;
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::super::{Chunk, KvElem, RowState, LANES, MAX_GROUP};
+    use crate::cpu::simd::x86::{exp8, hmax8, hsum8};
+
+    /// How 8 of the cache's elements become 8 f32 lanes (a sealing trait of [`KvElem`]).
+    pub trait Load8 {
+        /// # Safety
+        /// The CPU has AVX2 and F16C; 8 elements from `p` are readable.
+        unsafe fn load8(p: *const Self) -> __m256;
+    }
+
+    impl Load8 for f32 {
+        #[inline(always)]
+        unsafe fn load8(p: *const f32) -> __m256 {
+            // SAFETY: the caller's promise (see `Load8::load8`).
+            unsafe { _mm256_loadu_ps(p) }
+        }
+    }
+
+    impl Load8 for f16 {
+        #[inline(always)]
+        unsafe fn load8(p: *const f16) -> __m256 {
+            // SAFETY: the caller's promise (see `Load8::load8`).
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+        }
+    }
+
+    /// The 16 key lanes of one dimension row at `p`, of which the first `n` are keys. Lanes past
+    /// `n` hold whatever the block holds there (the caller masks their scores) when all 16
+    /// lie in the block; otherwise they are copies of key 0, read from a staged copy so no
+    /// load leaves the block.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C; `p[..n]` is readable, and `p[..16]` too if `all_lanes`.
+    #[inline(always)]
+    unsafe fn load_keys<E: KvElem>(p: *const E, n: usize, all_lanes: bool) -> (__m256, __m256) {
+        // SAFETY: the caller's promise on `p`; the staged copy is 16 elements long.
+        unsafe {
+            if all_lanes {
+                return (E::load8(p), E::load8(p.add(8)));
+            }
+            let mut staged = [*p; LANES];
+            std::ptr::copy_nonoverlapping(p, staged.as_mut_ptr(), n.min(LANES));
+            (E::load8(staged.as_ptr()), E::load8(staged.as_ptr().add(8)))
+        }
+    }
+
+    /// Dispatches to a kernel specialised for the group size, so the group's accumulators live
+    /// in registers.
+    ///
+    /// # Safety
+    /// As [`chunk`], and `group` is 1..=8.
+    #[inline(always)]
+    pub unsafe fn chunk_for_group<E: KvElem>(group: usize, c: &Chunk<'_, E>, s: RowState<'_>) {
+        // SAFETY: forwarded: the caller makes `chunk`'s promise for this group size.
+        unsafe {
+            match group {
+                1 => chunk::<E, 1>(c, s),
+                2 => chunk::<E, 2>(c, s),
+                3 => chunk::<E, 3>(c, s),
+                4 => chunk::<E, 4>(c, s),
+                5 => chunk::<E, 5>(c, s),
+                6 => chunk::<E, 6>(c, s),
+                7 => chunk::<E, 7>(c, s),
+                8 => chunk::<E, 8>(c, s),
+                _ => unreachable!("group sizes above {MAX_GROUP} take the portable path"),
+            }
+        }
+    }
+
+    // Several register arrays are indexed by the same head `g` and key `t`; index loops say
+    // that more plainly than zipped iterators.
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `c.q` holds G heads of `c.head_dim` (a multiple of 16)
+    /// values, `c.k` `c.head_dim` rows of `c.k_stride` keys of which the first
+    /// `c.n_keys` (1..=16) are read (all 16 if `c.all_lanes_in_block`), `c.v` `c.n_keys` rows
+    /// of `c.head_dim` values, and `s` G rows.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk<E: KvElem, const G: usize>(c: &Chunk<'_, E>, s: RowState<'_>) {
+        // SAFETY: the CPU features and the sizes of `c` and `s` are the caller's promise; every
+        // load and store below is inside them.
+        unsafe {
+            let d = c.head_dim;
+            let kp = c.k.as_ptr();
+            let qp = c.q.as_ptr();
+
+            // Scores of keys 0..8 and 8..16 for each head: 2G FMA chains; one load of each key
+            // row serves every head of the group.
+            let mut lo = [_mm256_setzero_ps(); G];
+            let mut hi = [_mm256_setzero_ps(); G];
+            for dim in 0..d {
+                let (k0, k1) = load_keys(kp.add(dim * c.k_stride), c.n_keys, c.all_lanes_in_block);
+                for g in 0..G {
+                    let qv = _mm256_broadcast_ss(&*qp.add(g * d + dim));
+                    lo[g] = _mm256_fmadd_ps(qv, k0, lo[g]);
+                    hi[g] = _mm256_fmadd_ps(qv, k1, hi[g]);
+                }
+            }
+
+            // Lanes at or past `n_keys` are not keys of this query: -inf scores, zero weights.
+            let n = _mm256_set1_epi32(c.n_keys as i32);
+            let valid_lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                n,
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            ));
+            let valid_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                n,
+                _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15),
+            ));
+            let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+            let scale = _mm256_set1_ps(c.scale);
+            let mut probs = [[0f32; LANES]; G];
+            for g in 0..G {
+                let s_lo = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(lo[g], scale), valid_lo);
+                let s_hi = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(hi[g], scale), valid_hi);
+                let new_max = s.maxes[g].max(hmax8(_mm256_max_ps(s_lo, s_hi)));
+                if new_max > s.maxes[g] {
+                    let correction = _mm256_set1_ps(s.maxes[g] - new_max);
+                    let correction = _mm256_cvtss_f32(exp8(correction));
+                    s.sums[g] *= correction;
+                    let acc = s.accs.as_mut_ptr().add(g * d);
+                    let cv = _mm256_set1_ps(correction);
+                    for j in (0..d).step_by(8) {
+                        _mm256_storeu_ps(
+                            acc.add(j),
+                            _mm256_mul_ps(_mm256_loadu_ps(acc.add(j)), cv),
+                        );
+                    }
+                    s.maxes[g] = new_max;
+                }
+                let m = _mm256_set1_ps(new_max);
+                let p_lo = _mm256_and_ps(exp8(_mm256_sub_ps(s_lo, m)), valid_lo);
+                let p_hi = _mm256_and_ps(exp8(_mm256_sub_ps(s_hi, m)), valid_hi);
+                s.sums[g] += hsum8(_mm256_add_ps(p_lo, p_hi));
+                _mm256_storeu_ps(probs[g].as_mut_ptr(), p_lo);
+                _mm256_storeu_ps(probs[g].as_mut_ptr().add(8), p_hi);
+            }
+
+            // Values, 16 dimensions at a time: one load of each value row serves every head.
+            let vp = c.v.as_ptr();
+            let accp = s.accs.as_mut_ptr();
+            for j in (0..d).step_by(LANES) {
+                let mut a0 = [_mm256_setzero_ps(); G];
+                let mut a1 = [_mm256_setzero_ps(); G];
+                for g in 0..G {
+                    a0[g] = _mm256_loadu_ps(accp.add(g * d + j));
+                    a1[g] = _mm256_loadu_ps(accp.add(g * d + j + 8));
+                }
+                for t in 0..c.n_keys {
+                    let v0 = E::load8(vp.add(t * d + j));
+                    let v1 = E::load8(vp.add(t * d + j + 8));
+                    for g in 0..G {
+                        let p = _mm256_broadcast_ss(&probs[g][t]);
+                        a0[g] = _mm256_fmadd_ps(p, v0, a0[g]);
+                        a1[g] = _mm256_fmadd_ps(p, v1, a1[g]);
+                    }
+                }
+                for g in 0..G {
+                    _mm256_storeu_ps(accp.add(g * d + j), a0[g]);
+                    _mm256_storeu_ps(accp.add(g * d + j + 8), a1[g]);
+                }
+            }
+        }
+    }
+}
