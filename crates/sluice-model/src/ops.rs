@@ -6,7 +6,7 @@ use sluice_kernels::cpu::swiglu;
 use crate::error::Result;
 
 /// `silu(gate) * up` for `gate_up: [T, 2 * inter]` holding gate then up per row; `[T, inter]`.
-/// On AVX-512 CPUs one fused pass (`sluice_kernels::cpu::swiglu`); elsewhere candle's ops.
+/// On AVX-512 or AVX2 CPUs one fused pass (`sluice_kernels::cpu::swiglu`); elsewhere candle's ops.
 pub fn swiglu(gate_up: &Tensor, inter: usize) -> Result<Tensor> {
     if gate_up.device().is_cpu() && gate_up.dtype() == DType::F32 && swiglu::available() {
         let t = gate_up.dim(0)?;
