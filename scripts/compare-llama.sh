@@ -11,7 +11,10 @@
 # 512-token prefill. The peer is built by ../shared/tools/llama-server.sh (about 10 minutes
 # the first time).
 # Environment: SLUICE_KV (sluice's --kv-cache-memory, default 512MiB), COMPARE_PORT (8411),
-# COMPARE_REQUESTS (requests per client at each level, default 2x).
+# COMPARE_REQUESTS (requests per client at each level, default 2x), COMPARE_F32=1 (llama.cpp
+# also serves an F32 copy of the file, made once by llama-quantize into ~/.cache/sluice-peer:
+# on a small model that is often llama.cpp's fastest file at many clients). Ends with
+# scripts/bench-summary.py's table of the figures and their ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,7 +58,8 @@ measure() {
     echo "| $label | ready $(printf %.2f "$ready") s | RSS when ready $rss MiB |"
     ./target/release/sluice-bench --base-url "http://127.0.0.1:$port" --sweep "$levels" \
         --num-requests "$requests" --prompt-tokens 130 --output-tokens 128 --quiet \
-        --json "$out/$name.$label.json" | tee "$out/$name.$label.md"
+        --json "$out/$name.$label.json" --csv "$out/$name.$label.csv" \
+        --plot "$out/$name.$label.png" | tee "$out/$name.$label.md"
     echo "| $label | peak RSS over the run $(awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status") MiB |"
     kill "$pid"
     wait "$pid" 2>/dev/null || true
@@ -68,7 +72,19 @@ measure sluice ./target/release/sluice serve --model "$model" --host 127.0.0.1 -
 LD_LIBRARY_PATH=$peer measure llama.cpp "$peer/llama-server" -m "$model" -t "$(nproc)" \
     -np "$max_clients" -c $((max_clients * 320)) --host 127.0.0.1 --port "$port"
 
+if [ "${COMPARE_F32:-0}" = 1 ]; then
+    f32=${LLAMA_DIR:-$HOME/.cache/sluice-peer}/$name.F32.gguf
+    if [ ! -f "$f32" ]; then
+        LD_LIBRARY_PATH=$peer "$peer/llama-quantize" --allow-requantize "$model" "$f32.part" F32 >&2
+        mv "$f32.part" "$f32"
+    fi
+    LD_LIBRARY_PATH=$peer measure llama.cpp-F32 "$peer/llama-server" -m "$f32" -t "$(nproc)" \
+        -np "$max_clients" -c $((max_clients * 320)) --host 127.0.0.1 --port "$port"
+fi
+
 echo "## prefill of 512 tokens"
 LD_LIBRARY_PATH=$peer "$peer/llama-bench" -m "$model" -t "$(nproc)" -p 512 -n 0 | tee "$out/$name.llama-bench.md"
 SLUICE_MODEL=$(realpath "$model") SLUICE_BENCH_WEIGHTS=auto SLUICE_BENCH_BATCHES=1 \
     cargo bench -p sluice-model --bench forward | tee "$out/$name.forward.md"
+
+python3 scripts/bench-summary.py "$out" "$name" | tee "$out/$name.summary.md"
