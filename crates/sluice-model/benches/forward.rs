@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use sluice_model::{LlamaModel, LoadOptions, StepBatch, WeightsKind};
+use sluice_model::{LlamaModel, LoadOptions, StepBatch, StepScratch, WeightsKind};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -104,6 +104,8 @@ fn main() {
             .new_kv_cache((max_b * blocks_per_seq).max(PREFILL.div_ceil(BLOCK)), BLOCK)
             .unwrap();
         let mut batch = StepBatch::new(BLOCK);
+        // Buffers kept across steps, as the engine keeps them.
+        let mut scratch = StepScratch::default();
         for &b in &batches {
             // Cache contents do not change the work, so the contexts are not prefilled.
             batch.clear();
@@ -114,7 +116,9 @@ fn main() {
                 batch.push_sequence(&[(100 + s) as u32], CONTEXT, &table, true);
             }
             let (t, fastest) = time(|| {
-                model.forward(&batch, &mut kv).unwrap();
+                model
+                    .forward_step_in(&batch, &mut kv, &mut scratch)
+                    .unwrap();
             });
             println!(
                 "| {kind} | decode B={b} @ctx {CONTEXT} | {b} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} |",
@@ -133,7 +137,9 @@ fn main() {
         let table: Vec<u32> = (0..PREFILL.div_ceil(BLOCK) as u32).collect();
         batch.push_sequence(&tokens, 0, &table, true);
         let (t, fastest) = time(|| {
-            model.forward(&batch, &mut kv).unwrap();
+            model
+                .forward_step_in(&batch, &mut kv, &mut scratch)
+                .unwrap();
         });
         println!(
             "| {kind} | prefill {PREFILL} | {PREFILL} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} |",

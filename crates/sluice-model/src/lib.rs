@@ -13,6 +13,7 @@
 pub mod attention;
 pub mod batch;
 pub mod config;
+mod cpu_forward;
 #[cfg(feature = "cuda")]
 mod cuda_forward;
 mod embedding;
@@ -38,6 +39,7 @@ pub use attention::AttentionBackend;
 pub use batch::StepOutput;
 pub use batch::{SequenceSlice, StepBatch};
 pub use config::{Architecture, ModelConfig, Pooling, RopeScaling};
+pub use cpu_forward::StepScratch;
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfModelDir;

@@ -2,12 +2,11 @@
 //! an engine step, whatever sequence it belongs to and wherever that sequence stands.
 
 use candle_core::{DType, Device, Tensor};
-use candle_nn::ops::rms_norm;
-use sluice_kernels::AttentionShape;
 
-use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend};
+use crate::attention::{cpu as cpu_attention, AttentionBackend};
 use crate::batch::StepBatch;
 use crate::config::ModelConfig;
+use crate::cpu_forward::{self, StepScratch};
 #[cfg(feature = "cuda")]
 use crate::cuda_forward;
 use crate::embedding::Embedding;
@@ -15,9 +14,7 @@ use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::layer::Layer;
 use crate::load::{LoadOptions, Weight, WeightSource};
-use crate::ops;
 use crate::rope::RotaryTables;
-use crate::step_output::step_output;
 use crate::weights::{Linear, WeightsKind};
 
 pub struct LlamaModel {
@@ -301,6 +298,17 @@ impl LlamaModel {
         batch: &StepBatch,
         kv: &mut KvCache,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        self.forward_step_in(batch, kv, &mut StepScratch::default())
+    }
+
+    /// [`LlamaModel::forward_step`] with the CPU step's buffers kept in `scratch` from one step
+    /// to the next (the engine's loop), so that steps stop allocating them.
+    pub fn forward_step_in(
+        &self,
+        batch: &StepBatch,
+        kv: &mut KvCache,
+        scratch: &mut StepScratch,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         self.validate(batch, kv)?;
         #[cfg(feature = "cuda")]
         if self.attention == AttentionBackend::Cuda {
@@ -314,62 +322,16 @@ impl LlamaModel {
             };
             return cuda_forward::forward(&weights, batch, kv);
         }
-        let cfg = &self.config;
-        let (t, h, kvh, d) = (
-            batch.num_tokens(),
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-        );
-        let dev = &self.device;
-        let eps = cfg.rms_norm_eps as f32;
-
-        let positions = Tensor::from_slice(&batch.positions, t, dev)?;
-        let (cos, sin) = self.rope.gather(&positions)?;
-        let write_at = kv.write_indices(batch)?;
-        let shape = AttentionShape {
-            num_heads: h,
-            num_kv_heads: kvh,
-            head_dim: d,
-            scale: 1.0 / (d as f32).sqrt(),
+        let weights = cpu_forward::Weights {
+            config: &self.config,
+            embed: &self.embed,
+            layers: &self.layers,
+            norm: &self.norm,
+            lm_head: &self.lm_head,
+            rope: &self.rope,
+            attention: self.attention,
         };
-
-        let mut x = self.embed.lookup(&batch.input_ids, dev)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let normed = rms_norm(&x, &layer.attn_norm, eps)?;
-            let qkv = layer.qkv.forward(&normed)?;
-            let q = qkv.narrow(1, 0, h * d)?.contiguous()?.reshape((t, h, d))?;
-            let k = qkv
-                .narrow(1, h * d, kvh * d)?
-                .contiguous()?
-                .reshape((t, kvh, d))?;
-            let v = qkv.narrow(1, (h + kvh) * d, kvh * d)?.contiguous()?;
-            let (q, k) = match &layer.qk_norm {
-                Some((q_norm, k_norm)) => (rms_norm(&q, q_norm, eps)?, rms_norm(&k, k_norm, eps)?),
-                None => (q, k),
-            };
-            let q = RotaryTables::apply(&q, &cos, &sin)?;
-            let k = RotaryTables::apply(&k, &cos, &sin)?;
-            kv.write(i, &k, &v, &write_at)?;
-            let (k_cache, v_cache) = kv.layer(i);
-            let attn = paged_attention(
-                self.attention,
-                &q,
-                k_cache,
-                v_cache,
-                kv.layout(),
-                batch,
-                &shape,
-            )?;
-            x = (x + layer.o.forward(&attn)?)?;
-
-            let normed = rms_norm(&x, &layer.ffn_norm, eps)?;
-            let gate_up = layer.gate_up.forward(&normed)?;
-            let inter = cfg.intermediate_size;
-            let act = ops::swiglu(&gate_up, inter)?;
-            x = (x + layer.down.forward(&act)?)?;
-        }
-        step_output(&x, &self.norm, eps, &self.lm_head, batch, cfg.vocab_size)
+        cpu_forward::forward(&weights, batch, kv, scratch)
     }
 }
 

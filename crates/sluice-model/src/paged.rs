@@ -5,6 +5,7 @@
 use candle_core::{Device, Storage, Tensor};
 
 use crate::batch::{StepBatch, StepOutput};
+use crate::cpu_forward::StepScratch;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::LlamaModel;
@@ -13,13 +14,19 @@ use crate::model::LlamaModel;
 pub struct PagedLlama {
     model: LlamaModel,
     kv: KvCache,
+    /// The CPU step's buffers, reused from step to step.
+    scratch: StepScratch,
 }
 
 impl PagedLlama {
     /// A cache of `num_blocks` blocks of `block_size` tokens.
     pub fn new(model: LlamaModel, num_blocks: usize, block_size: usize) -> Result<Self> {
         let kv = model.new_kv_cache(num_blocks, block_size)?;
-        Ok(Self { model, kv })
+        Ok(Self {
+            model,
+            kv,
+            scratch: StepScratch::default(),
+        })
     }
 
     /// As many blocks as fit in `kv_cache_bytes` (K and V of every layer, in the model's KV
@@ -73,7 +80,9 @@ impl PagedLlama {
     /// rows and `out.hidden` with the `[batch.hidden_indices.len(), hidden_size]` final hidden
     /// states of the pooled rows, row-major.
     pub fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<()> {
-        let (logits, hidden) = self.model.forward_step(batch, &mut self.kv)?;
+        let (logits, hidden) =
+            self.model
+                .forward_step_in(batch, &mut self.kv, &mut self.scratch)?;
         copy_rows(&logits, &mut out.logits)?;
         match hidden {
             Some(hidden) => copy_rows(&hidden, &mut out.hidden),

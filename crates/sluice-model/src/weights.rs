@@ -143,7 +143,16 @@ fn stacked_qtensor(parts: &[GgufMatrix<'_>]) -> Result<QTensor> {
 pub struct Linear {
     weights: Weights,
     bias: Option<Tensor>,
+    /// The bias's values on the host, for [`Linear::forward_into`].
+    bias_values: Option<Vec<f32>>,
     out_features: usize,
+}
+
+/// A bias's values as f32 on the host.
+fn host_values(bias: &Option<Tensor>) -> Result<Option<Vec<f32>>> {
+    bias.as_ref()
+        .map(|b| Ok(b.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?))
+        .transpose()
 }
 
 /// Matrices of panels and the output column each starts at.
@@ -236,6 +245,7 @@ impl Linear {
         };
         Ok(Self {
             weights,
+            bias_values: host_values(&bias)?,
             bias,
             out_features: n,
         })
@@ -390,6 +400,7 @@ impl Linear {
         };
         Ok(Self {
             weights,
+            bias_values: host_values(&bias)?,
             bias,
             out_features: n,
         })
@@ -425,7 +436,16 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = match &self.weights {
+        let y = self.forward_weights(x)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+
+    /// `x W^T`, the bias left out.
+    fn forward_weights(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(match &self.weights {
             Weights::Panels(p) => panels_forward(p, self.out_features, x)?,
             Weights::Tensor(w) if w.dtype() == DType::F16 => x
                 .to_dtype(DType::F16)?
@@ -434,11 +454,55 @@ impl Linear {
             Weights::Tensor(w) => x.matmul(&w.t()?)?,
             Weights::Candle(q, _) => q.forward(x)?,
             Weights::Int8(parts) => int8_forward(parts, self.out_features, x)?,
-        };
-        Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
         })
+    }
+}
+
+impl Linear {
+    /// [`Self::forward`] on plain rows, for the CPU forward: `x: [t, in]` into
+    /// `out: [t, out_features]`. Panels and our int8 kernels write `out` directly; the other
+    /// weight kinds (candle's) go through a tensor and are copied.
+    pub(crate) fn forward_into(&self, x: &[f32], t: usize, out: &mut [f32]) -> Result<()> {
+        let n = self.out_features;
+        if t == 0 || !x.len().is_multiple_of(t) || out.len() != t * n {
+            return Err(ModelError::InvalidStep(format!(
+                "a linear layer of {n} outputs got {} inputs and {} outputs for {t} rows",
+                x.len(),
+                out.len()
+            )));
+        }
+        let ours_only =
+            |parts: &[(usize, Int8Part)]| parts.iter().all(|(_, p)| matches!(p, Int8Part::Ours(_)));
+        match &self.weights {
+            Weights::Panels(panels) => {
+                for (col0, m) in panels {
+                    m.matmul_into(x, t, out, n, *col0);
+                }
+            }
+            Weights::Int8(parts) if ours_only(parts) => ACTIVATIONS.with(|acts| {
+                let mut acts = acts.borrow_mut();
+                acts.quantize(x, t, x.len() / t);
+                for (col0, part) in parts {
+                    if let Int8Part::Ours(m) = part {
+                        m.matmul_into(&acts, out, n, *col0);
+                    }
+                }
+            }),
+            _ => {
+                let xt = Tensor::from_slice(x, (t, x.len() / t), &Device::Cpu)?;
+                let y = self.forward_weights(&xt)?;
+                let y = y.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                out.copy_from_slice(&y);
+            }
+        }
+        if let Some(b) = &self.bias_values {
+            for row in out.chunks_exact_mut(n) {
+                for (o, b) in row.iter_mut().zip(b) {
+                    *o += b;
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -7,5 +7,6 @@ pub mod amx;
 pub mod attention;
 pub mod gemm;
 pub mod int8_matmul;
+pub mod rows;
 mod simd;
 pub mod swiglu;

@@ -1,0 +1,210 @@
+//! The step on the CPU: the layers run on plain row buffers that live across steps
+//! ([`StepScratch`]), with our kernels writing into them: one fused pass for each residual add
+//! and the norm after it, one for splitting QKV and rotating Q and K, the matmuls straight
+//! into their outputs. Each candle op was its own pass, allocation and parallel region; at one
+//! row a step was hundreds of them.
+
+use std::ops::Deref;
+
+use candle_core::{DType, Storage, Tensor};
+use sluice_kernels::cpu::rows::{self, QkNorm, QkvShape};
+use sluice_kernels::cpu::swiglu;
+use sluice_kernels::AttentionShape;
+
+use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend};
+use crate::batch::StepBatch;
+use crate::config::ModelConfig;
+use crate::embedding::Embedding;
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::layer::Layer;
+use crate::ops;
+use crate::rope::RotaryTables;
+use crate::step_output::step_output;
+use crate::weights::Linear;
+
+/// The buffers of a CPU step, kept between steps so that a step allocates none once the
+/// largest step has been seen (a 64-row decode step made about 120 MB of allocations).
+#[derive(Default)]
+pub struct StepScratch {
+    /// The residual stream `[T, hidden]`.
+    x: Vec<f32>,
+    /// The current norm's output `[T, hidden]`.
+    normed: Vec<f32>,
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    /// The attention's or the MLP's output projection `[T, hidden]`, added to `x` next.
+    proj: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+}
+
+/// Sets `buf` to `len` values, keeping its allocation. Every value is overwritten before it
+/// is read, so old values may stay.
+fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buf.resize(len, 0.0);
+    &mut buf[..len]
+}
+
+/// What the CPU forward reads of the model.
+pub(crate) struct Weights<'a> {
+    pub config: &'a ModelConfig,
+    pub embed: &'a Embedding,
+    pub layers: &'a [Layer],
+    pub norm: &'a Tensor,
+    pub lm_head: &'a Linear,
+    pub rope: &'a RotaryTables,
+    pub attention: AttentionBackend,
+}
+
+/// A contiguous f32 CPU tensor (a norm's weights, a RoPE table) held for reading as a slice:
+/// `G` is the tensor's storage guard.
+struct HostValues<G> {
+    storage: G,
+    start: usize,
+    len: usize,
+}
+
+impl HostValues<()> {
+    #[allow(clippy::new_ret_no_self)]
+    fn new<'a>(
+        t: &'a Tensor,
+        what: &'static str,
+    ) -> Result<HostValues<impl Deref<Target = Storage> + 'a>> {
+        if t.dtype() != DType::F32 || !t.is_contiguous() {
+            return Err(ModelError::InvalidStep(format!(
+                "{what} must be contiguous f32 for the CPU forward"
+            )));
+        }
+        let (storage, layout) = t.storage_and_layout();
+        if !matches!(&*storage, Storage::Cpu(_)) {
+            return Err(ModelError::NotOnCpu(what));
+        }
+        Ok(HostValues {
+            start: layout.start_offset(),
+            len: t.elem_count(),
+            storage,
+        })
+    }
+}
+
+impl<G: Deref<Target = Storage>> HostValues<G> {
+    fn get(&self) -> Result<&[f32]> {
+        let Storage::Cpu(cpu) = &*self.storage else {
+            unreachable!("checked by HostValues::new")
+        };
+        Ok(&cpu.as_slice::<f32>()?[self.start..][..self.len])
+    }
+}
+
+/// One step on the CPU: see [`crate::LlamaModel::forward_step`].
+pub(crate) fn forward(
+    w: &Weights<'_>,
+    batch: &StepBatch,
+    kv: &mut KvCache,
+    s: &mut StepScratch,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let cfg = w.config;
+    let (t, h, kvh, d) = (
+        batch.num_tokens(),
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+    );
+    let (hidden, inter) = (cfg.hidden_size, cfg.intermediate_size);
+    let eps = cfg.rms_norm_eps as f32;
+    let dev = candle_core::Device::Cpu;
+    let shape = AttentionShape {
+        num_heads: h,
+        num_kv_heads: kvh,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+    };
+    let qkv_shape = QkvShape {
+        heads: h,
+        kv_heads: kvh,
+        head_dim: d,
+    };
+    let write_at = kv.write_indices(batch)?;
+
+    let x = sized(&mut s.x, t * hidden);
+    let embedded = w.embed.lookup(&batch.input_ids, &dev)?;
+    x.copy_from_slice(&embedded.flatten_all()?.to_vec1::<f32>()?);
+    let normed = sized(&mut s.normed, t * hidden);
+    let qkv = sized(&mut s.qkv, t * (h + 2 * kvh) * d);
+    let q = sized(&mut s.q, t * h * d);
+    let k = sized(&mut s.k, t * kvh * d);
+    let v = sized(&mut s.v, t * kvh * d);
+    let attn = sized(&mut s.attn, t * h * d);
+    let proj = sized(&mut s.proj, t * hidden);
+    let gate_up = sized(&mut s.gate_up, t * 2 * inter);
+    let act = sized(&mut s.act, t * inter);
+    let (cos, sin) = w.rope.tables();
+    let (cos, sin) = (
+        HostValues::new(cos, "rope cos")?,
+        HostValues::new(sin, "rope sin")?,
+    );
+    let (cos, sin) = (cos.get()?, sin.get()?);
+
+    for (i, layer) in w.layers.iter().enumerate() {
+        let attn_norm = HostValues::new(&layer.attn_norm, "attn_norm")?;
+        if i == 0 {
+            rows::rms_norm(x, attn_norm.get()?, eps, normed);
+        } else {
+            // The previous layer's MLP output joins the stream here.
+            rows::add_rms_norm(x, proj, attn_norm.get()?, eps, normed);
+        }
+        layer.qkv.forward_into(normed, t, qkv)?;
+        let qk_norm = match &layer.qk_norm {
+            Some((qn, kn)) => Some((
+                HostValues::new(qn, "q_norm")?,
+                HostValues::new(kn, "k_norm")?,
+            )),
+            None => None,
+        };
+        let qk_norm = match &qk_norm {
+            Some((qn, kn)) => Some(QkNorm {
+                q: qn.get()?,
+                k: kn.get()?,
+                eps,
+            }),
+            None => None,
+        };
+        rows::split_rope(qkv, &batch.positions, cos, sin, qkv_shape, qk_norm, q, k, v);
+        kv.write(
+            i,
+            &Tensor::from_slice(k, (t, kvh, d), &dev)?,
+            &Tensor::from_slice(v, (t, kvh * d), &dev)?,
+            &write_at,
+        )?;
+        let (k_cache, v_cache) = kv.layer(i);
+        match w.attention {
+            AttentionBackend::Cpu => {
+                cpu_attention::attend_into(q, k_cache, v_cache, kv.layout(), batch, &shape, attn)?
+            }
+            backend => {
+                let qt = Tensor::from_slice(q, (t, h, d), &dev)?;
+                let out =
+                    paged_attention(backend, &qt, k_cache, v_cache, kv.layout(), batch, &shape)?;
+                attn.copy_from_slice(&out.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+            }
+        }
+        layer.o.forward_into(attn, t, proj)?;
+        let ffn_norm = HostValues::new(&layer.ffn_norm, "ffn_norm")?;
+        rows::add_rms_norm(x, proj, ffn_norm.get()?, eps, normed);
+        layer.gate_up.forward_into(normed, t, gate_up)?;
+        if swiglu::available() {
+            swiglu::swiglu_rows(gate_up, inter, act);
+        } else {
+            let g = Tensor::from_slice(gate_up, (t, 2 * inter), &dev)?;
+            act.copy_from_slice(&ops::swiglu(&g, inter)?.flatten_all()?.to_vec1::<f32>()?);
+        }
+        layer.down.forward_into(act, t, proj)?;
+    }
+    rows::add(x, proj);
+    let x = Tensor::from_slice(x, (t, hidden), &dev)?;
+    step_output(&x, w.norm, eps, w.lm_head, batch, cfg.vocab_size)
+}
