@@ -2,7 +2,7 @@
 //! and a 512-token prefill, for each weight kind. Prints a table; asserts nothing.
 //!
 //! `SLUICE_BENCH_WEIGHTS=f32,auto` picks the weight kinds (`auto-noamx`: auto without the AMX
-//! tiles); `SLUICE_BENCH_BATCHES=1,64` the sizes; `SLUICE_BENCH_PREFILL=0` skips the prefill.
+//! tiles; `auto/q8_0`: auto with an 8-bit KV cache instead of f16); `SLUICE_BENCH_BATCHES=1,64` the sizes; `SLUICE_BENCH_PREFILL=0` skips the prefill.
 //! Times are the median and the fastest run (the shared 2-core host is often busy).
 
 // getrusage through libc, for the CPU-time mode.
@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use sluice_model::{LlamaModel, LoadOptions, StepBatch, StepScratch, WeightsKind};
+use sluice_model::{KvDtype, LlamaModel, LoadOptions, StepBatch, StepScratch, WeightsKind};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -85,7 +85,14 @@ fn main() {
     println!("| weights | step | tokens | ms/step (median) | tokens/s | ms/step (fastest) | tokens/s | CPU ms/step |");
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for kind in kinds {
-        let (weights, amx_min_rows) = match kind.as_str() {
+        // `KIND/q8_0`: the weight kind with an 8-bit KV cache (f16 otherwise).
+        let (weights_name, kv_dtype) = match kind.split_once('/') {
+            Some((w, "q8_0")) => (w, KvDtype::Q8_0),
+            Some((w, "f32")) => (w, KvDtype::F32),
+            Some((_, other)) => panic!("unknown KV cache type {other} (f32 or q8_0)"),
+            None => (kind.as_str(), LoadOptions::default().kv_dtype),
+        };
+        let (weights, amx_min_rows) = match weights_name {
             "auto-noamx" => (WeightsKind::Auto, None),
             k => (k.parse().unwrap(), LoadOptions::default().amx_min_rows),
         };
@@ -94,6 +101,7 @@ fn main() {
             &LoadOptions {
                 weights,
                 amx_min_rows,
+                kv_dtype,
                 ..LoadOptions::default()
             },
         )

@@ -7,6 +7,7 @@
 use std::ops::Deref;
 
 use candle_core::{DType, Storage, Tensor};
+use sluice_kernels::cpu::attention;
 use sluice_kernels::cpu::rows::{self, QkNorm, QkvShape};
 use sluice_kernels::cpu::swiglu;
 use sluice_kernels::AttentionShape;
@@ -174,18 +175,23 @@ pub(crate) fn forward(
             None => None,
         };
         rows::split_rope(qkv, &batch.positions, cos, sin, qkv_shape, qk_norm, q, k, v);
-        kv.write(
-            i,
-            &Tensor::from_slice(k, (t, kvh, d), &dev)?,
-            &Tensor::from_slice(v, (t, kvh * d), &dev)?,
-            &write_at,
-        )?;
-        let (k_cache, v_cache) = kv.layer(i);
-        match w.attention {
-            AttentionBackend::Cpu => {
+        kv.write_rows(i, k, v, &batch.slot_mapping, &write_at)?;
+        match (w.attention, kv.q8_layer(i)) {
+            (AttentionBackend::Cpu, Some(cache)) => attention::paged_attention_q8(
+                q,
+                &cache,
+                kv.layout(),
+                &batch.sequences,
+                &batch.block_tables,
+                &shape,
+                attn,
+            )?,
+            (AttentionBackend::Cpu, None) => {
+                let (k_cache, v_cache) = kv.layer(i)?;
                 cpu_attention::attend_into(q, k_cache, v_cache, kv.layout(), batch, &shape, attn)?
             }
-            backend => {
+            (backend, _) => {
+                let (k_cache, v_cache) = kv.layer(i)?;
                 let qt = Tensor::from_slice(q, (t, h, d), &dev)?;
                 let out =
                     paged_attention(backend, &qt, k_cache, v_cache, kv.layout(), batch, &shape)?;

@@ -114,7 +114,7 @@ pub(crate) fn forward(
         let q = rotated.narrow(1, 0, h * d)?;
         let k = rotated.narrow(1, h * d, kvh * d)?;
         let v = qkv.narrow(1, (h + kvh) * d, kvh * d)?;
-        let layer_kv = kv.layer_kv(i);
+        let layer_kv = kv.layer_kv(i)?;
         cuda::write_kv(layer_kv, &k, &v, &slot_mapping, &layout)?;
         let attn = cuda::paged_attention(&q, layer_kv, &layout, &step)?;
         let o = layer.o.forward(&attn)?;

@@ -43,7 +43,7 @@ pub use cpu_forward::StepScratch;
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfModelDir;
-pub use kv_cache::{KvCache, KvLayout};
+pub use kv_cache::{KvCache, KvDtype, KvLayout};
 pub use load::LoadOptions;
 pub use model::LlamaModel;
 pub use paged::PagedLlama;

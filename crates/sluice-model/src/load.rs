@@ -4,11 +4,12 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use crate::attention::AttentionBackend;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
+use crate::kv_cache::KvDtype;
 use crate::weights::{Linear, LinearOptions, WeightsKind, AUTO_AMX_MIN_ROWS};
 
 #[derive(Debug, Clone)]
@@ -19,7 +20,7 @@ pub struct LoadOptions {
     pub attention: Option<AttentionBackend>,
     /// Element type of the KV cache: F16 (default: half the bytes read per decode step, as
     /// llama.cpp) or F32.
-    pub kv_dtype: DType,
+    pub kv_dtype: KvDtype,
     /// With [`WeightsKind::Auto`] on a CPU with AMX, steps of at least this many rows multiply
     /// on AMX tiles ((`sluice_kernels::cpu::amx`)); default [`AUTO_AMX_MIN_ROWS`]. `None`
     /// keeps every step on the exact f32 kernels.
@@ -32,7 +33,7 @@ impl Default for LoadOptions {
             weights: WeightsKind::Auto,
             device: Device::Cpu,
             attention: None,
-            kv_dtype: DType::F16,
+            kv_dtype: KvDtype::F16,
             amx_min_rows: Some(AUTO_AMX_MIN_ROWS),
         }
     }

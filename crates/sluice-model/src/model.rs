@@ -1,7 +1,7 @@
 //! The llama-family transformer with a paged, batched forward: one call computes every token of
 //! an engine step, whatever sequence it belongs to and wherever that sequence stands.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use crate::attention::{cpu as cpu_attention, AttentionBackend};
 use crate::batch::StepBatch;
@@ -11,7 +11,7 @@ use crate::cpu_forward::{self, StepScratch};
 use crate::cuda_forward;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvDtype};
 use crate::layer::Layer;
 use crate::load::{LoadOptions, Weight, WeightSource};
 use crate::rope::RotaryTables;
@@ -27,7 +27,7 @@ pub struct LlamaModel {
     rope: RotaryTables,
     attention: AttentionBackend,
     weights: WeightsKind,
-    kv_dtype: DType,
+    kv_dtype: KvDtype,
 }
 
 impl LlamaModel {
@@ -192,7 +192,7 @@ impl LlamaModel {
         KvCache::num_blocks_for_budget(&self.config, budget_bytes, block_size, self.kv_dtype)
     }
 
-    pub fn kv_dtype(&self) -> DType {
+    pub fn kv_dtype(&self) -> KvDtype {
         self.kv_dtype
     }
 

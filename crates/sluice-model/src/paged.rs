@@ -38,10 +38,7 @@ impl PagedLlama {
     ) -> Result<Self> {
         let num_blocks = model.kv_blocks_for_budget(kv_cache_bytes, block_size);
         if num_blocks == 0 {
-            let block_bytes = model
-                .config()
-                .kv_bytes_per_token(model.kv_dtype().size_in_bytes())
-                * block_size;
+            let block_bytes = model.kv_dtype().bytes_per_token(model.config()) * block_size;
             return Err(ModelError::KvCacheBudget {
                 budget_bytes: kv_cache_bytes,
                 block_size,

@@ -8,8 +8,8 @@ use candle_core::{DType, Device, Tensor};
 use sluice_model::attention::{self, AttentionShape};
 use sluice_model::testing::TinyModelSpec;
 use sluice_model::{
-    Architecture, AttentionBackend, KvLayout, LlamaModel, LoadOptions, ModelError, StepBatch,
-    WeightsKind,
+    Architecture, AttentionBackend, KvDtype, KvLayout, LlamaModel, LoadOptions, ModelError,
+    StepBatch, WeightsKind,
 };
 
 fn tiny_path(spec: &TinyModelSpec, name: &str) -> PathBuf {
@@ -21,9 +21,19 @@ fn tiny_path(spec: &TinyModelSpec, name: &str) -> PathBuf {
 }
 
 fn load(path: &PathBuf, weights: WeightsKind, attention: AttentionBackend) -> LlamaModel {
+    load_with_kv(path, weights, attention, LoadOptions::default().kv_dtype)
+}
+
+fn load_with_kv(
+    path: &PathBuf,
+    weights: WeightsKind,
+    attention: AttentionBackend,
+    kv_dtype: KvDtype,
+) -> LlamaModel {
     let options = LoadOptions {
         weights,
         attention: Some(attention),
+        kv_dtype,
         ..LoadOptions::default()
     };
     LlamaModel::load(path, &options).unwrap()
@@ -186,7 +196,10 @@ fn run_together(
 
 fn check_batching_is_invisible(spec: TinyModelSpec, name: &str, backend: AttentionBackend) {
     let path = tiny_path(&spec, name);
-    let model = load(&path, WeightsKind::F32, backend);
+    check_batching_is_invisible_on(&load(&path, WeightsKind::F32, backend), &spec, name);
+}
+
+fn check_batching_is_invisible_on(model: &LlamaModel, spec: &TinyModelSpec, name: &str) {
     let vocab = spec.vocab_size() as u64;
     let mut rnd = lcg(42);
     // Prompt lengths straddle block boundaries; continuations are forced tokens.
@@ -203,10 +216,10 @@ fn check_batching_is_invisible(spec: TinyModelSpec, name: &str, backend: Attenti
         .collect();
     let alone: Vec<Vec<Tensor>> = seqs
         .iter()
-        .map(|s| run_alone(&model, &s.tokens, s.prompt_len, block_size))
+        .map(|s| run_alone(model, &s.tokens, s.prompt_len, block_size))
         .collect();
     // The 40-token prompt prefills in three chunks (14 + 14 + 12) while others decode.
-    let together = run_together(&model, &mut seqs, &[64, 7, 5, 14, 64, 11], block_size);
+    let together = run_together(model, &mut seqs, &[64, 7, 5, 14, 64, 11], block_size);
     for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
         assert_eq!(a.len(), b.len(), "sequence {i}: number of sampled steps");
         for (step, (x, y)) in a.iter().zip(b).enumerate() {
@@ -234,6 +247,48 @@ fn batching_is_invisible_llama_gqa() {
     let spec = TinyModelSpec::default();
     let backend = serving_backend(&spec);
     check_batching_is_invisible(spec, "llama.gguf", backend);
+}
+
+/// The 8-bit KV cache: a sequence gets the same logits alone and in any batch, and they stay
+/// within the cache's quantization error of the f32 cache's.
+#[test]
+fn q8_kv_cache_keeps_batching_invisible_and_tracks_f32() {
+    let spec = TinyModelSpec {
+        hidden_size: 128, // head_dim 32: one scale per head and token
+        ..TinyModelSpec::default()
+    };
+    let path = tiny_path(&spec, "q8kv.gguf");
+    let q8 = load_with_kv(
+        &path,
+        WeightsKind::F32,
+        AttentionBackend::Cpu,
+        KvDtype::Q8_0,
+    );
+    assert_eq!(q8.kv_dtype(), KvDtype::Q8_0);
+    check_batching_is_invisible_on(&q8, &spec, "q8kv.gguf");
+    let f32_cache = load_with_kv(&path, WeightsKind::F32, AttentionBackend::Cpu, KvDtype::F32);
+    let tokens: Vec<u32> = (0..70u32).map(|i| (i * 37 + 11) % 256).collect();
+    let a = run_alone(&q8, &tokens, 40, 16);
+    let b = run_alone(&f32_cache, &tokens, 40, 16);
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        let (diff, scale) = (max_abs_diff(x, y), largest_abs(y));
+        assert!(
+            diff > 0.0 && diff < 0.02 * scale,
+            "step {step}: q8 logits differ from f32 by {diff} (largest {scale})"
+        );
+    }
+    // The reference backend reads float caches only: a clear error, not a panic.
+    let reference = load_with_kv(
+        &path,
+        WeightsKind::F32,
+        AttentionBackend::Reference,
+        KvDtype::Q8_0,
+    );
+    let mut kv = reference.new_kv_cache(4, 16).unwrap();
+    let mut batch = StepBatch::new(16);
+    batch.push_sequence(&[1, 2, 3], 0, &[0], true);
+    let err = reference.forward(&batch, &mut kv).unwrap_err().to_string();
+    assert!(err.contains("q8_0"), "{err}");
 }
 
 #[test]

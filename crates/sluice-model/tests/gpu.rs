@@ -21,10 +21,12 @@ mod common;
 mod gpu {
     use std::path::PathBuf;
 
-    use candle_core::{DType, Device, Tensor};
+    use candle_core::{Device, Tensor};
     use sluice_kernels::cuda::{sample_rows, RowSampling};
     use sluice_model::testing::TinyModelSpec;
-    use sluice_model::{AttentionBackend, LlamaModel, LoadOptions, StepBatch, WeightsKind};
+    use sluice_model::{
+        AttentionBackend, KvDtype, LlamaModel, LoadOptions, StepBatch, WeightsKind,
+    };
 
     use super::common;
 
@@ -51,7 +53,7 @@ mod gpu {
         path
     }
 
-    fn load(path: &PathBuf, device: &Device, kv_dtype: DType) -> LlamaModel {
+    fn load(path: &PathBuf, device: &Device, kv_dtype: KvDtype) -> LlamaModel {
         let options = LoadOptions {
             weights: WeightsKind::F32,
             device: device.clone(),
@@ -61,7 +63,7 @@ mod gpu {
                 AttentionBackend::Cuda
             }),
             kv_dtype: if device.is_cpu() {
-                DType::F32
+                KvDtype::F32
             } else {
                 kv_dtype
             },
@@ -150,11 +152,11 @@ mod gpu {
         gap / scale
     }
 
-    fn check_against_cpu(spec: TinyModelSpec, name: &str, kv: DType, tolerance: f32) {
+    fn check_against_cpu(spec: TinyModelSpec, name: &str, kv: KvDtype, tolerance: f32) {
         let Some(device) = gpu() else { return };
         let path = tiny(&spec, name);
         let run_ = mixed_run(spec.vocab_size());
-        let cpu = run(&load(&path, &Device::Cpu, DType::F32), &run_, None);
+        let cpu = run(&load(&path, &Device::Cpu, KvDtype::F32), &run_, None);
         let cuda = run(&load(&path, &device, kv), &run_, None);
         let gap = relative_gap(&cuda, &cpu);
         eprintln!("{name} ({kv:?} cache): largest logit gap {gap:.2e} of the largest logit");
@@ -172,7 +174,7 @@ mod gpu {
             intermediate_size: 512,
             ..TinyModelSpec::default()
         };
-        check_against_cpu(spec, "d64.gguf", DType::F16, 1e-2);
+        check_against_cpu(spec, "d64.gguf", KvDtype::F16, 1e-2);
     }
 
     #[test]
@@ -185,7 +187,7 @@ mod gpu {
             num_kv_heads: 2,
             ..TinyModelSpec::default()
         };
-        check_against_cpu(spec, "d128.gguf", DType::BF16, 3e-2);
+        check_against_cpu(spec, "d128.gguf", KvDtype::Bf16, 3e-2);
     }
 
     #[test]
@@ -197,7 +199,7 @@ mod gpu {
             ..TinyModelSpec::default()
         };
         let path = tiny(&spec, "alone.gguf");
-        let model = load(&path, &device, DType::F16);
+        let model = load(&path, &device, KvDtype::F16);
         let r = mixed_run(spec.vocab_size());
         let together = run(&model, &r, None);
         for i in 0..r.tokens.len() {
@@ -231,8 +233,8 @@ mod gpu {
             chunks: vec![1200],
         };
         // The first step is a 1,200-token prefill; the three after it decode with split-K.
-        let cpu = run(&load(&path, &Device::Cpu, DType::F32), &r, None);
-        let cuda = run(&load(&path, &device, DType::F16), &r, None);
+        let cpu = run(&load(&path, &Device::Cpu, KvDtype::F32), &r, None);
+        let cuda = run(&load(&path, &device, KvDtype::F16), &r, None);
         let gap = relative_gap(&cuda, &cpu);
         assert!(gap <= 1e-2, "split-K decode differs from the CPU by {gap}");
     }

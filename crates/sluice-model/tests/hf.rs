@@ -28,7 +28,7 @@ const BLOCK: usize = 16;
 fn options(weights: WeightsKind) -> LoadOptions {
     LoadOptions {
         weights,
-        kv_dtype: DType::F32,
+        kv_dtype: sluice_model::KvDtype::F32,
         ..LoadOptions::default()
     }
 }

@@ -363,7 +363,7 @@ fn eight_b_layer_shapes_load_without_an_f32_copy() {
         (config.hidden_size, config.num_layers, config.vocab_size),
         (HIDDEN, LAYERS, VOCAB)
     );
-    let kv_bytes = (config.kv_bytes_per_token(model.kv_dtype().size_in_bytes()) * KV_TOKENS) as u64;
+    let kv_bytes = (model.kv_dtype().bytes_per_token(&config) * KV_TOKENS) as u64;
     let kv_dtype = model.kv_dtype();
     // Held until after the measurement: serving holds its whole cache all along.
     let mut kv = model.new_kv_cache(kv_blocks, BLOCK).unwrap();

@@ -62,6 +62,9 @@ pub fn fast(head_dim: usize, group: usize) -> bool {
 
 mod avx2;
 mod portable;
+mod q8;
+
+pub use q8::{paged_attention_q8, write_q8, Q8Cache, Q8CacheMut, Q8_GROUP};
 
 /// Which code computes a work item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,7 +212,44 @@ fn run_items<E: KvElem>(
             v_cache.len()
         ));
     }
-    // Every block a query reads must be in the cache: the kernel addresses it unchecked.
+    check_tables(sequences, block_tables, layout)?;
+    let kernel = Kernel {
+        q,
+        sequences,
+        block_tables,
+        layout,
+        heads: h,
+        scale: shape.scale,
+    };
+
+    let items = work_items(sequences, kvh);
+    let out = DisjointSlice::new(out);
+    items.par_iter().for_each(|item| {
+        SCRATCH.with(|scratch| {
+            let scratch = &mut scratch.borrow_mut();
+            if path == Path::Portable {
+                let kv = portable::Plain {
+                    k: &k_cache[..n],
+                    v: &v_cache[..n],
+                    layout,
+                };
+                return kernel.run_portable(item, &kv, scratch, out);
+            }
+            // SAFETY: the path runs on this CPU for this shape (the caller's promise), the
+            // sizes and block tables were checked against the cache, and each work item writes
+            // only its own (token, head) rows of `out`.
+            unsafe { kernel.run(path, item, &k_cache[..n], &v_cache[..n], scratch, out) }
+        })
+    });
+    Ok(())
+}
+
+/// Every block a query reads must be in the cache: the kernels address it unchecked.
+fn check_tables(
+    sequences: &[SequenceSlice],
+    block_tables: &[u32],
+    layout: &KvLayout,
+) -> Result<(), AttentionError> {
     for s in sequences {
         let table = s
             .block_table_start
@@ -221,22 +261,18 @@ fn run_items<E: KvElem>(
                 && table.iter().all(|&b| (b as usize) < layout.num_blocks)
         });
         if !fits {
-            return shape_error(format!(
+            return Err(AttentionError::Shape(format!(
                 "sequence {s:?} does not fit its block table in a cache of {} blocks of {}",
                 layout.num_blocks, layout.block_size
-            ));
+            )));
         }
     }
-    let kernel = Kernel {
-        q,
-        sequences,
-        block_tables,
-        layout,
-        heads: h,
-        scale: shape.scale,
-    };
+    Ok(())
+}
 
-    let items: Vec<WorkItem> = sequences
+/// The step's work items: per sequence and KV head, runs of up to [`QUERY_RUN`] queries.
+fn work_items(sequences: &[SequenceSlice], kvh: usize) -> Vec<WorkItem> {
+    sequences
         .iter()
         .enumerate()
         .flat_map(|(seq, s)| {
@@ -251,22 +287,7 @@ fn run_items<E: KvElem>(
                     })
             })
         })
-        .collect();
-
-    let out = DisjointSlice::new(out);
-    items.par_iter().for_each(|item| {
-        SCRATCH.with(|scratch| {
-            let scratch = &mut scratch.borrow_mut();
-            if path == Path::Portable {
-                return kernel.run_portable(item, &k_cache[..n], &v_cache[..n], scratch, out);
-            }
-            // SAFETY: the path runs on this CPU for this shape (the caller's promise), the
-            // sizes and block tables were checked against the cache, and each work item writes
-            // only its own (token, head) rows of `out`.
-            unsafe { kernel.run(path, item, &k_cache[..n], &v_cache[..n], scratch, out) }
-        })
-    });
-    Ok(())
+        .collect()
 }
 
 struct Kernel<'a> {
@@ -756,5 +777,142 @@ mod tests {
                 group: 2
             })
         );
+    }
+
+    /// The step's keys and values written into an 8-bit cache, slot by slot, from the f32
+    /// cache the other tests read.
+    fn q8_cache(s: &Step) -> (Vec<i8>, Vec<f32>, Vec<i8>, Vec<f32>) {
+        let l = &s.layout;
+        let (n, ns) = (l.values_per_layer(), Q8Cache::scales_per_layer(l));
+        let (mut k, mut ks, mut v, mut vs) =
+            (vec![0i8; n], vec![0f32; ns], vec![0i8; n], vec![0f32; ns]);
+        let d = l.head_dim;
+        for slot in 0..l.num_slots() {
+            let (block, off) = (slot / l.block_size, slot % l.block_size);
+            let mut kr = vec![0f32; l.num_kv_heads * d];
+            let mut vr = kr.clone();
+            for head in 0..l.num_kv_heads {
+                let base = l.block_head_offset(block, head);
+                for i in 0..d {
+                    kr[head * d + i] = s.k[base + i * l.block_size + off];
+                    vr[head * d + i] = s.v[base + off * d + i];
+                }
+            }
+            let cache = Q8CacheMut {
+                k: &mut k,
+                k_scales: &mut ks,
+                v: &mut v,
+                v_scales: &mut vs,
+            };
+            write_q8(l, &[slot as u32], &kr, &vr, cache).unwrap();
+        }
+        (k, ks, v, vs)
+    }
+
+    /// The 8-bit cache: AVX2 (where the CPU has it) agrees with the portable path on the same
+    /// integers, and both stay within the quantization error of the f32 cache's attention.
+    #[test]
+    fn q8_cache_paths_agree_and_track_f32() {
+        for (heads, kv_heads) in [(1, 1), (9, 3), (12, 2), (14, 2)] {
+            for (head_dim, block_size) in [(64, 16), (64, 20), (32, 8), (128, 32)] {
+                let s = step(heads, kv_heads, head_dim, block_size);
+                let (k, ks, v, vs) = q8_cache(&s);
+                let cache = Q8Cache {
+                    k: &k,
+                    k_scales: &ks,
+                    v: &v,
+                    v_scales: &vs,
+                };
+                let run_q8 = |avx2: bool| {
+                    let mut out = vec![0f32; s.q.len()];
+                    run_q8_items_for_test(avx2, &s, &cache, &mut out);
+                    out
+                };
+                let portable = run_q8(false);
+                let exact = run(Path::Portable, &s, &s.k, &s.v);
+                let err = portable
+                    .iter()
+                    .zip(&exact)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    err < 0.03,
+                    "q8 vs f32, heads {heads}/{kv_heads} of {head_dim}: {err}"
+                );
+                if cpu_features().1 {
+                    let fast = run_q8(true);
+                    let diff = fast
+                        .iter()
+                        .zip(&portable)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(diff < 2e-6, "q8 AVX2 vs portable, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}: {diff}");
+                }
+            }
+        }
+    }
+
+    fn run_q8_items_for_test(avx2: bool, s: &Step, cache: &Q8Cache<'_>, out: &mut [f32]) {
+        q8::run_q8_items(
+            avx2,
+            &s.q,
+            cache,
+            &s.layout,
+            &s.sequences,
+            &s.block_tables,
+            &s.shape,
+            out,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn q8_write_round_trips_within_half_a_step() {
+        let s = step(4, 2, 64, 16);
+        let (k, ks, _, _) = q8_cache(&s);
+        let l = &s.layout;
+        for slot in [0usize, 5, 17, l.num_slots() - 1] {
+            let (block, off) = (slot / l.block_size, slot % l.block_size);
+            for head in 0..2 {
+                let base = l.block_head_offset(block, head);
+                for i in 0..64 {
+                    let at = base + i * l.block_size + off;
+                    let scale = ks[((block * 2 + head) * 2 + i / 32) * l.block_size + off];
+                    let back = f32::from(k[at]) * scale;
+                    assert!(
+                        (back - s.k[at]).abs() <= scale * 0.5 + 1e-7,
+                        "{back} vs {}",
+                        s.k[at]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q8_refuses_a_head_dim_off_its_groups() {
+        let s = step(4, 2, 16, 16);
+        let n = s.layout.values_per_layer();
+        let (k, ks) = (vec![0i8; n], vec![0f32; n]);
+        let cache = Q8Cache {
+            k: &k,
+            k_scales: &ks,
+            v: &k,
+            v_scales: &ks,
+        };
+        let mut out = vec![0f32; s.q.len()];
+        let err = paged_attention_q8(
+            &s.q,
+            &cache,
+            &s.layout,
+            &s.sequences,
+            &s.block_tables,
+            &s.shape,
+            &mut out,
+        );
+        assert!(matches!(
+            err,
+            Err(AttentionError::Unsupported { head_dim: 16, .. })
+        ));
     }
 }

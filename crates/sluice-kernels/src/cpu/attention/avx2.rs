@@ -76,6 +76,67 @@ mod x86 {
         }
     }
 
+    /// The online-softmax update of a chunk's scores (keys 0..8 in `lo`, 8..16 in `hi`, per
+    /// head of the group, unscaled): rescales the rows' sums and accumulators when the
+    /// maximum grows, and returns each head's weights of the chunk's keys (zero past `n_keys`).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `s` holds G rows of `head_dim` (a multiple of 8) values.
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    pub(in crate::cpu::attention) unsafe fn softmax_chunk<const G: usize>(
+        lo: &[__m256; G],
+        hi: &[__m256; G],
+        n_keys: usize,
+        scale: f32,
+        d: usize,
+        s: &mut RowState<'_>,
+    ) -> [[f32; LANES]; G] {
+        // SAFETY: the CPU features and the sizes of `s` are the caller's promise.
+        unsafe {
+            // Lanes at or past `n_keys` are not keys of this query: -inf scores, zero weights.
+            let n = _mm256_set1_epi32(n_keys as i32);
+            let valid_lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                n,
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            ));
+            let valid_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                n,
+                _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15),
+            ));
+            let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+            let scale = _mm256_set1_ps(scale);
+            let mut probs = [[0f32; LANES]; G];
+            for g in 0..G {
+                let s_lo = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(lo[g], scale), valid_lo);
+                let s_hi = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(hi[g], scale), valid_hi);
+                let new_max = s.maxes[g].max(hmax8(_mm256_max_ps(s_lo, s_hi)));
+                if new_max > s.maxes[g] {
+                    let correction = _mm256_set1_ps(s.maxes[g] - new_max);
+                    let correction = _mm256_cvtss_f32(exp8(correction));
+                    s.sums[g] *= correction;
+                    let acc = s.accs.as_mut_ptr().add(g * d);
+                    let cv = _mm256_set1_ps(correction);
+                    for j in (0..d).step_by(8) {
+                        _mm256_storeu_ps(
+                            acc.add(j),
+                            _mm256_mul_ps(_mm256_loadu_ps(acc.add(j)), cv),
+                        );
+                    }
+                    s.maxes[g] = new_max;
+                }
+                let m = _mm256_set1_ps(new_max);
+                let p_lo = _mm256_and_ps(exp8(_mm256_sub_ps(s_lo, m)), valid_lo);
+                let p_hi = _mm256_and_ps(exp8(_mm256_sub_ps(s_hi, m)), valid_hi);
+                s.sums[g] += hsum8(_mm256_add_ps(p_lo, p_hi));
+                _mm256_storeu_ps(probs[g].as_mut_ptr(), p_lo);
+                _mm256_storeu_ps(probs[g].as_mut_ptr().add(8), p_hi);
+            }
+
+            probs
+        }
+    }
+
     /// Dispatches to a kernel specialised for the group size, so the group's accumulators live
     /// in registers.
     ///
@@ -108,7 +169,7 @@ mod x86 {
     /// of `c.head_dim` values, and `s` G rows.
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn chunk<E: KvElem, const G: usize>(c: &Chunk<'_, E>, s: RowState<'_>) {
+    unsafe fn chunk<E: KvElem, const G: usize>(c: &Chunk<'_, E>, mut s: RowState<'_>) {
         // SAFETY: the CPU features and the sizes of `c` and `s` are the caller's promise; every
         // load and store below is inside them.
         unsafe {
@@ -129,44 +190,7 @@ mod x86 {
                 }
             }
 
-            // Lanes at or past `n_keys` are not keys of this query: -inf scores, zero weights.
-            let n = _mm256_set1_epi32(c.n_keys as i32);
-            let valid_lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                n,
-                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-            ));
-            let valid_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                n,
-                _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15),
-            ));
-            let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
-            let scale = _mm256_set1_ps(c.scale);
-            let mut probs = [[0f32; LANES]; G];
-            for g in 0..G {
-                let s_lo = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(lo[g], scale), valid_lo);
-                let s_hi = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(hi[g], scale), valid_hi);
-                let new_max = s.maxes[g].max(hmax8(_mm256_max_ps(s_lo, s_hi)));
-                if new_max > s.maxes[g] {
-                    let correction = _mm256_set1_ps(s.maxes[g] - new_max);
-                    let correction = _mm256_cvtss_f32(exp8(correction));
-                    s.sums[g] *= correction;
-                    let acc = s.accs.as_mut_ptr().add(g * d);
-                    let cv = _mm256_set1_ps(correction);
-                    for j in (0..d).step_by(8) {
-                        _mm256_storeu_ps(
-                            acc.add(j),
-                            _mm256_mul_ps(_mm256_loadu_ps(acc.add(j)), cv),
-                        );
-                    }
-                    s.maxes[g] = new_max;
-                }
-                let m = _mm256_set1_ps(new_max);
-                let p_lo = _mm256_and_ps(exp8(_mm256_sub_ps(s_lo, m)), valid_lo);
-                let p_hi = _mm256_and_ps(exp8(_mm256_sub_ps(s_hi, m)), valid_hi);
-                s.sums[g] += hsum8(_mm256_add_ps(p_lo, p_hi));
-                _mm256_storeu_ps(probs[g].as_mut_ptr(), p_lo);
-                _mm256_storeu_ps(probs[g].as_mut_ptr().add(8), p_hi);
-            }
+            let probs = softmax_chunk::<G>(&lo, &hi, c.n_keys, c.scale, d, &mut s);
 
             // Values, 16 dimensions at a time: one load of each value row serves every head.
             let vp = c.v.as_ptr();

@@ -8,14 +8,40 @@
 
 use super::{Kernel, KvElem, WorkItem};
 use crate::disjoint::DisjointSlice;
+use crate::paged::KvLayout;
+
+/// How the portable kernel reads one cache element as f32, for each way a cache holds them.
+pub(super) trait KvRead: Sync {
+    /// Dimension `i` of the key at `off` in the block and head whose values start at `base`
+    /// ([`KvLayout::block_head_offset`]).
+    fn key(&self, base: usize, i: usize, off: usize) -> f32;
+    /// Dimension `i` of the value at `off` in the block and head starting at `base`.
+    fn value(&self, base: usize, off: usize, i: usize) -> f32;
+}
+
+/// A cache of f32 or f16 elements in [`KvLayout`] order.
+pub(super) struct Plain<'a, E> {
+    pub k: &'a [E],
+    pub v: &'a [E],
+    pub layout: &'a KvLayout,
+}
+
+impl<E: KvElem> KvRead for Plain<'_, E> {
+    fn key(&self, base: usize, i: usize, off: usize) -> f32 {
+        self.k[base + i * self.layout.block_size + off].into()
+    }
+
+    fn value(&self, base: usize, off: usize, i: usize) -> f32 {
+        self.v[base + off * self.layout.head_dim + i].into()
+    }
+}
 
 impl Kernel<'_> {
     /// One work item's rows of the output, as [`Kernel::run`] computes them with AVX-512.
-    pub(super) fn run_portable<E: KvElem>(
+    pub(super) fn run_portable(
         &self,
         item: &WorkItem,
-        k: &[E],
-        v: &[E],
+        kv: &impl KvRead,
         scratch: &mut Vec<f32>,
         out: DisjointSlice<'_, f32>,
     ) {
@@ -36,10 +62,10 @@ impl Kernel<'_> {
                 .block_head_offset(table[j / bs] as usize, item.kv_head);
             let off = j % bs;
             for i in 0..d {
-                kf[i * keys + j] = k[base + i * bs + off].into();
+                kf[i * keys + j] = kv.key(base, i, off);
             }
             for (i, x) in vf[j * d..][..d].iter_mut().enumerate() {
-                *x = v[base + off * d + i].into();
+                *x = kv.value(base, off, i);
             }
         }
         for query in item.query_begin..item.query_end {
