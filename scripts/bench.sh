@@ -25,7 +25,7 @@ cargo build --release -p sluice-server -p sluice-bench
 echo "== limits and GEMM (cargo bench -p sluice-kernels --bench gemm)"
 cargo bench -p sluice-kernels --bench gemm | tee "$out/gemm.md"
 echo "== forward (cargo bench -p sluice-model --bench forward)"
-SLUICE_BENCH_WEIGHTS=${SLUICE_BENCH_WEIGHTS:-auto,quantized,f32} \
+SLUICE_BENCH_WEIGHTS=${SLUICE_BENCH_WEIGHTS:-auto,auto/q8_0,quantized,f32} \
     cargo bench -p sluice-model --bench forward | tee "$out/forward.md"
 
 echo "== servers side by side (scripts/compare-llama.sh)"
