@@ -104,7 +104,8 @@ def main():
         print(f"f32 GEMM peak {max(peak):.0f} GFLOP/s bounds f32 compute at {bound:.0f} tokens/s "
               f"(2 x {params / 1e6:.1f}M FLOP a token, attention aside); at {top} clients sluice "
               f"processes {s['total_token_throughput']:.0f} tokens/s (prompt and output), "
-              f"{100 * s['total_token_throughput'] / bound:.0f}% of it.")
+              f"{100 * s['total_token_throughput'] / bound:.0f}% of it (prompt tokens skip the "
+              f"lm_head, so the true fraction is somewhat lower).")
 
 
 if __name__ == "__main__":
