@@ -14,15 +14,11 @@ use sluice_kernels::AttentionShape;
 
 use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend};
 use crate::batch::StepBatch;
-use crate::config::ModelConfig;
-use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
-use crate::layer::Layer;
+use crate::layer::ModelWeights;
 use crate::ops;
-use crate::rope::RotaryTables;
 use crate::step_output::step_output;
-use crate::weights::Linear;
 
 /// The buffers of a CPU step, kept between steps so that a step allocates none once the
 /// largest step has been seen (a 64-row decode step made about 120 MB of allocations).
@@ -48,17 +44,6 @@ pub struct StepScratch {
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     buf.resize(len, 0.0);
     &mut buf[..len]
-}
-
-/// What the CPU forward reads of the model.
-pub(crate) struct Weights<'a> {
-    pub config: &'a ModelConfig,
-    pub embed: &'a Embedding,
-    pub layers: &'a [Layer],
-    pub norm: &'a Tensor,
-    pub lm_head: &'a Linear,
-    pub rope: &'a RotaryTables,
-    pub attention: AttentionBackend,
 }
 
 /// A contiguous f32 CPU tensor (a norm's weights, a RoPE table) held for reading as a slice:
@@ -103,7 +88,8 @@ impl<G: Deref<Target = Storage>> HostValues<G> {
 
 /// One step on the CPU: see [`crate::LlamaModel::forward_step`].
 pub(crate) fn forward(
-    w: &Weights<'_>,
+    w: &ModelWeights<'_>,
+    attention_backend: AttentionBackend,
     batch: &StepBatch,
     kv: &mut KvCache,
     s: &mut StepScratch,
@@ -176,7 +162,7 @@ pub(crate) fn forward(
         };
         rows::split_rope(qkv, &batch.positions, cos, sin, qkv_shape, qk_norm, q, k, v);
         kv.write_rows(i, k, v, &batch.slot_mapping, &write_at)?;
-        match (w.attention, kv.q8_layer(i)) {
+        match (attention_backend, kv.q8_layer(i)) {
             (AttentionBackend::Cpu, Some(cache)) => attention::paged_attention_q8(
                 q,
                 &cache,

@@ -16,22 +16,9 @@ use sluice_kernels::AttentionShape;
 
 use crate::batch::StepBatch;
 use crate::config::ModelConfig;
-use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
-use crate::layer::Layer;
-use crate::rope::RotaryTables;
-use crate::weights::Linear;
-
-/// What the forward reads of a model.
-pub(crate) struct Weights<'a> {
-    pub config: &'a ModelConfig,
-    pub embed: &'a Embedding,
-    pub layers: &'a [Layer],
-    pub norm: &'a Tensor,
-    pub lm_head: &'a Linear,
-    pub rope: &'a RotaryTables,
-}
+use crate::layer::ModelWeights as Weights;
 
 /// Whether the CUDA kernels run a model of this shape: the head dims and GQA groups the
 /// attention kernel is instantiated for.

@@ -1,8 +1,22 @@
-//! One transformer layer's weights, as the forward (CPU or CUDA) reads them.
+//! One transformer layer's weights, and the whole model's, as the forwards (CPU and CUDA) read
+//! them.
 
 use candle_core::Tensor;
 
+use crate::config::ModelConfig;
+use crate::embedding::Embedding;
+use crate::rope::RotaryTables;
 use crate::weights::Linear;
+
+/// What a forward reads of a model.
+pub(crate) struct ModelWeights<'a> {
+    pub config: &'a ModelConfig,
+    pub embed: &'a Embedding,
+    pub layers: &'a [Layer],
+    pub norm: &'a Tensor,
+    pub lm_head: &'a Linear,
+    pub rope: &'a RotaryTables,
+}
 
 pub(crate) struct Layer {
     pub attn_norm: Tensor,

@@ -12,7 +12,7 @@ use crate::cuda_forward;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCache, KvDtype};
-use crate::layer::Layer;
+use crate::layer::{Layer, ModelWeights};
 use crate::load::{LoadOptions, Weight, WeightSource};
 use crate::rope::RotaryTables;
 use crate::weights::{Linear, WeightsKind};
@@ -312,26 +312,21 @@ impl LlamaModel {
         self.validate(batch, kv)?;
         #[cfg(feature = "cuda")]
         if self.attention == AttentionBackend::Cuda {
-            let weights = cuda_forward::Weights {
-                config: &self.config,
-                embed: &self.embed,
-                layers: &self.layers,
-                norm: &self.norm,
-                lm_head: &self.lm_head,
-                rope: &self.rope,
-            };
-            return cuda_forward::forward(&weights, batch, kv);
+            return cuda_forward::forward(&self.parts(), batch, kv);
         }
-        let weights = cpu_forward::Weights {
+        cpu_forward::forward(&self.parts(), self.attention, batch, kv, scratch)
+    }
+
+    /// The weights as the forwards read them.
+    fn parts(&self) -> ModelWeights<'_> {
+        ModelWeights {
             config: &self.config,
             embed: &self.embed,
             layers: &self.layers,
             norm: &self.norm,
             lm_head: &self.lm_head,
             rope: &self.rope,
-            attention: self.attention,
-        };
-        cpu_forward::forward(&weights, batch, kv, scratch)
+        }
     }
 }
 

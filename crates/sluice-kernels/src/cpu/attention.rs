@@ -143,21 +143,13 @@ pub fn paged_attention<E: KvElem>(
     shape: &AttentionShape,
     out: &mut [f32],
 ) -> Result<(), AttentionError> {
-    let (h, kvh, d) = (shape.num_heads, layout.num_kv_heads, layout.head_dim);
-    if kvh == 0 || h % kvh != 0 || shape.head_dim != d || shape.num_kv_heads != kvh {
-        return Err(AttentionError::Shape(format!(
-            "{h} query heads over {kvh} KV heads of {d} (shape says {} of {})",
-            shape.num_kv_heads, shape.head_dim
-        )));
-    }
-    if !supports(d, h / kvh) {
-        return Err(AttentionError::Unsupported {
-            head_dim: d,
-            group: h / kvh,
-        });
+    let group = check_heads(shape, layout)?;
+    let d = layout.head_dim;
+    if !supports(d, group) {
+        return Err(AttentionError::Unsupported { head_dim: d, group });
     }
     run_items(
-        path(d, h / kvh),
+        path(d, group),
         q,
         k_cache,
         v_cache,
@@ -184,12 +176,6 @@ fn run_items<E: KvElem>(
     out: &mut [f32],
 ) -> Result<(), AttentionError> {
     let (h, kvh, d) = (shape.num_heads, layout.num_kv_heads, layout.head_dim);
-    let t = sequences
-        .iter()
-        .map(|s| s.query_start + s.query_len)
-        .max()
-        .unwrap_or(0);
-    let shape_error = |what: String| Err(AttentionError::Shape(what));
     let vector_shape = d.is_multiple_of(LANES) && (1..=MAX_GROUP).contains(&(h / kvh));
     let runs_here = match path {
         Path::Avx512 => vector_shape && cpu_features().0,
@@ -203,44 +189,66 @@ fn run_items<E: KvElem>(
         });
     }
     let n = layout.values_per_layer();
-    if q.len() < t * h * d || out.len() != q.len() || k_cache.len() < n || v_cache.len() < n {
-        return shape_error(format!(
-            "q {} and out {} for {t} tokens of {h}x{d}, caches {} and {} for {n} values",
-            q.len(),
-            out.len(),
+    if k_cache.len() < n || v_cache.len() < n {
+        return Err(AttentionError::Shape(format!(
+            "caches of {} and {} values for a layer of {n}",
             k_cache.len(),
             v_cache.len()
-        ));
+        )));
     }
+    check_queries(q, out, sequences, shape)?;
     check_tables(sequences, block_tables, layout)?;
-    let kernel = Kernel {
-        q,
-        sequences,
-        block_tables,
-        layout,
-        heads: h,
-        scale: shape.scale,
-    };
-
-    let items = work_items(sequences, kvh);
-    let out = DisjointSlice::new(out);
-    items.par_iter().for_each(|item| {
-        SCRATCH.with(|scratch| {
-            let scratch = &mut scratch.borrow_mut();
-            if path == Path::Portable {
-                let kv = portable::Plain {
-                    k: &k_cache[..n],
-                    v: &v_cache[..n],
-                    layout,
-                };
-                return kernel.run_portable(item, &kv, scratch, out);
-            }
-            // SAFETY: the path runs on this CPU for this shape (the caller's promise), the
-            // sizes and block tables were checked against the cache, and each work item writes
-            // only its own (token, head) rows of `out`.
-            unsafe { kernel.run(path, item, &k_cache[..n], &v_cache[..n], scratch, out) }
-        })
+    let kernel = Kernel::new(q, sequences, block_tables, layout, shape);
+    kernel.for_each_item(out, |item, scratch, out| {
+        if path == Path::Portable {
+            let kv = portable::Plain {
+                k: &k_cache[..n],
+                v: &v_cache[..n],
+                layout,
+            };
+            return kernel.run_portable(item, &kv, scratch, out);
+        }
+        // SAFETY: the path runs on this CPU for this shape (checked above), the sizes and block
+        // tables were checked against the cache, and each work item writes only its own
+        // (token, head) rows of `out`.
+        unsafe { kernel.run(path, item, &k_cache[..n], &v_cache[..n], scratch, out) }
     });
+    Ok(())
+}
+
+/// The query heads divide into groups over the cache's KV heads, as `shape` says: returns the
+/// group size.
+fn check_heads(shape: &AttentionShape, layout: &KvLayout) -> Result<usize, AttentionError> {
+    let (h, kvh, d) = (shape.num_heads, layout.num_kv_heads, layout.head_dim);
+    if kvh == 0 || h % kvh != 0 || shape.head_dim != d || shape.num_kv_heads != kvh {
+        return Err(AttentionError::Shape(format!(
+            "{h} query heads over {kvh} KV heads of {d} (shape says {} of {})",
+            shape.num_kv_heads, shape.head_dim
+        )));
+    }
+    Ok(h / kvh)
+}
+
+/// `q` and `out` hold every token the sequences lay out.
+fn check_queries(
+    q: &[f32],
+    out: &[f32],
+    sequences: &[SequenceSlice],
+    shape: &AttentionShape,
+) -> Result<(), AttentionError> {
+    let (h, d) = (shape.num_heads, shape.head_dim);
+    let t = sequences
+        .iter()
+        .map(|s| s.query_start + s.query_len)
+        .max()
+        .unwrap_or(0);
+    if q.len() < t * h * d || out.len() != q.len() {
+        return Err(AttentionError::Shape(format!(
+            "q {} and out {} for {t} tokens of {h}x{d}",
+            q.len(),
+            out.len()
+        )));
+    }
     Ok(())
 }
 
@@ -299,6 +307,39 @@ struct Kernel<'a> {
     scale: f32,
 }
 
+impl<'a> Kernel<'a> {
+    fn new(
+        q: &'a [f32],
+        sequences: &'a [SequenceSlice],
+        block_tables: &'a [u32],
+        layout: &'a KvLayout,
+        shape: &AttentionShape,
+    ) -> Self {
+        Self {
+            q,
+            sequences,
+            block_tables,
+            layout,
+            heads: shape.num_heads,
+            scale: shape.scale,
+        }
+    }
+
+    /// Runs `f` on every work item of the step over rayon's pool, each with its thread's
+    /// scratch buffer and the shared output.
+    fn for_each_item(
+        &self,
+        out: &mut [f32],
+        f: impl Fn(&WorkItem, &mut Vec<f32>, DisjointSlice<'_, f32>) + Sync,
+    ) {
+        let items = work_items(self.sequences, self.layout.num_kv_heads);
+        let out = DisjointSlice::new(out);
+        items
+            .par_iter()
+            .for_each(|item| SCRATCH.with(|scratch| f(item, &mut scratch.borrow_mut(), out)));
+    }
+}
+
 impl Kernel<'_> {
     /// Computes one work item's rows of the output on a vector path.
     ///
@@ -317,30 +358,70 @@ impl Kernel<'_> {
     ) {
         let (d, bs) = (self.layout.head_dim, self.layout.block_size);
         let group = self.heads / self.layout.num_kv_heads;
+        let run_len = d * bs;
+        let prefetch = |next: usize| {
+            // Blocks lie anywhere in the pool, out of reach of the hardware prefetcher: ask for
+            // the next block's keys and values while this one is computed (decode is bound by
+            // reading the cache).
+            let next = self.layout.block_head_offset(next, item.kv_head);
+            x86::prefetch(&k[next..next + run_len]);
+            x86::prefetch(&v[next..next + run_len]);
+        };
+        let chunk = |at: &ChunkAt, q: &[f32], state: RowState<'_>| {
+            let run = self.layout.block_head_offset(at.block, item.kv_head);
+            let chunk_args = Chunk {
+                q,
+                k: &k[run + at.chunk..],
+                k_stride: bs,
+                v: &v[run + at.chunk * d..],
+                head_dim: d,
+                n_keys: at.n_keys,
+                all_lanes_in_block: at.all_lanes_in_block,
+                scale: self.scale,
+            };
+            // SAFETY: the path runs on this CPU for this shape, so the group is 1..=8 and
+            // head_dim a multiple of 16 (the caller's promise); the chunk's keys and values lie
+            // in the block.
+            unsafe {
+                match path {
+                    Path::Avx512 => x86::chunk_for_group(group, &chunk_args, state),
+                    _ => avx2::chunk_for_group(group, &chunk_args, state),
+                }
+            }
+        };
+        // SAFETY: the caller's promise: no other task writes the item's rows.
+        unsafe { self.run_item(item, scratch, out, prefetch, chunk) }
+    }
+
+    /// Runs one work item: for each chunk of 16 keys of each block its queries reach, and each
+    /// query of the item that sees the chunk, `on_chunk` with where the chunk lies, the group's
+    /// queries and their rows' softmax state (`prefetch` is told each next block first); then
+    /// writes the item's rows of the output.
+    ///
+    /// # Safety
+    /// No other task writes the item's (token, head) rows of `out`, which hold the step's
+    /// tokens (checked before the items ran).
+    unsafe fn run_item(
+        &self,
+        item: &WorkItem,
+        scratch: &mut Vec<f32>,
+        out: DisjointSlice<'_, f32>,
+        prefetch: impl Fn(usize),
+        on_chunk: impl Fn(&ChunkAt, &[f32], RowState<'_>),
+    ) {
+        let (d, bs) = (self.layout.head_dim, self.layout.block_size);
+        let group = self.heads / self.layout.num_kv_heads;
         let seq = &self.sequences[item.seq];
         let table = seq.block_table(self.block_tables);
         let first_pos = seq.context_len - seq.query_len;
         let rows = (item.query_end - item.query_begin) * group;
-
-        // Per (query, head) row: running max, running sum, and the f32 accumulator.
-        scratch.clear();
-        scratch.resize(rows * (2 + d), 0.0);
-        let (maxes, rest) = scratch.split_at_mut(rows);
-        let (sums, accs) = rest.split_at_mut(rows);
-        maxes.fill(f32::NEG_INFINITY);
+        let (maxes, sums, accs) = row_states(scratch, rows, d);
 
         let last_pos = first_pos + item.query_end - 1;
         let num_blocks = last_pos / bs + 1;
-        let run_len = d * bs;
         for (b, &block) in table.iter().enumerate().take(num_blocks) {
-            let run = self.layout.block_head_offset(block as usize, item.kv_head);
-            // Blocks lie anywhere in the pool, out of reach of the hardware prefetcher: ask for
-            // the next block's keys and values while this one is computed (decode is bound by
-            // reading the cache).
             if let Some(&next) = table.get(b + 1).filter(|_| b + 1 < num_blocks) {
-                let next = self.layout.block_head_offset(next as usize, item.kv_head);
-                x86::prefetch(&k[next..next + run_len]);
-                x86::prefetch(&v[next..next + run_len]);
+                prefetch(next as usize);
             }
             for chunk in (0..bs).step_by(LANES) {
                 let key0 = b * bs + chunk;
@@ -353,37 +434,43 @@ impl Kernel<'_> {
                     if pos < key0 {
                         continue;
                     }
-                    let n_keys = chunk_keys.min(pos + 1 - key0);
                     let token = seq.query_start + qi;
                     let row = (qi - item.query_begin) * group;
-                    let chunk_args = Chunk {
-                        q: &self.q[(token * self.heads + item.kv_head * group) * d..][..group * d],
-                        k: &k[run + chunk..],
-                        k_stride: bs,
-                        v: &v[run + chunk * d..],
-                        head_dim: d,
-                        n_keys,
+                    let at = ChunkAt {
+                        block: block as usize,
+                        chunk,
+                        n_keys: chunk_keys.min(pos + 1 - key0),
                         all_lanes_in_block: chunk + LANES <= bs,
-                        scale: self.scale,
                     };
+                    let q = &self.q[(token * self.heads + item.kv_head * group) * d..][..group * d];
                     let state = RowState {
                         maxes: &mut maxes[row..row + group],
                         sums: &mut sums[row..row + group],
                         accs: &mut accs[row * d..(row + group) * d],
                     };
-                    // SAFETY: the path runs on this CPU for this shape, so the group is 1..=8
-                    // and head_dim a multiple of 16 (the caller's promise); the chunk's keys and
-                    // values lie in the block.
-                    unsafe {
-                        match path {
-                            Path::Avx512 => x86::chunk_for_group(group, &chunk_args, state),
-                            _ => avx2::chunk_for_group(group, &chunk_args, state),
-                        }
-                    };
+                    on_chunk(&at, q, state);
                 }
             }
         }
+        // SAFETY: the caller's promise: no other task writes the item's rows.
+        unsafe { self.write_rows(item, sums, accs, out) };
+    }
 
+    /// Writes an item's rows of the output: each accumulator over its softmax sum.
+    ///
+    /// # Safety
+    /// No other task writes the item's (token, head) rows of `out`, which hold the step's
+    /// tokens (checked before the items ran).
+    unsafe fn write_rows(
+        &self,
+        item: &WorkItem,
+        sums: &[f32],
+        accs: &[f32],
+        out: DisjointSlice<'_, f32>,
+    ) {
+        let d = self.layout.head_dim;
+        let group = self.heads / self.layout.num_kv_heads;
+        let seq = &self.sequences[item.seq];
         for qi in item.query_begin..item.query_end {
             let token = seq.query_start + qi;
             for g in 0..group {
@@ -391,7 +478,7 @@ impl Kernel<'_> {
                 let head = item.kv_head * group + g;
                 let inv = 1.0 / sums[row];
                 // SAFETY: every (token, head) output row belongs to exactly one work item (the
-                // caller's promise), inside `out` by the sizes checked before the loop.
+                // caller's promise), inside `out` by the sizes checked before the items ran.
                 let dst = unsafe { out.slice_mut((token * self.heads + head) * d, d) };
                 for (o, a) in dst.iter_mut().zip(&accs[row * d..][..d]) {
                     *o = a * inv;
@@ -399,6 +486,33 @@ impl Kernel<'_> {
             }
         }
     }
+}
+
+/// Where one query of a work item meets one chunk of keys.
+struct ChunkAt {
+    /// The block's index in the pool.
+    block: usize,
+    /// The chunk's first key within the block.
+    chunk: usize,
+    /// Keys of the chunk this query sees (1..=16).
+    n_keys: usize,
+    /// Whether all 16 lanes of the chunk lie in the block.
+    all_lanes_in_block: bool,
+}
+
+/// Per (query, head) row of an item: the running max (from -inf), the running sum and the f32
+/// accumulator of `d` values (from zero), carved from `scratch`.
+fn row_states(
+    scratch: &mut Vec<f32>,
+    rows: usize,
+    d: usize,
+) -> (&mut [f32], &mut [f32], &mut [f32]) {
+    scratch.clear();
+    scratch.resize(rows * (2 + d), 0.0);
+    let (maxes, rest) = scratch.split_at_mut(rows);
+    let (sums, accs) = rest.split_at_mut(rows);
+    maxes.fill(f32::NEG_INFINITY);
+    (maxes, sums, accs)
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -9,12 +9,10 @@
 //! and scaled once per group, and each value row's weight is the probability times the row's
 //! group scale. AVX2 where the CPU has it (also on AVX-512 CPUs), portable Rust elsewhere.
 
-use rayon::prelude::*;
-
 use super::portable::KvRead;
 use super::{
-    check_tables, cpu_features, work_items, AttentionError, Kernel, RowState, WorkItem, LANES,
-    MAX_GROUP, SCRATCH,
+    check_heads, check_queries, check_tables, cpu_features, AttentionError, ChunkAt, Kernel,
+    RowState, WorkItem, MAX_GROUP,
 };
 use crate::disjoint::DisjointSlice;
 use crate::paged::{AttentionShape, KvLayout, SequenceSlice};
@@ -187,13 +185,8 @@ pub(super) fn run_q8_items(
     shape: &AttentionShape,
     out: &mut [f32],
 ) -> Result<(), AttentionError> {
-    let (h, kvh, d) = (shape.num_heads, layout.num_kv_heads, layout.head_dim);
-    if kvh == 0 || h % kvh != 0 || shape.head_dim != d || shape.num_kv_heads != kvh {
-        return Err(AttentionError::Shape(format!(
-            "{h} query heads over {kvh} KV heads of {d} (shape says {} of {})",
-            shape.num_kv_heads, shape.head_dim
-        )));
-    }
+    let group = check_heads(shape, layout)?;
+    let d = layout.head_dim;
     check_layout(
         layout,
         cache.k.len(),
@@ -201,49 +194,25 @@ pub(super) fn run_q8_items(
         cache.v.len(),
         cache.v_scales.len(),
     )?;
-    let group = h / kvh;
     if avx2 && !(cpu_features().1 && (1..=MAX_GROUP).contains(&group)) {
         return Err(AttentionError::Unsupported { head_dim: d, group });
     }
-    let t = sequences
-        .iter()
-        .map(|s| s.query_start + s.query_len)
-        .max()
-        .unwrap_or(0);
-    if q.len() < t * h * d || out.len() != q.len() {
-        return Err(AttentionError::Shape(format!(
-            "q {} and out {} for {t} tokens of {h}x{d}",
-            q.len(),
-            out.len()
-        )));
-    }
+    check_queries(q, out, sequences, shape)?;
     check_tables(sequences, block_tables, layout)?;
-    let kernel = Kernel {
-        q,
-        sequences,
-        block_tables,
-        layout,
-        heads: h,
-        scale: shape.scale,
-    };
-    let items = work_items(sequences, kvh);
-    let out = DisjointSlice::new(out);
+    let kernel = Kernel::new(q, sequences, block_tables, layout, shape);
     let read = Q8Read {
         cache: *cache,
         layout,
     };
-    items.par_iter().for_each(|item| {
-        SCRATCH.with(|scratch| {
-            let scratch = &mut scratch.borrow_mut();
-            if !avx2 {
-                return kernel.run_portable(item, &read, scratch, out);
-            }
-            // SAFETY: AVX2, FMA and F16C and the group size were checked, the head dim is a
-            // multiple of 32 and the cache holds the layout's values and scales
-            // (`check_layout`), the block tables fit the cache, and each work item writes
-            // only its own (token, head) rows of `out`.
-            unsafe { kernel.run_q8(item, cache, scratch, out) }
-        })
+    kernel.for_each_item(out, |item, scratch, out| {
+        if !avx2 {
+            return kernel.run_portable(item, &read, scratch, out);
+        }
+        // SAFETY: AVX2, FMA and F16C and the group size were checked, the head dim is a
+        // multiple of 32 and the cache holds the layout's values and scales (`check_layout`),
+        // the block tables fit the cache, and each work item writes only its own (token, head)
+        // rows of `out`.
+        unsafe { kernel.run_q8(item, cache, scratch, out) }
     });
     Ok(())
 }
@@ -264,75 +233,28 @@ impl Kernel<'_> {
     ) {
         let (d, bs) = (self.layout.head_dim, self.layout.block_size);
         let kvh = self.layout.num_kv_heads;
-        let groups = d / Q8_GROUP;
-        let group = self.heads / kvh;
-        let seq = &self.sequences[item.seq];
-        let table = seq.block_table(self.block_tables);
-        let first_pos = seq.context_len - seq.query_len;
-        let rows = (item.query_end - item.query_begin) * group;
-
-        scratch.clear();
-        scratch.resize(rows * (2 + d), 0.0);
-        let (maxes, rest) = scratch.split_at_mut(rows);
-        let (sums, accs) = rest.split_at_mut(rows);
-        maxes.fill(f32::NEG_INFINITY);
-
-        let last_pos = first_pos + item.query_end - 1;
-        let num_blocks = last_pos / bs + 1;
-        for (b, &block) in table.iter().enumerate().take(num_blocks) {
-            let run = self.layout.block_head_offset(block as usize, item.kv_head);
-            let scales = (block as usize * kvh + item.kv_head) * groups * bs;
-            for chunk in (0..bs).step_by(LANES) {
-                let key0 = b * bs + chunk;
-                if key0 > last_pos {
-                    break;
-                }
-                let chunk_keys = LANES.min(bs - chunk);
-                for qi in item.query_begin..item.query_end {
-                    let pos = first_pos + qi;
-                    if pos < key0 {
-                        continue;
-                    }
-                    let token = seq.query_start + qi;
-                    let row = (qi - item.query_begin) * group;
-                    let chunk_args = x86::Chunk {
-                        q: &self.q[(token * self.heads + item.kv_head * group) * d..][..group * d],
-                        k: &c.k[run + chunk..],
-                        k_scales: &c.k_scales[scales + chunk..],
-                        k_stride: bs,
-                        v: &c.v[run + chunk * d..],
-                        v_scales: &c.v_scales[scales + chunk * groups..],
-                        head_dim: d,
-                        n_keys: chunk_keys.min(pos + 1 - key0),
-                        all_lanes_in_block: chunk + LANES <= bs,
-                        scale: self.scale,
-                    };
-                    let state = RowState {
-                        maxes: &mut maxes[row..row + group],
-                        sums: &mut sums[row..row + group],
-                        accs: &mut accs[row * d..(row + group) * d],
-                    };
-                    // SAFETY: the caller's promise: the CPU features, the group size and head
-                    // dim; the chunk's keys, values and scales lie in the block.
-                    unsafe { x86::chunk_for_group(group, &chunk_args, state) };
-                }
-            }
-        }
-
-        for qi in item.query_begin..item.query_end {
-            let token = seq.query_start + qi;
-            for g in 0..group {
-                let row = (qi - item.query_begin) * group + g;
-                let head = item.kv_head * group + g;
-                let inv = 1.0 / sums[row];
-                // SAFETY: every (token, head) output row belongs to exactly one work item (the
-                // caller's promise), inside `out` by the sizes checked before the items ran.
-                let dst = unsafe { out.slice_mut((token * self.heads + head) * d, d) };
-                for (o, a) in dst.iter_mut().zip(&accs[row * d..][..d]) {
-                    *o = a * inv;
-                }
-            }
-        }
+        let (groups, group) = (d / Q8_GROUP, self.heads / kvh);
+        let chunk = |at: &ChunkAt, q: &[f32], state: RowState<'_>| {
+            let run = self.layout.block_head_offset(at.block, item.kv_head);
+            let scales = (at.block * kvh + item.kv_head) * groups * bs;
+            let chunk_args = x86::Chunk {
+                q,
+                k: &c.k[run + at.chunk..],
+                k_scales: &c.k_scales[scales + at.chunk..],
+                k_stride: bs,
+                v: &c.v[run + at.chunk * d..],
+                v_scales: &c.v_scales[scales + at.chunk * groups..],
+                head_dim: d,
+                n_keys: at.n_keys,
+                all_lanes_in_block: at.all_lanes_in_block,
+                scale: self.scale,
+            };
+            // SAFETY: the caller's promise: the CPU features, the group size and head dim; the
+            // chunk's keys, values and scales lie in the block.
+            unsafe { x86::chunk_for_group(group, &chunk_args, state) }
+        };
+        // SAFETY: the caller's promise: no other task writes the item's rows.
+        unsafe { self.run_item(item, scratch, out, |_| {}, chunk) }
     }
 }
 
