@@ -180,20 +180,30 @@ def test_auto_leaves_plain_answers_as_content(model: Served):
 
 def test_strict_tools_constrain_auto(model: Served):
     """Strict tools promise valid calls also when the model chooses to call: each sampled row
-    is a plain answer, or text then calls that validate."""
+    is a plain answer, or text then calls that validate (the last one possibly cut off by
+    max_tokens)."""
     strict = [{"type": "function", "function": {**t["function"], "strict": True}} for t in TOOLS]
     a = model.ok({"messages": ASK_WEATHER, "tools": strict, "tool_choice": "auto",
                   "temperature": 1.0, "seed": 4, "n": 4, "max_tokens": 60})
     for c in a["choices"]:
         msg = c["message"]
-        assert "<tool_call>" not in (msg.get("content") or ""), c
+        content, calls = msg.get("content") or "", msg.get("tool_calls") or []
+        if c["finish_reason"] == "length":
+            # Cut at max_tokens: a call broken off before its name is given back as the model's
+            # own words at the end of the content, and one broken off in its arguments keeps
+            # them as they are (the parser's documented rule); what came before is checked.
+            if "<tool_call>" in content:
+                content = content[: content.rindex("<tool_call>")]
+            elif calls:
+                calls = calls[:-1]
+        assert "<tool_call>" not in content and "</tool_call>" not in content, c
         if msg.get("tool_calls"):
-            assert c["finish_reason"] == "tool_calls", c
-            for call in msg["tool_calls"]:
-                name = call["function"]["name"]
-                jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[name])
+            assert c["finish_reason"] in ("tool_calls", "length"), c
         else:
             assert c["finish_reason"] in ("stop", "length"), c
+        for call in calls:
+            name = call["function"]["name"]
+            jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[name])
 
 
 # `auto` parses what the model writes. Neither model calls by itself here (both Qwen coders
