@@ -8,7 +8,7 @@
 #   ./scripts/bench.sh [OUT_DIR]        (default: benchmarks/)
 #
 # Environment: SLUICE_BENCH_LEVELS (default 1,4,16,64), SLUICE_BENCH_REQUESTS (default 2x:
-# requests per client at each level). Takes about 25 minutes on 2 cores (the first run also
+# requests per client at each level). Takes 10 to 25 minutes on 2 cores (the first run also
 # builds llama.cpp, about 10 more). The host's speed drifts by 30% or more between periods, so
 # only ratios from one run mean anything; run it on a quiet machine.
 set -euo pipefail
