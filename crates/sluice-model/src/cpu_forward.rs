@@ -12,10 +12,10 @@ use sluice_kernels::cpu::rows::{self, QkNorm, QkvShape};
 use sluice_kernels::cpu::swiglu;
 use sluice_kernels::AttentionShape;
 
-use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend};
+use crate::attention::{paged_attention, AttentionBackend};
 use crate::batch::StepBatch;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{HostKv, KvCache};
 use crate::layer::ModelWeights;
 use crate::ops;
 use crate::step_output::step_output;
@@ -115,11 +115,8 @@ pub(crate) fn forward(
         kv_heads: kvh,
         head_dim: d,
     };
-    let write_at = kv.write_indices(batch)?;
-
     let x = sized(&mut s.x, t * hidden);
-    let embedded = w.embed.lookup(&batch.input_ids, &dev)?;
-    x.copy_from_slice(&embedded.flatten_all()?.to_vec1::<f32>()?);
+    w.embed.lookup_into(&batch.input_ids, x)?;
     let normed = sized(&mut s.normed, t * hidden);
     let qkv = sized(&mut s.qkv, t * (h + 2 * kvh) * d);
     let q = sized(&mut s.q, t * h * d);
@@ -161,26 +158,26 @@ pub(crate) fn forward(
             None => None,
         };
         rows::split_rope(qkv, &batch.positions, cos, sin, qkv_shape, qk_norm, q, k, v);
-        kv.write_rows(i, k, v, &batch.slot_mapping, &write_at)?;
-        match (attention_backend, kv.q8_layer(i)) {
-            (AttentionBackend::Cpu, Some(cache)) => attention::paged_attention_q8(
-                q,
-                &cache,
-                kv.layout(),
-                &batch.sequences,
-                &batch.block_tables,
-                &shape,
-                attn,
-            )?,
-            (AttentionBackend::Cpu, None) => {
-                let (k_cache, v_cache) = kv.layer(i)?;
-                cpu_attention::attend_into(q, k_cache, v_cache, kv.layout(), batch, &shape, attn)?
+        kv.write_rows(i, k, v, &batch.slot_mapping)?;
+        let cache = kv
+            .host_layer(i)
+            .ok_or(ModelError::NotOnCpu("the KV cache"))?;
+        let (layout, seqs, tables) = (kv.layout(), &batch.sequences, &batch.block_tables);
+        match (attention_backend, cache) {
+            (AttentionBackend::Cpu, HostKv::F32 { k, v }) => {
+                attention::paged_attention(q, k, v, layout, seqs, tables, &shape, attn)?
             }
-            (backend, _) => {
-                let (k_cache, v_cache) = kv.layer(i)?;
+            (AttentionBackend::Cpu, HostKv::F16 { k, v }) => {
+                attention::paged_attention(q, k, v, layout, seqs, tables, &shape, attn)?
+            }
+            (AttentionBackend::Cpu, HostKv::Q8(c)) => {
+                attention::paged_attention_q8(q, &c, layout, seqs, tables, &shape, attn)?
+            }
+            // The reference backend (a test oracle) reads copies of the layer as tensors.
+            (backend, cache) => {
+                let (k_cache, v_cache) = cache.tensors(&dev)?;
                 let qt = Tensor::from_slice(q, (t, h, d), &dev)?;
-                let out =
-                    paged_attention(backend, &qt, k_cache, v_cache, kv.layout(), batch, &shape)?;
+                let out = paged_attention(backend, &qt, &k_cache, &v_cache, layout, batch, &shape)?;
                 attn.copy_from_slice(&out.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
             }
         }

@@ -53,19 +53,55 @@ impl Embedding {
                 Ok(QTensor::new(storage, (t, *hidden))?.dequantize(device)?)
             }
             Self::Panels(m) => {
-                let hidden = m.in_features();
-                let mut out = vec![0f32; t * hidden];
-                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(hidden)) {
-                    if id as usize >= m.out_features() {
-                        return Err(ModelError::InvalidStep(format!(
-                            "token id {id} is past the embedding"
-                        )));
-                    }
-                    m.dequantize_column(id as usize, row);
-                }
-                Ok(Tensor::from_vec(out, (t, hidden), device)?)
+                let mut out = vec![0f32; t * m.in_features()];
+                Self::panel_rows(m, ids, &mut out)?;
+                Ok(Tensor::from_vec(out, (t, m.in_features()), device)?)
             }
         }
+    }
+
+    /// [`Self::lookup`] into host rows `out: [ids.len(), hidden]` (the CPU forward's buffer):
+    /// a tied lm_head's panels write them directly, the other tables through a tensor.
+    pub(crate) fn lookup_into(&self, ids: &[u32], out: &mut [f32]) -> Result<()> {
+        match self {
+            Self::Panels(m) => Self::panel_rows(m, ids, out),
+            _ => {
+                let rows = self
+                    .lookup(ids, &Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                if rows.len() != out.len() {
+                    return Err(ModelError::InvalidStep(format!(
+                        "{} embedding values for a buffer of {}",
+                        rows.len(),
+                        out.len()
+                    )));
+                }
+                out.copy_from_slice(&rows);
+                Ok(())
+            }
+        }
+    }
+
+    /// Rows `ids` of a tied lm_head's panels, dequantized into `out`.
+    fn panel_rows(m: &PackedMatrix, ids: &[u32], out: &mut [f32]) -> Result<()> {
+        let hidden = m.in_features();
+        if out.len() != ids.len() * hidden {
+            return Err(ModelError::InvalidStep(format!(
+                "{} token ids for a buffer of {} values of width {hidden}",
+                ids.len(),
+                out.len()
+            )));
+        }
+        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(hidden)) {
+            if id as usize >= m.out_features() {
+                return Err(ModelError::InvalidStep(format!(
+                    "token id {id} is past the embedding"
+                )));
+            }
+            m.dequantize_column(id as usize, row);
+        }
+        Ok(())
     }
 
     /// Bytes the table takes (0 when it is the lm_head's panels, counted there).

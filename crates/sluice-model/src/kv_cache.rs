@@ -2,24 +2,19 @@
 //! a sequence owns is the block manager's business; the cache only stores and reads slots.
 //!
 //! Its layout is the kernels' ([`KvLayout`]): block-major, K dimension-major within a block.
-//! An 8-bit cache ([`KvDtype::Q8_0`]) holds the same layout as int8 with a scale per 32 values
-//! (`sluice_kernels::cpu::attention::Q8Cache`), on the CPU only.
+//! On the CPU the cache is host memory that the step writes and the attention kernels read in
+//! place ([`HostKv`]): f32, f16, or 8-bit ([`KvDtype::Q8_0`]: the same layout as int8 with a
+//! scale per 32 values, `sluice_kernels::cpu::attention::Q8Cache`). On a GPU it is device
+//! tensors, which the CUDA kernels write and read.
 
 use candle_core::{DType, Device, Tensor};
+use half::f16;
 use sluice_kernels::cpu::attention::{write_q8, Q8Cache, Q8CacheMut, Q8_GROUP};
 
-use crate::batch::StepBatch;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
 pub use sluice_kernels::KvLayout;
-
-/// Flat cache positions that a step's new K and V values go to, in the order of the
-/// `[T, num_kv_heads, head_dim]` K/V tensors. Built once per step, shared by all layers.
-pub struct WriteIndices {
-    k: Tensor,
-    v: Tensor,
-}
 
 /// What a KV cache holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,12 +61,18 @@ impl std::fmt::Display for KvDtype {
     }
 }
 
-/// One layer: K and V in one allocation (so a CUDA kernel writes both in one launch), and
-/// each as a view of its half.
-struct LayerKv {
+/// One layer on a GPU: K and V in one allocation (so a CUDA kernel writes both in one
+/// launch), and each as a view of its half.
+struct DeviceLayer {
     kv: Tensor,
     k: Tensor,
     v: Tensor,
+}
+
+/// One layer of a host float cache (zero pages until written).
+struct HostLayer<E> {
+    k: Vec<E>,
+    v: Vec<E>,
 }
 
 /// One layer of an 8-bit cache, host memory (zero pages until written).
@@ -83,15 +84,45 @@ struct Q8Layer {
 }
 
 enum Layers {
-    Float(Vec<LayerKv>),
+    Device(Vec<DeviceLayer>),
+    F32(Vec<HostLayer<f32>>),
+    F16(Vec<HostLayer<f16>>),
     Q8(Vec<Q8Layer>),
+}
+
+/// One layer of a host cache as the CPU attention kernels read it, in [`KvLayout`] order.
+#[derive(Clone, Copy)]
+pub enum HostKv<'a> {
+    F32 { k: &'a [f32], v: &'a [f32] },
+    F16 { k: &'a [f16], v: &'a [f16] },
+    Q8(Q8Cache<'a>),
+}
+
+impl HostKv<'_> {
+    /// Copies of K and V as flat tensors, for the candle reference attention (a test oracle,
+    /// not a serving path). An 8-bit layer has none.
+    pub fn tensors(&self, device: &Device) -> Result<(Tensor, Tensor)> {
+        match self {
+            Self::F32 { k, v } => Ok((
+                Tensor::from_slice(k, k.len(), device)?,
+                Tensor::from_slice(v, v.len(), device)?,
+            )),
+            Self::F16 { k, v } => Ok((
+                Tensor::from_slice(k, k.len(), device)?,
+                Tensor::from_slice(v, v.len(), device)?,
+            )),
+            Self::Q8(_) => Err(ModelError::KvCache(
+                "a q8_0 KV cache is read only by the CPU attention kernel (attention backend cpu)"
+                    .into(),
+            )),
+        }
+    }
 }
 
 pub struct KvCache {
     layers: Layers,
     layout: KvLayout,
     dtype: KvDtype,
-    device: Device,
 }
 
 impl KvCache {
@@ -143,23 +174,28 @@ impl KvCache {
                 "{num_blocks} blocks of {block_size} tokens exceed the 2^32 values per layer a cache can address"
             )));
         }
-        let layers = match dtype.float() {
-            Some(float) => Layers::Float(
-                (0..config.num_layers)
-                    .map(|_| {
-                        let kv = zeros(2 * n, float, device)?;
-                        Ok(LayerKv {
-                            k: kv.narrow(0, 0, n)?,
-                            v: kv.narrow(0, n, n)?,
-                            kv,
-                        })
+        let num_layers = config.num_layers;
+        let layers = match (dtype, device.is_cpu()) {
+            (KvDtype::F32, true) => Layers::F32(
+                (0..num_layers)
+                    .map(|_| HostLayer {
+                        k: vec![0.0; n],
+                        v: vec![0.0; n],
                     })
-                    .collect::<Result<Vec<_>>>()?,
+                    .collect(),
             ),
-            None => {
+            (KvDtype::F16, true) => Layers::F16(
+                (0..num_layers)
+                    .map(|_| HostLayer {
+                        k: f16_zeros(n),
+                        v: f16_zeros(n),
+                    })
+                    .collect(),
+            ),
+            (KvDtype::Q8_0, _) => {
                 let scales = Q8Cache::scales_per_layer(&layout);
                 Layers::Q8(
-                    (0..config.num_layers)
+                    (0..num_layers)
                         .map(|_| Q8Layer {
                             k: vec![0; n],
                             k_scales: vec![0.0; scales],
@@ -169,12 +205,26 @@ impl KvCache {
                         .collect(),
                 )
             }
+            (float, _) => {
+                let dtype = float.float().expect("q8_0 is matched above");
+                Layers::Device(
+                    (0..num_layers)
+                        .map(|_| {
+                            let kv = Tensor::zeros(2 * n, dtype, device)?;
+                            Ok(DeviceLayer {
+                                k: kv.narrow(0, 0, n)?,
+                                v: kv.narrow(0, n, n)?,
+                                kv,
+                            })
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                )
+            }
         };
         Ok(Self {
             layers,
             layout,
             dtype,
-            device: device.clone(),
         })
     }
 
@@ -208,120 +258,124 @@ impl KvCache {
         self.layout.num_slots()
     }
 
-    /// `(k, v)` of one layer of a float cache, flat, in [`KvLayout`] order.
+    /// `(k, v)` of one layer of a GPU cache, flat, in [`KvLayout`] order.
     pub fn layer(&self, layer: usize) -> Result<(&Tensor, &Tensor)> {
-        let l = &self.float_layers()?[layer];
+        let l = &self.device_layers()?[layer];
         Ok((&l.k, &l.v))
     }
 
     /// One layer's K then V as one flat tensor (`2 * values_per_layer`), what the CUDA
     /// kernels take.
     pub fn layer_kv(&self, layer: usize) -> Result<&Tensor> {
-        Ok(&self.float_layers()?[layer].kv)
+        Ok(&self.device_layers()?[layer].kv)
     }
 
-    /// One layer of an 8-bit cache (`None` for a float one).
-    pub fn q8_layer(&self, layer: usize) -> Option<Q8Cache<'_>> {
-        match &self.layers {
+    /// One layer of a host cache (`None` on a GPU).
+    pub fn host_layer(&self, layer: usize) -> Option<HostKv<'_>> {
+        Some(match &self.layers {
+            Layers::F32(layers) => HostKv::F32 {
+                k: &layers[layer].k,
+                v: &layers[layer].v,
+            },
+            Layers::F16(layers) => HostKv::F16 {
+                k: &layers[layer].k,
+                v: &layers[layer].v,
+            },
             Layers::Q8(layers) => {
                 let l = &layers[layer];
-                Some(Q8Cache {
+                HostKv::Q8(Q8Cache {
                     k: &l.k,
                     k_scales: &l.k_scales,
                     v: &l.v,
                     v_scales: &l.v_scales,
                 })
             }
-            Layers::Float(_) => None,
-        }
+            Layers::Device(_) => return None,
+        })
     }
 
-    fn float_layers(&self) -> Result<&[LayerKv]> {
+    fn device_layers(&self) -> Result<&[DeviceLayer]> {
         match &self.layers {
-            Layers::Float(layers) => Ok(layers),
-            Layers::Q8(_) => Err(ModelError::KvCache(
-                "a q8_0 KV cache is read only by the CPU attention kernel (attention backend cpu)"
-                    .into(),
+            Layers::Device(layers) => Ok(layers),
+            _ => Err(ModelError::KvCache(
+                "this KV cache is host memory, read by the CPU attention kernels".into(),
             )),
         }
     }
 
-    pub fn write_indices(&self, batch: &StepBatch) -> Result<WriteIndices> {
-        let l = &self.layout;
-        // An 8-bit cache is written from the slots themselves ([`KvCache::write_rows`]).
-        let n = match self.layers {
-            Layers::Float(_) => batch.num_tokens() * l.num_kv_heads * l.head_dim,
-            Layers::Q8(_) => 0,
-        };
-        let (mut k, mut v) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for &slot in batch
-            .slot_mapping
-            .iter()
-            .take(if n == 0 { 0 } else { usize::MAX })
-        {
-            for h in 0..l.num_kv_heads {
-                for d in 0..l.head_dim {
-                    k.push(l.k_offset(slot as usize, h, d) as u32);
-                    v.push(l.v_offset(slot as usize, h, d) as u32);
-                }
+    /// Writes one layer's new keys and values, host rows `k, v: [T, num_kv_heads * head_dim]`,
+    /// into the slots `slots` of a host cache (the CPU forward): in place, converted to the
+    /// cache's type (an 8-bit cache quantizes them).
+    pub fn write_rows(&mut self, layer: usize, k: &[f32], v: &[f32], slots: &[u32]) -> Result<()> {
+        let l = self.layout;
+        let width = l.num_kv_heads * l.head_dim;
+        if k.len() != slots.len() * width || v.len() != k.len() {
+            return Err(ModelError::KvCache(format!(
+                "{} slots of {width} values got {} keys and {} values",
+                slots.len(),
+                k.len(),
+                v.len()
+            )));
+        }
+        if let Some(s) = slots.iter().find(|&&s| s as usize >= l.num_slots()) {
+            return Err(ModelError::KvCache(format!(
+                "slot {s} is outside the cache's {} slots",
+                l.num_slots()
+            )));
+        }
+        match &mut self.layers {
+            Layers::F32(layers) => write_host(&l, slots, k, v, &mut layers[layer], |x| x),
+            Layers::F16(layers) => write_host(&l, slots, k, v, &mut layers[layer], f16::from_f32),
+            Layers::Q8(layers) => {
+                let q = &mut layers[layer];
+                let cache = Q8CacheMut {
+                    k: &mut q.k,
+                    k_scales: &mut q.k_scales,
+                    v: &mut q.v,
+                    v_scales: &mut q.v_scales,
+                };
+                write_q8(&l, slots, k, v, cache)?;
+            }
+            Layers::Device(_) => {
+                return Err(ModelError::KvCache(
+                    "a GPU cache is written by the CUDA forward".into(),
+                ))
             }
         }
-        Ok(WriteIndices {
-            k: Tensor::from_vec(k, n, &self.device)?,
-            v: Tensor::from_vec(v, n, &self.device)?,
-        })
-    }
-
-    /// Writes `k, v: [T, num_kv_heads, head_dim]` of one layer into the step's slots.
-    pub fn write(&mut self, layer: usize, k: &Tensor, v: &Tensor, at: &WriteIndices) -> Result<()> {
-        let LayerKv { k: kc, v: vc, .. } = &self.float_layers()?[layer];
-        let dtype = kc.dtype();
-        kc.scatter_set(&at.k, &k.flatten_all()?.to_dtype(dtype)?, 0)?;
-        vc.scatter_set(&at.v, &v.flatten_all()?.to_dtype(dtype)?, 0)?;
         Ok(())
     }
+}
 
-    /// [`KvCache::write`] from host rows `k, v: [T, num_kv_heads * head_dim]` into the slots
-    /// `slots` (the CPU forward): an 8-bit cache quantizes them in place.
-    pub fn write_rows(
-        &mut self,
-        layer: usize,
-        k: &[f32],
-        v: &[f32],
-        slots: &[u32],
-        at: &WriteIndices,
-    ) -> Result<()> {
-        let layout = self.layout;
-        match &mut self.layers {
-            Layers::Q8(layers) => {
-                let l = &mut layers[layer];
-                let cache = Q8CacheMut {
-                    k: &mut l.k,
-                    k_scales: &mut l.k_scales,
-                    v: &mut l.v,
-                    v_scales: &mut l.v_scales,
-                };
-                Ok(write_q8(&layout, slots, k, v, cache)?)
+/// Each token's `[num_kv_heads, head_dim]` keys and values into its slot, converted by `to`.
+/// The caller checked the sizes and slots.
+fn write_host<E: Copy>(
+    l: &KvLayout,
+    slots: &[u32],
+    k: &[f32],
+    v: &[f32],
+    layer: &mut HostLayer<E>,
+    to: impl Fn(f32) -> E,
+) {
+    let (kvh, d) = (l.num_kv_heads, l.head_dim);
+    for (t, &slot) in slots.iter().enumerate() {
+        let slot = slot as usize;
+        for h in 0..kvh {
+            let row = (t * kvh + h) * d;
+            for i in 0..d {
+                layer.k[l.k_offset(slot, h, i)] = to(k[row + i]);
             }
-            Layers::Float(_) => {
-                let (t, width) = (slots.len(), layout.num_kv_heads * layout.head_dim);
-                let k = Tensor::from_slice(k, (t, width), &self.device)?;
-                let v = Tensor::from_slice(v, (t, width), &self.device)?;
-                self.write(layer, &k, &v, at)
+            let at = l.v_offset(slot, h, 0);
+            for (dst, &x) in layer.v[at..at + d].iter_mut().zip(&v[row..row + d]) {
+                *dst = to(x);
             }
         }
     }
 }
 
-/// `n` zeros of `dtype` on `device`. On the CPU an f16 cache is made from zeroed u16 bits, which
-/// the allocator takes from the OS as zero pages: a 1 GiB cache costs nothing at start, and
-/// its pages become resident as sequences fill them (candle writes every f16 zero, which took
-/// about a second at startup).
-fn zeros(n: usize, dtype: DType, device: &Device) -> Result<Tensor> {
-    if dtype == DType::F16 && device.is_cpu() {
-        use half::vec::HalfBitsVecExt;
-        let bits: Vec<half::f16> = vec![0u16; n].reinterpret_into();
-        return Ok(Tensor::from_vec(bits, n, device)?);
-    }
-    Ok(Tensor::zeros(n, dtype, device)?)
+/// `n` f16 zeros made from zeroed u16 bits, which the allocator takes from the OS as zero
+/// pages: a 1 GiB cache costs nothing at start, and its pages become resident as sequences
+/// fill them (writing every f16 zero took about a second at startup).
+fn f16_zeros(n: usize) -> Vec<f16> {
+    use half::vec::HalfBitsVecExt;
+    vec![0u16; n].reinterpret_into()
 }

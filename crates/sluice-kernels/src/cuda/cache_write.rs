@@ -66,7 +66,7 @@ impl InplaceOp3 for WriteKv {
         _: &CpuStorage,
         _: &Layout,
     ) -> Result<()> {
-        candle_core::bail!("write_kv runs on CUDA tensors; the CPU cache writes with scatter_set")
+        candle_core::bail!("write_kv runs on CUDA tensors; the CPU cache is host memory, written by KvCache::write_rows")
     }
 
     fn cuda_fwd(

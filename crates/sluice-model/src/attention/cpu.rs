@@ -53,31 +53,14 @@ pub fn paged_attention(
         )));
     }
     let (q_store, q_off) = cpu_storage(&q, "q")?;
-    let Storage::Cpu(qc) = &*q_store else {
+    let (k_store, k_off) = cpu_storage(k_cache, "the K cache")?;
+    let (v_store, v_off) = cpu_storage(v_cache, "the V cache")?;
+    let (Storage::Cpu(qc), Storage::Cpu(kc), Storage::Cpu(vc)) = (&*q_store, &*k_store, &*v_store)
+    else {
         unreachable!("checked by cpu_storage")
     };
     let q = &qc.as_slice::<f32>()?[q_off..][..t * h * d];
     let mut out = vec![0f32; t * h * d];
-    attend_into(q, k_cache, v_cache, layout, batch, shape, &mut out)?;
-    Ok(Tensor::from_vec(out, (t, h * d), &Device::Cpu)?)
-}
-
-/// [`paged_attention`] on plain rows: `q: [T, num_heads * head_dim]` into `out` of the same
-/// shape, for the CPU forward.
-pub(crate) fn attend_into(
-    q: &[f32],
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    layout: &KvLayout,
-    batch: &StepBatch,
-    shape: &AttentionShape,
-    out: &mut [f32],
-) -> Result<()> {
-    let (k_store, k_off) = cpu_storage(k_cache, "the K cache")?;
-    let (v_store, v_off) = cpu_storage(v_cache, "the V cache")?;
-    let (Storage::Cpu(kc), Storage::Cpu(vc)) = (&*k_store, &*v_store) else {
-        unreachable!("checked by cpu_storage")
-    };
     let caches = Caches {
         k: kc,
         v: vc,
@@ -85,12 +68,15 @@ pub(crate) fn attend_into(
         v_offset: v_off,
     };
     match k_cache.dtype() {
-        DType::F32 => caches.attend::<f32>(q, layout, batch, shape, out),
-        DType::F16 => caches.attend::<f16>(q, layout, batch, shape, out),
-        other => Err(ModelError::KvCache(format!(
-            "a KV cache of {other:?} is not supported"
-        ))),
+        DType::F32 => caches.attend::<f32>(q, layout, batch, shape, &mut out)?,
+        DType::F16 => caches.attend::<f16>(q, layout, batch, shape, &mut out)?,
+        other => {
+            return Err(ModelError::KvCache(format!(
+                "a KV cache of {other:?} is not supported"
+            )))
+        }
     }
+    Ok(Tensor::from_vec(out, (t, h * d), &Device::Cpu)?)
 }
 
 /// One layer's K and V storage and where the layer starts in it.
