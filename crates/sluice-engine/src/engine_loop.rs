@@ -5,13 +5,19 @@
 //! plan   = scheduler.schedule()          // who runs this step
 //! batch  = scheduler.fill_step_batch()   // flat tokens + metadata
 //! logits = model.forward(batch)          // ONE forward, all sequences
-//! tokens = sampler.sample(logits, rows)  // batched sampling
+//! tokens = sampler.sample(logits, rows)  // batched sampling (or the model's own, below)
 //! scheduler.commit(tokens); emit events; finished sequences leave and free their blocks
 //! ```
 //!
 //! The thread owns the model (and so its KV cache). With nothing to do it blocks on its
 //! command channel. Per-request bookkeeping lives in [`crate::request_state`], publishing
 //! counters and metrics in [`crate::telemetry`].
+//!
+//! A model that samples rows itself ([`Model::samples_rows`], a GPU) gets the rows that need
+//! nothing but temperature, `top_k`, `top_p` and `min_p` marked in the batch before the
+//! forward, with their random numbers drawn from each sequence's generator as the sampler
+//! would draw them; it hands back their tokens instead of their logits, and the sampler takes
+//! the rest. Which rows go where depends only on each row's own request.
 //!
 //! Failure model: a forward that errors (or panics) fails only the requests in that step,
 //! with an error finish event; the engine goes on with the next step. A client that goes away
@@ -40,7 +46,7 @@ use crate::params::SamplingParams;
 use crate::pooling::pooled_rows;
 use crate::request_state::{abort_unadmitted, RequestState};
 use crate::rng::SeqRng;
-use crate::sampler::{SampleRow, Sampled, Sampler};
+use crate::sampler::{model_rule, SampleRow, Sampled, Sampler, TokenLogprobs};
 use crate::scheduler::Scheduler;
 use crate::sequence::{RequestId, SeqId};
 use crate::stop::{FinishReason, Stopped};
@@ -67,6 +73,13 @@ pub(crate) struct EngineLoop {
     /// The sampler's rows; empty between steps (they borrow the step's request states).
     rows: Vec<SampleRow<'static>>,
     sampled: Vec<Sampled>,
+    /// Whether the model samples the rows it can itself ([`Model::samples_rows`]).
+    model_samples_rows: bool,
+    /// Per sampling row of a step whose model samples rows: what the engine keeps of a row the
+    /// model samples (`None` for the sampler's rows).
+    model_rows: Vec<Option<ModelRow>>,
+    /// The sampler's results of a step the model shares, merged into `sampled` in row order.
+    host_sampled: Vec<Sampled>,
     tokens: Vec<u32>,
     rngs: Vec<SeqRng>,
     finished: Vec<SeqId>,
@@ -104,6 +117,15 @@ impl RequestKinds {
     }
 }
 
+/// A row the model samples: its generator past the draw the model was given, and whether its
+/// request reports logprobs (the chosen token's only: a request for top logprobs stays with
+/// the sampler).
+#[derive(Clone, Copy)]
+struct ModelRow {
+    rng: SeqRng,
+    logprob: bool,
+}
+
 enum Flow {
     Continue,
     Exit,
@@ -120,6 +142,7 @@ impl EngineLoop {
     ) -> Self {
         Self {
             sampler: Sampler::new(model.vocab_size()),
+            model_samples_rows: model.samples_rows(),
             batch: StepBatch::new(model.block_size()),
             pooling: shared.pooling,
             hidden_size: model.hidden_size(),
@@ -134,6 +157,8 @@ impl EngineLoop {
             output: StepOutput::default(),
             rows: Vec::new(),
             sampled: Vec::new(),
+            model_rows: Vec::new(),
+            host_sampled: Vec::new(),
             tokens: Vec::new(),
             rngs: Vec::new(),
             finished: Vec::new(),
@@ -304,6 +329,7 @@ impl EngineLoop {
         }
         self.scheduler.fill_step_batch(&mut self.batch);
         self.mark_pooled_rows();
+        self.mark_model_sampled_rows();
         self.telemetry.publish_counts(&self.scheduler);
 
         let forward_start = Instant::now();
@@ -311,19 +337,24 @@ impl EngineLoop {
         let result = catch_unwind(AssertUnwindSafe(|| model.forward(batch, output)));
         let forward = forward_start.elapsed();
         let num_samples = self.scheduler.output().num_samples();
+        let num_model_sampled = self.model_rows.iter().flatten().count();
+        let num_logits = num_samples - num_model_sampled;
         let num_pooled = self.batch.hidden_indices.len();
         let failure = match result {
             Ok(Ok(()))
-                if self.output.logits.len() == num_samples * self.sampler.vocab_size()
+                if self.output.logits.len() == num_logits * self.sampler.vocab_size()
+                    && self.output.sampled.len() == num_model_sampled
                     && self.output.hidden.len() == num_pooled * self.hidden_size =>
             {
                 None
             }
             Ok(Ok(())) => Some(format!(
-                "the model returned {} logits for {num_samples} rows of {} and {} hidden \
-                 values for {num_pooled} rows of {}",
+                "the model returned {} logits for {num_logits} rows of {}, {} tokens for \
+                 {num_model_sampled} rows it samples and {} hidden values for {num_pooled} \
+                 rows of {}",
                 self.output.logits.len(),
                 self.sampler.vocab_size(),
+                self.output.sampled.len(),
                 self.output.hidden.len(),
                 self.hidden_size
             )),
@@ -392,6 +423,32 @@ impl EngineLoop {
                 }
             }
             row += s.len;
+        }
+    }
+
+    /// With a model that samples rows itself, marks the step's rows it may sample: those
+    /// whose request needs nothing but temperature, `top_k`, `top_p` and `min_p`, and that
+    /// neither a grammar nor `min_tokens` restricts this step. Their random numbers are drawn
+    /// here, from each sequence's generator, as the sampler would have drawn them.
+    fn mark_model_sampled_rows(&mut self) {
+        self.model_rows.clear();
+        if !self.model_samples_rows {
+            return;
+        }
+        let requests = &self.requests;
+        for s in self.scheduler.output().sampling() {
+            let row = requests.get(&s.seq_id.request).and_then(|r| {
+                let seq = r.seqs.get(s.seq_id.index as usize)?;
+                if seq.constraint.is_some() || !r.stop.banned(seq.generated).is_empty() {
+                    return None;
+                }
+                let mut rng = seq.rng;
+                let rule = model_rule(&r.sampling, &mut rng)?;
+                let logprob = r.sampling.logprobs.is_some();
+                Some((rule, ModelRow { rng, logprob }))
+            });
+            self.batch.model_sampling.push(row.map(|(rule, _)| rule));
+            self.model_rows.push(row.map(|(_, kept)| kept));
         }
     }
 
@@ -502,38 +559,75 @@ impl EngineLoop {
             .record(start.elapsed().as_secs_f64());
     }
 
-    /// Samples every row of the step into `self.tokens` (and `self.sampled`).
+    /// Samples every row of the step into `self.tokens` (and `self.sampled`): the rows the
+    /// model sampled come from its output, the others from the sampler.
     fn sample(&mut self) {
         self.compute_masks();
         let requests = &self.requests;
+        let model_rows = &self.model_rows;
+        let by_model = |i: usize| matches!(model_rows.get(i), Some(Some(_)));
         let mut rows = reuse_rows(std::mem::take(&mut self.rows));
-        rows.extend(self.scheduler.output().sampling().map(
-            |s| match requests.get(&s.seq_id.request) {
-                Some(r) => {
-                    let seq = &r.seqs[s.seq_id.index as usize];
-                    SampleRow {
-                        params: &r.sampling,
-                        rng: seq.rng,
-                        prompt_tokens: &r.prompt_set,
-                        output_counts: seq.counts.as_ref(),
-                        banned: r.stop.banned(seq.generated),
-                        allowed: seq.constraint.as_ref().and_then(|c| c.allowed()),
+        rows.extend(
+            self.scheduler
+                .output()
+                .sampling()
+                .enumerate()
+                .filter(|&(i, _)| !by_model(i))
+                .map(|(_, s)| match requests.get(&s.seq_id.request) {
+                    Some(r) => {
+                        let seq = &r.seqs[s.seq_id.index as usize];
+                        SampleRow {
+                            params: &r.sampling,
+                            rng: seq.rng,
+                            prompt_tokens: &r.prompt_set,
+                            output_counts: seq.counts.as_ref(),
+                            banned: r.stop.banned(seq.generated),
+                            allowed: seq.constraint.as_ref().and_then(|c| c.allowed()),
+                        }
                     }
-                }
-                None => SampleRow {
-                    params: &ORPHAN_PARAMS,
-                    rng: SeqRng::new(0, 0),
-                    prompt_tokens: &[],
-                    output_counts: None,
-                    banned: &[],
-                    allowed: None,
-                },
-            },
-        ));
-        self.sampler
-            .sample(&mut self.output.logits, &mut rows, &mut self.sampled);
+                    None => SampleRow {
+                        params: &ORPHAN_PARAMS,
+                        rng: SeqRng::new(0, 0),
+                        prompt_tokens: &[],
+                        output_counts: None,
+                        banned: &[],
+                        allowed: None,
+                    },
+                }),
+        );
         self.rngs.clear();
-        self.rngs.extend(rows.iter().map(|r| r.rng));
+        if self.model_rows.is_empty() {
+            self.sampler
+                .sample(&mut self.output.logits, &mut rows, &mut self.sampled);
+            self.rngs.extend(rows.iter().map(|r| r.rng));
+        } else {
+            self.sampler
+                .sample(&mut self.output.logits, &mut rows, &mut self.host_sampled);
+            self.sampled.clear();
+            let mut host = self.host_sampled.drain(..).zip(rows.iter().map(|r| r.rng));
+            let mut picked = self.output.sampled.iter();
+            for kept in &self.model_rows {
+                let from_model = kept.as_ref().and_then(|k| Some((k, picked.next()?)));
+                let (sampled, rng) = match from_model {
+                    Some((kept, t)) => {
+                        let logprobs = kept.logprob.then(|| TokenLogprobs {
+                            token: t.token,
+                            logprob: t.logprob,
+                            top: Vec::new(),
+                        });
+                        let sampled = Sampled {
+                            token: t.token,
+                            logprobs,
+                        };
+                        (sampled, kept.rng)
+                    }
+                    // Counts were checked after the forward: every row has its result.
+                    None => host.next().expect("a sampler result per row"),
+                };
+                self.sampled.push(sampled);
+                self.rngs.push(rng);
+            }
+        }
         self.rows = reuse_rows(rows);
         self.tokens.clear();
         self.tokens.extend(self.sampled.iter().map(|s| s.token));

@@ -1,5 +1,6 @@
 //! What the engine needs from a model: one batched forward over a [`StepBatch`] into its
-//! output buffers (logits, and the hidden states embeddings pool), and its limits. [`PagedLlama`] (sluice-model: a `LlamaModel` with the KV cache it
+//! output buffers (logits or the tokens of rows it sampled itself, and the hidden states
+//! embeddings pool), and its limits. [`PagedLlama`] (sluice-model: a `LlamaModel` with the KV cache it
 //! owns) is the real thing; `testing::MockModel` (feature `testing`) implements the same trait without
 //! weights.
 
@@ -34,10 +35,18 @@ pub trait Model: Send {
     fn num_blocks(&self) -> usize;
     /// Entries per hidden state (what an embedding's vector holds).
     fn hidden_size(&self) -> usize;
+    /// Whether the engine should let the model sample the rows that need nothing but
+    /// temperature, `top_k`, `top_p` and `min_p` ([`StepBatch::model_sampling`]): true where
+    /// that keeps full logits from crossing to the host (a GPU).
+    fn samples_rows(&self) -> bool {
+        false
+    }
     /// Computes every token of `batch`, writing their K/V into the cache, and replaces
-    /// `out.logits` with the `[batch.logits_indices.len(), vocab_size]` logits of the sampling
-    /// rows and `out.hidden` with the `[batch.hidden_indices.len(), hidden_size]` final hidden
-    /// states of the pooled rows, row-major, in index order.
+    /// `out.logits` with the `[rows, vocab_size]` logits of the sampling rows it does not
+    /// sample itself ([`StepBatch::logits_rows`]), `out.sampled` with the tokens of those it
+    /// does ([`StepBatch::model_sampled_rows`]), and `out.hidden` with the
+    /// `[batch.hidden_indices.len(), hidden_size]` final hidden states of the pooled rows,
+    /// row-major, in index order.
     fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<(), ModelFailure>;
 }
 
@@ -60,6 +69,10 @@ impl Model for PagedLlama {
 
     fn hidden_size(&self) -> usize {
         PagedLlama::hidden_size(self)
+    }
+
+    fn samples_rows(&self) -> bool {
+        PagedLlama::samples_rows(self)
     }
 
     fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<(), ModelFailure> {

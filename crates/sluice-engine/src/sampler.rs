@@ -12,6 +12,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use rayon::prelude::*;
+use sluice_model::RowSampling;
 
 use crate::logits;
 use crate::params::SamplingParams;
@@ -114,6 +115,27 @@ impl Sampler {
             .map(|(row, x)| SCRATCH.with(|s| sample_row(x, row, &mut s.borrow_mut())))
             .collect_into_vec(out);
     }
+}
+
+/// The rule by which a model may sample a row itself ([`RowSampling`]), or `None` when the
+/// row needs what only this sampler does: penalties, `logit_bias` or top logprobs. Bans and
+/// grammar masks are the caller's to rule out. Draws the row's random number from `rng`
+/// exactly when [`Sampler::sample`] would (not for a greedy row), so a seeded sequence uses
+/// its generator the same way on either path.
+pub fn model_rule(p: &SamplingParams, rng: &mut SeqRng) -> Option<RowSampling> {
+    if p.has_penalties() || !p.logit_bias.is_empty() || p.logprobs.is_some_and(|n| n > 0) {
+        return None;
+    }
+    if p.is_greedy() || p.top_k == 1 {
+        return Some(RowSampling::GREEDY);
+    }
+    Some(RowSampling {
+        temperature: p.temperature,
+        top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+        top_p: p.top_p,
+        min_p: p.min_p,
+        uniform: rng.next_f64() as f32,
+    })
 }
 
 fn sample_row(x: &mut [f32], row: &mut SampleRow<'_>, scratch: &mut Scratch) -> Sampled {

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
+use sluice_model::sampling::sample_row;
 use sluice_model::{StepBatch, StepOutput};
 use sluice_tokenizer::{MetadataMap, MetadataValue, Tokenizer};
 
@@ -38,6 +39,8 @@ pub struct MockModel {
     kv: Vec<Option<u64>>,
     base: Vec<f32>,
     control: MockControl,
+    /// Samples the rows the engine marks ([`Model::samples_rows`]), as a GPU model does.
+    samples_rows: bool,
 }
 
 impl MockModel {
@@ -61,7 +64,15 @@ impl MockModel {
             kv: vec![None; num_blocks * block_size],
             base,
             control: MockControl::default(),
+            samples_rows: false,
         }
+    }
+
+    /// This model samples the rows the engine lets it ([`Model::samples_rows`]), by the rule
+    /// a GPU model's kernel follows, instead of handing their logits back.
+    pub fn sampling_rows_itself(mut self) -> Self {
+        self.samples_rows = true;
+        self
     }
 
     /// A handle to steer this model from a test while the engine owns it.
@@ -102,6 +113,10 @@ impl Model for MockModel {
 
     fn hidden_size(&self) -> usize {
         MOCK_HIDDEN_SIZE
+    }
+
+    fn samples_rows(&self) -> bool {
+        self.samples_rows
     }
 
     fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<(), ModelFailure> {
@@ -172,7 +187,47 @@ impl Model for MockModel {
                 "hidden-state row {row} is out of order or past the batch"
             )));
         }
+        self.sample_marked_rows(batch, out)?;
         self.control.after_forward();
+        Ok(())
+    }
+}
+
+impl MockModel {
+    /// Replaces the logits of the rows the engine marked with their sampled tokens, keeping
+    /// the other rows' logits in order.
+    fn sample_marked_rows(
+        &self,
+        batch: &StepBatch,
+        out: &mut StepOutput,
+    ) -> Result<(), ModelFailure> {
+        out.sampled.clear();
+        if batch.model_sampling.is_empty() {
+            return Ok(());
+        }
+        if !self.samples_rows || batch.model_sampling.len() != batch.logits_indices.len() {
+            return Err(ModelFailure::new(
+                "rows marked for a model that does not sample them, or not one mark per row",
+            ));
+        }
+        let v = self.vocab_size;
+        let mut kept = 0;
+        for (i, rule) in batch.model_sampling.iter().enumerate() {
+            match rule {
+                Some(rule) => out
+                    .sampled
+                    .push(sample_row(&out.logits[i * v..][..v], rule)),
+                None => {
+                    out.logits.copy_within(i * v..(i + 1) * v, kept * v);
+                    kept += 1;
+                }
+            }
+        }
+        out.logits.truncate(kept * v);
+        self.control
+            .state
+            .model_sampled
+            .fetch_add(out.sampled.len() as u64, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -194,6 +249,7 @@ struct ControlState {
     changed: Condvar,
     fail_next: AtomicUsize,
     forwards: AtomicU64,
+    model_sampled: AtomicU64,
 }
 
 /// Steers a [`MockModel`] from a test: fail forwards, or hold them at a gate to freeze the
@@ -241,6 +297,11 @@ impl MockControl {
     /// Forwards that completed successfully.
     pub fn forwards(&self) -> u64 {
         self.state.forwards.load(Ordering::SeqCst)
+    }
+
+    /// Rows the model sampled itself, ever.
+    pub fn model_sampled_rows(&self) -> u64 {
+        self.state.model_sampled.load(Ordering::SeqCst)
     }
 
     fn before_forward(&self) -> Result<(), ModelFailure> {

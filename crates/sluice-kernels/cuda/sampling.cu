@@ -1,9 +1,11 @@
-// Sampling on the device: greedy, temperature, top-k and top-p for every row of a step's
-// logits in one launch, so only a token id and its logprob per row cross to the host.
+// Sampling on the device: greedy, temperature, top-k, top-p and min-p for every row of a step's
+// logits in one launch, so only a token id and its logprob per row cross to the host. The rule
+// is stated in plain Rust by sluice_kernels::sampling::sample_row, this kernel's oracle.
 //
-// One block per row. Top-k and top-p keep the tokens whose tempered probability reaches a
-// threshold, found by bisection on the threshold (each probe one pass over the vocabulary), so
-// nothing is sorted: tokens tied at the threshold are all kept. The draw walks the kept tokens
+// One block per row. Min-p, top-k and top-p keep the tokens whose tempered probability reaches
+// a threshold: min-p sets it, top-k and top-p raise it, found by bisection on the threshold
+// (each probe one pass over the vocabulary), so nothing is sorted: tokens tied at the
+// threshold are all kept. The draw walks the kept tokens
 // in vocabulary order with the row's uniform number, which the host draws from the sequence's
 // own seeded generator. The logprob is the chosen token's under the raw logits (temperature 1,
 // nothing filtered), as the engine reports it.
@@ -13,7 +15,8 @@ using namespace sluice;
 
 // Mirrored by sluice_kernels::cuda_plan (a test holds them equal).
 #define SAMPLE_THREADS 1024
-// Bisection steps for a threshold in (0, 1]: 2^-30 of resolution.
+// Bisection steps for a threshold in (0, 1]: 2^-30 of resolution. Mirrored by
+// sluice_kernels::sampling (a test holds them equal).
 #define THRESHOLD_STEPS 30
 
 // Tempered, unnormalised probability of logit x: 1 for the row's maximum.
@@ -35,7 +38,8 @@ __device__ float kept(const float* x, int vocab, float max_logit, float inv_t, f
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows(const float* __restrict__ logits, long row_stride, int vocab,
                 const float* __restrict__ temperature, const uint32_t* __restrict__ top_k,
-                const float* __restrict__ top_p, const float* __restrict__ uniform,
+                const float* __restrict__ top_p, const float* __restrict__ min_p,
+                const float* __restrict__ uniform,
                 uint32_t* __restrict__ token_out, float* __restrict__ logprob_out) {
     __shared__ float scratch[32];
     __shared__ float best_val_s[32];
@@ -77,9 +81,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 
     int chosen = argmax;
     const float temp = temperature[row];
-    if (temp > 0.0f) {
+    if (temp > 0.0f && isfinite(max_logit)) {
         const float inv_t = 1.0f / temp;
-        float thr = 0.0f;
+        float thr = fmaxf(min_p[row], 0.0f);
         const int k = (int)top_k[row];
         if (k > 0 && k < vocab) {
             // Largest threshold keeping at least k tokens: count(q >= lo) >= k throughout.
@@ -89,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                 if (kept(x, vocab, max_logit, inv_t, mid, 0, scratch) >= (float)k) lo = mid;
                 else hi = mid;
             }
-            thr = lo;
+            thr = fmaxf(thr, lo);
         }
         const float p = top_p[row];
         if (p < 1.0f) {

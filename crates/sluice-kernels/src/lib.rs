@@ -2,7 +2,7 @@
 //! slices: a packed f32 GEMM with quantized panels ([`cpu::gemm`]), split-bf16 products on AMX
 //! tiles ([`cpu::amx`]), int8-dot products against GGUF blocks ([`cpu::int8_matmul`]), paged
 //! attention over a block-major KV cache ([`cpu::attention`]), and fused element-wise ops
-//! ([`cpu::swiglu`]). CUDA kernels sit beside them in a `cuda` module (the `cuda` feature;
+//! ([`cpu::swiglu`]); the rule a model samples its own rows by ([`sampling`]). CUDA kernels sit beside them in a `cuda` module (the `cuda` feature;
 //! unverified on a GPU), planned by [`cuda_plan`], which is plain Rust built and tested always.
 //!
 //! This crate is the project's unsafe boundary: SIMD intrinsics, AMX assembly and the raw
@@ -19,6 +19,7 @@ pub mod disjoint;
 pub mod paged;
 pub mod ptxas_report;
 pub mod quant_format;
+pub mod sampling;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
@@ -28,3 +29,4 @@ pub use cpu::int8_matmul::{QuantMatrix, QuantizedActivations};
 pub use disjoint::DisjointSlice;
 pub use paged::{AttentionShape, KvLayout, SequenceSlice};
 pub use quant_format::QuantFormat;
+pub use sampling::{RowSampling, SampledToken};

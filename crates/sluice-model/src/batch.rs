@@ -1,7 +1,7 @@
 //! The flat description of one engine step: every token that is computed this step, from every
 //! sequence, laid end to end with no padding. The scheduler fills it; the model consumes it.
 
-pub use sluice_kernels::SequenceSlice;
+pub use sluice_kernels::{RowSampling, SampledToken, SequenceSlice};
 
 /// Inputs of one batched forward. Reuse one value across steps ([`StepBatch::clear`]) so the
 /// step loop does not allocate.
@@ -24,13 +24,20 @@ pub struct StepBatch {
     /// Rows whose final (normed) hidden states are wanted, in output order: the tokens an
     /// embedding pools. Empty in a step without embedding sequences.
     pub hidden_indices: Vec<u32>,
+    /// Per entry of `logits_indices`, in order: `Some` when the model picks that row's token
+    /// itself by this rule ([`sluice_kernels::sampling`]), `None` when it returns the row's
+    /// logits. Empty: every row returns logits. On a GPU this keeps full logits on the device.
+    pub model_sampling: Vec<Option<RowSampling>>,
 }
 
 /// What one forward returns, in buffers reused across steps.
 #[derive(Debug, Clone, Default)]
 pub struct StepOutput {
-    /// `[logits_indices.len(), vocab]`, row-major.
+    /// `[rows, vocab]`, row-major: the logits of every sampling row the model did not sample
+    /// itself ([`StepBatch::logits_rows`]), in order.
     pub logits: Vec<f32>,
+    /// The tokens of the rows the model sampled ([`StepBatch::model_sampled_rows`]), in order.
+    pub sampled: Vec<SampledToken>,
     /// `[hidden_indices.len(), hidden_size]`, row-major: the final norm's output.
     pub hidden: Vec<f32>,
 }
@@ -52,6 +59,7 @@ impl StepBatch {
         self.block_tables.clear();
         self.logits_indices.clear();
         self.hidden_indices.clear();
+        self.model_sampling.clear();
     }
 
     /// Adds `tokens` of one sequence, starting at absolute position `start_pos` (the number of
@@ -96,6 +104,24 @@ impl StepBatch {
         }
     }
 
+    /// The rows of the batch whose logits the forward returns: the sampling rows the model
+    /// does not sample itself, in order.
+    pub fn logits_rows(&self) -> impl Iterator<Item = u32> + '_ {
+        self.logits_indices
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| !matches!(self.model_sampling.get(i), Some(Some(_))))
+            .map(|(_, &row)| row)
+    }
+
+    /// The sampling rows the model samples itself, with their rule.
+    pub fn model_sampled_rows(&self) -> impl Iterator<Item = (u32, &RowSampling)> + '_ {
+        self.logits_indices
+            .iter()
+            .zip(&self.model_sampling)
+            .filter_map(|(&row, s)| Some((row, s.as_ref()?)))
+    }
+
     pub fn num_tokens(&self) -> usize {
         self.input_ids.len()
     }
@@ -128,5 +154,20 @@ mod tests {
         assert_eq!(b.sequences[1].query_start, 3);
         assert_eq!(b.block_table(&b.sequences[1]), &[5]);
         assert_eq!(b.logits_indices, vec![2]);
+    }
+
+    #[test]
+    fn rows_split_between_logits_and_model_sampling() {
+        let mut b = StepBatch::new(4);
+        for _ in 0..3 {
+            let start = b.num_tokens();
+            b.push_sequence(&[1, 2], 0, &[start as u32], true);
+        }
+        assert_eq!(b.logits_rows().collect::<Vec<_>>(), vec![1, 3, 5]);
+        assert_eq!(b.model_sampled_rows().count(), 0);
+        b.model_sampling = vec![None, Some(RowSampling::GREEDY), None];
+        assert_eq!(b.logits_rows().collect::<Vec<_>>(), vec![1, 5]);
+        let sampled: Vec<u32> = b.model_sampled_rows().map(|(row, _)| row).collect();
+        assert_eq!(sampled, vec![3]);
     }
 }

@@ -271,6 +271,15 @@ impl LlamaModel {
         if expected_start != t {
             return err("sequence slices do not cover the batch".into());
         }
+        if !batch.model_sampling.is_empty()
+            && batch.model_sampling.len() != batch.logits_indices.len()
+        {
+            return err(format!(
+                "{} model-sampling entries for {} logits rows",
+                batch.model_sampling.len(),
+                batch.logits_indices.len()
+            ));
+        }
         if let Some(i) = batch.logits_indices.iter().find(|&&i| i as usize >= t) {
             return err(format!(
                 "logits index {i} is outside the batch of {t} tokens"

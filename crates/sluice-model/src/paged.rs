@@ -2,13 +2,12 @@
 //! forward writes the sampling rows' logits into a reused buffer. This is what the engine's
 //! step loop drives (through its `Model` trait).
 
-use candle_core::{Device, Storage, Tensor};
-
 use crate::batch::{StepBatch, StepOutput};
 use crate::cpu_forward::StepScratch;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::LlamaModel;
+use crate::model_sampling::{copy_rows, split_rows};
 
 /// The real model and its KV cache.
 pub struct PagedLlama {
@@ -72,15 +71,24 @@ impl PagedLlama {
         self.model.config().hidden_size
     }
 
+    /// Whether sampling rows inside the model ([`StepBatch::model_sampling`]) saves work: on
+    /// a GPU, where the full logits would otherwise cross to the host. On the CPU the engine's
+    /// own sampler is the faster one, though this model samples rows by the same rule there
+    /// when asked.
+    pub fn samples_rows(&self) -> bool {
+        self.model.device().is_cuda()
+    }
+
     /// Computes every token of `batch`, writing their K/V into the cache, and replaces
-    /// `out.logits` with the `[batch.logits_indices.len(), vocab_size]` logits of the sampling
-    /// rows and `out.hidden` with the `[batch.hidden_indices.len(), hidden_size]` final hidden
-    /// states of the pooled rows, row-major.
+    /// `out.logits` with the `[rows, vocab_size]` logits of the sampling rows it does not
+    /// sample itself ([`StepBatch::logits_rows`]), `out.sampled` with the tokens of those it
+    /// does, and `out.hidden` with the `[batch.hidden_indices.len(), hidden_size]` final
+    /// hidden states of the pooled rows, row-major.
     pub fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<()> {
         let (logits, hidden) =
             self.model
                 .forward_step_in(batch, &mut self.kv, &mut self.scratch)?;
-        copy_rows(&logits, &mut out.logits)?;
+        split_rows(&logits, batch, out)?;
         match hidden {
             Some(hidden) => copy_rows(&hidden, &mut out.hidden),
             None => {
@@ -89,27 +97,4 @@ impl PagedLlama {
             }
         }
     }
-}
-
-/// Copies an f32 tensor into `out` (cleared first), straight from CPU storage when it can:
-/// `to_vec` would allocate a fresh vector of rows x vocab floats every step.
-fn copy_rows(t: &Tensor, out: &mut Vec<f32>) -> Result<()> {
-    out.clear();
-    if !t.device().is_cpu() {
-        let cpu = t.to_device(&Device::Cpu)?;
-        return copy_rows(&cpu, out);
-    }
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Cpu(cpu) = &*storage else {
-        return Err(ModelError::NotOnCpu("a step's output"));
-    };
-    let data = cpu.as_slice::<f32>()?;
-    match layout.contiguous_offsets() {
-        Some((start, end)) => out.extend_from_slice(&data[start..end]),
-        None => {
-            drop(storage);
-            out.extend(t.flatten_all()?.to_vec1::<f32>()?);
-        }
-    }
-    Ok(())
 }

@@ -747,3 +747,61 @@ fn out_of_range_batches_are_errors_not_panics() {
         Err(ModelError::InvalidStep(_))
     ));
 }
+
+#[test]
+fn rows_the_model_samples_follow_the_rule_and_the_others_keep_their_logits() {
+    use sluice_model::sampling::sample_row;
+    use sluice_model::{PagedLlama, RowSampling, StepOutput};
+    let spec = TinyModelSpec::default();
+    let path = tiny_path(&spec, "model-sampling.gguf");
+    let open = || {
+        let model = load(&path, WeightsKind::F32, serving_backend(&spec));
+        PagedLlama::new(model, 8, 16).unwrap()
+    };
+    let mut batch = StepBatch::new(16);
+    batch.push_sequence(&[1, 2, 3], 0, &[0], true);
+    batch.push_sequence(&[4, 5], 0, &[1], true);
+    batch.push_sequence(&[6, 7, 8, 9], 0, &[2], true);
+    let mut all = StepOutput::default();
+    open().forward(&batch, &mut all).unwrap();
+    let vocab = spec.vocab_size();
+    assert_eq!(all.logits.len(), 3 * vocab);
+    assert!(all.sampled.is_empty());
+
+    let random = RowSampling {
+        temperature: 0.9,
+        top_k: 20,
+        top_p: 0.8,
+        min_p: 0.0,
+        uniform: 0.37,
+    };
+    batch.model_sampling = vec![Some(RowSampling::GREEDY), None, Some(random)];
+    let mut split = StepOutput::default();
+    let mut paged = open();
+    assert!(
+        !paged.samples_rows(),
+        "the CPU model leaves sampling to the engine"
+    );
+    paged.forward(&batch, &mut split).unwrap();
+    let row = |i: usize| &all.logits[i * vocab..][..vocab];
+    assert_eq!(
+        split.logits,
+        row(1),
+        "only the unsampled row's logits come back"
+    );
+    assert_eq!(
+        split.sampled,
+        vec![
+            sample_row(row(0), &RowSampling::GREEDY),
+            sample_row(row(2), &random)
+        ]
+    );
+    let argmax = (0..vocab).fold(0, |b, i| if row(0)[i] > row(0)[b] { i } else { b });
+    assert_eq!(split.sampled[0].token as usize, argmax);
+
+    batch.model_sampling.pop();
+    assert!(matches!(
+        open().forward(&batch, &mut split),
+        Err(ModelError::InvalidStep(_))
+    ));
+}

@@ -2,7 +2,8 @@
 //! mixed steps of prefill chunks and decode tokens give the CPU's logits within f16/bf16
 //! tolerance, a sequence batched gives what it gives alone, split-K gives what one pass gives,
 //! greedy tokens of the real model agree with the llama.cpp fixtures by their README's rule, and
-//! sampling on the device picks what its rule says.
+//! sampling on the device picks what its plain-Rust statement (`sluice_kernels::sampling`) picks,
+//! also when the model samples the rows the engine marks.
 //!
 //! Built without the feature, or run where no CUDA device opens, each test prints that it skipped
 //! and passes. Built with the feature, the binary links the CUDA driver (`libcuda.so.1`): it
@@ -23,9 +24,11 @@ mod gpu {
 
     use candle_core::{Device, Tensor};
     use sluice_kernels::cuda::{sample_rows, RowSampling};
+    use sluice_kernels::sampling::sample_row;
     use sluice_model::testing::TinyModelSpec;
     use sluice_model::{
-        AttentionBackend, KvDtype, LlamaModel, LoadOptions, StepBatch, WeightsKind,
+        AttentionBackend, KvDtype, LlamaModel, LoadOptions, PagedLlama, StepBatch, StepOutput,
+        WeightsKind,
     };
 
     use super::common;
@@ -260,49 +263,60 @@ mod gpu {
     }
 
     #[test]
-    fn device_sampling_follows_its_rules() {
+    fn device_sampling_follows_its_rule() {
         let Some(device) = gpu() else { return };
         let vocab = 1000;
-        let logits: Vec<f32> = (0..4 * vocab)
+        let logits: Vec<f32> = (0..6 * vocab)
             .map(|i| ((i * 7919) % 1013) as f32 / 100.0)
             .collect();
-        let t = Tensor::from_vec(logits.clone(), (4, vocab), &device).unwrap();
-        let greedy = RowSampling {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            uniform: 0.5,
+        let t = Tensor::from_vec(logits.clone(), (6, vocab), &device).unwrap();
+        let rule = |temperature, top_k, top_p, min_p, uniform| RowSampling {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            uniform,
         };
-        let top1 = RowSampling {
-            temperature: 1.0,
-            top_k: 1,
-            top_p: 1.0,
-            uniform: 0.99,
-        };
-        let narrow_p = RowSampling {
-            temperature: 0.7,
-            top_k: 0,
-            top_p: 1e-6,
-            uniform: 0.3,
-        };
-        let first = RowSampling {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            uniform: 0.0,
-        };
-        let got = sample_rows(&t, &[greedy, top1, narrow_p, first]).unwrap();
-        for (row, s) in got.iter().enumerate().take(3) {
-            let r = &logits[row * vocab..][..vocab];
-            let argmax = (0..vocab).fold(0, |b, i| if r[i] > r[b] { i } else { b });
-            assert_eq!(s.token as usize, argmax, "row {row}");
-            let lse = r.iter().map(|x| (x - r[argmax]).exp()).sum::<f32>().ln() + r[argmax];
-            assert!(
-                (s.logprob - (r[argmax] - lse)).abs() < 1e-4,
-                "row {row} logprob"
-            );
+        let rows = [
+            RowSampling::GREEDY,
+            rule(1.0, 1, 1.0, 0.0, 0.99),
+            rule(0.7, 0, 1e-6, 0.0, 0.3),
+            // uniform 0 with nothing filtered: the first token of the vocabulary.
+            rule(1.0, 0, 1.0, 0.0, 0.0),
+            rule(0.8, 40, 0.9, 0.0, 0.61),
+            rule(1.3, 0, 1.0, 0.05, 0.17),
+        ];
+        let got = sample_rows(&t, &rows).unwrap();
+        for (row, (s, r)) in got.iter().zip(&rows).enumerate() {
+            let x = &logits[row * vocab..][..vocab];
+            let want = sample_row(x, r);
+            assert_eq!(s.token, want.token, "row {row}");
+            assert!((s.logprob - want.logprob).abs() < 1e-4, "row {row} logprob");
         }
-        // uniform 0 with nothing filtered: the first token of the vocabulary.
         assert_eq!(got[3].token, 0);
+    }
+
+    #[test]
+    fn the_gpu_model_samples_marked_rows_on_the_device() {
+        let Some(device) = gpu() else { return };
+        let spec = TinyModelSpec::default();
+        let path = tiny(&spec, "model-sampling.gguf");
+        let open = || PagedLlama::new(load(&path, &device, KvDtype::F16), 8, 16).unwrap();
+        let mut batch = StepBatch::new(16);
+        batch.push_sequence(&[1, 2, 3], 0, &[0], true);
+        batch.push_sequence(&[4, 5], 0, &[1], true);
+        let mut all = StepOutput::default();
+        open().forward(&batch, &mut all).unwrap();
+        let vocab = spec.vocab_size();
+        let mut paged = open();
+        assert!(paged.samples_rows());
+        batch.model_sampling = vec![None, Some(RowSampling::GREEDY)];
+        let mut split = StepOutput::default();
+        paged.forward(&batch, &mut split).unwrap();
+        assert_eq!(split.logits, all.logits[..vocab]);
+        assert_eq!(split.sampled.len(), 1);
+        let want = sample_row(&all.logits[vocab..], &RowSampling::GREEDY);
+        assert_eq!(split.sampled[0].token, want.token);
+        assert!((split.sampled[0].logprob - want.logprob).abs() < 1e-4);
     }
 }

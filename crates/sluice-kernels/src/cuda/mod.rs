@@ -12,7 +12,8 @@
 //! - [`paged_attention`]: varlen paged attention over a whole mixed step, one launch (two with
 //!   split-K).
 //! - [`add_rms_norm`], [`rope_qk`], [`swiglu`]: fused element-wise steps.
-//! - [`sample_rows`]: greedy, temperature, top-k and top-p sampling of every row on the device.
+//! - [`sample_rows`]: greedy, temperature, top-k, top-p and min-p sampling of every row on the
+//!   device, by the rule of [`crate::sampling`].
 
 mod attention;
 mod cache_write;

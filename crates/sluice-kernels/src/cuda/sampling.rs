@@ -1,9 +1,7 @@
 //! Sampling every row of a step's logits on the device (`sample_rows` in `sampling.cu`): only a
-//! token id and its logprob per row come back to the host.
-//!
-//! Not yet what the engine samples with: `sluice-engine`'s sampler also applies penalties,
-//! logit bias, min-p and grammar masks on the host. This is the device half for rows that ask
-//! for none of those (greedy, temperature, top-k, top-p).
+//! token id and its logprob per row come back to the host. The rule is
+//! [`crate::sampling::sample_row`]'s; the engine sends here the rows that ask for nothing else
+//! (no penalties, bias, bans, grammar or top logprobs), and samples the others on the host.
 
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
@@ -11,26 +9,7 @@ use candle_core::{DType, Result, Storage, Tensor};
 
 use super::launch::{Module, View};
 use crate::cuda_plan::SAMPLE_THREADS;
-
-/// How one row is sampled.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RowSampling {
-    /// 0 for greedy (the first maximum).
-    pub temperature: f32,
-    /// 0 keeps every token.
-    pub top_k: u32,
-    /// 1 keeps every token.
-    pub top_p: f32,
-    /// In `[0, 1)`, drawn on the host from the sequence's own seeded generator.
-    pub uniform: f32,
-}
-
-/// A row's draw: the token and its logprob under the raw logits.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SampledToken {
-    pub token: u32,
-    pub logprob: f32,
-}
+pub use crate::sampling::{RowSampling, SampledToken};
 
 /// Samples row `i` of `logits` (`[rows, vocab]` f32 on the GPU, contiguous rows) by `rows[i]`.
 pub fn sample_rows(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<SampledToken>> {
@@ -53,12 +32,13 @@ pub fn sample_rows(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<SampledT
             [
                 r.temperature,
                 r.top_p,
+                r.min_p,
                 r.uniform.clamp(0.0, 1.0 - f32::EPSILON),
             ]
         })
         .collect();
-    let params = Tensor::from_vec(floats, 3 * n, device)?
-        .reshape((n, 3))?
+    let params = Tensor::from_vec(floats, 4 * n, device)?
+        .reshape((n, 4))?
         .t()?
         .contiguous()?;
     let top_k = Tensor::from_vec(rows.iter().map(|r| r.top_k).collect::<Vec<_>>(), n, device)?;
@@ -77,10 +57,11 @@ pub fn sample_rows(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<SampledT
     }
     let p = p.as_cuda_slice::<f32>()?;
     let at = params_l.start_offset();
-    let (temperature, top_p, uniform) = (
+    let (temperature, top_p, min_p, uniform) = (
         p.slice(at..at + n),
         p.slice(at + n..at + 2 * n),
         p.slice(at + 2 * n..at + 3 * n),
+        p.slice(at + 3 * n..at + 4 * n),
     );
     let top_k = k.as_cuda_slice::<u32>()?.slice(top_k_l.start_offset()..);
     let tokens = dev.alloc_zeros::<u32>(n)?;
@@ -95,6 +76,7 @@ pub fn sample_rows(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<SampledT
     b.arg(&temperature);
     b.arg(&top_k);
     b.arg(&top_p);
+    b.arg(&min_p);
     b.arg(&uniform);
     b.arg(&tokens);
     b.arg(&logprobs);

@@ -31,6 +31,10 @@ fn constants_match_the_cuda_sources() {
     assert_eq!(define(fused, "SWIGLU_THREADS"), SWIGLU_THREADS as usize);
     let sampling = include_str!("../../cuda/sampling.cu");
     assert_eq!(define(sampling, "SAMPLE_THREADS"), SAMPLE_THREADS as usize);
+    assert_eq!(
+        define(sampling, "THRESHOLD_STEPS"),
+        crate::sampling::THRESHOLD_STEPS
+    );
 }
 
 /// A small deterministic generator (xorshift): the crate has no `rand`.
