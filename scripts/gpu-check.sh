@@ -12,7 +12,9 @@
 # nothing from the network: models/ and the e2e .venv must already be there (scripts/test.sh
 # installs both). Environment: SLUICE_GPU_MODEL (default models/SmolLM2-135M-Instruct.Q4_1.gguf),
 # SLUICE_GPU_LEVELS (1,4,16,64,128,256), SLUICE_GPU_SERVE_ARGS (extra `sluice serve` flags),
-# SLUICE_GPU_E2E=0 to skip the end-to-end suite.
+# SLUICE_GPU_E2E=0 to skip the end-to-end suite, SLUICE_GPU_WEIGHTS (the `--weights` kinds whose
+# speed at 1 and 64 clients is compared after the sweep; default "quantized bf16": candle's CUDA
+# quantized matmul on the file's blocks against bf16 cuBLAS on weights dequantized at load).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,19 +73,13 @@ run() {
     fi
 
     port=8497
-    # shellcheck disable=SC2086 # SLUICE_GPU_SERVE_ARGS is a list of flags
-    "$bundle/sluice" serve --model "$model" --host 127.0.0.1 --port "$port" \
-        ${SLUICE_GPU_SERVE_ARGS:-} >"$out/serve.log" 2>&1 &
-    server=$!
-    trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true' EXIT
-    for _ in $(seq 1 600); do
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-        kill -0 "$server" 2>/dev/null || { cat "$out/serve.log" >&2; exit 1; }
-        sleep 0.5
+    server=
+    trap 'stop_server' EXIT
+    # The main sweep with the default weights, then each weights kind at 1 and 64 clients.
+    sweep "$out/sweep" "$levels"
+    for weights in ${SLUICE_GPU_WEIGHTS:-quantized bf16}; do
+        sweep "$out/weights-$weights" 1,64 --weights "$weights"
     done
-    "$bundle/sluice-bench" --base-url "http://127.0.0.1:$port" --sweep "$levels" \
-        --num-requests 4x --prompt-tokens 128 --output-tokens 128 --quiet \
-        --csv "$out/sweep.csv" --json "$out/sweep.json" >"$out/sweep.md"
 
     echo "## GPU check: $gpu, $(basename "$model")"
     echo
@@ -91,7 +87,41 @@ run() {
     echo "GPU tests: $tests ($out/gpu-tests.log); end-to-end: $e2e ($out/e2e.log)"
     echo
     cat "$out/sweep.md"
+    for weights in ${SLUICE_GPU_WEIGHTS:-quantized bf16}; do
+        echo
+        echo "### --weights $weights, 1 and 64 clients"
+        echo
+        cat "$out/weights-$weights.md"
+    done
     [ "$tests" = pass ] && [ "$e2e" != FAIL ]
+}
+
+stop_server() {
+    if [ -n "${server:-}" ]; then
+        kill "$server" 2>/dev/null || true
+        wait "$server" 2>/dev/null || true
+        server=
+    fi
+}
+
+# sweep PREFIX LEVELS [SERVE FLAGS...]: serves the model with those flags, runs sluice-bench at
+# LEVELS into PREFIX.{md,csv,json}, and stops the server.
+sweep() {
+    local prefix=$1 at=$2
+    shift 2
+    # shellcheck disable=SC2086 # SLUICE_GPU_SERVE_ARGS is a list of flags
+    "$bundle/sluice" serve --model "$model" --host 127.0.0.1 --port "$port" \
+        ${SLUICE_GPU_SERVE_ARGS:-} "$@" >"$prefix.serve.log" 2>&1 &
+    server=$!
+    for _ in $(seq 1 600); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+        kill -0 "$server" 2>/dev/null || { cat "$prefix.serve.log" >&2; exit 1; }
+        sleep 0.5
+    done
+    "$bundle/sluice-bench" --base-url "http://127.0.0.1:$port" --sweep "$at" \
+        --num-requests 4x --prompt-tokens 128 --output-tokens 128 --quiet \
+        --csv "$prefix.csv" --json "$prefix.json" >"$prefix.md"
+    stop_server
 }
 
 case $mode in

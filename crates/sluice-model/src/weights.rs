@@ -20,6 +20,9 @@ pub enum WeightsKind {
     F32,
     /// Dequantized to f16: half the memory of f32, f16 gemm.
     F16,
+    /// Dequantized to bf16: half the memory of f32 with f32's range, bf16 gemm (cuBLAS on a
+    /// GPU, where it is the dense alternative to candle's quantized matmul).
+    Bf16,
     /// The file's quantized blocks, multiplied with candle's quantized matmul: least memory.
     Quantized,
     /// The file's quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), regrouped
@@ -31,7 +34,7 @@ pub enum WeightsKind {
 }
 
 impl WeightsKind {
-    pub const NAMES: &'static [&'static str] = &["f32", "f16", "quantized", "auto"];
+    pub const NAMES: &'static [&'static str] = &["f32", "f16", "bf16", "quantized", "auto"];
 }
 
 impl FromStr for WeightsKind {
@@ -40,6 +43,7 @@ impl FromStr for WeightsKind {
         match s {
             "f32" => Ok(Self::F32),
             "f16" => Ok(Self::F16),
+            "bf16" => Ok(Self::Bf16),
             "quantized" | "q" => Ok(Self::Quantized),
             "auto" => Ok(Self::Auto),
             _ => Err(format!(
@@ -55,6 +59,7 @@ impl std::fmt::Display for WeightsKind {
         f.write_str(match self {
             Self::F32 => "f32",
             Self::F16 => "f16",
+            Self::Bf16 => "bf16",
             Self::Quantized => "quantized",
             Self::Auto => "auto",
         })
@@ -165,7 +170,7 @@ enum Weights {
     /// ([`WeightsKind::Auto`]). Several matrices when fused projections differ in format
     /// (Q4_K_M stores V as Q6_K beside a Q4_K Q and K).
     Panels(PanelSet),
-    /// A candle tensor: f16, or f32 where the packed kernel does not run.
+    /// A candle tensor: f16 or bf16, or f32 where the packed kernel does not run.
     Tensor(Tensor),
     /// Int8 activations ([`WeightsKind::Quantized`]), each run of one format writing its
     /// columns of the output: fused projections of several formats keep their own formats.
@@ -237,6 +242,15 @@ impl Linear {
                 let dense = parts
                     .iter()
                     .map(|p| p.qtensor()?.dequantize_f16(device).map_err(Into::into))
+                    .collect::<Result<Vec<_>>>()?;
+                Weights::Tensor(Tensor::cat(&dense, 0)?)
+            }
+            WeightsKind::Bf16 => {
+                // One matrix at a time through f32 (no bf16 dequantizer): the f32 copy is
+                // transient.
+                let dense = parts
+                    .iter()
+                    .map(|p| Ok(p.qtensor()?.dequantize(device)?.to_dtype(DType::BF16)?))
                     .collect::<Result<Vec<_>>>()?;
                 Weights::Tensor(Tensor::cat(&dense, 0)?)
             }
@@ -388,6 +402,7 @@ impl Linear {
                 Weights::Tensor(w.to_dtype(DType::F32)?.to_device(device)?)
             }
             WeightsKind::F16 => Weights::Tensor(w.to_dtype(DType::F16)?.to_device(device)?),
+            WeightsKind::Bf16 => Weights::Tensor(w.to_dtype(DType::BF16)?.to_device(device)?),
             WeightsKind::Quantized => {
                 let dtype = if k.is_multiple_of(GgmlDType::Q8_0.block_size()) {
                     GgmlDType::Q8_0
@@ -447,8 +462,9 @@ impl Linear {
     fn forward_weights(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match &self.weights {
             Weights::Panels(p) => panels_forward(p, self.out_features, x)?,
-            Weights::Tensor(w) if w.dtype() == DType::F16 => x
-                .to_dtype(DType::F16)?
+            // Half-precision weights: activations cast per matmul, accumulated as the gemm does.
+            Weights::Tensor(w) if matches!(w.dtype(), DType::F16 | DType::BF16) => x
+                .to_dtype(w.dtype())?
                 .matmul(&w.t()?)?
                 .to_dtype(x.dtype())?,
             Weights::Tensor(w) => x.matmul(&w.t()?)?,

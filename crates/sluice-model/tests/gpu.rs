@@ -57,8 +57,17 @@ mod gpu {
     }
 
     fn load(path: &PathBuf, device: &Device, kv_dtype: KvDtype) -> LlamaModel {
+        load_weights(path, device, kv_dtype, WeightsKind::F32)
+    }
+
+    fn load_weights(
+        path: &PathBuf,
+        device: &Device,
+        kv_dtype: KvDtype,
+        weights: WeightsKind,
+    ) -> LlamaModel {
         let options = LoadOptions {
-            weights: WeightsKind::F32,
+            weights,
             device: device.clone(),
             attention: Some(if device.is_cpu() {
                 AttentionBackend::Reference
@@ -191,6 +200,27 @@ mod gpu {
             ..TinyModelSpec::default()
         };
         check_against_cpu(spec, "d128.gguf", KvDtype::Bf16, 3e-2);
+    }
+
+    #[test]
+    fn bf16_weights_track_the_cpu_forward() {
+        let Some(device) = gpu() else { return };
+        let spec = TinyModelSpec {
+            hidden_size: 256,
+            intermediate_size: 512,
+            ..TinyModelSpec::default()
+        };
+        let path = tiny(&spec, "bf16-weights.gguf");
+        let run_ = mixed_run(spec.vocab_size());
+        let cpu = run(&load(&path, &Device::Cpu, KvDtype::F32), &run_, None);
+        let bf16 = load_weights(&path, &device, KvDtype::Bf16, WeightsKind::Bf16);
+        let gap = relative_gap(&run(&bf16, &run_, None), &cpu);
+        eprintln!("bf16 weights and cache: largest logit gap {gap:.2e} of the largest logit");
+        // bf16 keeps 8 bits of mantissa; on the CPU the same weights differ by about 1e-3.
+        assert!(
+            gap <= 3e-2,
+            "bf16 weights differ from the CPU's f32 by {gap}"
+        );
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_PORT", value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
-    /// Weight representation: auto, f32, f16 or quantized [default: auto].
+    /// Weight representation: auto, f32, f16, bf16 or quantized [default: auto].
     #[arg(long, env = "SLUICE_WEIGHTS", value_name = "KIND")]
     #[serde(
         skip_serializing_if = "Option::is_none",
@@ -675,6 +675,8 @@ mod tests {
         ));
         let c = Config::from_layers(file, &args(&["--port", "9100", "--weights", "quantized"]))
             .unwrap();
+        let bf16 = Config::from_layers(None, &args(&["--weights", "bf16"])).unwrap();
+        assert_eq!(bf16.weights, WeightsKind::Bf16);
         assert_eq!(c.port, 9100);
         assert_eq!(c.host, "127.0.0.1");
         assert_eq!(c.weights, WeightsKind::Quantized);
