@@ -6,25 +6,13 @@
 
 use std::time::{Duration, Instant};
 
-use sluice_engine::testing::{tiny_tokenizer, MockModel};
+use sluice_engine::testing::{byte_prompt, tiny_tokenizer, MockModel};
 use sluice_engine::{Engine, EngineConfig, EngineStats, Request, SamplingParams, StopParams};
 
 const VOCAB: usize = 49_152;
 const SEQS: usize = 256;
 const PROMPT: usize = 128;
 const MEASURED_STEPS: u64 = 200;
-
-fn tokens(seed: u64, len: usize) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 256) as u32
-        })
-        .collect()
-}
 
 fn wait_for(engine: &Engine, what: &str, cond: impl Fn(&EngineStats) -> bool) -> EngineStats {
     let start = Instant::now();
@@ -61,7 +49,7 @@ fn scenario(name: &str, sampling: SamplingParams) {
                     ignore_eos: true,
                     ..StopParams::default()
                 },
-                ..Request::new(tokens(i, PROMPT), steps)
+                ..Request::new(byte_prompt(i, PROMPT), steps)
             };
             h.submit(h.validate(request).unwrap()).unwrap()
         })

@@ -14,7 +14,7 @@
 //! counters and metrics in [`crate::telemetry`].
 //!
 //! A model that samples rows itself ([`Model::samples_rows`], a GPU) gets the rows that need
-//! nothing but temperature, `top_k`, `top_p` and `min_p` marked in the batch before the
+//! nothing but temperature, `top_k`, `top_p`, `min_p` and logprobs marked in the batch before the
 //! forward, with their random numbers drawn from each sequence's generator as the sampler
 //! would draw them; it hands back their tokens instead of their logits, and the sampler takes
 //! the rest. Which rows go where depends only on each row's own request.
@@ -118,8 +118,7 @@ impl RequestKinds {
 }
 
 /// A row the model samples: its generator past the draw the model was given, and whether its
-/// request reports logprobs (the chosen token's only: a request for top logprobs stays with
-/// the sampler).
+/// request reports logprobs (the model computes the top ones the rule asks for).
 #[derive(Clone, Copy)]
 struct ModelRow {
     rng: SeqRng,
@@ -427,7 +426,7 @@ impl EngineLoop {
     }
 
     /// With a model that samples rows itself, marks the step's rows it may sample: those
-    /// whose request needs nothing but temperature, `top_k`, `top_p` and `min_p`, and that
+    /// whose request needs nothing but temperature, `top_k`, `top_p`, `min_p` and logprobs, and that
     /// neither a grammar nor `min_tokens` restricts this step. Their random numbers are drawn
     /// here, from each sequence's generator, as the sampler would have drawn them.
     fn mark_model_sampled_rows(&mut self) {
@@ -613,7 +612,7 @@ impl EngineLoop {
                         let logprobs = kept.logprob.then(|| TokenLogprobs {
                             token: t.token,
                             logprob: t.logprob,
-                            top: Vec::new(),
+                            top: t.top.as_slice().to_vec(),
                         });
                         let sampled = Sampled {
                             token: t.token,

@@ -36,7 +36,7 @@ pub trait Model: Send {
     /// Entries per hidden state (what an embedding's vector holds).
     fn hidden_size(&self) -> usize;
     /// Whether the engine should let the model sample the rows that need nothing but
-    /// temperature, `top_k`, `top_p` and `min_p` ([`StepBatch::model_sampling`]): true where
+    /// temperature, `top_k`, `top_p`, `min_p` and logprobs ([`StepBatch::model_sampling`]): true where
     /// that keeps full logits from crossing to the host (a GPU).
     fn samples_rows(&self) -> bool {
         false

@@ -12,6 +12,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use rayon::prelude::*;
+use sluice_model::sampling::MAX_TOP_LOGPROBS;
 use sluice_model::RowSampling;
 
 use crate::logits;
@@ -118,16 +119,21 @@ impl Sampler {
 }
 
 /// The rule by which a model may sample a row itself ([`RowSampling`]), or `None` when the
-/// row needs what only this sampler does: penalties, `logit_bias` or top logprobs. Bans and
-/// grammar masks are the caller's to rule out. Draws the row's random number from `rng`
-/// exactly when [`Sampler::sample`] would (not for a greedy row), so a seeded sequence uses
-/// its generator the same way on either path.
+/// row needs what only this sampler does: penalties or `logit_bias`. Bans and grammar masks
+/// are the caller's to rule out. Draws the row's random number from `rng` exactly when
+/// [`Sampler::sample`] would (not for a greedy row), so a seeded sequence uses its generator
+/// the same way on either path.
 pub fn model_rule(p: &SamplingParams, rng: &mut SeqRng) -> Option<RowSampling> {
-    if p.has_penalties() || !p.logit_bias.is_empty() || p.logprobs.is_some_and(|n| n > 0) {
+    let top_logprobs = p.logprobs.unwrap_or(0);
+    if p.has_penalties() || !p.logit_bias.is_empty() || top_logprobs > MAX_TOP_LOGPROBS {
         return None;
     }
+    let top_logprobs = top_logprobs as u32;
     if p.is_greedy() || p.top_k == 1 {
-        return Some(RowSampling::GREEDY);
+        return Some(RowSampling {
+            top_logprobs,
+            ..RowSampling::GREEDY
+        });
     }
     Some(RowSampling {
         temperature: p.temperature,
@@ -135,6 +141,7 @@ pub fn model_rule(p: &SamplingParams, rng: &mut SeqRng) -> Option<RowSampling> {
         top_p: p.top_p,
         min_p: p.min_p,
         uniform: rng.next_f64() as f32,
+        top_logprobs,
     })
 }
 

@@ -338,6 +338,20 @@ impl MockControl {
     }
 }
 
+/// `len` pseudo-random byte tokens from `seed` (xorshift): prompts of the [`tiny_tokenizer`]
+/// that never hold a control token.
+pub fn byte_prompt(seed: u64, len: usize) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 256) as u32
+        })
+        .collect()
+}
+
 /// GPT-2's byte-level alphabet: the character that stands for each byte in a vocabulary.
 fn byte_char(byte: u8) -> char {
     let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use sluice_engine::testing::{tiny_tokenizer, MockControl, MockModel, TINY_ENDOFTEXT, TINY_VOCAB};
+use sluice_engine::testing::{
+    byte_prompt, tiny_tokenizer, MockControl, MockModel, TINY_ENDOFTEXT, TINY_VOCAB,
+};
 use sluice_engine::{
     Engine, EngineConfig, EngineHandle, Event, FinishEvent, FinishReason, InvalidRequest, Request,
     RequestStream, SamplingParams, StopParams, StopReason, SubmitError,
@@ -22,19 +24,6 @@ fn default_engine() -> (Engine, MockControl) {
     start(EngineConfig::default(), 256)
 }
 
-/// Byte tokens (never a control token).
-fn prompt(seed: u64, len: usize) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 256) as u32
-        })
-        .collect()
-}
-
 /// A request that runs exactly `max_tokens` tokens.
 fn long_request(seed: u64, prompt_len: usize, max_tokens: usize) -> Request {
     Request {
@@ -42,7 +31,7 @@ fn long_request(seed: u64, prompt_len: usize, max_tokens: usize) -> Request {
             ignore_eos: true,
             ..StopParams::default()
         },
-        ..Request::new(prompt(seed, prompt_len), max_tokens)
+        ..Request::new(byte_prompt(seed, prompt_len), max_tokens)
     }
 }
 
@@ -350,13 +339,13 @@ fn invalid_requests_are_refused_before_queueing() {
     let cases = [
         Request::new(vec![], 4),
         Request::new(vec![TINY_VOCAB as u32], 4),
-        Request::new(prompt(1, 10), 600),
+        Request::new(byte_prompt(1, 10), 600),
         Request {
             sampling: SamplingParams {
                 top_p: 1.5,
                 ..SamplingParams::default()
             },
-            ..Request::new(prompt(1, 10), 4)
+            ..Request::new(byte_prompt(1, 10), 4)
         },
     ];
     for request in cases {
@@ -447,7 +436,7 @@ fn min_tokens_holds_off_eos() {
             logit_bias: vec![(TINY_ENDOFTEXT, 100.0)],
             ..SamplingParams::greedy()
         },
-        ..Request::new(prompt(3, 8), 20)
+        ..Request::new(byte_prompt(3, 8), 20)
     };
     let out = run(&h, eos_first.clone());
     assert_eq!(out[0].tokens, vec![TINY_ENDOFTEXT]);

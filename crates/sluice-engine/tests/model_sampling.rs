@@ -1,10 +1,10 @@
 //! Rows a model samples itself (a GPU model's `Model::samples_rows`), through the engine loop
 //! over the mock model, which then samples by the rule the CUDA kernel follows: greedy rows
-//! give what the engine's sampler gives, rows that need the sampler (penalties, bias, top
-//! logprobs, `min_tokens` bans, grammars) stay with it in the same steps, and seeded rows are
-//! reproducible in any batch.
+//! give what the engine's sampler gives (tokens, logprobs and top logprobs), rows that need the
+//! sampler (penalties, bias, `min_tokens` bans, grammars) stay with it in the same steps, and
+//! seeded rows are reproducible in any batch.
 
-use sluice_engine::testing::{tiny_tokenizer, MockControl, MockModel, TINY_VOCAB};
+use sluice_engine::testing::{byte_prompt, tiny_tokenizer, MockControl, MockModel, TINY_VOCAB};
 use sluice_engine::{
     ConstraintCompiler, Engine, EngineConfig, EngineHandle, Event, Grammar, Request,
     SamplingParams, StopParams,
@@ -20,19 +20,6 @@ fn start(model_samples: bool) -> (Engine, MockControl) {
     (engine.unwrap(), control)
 }
 
-/// Byte tokens (never a control token).
-fn prompt(seed: u64, len: usize) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 256) as u32
-        })
-        .collect()
-}
-
 /// Exactly `max_tokens` tokens (EOS ignored) with `sampling`.
 fn request(seed: u64, max_tokens: usize, sampling: SamplingParams) -> Request {
     Request {
@@ -41,12 +28,15 @@ fn request(seed: u64, max_tokens: usize, sampling: SamplingParams) -> Request {
             ignore_eos: true,
             ..StopParams::default()
         },
-        ..Request::new(prompt(seed, 5 + seed as usize % 11), max_tokens)
+        ..Request::new(byte_prompt(seed, 5 + seed as usize % 11), max_tokens)
     }
 }
 
-/// Each request's tokens and chosen-token logprobs, all submitted at once so they share steps.
-fn run_together(h: &EngineHandle, requests: &[Request]) -> Vec<(Vec<u32>, Vec<Option<f32>>)> {
+/// A token's logprob and its top alternatives', as streamed.
+type Logprobs = Option<(f32, Vec<(u32, f32)>)>;
+
+/// Each request's tokens and logprobs, all submitted at once so they share steps.
+fn run_together(h: &EngineHandle, requests: &[Request]) -> Vec<(Vec<u32>, Vec<Logprobs>)> {
     let streams: Vec<_> = requests
         .iter()
         .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
@@ -60,7 +50,7 @@ fn run_together(h: &EngineHandle, requests: &[Request]) -> Vec<(Vec<u32>, Vec<Op
                 match e {
                     Event::Token(t) => {
                         tokens.push(t.token);
-                        logprobs.push(t.logprobs.map(|l| l.logprob));
+                        logprobs.push(t.logprobs.map(|l| (l.logprob, l.top)));
                     }
                     Event::Finished(f) => assert!(f.error.is_none(), "{:?}", f.error),
                 }
@@ -83,9 +73,10 @@ fn the_model_takes_the_plain_rows_and_the_sampler_the_rest_in_the_same_steps() {
         .compile(Grammar::Regex("[a-z]{12}".into()))
         .unwrap();
     let requests = vec![
-        // The model's: greedy, greedy with the chosen token's logprob, top_k 1.
+        // The model's: greedy, greedy with the chosen token's logprob or top logprobs, top_k 1.
         request(1, 12, SamplingParams::greedy()),
         request(2, 12, greedy_with(|p| p.logprobs = Some(0))),
+        request(6, 12, greedy_with(|p| p.logprobs = Some(5))),
         request(
             3,
             12,
@@ -95,14 +86,13 @@ fn the_model_takes_the_plain_rows_and_the_sampler_the_rest_in_the_same_steps() {
                 ..SamplingParams::default()
             },
         ),
-        // The sampler's: penalties, bias, top logprobs, a grammar.
+        // The sampler's: penalties, bias, a grammar.
         request(4, 12, greedy_with(|p| p.frequency_penalty = 1.5)),
         request(
             5,
             12,
             greedy_with(|p| p.logit_bias = vec![(b'q'.into(), 5.0)]),
         ),
-        request(6, 12, greedy_with(|p| p.logprobs = Some(2))),
         Request {
             constraint: Some(constraint),
             ..request(7, 12, SamplingParams::greedy())
@@ -126,16 +116,24 @@ fn the_model_takes_the_plain_rows_and_the_sampler_the_rest_in_the_same_steps() {
         assert_eq!(want.1.len(), have.1.len());
         for (a, b) in want.1.iter().zip(&have.1) {
             match (a, b) {
-                (Some(a), Some(b)) => assert!((a - b).abs() < 1e-5, "request {i}: {a} vs {b}"),
+                (Some(a), Some(b)) => {
+                    assert!((a.0 - b.0).abs() < 1e-5, "request {i}: {a:?} vs {b:?}");
+                    assert_eq!(a.1.len(), b.1.len(), "request {i}: {a:?} vs {b:?}");
+                    for (x, y) in a.1.iter().zip(&b.1) {
+                        assert_eq!(x.0, y.0, "request {i}: {a:?} vs {b:?}");
+                        assert!((x.1 - y.1).abs() < 1e-5, "request {i}: {a:?} vs {b:?}");
+                    }
+                }
                 (None, None) => {}
                 _ => panic!("request {i}: logprobs on one path only"),
             }
         }
     }
+    assert_eq!(got[2].1[0].as_ref().unwrap().1.len(), 5);
     let min_tokens_rows = got[7].0.len() - 5;
     assert_eq!(
         control.model_sampled_rows(),
-        (3 * 12 + min_tokens_rows) as u64,
+        (4 * 12 + min_tokens_rows) as u64,
         "exactly the plain rows went to the model"
     );
 }

@@ -8,7 +8,9 @@
 // threshold are all kept. The draw walks the kept tokens
 // in vocabulary order with the row's uniform number, which the host draws from the sequence's
 // own seeded generator. The logprob is the chosen token's under the raw logits (temperature 1,
-// nothing filtered), as the engine reports it.
+// nothing filtered), as the engine reports it, and so are those of the row's top_n most likely
+// tokens (one block-wide pass each: the next token after the previous in the order value
+// descending, index ascending).
 #include "common.cuh"
 
 using namespace sluice;
@@ -18,6 +20,43 @@ using namespace sluice;
 // Bisection steps for a threshold in (0, 1]: 2^-30 of resolution. Mirrored by
 // sluice_kernels::sampling (a test holds them equal).
 #define THRESHOLD_STEPS 30
+// Most top logprobs a row may ask for (OpenAI's limit). Mirrored by sluice_kernels::sampling.
+#define MAX_TOP_LOGPROBS 20
+
+// The first element of x after (after_v, after_i) in the order value descending, index
+// ascending (after_i < 0: the first of all), NaN never; index 0x7fffffff when there is none.
+// Every thread gets the result.
+__device__ void block_next_best(const float* x, int vocab, float after_v, int after_i,
+                                float* val_s, int* idx_s, float& out_v, int& out_i) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float best = -INFINITY;
+    int best_idx = 0x7fffffff;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        const float v = x[i];
+        const bool later = after_i < 0 || v < after_v || (v == after_v && i > after_i);
+        if (later && !isnan(v) && (v > best || (v == best && i < best_idx)))
+            best = v, best_idx = i;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(FULL_MASK, best, o);
+        const int j = __shfl_xor_sync(FULL_MASK, best_idx, o);
+        if (v > best || (v == best && j < best_idx)) best = v, best_idx = j;
+    }
+    __syncthreads();  // the shared slots may still be read by a previous call
+    if (lane == 0) val_s[warp] = best, idx_s[warp] = best_idx;
+    __syncthreads();
+    best = lane < warps ? val_s[lane] : -INFINITY;
+    best_idx = lane < warps ? idx_s[lane] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(FULL_MASK, best, o);
+        const int j = __shfl_xor_sync(FULL_MASK, best_idx, o);
+        if (v > best || (v == best && j < best_idx)) best = v, best_idx = j;
+    }
+    out_v = best;
+    out_i = best_idx;
+}
 
 // Tempered, unnormalised probability of logit x: 1 for the row's maximum.
 __device__ __forceinline__ float tempered(float x, float max_logit, float inv_temperature) {
@@ -39,8 +78,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows(const float* __restrict__ logits, long row_stride, int vocab,
                 const float* __restrict__ temperature, const uint32_t* __restrict__ top_k,
                 const float* __restrict__ top_p, const float* __restrict__ min_p,
-                const float* __restrict__ uniform,
-                uint32_t* __restrict__ token_out, float* __restrict__ logprob_out) {
+                const float* __restrict__ uniform, const uint32_t* __restrict__ top_n,
+                uint32_t* __restrict__ token_out, float* __restrict__ logprob_out,
+                uint32_t* __restrict__ top_tokens_out, float* __restrict__ top_logprobs_out) {
     __shared__ float scratch[32];
     __shared__ float best_val_s[32];
     __shared__ int best_idx_s[32];
@@ -50,34 +90,38 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     const size_t row = blockIdx.x;
     const float* x = logits + row * row_stride;
 
-    // Maximum and its lowest index (greedy's token).
-    float best = -INFINITY;
-    int best_idx = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-        if (x[i] > best) best = x[i], best_idx = i;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float v = __shfl_xor_sync(FULL_MASK, best, o);
-        const int j = __shfl_xor_sync(FULL_MASK, best_idx, o);
-        if (v > best || (v == best && j < best_idx)) best = v, best_idx = j;
-    }
-    if (lane == 0) best_val_s[warp] = best, best_idx_s[warp] = best_idx;
-    __syncthreads();
-    best = lane < warps ? best_val_s[lane] : -INFINITY;
-    best_idx = lane < warps ? best_idx_s[lane] : 0x7fffffff;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float v = __shfl_xor_sync(FULL_MASK, best, o);
-        const int j = __shfl_xor_sync(FULL_MASK, best_idx, o);
-        if (v > best || (v == best && j < best_idx)) best = v, best_idx = j;
-    }
-    const float max_logit = best;
-    const int argmax = best_idx;
+    // Maximum and its lowest index (greedy's token); the first token when every logit is
+    // -inf (or NaN), as the Rust rule.
+    float max_logit;
+    int argmax;
+    block_next_best(x, vocab, 0.0f, -1, best_val_s, best_idx_s, max_logit, argmax);
+    if (argmax == 0x7fffffff) argmax = 0;
 
     // log of the raw softmax's normaliser, for the logprob.
     float raw = 0.0f;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) raw += expf(x[i] - max_logit);
     const float log_z = max_logit + logf(block_sum(raw, scratch));
+
+    // The top logprobs, one pass each.
+    const int n = min((int)top_n[row], MAX_TOP_LOGPROBS);
+    float after_v = 0.0f;
+    int after_i = -1;
+    for (int r = 0; r < n; ++r) {
+        float v;
+        int i;
+        block_next_best(x, vocab, after_v, after_i, best_val_s, best_idx_s, v, i);
+        if (i == 0x7fffffff) {
+            // Fewer tokens than asked for: the host reads the list up to this mark.
+            if (threadIdx.x == 0) top_tokens_out[row * MAX_TOP_LOGPROBS + r] = 0xffffffffu;
+            break;
+        }
+        if (threadIdx.x == 0) {
+            top_tokens_out[row * MAX_TOP_LOGPROBS + r] = (uint32_t)i;
+            top_logprobs_out[row * MAX_TOP_LOGPROBS + r] = v - log_z;
+        }
+        after_v = v;
+        after_i = i;
+    }
 
     int chosen = argmax;
     const float temp = temperature[row];

@@ -1,5 +1,5 @@
 //! Sampling a row inside the model, for rows that need nothing but temperature, `top_k`,
-//! `top_p` and `min_p`: what a row asks for ([`RowSampling`]), what comes back
+//! `top_p`, `min_p` and logprobs: what a row asks for ([`RowSampling`]), what comes back
 //! ([`SampledToken`]), and [`sample_row`], the plain-Rust statement of the rule that
 //! `cuda/sampling.cu` runs on the device. The CUDA kernel is checked against it
 //! (`sluice-model/tests/gpu.rs`), and the engine's mock model samples with it, so the engine's
@@ -13,7 +13,13 @@
 //! of what was kept. The thresholds are found by bisection, [`THRESHOLD_STEPS`] halvings of
 //! `(0, 1]`. The draw walks the kept tokens in vocabulary order to where their running mass
 //! reaches `uniform` times their total. The logprob is the chosen token's under the raw
-//! logits (temperature 1, nothing filtered), as the engine reports it.
+//! logits (temperature 1, nothing filtered), as the engine reports it, and so are those of the
+//! `top_logprobs` most likely tokens (largest first, the lower index first among equals, as the
+//! engine's sampler lists them).
+
+/// Most alternatives a row may ask for: OpenAI's limit on `top_logprobs`. Mirrors
+/// `MAX_TOP_LOGPROBS` in `sampling.cu` (a test holds them equal).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Halvings of `(0, 1]` when searching a threshold: 2^-30 of resolution. Mirrors
 /// `THRESHOLD_STEPS` in `sampling.cu` (a test holds them equal).
@@ -32,6 +38,8 @@ pub struct RowSampling {
     pub min_p: f32,
     /// In `[0, 1)`, drawn on the host from the sequence's own seeded generator.
     pub uniform: f32,
+    /// The most likely tokens to report with their logprobs, up to [`MAX_TOP_LOGPROBS`].
+    pub top_logprobs: u32,
 }
 
 impl RowSampling {
@@ -42,14 +50,50 @@ impl RowSampling {
         top_p: 1.0,
         min_p: 0.0,
         uniform: 0.0,
+        top_logprobs: 0,
     };
 }
 
-/// A row's draw: the token and its logprob under the raw logits.
+/// A row's draw: the token and its logprob under the raw logits, and the most likely tokens
+/// with theirs when the row asked.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SampledToken {
     pub token: u32,
     pub logprob: f32,
+    pub top: TopLogprobs,
+}
+
+/// Up to [`MAX_TOP_LOGPROBS`] `(token, logprob)`, most likely first, held inline so a step's
+/// results are one flat buffer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TopLogprobs {
+    len: u8,
+    entries: [(u32, f32); MAX_TOP_LOGPROBS],
+}
+
+impl Default for TopLogprobs {
+    fn default() -> Self {
+        Self {
+            len: 0,
+            entries: [(0, 0.0); MAX_TOP_LOGPROBS],
+        }
+    }
+}
+
+impl TopLogprobs {
+    /// `entries`, of which the first [`MAX_TOP_LOGPROBS`] are kept.
+    pub fn new(entries: &[(u32, f32)]) -> Self {
+        let mut top = Self::default();
+        for &e in entries.iter().take(MAX_TOP_LOGPROBS) {
+            top.entries[usize::from(top.len)] = e;
+            top.len += 1;
+        }
+        top
+    }
+
+    pub fn as_slice(&self) -> &[(u32, f32)] {
+        &self.entries[..usize::from(self.len)]
+    }
 }
 
 /// Samples one row of logits by the rule of this module's documentation.
@@ -75,10 +119,36 @@ pub fn sample_row(logits: &[f32], row: &RowSampling) -> SampledToken {
     } else {
         argmax
     };
+    let mut top = TopLogprobs::default();
+    let mut after = None;
+    for _ in 0..(row.top_logprobs as usize).min(MAX_TOP_LOGPROBS) {
+        let Some(i) = next_best(logits, after) else {
+            break;
+        };
+        top.entries[usize::from(top.len)] = (i as u32, logits[i] - log_z);
+        top.len += 1;
+        after = Some(i);
+    }
     SampledToken {
         token: token as u32,
         logprob: logits[token] - log_z,
+        top,
     }
+}
+
+/// The first index after `after` in the order of the top logprobs (value descending, index
+/// ascending; NaN never), or the first of all: one pass per entry, as the kernel's rounds.
+fn next_best(x: &[f32], after: Option<usize>) -> Option<usize> {
+    let later = |i: usize| match after {
+        None => true,
+        Some(a) => x[i] < x[a] || (x[i] == x[a] && i > a),
+    };
+    (0..x.len())
+        .filter(|&i| !x[i].is_nan() && later(i))
+        .fold(None, |best: Option<usize>, i| match best {
+            Some(b) if x[b] >= x[i] => Some(b),
+            _ => Some(i),
+        })
 }
 
 /// The random draw of a row with a temperature; `None` when rounding left the target past
@@ -141,6 +211,7 @@ mod tests {
             top_p,
             min_p,
             uniform,
+            top_logprobs: 0,
         }
     }
 
@@ -218,6 +289,43 @@ mod tests {
         assert_eq!(sample_row(&x, &row(1.0, 1, 1.0, 0.0, 0.0)).token, 2);
         // The largest uniform still lands on a kept token.
         assert_eq!(sample_row(&x, &row(0.5, 1, 1.0, 0.0, 0.999_999)).token, 2);
+    }
+
+    #[test]
+    fn top_logprobs_list_the_best_tokens_lower_index_first_among_equals() {
+        let x = [1.0, 3.0, -2.0, 3.0, f32::NEG_INFINITY, 2.0];
+        let r = RowSampling {
+            top_logprobs: 4,
+            ..RowSampling::GREEDY
+        };
+        let s = sample_row(&x, &r);
+        let tokens: Vec<u32> = s.top.as_slice().iter().map(|&(t, _)| t).collect();
+        assert_eq!(tokens, vec![1, 3, 5, 0]);
+        let log_z = x[1] - s.logprob;
+        for &(t, lp) in s.top.as_slice() {
+            assert_eq!(lp, x[t as usize] - log_z);
+        }
+        // More than the vocabulary holds: every token once, -inf last.
+        let s = sample_row(
+            &x,
+            &RowSampling {
+                top_logprobs: 20,
+                ..r
+            },
+        );
+        let tokens: Vec<u32> = s.top.as_slice().iter().map(|&(t, _)| t).collect();
+        assert_eq!(tokens, vec![1, 3, 5, 0, 2, 4]);
+        // NaN is never listed.
+        let s = sample_row(
+            &[0.5, f32::NAN, 0.25],
+            &RowSampling {
+                top_logprobs: 3,
+                ..r
+            },
+        );
+        let tokens: Vec<u32> = s.top.as_slice().iter().map(|&(t, _)| t).collect();
+        assert_eq!(tokens, vec![0, 2]);
+        assert_eq!(sample_row(&x, &RowSampling::GREEDY).top.as_slice(), &[]);
     }
 
     #[test]

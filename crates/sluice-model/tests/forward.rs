@@ -778,6 +778,7 @@ fn rows_the_model_samples_follow_the_rule_and_the_others_keep_their_logits() {
         top_p: 0.8,
         min_p: 0.0,
         uniform: 0.37,
+        top_logprobs: 5,
     };
     batch.model_sampling = vec![Some(RowSampling::GREEDY), None, Some(random)];
     let mut split = StepOutput::default();

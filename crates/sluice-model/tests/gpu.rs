@@ -306,6 +306,7 @@ mod gpu {
             top_p,
             min_p,
             uniform,
+            top_logprobs: 20,
         };
         let rows = [
             RowSampling::GREEDY,
@@ -322,6 +323,12 @@ mod gpu {
             let want = sample_row(x, r);
             assert_eq!(s.token, want.token, "row {row}");
             assert!((s.logprob - want.logprob).abs() < 1e-4, "row {row} logprob");
+            let (got_top, want_top) = (s.top.as_slice(), want.top.as_slice());
+            assert_eq!(got_top.len(), want_top.len(), "row {row} top logprobs");
+            for (g, w) in got_top.iter().zip(want_top) {
+                assert_eq!(g.0, w.0, "row {row} top token");
+                assert!((g.1 - w.1).abs() < 1e-4, "row {row} top logprob");
+            }
         }
         assert_eq!(got[3].token, 0);
     }

@@ -35,6 +35,10 @@ fn constants_match_the_cuda_sources() {
         define(sampling, "THRESHOLD_STEPS"),
         crate::sampling::THRESHOLD_STEPS
     );
+    assert_eq!(
+        define(sampling, "MAX_TOP_LOGPROBS"),
+        crate::sampling::MAX_TOP_LOGPROBS
+    );
 }
 
 /// A small deterministic generator (xorshift): the crate has no `rand`.
