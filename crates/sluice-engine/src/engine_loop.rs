@@ -14,8 +14,8 @@
 //! counters and metrics in [`crate::telemetry`].
 //!
 //! A model that samples rows itself ([`Model::samples_rows`], a GPU) gets the rows that need
-//! nothing but temperature, `top_k`, `top_p`, `min_p` and logprobs marked in the batch before the
-//! forward, with their random numbers drawn from each sequence's generator as the sampler
+//! nothing but temperature, `top_k`, `top_p`, `min_p` and logprobs marked in the batch before
+//! the forward, with their random numbers drawn from each sequence's generator as the sampler
 //! would draw them; it hands back their tokens instead of their logits, and the sampler takes
 //! the rest. Which rows go where depends only on each row's own request.
 //!
@@ -426,9 +426,9 @@ impl EngineLoop {
     }
 
     /// With a model that samples rows itself, marks the step's rows it may sample: those
-    /// whose request needs nothing but temperature, `top_k`, `top_p`, `min_p` and logprobs, and that
-    /// neither a grammar nor `min_tokens` restricts this step. Their random numbers are drawn
-    /// here, from each sequence's generator, as the sampler would have drawn them.
+    /// whose request needs nothing but temperature, `top_k`, `top_p`, `min_p` and logprobs,
+    /// and that neither a grammar nor `min_tokens` restricts this step. Their random numbers
+    /// are drawn here, from each sequence's generator, as the sampler would have drawn them.
     fn mark_model_sampled_rows(&mut self) {
         self.model_rows.clear();
         if !self.model_samples_rows {

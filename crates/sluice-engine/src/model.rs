@@ -1,8 +1,8 @@
 //! What the engine needs from a model: one batched forward over a [`StepBatch`] into its
 //! output buffers (logits or the tokens of rows it sampled itself, and the hidden states
-//! embeddings pool), and its limits. [`PagedLlama`] (sluice-model: a `LlamaModel` with the KV cache it
-//! owns) is the real thing; `testing::MockModel` (feature `testing`) implements the same trait without
-//! weights.
+//! embeddings pool), and its limits. [`PagedLlama`] (sluice-model: a `LlamaModel` with the KV
+//! cache it owns) is the real thing; `testing::MockModel` (feature `testing`) implements the
+//! same trait without weights.
 
 use sluice_model::{ModelError, PagedLlama, StepBatch, StepOutput};
 
@@ -36,8 +36,8 @@ pub trait Model: Send {
     /// Entries per hidden state (what an embedding's vector holds).
     fn hidden_size(&self) -> usize;
     /// Whether the engine should let the model sample the rows that need nothing but
-    /// temperature, `top_k`, `top_p`, `min_p` and logprobs ([`StepBatch::model_sampling`]): true where
-    /// that keeps full logits from crossing to the host (a GPU).
+    /// temperature, `top_k`, `top_p`, `min_p` and logprobs ([`StepBatch::model_sampling`]):
+    /// true where that keeps full logits from crossing to the host (a GPU).
     fn samples_rows(&self) -> bool {
         false
     }
