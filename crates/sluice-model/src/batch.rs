@@ -34,9 +34,10 @@ pub struct StepBatch {
 #[derive(Debug, Clone, Default)]
 pub struct StepOutput {
     /// `[rows, vocab]`, row-major: the logits of every sampling row the model did not sample
-    /// itself ([`StepBatch::logits_rows`]), in order.
+    /// itself (`None` in [`StepBatch::model_sampling`]), in order.
     pub logits: Vec<f32>,
-    /// The tokens of the rows the model sampled ([`StepBatch::model_sampled_rows`]), in order.
+    /// The tokens of the rows the model sampled (`Some` in [`StepBatch::model_sampling`]), in
+    /// order.
     pub sampled: Vec<SampledToken>,
     /// `[hidden_indices.len(), hidden_size]`, row-major: the final norm's output.
     pub hidden: Vec<f32>,
@@ -104,24 +105,6 @@ impl StepBatch {
         }
     }
 
-    /// The rows of the batch whose logits the forward returns: the sampling rows the model
-    /// does not sample itself, in order.
-    pub fn logits_rows(&self) -> impl Iterator<Item = u32> + '_ {
-        self.logits_indices
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| !matches!(self.model_sampling.get(i), Some(Some(_))))
-            .map(|(_, &row)| row)
-    }
-
-    /// The sampling rows the model samples itself, with their rule.
-    pub fn model_sampled_rows(&self) -> impl Iterator<Item = (u32, &RowSampling)> + '_ {
-        self.logits_indices
-            .iter()
-            .zip(&self.model_sampling)
-            .filter_map(|(&row, s)| Some((row, s.as_ref()?)))
-    }
-
     pub fn num_tokens(&self) -> usize {
         self.input_ids.len()
     }
@@ -157,17 +140,11 @@ mod tests {
     }
 
     #[test]
-    fn rows_split_between_logits_and_model_sampling() {
+    fn clear_forgets_which_rows_the_model_samples() {
         let mut b = StepBatch::new(4);
-        for _ in 0..3 {
-            let start = b.num_tokens();
-            b.push_sequence(&[1, 2], 0, &[start as u32], true);
-        }
-        assert_eq!(b.logits_rows().collect::<Vec<_>>(), vec![1, 3, 5]);
-        assert_eq!(b.model_sampled_rows().count(), 0);
-        b.model_sampling = vec![None, Some(RowSampling::GREEDY), None];
-        assert_eq!(b.logits_rows().collect::<Vec<_>>(), vec![1, 5]);
-        let sampled: Vec<u32> = b.model_sampled_rows().map(|(row, _)| row).collect();
-        assert_eq!(sampled, vec![3]);
+        b.push_sequence(&[1, 2], 0, &[0], true);
+        b.model_sampling = vec![Some(RowSampling::GREEDY)];
+        b.clear();
+        assert!(b.model_sampling.is_empty() && b.logits_indices.is_empty());
     }
 }

@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use half::f16;
-use sluice_kernels::cpu::attention::{write_q8, Q8Cache, Q8CacheMut, Q8_GROUP};
+use sluice_kernels::cpu::attention::{write_kv, write_q8, Q8Cache, Q8CacheMut, Q8_GROUP};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -308,24 +308,15 @@ impl KvCache {
     /// cache's type (an 8-bit cache quantizes them).
     pub fn write_rows(&mut self, layer: usize, k: &[f32], v: &[f32], slots: &[u32]) -> Result<()> {
         let l = self.layout;
-        let width = l.num_kv_heads * l.head_dim;
-        if k.len() != slots.len() * width || v.len() != k.len() {
-            return Err(ModelError::KvCache(format!(
-                "{} slots of {width} values got {} keys and {} values",
-                slots.len(),
-                k.len(),
-                v.len()
-            )));
-        }
-        if let Some(s) = slots.iter().find(|&&s| s as usize >= l.num_slots()) {
-            return Err(ModelError::KvCache(format!(
-                "slot {s} is outside the cache's {} slots",
-                l.num_slots()
-            )));
-        }
         match &mut self.layers {
-            Layers::F32(layers) => write_host(&l, slots, k, v, &mut layers[layer], |x| x),
-            Layers::F16(layers) => write_host(&l, slots, k, v, &mut layers[layer], f16::from_f32),
+            Layers::F32(layers) => {
+                let h = &mut layers[layer];
+                write_kv(&l, slots, k, v, &mut h.k, &mut h.v)?;
+            }
+            Layers::F16(layers) => {
+                let h = &mut layers[layer];
+                write_kv(&l, slots, k, v, &mut h.k, &mut h.v)?;
+            }
             Layers::Q8(layers) => {
                 let q = &mut layers[layer];
                 let cache = Q8CacheMut {
@@ -343,32 +334,6 @@ impl KvCache {
             }
         }
         Ok(())
-    }
-}
-
-/// Each token's `[num_kv_heads, head_dim]` keys and values into its slot, converted by `to`.
-/// The caller checked the sizes and slots.
-fn write_host<E: Copy>(
-    l: &KvLayout,
-    slots: &[u32],
-    k: &[f32],
-    v: &[f32],
-    layer: &mut HostLayer<E>,
-    to: impl Fn(f32) -> E,
-) {
-    let (kvh, d) = (l.num_kv_heads, l.head_dim);
-    for (t, &slot) in slots.iter().enumerate() {
-        let slot = slot as usize;
-        for h in 0..kvh {
-            let row = (t * kvh + h) * d;
-            for i in 0..d {
-                layer.k[l.k_offset(slot, h, i)] = to(k[row + i]);
-            }
-            let at = l.v_offset(slot, h, 0);
-            for (dst, &x) in layer.v[at..at + d].iter_mut().zip(&v[row..row + d]) {
-                *dst = to(x);
-            }
-        }
     }
 }
 

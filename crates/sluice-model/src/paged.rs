@@ -81,7 +81,7 @@ impl PagedLlama {
 
     /// Computes every token of `batch`, writing their K/V into the cache, and replaces
     /// `out.logits` with the `[rows, vocab_size]` logits of the sampling rows it does not
-    /// sample itself ([`StepBatch::logits_rows`]), `out.sampled` with the tokens of those it
+    /// sample itself (`None` in [`StepBatch::model_sampling`]), `out.sampled` with the tokens of those it
     /// does, and `out.hidden` with the `[batch.hidden_indices.len(), hidden_size]` final
     /// hidden states of the pooled rows, row-major.
     pub fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<()> {

@@ -25,9 +25,20 @@ use crate::paged::{AttentionShape, KvLayout, SequenceSlice};
 
 /// The element types a KV cache may hold: f32, and f16 (half the bytes that decode reads,
 /// widened in registers). Sealed: the kernel knows how to load exactly these.
-pub trait KvElem: Copy + Send + Sync + Into<f32> + x86::Load + avx2::Load8 {}
-impl KvElem for f32 {}
-impl KvElem for half::f16 {}
+pub trait KvElem: Copy + Send + Sync + Into<f32> + x86::Load + avx2::Load8 {
+    /// The cache's value of `x` (rounded to nearest for f16).
+    fn from_f32(x: f32) -> Self;
+}
+impl KvElem for f32 {
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+impl KvElem for half::f16 {
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+}
 
 /// Queries of one sequence handled by one work item: enough to reuse each key chunk several
 /// times, few enough that a long prompt still spreads over all cores.
@@ -65,6 +76,69 @@ mod portable;
 mod q8;
 
 pub use q8::{paged_attention_q8, write_q8, Q8Cache, Q8CacheMut, Q8_GROUP};
+
+/// Writes the step's new keys and values `k, v: [T, num_kv_heads, head_dim]` (f32) into their
+/// slots of one layer of an f32 or f16 cache, converted to its type. [`write_q8`] is the same
+/// for an 8-bit cache.
+pub fn write_kv<E: KvElem>(
+    layout: &KvLayout,
+    slots: &[u32],
+    k: &[f32],
+    v: &[f32],
+    k_cache: &mut [E],
+    v_cache: &mut [E],
+) -> Result<(), AttentionError> {
+    let n = layout.values_per_layer();
+    if k_cache.len() < n || v_cache.len() < n {
+        return Err(AttentionError::Shape(format!(
+            "caches of {} and {} values for a layer of {n}",
+            k_cache.len(),
+            v_cache.len()
+        )));
+    }
+    check_rows(layout, slots, k, v)?;
+    let (kvh, d) = (layout.num_kv_heads, layout.head_dim);
+    for (t, &slot) in slots.iter().enumerate() {
+        let slot = slot as usize;
+        for h in 0..kvh {
+            let row = (t * kvh + h) * d;
+            for i in 0..d {
+                k_cache[layout.k_offset(slot, h, i)] = E::from_f32(k[row + i]);
+            }
+            let at = layout.v_offset(slot, h, 0);
+            for (dst, &x) in v_cache[at..at + d].iter_mut().zip(&v[row..row + d]) {
+                *dst = E::from_f32(x);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The rows a cache write takes: one key and one value row of `num_kv_heads * head_dim` per
+/// slot, and every slot inside the cache.
+fn check_rows(
+    layout: &KvLayout,
+    slots: &[u32],
+    k: &[f32],
+    v: &[f32],
+) -> Result<(), AttentionError> {
+    let (kvh, d) = (layout.num_kv_heads, layout.head_dim);
+    if k.len() != slots.len() * kvh * d || v.len() != k.len() {
+        return Err(AttentionError::Shape(format!(
+            "{} slots of {kvh}x{d} values got {} keys and {} values",
+            slots.len(),
+            k.len(),
+            v.len()
+        )));
+    }
+    if let Some(s) = slots.iter().find(|&&s| s as usize >= layout.num_slots()) {
+        return Err(AttentionError::Shape(format!(
+            "slot {s} is outside the cache's {} slots",
+            layout.num_slots()
+        )));
+    }
+    Ok(())
+}
 
 /// Which code computes a work item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1028,5 +1102,35 @@ mod tests {
             err,
             Err(AttentionError::Unsupported { head_dim: 16, .. })
         ));
+    }
+
+    #[test]
+    fn f16_write_lands_in_each_slot_and_refuses_bad_rows() {
+        let layout = KvLayout {
+            num_blocks: 2,
+            block_size: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+        };
+        let n = layout.values_per_layer();
+        let (mut kc, mut vc) = (vec![half::f16::ZERO; n], vec![half::f16::ZERO; n]);
+        let width = 2 * 8;
+        let k: Vec<f32> = (0..2 * width).map(|i| i as f32 * 0.5).collect();
+        let v: Vec<f32> = k.iter().map(|x| -x).collect();
+        let slots = [6, 1];
+        write_kv(&layout, &slots, &k, &v, &mut kc, &mut vc).unwrap();
+        for (t, &slot) in slots.iter().enumerate() {
+            for h in 0..2 {
+                for i in 0..8 {
+                    let want = k[(t * 2 + h) * 8 + i];
+                    assert_eq!(f32::from(kc[layout.k_offset(slot as usize, h, i)]), want);
+                    assert_eq!(f32::from(vc[layout.v_offset(slot as usize, h, i)]), -want);
+                }
+            }
+        }
+        let past = write_kv(&layout, &[8, 1], &k, &v, &mut kc, &mut vc);
+        assert!(matches!(past, Err(AttentionError::Shape(_))));
+        let short = write_kv(&layout, &slots, &k[..width], &v, &mut kc, &mut vc);
+        assert!(matches!(short, Err(AttentionError::Shape(_))));
     }
 }

@@ -11,8 +11,8 @@
 
 use super::portable::KvRead;
 use super::{
-    check_heads, check_queries, check_tables, cpu_features, AttentionError, ChunkAt, Kernel,
-    RowState, WorkItem, MAX_GROUP,
+    check_heads, check_queries, check_rows, check_tables, cpu_features, AttentionError, ChunkAt,
+    Kernel, RowState, WorkItem, MAX_GROUP,
 };
 use crate::disjoint::DisjointSlice;
 use crate::paged::{AttentionShape, KvLayout, SequenceSlice};
@@ -97,22 +97,8 @@ pub fn write_q8(
         cache.v.len(),
         cache.v_scales.len(),
     )?;
+    check_rows(layout, slots, k, v)?;
     let (kvh, d, bs) = (layout.num_kv_heads, layout.head_dim, layout.block_size);
-    let width = kvh * d;
-    if k.len() != slots.len() * width || v.len() != k.len() {
-        return Err(AttentionError::Shape(format!(
-            "{} slots of {kvh}x{d} values got {} keys and {} values",
-            slots.len(),
-            k.len(),
-            v.len()
-        )));
-    }
-    if let Some(s) = slots.iter().find(|&&s| s as usize >= layout.num_slots()) {
-        return Err(AttentionError::Shape(format!(
-            "slot {s} is outside the cache's {} slots",
-            layout.num_slots()
-        )));
-    }
     let groups = d / Q8_GROUP;
     for (t, &slot) in slots.iter().enumerate() {
         let (block, off) = (slot as usize / bs, slot as usize % bs);
