@@ -87,7 +87,21 @@ impl<G: Deref<Target = Storage>> HostValues<G> {
 }
 
 /// One step on the CPU: see [`crate::LlamaModel::forward_step`].
+///
+/// The step runs on a worker of the kernels' thread pool, entered once: called from another
+/// thread, each kernel's parallel region would hand its work to the pool and put the caller to
+/// sleep until it ends, a futex wake-up per region (about ten a layer).
 pub(crate) fn forward(
+    w: &ModelWeights<'_>,
+    attention_backend: AttentionBackend,
+    batch: &StepBatch,
+    kv: &mut KvCache,
+    s: &mut StepScratch,
+) -> Result<(Tensor, Option<Tensor>)> {
+    rayon::scope(|_| forward_on_pool(w, attention_backend, batch, kv, s))
+}
+
+fn forward_on_pool(
     w: &ModelWeights<'_>,
     attention_backend: AttentionBackend,
     batch: &StepBatch,
