@@ -89,17 +89,19 @@ pub(super) unsafe fn tile<const MR: usize, const NR: usize>(
     }
 }
 
-/// A weight from its integer `q` (as f32), scale `s` and minimum `m`: one rounded product,
-/// then one rounded add or subtract, as the reference dequantizer forms it.
+/// A weight from its integer `q` (as f32), scale `s` and minimum `m`, equal to the reference
+/// dequantizer's rounded product then rounded add or subtract, in one instruction: the
+/// product never rounds. `q` has at most 5 significant bits (Q4_1, Q5_1, Q4_K, Q5_K: the
+/// formats with a minimum) and `s` at most 17 (an f16's 11, times a 6-bit K-quant scale),
+/// so `q * s` fits f32's 24 and the fused multiply-add rounds only the sum, as the add did.
 #[inline(always)]
 unsafe fn weight(min: MinKind, q: __m256, s: __m256, m: __m256) -> __m256 {
-    // SAFETY: register arithmetic only; the callers run with AVX enabled.
+    // SAFETY: register arithmetic only; the callers run with AVX and FMA enabled.
     unsafe {
-        let w = _mm256_mul_ps(q, s);
         match min {
-            MinKind::None => w,
-            MinKind::AddF16 => _mm256_add_ps(w, m),
-            MinKind::SubScaled => _mm256_sub_ps(w, m),
+            MinKind::None => _mm256_mul_ps(q, s),
+            MinKind::AddF16 => _mm256_fmadd_ps(q, s, m),
+            MinKind::SubScaled => _mm256_fmsub_ps(q, s, m),
         }
     }
 }
