@@ -402,15 +402,15 @@ impl PackedMatrix {
             return;
         }
         let num_panels = self.n.div_ceil(PANEL);
-        // Four panels (64 columns) per task unless that leaves too few tasks to share.
+        // Four panels (64 columns) per task unless that leaves too few tasks to share, or a
+        // count the threads cannot share evenly: 9 tasks on 2 threads finish after 5 tasks'
+        // time, not 4.5 (SmolLM2's 576-column projections).
         let threads = rayon::current_num_threads();
-        let group = if num_panels >= 4 * 4 * threads {
-            4
-        } else if num_panels >= 2 * 4 * threads {
-            2
-        } else {
-            1
+        let shares_evenly = |group: usize| {
+            let tasks = num_panels.div_ceil(group);
+            tasks >= 4 * threads && (tasks % threads == 0 || tasks >= 16 * threads)
         };
+        let group = [4, 2].into_iter().find(|&g| shares_evenly(g)).unwrap_or(1);
         let out = DisjointSlice::new(out);
         (0..num_panels.div_ceil(group))
             .into_par_iter()
