@@ -913,7 +913,10 @@ mod tests {
             (14, 2),
             (8, 1),
         ] {
-            for (head_dim, block_size) in [(64, 16), (64, 20), (32, 8), (128, 32), (16, 1)] {
+            // 48: a 32-dimension values pass, then a 16-dimension one.
+            for (head_dim, block_size) in
+                [(64, 16), (64, 20), (32, 8), (128, 32), (16, 1), (48, 16)]
+            {
                 let s = step(heads, kv_heads, head_dim, block_size);
                 let k16: Vec<f16> = s.k.iter().map(|&x| f16::from_f32(x)).collect();
                 let v16: Vec<f16> = s.v.iter().map(|&x| f16::from_f32(x)).collect();

@@ -192,28 +192,62 @@ mod x86 {
 
             let probs = softmax_chunk::<G>(&lo, &hi, c.n_keys, c.scale, d, &mut s);
 
-            // Values, 16 dimensions at a time: one load of each value row serves every head.
+            // Values, 32 dimensions at a time where the group's accumulators fit in registers
+            // (twice the independent FMA chains of 16), else 16: one load of each value row
+            // serves every head. Each lane sums its keys in the same order either way.
+            let mut j = 0;
+            if G <= 3 {
+                while j + 2 * LANES <= d {
+                    values_pass::<E, G, 4>(c, &probs, j, &mut s);
+                    j += 2 * LANES;
+                }
+            }
+            while j < d {
+                values_pass::<E, G, 2>(c, &probs, j, &mut s);
+                j += LANES;
+            }
+        }
+    }
+    /// Adds the chunk's weighted values into dimensions `j..j + 8 * R` of each head's
+    /// accumulator: `R` registers a head, loaded once and stored once.
+    ///
+    /// # Safety
+    /// As [`chunk`], and `j + 8 * R <= c.head_dim`.
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    unsafe fn values_pass<E: KvElem, const G: usize, const R: usize>(
+        c: &Chunk<'_, E>,
+        probs: &[[f32; LANES]; G],
+        j: usize,
+        s: &mut RowState<'_>,
+    ) {
+        // SAFETY: the caller's promise: every load and store is inside the chunk's values
+        // and the rows' accumulators.
+        unsafe {
+            let d = c.head_dim;
             let vp = c.v.as_ptr();
             let accp = s.accs.as_mut_ptr();
-            for j in (0..d).step_by(LANES) {
-                let mut a0 = [_mm256_setzero_ps(); G];
-                let mut a1 = [_mm256_setzero_ps(); G];
-                for g in 0..G {
-                    a0[g] = _mm256_loadu_ps(accp.add(g * d + j));
-                    a1[g] = _mm256_loadu_ps(accp.add(g * d + j + 8));
+            let mut a = [[_mm256_setzero_ps(); R]; G];
+            for g in 0..G {
+                for r in 0..R {
+                    a[g][r] = _mm256_loadu_ps(accp.add(g * d + j + 8 * r));
                 }
-                for t in 0..c.n_keys {
-                    let v0 = E::load8(vp.add(t * d + j));
-                    let v1 = E::load8(vp.add(t * d + j + 8));
-                    for g in 0..G {
-                        let p = _mm256_broadcast_ss(&probs[g][t]);
-                        a0[g] = _mm256_fmadd_ps(p, v0, a0[g]);
-                        a1[g] = _mm256_fmadd_ps(p, v1, a1[g]);
+            }
+            for t in 0..c.n_keys {
+                let mut v = [_mm256_setzero_ps(); R];
+                for r in 0..R {
+                    v[r] = E::load8(vp.add(t * d + j + 8 * r));
+                }
+                for g in 0..G {
+                    let p = _mm256_broadcast_ss(&probs[g][t]);
+                    for r in 0..R {
+                        a[g][r] = _mm256_fmadd_ps(p, v[r], a[g][r]);
                     }
                 }
-                for g in 0..G {
-                    _mm256_storeu_ps(accp.add(g * d + j), a0[g]);
-                    _mm256_storeu_ps(accp.add(g * d + j + 8), a1[g]);
+            }
+            for g in 0..G {
+                for r in 0..R {
+                    _mm256_storeu_ps(accp.add(g * d + j + 8 * r), a[g][r]);
                 }
             }
         }
