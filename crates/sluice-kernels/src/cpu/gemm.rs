@@ -408,7 +408,7 @@ impl PackedMatrix {
         let threads = rayon::current_num_threads();
         let shares_evenly = |group: usize| {
             let tasks = num_panels.div_ceil(group);
-            tasks >= 4 * threads && (tasks % threads == 0 || tasks >= 16 * threads)
+            tasks >= 4 * threads && (tasks.is_multiple_of(threads) || tasks >= 16 * threads)
         };
         let group = [4, 2].into_iter().find(|&g| shares_evenly(g)).unwrap_or(1);
         let out = DisjointSlice::new(out);

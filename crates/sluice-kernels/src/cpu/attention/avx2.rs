@@ -208,6 +208,7 @@ mod x86 {
             }
         }
     }
+
     /// Adds the chunk's weighted values into dimensions `j..j + 8 * R` of each head's
     /// accumulator: `R` registers a head, loaded once and stored once.
     ///
