@@ -88,14 +88,7 @@ pub fn write_kv<E: KvElem>(
     k_cache: &mut [E],
     v_cache: &mut [E],
 ) -> Result<(), AttentionError> {
-    let n = layout.values_per_layer();
-    if k_cache.len() < n || v_cache.len() < n {
-        return Err(AttentionError::Shape(format!(
-            "caches of {} and {} values for a layer of {n}",
-            k_cache.len(),
-            v_cache.len()
-        )));
-    }
+    check_caches(layout, k_cache.len(), v_cache.len())?;
     check_rows(layout, slots, k, v)?;
     let (kvh, d) = (layout.num_kv_heads, layout.head_dim);
     for (t, &slot) in slots.iter().enumerate() {
@@ -110,6 +103,17 @@ pub fn write_kv<E: KvElem>(
                 *dst = E::from_f32(x);
             }
         }
+    }
+    Ok(())
+}
+
+/// Both caches hold a whole layer of `layout`.
+fn check_caches(layout: &KvLayout, k_len: usize, v_len: usize) -> Result<(), AttentionError> {
+    let n = layout.values_per_layer();
+    if k_len < n || v_len < n {
+        return Err(AttentionError::Shape(format!(
+            "caches of {k_len} and {v_len} values for a layer of {n}"
+        )));
     }
     Ok(())
 }
@@ -262,14 +266,8 @@ fn run_items<E: KvElem>(
             group: h / kvh,
         });
     }
+    check_caches(layout, k_cache.len(), v_cache.len())?;
     let n = layout.values_per_layer();
-    if k_cache.len() < n || v_cache.len() < n {
-        return Err(AttentionError::Shape(format!(
-            "caches of {} and {} values for a layer of {n}",
-            k_cache.len(),
-            v_cache.len()
-        )));
-    }
     check_queries(q, out, sequences, shape)?;
     check_tables(sequences, block_tables, layout)?;
     let kernel = Kernel::new(q, sequences, block_tables, layout, shape);
