@@ -5,18 +5,14 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use sluice_engine::testing::xorshift;
 use sluice_engine::{Scheduler, SchedulerConfig};
 use sluice_model::StepBatch;
 
 fn tokens(seed: u64, len: usize) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 32_000) as u32
-        })
+    xorshift(seed)
+        .take(len)
+        .map(|x| (x % 32_000) as u32)
         .collect()
 }
 

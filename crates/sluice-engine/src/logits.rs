@@ -267,14 +267,9 @@ mod tests {
     use super::*;
 
     fn row(seed: u64, len: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 20.0 - 10.0
-            })
+        crate::testing::xorshift(seed)
+            .take(len)
+            .map(|s| ((s >> 40) as f32 / (1u64 << 24) as f32) * 20.0 - 10.0)
             .collect()
     }
 

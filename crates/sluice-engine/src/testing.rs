@@ -338,18 +338,22 @@ impl MockControl {
     }
 }
 
-/// `len` pseudo-random byte tokens from `seed` (xorshift): prompts of the [`tiny_tokenizer`]
-/// that never hold a control token.
-pub fn byte_prompt(seed: u64, len: usize) -> Vec<u32> {
+/// An endless xorshift64 stream from `seed` (any seed, 0 included): reproducible test data
+/// without a dependency.
+pub fn xorshift(seed: u64) -> impl Iterator<Item = u64> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 256) as u32
-        })
-        .collect()
+    std::iter::repeat_with(move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    })
+}
+
+/// `len` pseudo-random byte tokens from `seed` ([`xorshift`]): prompts of the
+/// [`tiny_tokenizer`] that never hold a control token.
+pub fn byte_prompt(seed: u64, len: usize) -> Vec<u32> {
+    xorshift(seed).take(len).map(|x| (x % 256) as u32).collect()
 }
 
 /// GPT-2's byte-level alphabet: the character that stands for each byte in a vocabulary.
