@@ -195,7 +195,7 @@ fn quantized_table() {
             let exact = seconds_per_call(|| panels.matmul(&x, m, &mut out));
             let mut acts = QuantizedActivations::default();
             let ours = seconds_per_call(|| {
-                acts.quantize(&x, m, k);
+                acts.quantize(&x, m, k, int8.activation_blocks());
                 int8.matmul(&acts, &mut out);
             });
             let candle = seconds_per_call(|| {

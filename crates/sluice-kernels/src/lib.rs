@@ -26,7 +26,7 @@ pub mod testing;
 
 pub use cpu::attention::KvElem;
 pub use cpu::gemm::PackedMatrix;
-pub use cpu::int8_matmul::{QuantMatrix, QuantizedActivations};
+pub use cpu::int8_matmul::{ActivationBlocks, QuantMatrix, QuantizedActivations};
 pub use disjoint::DisjointSlice;
 pub use paged::{AttentionShape, KvLayout, SequenceSlice};
 pub use quant_format::QuantFormat;

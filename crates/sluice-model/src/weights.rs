@@ -8,7 +8,6 @@ use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use sluice_kernels::cpu::gemm;
-use sluice_kernels::quant_format::BLOCK_WEIGHTS;
 use sluice_kernels::{PackedMatrix, QuantFormat, QuantMatrix, QuantizedActivations};
 
 use crate::error::{ModelError, Result};
@@ -181,12 +180,11 @@ enum Weights {
 
 /// One format's matrix under [`WeightsKind::Quantized`].
 enum Int8Part {
-    /// Our int8-dot kernels, the file's blocks read in place: the legacy formats (Q4_0 .. Q8_0),
-    /// where they run 2-5x candle's (`SLUICE_BENCH_ONLY=quant cargo bench -p sluice-kernels
-    /// --bench gemm`).
+    /// Our int8-dot kernels, the file's blocks read in place: every format of
+    /// [`QuantFormat`] (the legacy ones and Q4_K, Q5_K, Q6_K).
     Ours(QuantMatrix),
-    /// candle's quantized matmul: the K-quants, where its repacked int8 kernels outrun ours at
-    /// 16 and 64 rows; and the bytes of its blocks.
+    /// candle's quantized matmul: the formats we have no kernel for (Q2_K, Q3_K, ...); and the
+    /// bytes of its blocks.
     Candle(QMatMul, usize),
 }
 
@@ -265,23 +263,21 @@ impl Linear {
         })
     }
 
-    /// `parts` in runs of one format for [`WeightsKind::Quantized`] on the CPU: the legacy
-    /// formats on our int8 kernels, the rest (the K-quants; Q2_K, Q3_K) on candle's.
+    /// `parts` in runs of one format for [`WeightsKind::Quantized`] on the CPU: the formats of
+    /// [`QuantFormat`] on our int8 kernels, the rest (Q2_K, Q3_K, ...) on candle's.
     fn int8_parts(parts: &[GgufMatrix<'_>]) -> Result<Vec<(usize, Int8Part)>> {
         format_groups(parts)
             .map(|(col0, group)| {
                 let rows: usize = group.iter().map(|p| p.rows).sum();
-                let ours = kernel_format(group[0].dtype)
-                    .filter(|f| f.block_weights() == BLOCK_WEIGHTS)
-                    .and_then(|format| {
-                        let mut data = Vec::with_capacity(group.iter().map(|p| p.data.len()).sum());
-                        for part in group {
-                            for r in 0..part.rows {
-                                data.extend_from_slice(part.row(r));
-                            }
+                let ours = kernel_format(group[0].dtype).and_then(|format| {
+                    let mut data = Vec::with_capacity(group.iter().map(|p| p.data.len()).sum());
+                    for part in group {
+                        for r in 0..part.rows {
+                            data.extend_from_slice(part.row(r));
                         }
-                        QuantMatrix::new(format, data, rows, group[0].cols)
-                    });
+                    }
+                    QuantMatrix::new(format, data, rows, group[0].cols)
+                });
                 let part = match ours {
                     Some(m) => Int8Part::Ours(m),
                     None => {
@@ -497,7 +493,7 @@ impl Linear {
             }
             Weights::Int8(parts) if ours_only(parts) => ACTIVATIONS.with(|acts| {
                 let mut acts = acts.borrow_mut();
-                acts.quantize(x, t, x.len() / t);
+                quantize_for(&mut acts, parts, x, t);
                 for (col0, part) in parts {
                     if let Int8Part::Ours(m) = part {
                         m.matmul_into(&acts, out, n, *col0);
@@ -522,6 +518,19 @@ impl Linear {
     }
 }
 
+/// Quantizes `x: [t, _]` once in each form our kernels among `parts` read.
+fn quantize_for(acts: &mut QuantizedActivations, parts: &[(usize, Int8Part)], x: &[f32], t: usize) {
+    let mut done = [false; 2];
+    for (_, part) in parts {
+        if let Int8Part::Ours(m) = part {
+            let blocks = m.activation_blocks();
+            if !std::mem::replace(&mut done[blocks as usize], true) {
+                acts.quantize(x, t, x.len() / t, blocks);
+            }
+        }
+    }
+}
+
 /// `x` times the parts of an [`Weights::Int8`] layer of `n` outputs: the activations are
 /// quantized once for our parts; candle's quantize their own.
 fn int8_forward(parts: &[(usize, Int8Part)], n: usize, x: &Tensor) -> Result<Tensor> {
@@ -533,13 +542,10 @@ fn int8_forward(parts: &[(usize, Int8Part)], n: usize, x: &Tensor) -> Result<Ten
     with_cpu_rows(x, |data, t, cols| {
         ACTIVATIONS.with(|acts| {
             let mut acts = acts.borrow_mut();
-            let mut quantized = false;
+            debug_assert_eq!(data.len(), t * cols);
+            quantize_for(&mut acts, parts, data, t);
             for (col0, part) in parts {
                 if let Int8Part::Ours(m) = part {
-                    if !quantized {
-                        acts.quantize(data, t, cols);
-                        quantized = true;
-                    }
                     m.matmul_into(&acts, &mut out, n, *col0);
                 }
             }

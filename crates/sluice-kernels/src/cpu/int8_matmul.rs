@@ -1,25 +1,33 @@
 //! Quantized matrix products with int8 activations (`--weights quantized`): the weights stay in
-//! their GGUF blocks, read in place, and each activation row is quantized to int8 per block of
-//! 32 (a scale and the sum of its quants kept beside it, as llama.cpp's Q8_1), so a block's
+//! their GGUF blocks, read in place, and each activation row is quantized to int8, so a block's
 //! contribution is an integer dot product and a multiply-add of scales. Every format of
-//! [`QuantFormat`] is read: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K and Q6_K,
-//! whose sub-blocks (32 weights; 16 for Q6_K) fall inside one activation block each. (The model
-//! crate sends the K-quants to candle's repacked kernels, which outrun these at 16 and 64 rows:
-//! the `quant` table of `cargo bench -p sluice-kernels --bench gemm`.)
+//! [`QuantFormat`] is read, in one of two activation forms ([`ActivationBlocks`]):
+//! - the legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) against blocks of 32 activations, each
+//!   with a scale and the sum of its quants (as llama.cpp's Q8_1);
+//! - the K-quants (Q4_K, Q5_K, Q6_K) against super-blocks of 256 activations with one scale and
+//!   the integer sums of each 16 quants (as llama.cpp's Q8_K). The sub-blocks' integer scales
+//!   then multiply inside the integer dot product, so a super-block takes one float step per
+//!   activation row, not eight.
 //!
-//! Paths, picked once per process: AVX2 (`maddubs` + `madd`, every format; `avx2.rs`), AVX-512
-//! VNNI for the legacy Q4_0/Q4_1/Q8_0 layouts (`vnni.rs`), and a scalar loop with the same
-//! arithmetic that is the oracle the SIMD paths are tested against. Without AVX2 only the
-//! legacy layouts are taken ([`QuantMatrix::new`] declines the rest).
+//! Paths, picked once per process: AVX2 (`maddubs` + `madd`; `avx2.rs` the legacy formats,
+//! `avx2_k.rs` the K-quants), AVX-512 VNNI for the legacy Q4_0/Q4_1/Q8_0 layouts (`vnni.rs`),
+//! and scalar loops with the same arithmetic that are the oracles the SIMD paths are tested
+//! against. Without AVX2 only the legacy layouts are taken ([`QuantMatrix::new`] declines the
+//! rest).
+//!
+//! A row's result never depends on the other rows of its step: the integer sums are exact, and
+//! each output's float steps come in the same order whether its row is alone or one of four.
 
 use half::f16;
 use rayon::prelude::*;
 
 use crate::disjoint::DisjointSlice;
-use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as BLOCK};
+use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as BLOCK, K_BLOCK_WEIGHTS as SUPER};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_k;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
@@ -33,10 +41,28 @@ pub struct QuantMatrix {
     path: Path,
 }
 
-/// Activation rows quantized for [`QuantMatrix::matmul`]: per block of 32 a scale, the sum of
-/// the dequantized block (scale times the integer sum), and the integer sum itself.
+/// The activation blocks a matrix's kernel reads ([`QuantMatrix::activation_blocks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivationBlocks {
+    /// 32 quants with a scale, for the legacy formats.
+    Of32,
+    /// 256 quants with a scale and the sums of each 16, for the K-quants.
+    Of256,
+}
+
+/// Activation rows quantized for [`QuantMatrix::matmul`], in the forms asked for: a layer whose
+/// parts differ in format (Q4_K_M's V in Q6_K beside a Q4_K Q and K need one form; a Q5_0
+/// matrix beside a Q4_K one, both) quantizes each form once.
 #[derive(Default)]
 pub struct QuantizedActivations {
+    of32: Blocks32,
+    of256: Blocks256,
+}
+
+/// Per block of 32 a scale, the sum of the dequantized block (scale times the integer sum),
+/// and the integer sum itself.
+#[derive(Default)]
+struct Blocks32 {
     quants: Vec<i8>,
     scales: Vec<f32>,
     sums: Vec<f32>,
@@ -45,10 +71,77 @@ pub struct QuantizedActivations {
     blocks_per_row: usize,
 }
 
+/// Per super-block of 256 a scale (`amax / 127`), the integer sum of each 16 quants (Q6_K's
+/// `q - 32` subtracts 32 times them, exactly), and the scaled sum of each 32 (Q4_K's and Q5_K's
+/// minimums multiply them in f32, as they do the dequantized sums).
+#[derive(Default)]
+struct Blocks256 {
+    quants: Vec<i8>,
+    scales: Vec<f32>,
+    sums16: Vec<i16>,
+    sums32: Vec<f32>,
+    rows: usize,
+    blocks_per_row: usize,
+}
+
 impl QuantizedActivations {
-    pub fn quantize(&mut self, x: &[f32], rows: usize, cols: usize) {
-        debug_assert_eq!(x.len(), rows * cols);
-        debug_assert_eq!(cols % BLOCK, 0);
+    /// Quantizes `x: [rows, cols]` in the form `blocks`, keeping the other form as it was.
+    ///
+    /// # Panics
+    /// When `cols` is not a whole number of the form's blocks (a [`QuantMatrix`] of that form
+    /// has no other width).
+    pub fn quantize(&mut self, x: &[f32], rows: usize, cols: usize, blocks: ActivationBlocks) {
+        assert_eq!(x.len(), rows * cols, "activation size");
+        match blocks {
+            ActivationBlocks::Of32 => self.of32.quantize(x, rows, cols),
+            ActivationBlocks::Of256 => self.of256.quantize(x, rows, cols),
+        }
+    }
+
+    /// The rows held in the form `blocks`.
+    pub fn rows(&self, blocks: ActivationBlocks) -> usize {
+        match blocks {
+            ActivationBlocks::Of32 => self.of32.rows,
+            ActivationBlocks::Of256 => self.of256.rows,
+        }
+    }
+
+    fn row(&self, row: usize) -> ActRow<'_> {
+        let b = &self.of32;
+        let nb = b.blocks_per_row;
+        let cols = nb * BLOCK;
+        ActRow {
+            quants: &b.quants[row * cols..][..cols],
+            scales: &b.scales[row * nb..][..nb],
+            sums: &b.sums[row * nb..][..nb],
+            int_sums: &b.int_sums[row * nb..][..nb],
+        }
+    }
+
+    fn super_row(&self, row: usize) -> SuperRow<'_> {
+        let b = &self.of256;
+        let nb = b.blocks_per_row;
+        let cols = nb * SUPER;
+        SuperRow {
+            quants: &b.quants[row * cols..][..cols],
+            scales: &b.scales[row * nb..][..nb],
+            sums16: &b.sums16[row * cols / 16..][..cols / 16],
+            sums32: &b.sums32[row * cols / BLOCK..][..cols / BLOCK],
+        }
+    }
+
+    /// Weights per row of the form `blocks`.
+    fn cols(&self, blocks: ActivationBlocks) -> usize {
+        match blocks {
+            ActivationBlocks::Of32 => self.of32.blocks_per_row * BLOCK,
+            ActivationBlocks::Of256 => self.of256.blocks_per_row * SUPER,
+        }
+    }
+}
+
+impl Blocks32 {
+    fn quantize(&mut self, x: &[f32], rows: usize, cols: usize) {
+        assert_eq!(cols % BLOCK, 0, "activation width");
         let nb = cols / BLOCK;
         self.rows = rows;
         self.blocks_per_row = nb;
@@ -75,19 +168,42 @@ impl QuantizedActivations {
             self.sums[b] = d * isum as f32;
         }
     }
+}
 
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    fn row(&self, row: usize) -> ActRow<'_> {
-        let nb = self.blocks_per_row;
-        let cols = nb * BLOCK;
-        ActRow {
-            quants: &self.quants[row * cols..][..cols],
-            scales: &self.scales[row * nb..][..nb],
-            sums: &self.sums[row * nb..][..nb],
-            int_sums: &self.int_sums[row * nb..][..nb],
+impl Blocks256 {
+    fn quantize(&mut self, x: &[f32], rows: usize, cols: usize) {
+        assert_eq!(cols % SUPER, 0, "activation width");
+        let nb = cols / SUPER;
+        self.rows = rows;
+        self.blocks_per_row = nb;
+        self.quants.resize(rows * cols, 0);
+        self.scales.resize(rows * nb, 0.0);
+        self.sums16.resize(rows * cols / 16, 0);
+        self.sums32.resize(rows * cols / BLOCK, 0.0);
+        for (b, (xs, qs)) in x
+            .chunks_exact(SUPER)
+            .zip(self.quants.chunks_exact_mut(SUPER))
+            .enumerate()
+        {
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            // |v * inv| <= 127 (up to rounding), so the cast never saturates; ties to even, as
+            // the SIMD conversion would round.
+            for (q, v) in qs.iter_mut().zip(xs) {
+                *q = (v * inv).round_ties_even() as i8;
+            }
+            let sums16 = &mut self.sums16[b * 16..][..16];
+            for (s, g) in sums16.iter_mut().zip(qs.chunks_exact(16)) {
+                *s = g.iter().map(|&q| q as i16).sum();
+            }
+            for (s, pair) in self.sums32[b * 8..][..8]
+                .iter_mut()
+                .zip(sums16.chunks_exact(2))
+            {
+                *s = d * (pair[0] + pair[1]) as f32;
+            }
+            self.scales[b] = d;
         }
     }
 }
@@ -99,6 +215,11 @@ const ROWS_PER_TASK: usize = 32;
 /// Activation rows one pass over a weight row serves: each weight block is loaded and
 /// unpacked once for all of them.
 const ACT_ROWS: usize = 4;
+
+/// As [`ACT_ROWS`] for the K-quants: their activations need no float step per 32, which leaves
+/// registers for more rows, and the unpacking of each 32 weights (a shift, masks and the
+/// scales' shuffles) is shared by twice as many.
+const K_ACT_ROWS: usize = 8;
 
 /// Which kernel multiplies a matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,8 +292,18 @@ impl QuantMatrix {
         &self.data[r * self.row_bytes..][..self.row_bytes]
     }
 
-    /// `out[t, r] = sum_c x[t, c] * W[r, c]` for the activation rows in `acts`; `out` is
-    /// `[acts.rows, self.rows]` row-major.
+    /// The activation form this matrix's kernel reads.
+    pub fn activation_blocks(&self) -> ActivationBlocks {
+        if self.format.block_weights() == BLOCK {
+            ActivationBlocks::Of32
+        } else {
+            ActivationBlocks::Of256
+        }
+    }
+
+    /// `out[t, r] = sum_c x[t, c] * W[r, c]` for the activation rows in `acts` (quantized in
+    /// this matrix's [`activation_blocks`](Self::activation_blocks)); `out` is
+    /// `[rows, self.rows]` row-major.
     pub fn matmul(&self, acts: &QuantizedActivations, out: &mut [f32]) {
         self.matmul_into(acts, out, self.rows, 0);
     }
@@ -187,8 +318,9 @@ impl QuantMatrix {
         ldo: usize,
         col0: usize,
     ) {
-        let t = acts.rows;
-        assert_eq!(acts.blocks_per_row * BLOCK, self.cols, "activation width");
+        let blocks = self.activation_blocks();
+        let t = acts.rows(blocks);
+        assert_eq!(acts.cols(blocks), self.cols, "activation width");
         assert!(col0 + self.rows <= ldo, "columns past the output's width");
         assert_eq!(out.len(), t * ldo, "output size");
         let out = DisjointSlice::new(out);
@@ -196,10 +328,14 @@ impl QuantMatrix {
             .into_par_iter()
             .for_each(|task| {
                 let rows = task * ROWS_PER_TASK..self.rows.min((task + 1) * ROWS_PER_TASK);
-                let mut dots = [0f32; ROWS_PER_TASK * ACT_ROWS];
+                let mut dots = [0f32; ROWS_PER_TASK * K_ACT_ROWS];
+                let act_rows = match blocks {
+                    ActivationBlocks::Of32 => ACT_ROWS,
+                    ActivationBlocks::Of256 => K_ACT_ROWS,
+                };
                 let mut first = 0;
                 while first < t {
-                    let n = ACT_ROWS.min(t - first);
+                    let n = act_rows.min(t - first);
                     let dots = &mut dots[..rows.len() * n];
                     self.dots(rows.clone(), acts, first..first + n, dots);
                     for (r, row_dots) in rows.clone().zip(dots.chunks_exact(n)) {
@@ -215,7 +351,8 @@ impl QuantMatrix {
             });
     }
 
-    /// Weight rows `rows` against activation rows `act_rows` (at most [`ACT_ROWS`]):
+    /// Weight rows `rows` against activation rows `act_rows` (at most [`ACT_ROWS`], or
+    /// [`K_ACT_ROWS`] for the K-quants):
     /// `dots[i * act_rows.len() + a]` is the `i`-th weight row times the `a`-th activation row.
     #[inline]
     fn dots(
@@ -227,9 +364,10 @@ impl QuantMatrix {
     ) {
         let weights = &self.data[rows.start * self.row_bytes..rows.end * self.row_bytes];
         let n = act_rows.len();
+        let legacy = self.activation_blocks() == ActivationBlocks::Of32;
         match self.path {
             #[cfg(target_arch = "x86_64")]
-            Path::Avx2 => {
+            Path::Avx2 if legacy => {
                 let first = act_rows.start;
                 let a: [ActRow<'_>; ACT_ROWS] =
                     std::array::from_fn(|i| acts.row(first + i.min(n - 1)));
@@ -238,6 +376,15 @@ impl QuantMatrix {
                 // many 32-blocks as a weight row has weights (asserted by `matmul_into`), and
                 // `dots` holds `n` per weight row.
                 unsafe { avx2::rows_dot(self.format, weights, self.row_bytes, &a[..n], dots) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 => {
+                let first = act_rows.start;
+                let a: [SuperRow<'_>; K_ACT_ROWS] =
+                    std::array::from_fn(|i| acts.super_row(first + i.min(n - 1)));
+                // SAFETY: as above, for a K-quant format whose activation rows hold as many
+                // super-blocks as a weight row (asserted by `matmul_into`).
+                unsafe { avx2_k::rows_dot(self.format, weights, self.row_bytes, &a[..n], dots) }
             }
             #[cfg(target_arch = "x86_64")]
             Path::Vnni => {
@@ -258,30 +405,45 @@ impl QuantMatrix {
                     .zip(dots.chunks_exact_mut(n))
                 {
                     for (d, a) in row_dots.iter_mut().zip(act_rows.clone()) {
-                        *d = scalar_row_dot(self.format, w, &acts.row(a));
+                        *d = self.scalar_dot(w, acts, a);
                     }
                 }
             }
         }
     }
 
+    /// Weight row `w` times activation row `a` by the scalar oracle of the matrix's form.
+    fn scalar_dot(&self, w: &[u8], acts: &QuantizedActivations, a: usize) -> f32 {
+        match self.activation_blocks() {
+            ActivationBlocks::Of32 => scalar_row_dot(self.format, w, &acts.row(a)),
+            ActivationBlocks::Of256 => scalar_super_row_dot(self.format, w, &acts.super_row(a)),
+        }
+    }
+
     /// The same product through the scalar path, for tests of the SIMD ones.
     pub fn matmul_scalar(&self, acts: &QuantizedActivations, out: &mut [f32]) {
-        for row in 0..acts.rows {
+        for row in 0..acts.rows(self.activation_blocks()) {
             for r in 0..self.rows {
-                out[row * self.rows + r] =
-                    scalar_row_dot(self.format, self.weight_row(r), &acts.row(row));
+                out[row * self.rows + r] = self.scalar_dot(self.weight_row(r), acts, row);
             }
         }
     }
 }
 
-/// One activation row's blocks, as the kernels read them.
+/// One activation row's blocks of 32, as the legacy kernels read them.
 struct ActRow<'a> {
     quants: &'a [i8],
     scales: &'a [f32],
     sums: &'a [f32],
     int_sums: &'a [i32],
+}
+
+/// One activation row's super-blocks of 256, as the K-quant kernels read them.
+struct SuperRow<'a> {
+    quants: &'a [i8],
+    scales: &'a [f32],
+    sums16: &'a [i16],
+    sums32: &'a [f32],
 }
 
 /// AVX2, FMA and F16C: the packed kernel's own requirement, so one detection serves both.
@@ -350,6 +512,39 @@ fn scalar_row_dot(format: QuantFormat, w: &[u8], a: &ActRow<'_>) -> f32 {
     total
 }
 
+/// A K-quant weight row against a row of super-block activations by the reference
+/// arithmetic: per 16 weights (which share a scale, and a minimum in Q4_K and Q5_K),
+/// `xd * d * sc * sum(q * xq)`, less `dmin * mn` times the 32's scaled sum (Q4_K, Q5_K). (Q6_K's
+/// decoded `q` is already signed: `q - 32`.)
+fn scalar_super_row_dot(format: QuantFormat, w: &[u8], a: &SuperRow<'_>) -> f32 {
+    let mut total = 0f32;
+    for (b, blk) in w.chunks_exact(format.block_bytes()).enumerate() {
+        let dec = format.decode(blk);
+        let d = f16::from_bits(dec.d).to_f32();
+        let dmin = f16::from_bits(dec.m).to_f32();
+        let xd = a.scales[b];
+        for g in 0..SUPER / 16 {
+            let at = b * SUPER + 16 * g;
+            let xq = &a.quants[at..][..16];
+            let q = &dec.q[16 * g..][..16];
+            let dot: i32 = q.iter().zip(xq).map(|(&q, &x)| q as i32 * x as i32).sum();
+            total += match format {
+                QuantFormat::Q6K => xd * d * dec.sc[g] as f32 * dot as f32,
+                _ => {
+                    let sc = dec.sc[g / 2] as u8 as f32;
+                    let min = if g % 2 == 0 {
+                        dmin * dec.mn[g / 2] as u8 as f32 * a.sums32[at / BLOCK]
+                    } else {
+                        0.0
+                    };
+                    xd * d * sc * dot as f32 - min
+                }
+            };
+        }
+    }
+    total
+}
+
 #[cfg(test)]
 mod tests {
     use crate::testing::{quantized_matrix, random_blocks, random_values};
@@ -372,7 +567,7 @@ mod tests {
 
     fn product(m: &QuantMatrix, x: &[f32], t: usize) -> Vec<f32> {
         let mut acts = QuantizedActivations::default();
-        acts.quantize(x, t, m.cols());
+        acts.quantize(x, t, m.cols(), m.activation_blocks());
         let mut out = vec![0f32; t * m.rows()];
         m.matmul(&acts, &mut out);
         out
@@ -391,15 +586,18 @@ mod tests {
     }
 
     /// Every format through every path against the scalar oracle, on random bytes in every
-    /// field (bit patterns no quantizer writes included) and with 1..=9 activation rows (the
-    /// kernels take rows 4 at a time, then the rest).
+    /// field (bit patterns no quantizer writes included) and with 1..=12 activation rows (the
+    /// kernels take rows 4 (8 for the K-quants) at a time, then the rest).
     #[test]
     fn simd_paths_equal_the_scalar_oracle_on_random_blocks() {
         for format in QuantFormat::ALL {
             let bw = format.block_weights();
-            for &(rows, blocks, t) in
-                &[(40usize, 2usize, 1usize), (33, 3, 5), (65, 1, 9), (7, 4, 4)]
-            {
+            for &(rows, blocks, t) in &[
+                (40usize, 2usize, 1usize),
+                (33, 3, 5),
+                (65, 1, 9),
+                (7, 4, 12),
+            ] {
                 let cols = blocks * bw;
                 let (bytes, _) = random_blocks(rows, cols, format, 7 + rows as u64);
                 let x = random_values(t * cols, 11);
@@ -456,7 +654,7 @@ mod tests {
         let x = random_values(t * 256, 2);
         let own = product(&m, &x, t);
         let mut acts = QuantizedActivations::default();
-        acts.quantize(&x, t, 256);
+        acts.quantize(&x, t, 256, ActivationBlocks::Of256);
         let (ldo, col0) = (40, 9);
         let mut wide = vec![f32::NAN; t * ldo];
         m.matmul_into(&acts, &mut wide, ldo, col0);
@@ -479,7 +677,7 @@ mod tests {
             let cols = 2 * format.block_weights();
             let (bytes, _) = random_blocks(20, cols, format, 9);
             let m = QuantMatrix::new(format, bytes, 20, cols).unwrap();
-            let t = 7;
+            let t = 11;
             let x = random_values(t * cols, 4);
             let batch = product(&m, &x, t);
             for row in 0..t {
