@@ -61,7 +61,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_KV_CACHE_MEMORY", value_name = "SIZE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_cache_memory: Option<ByteSize>,
-    /// Element type of the KV cache: f16 or f32 [default: f16].
+    /// Element type of the KV cache: f16, f32, bf16 (GPU) or q8_0 (CPU) [default: f16].
     #[arg(long, env = "SLUICE_KV_CACHE_DTYPE", value_name = "DTYPE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_cache_dtype: Option<KvCacheDtype>,
