@@ -586,8 +586,9 @@ mod tests {
     }
 
     /// Every format through every path against the scalar oracle, on random bytes in every
-    /// field (bit patterns no quantizer writes included) and with 1..=12 activation rows (the
-    /// kernels take rows 4 (8 for the K-quants) at a time, then the rest).
+    /// field (bit patterns no quantizer writes included), with 1..=12 activation rows (the
+    /// kernels take rows 4 (8 for the K-quants) at a time, then the rest) and rows of up to 11
+    /// blocks (the legacy kernels take blocks 8 at a time, then the rest).
     #[test]
     fn simd_paths_equal_the_scalar_oracle_on_random_blocks() {
         for format in QuantFormat::ALL {
@@ -597,6 +598,8 @@ mod tests {
                 (33, 3, 5),
                 (65, 1, 9),
                 (7, 4, 12),
+                // 11 blocks: the legacy kernels' group of 8 and a tail of 3.
+                (9, 11, 3),
             ] {
                 let cols = blocks * bw;
                 let (bytes, _) = random_blocks(rows, cols, format, 7 + rows as u64);
@@ -674,7 +677,8 @@ mod tests {
     #[test]
     fn a_row_alone_equals_it_in_a_batch() {
         for format in QuantFormat::ALL {
-            let cols = 2 * format.block_weights();
+            // 10 blocks: a group of 8 and a tail of 2 in the legacy kernels.
+            let cols = 10 * format.block_weights();
             let (bytes, _) = random_blocks(20, cols, format, 9);
             let m = QuantMatrix::new(format, bytes, 20, cols).unwrap();
             let t = 11;

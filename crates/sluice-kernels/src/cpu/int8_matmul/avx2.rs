@@ -35,9 +35,16 @@ pub(in crate::cpu::int8_matmul) unsafe fn hsum(v: __m256) -> f32 {
 struct Acc<'a, const R: usize> {
     rows: &'a [ActRow<'a>],
     vec: [__m256; R],
-    /// Minimum corrections.
+    /// Minimum corrections, 8 blocks at a time.
+    corr: [__m256; R],
+    /// Minimum corrections of the blocks past the last whole group of 8.
     scalar: [f32; R],
+    /// Per row, a group's 8 block factors `d_j * xd_(b0 + j)`.
+    factors: [[f32; GROUP]; R],
 }
+
+/// Blocks whose scales are converted and multiplied together, 8 lanes at a time.
+const GROUP: usize = 8;
 
 impl<'a, const R: usize> Acc<'a, R> {
     /// # Safety
@@ -50,7 +57,56 @@ impl<'a, const R: usize> Acc<'a, R> {
         Self {
             rows,
             vec: [zero; R],
+            corr: [zero; R],
             scalar: [0.0; R],
+            factors: [[0.0; GROUP]; R],
+        }
+    }
+
+    /// Starts the group of 8 blocks from `b0`: `d` holds their scales and `m` their minimums
+    /// (`w = d * q + m`), which enter each row once for the 8 (`m` times the blocks' sums).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `b0 + 8` blocks are within every activation row.
+    #[inline(always)]
+    unsafe fn group<const MIN: bool>(&mut self, b0: usize, d: __m256, m: __m256) {
+        // SAFETY: the features are the caller's promise; `b0 + 8 <=` every row's block count
+        // (the caller's promise), so the 8-float loads stay inside the scales and sums.
+        unsafe {
+            for r in 0..R {
+                let row = &self.rows[r];
+                debug_assert!(b0 + GROUP <= row.scales.len());
+                let xd = _mm256_loadu_ps(row.scales.as_ptr().add(b0));
+                _mm256_storeu_ps(self.factors[r].as_mut_ptr(), _mm256_mul_ps(d, xd));
+                if MIN {
+                    let sums = _mm256_loadu_ps(row.sums.as_ptr().add(b0));
+                    self.corr[r] = _mm256_fmadd_ps(m, sums, self.corr[r]);
+                }
+            }
+        }
+    }
+
+    /// Adds block `b0 + j` of the group [`group`](Self::group) started, as
+    /// [`add`](Self::add) does, its scale and minimum already taken.
+    ///
+    /// # Safety
+    /// As [`add`](Self::add), after `group(b0, ..)`, `j < 8`.
+    #[inline(always)]
+    unsafe fn add_in_group<const SIGNED: bool>(&mut self, b0: usize, j: usize, q: __m256i) {
+        // SAFETY: as `add`.
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let qa = if SIGNED { _mm256_sign_epi8(q, q) } else { q };
+            let b = b0 + j;
+            for r in 0..R {
+                let row = &self.rows[r];
+                debug_assert!(b * BLOCK + BLOCK <= row.quants.len());
+                let x = _mm256_loadu_si256(row.quants.as_ptr().add(b * BLOCK) as *const __m256i);
+                let x = if SIGNED { _mm256_sign_epi8(x, q) } else { x };
+                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, x), ones);
+                let scale = _mm256_broadcast_ss(&self.factors[r][j]);
+                self.vec[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, self.vec[r]);
+            }
         }
     }
 
@@ -94,7 +150,7 @@ impl<'a, const R: usize> Acc<'a, R> {
     unsafe fn finish(&self, dots: &mut [f32]) {
         for (r, d) in dots.iter_mut().enumerate().take(R) {
             // SAFETY: AVX is the caller's promise.
-            *d = unsafe { hsum(self.vec[r]) } + self.scalar[r];
+            *d = unsafe { hsum(_mm256_add_ps(self.vec[r], self.corr[r])) } + self.scalar[r];
         }
     }
 }
@@ -161,14 +217,17 @@ unsafe fn by_format<const R: usize>(
     }
 }
 
-/// Loads an f16 at `p` as f32.
+/// Loads an f16 at `p` as f32 (one F16C conversion).
 ///
 /// # Safety
-/// `p` points at 2 readable bytes.
+/// The CPU has F16C; `p` points at 2 readable bytes.
 #[inline(always)]
 pub(in crate::cpu::int8_matmul) unsafe fn f16_at(p: *const u8) -> f32 {
-    // SAFETY: the caller's promise; unaligned read.
-    half::f16::from_bits(unsafe { (p as *const u16).read_unaligned() }).to_f32()
+    // SAFETY: the caller's promise; unaligned read, then register operations.
+    unsafe {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
 }
 
 /// Bit `j` of `bits`, for `j` in 0..32, as 0x10 in byte `j` (the fifth bit of Q5_0/Q5_1).
@@ -214,52 +273,117 @@ unsafe fn split_nibbles(p: *const u8) -> __m256i {
     }
 }
 
+/// The f16 at byte `at` of each of the 8 blocks of `bb` bytes from `p`, as 8 floats.
+///
+/// # Safety
+/// The CPU has AVX and F16C; `p` points at 8 blocks of `bb` bytes and `at + 2 <= bb`.
+#[inline(always)]
+unsafe fn group_f16(p: *const u8, bb: usize, at: usize) -> __m256 {
+    // SAFETY: the caller's promise; unaligned reads inside the 8 blocks.
+    unsafe {
+        let bits: [u16; GROUP] =
+            std::array::from_fn(|j| (p.add(j * bb + at) as *const u16).read_unaligned());
+        _mm256_cvtph_ps(_mm_loadu_si128(bits.as_ptr() as *const __m128i))
+    }
+}
+
+/// The 32 weights of the legacy nibble block at `blk` as unsigned bytes.
+///
+/// # Safety
+/// The CPU has AVX2; `blk` points at a whole block of `format`.
+#[inline(always)]
+unsafe fn nibble_quants(format: QuantFormat, blk: *const u8) -> __m256i {
+    // SAFETY: the caller's promise; the offsets are the format's.
+    unsafe {
+        match format {
+            QuantFormat::Q4_0 => split_nibbles(blk.add(2)),
+            QuantFormat::Q4_1 => split_nibbles(blk.add(4)),
+            QuantFormat::Q5_0 => {
+                let qh = (blk.add(2) as *const u32).read_unaligned();
+                _mm256_or_si256(split_nibbles(blk.add(6)), fifth_bits(qh))
+            }
+            _ => {
+                let qh = (blk.add(4) as *const u32).read_unaligned();
+                _mm256_or_si256(split_nibbles(blk.add(8)), fifth_bits(qh))
+            }
+        }
+    }
+}
+
 /// Q4_0 (`(q - 8) * d`), Q4_1 (`q * d + m`), Q5_0 (`(q - 16) * d`), Q5_1 (`q * d + m`):
-/// unsigned `q` with the offset folded into the minimum.
+/// unsigned `q` with the offset folded into the minimum. Blocks go 8 at a time: their scales
+/// and minimums are converted together, and each row's minimum correction is one FMA.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `w` whole blocks of `format`; the rows as [`rows_dot`] says.
 #[inline(always)]
 unsafe fn legacy_nibbles<const R: usize>(format: QuantFormat, w: &[u8], acc: &mut Acc<'_, R>) {
     let bb = format.block_bytes();
-    // SAFETY: every read is inside block `b` of `w` (offsets below the block's size); the rest
-    // is the caller's promise.
+    let nb = w.len() / bb;
+    let whole = nb / GROUP * GROUP;
+    // SAFETY: every read is inside block `b` of `w` (offsets below the block's size), a group's
+    // inside its 8 blocks; the rest is the caller's promise.
     unsafe {
-        for b in 0..w.len() / bb {
-            let blk = w.as_ptr().add(b * bb);
-            let d = f16_at(blk);
-            let (q, m) = match format {
-                QuantFormat::Q4_0 => (split_nibbles(blk.add(2)), -8.0 * d),
-                QuantFormat::Q4_1 => (split_nibbles(blk.add(4)), f16_at(blk.add(2))),
-                QuantFormat::Q5_0 => {
-                    let qh = (blk.add(2) as *const u32).read_unaligned();
-                    let q = _mm256_or_si256(split_nibbles(blk.add(6)), fifth_bits(qh));
-                    (q, -16.0 * d)
-                }
-                _ => {
-                    let qh = (blk.add(4) as *const u32).read_unaligned();
-                    let q = _mm256_or_si256(split_nibbles(blk.add(8)), fifth_bits(qh));
-                    (q, f16_at(blk.add(2)))
-                }
+        let p = w.as_ptr();
+        for b0 in (0..whole).step_by(GROUP) {
+            let first = p.add(b0 * bb);
+            let d = group_f16(first, bb, 0);
+            let m = match format {
+                QuantFormat::Q4_0 => _mm256_mul_ps(_mm256_set1_ps(-8.0), d),
+                QuantFormat::Q5_0 => _mm256_mul_ps(_mm256_set1_ps(-16.0), d),
+                _ => group_f16(first, bb, 2),
             };
-            acc.add::<false, true>(b, q, d, m);
+            acc.group::<true>(b0, d, m);
+            for j in 0..GROUP {
+                acc.add_in_group::<false>(b0, j, nibble_quants(format, first.add(j * bb)));
+            }
+        }
+        for b in whole..nb {
+            let blk = p.add(b * bb);
+            let d = f16_at(blk);
+            let m = match format {
+                QuantFormat::Q4_0 => -8.0 * d,
+                QuantFormat::Q5_0 => -16.0 * d,
+                _ => f16_at(blk.add(2)),
+            };
+            acc.add::<false, true>(b, nibble_quants(format, blk), d, m);
         }
     }
 }
 
-/// Q8_0: `q * d`, signed bytes.
+/// The 32 signed weights of the Q8_0 block at `blk`.
+///
+/// # Safety
+/// The CPU has AVX; `blk` points at a whole Q8_0 block.
+#[inline(always)]
+unsafe fn q8_quants(blk: *const u8) -> __m256i {
+    // SAFETY: the caller's promise; the quants follow the 2-byte scale.
+    unsafe { _mm256_loadu_si256(blk.add(2) as *const __m256i) }
+}
+
+/// Q8_0: `q * d`, signed bytes; blocks 8 at a time as [`legacy_nibbles`] takes them.
 ///
 /// # Safety
 /// As [`legacy_nibbles`].
 #[inline(always)]
 unsafe fn q8_0<const R: usize>(w: &[u8], acc: &mut Acc<'_, R>) {
     let bb = QuantFormat::Q8_0.block_bytes();
-    // SAFETY: reads inside block `b` of `w`; the rest is the caller's promise.
+    let nb = w.len() / bb;
+    let whole = nb / GROUP * GROUP;
+    // SAFETY: reads inside block `b` of `w`, a group's inside its 8 blocks; the rest is the
+    // caller's promise.
     unsafe {
-        for b in 0..w.len() / bb {
-            let blk = w.as_ptr().add(b * bb);
-            let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-            acc.add::<true, false>(b, q, f16_at(blk), 0.0);
+        let p = w.as_ptr();
+        for b0 in (0..whole).step_by(GROUP) {
+            let first = p.add(b0 * bb);
+            acc.group::<false>(b0, group_f16(first, bb, 0), _mm256_setzero_ps());
+            for j in 0..GROUP {
+                acc.add_in_group::<true>(b0, j, q8_quants(first.add(j * bb)));
+            }
+        }
+        for b in whole..nb {
+            let blk = p.add(b * bb);
+            acc.add::<true, false>(b, q8_quants(blk), f16_at(blk), 0.0);
         }
     }
 }

@@ -110,6 +110,16 @@ const fn pair_picks() -> [[u8; 32]; 4] {
 static LANE_PICKS: [[u8; 32]; 8] = lane_picks();
 static PAIR_PICKS: [[u8; 32]; 4] = pair_picks();
 
+/// A shuffle control of [`LANE_PICKS`] or [`PAIR_PICKS`] in a register.
+///
+/// # Safety
+/// The CPU has AVX.
+#[inline(always)]
+unsafe fn picks(p: &[u8; 32]) -> __m256i {
+    // SAFETY: AVX is the caller's promise; the load reads the array's 32 bytes.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
 /// The 8 six-bit scales and 8 minimums of a Q4_K/Q5_K super-block's 12 scale bytes: bytes
 /// 0..4 hold the low six bits of scales 0..3 (their top two bits are the high bits of scales
 /// 4..7), bytes 4..8 likewise for the minimums, bytes 8..12 the low nibbles of scales 4..7 and
@@ -203,9 +213,8 @@ unsafe fn k_nibbles<const R: usize, const FIVE: bool>(
                     lo = _mm256_or_si256(lo, _mm256_and_si256(b_lo, bit4));
                     hi = _mm256_or_si256(hi, _mm256_and_si256(b_hi, bit4));
                 }
-                let pick = |j: usize| _mm256_loadu_si256(LANE_PICKS[j].as_ptr() as *const __m256i);
-                let s_lo = _mm256_shuffle_epi8(scales, pick(2 * c));
-                let s_hi = _mm256_shuffle_epi8(scales, pick(2 * c + 1));
+                let s_lo = _mm256_shuffle_epi8(scales, picks(&LANE_PICKS[2 * c]));
+                let s_hi = _mm256_shuffle_epi8(scales, picks(&LANE_PICKS[2 * c + 1]));
                 for r in 0..R {
                     let at = sb * SUPER + 64 * c;
                     acc[r] = dot32(acc[r], lo, quants(&rows[r], at), s_lo);
@@ -293,8 +302,7 @@ unsafe fn q6_k<const R: usize>(w: &[u8], rows: &[SuperRow<'_>; R], dots: &mut [f
                     ),
                 ];
                 for (k, q) in quarters.into_iter().enumerate() {
-                    let pick = _mm256_loadu_si256(PAIR_PICKS[k].as_ptr() as *const __m256i);
-                    let s = _mm256_shuffle_epi8(scales, pick);
+                    let s = _mm256_shuffle_epi8(scales, picks(&PAIR_PICKS[k]));
                     for r in 0..R {
                         let at = sb * SUPER + 128 * half + 32 * k;
                         acc[r] = dot32(acc[r], q, quants(&rows[r], at), s);
