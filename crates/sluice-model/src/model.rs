@@ -146,6 +146,17 @@ impl LlamaModel {
             ?attention,
             "model loaded"
         );
+        let k_quants = layers.iter().any(|l| {
+            [&l.qkv, &l.o, &l.gate_up, &l.down]
+                .iter()
+                .any(|w| w.has_exact_k_quant_panels())
+        });
+        if k_quants && kind == WeightsKind::Auto {
+            tracing::info!(
+                "this file's K-quant matrices (Q4_K, Q5_K, Q6_K) run faster with --weights \
+                 quantized: int8 activations, results differ slightly from --weights f32 (README)"
+            );
+        }
         Ok(Self {
             config,
             device,

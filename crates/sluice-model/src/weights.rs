@@ -417,6 +417,19 @@ impl Linear {
         })
     }
 
+    /// Whether this layer reads K-quant panels (Q4_K, Q5_K, Q6_K) with the exact f32
+    /// arithmetic of `auto`, which `quantized`'s int8 kernels outrun at every batch size.
+    pub(crate) fn has_exact_k_quant_panels(&self) -> bool {
+        match &self.weights {
+            Weights::Panels(panels) => panels.iter().any(|(_, m)| {
+                m.format().is_some_and(|f| {
+                    f.block_weights() == sluice_kernels::quant_format::K_BLOCK_WEIGHTS
+                })
+            }),
+            _ => false,
+        }
+    }
+
     pub fn out_features(&self) -> usize {
         self.out_features
     }

@@ -16,7 +16,8 @@
 //! rest).
 //!
 //! A row's result never depends on the other rows of its step: the integer sums are exact, and
-//! each output's float steps come in the same order whether its row is alone or one of four.
+//! each output's float steps come in the same order whether its row is alone or in a tile of
+//! rows (4 for the legacy formats, 8 for the K-quants).
 
 use half::f16;
 use rayon::prelude::*;
