@@ -145,6 +145,11 @@ impl QuantFormat {
         matches!(self, Self::Q4_0 | Self::Q4_1 | Self::Q8_0)
     }
 
+    /// The K-quants: super-blocks of 256 weights with per-sub-block integer scales.
+    pub const fn is_k_quant(self) -> bool {
+        matches!(self, Self::Q4K | Self::Q5K | Self::Q6K)
+    }
+
     /// Const-generic ids, so a kernel can be specialised per format at compile time.
     pub(crate) const Q4_0_ID: u8 = 0;
     pub(crate) const Q4_1_ID: u8 = 1;
@@ -185,7 +190,7 @@ impl QuantFormat {
     /// Weights per GGUF block.
     pub const fn block_weights(self) -> usize {
         match self {
-            Self::Q4K | Self::Q5K | Self::Q6K => K_BLOCK_WEIGHTS,
+            _ if self.is_k_quant() => K_BLOCK_WEIGHTS,
             _ => BLOCK_WEIGHTS,
         }
     }

@@ -421,11 +421,9 @@ impl Linear {
     /// arithmetic of `auto`, which `quantized`'s int8 kernels outrun at every batch size.
     pub(crate) fn has_exact_k_quant_panels(&self) -> bool {
         match &self.weights {
-            Weights::Panels(panels) => panels.iter().any(|(_, m)| {
-                m.format().is_some_and(|f| {
-                    f.block_weights() == sluice_kernels::quant_format::K_BLOCK_WEIGHTS
-                })
-            }),
+            Weights::Panels(panels) => panels
+                .iter()
+                .any(|(_, m)| m.format().is_some_and(QuantFormat::is_k_quant)),
             _ => false,
         }
     }

@@ -295,10 +295,10 @@ impl QuantMatrix {
 
     /// The activation form this matrix's kernel reads.
     pub fn activation_blocks(&self) -> ActivationBlocks {
-        if self.format.block_weights() == BLOCK {
-            ActivationBlocks::Of32
-        } else {
+        if self.format.is_k_quant() {
             ActivationBlocks::Of256
+        } else {
+            ActivationBlocks::Of32
         }
     }
 
@@ -324,16 +324,16 @@ impl QuantMatrix {
         assert_eq!(acts.cols(blocks), self.cols, "activation width");
         assert!(col0 + self.rows <= ldo, "columns past the output's width");
         assert_eq!(out.len(), t * ldo, "output size");
+        let act_rows = match blocks {
+            ActivationBlocks::Of32 => ACT_ROWS,
+            ActivationBlocks::Of256 => K_ACT_ROWS,
+        };
         let out = DisjointSlice::new(out);
         (0..self.rows.div_ceil(ROWS_PER_TASK))
             .into_par_iter()
             .for_each(|task| {
                 let rows = task * ROWS_PER_TASK..self.rows.min((task + 1) * ROWS_PER_TASK);
                 let mut dots = [0f32; ROWS_PER_TASK * K_ACT_ROWS];
-                let act_rows = match blocks {
-                    ActivationBlocks::Of32 => ACT_ROWS,
-                    ActivationBlocks::Of256 => K_ACT_ROWS,
-                };
                 let mut first = 0;
                 while first < t {
                     let n = act_rows.min(t - first);

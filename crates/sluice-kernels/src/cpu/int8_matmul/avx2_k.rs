@@ -75,33 +75,37 @@ unsafe fn by_format<const R: usize>(
     }
 }
 
-/// `pick[j]` selects 16-bit lane `j` of a 128-bit half into every lane (for `shuffle_epi8`).
+/// A `shuffle_epi8` control that fills every 16-bit lane of the low 128-bit half with lane
+/// `low` of that half, and every lane of the high half with lane `high` of it.
+const fn picks_of(low: usize, high: usize) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        let lane = if i < 16 { low } else { high };
+        out[i] = (2 * lane + i % 2) as u8;
+        i += 1;
+    }
+    out
+}
+
+/// `LANE_PICKS[j]` broadcasts lane `j` (a Q4_K/Q5_K sub-block's scale) over both halves.
 const fn lane_picks() -> [[u8; 32]; 8] {
     let mut out = [[0u8; 32]; 8];
     let mut j = 0;
     while j < 8 {
-        let mut i = 0;
-        while i < 32 {
-            out[j][i] = (2 * j + i % 2) as u8;
-            i += 1;
-        }
+        out[j] = picks_of(j, j);
         j += 1;
     }
     out
 }
 
-/// `pick[k]` selects 16-bit lane `2k` into every lane of the low half and lane `2k + 1` into
-/// every lane of the high half: Q6_K's two scales of a register of 32 weights.
+/// `PAIR_PICKS[k]` takes lanes `2k` and `2k + 1` into the low and high halves: Q6_K's two
+/// scales of a register of 32 weights.
 const fn pair_picks() -> [[u8; 32]; 4] {
     let mut out = [[0u8; 32]; 4];
     let mut k = 0;
     while k < 4 {
-        let mut i = 0;
-        while i < 32 {
-            let lane = 2 * k + i / 16;
-            out[k][i] = (2 * lane + i % 2) as u8;
-            i += 1;
-        }
+        out[k] = picks_of(2 * k, 2 * k + 1);
         k += 1;
     }
     out
