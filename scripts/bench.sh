@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes the figures of BENCHMARKS.md on this machine, in one run: the machine's limits (read
-# bandwidth and GEMM peak), the forward-pass bench, then sluice and llama.cpp's server side by
+# bandwidth and GEMM peak), the paged-attention kernel, the forward-pass bench, then sluice and llama.cpp's server side by
 # side on the default model (the same Q4_1 file, and llama.cpp also on an F32 copy, its best
 # file at many clients), the same request shape, one server at a time; last, a table of the
 # figures with sluice's ratio to llama.cpp's best and the fraction of the limits each reaches.
@@ -24,6 +24,8 @@ cargo build --release -p sluice-server -p sluice-bench
 
 echo "== limits and GEMM (cargo bench -p sluice-kernels --bench gemm)"
 cargo bench -p sluice-kernels --bench gemm | tee "$out/gemm.md"
+echo "== attention (cargo bench -p sluice-kernels --bench attention)"
+cargo bench -p sluice-kernels --bench attention | tee "$out/attention.md"
 echo "== forward (cargo bench -p sluice-model --bench forward)"
 SLUICE_BENCH_WEIGHTS=${SLUICE_BENCH_WEIGHTS:-auto,auto/q8_0,quantized,f32} \
     cargo bench -p sluice-model --bench forward | tee "$out/forward.md"

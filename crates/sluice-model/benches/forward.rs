@@ -1,8 +1,10 @@
 //! Forward-step time of the real model: decode batches of B sequences at 256 tokens of context,
-//! and a 512-token prefill, for each weight kind. Prints a table; asserts nothing.
+//! and a prefill of one prompt (512 tokens unless told), for each weight kind. Prints a table;
+//! asserts nothing.
 //!
 //! `SLUICE_BENCH_WEIGHTS=f32,auto` picks the weight kinds (`auto-noamx`: auto without the AMX
-//! tiles; `auto/q8_0`: auto with an 8-bit KV cache instead of f16); `SLUICE_BENCH_BATCHES=1,64` the sizes; `SLUICE_BENCH_PREFILL=0` skips the prefill.
+//! tiles; `auto/q8_0`: auto with an 8-bit KV cache instead of f16); `SLUICE_BENCH_BATCHES=1,64`
+//! the sizes; `SLUICE_BENCH_PREFILL=2048` the prompt's length (`0` skips the prefill).
 //! Times are the median and the fastest run (the shared 2-core host is often busy).
 
 // getrusage through libc, for the CPU-time mode.
@@ -18,7 +20,6 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const BLOCK: usize = 16;
 const CONTEXT: usize = 256;
-const PREFILL: usize = 512;
 
 fn model_path() -> PathBuf {
     std::env::var_os("SLUICE_MODEL")
@@ -81,6 +82,7 @@ fn main() {
     );
     let kinds: Vec<String> = list("SLUICE_BENCH_WEIGHTS", "f32,quantized,auto");
     let batches: Vec<usize> = list("SLUICE_BENCH_BATCHES", "1,8,32,64");
+    let prefill: usize = list("SLUICE_BENCH_PREFILL", "512")[0];
     println!("threads: {}", rayon::current_num_threads());
     println!("| weights | step | tokens | ms/step (median) | tokens/s | ms/step (fastest) | tokens/s | CPU ms/step |");
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
@@ -109,7 +111,7 @@ fn main() {
         let blocks_per_seq = (CONTEXT + 1).div_ceil(BLOCK);
         let max_b = batches.iter().copied().max().unwrap_or(1);
         let mut kv = model
-            .new_kv_cache((max_b * blocks_per_seq).max(PREFILL.div_ceil(BLOCK)), BLOCK)
+            .new_kv_cache((max_b * blocks_per_seq).max(prefill.div_ceil(BLOCK)), BLOCK)
             .unwrap();
         let mut batch = StepBatch::new(BLOCK);
         // Buffers kept across steps, as the engine keeps them.
@@ -137,12 +139,12 @@ fn main() {
                 *CPU_MS.lock().unwrap()
             );
         }
-        if std::env::var("SLUICE_BENCH_PREFILL").as_deref() == Ok("0") {
+        if prefill == 0 {
             continue;
         }
         batch.clear();
-        let tokens: Vec<u32> = (0..PREFILL as u32).map(|i| 100 + i % 1000).collect();
-        let table: Vec<u32> = (0..PREFILL.div_ceil(BLOCK) as u32).collect();
+        let tokens: Vec<u32> = (0..prefill as u32).map(|i| 100 + i % 1000).collect();
+        let table: Vec<u32> = (0..prefill.div_ceil(BLOCK) as u32).collect();
         batch.push_sequence(&tokens, 0, &table, true);
         let (t, fastest) = time(|| {
             model
@@ -150,11 +152,11 @@ fn main() {
                 .unwrap();
         });
         println!(
-            "| {kind} | prefill {PREFILL} | {PREFILL} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} |",
+            "| {kind} | prefill {prefill} | {prefill} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} |",
             t.as_secs_f64() * 1e3,
-            PREFILL as f64 / t.as_secs_f64(),
+            prefill as f64 / t.as_secs_f64(),
             fastest.as_secs_f64() * 1e3,
-            PREFILL as f64 / fastest.as_secs_f64(),
+            prefill as f64 / fastest.as_secs_f64(),
             *CPU_MS.lock().unwrap()
         );
     }

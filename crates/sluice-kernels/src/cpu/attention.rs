@@ -439,10 +439,19 @@ impl Kernel<'_> {
             x86::prefetch(&k[next..next + run_len]);
             x86::prefetch(&v[next..next + run_len]);
         };
-        let chunk = |at: &ChunkAt, q: &[f32], state: RowState<'_>| {
+        // The AVX2 kernel shares each chunk's loads among the queries that see all of it (the
+        // AVX-512 one, with two registers a row already, takes one query at a time).
+        let tile = match path {
+            Path::Avx512 => 1,
+            _ => avx2::tile_queries(group),
+        };
+        let chunk = |at: &ChunkAt, q: &[f32], queries: usize, state: RowState<'_>| {
             let run = self.layout.block_head_offset(at.block, item.kv_head);
             let chunk_args = Chunk {
                 q,
+                queries,
+                group,
+                q_stride: self.heads * d,
                 k: &k[run + at.chunk..],
                 k_stride: bs,
                 v: &v[run + at.chunk * d..],
@@ -453,22 +462,26 @@ impl Kernel<'_> {
             };
             // SAFETY: the path runs on this CPU for this shape, so the group is 1..=8 and
             // head_dim a multiple of 16 (the caller's promise); the chunk's keys and values lie
-            // in the block.
+            // in the block; `run_item` gives the AVX-512 kernel one query at a time and the AVX2
+            // one at most `tile_queries(group)`.
             unsafe {
                 match path {
                     Path::Avx512 => x86::chunk_for_group(group, &chunk_args, state),
-                    _ => avx2::chunk_for_group(group, &chunk_args, state),
+                    _ => avx2::chunk_for_rows(queries * group, &chunk_args, state),
                 }
             }
         };
         // SAFETY: the caller's promise: no other task writes the item's rows.
-        unsafe { self.run_item(item, scratch, out, prefetch, chunk) }
+        unsafe { self.run_item(item, tile, scratch, out, prefetch, chunk) }
     }
 
-    /// Runs one work item: for each chunk of 16 keys of each block its queries reach, and each
-    /// query of the item that sees the chunk, `on_chunk` with where the chunk lies, the group's
-    /// queries and their rows' softmax state (`prefetch` is told each next block first); then
-    /// writes the item's rows of the output.
+    /// Runs one work item: for each chunk of 16 keys of each block its queries reach, and the
+    /// queries of the item that see the chunk, `on_chunk` with where the chunk lies, the
+    /// queries' heads (consecutive queries `q_stride` apart), how many queries, and their
+    /// rows' softmax state (`prefetch` is told each next block first); then writes the item's
+    /// rows of the output. Consecutive queries that see every key of the chunk go up to `tile`
+    /// at a time; a query that sees only part of it (the causal diagonal) goes alone. Each row
+    /// meets the same chunks in the same order whatever the tiling.
     ///
     /// # Safety
     /// No other task writes the item's (token, head) rows of `out`, which hold the step's
@@ -476,10 +489,11 @@ impl Kernel<'_> {
     unsafe fn run_item(
         &self,
         item: &WorkItem,
+        tile: usize,
         scratch: &mut Vec<f32>,
         out: DisjointSlice<'_, f32>,
         prefetch: impl Fn(usize),
-        on_chunk: impl Fn(&ChunkAt, &[f32], RowState<'_>),
+        on_chunk: impl Fn(&ChunkAt, &[f32], usize, RowState<'_>),
     ) {
         let (d, bs) = (self.layout.head_dim, self.layout.block_size);
         let group = self.heads / self.layout.num_kv_heads;
@@ -501,26 +515,34 @@ impl Kernel<'_> {
                     break;
                 }
                 let chunk_keys = LANES.min(bs - chunk);
-                for qi in item.query_begin..item.query_end {
+                // The first query that sees the chunk's first key.
+                let mut qi = item.query_begin.max(key0.saturating_sub(first_pos));
+                while qi < item.query_end {
                     let pos = first_pos + qi;
-                    if pos < key0 {
-                        continue;
-                    }
+                    let n_keys = chunk_keys.min(pos + 1 - key0);
+                    let queries = if n_keys == chunk_keys {
+                        tile.min(item.query_end - qi)
+                    } else {
+                        1
+                    };
                     let token = seq.query_start + qi;
                     let row = (qi - item.query_begin) * group;
+                    let end_row = row + queries * group;
                     let at = ChunkAt {
                         block: block as usize,
                         chunk,
-                        n_keys: chunk_keys.min(pos + 1 - key0),
+                        n_keys,
                         all_lanes_in_block: chunk + LANES <= bs,
                     };
-                    let q = &self.q[(token * self.heads + item.kv_head * group) * d..][..group * d];
+                    let q_begin = (token * self.heads + item.kv_head * group) * d;
+                    let q_len = (queries - 1) * self.heads * d + group * d;
                     let state = RowState {
-                        maxes: &mut maxes[row..row + group],
-                        sums: &mut sums[row..row + group],
-                        accs: &mut accs[row * d..(row + group) * d],
+                        maxes: &mut maxes[row..end_row],
+                        sums: &mut sums[row..end_row],
+                        accs: &mut accs[row * d..end_row * d],
                     };
-                    on_chunk(&at, q, state);
+                    on_chunk(&at, &self.q[q_begin..][..q_len], queries, state);
+                    qi += queries;
                 }
             }
         }
@@ -605,10 +627,15 @@ mod x86 {
     pub fn prefetch<E>(_: &[E]) {}
 }
 
-/// One chunk of up to 16 keys of one block and KV head, for the queries of one group.
+/// One chunk of up to 16 keys of one block and KV head, for the group's heads of one query or
+/// of several consecutive ones that all see `n_keys` of its keys.
 struct Chunk<'a, E> {
-    /// The group's query heads, `[group][head_dim]`.
+    /// Query `i`'s heads of the group are `q[i * q_stride..][..group * head_dim]`.
     q: &'a [f32],
+    /// Queries in the chunk's call: one on the AVX-512 path.
+    queries: usize,
+    group: usize,
+    q_stride: usize,
     /// Key `j`'s dimension `i` is at `k[i * k_stride + j]`.
     k: &'a [E],
     k_stride: usize,
@@ -622,7 +649,8 @@ struct Chunk<'a, E> {
     scale: f32,
 }
 
-/// Online-softmax state of the group's rows: `[group]`, `[group]`, `[group][head_dim]`.
+/// Online-softmax state of the call's rows (each query's group of heads in turn): `[rows]`,
+/// `[rows]`, `[rows][head_dim]`.
 struct RowState<'a> {
     maxes: &'a mut [f32],
     sums: &'a mut [f32],
@@ -709,6 +737,7 @@ mod x86 {
         // SAFETY: the CPU features and the sizes of `c` and `s` are the caller's promise; every load and
         // store below is inside them.
         unsafe {
+            debug_assert_eq!(c.queries, 1, "the AVX-512 kernel takes one query a call");
             let d = c.head_dim;
             let mask: u16 = if c.n_keys >= LANES {
                 u16::MAX
@@ -935,6 +964,63 @@ mod tests {
                             "{path:?}, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}: differs from portable by {diff}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// A prefill's rows equal, bit for bit, its queries run one at a time as decode rows over
+    /// the same blocks: taking several queries a call (the AVX2 kernel's tiles) changes no
+    /// row's arithmetic, so a prompt's result does not depend on how it was chunked.
+    #[test]
+    fn prefill_rows_equal_their_queries_one_at_a_time() {
+        let (avx512, avx2) = cpu_features();
+        let paths: Vec<Path> = [(avx512, Path::Avx512), (avx2, Path::Avx2)]
+            .into_iter()
+            .filter_map(|(has, p)| has.then_some(p))
+            .collect();
+        if paths.is_empty() {
+            eprintln!("skipped: neither AVX-512 nor AVX2 on this CPU");
+            return;
+        }
+        // Groups of 1, 2 and 3 take 6, 3 and 2 queries a call on AVX2; 6 takes one.
+        for (heads, kv_heads) in [(2, 2), (4, 2), (9, 3), (12, 2)] {
+            for (head_dim, block_size) in [(64, 16), (64, 20), (32, 8), (128, 32)] {
+                let s = step(heads, kv_heads, head_dim, block_size);
+                let k16: Vec<f16> = s.k.iter().map(|&x| f16::from_f32(x)).collect();
+                let v16: Vec<f16> = s.v.iter().map(|&x| f16::from_f32(x)).collect();
+                // Every query token of every sequence as its own one-token sequence at its
+                // position, over the same block table.
+                let mut one_at_a_time = Vec::new();
+                for seq in &s.sequences {
+                    for i in 0..seq.query_len {
+                        one_at_a_time.push(SequenceSlice {
+                            query_start: seq.query_start + i,
+                            query_len: 1,
+                            context_len: seq.context_len - seq.query_len + i + 1,
+                            ..*seq
+                        });
+                    }
+                }
+                let singles = Step {
+                    sequences: one_at_a_time,
+                    q: s.q.clone(),
+                    k: Vec::new(),
+                    v: Vec::new(),
+                    block_tables: s.block_tables.clone(),
+                    ..s
+                };
+                for &path in &paths {
+                    assert_eq!(
+                        run(path, &singles, &s.k, &s.v),
+                        run(path, &s, &s.k, &s.v),
+                        "{path:?} f32, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}"
+                    );
+                    assert_eq!(
+                        run(path, &singles, &k16, &v16),
+                        run(path, &s, &k16, &v16),
+                        "{path:?} f16, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}"
+                    );
                 }
             }
         }

@@ -2,6 +2,17 @@
 //! AVX-512 kernel in `attention.rs` (a chunk of 16 keys scored for every query head of a group
 //! while it is in L1, one online-softmax update, the values accumulated), with each 16-key
 //! chunk held as two 8-lane registers.
+//!
+//! A prefill's queries that see all of a chunk are taken several at a time ([`tile_queries`]),
+//! so that small groups (SmolLM2's 3 heads a KV head) still keep enough rows in flight to hide
+//! FMA latency and share each key and value load among more rows. A row's arithmetic is the
+//! same whichever rows share its call.
+
+/// Queries a call takes at most for a group of `group` heads: rows of up to 6 (query, head)
+/// pairs, whose 12 score accumulators, 2 key registers and a broadcast fill the 16 registers.
+pub(super) fn tile_queries(group: usize) -> usize {
+    (6 / group.max(1)).max(1)
+}
 
 #[cfg(target_arch = "x86_64")]
 pub(super) use x86::*;
@@ -17,7 +28,7 @@ mod portable_stub {
 
     /// # Safety
     /// Never called: the AVX2 path is never picked off x86_64.
-    pub unsafe fn chunk_for_group<E: KvElem>(_: usize, _: &Chunk<'_, E>, _: RowState<'_>) {
+    pub unsafe fn chunk_for_rows<E: KvElem>(_: usize, _: &Chunk<'_, E>, _: RowState<'_>) {
         unreachable!("the AVX2 path is never picked off x86_64")
     }
 }
@@ -137,16 +148,16 @@ mod x86 {
         }
     }
 
-    /// Dispatches to a kernel specialised for the group size, so the group's accumulators live
-    /// in registers.
+    /// Dispatches to a kernel specialised for the call's rows (`c.queries * c.group`), so their
+    /// accumulators live in registers.
     ///
     /// # Safety
-    /// As [`chunk`], and `group` is 1..=8.
+    /// As [`chunk`], and `rows` is `c.queries * c.group`, 1..=8.
     #[inline(always)]
-    pub unsafe fn chunk_for_group<E: KvElem>(group: usize, c: &Chunk<'_, E>, s: RowState<'_>) {
-        // SAFETY: forwarded: the caller makes `chunk`'s promise for this group size.
+    pub unsafe fn chunk_for_rows<E: KvElem>(rows: usize, c: &Chunk<'_, E>, s: RowState<'_>) {
+        // SAFETY: forwarded: the caller makes `chunk`'s promise for this row count.
         unsafe {
-            match group {
+            match rows {
                 1 => chunk::<E, 1>(c, s),
                 2 => chunk::<E, 2>(c, s),
                 3 => chunk::<E, 3>(c, s),
@@ -155,16 +166,17 @@ mod x86 {
                 6 => chunk::<E, 6>(c, s),
                 7 => chunk::<E, 7>(c, s),
                 8 => chunk::<E, 8>(c, s),
-                _ => unreachable!("group sizes above {MAX_GROUP} take the portable path"),
+                _ => unreachable!("groups above {MAX_GROUP} take the portable path, and tiles of several queries have at most 6 rows"),
             }
         }
     }
 
-    // Several register arrays are indexed by the same head `g` and key `t`; index loops say
+    // Several register arrays are indexed by the same row `g` and key `t`; index loops say
     // that more plainly than zipped iterators.
     /// # Safety
-    /// The CPU has AVX2, FMA and F16C; `c.q` holds G heads of `c.head_dim` (a multiple of 16)
-    /// values, `c.k` `c.head_dim` rows of `c.k_stride` keys of which the first
+    /// The CPU has AVX2, FMA and F16C; `c.q` holds `c.queries` (G in all with the group's
+    /// heads) query groups `c.q_stride` apart, of `c.group` heads of `c.head_dim` (a multiple
+    /// of 16) values; `c.k` `c.head_dim` rows of `c.k_stride` keys of which the first
     /// `c.n_keys` (1..=16) are read (all 16 if `c.all_lanes_in_block`), `c.v` `c.n_keys` rows
     /// of `c.head_dim` values, and `s` G rows.
     #[allow(clippy::needless_range_loop)]
@@ -175,16 +187,19 @@ mod x86 {
         unsafe {
             let d = c.head_dim;
             let kp = c.k.as_ptr();
-            let qp = c.q.as_ptr();
+            // Row `g` is head `g % group` of query `g / group`.
+            let rows: [*const f32; G] = std::array::from_fn(|g| {
+                c.q.as_ptr().add(g / c.group * c.q_stride + g % c.group * d)
+            });
 
-            // Scores of keys 0..8 and 8..16 for each head: 2G FMA chains; one load of each key
-            // row serves every head of the group.
+            // Scores of keys 0..8 and 8..16 for each row: 2G FMA chains; one load of each key
+            // row serves every row of the call.
             let mut lo = [_mm256_setzero_ps(); G];
             let mut hi = [_mm256_setzero_ps(); G];
             for dim in 0..d {
                 let (k0, k1) = load_keys(kp.add(dim * c.k_stride), c.n_keys, c.all_lanes_in_block);
                 for g in 0..G {
-                    let qv = _mm256_broadcast_ss(&*qp.add(g * d + dim));
+                    let qv = _mm256_broadcast_ss(&*rows[g].add(dim));
                     lo[g] = _mm256_fmadd_ps(qv, k0, lo[g]);
                     hi[g] = _mm256_fmadd_ps(qv, k1, hi[g]);
                 }
@@ -192,11 +207,12 @@ mod x86 {
 
             let probs = softmax_chunk::<G>(&lo, &hi, c.n_keys, c.scale, d, &mut s);
 
-            // Values, 32 dimensions at a time where the group's accumulators fit in registers
-            // (twice the independent FMA chains of 16), else 16: one load of each value row
-            // serves every head. Each lane sums its keys in the same order either way.
+            // Values, 32 dimensions at a time where the rows' accumulators and the 4 value
+            // registers fit in the 16 (twice the independent FMA chains of 16; at 3 rows one
+            // accumulator would go through the stack every key), else 16: one load of each value
+            // row serves every row. Each lane sums its keys in the same order either way.
             let mut j = 0;
-            if G <= 3 {
+            if G <= 2 {
                 while j + 2 * LANES <= d {
                     values_pass::<E, G, 4>(c, &probs, j, &mut s);
                     j += 2 * LANES;

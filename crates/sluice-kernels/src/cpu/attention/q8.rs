@@ -220,7 +220,8 @@ impl Kernel<'_> {
         let (d, bs) = (self.layout.head_dim, self.layout.block_size);
         let kvh = self.layout.num_kv_heads;
         let (groups, group) = (d / Q8_GROUP, self.heads / kvh);
-        let chunk = |at: &ChunkAt, q: &[f32], state: RowState<'_>| {
+        // One query a call: `run_item` is given a tile of 1.
+        let chunk = |at: &ChunkAt, q: &[f32], _queries: usize, state: RowState<'_>| {
             let run = self.layout.block_head_offset(at.block, item.kv_head);
             let scales = (at.block * kvh + item.kv_head) * groups * bs;
             let chunk_args = x86::Chunk {
@@ -240,7 +241,7 @@ impl Kernel<'_> {
             unsafe { x86::chunk_for_group(group, &chunk_args, state) }
         };
         // SAFETY: the caller's promise: no other task writes the item's rows.
-        unsafe { self.run_item(item, scratch, out, |_| {}, chunk) }
+        unsafe { self.run_item(item, 1, scratch, out, |_| {}, chunk) }
     }
 }
 
