@@ -1,7 +1,8 @@
 //! Paged attention on the CPU, f16 cache, 2 threads of rayon's pool: a prefill of one prompt
-//! (every query attends causally to the keys before it) and a decode step of 64 sequences,
-//! on the head shapes of SmolLM2-135M (9 query heads over 3 KV heads of 64) and
-//! Qwen2.5-1.5B (12 over 2 of 128). Prints ms per call and GFLOP/s (4 x head_dim FLOP per
+//! (every query attends causally to the keys before it) and decode steps (64 sequences at 256
+//! tokens of context, 16 at 2048),
+//! on the head shapes of SmolLM2-135M (9 query heads over 3 KV heads of 64), Qwen2.5-0.5B (14
+//! over 2 of 64), Qwen2.5-1.5B (12 over 2 of 128) and Qwen2.5-3B (16 over 2 of 128). Prints ms per call and GFLOP/s (4 x head_dim FLOP per
 //! query head and key it sees); asserts nothing. `SLUICE_BENCH_PREFILL=512,2048` picks the
 //! prompt lengths, `SLUICE_BENCH_ONLY=SmolLM2` the shapes whose name starts so.
 
@@ -98,7 +99,12 @@ fn main() {
                 .expect("SLUICE_BENCH_PREFILL: token counts")
         })
         .collect();
-    let shapes = [("SmolLM2-135M", 9, 3, 64), ("Qwen2.5-1.5B", 12, 2, 128)];
+    let shapes = [
+        ("SmolLM2-135M", 9, 3, 64),
+        ("Qwen2.5-0.5B", 14, 2, 64),
+        ("Qwen2.5-1.5B", 12, 2, 128),
+        ("Qwen2.5-3B", 16, 2, 128),
+    ];
     println!("| heads (query/KV x dim) | step | ms/call (median) | GFLOP/s |");
     println!("| --- | --- | ---: | ---: |");
     let only = std::env::var("SLUICE_BENCH_ONLY").unwrap_or_default();
@@ -111,7 +117,9 @@ fn main() {
             let (ms, gflops) = bench(heads, kv_heads, head_dim, &[(p, p)]);
             println!("| {label} | prefill {p} | {ms:.2} | {gflops:.1} |");
         }
-        let (ms, gflops) = bench(heads, kv_heads, head_dim, &[(1, 256); 64]);
-        println!("| {label} | decode 64 x ctx 256 | {ms:.2} | {gflops:.1} |");
+        for (seqs, context) in [(64, 256), (16, 2048)] {
+            let (ms, gflops) = bench(heads, kv_heads, head_dim, &vec![(1, context); seqs]);
+            println!("| {label} | decode {seqs} x ctx {context} | {ms:.2} | {gflops:.1} |");
+        }
     }
 }

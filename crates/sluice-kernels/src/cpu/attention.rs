@@ -439,8 +439,9 @@ impl Kernel<'_> {
             x86::prefetch(&k[next..next + run_len]);
             x86::prefetch(&v[next..next + run_len]);
         };
-        // The AVX2 kernel shares each chunk's loads among the queries that see all of it (the
-        // AVX-512 one, with two registers a row already, takes one query at a time).
+        // The AVX2 kernel shares each chunk's loads among the queries that see all of it. The
+        // AVX-512 one takes one query at a time: no machine here has AVX-512 to test a tiled
+        // version on.
         let tile = match path {
             Path::Avx512 => 1,
             _ => avx2::tile_queries(group),

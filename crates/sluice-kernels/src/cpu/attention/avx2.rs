@@ -171,10 +171,16 @@ mod x86 {
         }
     }
 
+    /// Rows of one register pass: 2 score accumulators a row, 2 key registers and a broadcast
+    /// take 15 of the 16 registers at 6 rows; past that (groups of 7 and 8 heads, as Qwen2.5-0.5B's,
+    /// 7B's and 3B's) an accumulator would go through the stack at every dimension (or key), a
+    /// store-to-load wait on its FMA chain, so those rows take two passes.
+    const PASS_ROWS: usize = 6;
+
     // Several register arrays are indexed by the same row `g` and key `t`; index loops say
     // that more plainly than zipped iterators.
     /// # Safety
-    /// The CPU has AVX2, FMA and F16C; `c.q` holds `c.queries` (G in all with the group's
+    /// The CPU has AVX2, FMA and F16C; `c.q` holds `c.queries` (G rows in all with the group's
     /// heads) query groups `c.q_stride` apart, of `c.group` heads of `c.head_dim` (a multiple
     /// of 16) values; `c.k` `c.head_dim` rows of `c.k_stride` keys of which the first
     /// `c.n_keys` (1..=16) are read (all 16 if `c.all_lanes_in_block`), `c.v` `c.n_keys` rows
@@ -186,22 +192,31 @@ mod x86 {
         // load and store below is inside them.
         unsafe {
             let d = c.head_dim;
-            let kp = c.k.as_ptr();
-            // Row `g` is head `g % group` of query `g / group`.
-            let rows: [*const f32; G] = std::array::from_fn(|g| {
-                c.q.as_ptr().add(g / c.group * c.q_stride + g % c.group * d)
-            });
+            // Row `g` is head `g % group` of query `g / group`, counted rather than divided by
+            // the runtime group (two integer divisions a row, on every call).
+            let mut rows = [c.q.as_ptr(); G];
+            let (mut query, mut head) = (0, 0);
+            for row in &mut rows {
+                *row = c.q.as_ptr().add(query * c.q_stride + head * d);
+                head += 1;
+                if head == c.group {
+                    (query, head) = (query + 1, 0);
+                }
+            }
 
-            // Scores of keys 0..8 and 8..16 for each row: 2G FMA chains; one load of each key
-            // row serves every row of the call.
+            // Scores of keys 0..8 and 8..16 for each row: 2 FMA chains a row, in one pass of up
+            // to 6 rows, else two; one load of each key row serves every row of a pass.
             let mut lo = [_mm256_setzero_ps(); G];
             let mut hi = [_mm256_setzero_ps(); G];
-            for dim in 0..d {
-                let (k0, k1) = load_keys(kp.add(dim * c.k_stride), c.n_keys, c.all_lanes_in_block);
-                for g in 0..G {
-                    let qv = _mm256_broadcast_ss(&*rows[g].add(dim));
-                    lo[g] = _mm256_fmadd_ps(qv, k0, lo[g]);
-                    hi[g] = _mm256_fmadd_ps(qv, k1, hi[g]);
+            match G {
+                0..=PASS_ROWS => scores_pass::<E, G, G>(c, &rows, 0, &mut lo, &mut hi),
+                7 => {
+                    scores_pass::<E, G, 4>(c, &rows, 0, &mut lo, &mut hi);
+                    scores_pass::<E, G, 3>(c, &rows, 4, &mut lo, &mut hi);
+                }
+                _ => {
+                    scores_pass::<E, G, 4>(c, &rows, 0, &mut lo, &mut hi);
+                    scores_pass::<E, G, 4>(c, &rows, 4, &mut lo, &mut hi);
                 }
             }
 
@@ -209,32 +224,76 @@ mod x86 {
 
             // Values, 32 dimensions at a time where the rows' accumulators and the 4 value
             // registers fit in the 16 (twice the independent FMA chains of 16; at 3 rows one
-            // accumulator would go through the stack every key), else 16: one load of each value
-            // row serves every row. Each lane sums its keys in the same order either way.
+            // accumulator would go through the stack every key), else 16 in passes of at most 6
+            // rows: one load of each value row serves every row of a pass. Each lane sums its
+            // keys in the same order either way.
             let mut j = 0;
             if G <= 2 {
                 while j + 2 * LANES <= d {
-                    values_pass::<E, G, 4>(c, &probs, j, &mut s);
+                    values_pass::<E, G, G, 4>(c, &probs, 0, j, &mut s);
                     j += 2 * LANES;
                 }
             }
             while j < d {
-                values_pass::<E, G, 2>(c, &probs, j, &mut s);
+                match G {
+                    0..=PASS_ROWS => values_pass::<E, G, G, 2>(c, &probs, 0, j, &mut s),
+                    7 => {
+                        values_pass::<E, G, 4, 2>(c, &probs, 0, j, &mut s);
+                        values_pass::<E, G, 3, 2>(c, &probs, 4, j, &mut s);
+                    }
+                    _ => {
+                        values_pass::<E, G, 4, 2>(c, &probs, 0, j, &mut s);
+                        values_pass::<E, G, 4, 2>(c, &probs, 4, j, &mut s);
+                    }
+                }
                 j += LANES;
             }
         }
     }
 
-    /// Adds the chunk's weighted values into dimensions `j..j + 8 * R` of each head's
-    /// accumulator: `R` registers a head, loaded once and stored once.
+    /// Scores rows `first..first + N` of the call: `lo` and `hi` of each, keys 0..8 and 8..16.
     ///
     /// # Safety
-    /// As [`chunk`], and `j + 8 * R <= c.head_dim`.
+    /// As [`chunk`], and `first + N <= G`.
     #[allow(clippy::needless_range_loop)]
     #[inline(always)]
-    unsafe fn values_pass<E: KvElem, const G: usize, const R: usize>(
+    unsafe fn scores_pass<E: KvElem, const G: usize, const N: usize>(
+        c: &Chunk<'_, E>,
+        rows: &[*const f32; G],
+        first: usize,
+        lo: &mut [__m256; G],
+        hi: &mut [__m256; G],
+    ) {
+        // SAFETY: the caller's promise: every load is inside the rows' queries and the chunk's
+        // keys.
+        unsafe {
+            let kp = c.k.as_ptr();
+            let mut l = [_mm256_setzero_ps(); N];
+            let mut h = [_mm256_setzero_ps(); N];
+            for dim in 0..c.head_dim {
+                let (k0, k1) = load_keys(kp.add(dim * c.k_stride), c.n_keys, c.all_lanes_in_block);
+                for i in 0..N {
+                    let qv = _mm256_broadcast_ss(&*rows[first + i].add(dim));
+                    l[i] = _mm256_fmadd_ps(qv, k0, l[i]);
+                    h[i] = _mm256_fmadd_ps(qv, k1, h[i]);
+                }
+            }
+            lo[first..first + N].copy_from_slice(&l);
+            hi[first..first + N].copy_from_slice(&h);
+        }
+    }
+
+    /// Adds the chunk's weighted values into dimensions `j..j + 8 * R` of the accumulators of
+    /// rows `first..first + N`: `R` registers a row, loaded once and stored once.
+    ///
+    /// # Safety
+    /// As [`chunk`], `first + N <= G` and `j + 8 * R <= c.head_dim`.
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    unsafe fn values_pass<E: KvElem, const G: usize, const N: usize, const R: usize>(
         c: &Chunk<'_, E>,
         probs: &[[f32; LANES]; G],
+        first: usize,
         j: usize,
         s: &mut RowState<'_>,
     ) {
@@ -243,9 +302,9 @@ mod x86 {
         unsafe {
             let d = c.head_dim;
             let vp = c.v.as_ptr();
-            let accp = s.accs.as_mut_ptr();
-            let mut a = [[_mm256_setzero_ps(); R]; G];
-            for g in 0..G {
+            let accp = s.accs.as_mut_ptr().add(first * d);
+            let mut a = [[_mm256_setzero_ps(); R]; N];
+            for g in 0..N {
                 for r in 0..R {
                     a[g][r] = _mm256_loadu_ps(accp.add(g * d + j + 8 * r));
                 }
@@ -255,14 +314,14 @@ mod x86 {
                 for r in 0..R {
                     v[r] = E::load8(vp.add(t * d + j + 8 * r));
                 }
-                for g in 0..G {
-                    let p = _mm256_broadcast_ss(&probs[g][t]);
+                for g in 0..N {
+                    let p = _mm256_broadcast_ss(&probs[first + g][t]);
                     for r in 0..R {
                         a[g][r] = _mm256_fmadd_ps(p, v[r], a[g][r]);
                     }
                 }
             }
-            for g in 0..G {
+            for g in 0..N {
                 for r in 0..R {
                     _mm256_storeu_ps(accp.add(g * d + j + 8 * r), a[g][r]);
                 }
