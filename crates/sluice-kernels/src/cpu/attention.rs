@@ -917,20 +917,25 @@ mod tests {
         out
     }
 
-    /// Every vector path this CPU runs agrees with the portable one, on f32 and f16 caches,
-    /// for every group size, block sizes that do and do not hold whole 16-key chunks, decode
-    /// rows and prefill runs.
-    #[test]
-    fn vector_paths_match_portable() {
+    /// The vector paths this CPU runs, or `None` where it has neither.
+    fn vector_paths() -> Option<Vec<Path>> {
         let (avx512, avx2) = cpu_features();
         let paths: Vec<Path> = [(avx512, Path::Avx512), (avx2, Path::Avx2)]
             .into_iter()
             .filter_map(|(has, p)| has.then_some(p))
             .collect();
-        if paths.is_empty() {
+        (!paths.is_empty()).then_some(paths)
+    }
+
+    /// Every vector path this CPU runs agrees with the portable one, on f32 and f16 caches,
+    /// for every group size, block sizes that do and do not hold whole 16-key chunks, decode
+    /// rows and prefill runs.
+    #[test]
+    fn vector_paths_match_portable() {
+        let Some(paths) = vector_paths() else {
             eprintln!("skipped: neither AVX-512 nor AVX2 on this CPU");
             return;
-        }
+        };
         for (heads, kv_heads) in [
             (1, 1),
             (4, 2),
@@ -975,15 +980,10 @@ mod tests {
     /// row's arithmetic, so a prompt's result does not depend on how it was chunked.
     #[test]
     fn prefill_rows_equal_their_queries_one_at_a_time() {
-        let (avx512, avx2) = cpu_features();
-        let paths: Vec<Path> = [(avx512, Path::Avx512), (avx2, Path::Avx2)]
-            .into_iter()
-            .filter_map(|(has, p)| has.then_some(p))
-            .collect();
-        if paths.is_empty() {
+        let Some(paths) = vector_paths() else {
             eprintln!("skipped: neither AVX-512 nor AVX2 on this CPU");
             return;
-        }
+        };
         // Groups of 1, 2 and 3 take 6, 3 and 2 queries a call on AVX2; 6 takes one.
         for (heads, kv_heads) in [(2, 2), (4, 2), (9, 3), (12, 2)] {
             for (head_dim, block_size) in [(64, 16), (64, 20), (32, 8), (128, 32)] {
