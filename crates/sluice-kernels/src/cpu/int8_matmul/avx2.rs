@@ -93,21 +93,9 @@ impl<'a, const R: usize> Acc<'a, R> {
     /// As [`add`](Self::add), after `group(b0, ..)`, `j < 8`.
     #[inline(always)]
     unsafe fn add_in_group<const SIGNED: bool>(&mut self, b0: usize, j: usize, q: __m256i) {
+        let scales: [f32; R] = std::array::from_fn(|r| self.factors[r][j]);
         // SAFETY: as `add`.
-        unsafe {
-            let ones = _mm256_set1_epi16(1);
-            let qa = if SIGNED { _mm256_sign_epi8(q, q) } else { q };
-            let b = b0 + j;
-            for r in 0..R {
-                let row = &self.rows[r];
-                debug_assert!(b * BLOCK + BLOCK <= row.quants.len());
-                let x = _mm256_loadu_si256(row.quants.as_ptr().add(b * BLOCK) as *const __m256i);
-                let x = if SIGNED { _mm256_sign_epi8(x, q) } else { x };
-                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, x), ones);
-                let scale = _mm256_broadcast_ss(&self.factors[r][j]);
-                self.vec[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, self.vec[r]);
-            }
-        }
+        unsafe { self.add_scaled::<SIGNED>(b0 + j, q, &scales) }
     }
 
     /// Adds activation block `b` times 32 weights `q` (unsigned bytes unless `SIGNED`), scaled
@@ -123,23 +111,40 @@ impl<'a, const R: usize> Acc<'a, R> {
         s: f32,
         m: f32,
     ) {
+        debug_assert!(self.rows.iter().all(|row| b < row.scales.len()));
+        // SAFETY: `b` is within every row's scales and sums (the caller's promise).
+        let scales: [f32; R] =
+            std::array::from_fn(|r| s * unsafe { *self.rows[r].scales.get_unchecked(b) });
+        // SAFETY: the caller's promise, forwarded.
+        unsafe { self.add_scaled::<SIGNED>(b, q, &scales) };
+        if MIN {
+            for r in 0..R {
+                // SAFETY: as above.
+                self.scalar[r] += m * unsafe { *self.rows[r].sums.get_unchecked(b) };
+            }
+        }
+    }
+
+    /// Adds activation block `b` times 32 weights `q` (unsigned bytes unless `SIGNED`) into
+    /// each row's accumulator, times that row's `scales[r]`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `b` is a block of every activation row.
+    #[inline(always)]
+    unsafe fn add_scaled<const SIGNED: bool>(&mut self, b: usize, q: __m256i, scales: &[f32; R]) {
         // SAFETY: the features are the caller's promise; `b * BLOCK + 32` is within every
-        // row's quants (and `b` within its scales and sums) by the caller's promise, checked in
-        // debug builds by the slice indexing below.
+        // row's quants by the caller's promise, checked in debug builds.
         unsafe {
             let ones = _mm256_set1_epi16(1);
             let qa = if SIGNED { _mm256_sign_epi8(q, q) } else { q };
-            for r in 0..R {
+            for (r, &scale) in scales.iter().enumerate() {
                 let row = &self.rows[r];
                 debug_assert!(b * BLOCK + BLOCK <= row.quants.len());
                 let x = _mm256_loadu_si256(row.quants.as_ptr().add(b * BLOCK) as *const __m256i);
                 let x = if SIGNED { _mm256_sign_epi8(x, q) } else { x };
                 let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, x), ones);
-                let scale = _mm256_set1_ps(s * *row.scales.get_unchecked(b));
+                let scale = _mm256_set1_ps(scale);
                 self.vec[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, self.vec[r]);
-                if MIN {
-                    self.scalar[r] += m * *row.sums.get_unchecked(b);
-                }
             }
         }
     }
