@@ -93,7 +93,8 @@ fn avx512() -> bool {
 const DEQUANTIZE_ONCE_MIN_ROWS: usize = 12;
 
 thread_local! {
-    /// One f32 panel (`k * 16` floats) per worker, kept between calls.
+    /// A task's panels in f32 (`k * 16` floats each: one on AVX2, up to four on AVX-512) per
+    /// worker, kept between calls.
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -456,6 +457,51 @@ impl PackedMatrix {
             }
             let col = first * PANEL;
             let valid = (self.n - col).min(count * PANEL);
+            if let (
+                Panels::Quant {
+                    format,
+                    bytes,
+                    panel_bytes,
+                },
+                true,
+            ) = (&self.panels, m >= DEQUANTIZE_ONCE_MIN_ROWS)
+            {
+                // Dequantize the task's panels once into f32 and run every six rows on the f32
+                // tile: in registers each six rows would redo that work (as many instructions
+                // as their FMAs at four panels a tile).
+                let dequantize: unsafe fn(*const u8, usize, *mut f32) = match *format {
+                    QuantFormat::Q4_0 => avx2::dequantize_panel::<{ QuantFormat::Q4_0_ID }>,
+                    QuantFormat::Q4_1 => avx2::dequantize_panel::<{ QuantFormat::Q4_1_ID }>,
+                    QuantFormat::Q8_0 => avx2::dequantize_panel::<{ QuantFormat::Q8_0_ID }>,
+                    _ => unreachable!("wide kernels run the legacy layouts only"),
+                };
+                let stride = self.k * PANEL;
+                return SCRATCH.with(|scratch| {
+                    let mut scratch = scratch.borrow_mut();
+                    scratch.resize(count * stride, 0.0);
+                    for p in 0..count {
+                        dequantize(
+                            bytes.as_ptr().add((first + p) * panel_bytes),
+                            self.k,
+                            scratch.as_mut_ptr().add(p * stride),
+                        );
+                    }
+                    let w = scratch.as_ptr();
+                    let mut row = 0;
+                    while row < m {
+                        let rows = MR.min(m - row);
+                        let t = x86::Tile {
+                            x: x.as_ptr().add(row * self.k),
+                            k: self.k,
+                            out: out.as_mut_ptr().add(row * ldo + col0 + col),
+                            ldo,
+                            valid,
+                        };
+                        tiles!(t, rows, count, stride, w, x86::tile, [1 2 3 4 5 6]);
+                        row += rows;
+                    }
+                });
+            }
             let mut row = 0;
             while row < m {
                 let rows = MR.min(m - row);
@@ -985,6 +1031,10 @@ mod tests {
             (7, 33, 2 * sb),
             (13, 70, sb),
             (40, 48, 2 * sb),
+            // Enough panels for tasks of two and of four (on two threads): the AVX-512 path
+            // dequantizes a task's panels together from 12 rows.
+            (20, 256, 2 * sb),
+            (13, 512, sb),
         ]
     }
 
