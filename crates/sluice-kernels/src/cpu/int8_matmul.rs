@@ -10,8 +10,8 @@
 //!   activation row, not eight.
 //!
 //! Paths, picked once per process: AVX2 (`maddubs` + `madd`; `avx2.rs` the legacy formats,
-//! `avx2_k.rs` the K-quants), AVX-512 VNNI for the legacy Q4_0/Q4_1/Q8_0 layouts (`vnni.rs`),
-//! and scalar loops with the same arithmetic that are the oracles the SIMD paths are tested
+//! `avx2_k.rs` the K-quants), AVX-512 VNNI for the legacy formats (`avx2.rs` again, its integer
+//! dots by `vpdpbusd`), and scalar loops with the same arithmetic that are the oracles the SIMD paths are tested
 //! against. Without AVX2 only the legacy layouts are taken ([`QuantMatrix::new`] declines the
 //! rest).
 //!
@@ -29,8 +29,6 @@ use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as BLOCK, K_BLOCK_WEIGHTS a
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_k;
-#[cfg(target_arch = "x86_64")]
-mod vnni;
 
 /// A `[rows, cols]` weight matrix in GGUF blocks, rows being output features.
 pub struct QuantMatrix {
@@ -60,14 +58,12 @@ pub struct QuantizedActivations {
     of256: Blocks256,
 }
 
-/// Per block of 32 a scale, the sum of the dequantized block (scale times the integer sum),
-/// and the integer sum itself.
+/// Per block of 32 a scale and the sum of the dequantized block (scale times the integer sum).
 #[derive(Default)]
 struct Blocks32 {
     quants: Vec<i8>,
     scales: Vec<f32>,
     sums: Vec<f32>,
-    int_sums: Vec<i32>,
     rows: usize,
     blocks_per_row: usize,
 }
@@ -115,7 +111,6 @@ impl QuantizedActivations {
             quants: &b.quants[row * cols..][..cols],
             scales: &b.scales[row * nb..][..nb],
             sums: &b.sums[row * nb..][..nb],
-            int_sums: &b.int_sums[row * nb..][..nb],
         }
     }
 
@@ -149,7 +144,6 @@ impl Blocks32 {
         self.quants.resize(rows * cols, 0);
         self.scales.resize(rows * nb, 0.0);
         self.sums.resize(rows * nb, 0.0);
-        self.int_sums.resize(rows * nb, 0);
         for (b, (xs, qs)) in x
             .chunks_exact(BLOCK)
             .zip(self.quants.chunks_exact_mut(BLOCK))
@@ -165,7 +159,6 @@ impl Blocks32 {
                 isum += r;
             }
             self.scales[b] = d;
-            self.int_sums[b] = isum;
             self.sums[b] = d * isum as f32;
         }
     }
@@ -236,7 +229,7 @@ impl QuantMatrix {
     /// wrong size, or no kernel of this CPU reads the format (without AVX2 only the legacy
     /// Q4_0, Q4_1 and Q8_0 are read).
     pub fn new(format: QuantFormat, data: Vec<u8>, rows: usize, cols: usize) -> Option<Self> {
-        let path = if format.is_legacy_layout() && vnni_available() {
+        let path = if !format.is_k_quant() && vnni_available() {
             Path::Vnni
         } else if avx2_available() {
             Path::Avx2
@@ -368,15 +361,24 @@ impl QuantMatrix {
         let legacy = self.activation_blocks() == ActivationBlocks::Of32;
         match self.path {
             #[cfg(target_arch = "x86_64")]
-            Path::Avx2 if legacy => {
+            Path::Avx2 | Path::Vnni if legacy => {
                 let first = act_rows.start;
                 let a: [ActRow<'_>; ACT_ROWS] =
                     std::array::from_fn(|i| acts.row(first + i.min(n - 1)));
-                // SAFETY: `Path::Avx2` is only chosen when the CPU has AVX2, FMA and F16C; the
-                // weight rows are whole blocks of `self.format`, every activation row has as
+                // SAFETY: `Path::Avx2` is only chosen when the CPU has AVX2, FMA and F16C, and
+                // `Path::Vnni` when it also has AVX-512 VNNI and VL; the weight rows are whole blocks of `self.format`, every activation row has as
                 // many 32-blocks as a weight row has weights (asserted by `matmul_into`), and
                 // `dots` holds `n` per weight row.
-                unsafe { avx2::rows_dot(self.format, weights, self.row_bytes, &a[..n], dots) }
+                unsafe {
+                    avx2::rows_dot(
+                        self.format,
+                        weights,
+                        self.row_bytes,
+                        &a[..n],
+                        dots,
+                        self.path == Path::Vnni,
+                    )
+                }
             }
             #[cfg(target_arch = "x86_64")]
             Path::Avx2 => {
@@ -386,19 +388,6 @@ impl QuantMatrix {
                 // SAFETY: as above, for a K-quant format whose activation rows hold as many
                 // super-blocks as a weight row (asserted by `matmul_into`).
                 unsafe { avx2_k::rows_dot(self.format, weights, self.row_bytes, &a[..n], dots) }
-            }
-            #[cfg(target_arch = "x86_64")]
-            Path::Vnni => {
-                for (w, row_dots) in weights
-                    .chunks_exact(self.row_bytes)
-                    .zip(dots.chunks_exact_mut(n))
-                {
-                    for (d, a) in row_dots.iter_mut().zip(act_rows.clone()) {
-                        // SAFETY: `Path::Vnni` is only chosen for the legacy layouts on a CPU
-                        // with the features `vnni::row_dot` enables; sizes as above.
-                        *d = unsafe { vnni::row_dot(self.format, w, &acts.row(a)) };
-                    }
-                }
             }
             _ => {
                 for (w, row_dots) in weights
@@ -436,7 +425,6 @@ struct ActRow<'a> {
     quants: &'a [i8],
     scales: &'a [f32],
     sums: &'a [f32],
-    int_sums: &'a [i32],
 }
 
 /// One activation row's super-blocks of 256, as the K-quant kernels read them.
@@ -458,21 +446,13 @@ fn vnni_available() -> bool {
         use std::sync::OnceLock;
         static AVAILABLE: OnceLock<bool> = OnceLock::new();
         *AVAILABLE.get_or_init(|| {
-            is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
+            avx2_available()
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512vnni")
-                && is_x86_feature_detected!("f16c")
-                && is_x86_feature_detected!("fma")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
-}
-
-#[inline(always)]
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
 /// A weight row against an activation row by the reference arithmetic: each GGUF block is
@@ -559,7 +539,7 @@ mod tests {
         if avx2_available() {
             paths.push(Path::Avx2);
         }
-        if format.is_legacy_layout() && vnni_available() {
+        if !format.is_k_quant() && vnni_available() {
             paths.push(Path::Vnni);
         }
         paths.push(Path::Scalar);
@@ -609,6 +589,7 @@ mod tests {
                     QuantMatrix::with_path(format, bytes.clone(), rows, cols, Path::Scalar)
                         .unwrap();
                 let want = product(&oracle, &x, t);
+                let mut avx2 = None;
                 for path in paths(format) {
                     let m =
                         QuantMatrix::with_path(format, bytes.clone(), rows, cols, path).unwrap();
@@ -618,6 +599,18 @@ mod tests {
                             (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
                             "{format:?} {path:?} rows {rows} cols {cols} t {t} at {i}: {a} vs scalar {b}"
                         );
+                    }
+                    // VNNI only replaces how the integer dots are summed: the same floats.
+                    match path {
+                        Path::Avx2 => avx2 = Some(got),
+                        Path::Vnni => assert!(
+                            avx2.as_ref().is_some_and(|a| a
+                                .iter()
+                                .zip(&got)
+                                .all(|(a, b)| a.to_bits() == b.to_bits())),
+                            "{format:?} rows {rows} cols {cols} t {t}: VNNI differs from AVX2"
+                        ),
+                        Path::Scalar => {}
                     }
                 }
             }
