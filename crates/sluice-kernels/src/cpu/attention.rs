@@ -712,15 +712,16 @@ mod x86 {
     pub unsafe fn chunk_for_group<E: KvElem>(group: usize, c: &Chunk<'_, E>, s: RowState<'_>) {
         // SAFETY: forwarded: the caller makes `chunk`'s promise for this group size.
         unsafe {
+            // The values pass keeps G x S accumulators (at most 24 of the 32 registers).
             match group {
-                1 => chunk::<E, 1>(c, s),
-                2 => chunk::<E, 2>(c, s),
-                3 => chunk::<E, 3>(c, s),
-                4 => chunk::<E, 4>(c, s),
-                5 => chunk::<E, 5>(c, s),
-                6 => chunk::<E, 6>(c, s),
-                7 => chunk::<E, 7>(c, s),
-                8 => chunk::<E, 8>(c, s),
+                1 => chunk::<E, 1, 4>(c, s),
+                2 => chunk::<E, 2, 4>(c, s),
+                3 => chunk::<E, 3, 4>(c, s),
+                4 => chunk::<E, 4, 4>(c, s),
+                5 => chunk::<E, 5, 4>(c, s),
+                6 => chunk::<E, 6, 4>(c, s),
+                7 => chunk::<E, 7, 2>(c, s),
+                8 => chunk::<E, 8, 2>(c, s),
                 _ => unreachable!("group sizes above {MAX_GROUP} are refused by fast()"),
             }
         }
@@ -734,7 +735,7 @@ mod x86 {
     /// `c.n_keys <= 16` are read, `c.v` `c.n_keys` rows of `c.head_dim` values, and `s` G rows.
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
-    unsafe fn chunk<E: KvElem, const G: usize>(c: &Chunk<'_, E>, s: RowState<'_>) {
+    unsafe fn chunk<E: KvElem, const G: usize, const S: usize>(c: &Chunk<'_, E>, s: RowState<'_>) {
         // SAFETY: the CPU features and the sizes of `c` and `s` are the caller's promise; every load and
         // store below is inside them.
         unsafe {
@@ -787,21 +788,62 @@ mod x86 {
                 _mm512_storeu_ps(probs[g].as_mut_ptr(), p);
             }
 
-            // Values: one load of each value row chunk serves every head of the group.
+            // Values: one load of each value row's 16 dimensions serves every head of the group,
+            // S such slices a pass (G x S FMA chains: G alone would leave FMAs waiting on their
+            // latency with SmolLM2's 3 heads); the rest of the dimensions one slice a pass.
             let vp = c.v.as_ptr();
-            for j in (0..d).step_by(LANES) {
-                let mut acc = [_mm512_setzero_ps(); G];
-                for g in 0..G {
-                    acc[g] = _mm512_loadu_ps(s.accs.as_ptr().add(g * d + j));
+            let slices = d / LANES;
+            let mut j = 0;
+            while j + S <= slices {
+                values_pass::<E, G, S>(vp, j * LANES, d, c.n_keys, &probs, s.accs.as_mut_ptr());
+                j += S;
+            }
+            while j < slices {
+                values_pass::<E, G, 1>(vp, j * LANES, d, c.n_keys, &probs, s.accs.as_mut_ptr());
+                j += 1;
+            }
+        }
+    }
+
+    /// Adds `probs[g][t]` times value row `t`'s dimensions `dim..dim + 16 * S` into head `g`'s
+    /// accumulator, for every head of the group and key of the chunk (in key order).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, BW and F16C; `v` holds `n_keys` rows of `d` values, `accs` G rows
+    /// of `d` floats, and `dim + 16 * S <= d`.
+    #[allow(clippy::needless_range_loop)]
+    #[inline(always)]
+    unsafe fn values_pass<E: KvElem, const G: usize, const S: usize>(
+        v: *const E,
+        dim: usize,
+        d: usize,
+        n_keys: usize,
+        probs: &[[f32; LANES]; G],
+        accs: *mut f32,
+    ) {
+        // SAFETY: the caller's promise: every load and store is inside `v`'s rows and `accs`.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); S]; G];
+            for g in 0..G {
+                for i in 0..S {
+                    acc[g][i] = _mm512_loadu_ps(accs.add(g * d + dim + i * LANES));
                 }
-                for t in 0..c.n_keys {
-                    let v = E::load(vp.add(t * d + j), u16::MAX);
-                    for g in 0..G {
-                        acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(probs[g][t]), v, acc[g]);
+            }
+            for t in 0..n_keys {
+                let mut rows = [_mm512_setzero_ps(); S];
+                for i in 0..S {
+                    rows[i] = E::load(v.add(t * d + dim + i * LANES), u16::MAX);
+                }
+                for g in 0..G {
+                    let p = _mm512_set1_ps(probs[g][t]);
+                    for i in 0..S {
+                        acc[g][i] = _mm512_fmadd_ps(p, rows[i], acc[g][i]);
                     }
                 }
-                for g in 0..G {
-                    _mm512_storeu_ps(s.accs.as_mut_ptr().add(g * d + j), acc[g]);
+            }
+            for g in 0..G {
+                for i in 0..S {
+                    _mm512_storeu_ps(accs.add(g * d + dim + i * LANES), acc[g][i]);
                 }
             }
         }
