@@ -457,6 +457,14 @@ impl PackedMatrix {
             }
             let col = first * PANEL;
             let valid = (self.n - col).min(count * PANEL);
+            // The tile of this task's columns from activation row `row`.
+            let tile_at = |row: usize| x86::Tile {
+                x: x.as_ptr().add(row * self.k),
+                k: self.k,
+                out: out.as_mut_ptr().add(row * ldo + col0 + col),
+                ldo,
+                valid,
+            };
             if let (
                 Panels::Quant {
                     format,
@@ -490,13 +498,7 @@ impl PackedMatrix {
                     let mut row = 0;
                     while row < m {
                         let rows = MR.min(m - row);
-                        let t = x86::Tile {
-                            x: x.as_ptr().add(row * self.k),
-                            k: self.k,
-                            out: out.as_mut_ptr().add(row * ldo + col0 + col),
-                            ldo,
-                            valid,
-                        };
+                        let t = tile_at(row);
                         tiles!(t, rows, count, stride, w, x86::tile, [1 2 3 4 5 6]);
                         row += rows;
                     }
@@ -505,13 +507,7 @@ impl PackedMatrix {
             let mut row = 0;
             while row < m {
                 let rows = MR.min(m - row);
-                let t = x86::Tile {
-                    x: x.as_ptr().add(row * self.k),
-                    k: self.k,
-                    out: out.as_mut_ptr().add(row * ldo + col0 + col),
-                    ldo,
-                    valid,
-                };
+                let t = tile_at(row);
                 match &self.panels {
                     Panels::F32(p) => {
                         let w = p.as_ptr().add(first * self.k * PANEL);
