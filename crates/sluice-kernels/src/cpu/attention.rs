@@ -439,11 +439,9 @@ impl Kernel<'_> {
             x86::prefetch(&k[next..next + run_len]);
             x86::prefetch(&v[next..next + run_len]);
         };
-        // The AVX2 kernel shares each chunk's loads among the queries that see all of it. The
-        // AVX-512 one takes one query at a time: no machine here has AVX-512 to test a tiled
-        // version on.
+        // Both kernels share each chunk's loads among the queries that see all of it.
         let tile = match path {
-            Path::Avx512 => 1,
+            Path::Avx512 => x86::tile_queries(group),
             _ => avx2::tile_queries(group),
         };
         let chunk = |at: &ChunkAt, q: &[f32], queries: usize, state: RowState<'_>| {
@@ -463,11 +461,10 @@ impl Kernel<'_> {
             };
             // SAFETY: the path runs on this CPU for this shape, so the group is 1..=8 and
             // head_dim a multiple of 16 (the caller's promise); the chunk's keys and values lie
-            // in the block; `run_item` gives the AVX-512 kernel one query at a time and the AVX2
-            // one at most `tile_queries(group)`.
+            // in the block; `run_item` gives each kernel at most its `tile_queries(group)`.
             unsafe {
                 match path {
-                    Path::Avx512 => x86::chunk_for_group(group, &chunk_args, state),
+                    Path::Avx512 => x86::chunk_for_rows(queries * group, &chunk_args, state),
                     _ => avx2::chunk_for_rows(queries * group, &chunk_args, state),
                 }
             }
@@ -621,8 +618,12 @@ mod x86 {
 
     /// # Safety
     /// Never called: `fast()` is false off x86_64.
-    pub unsafe fn chunk_for_group<E: KvElem>(_: usize, _: &Chunk<'_, E>, _: RowState<'_>) {
+    pub unsafe fn chunk_for_rows<E: KvElem>(_: usize, _: &Chunk<'_, E>, _: RowState<'_>) {
         unreachable!("fast() is false off x86_64")
+    }
+
+    pub fn tile_queries(_: usize) -> usize {
+        1
     }
 
     pub fn prefetch<E>(_: &[E]) {}
@@ -633,7 +634,7 @@ mod x86 {
 struct Chunk<'a, E> {
     /// Query `i`'s heads of the group are `q[i * q_stride..][..group * head_dim]`.
     q: &'a [f32],
-    /// Queries in the chunk's call: one on the AVX-512 path.
+    /// Queries in the chunk's call (at most the path's `tile_queries(group)`).
     queries: usize,
     group: usize,
     q_stride: usize,
@@ -703,17 +704,23 @@ mod x86 {
         }
     }
 
-    /// Dispatches to a kernel specialised for the group size, so the group's accumulators live
-    /// in registers.
+    /// Queries a call takes at most for a group of `group` heads: rows of up to 8 (query, head)
+    /// pairs, whose 16 score accumulators leave room in the 32 registers.
+    pub fn tile_queries(group: usize) -> usize {
+        (MAX_GROUP / group.max(1)).max(1)
+    }
+
+    /// Dispatches to a kernel specialised for the call's rows (`c.queries * c.group`), so their
+    /// accumulators live in registers.
     ///
     /// # Safety
-    /// As [`chunk`], and `group` is 1..=8.
+    /// As [`chunk`], and `rows` is `c.queries * c.group`, 1..=8.
     #[inline(always)]
-    pub unsafe fn chunk_for_group<E: KvElem>(group: usize, c: &Chunk<'_, E>, s: RowState<'_>) {
-        // SAFETY: forwarded: the caller makes `chunk`'s promise for this group size.
+    pub unsafe fn chunk_for_rows<E: KvElem>(rows: usize, c: &Chunk<'_, E>, s: RowState<'_>) {
+        // SAFETY: forwarded: the caller makes `chunk`'s promise for this row count.
         unsafe {
             // The values pass keeps G x S accumulators (at most 24 of the 32 registers).
-            match group {
+            match rows {
                 1 => chunk::<E, 1, 4>(c, s),
                 2 => chunk::<E, 2, 4>(c, s),
                 3 => chunk::<E, 3, 4>(c, s),
@@ -722,7 +729,7 @@ mod x86 {
                 6 => chunk::<E, 6, 4>(c, s),
                 7 => chunk::<E, 7, 2>(c, s),
                 8 => chunk::<E, 8, 2>(c, s),
-                _ => unreachable!("group sizes above {MAX_GROUP} are refused by fast()"),
+                _ => unreachable!("groups above {MAX_GROUP} are refused by fast(), and tiles have at most {MAX_GROUP} rows"),
             }
         }
     }
@@ -730,8 +737,9 @@ mod x86 {
     // Several register arrays are indexed by the same head `g` and key `t`; index loops say
     // that more plainly than zipped iterators.
     /// # Safety
-    /// The CPU has AVX-512F, BW, VL, F16C and FMA; `c.q` holds G heads of `c.head_dim` (a
-    /// multiple of 16) values, `c.k` `c.head_dim` rows of `c.k_stride` keys of which the first
+    /// The CPU has AVX-512F, BW, VL, F16C and FMA; `c.q` holds `c.queries` (G rows in all with
+    /// the group's heads) query groups `c.q_stride` apart, of `c.group` heads of `c.head_dim` (a
+    /// multiple of 16) values; `c.k` `c.head_dim` rows of `c.k_stride` keys of which the first
     /// `c.n_keys <= 16` are read, `c.v` `c.n_keys` rows of `c.head_dim` values, and `s` G rows.
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
@@ -739,15 +747,24 @@ mod x86 {
         // SAFETY: the CPU features and the sizes of `c` and `s` are the caller's promise; every load and
         // store below is inside them.
         unsafe {
-            debug_assert_eq!(c.queries, 1, "the AVX-512 kernel takes one query a call");
+            debug_assert_eq!(c.queries * c.group, G, "a call's rows");
             let d = c.head_dim;
+            // Row `g` is head `g % group` of query `g / group`, counted rather than divided.
+            let mut rows = [c.q.as_ptr(); G];
+            let (mut query, mut head) = (0, 0);
+            for row in &mut rows {
+                *row = c.q.as_ptr().add(query * c.q_stride + head * d);
+                head += 1;
+                if head == c.group {
+                    (query, head) = (query + 1, 0);
+                }
+            }
             let mask: u16 = if c.n_keys >= LANES {
                 u16::MAX
             } else {
                 (1u16 << c.n_keys) - 1
             };
             let kp = c.k.as_ptr();
-            let qp = c.q.as_ptr();
 
             // Scores: two FMA chains per head (even and odd dimensions) to cover FMA latency; one
             // load of each key row serves every head of the group.
@@ -758,8 +775,8 @@ mod x86 {
                 let k0 = E::load(kp.add(dim * c.k_stride), mask);
                 let k1 = E::load(kp.add((dim + 1) * c.k_stride), mask);
                 for g in 0..G {
-                    even[g] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(g * d + dim)), k0, even[g]);
-                    odd[g] = _mm512_fmadd_ps(_mm512_set1_ps(*qp.add(g * d + dim + 1)), k1, odd[g]);
+                    even[g] = _mm512_fmadd_ps(_mm512_set1_ps(*rows[g].add(dim)), k0, even[g]);
+                    odd[g] = _mm512_fmadd_ps(_mm512_set1_ps(*rows[g].add(dim + 1)), k1, odd[g]);
                 }
                 dim += 2;
             }
@@ -1026,8 +1043,9 @@ mod tests {
             eprintln!("skipped: neither AVX-512 nor AVX2 on this CPU");
             return;
         };
-        // Groups of 1, 2 and 3 take 6, 3 and 2 queries a call on AVX2; 6 takes one.
-        for (heads, kv_heads) in [(2, 2), (4, 2), (9, 3), (12, 2)] {
+        // Groups of 1, 2 and 3 take 6, 3 and 2 queries a call on AVX2 (8, 4 and 2 on AVX-512);
+        // 4 takes 2 on AVX-512 (8 rows); 6 takes one on both.
+        for (heads, kv_heads) in [(2, 2), (4, 2), (9, 3), (8, 2), (12, 2)] {
             for (head_dim, block_size) in [(64, 16), (64, 20), (32, 8), (128, 32)] {
                 let s = step(heads, kv_heads, head_dim, block_size);
                 let k16: Vec<f16> = s.k.iter().map(|&x| f16::from_f32(x)).collect();
