@@ -651,6 +651,29 @@ struct Chunk<'a, E> {
     scale: f32,
 }
 
+impl<E> Chunk<'_, E> {
+    /// Where each of the call's G rows starts in `q`: row `g` is head `g % group` of query
+    /// `g / group`, counted rather than divided by the runtime group (two integer divisions a
+    /// row, on every call). Only the kernels dereference them, within `q`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn row_starts<const G: usize>(&self) -> [*const f32; G] {
+        let mut rows = [self.q.as_ptr(); G];
+        let (mut query, mut head) = (0, 0);
+        for row in &mut rows {
+            *row = self
+                .q
+                .as_ptr()
+                .wrapping_add(query * self.q_stride + head * self.head_dim);
+            head += 1;
+            if head == self.group {
+                (query, head) = (query + 1, 0);
+            }
+        }
+        rows
+    }
+}
+
 /// Online-softmax state of the call's rows (each query's group of heads in turn): `[rows]`,
 /// `[rows]`, `[rows][head_dim]`.
 struct RowState<'a> {
@@ -749,16 +772,7 @@ mod x86 {
         unsafe {
             debug_assert_eq!(c.queries * c.group, G, "a call's rows");
             let d = c.head_dim;
-            // Row `g` is head `g % group` of query `g / group`, counted rather than divided.
-            let mut rows = [c.q.as_ptr(); G];
-            let (mut query, mut head) = (0, 0);
-            for row in &mut rows {
-                *row = c.q.as_ptr().add(query * c.q_stride + head * d);
-                head += 1;
-                if head == c.group {
-                    (query, head) = (query + 1, 0);
-                }
-            }
+            let rows = c.row_starts::<G>();
             let mask: u16 = if c.n_keys >= LANES {
                 u16::MAX
             } else {

@@ -192,17 +192,7 @@ mod x86 {
         // load and store below is inside them.
         unsafe {
             let d = c.head_dim;
-            // Row `g` is head `g % group` of query `g / group`, counted rather than divided by
-            // the runtime group (two integer divisions a row, on every call).
-            let mut rows = [c.q.as_ptr(); G];
-            let (mut query, mut head) = (0, 0);
-            for row in &mut rows {
-                *row = c.q.as_ptr().add(query * c.q_stride + head * d);
-                head += 1;
-                if head == c.group {
-                    (query, head) = (query + 1, 0);
-                }
-            }
+            let rows = c.row_starts::<G>();
 
             // Scores of keys 0..8 and 8..16 for each row: 2 FMA chains a row, in one pass of up
             // to 6 rows, else two; one load of each key row serves every row of a pass.
