@@ -103,11 +103,14 @@ impl LlamaModel {
         }
         let norm = src.dense(Weight::OutputNorm, &[hidden], &device)?;
         let lm_head = src.lm_head(config.tie_word_embeddings, [vocab, hidden], linear)?;
-        if let (true, Embedding::Rows { .. }, Some(panels)) =
-            (config.tie_word_embeddings, &embed, lm_head.panels())
-        {
+        if let (true, Embedding::Rows { .. }, Some(panels)) = (
+            config.tie_word_embeddings,
+            &embed,
+            lm_head.panels().filter(|p| p.holds_panels()),
+        ) {
             // Tied: look rows up in the lm_head's panels (the same values) instead of keeping
-            // a second copy of the table.
+            // a second copy of the table. An f32 lm_head held only as AMX tiles has no panels
+            // to read: the table stays in the file's rows.
             embed = Embedding::Panels(panels);
         }
         let weight_bytes = embed.bytes()

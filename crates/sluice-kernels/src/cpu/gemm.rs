@@ -245,9 +245,24 @@ impl PackedMatrix {
         }
     }
 
+    /// Whether the matrix still holds its panels, so [`Self::dequantize_column`] can read
+    /// them: false once [`Self::use_amx_only`] has freed f32 panels (the tiles keep each weight
+    /// as two bf16 terms, not its f32 value).
+    pub fn holds_panels(&self) -> bool {
+        match &self.panels {
+            Panels::F32(p) => p.len() == self.n.div_ceil(PANEL) * self.k * PANEL,
+            Panels::Quant { .. } => true,
+        }
+    }
+
     /// Output feature `c`'s weights, dequantized with the reference arithmetic (the values the
-    /// kernels multiply by): an embedding row read from an lm_head's panels.
+    /// kernels multiply by): an embedding row read from an lm_head's panels. Panics where the
+    /// panels are gone ([`Self::holds_panels`]).
     pub fn dequantize_column(&self, c: usize, out: &mut [f32]) {
+        assert!(
+            self.holds_panels(),
+            "the f32 panels were freed for AMX tiles"
+        );
         assert!(c < self.n, "column {c} of {}", self.n);
         assert_eq!(out.len(), self.k, "one column of k weights");
         let (p, col) = (c / PANEL, c % PANEL);
@@ -932,6 +947,20 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn columns_read_back_until_amx_frees_the_panels() {
+        let (n, k) = (40, 64);
+        let w = random_values(n * k, 3);
+        let mut m = PackedMatrix::pack(&w, n, k);
+        assert!(m.holds_panels());
+        let mut column = vec![f32::NAN; k];
+        m.dequantize_column(37, &mut column);
+        assert_eq!(column, w[37 * k..][..k]);
+        // Where the CPU has AMX the f32 panels are freed and no column can be read back.
+        let tiles_only = m.use_amx_only();
+        assert_eq!(m.holds_panels(), !tiles_only);
     }
 
     #[test]
