@@ -285,27 +285,40 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
         let steps = k / TILE_K;
         assert_eq!(tiles.len(), steps * STEP_BYTES);
         let base = tiles.as_mut_ptr();
-        // Lane 2c takes column c of the even row, lane 2c+1 column c of the odd row.
-        let interleave = _mm512_set_epi16(
-            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20,
-            4, 19, 3, 18, 2, 17, 1, 16, 0,
-        );
-        let emit = |step: usize, panel: usize, pair: usize, even: __m512, odd: __m512| {
-            let hi = _mm512_cvtne2ps_pbh(odd, even);
+        // A tile row holds columns 0-7 of the k pair (lane 2c: the even row's column c, lane
+        // 2c+1 the odd row's) in its first 16 bf16 lanes and columns 8-15 in the rest, so the
+        // values are built in that order, each with its own column's scale, and converted
+        // with no shuffle of the output: `first` covers columns 0-7 of the pair, `second` 8-15.
+        let emit = |step: usize, panel: usize, pair: usize, first: __m512, second: __m512| {
+            let hi = _mm512_cvtne2ps_pbh(second, first);
             let halves: [__m256bh; 2] = std::mem::transmute(hi);
-            let even_lo = _mm512_sub_ps(even, _mm512_cvtpbh_ps(halves[0]));
-            let odd_lo = _mm512_sub_ps(odd, _mm512_cvtpbh_ps(halves[1]));
-            let lo = _mm512_cvtne2ps_pbh(odd_lo, even_lo);
+            let first_lo = _mm512_sub_ps(first, _mm512_cvtpbh_ps(halves[0]));
+            let second_lo = _mm512_sub_ps(second, _mm512_cvtpbh_ps(halves[1]));
+            let lo = _mm512_cvtne2ps_pbh(second_lo, first_lo);
             let at = base.add(step * STEP_BYTES + panel * TILE_BYTES + pair * 64);
             _mm512_storeu_si512(
                 at as *mut __m512i,
-                _mm512_permutexvar_epi16(interleave, std::mem::transmute::<__m512bh, __m512i>(hi)),
+                std::mem::transmute::<__m512bh, __m512i>(hi),
             );
             _mm512_storeu_si512(
                 at.add(2 * TILE_BYTES) as *mut __m512i,
-                _mm512_permutexvar_epi16(interleave, std::mem::transmute::<__m512bh, __m512i>(lo)),
+                std::mem::transmute::<__m512bh, __m512i>(lo),
             );
         };
+        // Each column's scale (or minimum) twice, for columns 0-7 and 8-15.
+        let first_cols = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+        let second_cols =
+            _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+        let twice = |v: __m512| {
+            (
+                _mm512_permutexvar_ps(first_cols, v),
+                _mm512_permutexvar_ps(second_cols, v),
+            )
+        };
+        // f32 rows: lane 2c of `first` from the even row, 2c+1 from the odd row (index 16+).
+        let first_rows = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        let second_rows =
+            _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
         for panel in 0..2 {
             let p = 2 * g + panel;
             match source {
@@ -313,14 +326,18 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
                     let num_panels = panels.len() / (k * TILE_N);
                     for step in 0..steps {
                         for pair in 0..TILE_K / 2 {
-                            let (even, odd) = if p < num_panels {
+                            let (first, second) = if p < num_panels {
                                 let w =
                                     panels.as_ptr().add((p * k + step * TILE_K + 2 * pair) * 16);
-                                (_mm512_loadu_ps(w), _mm512_loadu_ps(w.add(16)))
+                                let (even, odd) = (_mm512_loadu_ps(w), _mm512_loadu_ps(w.add(16)));
+                                (
+                                    _mm512_permutex2var_ps(even, first_rows, odd),
+                                    _mm512_permutex2var_ps(even, second_rows, odd),
+                                )
                             } else {
                                 (_mm512_setzero_ps(), _mm512_setzero_ps())
                             };
-                            emit(step, panel, pair, even, odd);
+                            emit(step, panel, pair, first, second);
                         }
                     }
                 }
@@ -343,19 +360,27 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
                     for step in 0..steps {
                         let blk = bytes.as_ptr().add(p * panel_bytes + step * block);
                         let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+                        let (d_first, d_second) = twice(d);
                         match format {
                             QuantFormat::Q8_0 => {
                                 for pair in 0..TILE_K / 2 {
-                                    let q = |row: usize| {
-                                        let v = _mm_loadu_si128(
-                                            blk.add(32 + row * 16) as *const __m128i
-                                        );
+                                    let row = |r: usize| {
+                                        _mm_loadu_si128(blk.add(32 + r * 16) as *const __m128i)
+                                    };
+                                    let (even, odd) = (row(2 * pair), row(2 * pair + 1));
+                                    let value = |q: __m128i, d: __m512| {
                                         _mm512_mul_ps(
-                                            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)),
+                                            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
                                             d,
                                         )
                                     };
-                                    emit(step, panel, pair, q(2 * pair), q(2 * pair + 1));
+                                    emit(
+                                        step,
+                                        panel,
+                                        pair,
+                                        value(_mm_unpacklo_epi8(even, odd), d_first),
+                                        value(_mm_unpackhi_epi8(even, odd), d_second),
+                                    );
                                 }
                             }
                             QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
@@ -367,22 +392,25 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
                                 } else {
                                     (_mm512_mul_ps(d, _mm512_set1_ps(-8.0)), 32)
                                 };
+                                let (m_first, m_second) = twice(min);
                                 for pair in 0..TILE_K / 2 {
+                                    // Byte c: the even row's column c in its low nibble, the
+                                    // odd row's in its high nibble.
                                     let q = _mm_loadu_si128(
                                         blk.add(quants_at + pair * 16) as *const __m128i
                                     );
-                                    let even = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                                        _mm_and_si128(q, low),
-                                    ));
-                                    let odd = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                                        _mm_and_si128(_mm_srli_epi16(q, 4), low),
-                                    ));
+                                    let even = _mm_and_si128(q, low);
+                                    let odd = _mm_and_si128(_mm_srli_epi16(q, 4), low);
+                                    let value = |q: __m128i, d: __m512, m: __m512| {
+                                        let q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
+                                        _mm512_fmadd_ps(q, d, m)
+                                    };
                                     emit(
                                         step,
                                         panel,
                                         pair,
-                                        _mm512_fmadd_ps(even, d, min),
-                                        _mm512_fmadd_ps(odd, d, min),
+                                        value(_mm_unpacklo_epi8(even, odd), d_first, m_first),
+                                        value(_mm_unpackhi_epi8(even, odd), d_second, m_second),
                                     );
                                 }
                             }
