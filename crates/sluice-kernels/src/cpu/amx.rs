@@ -45,14 +45,22 @@ const CHUNK_BYTES: usize = 1 << 20;
 pub(crate) enum Source<'a> {
     /// `[panel][k][16]` f32 panels.
     F32(&'a [f32]),
-    /// Quantized panels (see `gemm::Panels::Quant`): per 32-k block, 16 f16 scales, 16 f16
-    /// minimums for Q4_1, then the quants.
+    /// Quantized panels (see `gemm::Panels::Quant`). The legacy layouts (per 32-k block, 16
+    /// f16 scales, 16 f16 minimums for Q4_1, then the quants) are dequantized here; the others
+    /// (K-quants, Q5_0, Q5_1) panel by panel through `to_f32`, the exact kernels' arithmetic.
     Quant {
         format: QuantFormat,
         bytes: &'a [u8],
         panel_bytes: usize,
+        to_f32: PanelToF32,
     },
 }
+
+/// Dequantizes one quantized panel over `k` into `[k][16]` f32 rows.
+///
+/// Safety (of a call): the CPU has what the function was chosen for (AVX2, FMA and F16C for
+/// `gemm`'s), the pointer holds one panel covering `k`, and the output `k * 16` floats.
+pub(crate) type PanelToF32 = unsafe fn(*const u8, usize, *mut f32);
 
 /// The weights of a product: tiled at load, or dequantized per call from their panels (an
 /// eighth of the bytes to read for Q4 formats, for the cost of converting them).
@@ -111,6 +119,8 @@ thread_local! {
     static ACTIVATIONS: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
     /// Per worker: one column group's tiles, when dequantized per call.
     static GROUP_TILES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Per worker: one panel in f32, for the formats dequantized through `to_f32`.
+    static PANEL_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Loads the tile configuration once per thread (it stays until the thread releases it).
@@ -274,9 +284,10 @@ const STEP_BYTES: usize = 4 * TILE_BYTES;
 /// for each of 16 columns, `w[2p][col], w[2p+1][col]` (AMX's pair-interleaved B layout).
 ///
 /// # Safety
-/// The CPU has AVX-512F, BW, BF16 and F16C; `k` is a multiple of 32, `source` holds the panels
-/// of a matrix of `k` input features (a panel past its end reads as zero), and `tiles` is
-/// `k / 32 * STEP_BYTES` long (checked).
+/// The CPU has AVX-512F, BW, BF16 and F16C, and what `source`'s `to_f32` needs; `k` is a
+/// multiple of 32 and of the format's super-block, `source` holds the panels of a matrix of
+/// `k` input features (a panel past its end reads as zero), and `tiles` is `k / 32 *
+/// STEP_BYTES` long (checked).
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
 unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [u8]) {
     // SAFETY: the CPU features are the caller's promise; every load is inside a panel that exists (`p <
@@ -319,40 +330,54 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
         let first_rows = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
         let second_rows =
             _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+        // One f32 panel (`[k][16]`), its even and odd rows interleaved.
+        let emit_f32_panel = |panel: usize, w: *const f32| {
+            for step in 0..steps {
+                for pair in 0..TILE_K / 2 {
+                    let rows = w.add((step * TILE_K + 2 * pair) * TILE_N);
+                    let (even, odd) = (_mm512_loadu_ps(rows), _mm512_loadu_ps(rows.add(16)));
+                    let first = _mm512_permutex2var_ps(even, first_rows, odd);
+                    let second = _mm512_permutex2var_ps(even, second_rows, odd);
+                    emit(step, panel, pair, first, second);
+                }
+            }
+        };
+        // A panel past the matrix's last column.
+        let emit_zeros = |panel: usize| {
+            for step in 0..steps {
+                for pair in 0..TILE_K / 2 {
+                    emit(step, panel, pair, _mm512_setzero_ps(), _mm512_setzero_ps());
+                }
+            }
+        };
         for panel in 0..2 {
             let p = 2 * g + panel;
             match source {
                 Source::F32(panels) => {
-                    let num_panels = panels.len() / (k * TILE_N);
-                    for step in 0..steps {
-                        for pair in 0..TILE_K / 2 {
-                            let (first, second) = if p < num_panels {
-                                let w =
-                                    panels.as_ptr().add((p * k + step * TILE_K + 2 * pair) * 16);
-                                let (even, odd) = (_mm512_loadu_ps(w), _mm512_loadu_ps(w.add(16)));
-                                (
-                                    _mm512_permutex2var_ps(even, first_rows, odd),
-                                    _mm512_permutex2var_ps(even, second_rows, odd),
-                                )
-                            } else {
-                                (_mm512_setzero_ps(), _mm512_setzero_ps())
-                            };
-                            emit(step, panel, pair, first, second);
-                        }
+                    if p < panels.len() / (k * TILE_N) {
+                        emit_f32_panel(panel, panels.as_ptr().add(p * k * TILE_N));
+                    } else {
+                        emit_zeros(panel);
                     }
                 }
                 Source::Quant {
                     format,
                     bytes,
                     panel_bytes,
+                    to_f32,
                 } => {
                     let num_panels = bytes.len() / panel_bytes;
                     if p >= num_panels {
-                        for step in 0..steps {
-                            for pair in 0..TILE_K / 2 {
-                                emit(step, panel, pair, _mm512_setzero_ps(), _mm512_setzero_ps());
-                            }
-                        }
+                        emit_zeros(panel);
+                        continue;
+                    }
+                    if !format.is_legacy_layout() {
+                        PANEL_F32.with(|scratch| {
+                            let mut scratch = scratch.borrow_mut();
+                            scratch.resize(k * TILE_N, 0.0);
+                            to_f32(bytes.as_ptr().add(p * panel_bytes), k, scratch.as_mut_ptr());
+                            emit_f32_panel(panel, scratch.as_ptr());
+                        });
                         continue;
                     }
                     let block = panel_bytes / steps;
@@ -414,7 +439,7 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
                                     );
                                 }
                             }
-                            _ => unreachable!("only legacy layouts are tiled (enable_amx)"),
+                            _ => unreachable!("the other formats went through to_f32"),
                         }
                     }
                 }

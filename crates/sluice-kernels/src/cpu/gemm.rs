@@ -92,6 +92,22 @@ fn avx512() -> bool {
 /// large batches.
 const DEQUANTIZE_ONCE_MIN_ROWS: usize = 12;
 
+/// The AVX2 kernel that dequantizes one panel of `format` into f32 rows with the exact
+/// kernels' arithmetic (AVX2, FMA and F16C: [`available`]).
+#[cfg(target_arch = "x86_64")]
+fn panel_to_f32(format: QuantFormat) -> unsafe fn(*const u8, usize, *mut f32) {
+    match format {
+        QuantFormat::Q4_0 => avx2::dequantize_panel::<{ QuantFormat::Q4_0_ID }>,
+        QuantFormat::Q4_1 => avx2::dequantize_panel::<{ QuantFormat::Q4_1_ID }>,
+        QuantFormat::Q5_0 => avx2::dequantize_panel::<{ QuantFormat::Q5_0_ID }>,
+        QuantFormat::Q5_1 => avx2::dequantize_panel::<{ QuantFormat::Q5_1_ID }>,
+        QuantFormat::Q8_0 => avx2::dequantize_panel::<{ QuantFormat::Q8_0_ID }>,
+        QuantFormat::Q4K => avx2::dequantize_panel::<{ QuantFormat::Q4K_ID }>,
+        QuantFormat::Q5K => avx2::dequantize_panel::<{ QuantFormat::Q5K_ID }>,
+        QuantFormat::Q6K => avx2::dequantize_panel::<{ QuantFormat::Q6K_ID }>,
+    }
+}
+
 thread_local! {
     /// A task's panels in f32 (`k * 16` floats each: one on AVX2, up to four on AVX-512) per
     /// worker, kept between calls.
@@ -340,16 +356,16 @@ impl PackedMatrix {
     }
 
     fn enable_amx(&mut self, min_rows: usize, pretile: bool) -> bool {
-        // The tile kernel dequantizes the legacy layouts only.
-        let tileable = self.format().is_none_or(QuantFormat::is_legacy_layout);
+        // Every panel format is tiled: the legacy layouts dequantized in the tile kernel, the
+        // others through `panel_to_f32` (AVX2, FMA, F16C: `available`).
         #[cfg(target_arch = "x86_64")]
-        if tileable && crate::cpu::amx::available() && self.k.is_multiple_of(32) {
+        if available() && crate::cpu::amx::available() && self.k.is_multiple_of(32) {
             let tiles =
                 pretile.then(|| crate::cpu::amx::tile_all(self.amx_source(), self.n, self.k));
             self.amx = Some((min_rows, tiles));
             return true;
         }
-        let _ = (min_rows, pretile, tileable);
+        let _ = (min_rows, pretile);
         false
     }
 
@@ -366,6 +382,7 @@ impl PackedMatrix {
                 format: *format,
                 bytes,
                 panel_bytes: *panel_bytes,
+                to_f32: panel_to_f32(*format),
             },
         }
     }
@@ -492,12 +509,7 @@ impl PackedMatrix {
                 // Dequantize the task's panels once into f32 and run every six rows on the f32
                 // tile: in registers each six rows would redo that work (as many instructions
                 // as their FMAs at four panels a tile).
-                let dequantize: unsafe fn(*const u8, usize, *mut f32) = match *format {
-                    QuantFormat::Q4_0 => avx2::dequantize_panel::<{ QuantFormat::Q4_0_ID }>,
-                    QuantFormat::Q4_1 => avx2::dequantize_panel::<{ QuantFormat::Q4_1_ID }>,
-                    QuantFormat::Q8_0 => avx2::dequantize_panel::<{ QuantFormat::Q8_0_ID }>,
-                    _ => unreachable!("wide kernels run the legacy layouts only"),
-                };
+                let dequantize = panel_to_f32(*format);
                 let stride = self.k * PANEL;
                 return SCRATCH.with(|scratch| {
                     let mut scratch = scratch.borrow_mut();
@@ -636,16 +648,7 @@ impl PackedMatrix {
             if let (Panels::Quant { format, .. }, true) =
                 (&self.panels, m >= DEQUANTIZE_ONCE_MIN_ROWS)
             {
-                let dequantize: unsafe fn(*const u8, usize, *mut f32) = match *format {
-                    QuantFormat::Q4_0 => avx2::dequantize_panel::<{ QuantFormat::Q4_0_ID }>,
-                    QuantFormat::Q4_1 => avx2::dequantize_panel::<{ QuantFormat::Q4_1_ID }>,
-                    QuantFormat::Q5_0 => avx2::dequantize_panel::<{ QuantFormat::Q5_0_ID }>,
-                    QuantFormat::Q5_1 => avx2::dequantize_panel::<{ QuantFormat::Q5_1_ID }>,
-                    QuantFormat::Q8_0 => avx2::dequantize_panel::<{ QuantFormat::Q8_0_ID }>,
-                    QuantFormat::Q4K => avx2::dequantize_panel::<{ QuantFormat::Q4K_ID }>,
-                    QuantFormat::Q5K => avx2::dequantize_panel::<{ QuantFormat::Q5K_ID }>,
-                    QuantFormat::Q6K => avx2::dequantize_panel::<{ QuantFormat::Q6K_ID }>,
-                };
+                let dequantize = panel_to_f32(*format);
                 SCRATCH.with(|scratch| {
                     let mut scratch = scratch.borrow_mut();
                     scratch.resize(self.k * PANEL, 0.0);
@@ -994,11 +997,15 @@ mod tests {
             eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
             return;
         }
-        for format in QuantFormat::ALL
-            .into_iter()
-            .filter(|f| f.is_legacy_layout())
-        {
-            for &(m, n, k) in &[(40usize, 72usize, 576usize), (64, 16, 64)] {
+        // The legacy layouts are dequantized in the tile kernel, the others (k a multiple of
+        // their 256-weight super-blocks) through the exact kernels' f32 panels.
+        for format in QuantFormat::ALL {
+            let shapes: &[(usize, usize, usize)] = if format.is_legacy_layout() {
+                &[(40, 72, 576), (64, 16, 64)]
+            } else {
+                &[(40, 72, 768), (64, 16, 256)]
+            };
+            for &(m, n, k) in shapes {
                 let (q, dense) = quantized_matrix(n, k, format, 5);
                 let x = random_values(m * k, 6);
                 // Tiled at load, and dequantized into tiles at every call: the same products.
