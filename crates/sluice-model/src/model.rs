@@ -154,7 +154,13 @@ impl LlamaModel {
                 .iter()
                 .any(|w| w.has_exact_k_quant_panels())
         });
-        if k_quants && kind == WeightsKind::Auto {
+        // Measured faster on an AVX2-only CPU; on an AVX-512 CPU with AMX `auto` was faster at
+        // every batch size (BENCHMARKS.md), so the hint is given only without AVX-512.
+        #[cfg(target_arch = "x86_64")]
+        let quantized_measured_faster = !std::is_x86_feature_detected!("avx512f");
+        #[cfg(not(target_arch = "x86_64"))]
+        let quantized_measured_faster = false;
+        if k_quants && kind == WeightsKind::Auto && quantized_measured_faster {
             tracing::info!(
                 "this file's K-quant matrices (Q4_K, Q5_K, Q6_K) run faster with --weights \
                  quantized: int8 activations, results differ slightly from --weights f32 (README)"
