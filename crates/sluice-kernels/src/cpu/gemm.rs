@@ -95,7 +95,7 @@ const DEQUANTIZE_ONCE_MIN_ROWS: usize = 12;
 /// The AVX2 kernel that dequantizes one panel of `format` into f32 rows with the exact
 /// kernels' arithmetic (AVX2, FMA and F16C: [`available`]).
 #[cfg(target_arch = "x86_64")]
-fn panel_to_f32(format: QuantFormat) -> unsafe fn(*const u8, usize, *mut f32) {
+fn panel_to_f32(format: QuantFormat) -> crate::cpu::amx::PanelToF32 {
     match format {
         QuantFormat::Q4_0 => avx2::dequantize_panel::<{ QuantFormat::Q4_0_ID }>,
         QuantFormat::Q4_1 => avx2::dequantize_panel::<{ QuantFormat::Q4_1_ID }>,
