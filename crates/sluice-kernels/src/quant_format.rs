@@ -140,7 +140,7 @@ impl QuantFormat {
     ];
 
     /// The formats of 32-weight blocks with nibbles or bytes and one f16 scale, which the
-    /// AVX-512, AMX and int8-dot kernels read.
+    /// specialised AVX-512, AMX and int8-dot kernels read.
     pub const fn is_legacy_layout(self) -> bool {
         matches!(self, Self::Q4_0 | Self::Q4_1 | Self::Q8_0)
     }

@@ -58,8 +58,8 @@ pub(crate) enum Source<'a> {
 
 /// Dequantizes one quantized panel over `k` into `[k][16]` f32 rows.
 ///
-/// Safety (of a call): the CPU has what the function was chosen for (AVX2, FMA and F16C for
-/// `gemm`'s), the pointer holds one panel covering `k`, and the output `k * 16` floats.
+/// Safety (of a call): the CPU has what the function was chosen for (`gemm` picks AVX-512 or
+/// AVX2, FMA and F16C by what it detects), the pointer holds one panel covering `k`, and the output `k * 16` floats.
 pub(crate) type PanelToF32 = unsafe fn(*const u8, usize, *mut f32);
 
 /// The weights of a product: tiled at load, or dequantized per call from their panels (an

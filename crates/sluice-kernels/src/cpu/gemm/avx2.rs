@@ -1,9 +1,9 @@
-//! AVX2 + FMA microkernels of the packed gemm, for CPUs without AVX-512 and for the formats the
-//! AVX-512 kernels do not read. A panel's 16 columns are two 8-lane registers; everything
-//! else follows the AVX-512 kernels: per k-row, one broadcast of each activation row and one
-//! FMA per register into accumulators that live for the whole of `k`. Each output column is
-//! thus the same chain of FMAs in the same k order whatever the vector width, so these kernels,
-//! the AVX-512 ones and the f32 and quantized panels all give bit-identical results.
+//! AVX2 + FMA microkernels of the packed gemm, for CPUs without AVX-512. A panel's 16 columns
+//! are two 8-lane registers; everything else follows the AVX-512 kernels: per k-row, one
+//! broadcast of each activation row and one FMA per register into accumulators that live for
+//! the whole of `k`. Each output column is thus the same chain of FMAs in the same k order
+//! whatever the vector width, so these kernels, the AVX-512 ones and the f32 and quantized
+//! panels all give bit-identical results.
 
 use std::arch::x86_64::*;
 
