@@ -1012,13 +1012,14 @@ mod tests {
             eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
             return;
         }
-        // Edges: rows past a 32-row block and past a 1 MiB chunk, columns past a 32-column
-        // group and past the last panel.
+        // Edges: rows past a 32-row block and past a 16 MiB chunk (512 rows of 8192), columns
+        // past a 32-column group and past the last panel.
         for &(m, n, k) in &[
             (1usize, 40usize, 64usize),
             (33, 70, 96),
             (64, 960, 576),
             (200, 33, 1536),
+            (550, 20, 8192),
             (31, 16, 32),
         ] {
             let w = random_values(n * k, 11);
