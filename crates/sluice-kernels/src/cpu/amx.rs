@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use crate::disjoint::DisjointSlice;
-use crate::quant_format::QuantFormat;
+use crate::quant_format::{MinKind, QuantFormat};
 
 /// Output columns of one tile (16 f32 = 64 bytes per tile row).
 const TILE_N: usize = 16;
@@ -50,22 +50,16 @@ const CHUNK_BYTES: usize = 16 << 20;
 pub(crate) enum Source<'a> {
     /// `[panel][k][16]` f32 panels.
     F32(&'a [f32]),
-    /// Quantized panels (see `gemm::Panels::Quant`). The legacy layouts (per 32-k block, 16
-    /// f16 scales, 16 f16 minimums for Q4_1, then the quants) are dequantized here; the others
-    /// (K-quants, Q5_0, Q5_1) panel by panel through `to_f32`, the exact kernels' arithmetic.
+    /// Quantized panels (see `gemm::Panels::Quant`), dequantized here with the exact kernels'
+    /// arithmetic: the legacy layouts (per 32-k block, 16 f16 scales, 16 f16 minimums for Q4_1,
+    /// then the quants) by code of their own, the others (K-quants, Q5_0, Q5_1) through their
+    /// [`PanelLayout`](crate::quant_format::PanelLayout) ([`dequantize_layout`]).
     Quant {
         format: QuantFormat,
         bytes: &'a [u8],
         panel_bytes: usize,
-        to_f32: PanelToF32,
     },
 }
-
-/// Dequantizes one quantized panel over `k` into `[k][16]` f32 rows.
-///
-/// Safety (of a call): the CPU has what the function was chosen for (`gemm` picks AVX-512 or
-/// AVX2, FMA and F16C by what it detects), the pointer holds one panel covering `k`, and the output `k * 16` floats.
-pub(crate) type PanelToF32 = unsafe fn(*const u8, usize, *mut f32);
 
 /// The weights of a product: tiled at load, or dequantized per call from their panels (an
 /// eighth of the bytes to read for Q4 formats, for the cost of converting them).
@@ -124,8 +118,6 @@ thread_local! {
     static ACTIVATIONS: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
     /// Per worker: one column group's tiles, when dequantized per call.
     static GROUP_TILES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    /// Per worker: one panel in f32, for the formats dequantized through `to_f32`.
-    static PANEL_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Loads the tile configuration once per thread (it stays until the thread releases it).
@@ -289,7 +281,7 @@ const STEP_BYTES: usize = 4 * TILE_BYTES;
 /// for each of 16 columns, `w[2p][col], w[2p+1][col]` (AMX's pair-interleaved B layout).
 ///
 /// # Safety
-/// The CPU has AVX-512F, BW, BF16 and F16C, and what `source`'s `to_f32` needs; `k` is a
+/// The CPU has AVX-512F, BW, BF16 and F16C; `k` is a
 /// multiple of 32 and of the format's super-block, `source` holds the panels of a matrix of
 /// `k` input features (a panel past its end reads as zero), and `tiles` is `k / 32 *
 /// STEP_BYTES` long (checked).
@@ -306,30 +298,7 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
         // values are built in that order, each with its own column's scale, and converted
         // with no shuffle of the output: `first` covers columns 0-7 of the pair, `second` 8-15.
         let emit = |step: usize, panel: usize, pair: usize, first: __m512, second: __m512| {
-            let hi = _mm512_cvtne2ps_pbh(second, first);
-            let halves: [__m256bh; 2] = std::mem::transmute(hi);
-            let first_lo = _mm512_sub_ps(first, _mm512_cvtpbh_ps(halves[0]));
-            let second_lo = _mm512_sub_ps(second, _mm512_cvtpbh_ps(halves[1]));
-            let lo = _mm512_cvtne2ps_pbh(second_lo, first_lo);
-            let at = base.add(step * STEP_BYTES + panel * TILE_BYTES + pair * 64);
-            _mm512_storeu_si512(
-                at as *mut __m512i,
-                std::mem::transmute::<__m512bh, __m512i>(hi),
-            );
-            _mm512_storeu_si512(
-                at.add(2 * TILE_BYTES) as *mut __m512i,
-                std::mem::transmute::<__m512bh, __m512i>(lo),
-            );
-        };
-        // Each column's scale (or minimum) twice, for columns 0-7 and 8-15.
-        let first_cols = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-        let second_cols =
-            _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
-        let twice = |v: __m512| {
-            (
-                _mm512_permutexvar_ps(first_cols, v),
-                _mm512_permutexvar_ps(second_cols, v),
-            )
+            emit_pair(base, step, panel, pair, first, second)
         };
         // f32 rows: lane 2c of `first` from the even row, 2c+1 from the odd row (index 16+).
         let first_rows = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
@@ -369,7 +338,6 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
                     format,
                     bytes,
                     panel_bytes,
-                    to_f32,
                 } => {
                     let num_panels = bytes.len() / panel_bytes;
                     if p >= num_panels {
@@ -377,12 +345,15 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
                         continue;
                     }
                     if !format.is_legacy_layout() {
-                        PANEL_F32.with(|scratch| {
-                            let mut scratch = scratch.borrow_mut();
-                            scratch.resize(k * TILE_N, 0.0);
-                            to_f32(bytes.as_ptr().add(p * panel_bytes), k, scratch.as_mut_ptr());
-                            emit_f32_panel(panel, scratch.as_ptr());
-                        });
+                        let w = bytes.as_ptr().add(p * panel_bytes);
+                        let by_layout = match format {
+                            QuantFormat::Q5_0 => dequantize_layout::<{ QuantFormat::Q5_0_ID }>,
+                            QuantFormat::Q5_1 => dequantize_layout::<{ QuantFormat::Q5_1_ID }>,
+                            QuantFormat::Q4K => dequantize_layout::<{ QuantFormat::Q4K_ID }>,
+                            QuantFormat::Q5K => dequantize_layout::<{ QuantFormat::Q5K_ID }>,
+                            _ => dequantize_layout::<{ QuantFormat::Q6K_ID }>,
+                        };
+                        by_layout(w, steps, base, panel);
                         continue;
                     }
                     let block = panel_bytes / steps;
@@ -444,9 +415,155 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
                                     );
                                 }
                             }
-                            _ => unreachable!("the other formats went through to_f32"),
+                            _ => unreachable!("the other formats went through dequantize_layout"),
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// Each column's value twice, for the pair-interleaved tile row: lanes 2c and 2c+1 of the
+/// first register hold column c (0-7), of the second column 8 + c.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline(always)]
+unsafe fn twice(v: __m512) -> (__m512, __m512) {
+    // SAFETY: register operations only, under the caller's AVX-512F.
+    unsafe {
+        let first_cols = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+        let second_cols =
+            _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+        (
+            _mm512_permutexvar_ps(first_cols, v),
+            _mm512_permutexvar_ps(second_cols, v),
+        )
+    }
+}
+
+/// Splits one tile row of a k pair (`first`: columns 0-7, `second`: 8-15, each lane pair the
+/// even then the odd k-row) into bf16 hi and lo and stores it as row `pair` of tile `panel` of
+/// step `step` (hi) and of the lo tile two tiles later.
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and BF16; `base` holds at least `step + 1` steps of `STEP_BYTES`.
+#[inline(always)]
+unsafe fn emit_pair(
+    base: *mut u8,
+    step: usize,
+    panel: usize,
+    pair: usize,
+    first: __m512,
+    second: __m512,
+) {
+    // SAFETY: the CPU features and the bounds of both stores are the caller's promise.
+    unsafe {
+        let hi = _mm512_cvtne2ps_pbh(second, first);
+        let halves: [__m256bh; 2] = std::mem::transmute(hi);
+        let first_lo = _mm512_sub_ps(first, _mm512_cvtpbh_ps(halves[0]));
+        let second_lo = _mm512_sub_ps(second, _mm512_cvtpbh_ps(halves[1]));
+        let lo = _mm512_cvtne2ps_pbh(second_lo, first_lo);
+        let at = base.add(step * STEP_BYTES + panel * TILE_BYTES + pair * 64);
+        _mm512_storeu_si512(
+            at as *mut __m512i,
+            std::mem::transmute::<__m512bh, __m512i>(hi),
+        );
+        _mm512_storeu_si512(
+            at.add(2 * TILE_BYTES) as *mut __m512i,
+            std::mem::transmute::<__m512bh, __m512i>(lo),
+        );
+    }
+}
+
+/// Dequantizes one panel of a format read through its
+/// [`PanelLayout`](crate::quant_format::PanelLayout) (the K-quants, Q5_0, Q5_1) straight into
+/// tile `panel` of every 32-k step at `base`. Each weight is formed as the exact kernels form
+/// it (`s * q`, or one fused `s * q +/- m` whose product is exact, with `s = d * sc` and `m =
+/// dmin * mn`), so the tiles hold what splitting `gemm`'s f32 panel would give, without writing
+/// and reading that panel. A 32-k step is one Q4_K/Q5_K sub-block, two of Q6_K.
+///
+/// # Safety
+/// The CPU has AVX-512F, BW, BF16 and F16C; `w` holds one panel of `FMT` covering `steps * 32`
+/// k-rows (a whole number of super-blocks), and `base` `steps` steps of `STEP_BYTES`.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+unsafe fn dequantize_layout<const FMT: u8>(
+    w: *const u8,
+    steps: usize,
+    base: *mut u8,
+    panel: usize,
+) {
+    // SAFETY: the CPU features are the caller's promise; every load is inside the panel-block
+    // of its super-block by the layout's offsets, every store inside step `step < steps`.
+    unsafe {
+        let l = const { QuantFormat::from_id(FMT).panel_layout() };
+        let block = l.block_bytes();
+        let steps_per_block = l.super_rows / TILE_K;
+        let low = _mm_set1_epi8(0x0F);
+        let offset = _mm512_set1_epi32(l.nibble_offset);
+        let f16x16 = |p: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
+        let i8x16 = |p: *const u8| {
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)))
+        };
+        let weight = |q: __m512, s: __m512, m: __m512| match l.min {
+            MinKind::None => _mm512_mul_ps(q, s),
+            MinKind::AddF16 => _mm512_fmadd_ps(q, s, m),
+            MinKind::SubScaled => _mm512_fmsub_ps(q, s, m),
+        };
+        for step in 0..steps {
+            let blk = w.add(step / steps_per_block * block);
+            // The step's first k-row within its super-block.
+            let r0 = step % steps_per_block * TILE_K;
+            let d = f16x16(blk);
+            let m = if l.min == MinKind::None {
+                _mm512_setzero_ps()
+            } else {
+                f16x16(blk.add(l.min_at()))
+            };
+            // Eight k pairs (16 rows) at a time: the shortest sub-block (Q6_K's).
+            for half in 0..2 {
+                let (mut s, mut o) = (d, m);
+                if l.sub_scales {
+                    let sub = (r0 + 16 * half) / l.sub_rows;
+                    s = _mm512_mul_ps(d, i8x16(blk.add(l.scales_at() + sub * 16)));
+                    if l.min == MinKind::SubScaled {
+                        o = _mm512_mul_ps(m, i8x16(blk.add(l.mins_at() + sub * 16)));
+                    }
+                }
+                let ((s_first, s_second), (o_first, o_second)) = (twice(s), twice(o));
+                for pair in 8 * half..8 * half + 8 {
+                    let row = r0 + 2 * pair;
+                    // Byte c of each: column c of the even and of the odd k-row.
+                    let (first, second) = if l.nibbles {
+                        let q = _mm_loadu_si128(
+                            blk.add(l.quants_at() + row / 2 * TILE_N) as *const __m128i
+                        );
+                        let even = _mm_and_si128(q, low);
+                        let odd = _mm_and_si128(_mm_srli_epi16(q, 4), low);
+                        let widen = |v: __m128i| _mm512_sub_epi32(_mm512_cvtepu8_epi32(v), offset);
+                        (
+                            widen(_mm_unpacklo_epi8(even, odd)),
+                            widen(_mm_unpackhi_epi8(even, odd)),
+                        )
+                    } else {
+                        let at = |r: usize| {
+                            _mm_loadu_si128(blk.add(l.quants_at() + r * TILE_N) as *const __m128i)
+                        };
+                        let (even, odd) = (at(row), at(row + 1));
+                        (
+                            _mm512_cvtepi8_epi32(_mm_unpacklo_epi8(even, odd)),
+                            _mm512_cvtepi8_epi32(_mm_unpackhi_epi8(even, odd)),
+                        )
+                    };
+                    emit_pair(
+                        base,
+                        step,
+                        panel,
+                        pair,
+                        weight(_mm512_cvtepi32_ps(first), s_first, o_first),
+                        weight(_mm512_cvtepi32_ps(second), s_second, o_second),
+                    );
                 }
             }
         }

@@ -101,11 +101,18 @@ const DEQUANTIZE_ONCE_MIN_ROWS: usize = 12;
 /// one 2.8, two 2.4-2.6.
 const DEQUANTIZED_BYTES: usize = 3 << 19;
 
+/// Dequantizes one quantized panel over `k` into `[k][16]` f32 rows.
+///
+/// Safety (of a call): the CPU has what [`panel_to_f32`] chose the function for, the pointer
+/// holds one panel covering `k`, and the output `k * 16` floats.
+#[cfg(target_arch = "x86_64")]
+type PanelToF32 = unsafe fn(*const u8, usize, *mut f32);
+
 /// The kernel that dequantizes one panel of `format` into f32 rows with the exact kernels'
 /// arithmetic: AVX-512 where the CPU has it, else AVX2, FMA and F16C ([`available`]); the two
 /// write the same floats.
 #[cfg(target_arch = "x86_64")]
-fn panel_to_f32(format: QuantFormat) -> crate::cpu::amx::PanelToF32 {
+fn panel_to_f32(format: QuantFormat) -> PanelToF32 {
     if avx512() {
         return match format {
             QuantFormat::Q4_0 => avx512::dequantize_panel::<{ QuantFormat::Q4_0_ID }>,
@@ -399,8 +406,7 @@ impl PackedMatrix {
     }
 
     fn enable_amx(&mut self, min_rows: usize, pretile: bool) -> bool {
-        // Every panel format is tiled: the legacy layouts dequantized in the tile kernel, the
-        // others through `panel_to_f32` (AVX2, FMA, F16C: `available`).
+        // Every panel format is tiled, dequantized in the tile kernel.
         #[cfg(target_arch = "x86_64")]
         if available() && crate::cpu::amx::available() && self.k.is_multiple_of(32) {
             let tiles =
@@ -425,7 +431,6 @@ impl PackedMatrix {
                 format: *format,
                 bytes,
                 panel_bytes: *panel_bytes,
-                to_f32: panel_to_f32(*format),
             },
         }
     }
@@ -1038,8 +1043,8 @@ mod tests {
             eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
             return;
         }
-        // The legacy layouts are dequantized in the tile kernel, the others (k a multiple of
-        // their 256-weight super-blocks) through the exact kernels' f32 panels.
+        // The legacy layouts are dequantized in the tile kernel by code of their own, the
+        // others (k a multiple of their 256-weight super-blocks) through their panel layout.
         for format in QuantFormat::ALL {
             let shapes: &[(usize, usize, usize)] = if format.is_legacy_layout() {
                 &[(40, 72, 576), (64, 16, 64)]
@@ -1061,6 +1066,16 @@ mod tests {
                 assert!(
                     a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
                     "{format:?}: tiles made per call differ from tiles made at load"
+                );
+                // The weights are formed exactly (as the reference dequantizer forms them), so
+                // the tiles equal those of the dequantized f32 matrix and so do the products.
+                let mut f32_tiles = PackedMatrix::pack(&dense, n, k);
+                assert!(f32_tiles.use_amx_from(1));
+                let mut c = vec![f32::NAN; m * n];
+                f32_tiles.matmul(&x, m, &mut c);
+                assert!(
+                    a.iter().zip(&c).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "{format:?}: quantized tiles differ from the tiles of their f32 weights"
                 );
             }
         }
