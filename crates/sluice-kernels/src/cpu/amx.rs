@@ -8,9 +8,12 @@
 //! instead of f32's 2^-24: far below the 4-bit quantization of the weights, at a third of the
 //! tile rate, which is still about 5x the f32 kernel.
 //!
-//! Quantized weights are not stored as bf16: each task dequantizes its 32 output columns from
-//! the packed Q4/Q8 panels into hi/lo tiles in an L2-resident buffer (an eighth of the bytes to
-//! read at Q4), then streams a chunk of activation rows (up to [`CHUNK_BYTES`]) through them. Weights held as f32 are
+//! Quantized weights are not stored as bf16: each task dequantizes its output columns (up to
+//! [`TASK_GROUPS`] groups of 32) from the packed panels into hi/lo tiles in an L2-resident
+//! buffer (an eighth of the bytes to read at Q4), a pass of k at a time, and multiplies a
+//! chunk of activation rows (up to [`CHUNK_BYTES`]) by them: each 32-row block's activations
+//! of the pass are loaded from L3 once and stay in L1 for all of the task's groups
+//! ([`multiply_task`]). Weights held as f32 are
 //! tiled once at load ([`tile_all`]). A row's result depends only on that row and the weights (every
 //! output element sums its K range in the same order), so batching stays invisible within this
 //! path.
@@ -37,6 +40,16 @@ const GROUP_N: usize = 2 * TILE_N;
 const BLOCK_M: usize = 2 * TILE_M;
 /// Bytes of one tile (16 rows x 64 bytes).
 const TILE_BYTES: usize = 1024;
+/// Column groups a task multiplies at most: each 32-row block's activations, loaded from L3
+/// once, feed this many groups from L1.
+const TASK_GROUPS: usize = 8;
+/// 32-k steps per pass over a task's rows: one pass's activations of a 32-row block (8 x 4
+/// KiB) stay in L1 while each of the task's groups multiplies them, its partial sums stored
+/// between passes (exact f32, so the sums are those of one uninterrupted pass).
+const PASS_STEPS: usize = 8;
+/// Weight tiles of one pass at most for steps of one or two 32-row blocks (see
+/// [`multiply_task`]).
+const PASS_TILE_BYTES: usize = 1 << 20;
 /// Activation bytes (hi and lo) split at a time; every column group dequantizes its weights
 /// once per chunk and streams the chunk through them. Chunks that fit L2 (1 MiB) made a
 /// 512-token prefill of Qwen2.5-1.5B dequantize each weight about 7 times (16 times for its
@@ -116,8 +129,10 @@ thread_local! {
     static CONFIGURED: Cell<bool> = const { Cell::new(false) };
     /// Per calling thread: the activations split into hi and lo rows.
     static ACTIVATIONS: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
-    /// Per worker: one column group's tiles, when dequantized per call.
+    /// Per worker: a task's weight tiles over one pass's steps, when dequantized per call.
     static GROUP_TILES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Per worker: a task's 32x32 partial sums, per row block and column group, between passes.
+    static SUMS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Loads the tile configuration once per thread (it stays until the thread releases it).
@@ -166,6 +181,13 @@ pub(crate) fn matmul(
     debug_assert_eq!(out.len(), m * n);
     let chunk_rows = (CHUNK_BYTES / (4 * k)).max(BLOCK_M) / BLOCK_M * BLOCK_M;
     let groups = n.div_ceil(GROUP_N);
+    // Column groups per task: as many as leave each thread three tasks or more to balance.
+    let threads = rayon::current_num_threads();
+    let per_task = [TASK_GROUPS, 4, 2]
+        .into_iter()
+        .find(|&t| groups.div_ceil(t) >= 3 * threads)
+        .unwrap_or(1);
+    let tasks = groups.div_ceil(per_task);
     let out = DisjointSlice::new(out);
     ACTIVATIONS.with(|acts| {
         let acts = &mut *acts.borrow_mut();
@@ -176,24 +198,21 @@ pub(crate) fn matmul(
             // SAFETY: AVX-512 BF16 checked by `available`.
             unsafe { split_rows(&x[row * k..(row + rows) * k], k, rows, padded, acts) };
             let acts = &acts[..];
-            (0..groups).into_par_iter().for_each(|g| {
-                let group_bytes = k / TILE_K * STEP_BYTES;
-                // SAFETY: AMX granted by `available`; the group writes only its own columns
-                // `g*32..` of rows `row..row+rows`, inside `out` by the size checks.
+            let chunk = Chunk {
+                acts,
+                k,
+                rows,
+                padded,
+                n,
+                first_row: row,
+            };
+            (0..tasks).into_par_iter().for_each(|t| {
+                let first = t * per_task;
+                // SAFETY: AMX granted by `available`; the task writes only the columns of its
+                // groups `first..` of rows `row..row+rows`, inside `out` by the size checks.
                 unsafe {
                     configure_tiles();
-                    match weights {
-                        Weights::Tiles(all) => {
-                            let tiles = &all[g * group_bytes..][..group_bytes];
-                            multiply_group(tiles, acts, k, rows, padded, n, g, out, row);
-                        }
-                        Weights::Dequantize(source) => GROUP_TILES.with(|tiles| {
-                            let mut tiles = tiles.borrow_mut();
-                            tiles.resize(group_bytes, 0);
-                            dequantize_group(source, k, g, &mut tiles);
-                            multiply_group(&tiles, acts, k, rows, padded, n, g, out, row);
-                        }),
-                    }
+                    multiply_task(weights, &chunk, first, per_task.min(groups - first), out);
                 }
             });
             row += rows;
@@ -214,7 +233,7 @@ pub(crate) fn tile_all(source: Source<'_>, n: usize, k: usize) -> Vec<u8> {
     all.par_chunks_mut(group_bytes)
         .enumerate()
         // SAFETY: AVX-512 BF16 and k checked above; each group fills its own `tiles`.
-        .for_each(|(g, tiles)| unsafe { dequantize_group(source, k, g, tiles) });
+        .for_each(|(g, tiles)| unsafe { dequantize_group(source, k, g, 0, tiles) });
     all
 }
 
@@ -276,22 +295,24 @@ const A_STEP_BYTES: usize = 4 * TILE_BYTES;
 /// Bytes of a group's weight tiles per 32-k step: hi of both column tiles, then lo of both.
 const STEP_BYTES: usize = 4 * TILE_BYTES;
 
-/// Dequantizes columns `g*32 .. g*32+32` (two panels) over all of `k` into `tiles`: per 32-k
-/// step, the hi tile of panel 0, of panel 1, then the lo tiles. A tile row holds one k pair:
-/// for each of 16 columns, `w[2p][col], w[2p+1][col]` (AMX's pair-interleaved B layout).
+/// Dequantizes columns `g*32 .. g*32+32` (two panels) over the 32-k steps `step0 ..` into
+/// `tiles` (as many steps as it holds): per step, the hi tile of panel 0, of panel 1, then the
+/// lo tiles. A tile row holds one k pair: for each of 16 columns, `w[2p][col], w[2p+1][col]`
+/// (AMX's pair-interleaved B layout).
 ///
 /// # Safety
-/// The CPU has AVX-512F, BW, BF16 and F16C; `k` is a
-/// multiple of 32 and of the format's super-block, `source` holds the panels of a matrix of
-/// `k` input features (a panel past its end reads as zero), and `tiles` is `k / 32 *
-/// STEP_BYTES` long (checked).
+/// The CPU has AVX-512F, BW, BF16 and F16C; `k` is a multiple of 32 and of the format's
+/// super-block, `source` holds the panels of a matrix of `k` input features (a panel past its
+/// end reads as zero), and `tiles` is a whole number of steps long, within `k / 32` from
+/// `step0` (checked).
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
-unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [u8]) {
+unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, step0: usize, tiles: &mut [u8]) {
     // SAFETY: the CPU features are the caller's promise; every load is inside a panel that exists (`p <
     // num_panels` is checked), and every store inside `tiles` (its length is asserted).
     unsafe {
+        let nsteps = tiles.len() / STEP_BYTES;
         let steps = k / TILE_K;
-        assert_eq!(tiles.len(), steps * STEP_BYTES);
+        assert!(tiles.len().is_multiple_of(STEP_BYTES) && step0 + nsteps <= steps);
         let base = tiles.as_mut_ptr();
         // A tile row holds columns 0-7 of the k pair (lane 2c: the even row's column c, lane
         // 2c+1 the odd row's) in its first 16 bf16 lanes and columns 8-15 in the rest, so the
@@ -306,9 +327,9 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
             _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
         // One f32 panel (`[k][16]`), its even and odd rows interleaved.
         let emit_f32_panel = |panel: usize, w: *const f32| {
-            for step in 0..steps {
+            for step in 0..nsteps {
                 for pair in 0..TILE_K / 2 {
-                    let rows = w.add((step * TILE_K + 2 * pair) * TILE_N);
+                    let rows = w.add(((step0 + step) * TILE_K + 2 * pair) * TILE_N);
                     let (even, odd) = (_mm512_loadu_ps(rows), _mm512_loadu_ps(rows.add(16)));
                     let first = _mm512_permutex2var_ps(even, first_rows, odd);
                     let second = _mm512_permutex2var_ps(even, second_rows, odd);
@@ -318,7 +339,7 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
         };
         // A panel past the matrix's last column.
         let emit_zeros = |panel: usize| {
-            for step in 0..steps {
+            for step in 0..nsteps {
                 for pair in 0..TILE_K / 2 {
                     emit(step, panel, pair, _mm512_setzero_ps(), _mm512_setzero_ps());
                 }
@@ -353,13 +374,13 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, tiles: &mut [
                             QuantFormat::Q5K => dequantize_layout::<{ QuantFormat::Q5K_ID }>,
                             _ => dequantize_layout::<{ QuantFormat::Q6K_ID }>,
                         };
-                        by_layout(w, steps, base, panel);
+                        by_layout(w, step0, nsteps, base, panel);
                         continue;
                     }
                     let block = panel_bytes / steps;
                     let low = _mm_set1_epi8(0x0F);
-                    for step in 0..steps {
-                        let blk = bytes.as_ptr().add(p * panel_bytes + step * block);
+                    for step in 0..nsteps {
+                        let blk = bytes.as_ptr().add(p * panel_bytes + (step0 + step) * block);
                         let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
                         let (d_first, d_second) = twice(d);
                         match format {
@@ -484,18 +505,21 @@ unsafe fn emit_pair(
 /// dmin * mn`), so the tiles hold what splitting `gemm`'s f32 panel would give, without writing
 /// and reading that panel. A 32-k step is one Q4_K/Q5_K sub-block, two of Q6_K.
 ///
+/// Steps `step0 .. step0 + nsteps` of the panel go to steps `0 .. nsteps` of `base`.
+///
 /// # Safety
-/// The CPU has AVX-512F, BW, BF16 and F16C; `w` holds one panel of `FMT` covering `steps * 32`
-/// k-rows (a whole number of super-blocks), and `base` `steps` steps of `STEP_BYTES`.
+/// The CPU has AVX-512F, BW, BF16 and F16C; `w` holds one panel of `FMT` covering at least
+/// `(step0 + nsteps) * 32` k-rows, and `base` `nsteps` steps of `STEP_BYTES`.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
 unsafe fn dequantize_layout<const FMT: u8>(
     w: *const u8,
-    steps: usize,
+    step0: usize,
+    nsteps: usize,
     base: *mut u8,
     panel: usize,
 ) {
     // SAFETY: the CPU features are the caller's promise; every load is inside the panel-block
-    // of its super-block by the layout's offsets, every store inside step `step < steps`.
+    // of its super-block by the layout's offsets, every store inside step `out_step < nsteps`.
     unsafe {
         let l = const { QuantFormat::from_id(FMT).panel_layout() };
         let block = l.block_bytes();
@@ -511,7 +535,8 @@ unsafe fn dequantize_layout<const FMT: u8>(
             MinKind::AddF16 => _mm512_fmadd_ps(q, s, m),
             MinKind::SubScaled => _mm512_fmsub_ps(q, s, m),
         };
-        for step in 0..steps {
+        for out_step in 0..nsteps {
+            let step = step0 + out_step;
             let blk = w.add(step / steps_per_block * block);
             // The step's first k-row within its super-block.
             let r0 = step % steps_per_block * TILE_K;
@@ -558,7 +583,7 @@ unsafe fn dequantize_layout<const FMT: u8>(
                     };
                     emit_pair(
                         base,
-                        step,
+                        out_step,
                         panel,
                         pair,
                         weight(_mm512_cvtepi32_ps(first), s_first, o_first),
@@ -570,63 +595,128 @@ unsafe fn dequantize_layout<const FMT: u8>(
     }
 }
 
-/// Multiplies the chunk's activation rows by one column group's tiles and writes the valid
-/// part of each 32x32 output block.
-///
-/// # Safety
-/// The calling thread's tiles are configured ([`configure_tiles`]); `tiles` holds column group
-/// `g`'s weight tiles over `k`; `acts` holds `padded` split rows (see [`split_rows`]); `out` is
-/// `[first_row + rows, n]` and no other task writes group `g`'s columns of these rows meanwhile.
-#[allow(clippy::too_many_arguments)]
-unsafe fn multiply_group(
-    tiles: &[u8],
-    acts: &[u16],
+/// One chunk of split activation rows and where its outputs go.
+struct Chunk<'a> {
+    /// `padded` rows split by [`split_rows`].
+    acts: &'a [u16],
     k: usize,
+    /// Rows of the chunk that exist, and the same rounded up to 32-row blocks.
     rows: usize,
     padded: usize,
+    /// Output columns of the matrix (the row stride of `out`).
     n: usize,
-    g: usize,
-    out: DisjointSlice<'_, f32>,
+    /// The chunk's first row in `out`.
     first_row: usize,
+}
+
+/// Multiplies the chunk's rows by column groups `first .. first + count` and writes the valid
+/// part of each 32x32 output block. Passes of [`PASS_STEPS`] steps: per pass, the groups'
+/// weight tiles over those steps (dequantized here, or from the tiles made at load), then for
+/// each 32-row block its activations of the pass, loaded once and multiplied by every group,
+/// each group's sums continued from the previous pass.
+///
+/// # Safety
+/// The calling thread's tiles are configured ([`configure_tiles`]); `weights` holds a matrix of
+/// `chunk.k` input features and `chunk.n` outputs, `chunk.acts` the split rows; `out` is at
+/// least `[chunk.first_row + chunk.rows, chunk.n]` and no other task writes these groups'
+/// columns of these rows meanwhile.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
+unsafe fn multiply_task(
+    weights: Weights<'_>,
+    chunk: &Chunk<'_>,
+    first: usize,
+    count: usize,
+    out: DisjointSlice<'_, f32>,
 ) {
-    // SAFETY: the tile configuration, the operands' sizes and the exclusive columns are the caller's
-    // promise; full 32x32 blocks are stored in place, partial ones through `scratch` and copied row
-    // by row within `rows` and `cols`.
+    // SAFETY: the tile configuration, the operands' sizes and the exclusive columns are the
+    // caller's promise; every tile load and store below stays inside `tiles`, `sums` (resized
+    // to what they address) or the task's full 32x32 blocks of `out`; partial blocks are copied
+    // row by row within `rows` and `cols`.
     unsafe {
-        let steps = k / TILE_K;
-        let col = g * GROUP_N;
-        let cols = GROUP_N.min(n - col);
-        let mut scratch = [0f32; BLOCK_M * GROUP_N];
-        for (blk, r) in (0..padded).step_by(BLOCK_M).enumerate() {
-            let a = (acts.as_ptr() as *const u8).add(blk * steps * A_STEP_BYTES);
-            block(tiles.as_ptr(), a, steps);
-            let valid_rows = BLOCK_M.min(rows - r);
-            if valid_rows == BLOCK_M && cols == GROUP_N {
-                store(out.as_mut_ptr().add((first_row + r) * n + col), n * 4);
-            } else {
-                store(scratch.as_mut_ptr(), GROUP_N * 4);
-                for i in 0..valid_rows {
-                    std::ptr::copy_nonoverlapping(
-                        scratch.as_ptr().add(i * GROUP_N),
-                        out.as_mut_ptr().add((first_row + r + i) * n + col),
-                        cols,
-                    );
+        let steps = chunk.k / TILE_K;
+        let blocks = chunk.padded / BLOCK_M;
+        let group_bytes = steps * STEP_BYTES;
+        let block_floats = BLOCK_M * GROUP_N;
+        GROUP_TILES.with(|tiles| {
+            SUMS.with(|sums| {
+                let mut tiles = tiles.borrow_mut();
+                let mut sums = sums.borrow_mut();
+                // A step of few rows (a decode batch) has little to keep in L1: its passes
+                // are as long as L2 holds their weight tiles, each pass storing and reloading
+                // the sums.
+                let pass_steps = if blocks <= 2 {
+                    (PASS_TILE_BYTES / (count * STEP_BYTES)).max(PASS_STEPS)
+                } else {
+                    PASS_STEPS
+                };
+                if matches!(weights, Weights::Dequantize(_)) {
+                    tiles.resize(count * pass_steps.min(steps) * STEP_BYTES, 0);
                 }
-            }
-        }
+                sums.resize(blocks * count * block_floats, 0.0);
+                let acts = chunk.acts.as_ptr() as *const u8;
+                for s0 in (0..steps).step_by(pass_steps) {
+                    let ns = pass_steps.min(steps - s0);
+                    let last = s0 + ns == steps;
+                    // Group `i`'s weight tiles of this pass, `STEP_BYTES` a step.
+                    let pass_bytes = ns * STEP_BYTES;
+                    if let Weights::Dequantize(source) = weights {
+                        for i in 0..count {
+                            let part = &mut tiles[i * pass_bytes..][..pass_bytes];
+                            dequantize_group(source, chunk.k, first + i, s0, part);
+                        }
+                    }
+                    let w = |i: usize| match weights {
+                        Weights::Tiles(all) => all
+                            .as_ptr()
+                            .add((first + i) * group_bytes + s0 * STEP_BYTES),
+                        Weights::Dequantize(_) => tiles.as_ptr().add(i * pass_bytes),
+                    };
+                    for blk in 0..blocks {
+                        let a = acts.add((blk * steps + s0) * A_STEP_BYTES);
+                        let r = blk * BLOCK_M;
+                        let valid_rows = BLOCK_M.min(chunk.rows - r);
+                        for i in 0..count {
+                            let c = sums.as_mut_ptr().add((blk * count + i) * block_floats);
+                            if s0 == 0 {
+                                zero_sums();
+                            } else {
+                                load_sums(c, GROUP_N * 4);
+                            }
+                            accumulate(w(i), a, ns);
+                            if !last {
+                                store(c, GROUP_N * 4);
+                                continue;
+                            }
+                            let col = (first + i) * GROUP_N;
+                            let cols = GROUP_N.min(chunk.n - col);
+                            let dst = out.as_mut_ptr().add((chunk.first_row + r) * chunk.n + col);
+                            if valid_rows == BLOCK_M && cols == GROUP_N {
+                                store(dst, chunk.n * 4);
+                            } else {
+                                store(c, GROUP_N * 4);
+                                for row in 0..valid_rows {
+                                    std::ptr::copy_nonoverlapping(
+                                        c.add(row * GROUP_N),
+                                        dst.add(row * chunk.n),
+                                        cols,
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            })
+        })
     }
 }
 
-/// Accumulates one 32x32 block in tiles 0-3 (rows 0-15 x cols 0-15, 0-15 x 16-31, 16-31 x
-/// 0-15, 16-31 x 16-31) over `steps` 32-k steps. Tiles 4-5 hold activations, 6-7 weights.
+/// Zeroes the sums of a 32x32 block (tiles 0-3).
 ///
 /// # Safety
-/// The thread's tiles are configured; `w` holds `steps` weight steps of `STEP_BYTES` and `a`
-/// `steps` activation steps of `A_STEP_BYTES`.
+/// The thread's tiles are configured.
 #[inline(always)]
-unsafe fn block(w: *const u8, a: *const u8, steps: usize) {
-    // SAFETY: the configured tiles and the operands' sizes are the caller's promise; tile loads read 16
-    // rows of 64 bytes inside each step.
+unsafe fn zero_sums() {
+    // SAFETY: the configured tiles are the caller's promise; no memory is touched.
     unsafe {
         asm!(
             "tilezero tmm0",
@@ -635,6 +725,46 @@ unsafe fn block(w: *const u8, a: *const u8, steps: usize) {
             "tilezero tmm3",
             options(nostack, nomem)
         );
+    }
+}
+
+/// Loads the sums of a 32x32 block (tiles 0-3, as [`store`] lays them out) from `src`, rows
+/// `ld` bytes apart.
+///
+/// # Safety
+/// The thread's tiles are configured; `src` has 32 rows of 32 readable floats, `ld` bytes
+/// apart.
+#[inline(always)]
+unsafe fn load_sums(src: *const f32, ld: usize) {
+    // SAFETY: the caller's promise: the four 16x16 loads stay within 32 rows of 32 floats.
+    unsafe {
+        let s = src as *const u8;
+        asm!(
+            "tileloadd tmm0, [{s0} + {ld}*1]",
+            "tileloadd tmm1, [{s1} + {ld}*1]",
+            "tileloadd tmm2, [{s2} + {ld}*1]",
+            "tileloadd tmm3, [{s3} + {ld}*1]",
+            s0 = in(reg) s,
+            s1 = in(reg) s.add(64),
+            s2 = in(reg) s.add(16 * ld),
+            s3 = in(reg) s.add(16 * ld + 64),
+            ld = in(reg) ld,
+            options(nostack, readonly)
+        );
+    }
+}
+
+/// Adds `steps` 32-k steps of one 32x32 block to the sums in tiles 0-3 (rows 0-15 x cols
+/// 0-15, 0-15 x 16-31, 16-31 x 0-15, 16-31 x 16-31). Tiles 4-5 hold activations, 6-7 weights.
+///
+/// # Safety
+/// The thread's tiles are configured; `w` holds `steps` weight steps of `STEP_BYTES` and `a`
+/// `steps` activation steps of `A_STEP_BYTES`.
+#[inline(always)]
+unsafe fn accumulate(w: *const u8, a: *const u8, steps: usize) {
+    // SAFETY: the configured tiles and the operands' sizes are the caller's promise; tile loads read 16
+    // rows of 64 bytes inside each step.
+    unsafe {
         for s in 0..steps {
             let b = w.add(s * STEP_BYTES);
             let a = a.add(s * A_STEP_BYTES);

@@ -1025,6 +1025,8 @@ mod tests {
             (64, 960, 576),
             (200, 33, 1536),
             (550, 20, 8192),
+            // Tasks of several column groups (the last one short) over several passes of k.
+            (33, 1000, 576),
             (31, 16, 32),
         ] {
             let w = random_values(n * k, 11);
@@ -1047,9 +1049,9 @@ mod tests {
         // others (k a multiple of their 256-weight super-blocks) through their panel layout.
         for format in QuantFormat::ALL {
             let shapes: &[(usize, usize, usize)] = if format.is_legacy_layout() {
-                &[(40, 72, 576), (64, 16, 64)]
+                &[(40, 72, 576), (64, 16, 64), (40, 520, 576)]
             } else {
-                &[(40, 72, 768), (64, 16, 256)]
+                &[(40, 72, 768), (64, 16, 256), (40, 520, 512)]
             };
             for &(m, n, k) in shapes {
                 let (q, dense) = quantized_matrix(n, k, format, 5);
