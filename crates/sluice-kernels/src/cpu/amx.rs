@@ -9,11 +9,11 @@
 //! tile rate, which is still about 5x the f32 kernel.
 //!
 //! Quantized weights are not stored as bf16: each task dequantizes its output columns (up to
-//! [`TASK_GROUPS`] groups of 32) from the packed panels into hi/lo tiles in an L2-resident
+//! `TASK_GROUPS` groups of 32) from the packed panels into hi/lo tiles in an L2-resident
 //! buffer (an eighth of the bytes to read at Q4), a pass of k at a time, and multiplies a
-//! chunk of activation rows (up to [`CHUNK_BYTES`]) by them: each 32-row block's activations
+//! chunk of activation rows (up to `CHUNK_BYTES`) by them: each 32-row block's activations
 //! of the pass are loaded from L3 once and stay in L1 for all of the task's groups
-//! ([`multiply_task`]). Weights held as f32 are
+//! (`multiply_task`). Weights held as f32 are
 //! tiled once at load ([`tile_all`]). A row's result depends only on that row and the weights (every
 //! output element sums its K range in the same order), so batching stays invisible within this
 //! path.
