@@ -607,31 +607,21 @@ impl PackedMatrix {
                     } => {
                         let w = bytes.as_ptr().add(first * panel_bytes);
                         let stride = *panel_bytes;
+                        // The legacy layouts on their own kernel, the others by their layout.
+                        macro_rules! quant {
+                            ($module:ident, $id:ident) => {
+                                tiles!(t, rows, count, stride, w, $module::qtile::<{ QuantFormat::$id }>, [1 2 3 4 5 6])
+                            };
+                        }
                         match *format {
-                            QuantFormat::Q4_0 => {
-                                tiles!(t, rows, count, stride, w, x86::qtile::<{ QuantFormat::Q4_0_ID }>, [1 2 3 4 5 6])
-                            }
-                            QuantFormat::Q4_1 => {
-                                tiles!(t, rows, count, stride, w, x86::qtile::<{ QuantFormat::Q4_1_ID }>, [1 2 3 4 5 6])
-                            }
-                            QuantFormat::Q8_0 => {
-                                tiles!(t, rows, count, stride, w, x86::qtile::<{ QuantFormat::Q8_0_ID }>, [1 2 3 4 5 6])
-                            }
-                            QuantFormat::Q5_0 => {
-                                tiles!(t, rows, count, stride, w, avx512::qtile::<{ QuantFormat::Q5_0_ID }>, [1 2 3 4 5 6])
-                            }
-                            QuantFormat::Q5_1 => {
-                                tiles!(t, rows, count, stride, w, avx512::qtile::<{ QuantFormat::Q5_1_ID }>, [1 2 3 4 5 6])
-                            }
-                            QuantFormat::Q4K => {
-                                tiles!(t, rows, count, stride, w, avx512::qtile::<{ QuantFormat::Q4K_ID }>, [1 2 3 4 5 6])
-                            }
-                            QuantFormat::Q5K => {
-                                tiles!(t, rows, count, stride, w, avx512::qtile::<{ QuantFormat::Q5K_ID }>, [1 2 3 4 5 6])
-                            }
-                            QuantFormat::Q6K => {
-                                tiles!(t, rows, count, stride, w, avx512::qtile::<{ QuantFormat::Q6K_ID }>, [1 2 3 4 5 6])
-                            }
+                            QuantFormat::Q4_0 => quant!(x86, Q4_0_ID),
+                            QuantFormat::Q4_1 => quant!(x86, Q4_1_ID),
+                            QuantFormat::Q8_0 => quant!(x86, Q8_0_ID),
+                            QuantFormat::Q5_0 => quant!(avx512, Q5_0_ID),
+                            QuantFormat::Q5_1 => quant!(avx512, Q5_1_ID),
+                            QuantFormat::Q4K => quant!(avx512, Q4K_ID),
+                            QuantFormat::Q5K => quant!(avx512, Q5K_ID),
+                            QuantFormat::Q6K => quant!(avx512, Q6K_ID),
                         }
                     }
                 }
