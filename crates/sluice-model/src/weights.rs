@@ -190,9 +190,11 @@ enum Int8Part {
 
 /// Rows from which [`WeightsKind::Auto`] multiplies on AMX tiles where the CPU has them
 /// (`sluice_kernels::cpu::amx`: split-bf16 products, relative error about 2^-16). Below it, steps read the
-/// quantized panels with the f32 kernel's exact numbers: at 32 rows both cost about the same
-/// (the panels' FMAs against reading the tiles' 4 bytes per weight).
-pub const AUTO_AMX_MIN_ROWS: usize = 32;
+/// quantized panels with the f32 kernel's exact numbers. Measured on an AMX Xeon (forward
+/// bench, paired): from 16 rows the tiles are faster (Qwen2.5-Coder-1.5B Q4_K_M: 16 rows 275/282
+/// -> 262/261 ms, 24 rows 371/363 -> 293/295; SmolLM2 Q4_1 24 rows 45.3 -> 40.5), at 8 and 12
+/// rows slower (Qwen 8 rows 170 against 240 ms).
+pub const AUTO_AMX_MIN_ROWS: usize = 16;
 
 thread_local! {
     static ACTIVATIONS: std::cell::RefCell<QuantizedActivations> = std::cell::RefCell::new(QuantizedActivations::default());

@@ -540,12 +540,16 @@ fn auto_weights_equal_f32_bit_for_bit() {
             WeightsKind::Auto,
             serving_backend(&TinyModelSpec::default()),
         );
-        let tokens: Vec<u32> = (0..19).map(|i| (i * 13 % 250) as u32).collect();
+        // A prefill long enough to dequantize each panel once (12 rows and more) and short
+        // enough to stay off the AMX tiles, whose products are not f32's.
+        let prefill = 14;
+        assert!(prefill < sluice_model::weights::AUTO_AMX_MIN_ROWS);
+        let tokens: Vec<u32> = (0..prefill + 2).map(|i| (i * 13 % 250) as u32).collect();
         let steps = |model: &LlamaModel| -> Vec<Vec<f32>> {
             let mut kv = model.new_kv_cache(3, 16).unwrap();
             let mut out = Vec::new();
             let mut b = StepBatch::new(16);
-            b.push_sequence(&tokens[..17], 0, &[2, 0], true); // prefill: the f32 panels
+            b.push_sequence(&tokens[..prefill], 0, &[2, 0], true); // prefill: the f32 panels
             out.push(
                 model
                     .forward(&b, &mut kv)
@@ -555,7 +559,7 @@ fn auto_weights_equal_f32_bit_for_bit() {
                     .to_vec1::<f32>()
                     .unwrap(),
             );
-            for pos in 17..19 {
+            for pos in prefill..prefill + 2 {
                 b.clear();
                 b.push_sequence(&tokens[pos..pos + 1], pos, &[2, 0], true); // decode: quantized
                 out.push(
