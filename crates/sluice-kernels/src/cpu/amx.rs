@@ -25,6 +25,8 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
+use crate::cpu::panel_avx512::{f16x16, sub_scales, weight};
+use crate::cpu::scratch;
 use crate::disjoint::DisjointSlice;
 use crate::quant_format::{MinKind, QuantFormat};
 
@@ -250,10 +252,7 @@ unsafe fn split_rows(x: &[f32], k: usize, rows: usize, padded: usize, tiles: &mu
     // and every write below is inside it (rows < padded, steps * 32 = k).
     unsafe {
         let steps = k / TILE_K;
-        if tiles.len() < padded * k * 2 {
-            tiles.resize(padded * k * 2, 0);
-        }
-        let base = tiles.as_mut_ptr();
+        let base = scratch(tiles, padded * k * 2).as_mut_ptr();
         for r in 0..padded {
             let (blk, within) = (r / BLOCK_M, r % BLOCK_M);
             let (half, row) = (within / TILE_M, within % TILE_M);
@@ -526,15 +525,6 @@ unsafe fn dequantize_layout<const FMT: u8>(
         let steps_per_block = l.super_rows / TILE_K;
         let low = _mm_set1_epi8(0x0F);
         let offset = _mm512_set1_epi32(l.nibble_offset);
-        let f16x16 = |p: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
-        let i8x16 = |p: *const u8| {
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)))
-        };
-        let weight = |q: __m512, s: __m512, m: __m512| match l.min {
-            MinKind::None => _mm512_mul_ps(q, s),
-            MinKind::AddF16 => _mm512_fmadd_ps(q, s, m),
-            MinKind::SubScaled => _mm512_fmsub_ps(q, s, m),
-        };
         for out_step in 0..nsteps {
             let step = step0 + out_step;
             let blk = w.add(step / steps_per_block * block);
@@ -548,14 +538,7 @@ unsafe fn dequantize_layout<const FMT: u8>(
             };
             // Eight k pairs (16 rows) at a time: the shortest sub-block (Q6_K's).
             for half in 0..2 {
-                let (mut s, mut o) = (d, m);
-                if l.sub_scales {
-                    let sub = (r0 + 16 * half) / l.sub_rows;
-                    s = _mm512_mul_ps(d, i8x16(blk.add(l.scales_at() + sub * 16)));
-                    if l.min == MinKind::SubScaled {
-                        o = _mm512_mul_ps(m, i8x16(blk.add(l.mins_at() + sub * 16)));
-                    }
-                }
+                let (s, o) = sub_scales(l, blk, (r0 + 16 * half) / l.sub_rows, d, m);
                 let ((s_first, s_second), (o_first, o_second)) = (twice(s), twice(o));
                 for pair in 8 * half..8 * half + 8 {
                     let row = r0 + 2 * pair;
@@ -586,8 +569,8 @@ unsafe fn dequantize_layout<const FMT: u8>(
                         out_step,
                         panel,
                         pair,
-                        weight(_mm512_cvtepi32_ps(first), s_first, o_first),
-                        weight(_mm512_cvtepi32_ps(second), s_second, o_second),
+                        weight(l.min, _mm512_cvtepi32_ps(first), s_first, o_first),
+                        weight(l.min, _mm512_cvtepi32_ps(second), s_second, o_second),
                     );
                 }
             }
@@ -649,10 +632,13 @@ unsafe fn multiply_task(
                 } else {
                     PASS_STEPS
                 };
-                if matches!(weights, Weights::Dequantize(_)) {
-                    tiles.resize(count * pass_steps.min(steps) * STEP_BYTES, 0);
-                }
-                sums.resize(blocks * count * block_floats, 0.0);
+                let tiles = match weights {
+                    Weights::Dequantize(_) => {
+                        scratch(&mut tiles, count * pass_steps.min(steps) * STEP_BYTES)
+                    }
+                    Weights::Tiles(_) => &mut [],
+                };
+                let sums = scratch(&mut sums, blocks * count * block_floats);
                 let acts = chunk.acts.as_ptr() as *const u8;
                 for s0 in (0..steps).step_by(pass_steps) {
                     let ns = pass_steps.min(steps - s0);

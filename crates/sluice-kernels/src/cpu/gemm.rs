@@ -564,8 +564,8 @@ impl PackedMatrix {
                     .unwrap_or(1)
                     .min(count);
                 return SCRATCH.with(|scratch| {
-                    let mut scratch = scratch.borrow_mut();
-                    scratch.resize(together * stride, 0.0);
+                    let scratch = &mut *scratch.borrow_mut();
+                    let scratch = crate::cpu::scratch(scratch, together * stride);
                     for pass in (0..count).step_by(together) {
                         let panels = together.min(count - pass);
                         for p in 0..panels {
@@ -715,8 +715,8 @@ impl PackedMatrix {
             {
                 let dequantize = panel_to_f32(*format);
                 SCRATCH.with(|scratch| {
-                    let mut scratch = scratch.borrow_mut();
-                    scratch.resize(self.k * PANEL, 0.0);
+                    let scratch = &mut *scratch.borrow_mut();
+                    let scratch = crate::cpu::scratch(scratch, self.k * PANEL);
                     for p in first..first + count {
                         dequantize(base.add(p * stride), self.k, scratch.as_mut_ptr());
                         let col = p * PANEL;
