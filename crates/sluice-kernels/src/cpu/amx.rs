@@ -26,7 +26,7 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use crate::cpu::panel_avx512::{f16x16, sub_scales, weight};
-use crate::cpu::scratch;
+use crate::cpu::{scratch, CacheLine};
 use crate::disjoint::DisjointSlice;
 use crate::quant_format::{MinKind, QuantFormat};
 
@@ -80,7 +80,7 @@ pub(crate) enum Source<'a> {
 /// eighth of the bytes to read for Q4 formats, for the cost of converting them).
 #[derive(Clone, Copy)]
 pub(crate) enum Weights<'a> {
-    Tiles(&'a [u8]),
+    Tiles(&'a [CacheLine]),
     Dequantize(Source<'a>),
 }
 
@@ -130,11 +130,11 @@ struct TileConfig {
 thread_local! {
     static CONFIGURED: Cell<bool> = const { Cell::new(false) };
     /// Per calling thread: the activations split into hi and lo rows.
-    static ACTIVATIONS: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+    static ACTIVATIONS: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
     /// Per worker: a task's weight tiles over one pass's steps, when dequantized per call.
-    static GROUP_TILES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static GROUP_TILES: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
     /// Per worker: a task's 32x32 partial sums, per row block and column group, between passes.
-    static SUMS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SUMS: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Loads the tile configuration once per thread (it stays until the thread releases it).
@@ -225,14 +225,15 @@ pub(crate) fn matmul(
 /// Every column group's hi/lo tiles (4 bytes per weight, as f32 panels), dequantized once at
 /// load, for weights whose panels are f32 anyway: dequantizing those per call would read as
 /// many bytes and convert them too.
-pub(crate) fn tile_all(source: Source<'_>, n: usize, k: usize) -> Vec<u8> {
+pub(crate) fn tile_all(source: Source<'_>, n: usize, k: usize) -> Vec<CacheLine> {
     assert!(
         available() && k.is_multiple_of(TILE_K),
         "AMX tiles need AMX and k % 32 == 0"
     );
     let group_bytes = k / TILE_K * STEP_BYTES;
-    let mut all = vec![0u8; n.div_ceil(GROUP_N) * group_bytes];
-    all.par_chunks_mut(group_bytes)
+    let mut all = vec![CacheLine::default(); CacheLine::count(n.div_ceil(GROUP_N) * group_bytes)];
+    CacheLine::bytes_mut(&mut all)
+        .par_chunks_mut(group_bytes)
         .enumerate()
         // SAFETY: AVX-512 BF16 and k checked above; each group fills its own `tiles`.
         .for_each(|(g, tiles)| unsafe { dequantize_group(source, k, g, 0, tiles) });
@@ -247,12 +248,12 @@ pub(crate) fn tile_all(source: Source<'_>, n: usize, k: usize) -> Vec<u8> {
 /// The CPU has AVX-512F, BW and BF16; `x` holds `rows * k` values, `rows <= padded` and `k`
 /// is a multiple of 32.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn split_rows(x: &[f32], k: usize, rows: usize, padded: usize, tiles: &mut Vec<u16>) {
+unsafe fn split_rows(x: &[f32], k: usize, rows: usize, padded: usize, tiles: &mut Vec<CacheLine>) {
     // SAFETY: the CPU features are the caller's promise; `tiles` is grown to `padded * k * 2` values first,
     // and every write below is inside it (rows < padded, steps * 32 = k).
     unsafe {
         let steps = k / TILE_K;
-        let base = scratch(tiles, padded * k * 2).as_mut_ptr();
+        let base = scratch(tiles, CacheLine::count(padded * k * 4)).as_mut_ptr() as *mut u16;
         for r in 0..padded {
             let (blk, within) = (r / BLOCK_M, r % BLOCK_M);
             let (half, row) = (within / TILE_M, within % TILE_M);
@@ -581,7 +582,7 @@ unsafe fn dequantize_layout<const FMT: u8>(
 /// One chunk of split activation rows and where its outputs go.
 struct Chunk<'a> {
     /// `padded` rows split by [`split_rows`].
-    acts: &'a [u16],
+    acts: &'a [CacheLine],
     k: usize,
     /// Rows of the chunk that exist, and the same rounded up to 32-row blocks.
     rows: usize,
@@ -633,12 +634,17 @@ unsafe fn multiply_task(
                     PASS_STEPS
                 };
                 let tiles = match weights {
-                    Weights::Dequantize(_) => {
-                        scratch(&mut tiles, count * pass_steps.min(steps) * STEP_BYTES)
-                    }
+                    Weights::Dequantize(_) => CacheLine::bytes_mut(scratch(
+                        &mut tiles,
+                        CacheLine::count(count * pass_steps.min(steps) * STEP_BYTES),
+                    )),
                     Weights::Tiles(_) => &mut [],
                 };
-                let sums = scratch(&mut sums, blocks * count * block_floats);
+                let sums = scratch(
+                    &mut sums,
+                    CacheLine::count(blocks * count * block_floats * 4),
+                )
+                .as_mut_ptr() as *mut f32;
                 let acts = chunk.acts.as_ptr() as *const u8;
                 for s0 in (0..steps).step_by(pass_steps) {
                     let ns = pass_steps.min(steps - s0);
@@ -652,7 +658,7 @@ unsafe fn multiply_task(
                         }
                     }
                     let w = |i: usize| match weights {
-                        Weights::Tiles(all) => all
+                        Weights::Tiles(all) => CacheLine::bytes(all)
                             .as_ptr()
                             .add((first + i) * group_bytes + s0 * STEP_BYTES),
                         Weights::Dequantize(_) => tiles.as_ptr().add(i * pass_bytes),
@@ -662,7 +668,7 @@ unsafe fn multiply_task(
                         let r = blk * BLOCK_M;
                         let valid_rows = BLOCK_M.min(chunk.rows - r);
                         for i in 0..count {
-                            let c = sums.as_mut_ptr().add((blk * count + i) * block_floats);
+                            let c = sums.add((blk * count + i) * block_floats);
                             if s0 == 0 {
                                 zero_sums();
                             } else {

@@ -34,7 +34,7 @@ pub struct PackedMatrix {
     /// Steps of at least this many rows run on AMX tiles ([`crate::cpu::amx`]) instead, with the
     /// weights tiled once at load.
     /// `None` tiles: dequantized from the panels at every call.
-    amx: Option<(usize, Option<Vec<u8>>)>,
+    amx: Option<(usize, Option<Vec<crate::cpu::CacheLine>>)>,
 }
 
 /// The weights of a packed matrix, panel by panel (16 output features each, zero-padded past
