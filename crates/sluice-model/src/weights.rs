@@ -339,13 +339,15 @@ impl Linear {
             panels.push((col0, m));
         }
         debug_assert_eq!(parts.iter().map(|p| p.rows).sum::<usize>(), n);
-        // AMX tiles need one matrix writing whole rows; fused matrices of several formats
-        // stay on the exact panels at every step.
-        if let ([(_, m)], Some(min_rows)) = (&mut panels[..], options.amx_min_rows) {
-            if m.format().is_some() {
-                m.use_amx_dequantizing_from(min_rows);
-            } else {
-                m.use_amx_only();
+        // Every part on AMX tiles from `min_rows`, each writing its columns of the fused
+        // output (Qwen2.5's Q4_K_M files fuse Q4_K q/k with a Q6_K v in half their layers).
+        if let Some(min_rows) = options.amx_min_rows {
+            for (_, m) in &mut panels {
+                if m.format().is_some() {
+                    m.use_amx_dequantizing_from(min_rows);
+                } else {
+                    m.use_amx_only();
+                }
             }
         }
         Ok(Some(

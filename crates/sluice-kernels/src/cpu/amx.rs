@@ -164,8 +164,11 @@ unsafe fn configure_tiles() {
     }
 }
 
-/// `out[m, n] = x[m, k] . W^T` with `W` given as the `tiles` of [`tile_all`]. The caller checks
-/// [`available`], `k % 32 == 0` and the sizes.
+/// `out[r * ldo + col0 + c] = (x[m, k] . W^T)[r, c]`: the product into columns `col0 ..
+/// col0 + n` of an output `ldo` wide (a part of a fused projection, or all of it). The caller
+/// checks [`available`], `k % 32 == 0` and the sizes (`out.len() == m * ldo`, `col0 + n <=
+/// ldo`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul(
     weights: Weights<'_>,
     n: usize,
@@ -173,6 +176,8 @@ pub(crate) fn matmul(
     x: &[f32],
     m: usize,
     out: &mut [f32],
+    ldo: usize,
+    col0: usize,
 ) {
     // The unsafe calls below rely on both; one cached load and a modulo per product.
     assert!(
@@ -180,7 +185,7 @@ pub(crate) fn matmul(
         "AMX tiles need AMX and k % 32 == 0"
     );
     debug_assert_eq!(x.len(), m * k);
-    debug_assert_eq!(out.len(), m * n);
+    debug_assert!(out.len() == m * ldo && col0 + n <= ldo);
     let chunk_rows = (CHUNK_BYTES / (4 * k)).max(BLOCK_M) / BLOCK_M * BLOCK_M;
     let groups = n.div_ceil(GROUP_N);
     // Column groups per task: as many as leave each thread three tasks or more to balance.
@@ -206,6 +211,8 @@ pub(crate) fn matmul(
                 rows,
                 padded,
                 n,
+                ldo,
+                col0,
                 first_row: row,
             };
             (0..tasks).into_par_iter().for_each(|t| {
@@ -587,8 +594,11 @@ struct Chunk<'a> {
     /// Rows of the chunk that exist, and the same rounded up to 32-row blocks.
     rows: usize,
     padded: usize,
-    /// Output columns of the matrix (the row stride of `out`).
+    /// Output columns of the matrix.
     n: usize,
+    /// The row stride of `out`, and where the matrix's columns start in a row.
+    ldo: usize,
+    col0: usize,
     /// The chunk's first row in `out`.
     first_row: usize,
 }
@@ -602,7 +612,8 @@ struct Chunk<'a> {
 /// # Safety
 /// The calling thread's tiles are configured ([`configure_tiles`]); `weights` holds a matrix of
 /// `chunk.k` input features and `chunk.n` outputs, `chunk.acts` the split rows; `out` is at
-/// least `[chunk.first_row + chunk.rows, chunk.n]` and no other task writes these groups'
+/// least `[chunk.first_row + chunk.rows, chunk.ldo]` with `chunk.col0 + chunk.n <= chunk.ldo`,
+/// and no other task writes these groups'
 /// columns of these rows meanwhile.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
 unsafe fn multiply_task(
@@ -681,15 +692,17 @@ unsafe fn multiply_task(
                             }
                             let col = (first + i) * GROUP_N;
                             let cols = GROUP_N.min(chunk.n - col);
-                            let dst = out.as_mut_ptr().add((chunk.first_row + r) * chunk.n + col);
+                            let dst = out
+                                .as_mut_ptr()
+                                .add((chunk.first_row + r) * chunk.ldo + chunk.col0 + col);
                             if valid_rows == BLOCK_M && cols == GROUP_N {
-                                store(dst, chunk.n * 4);
+                                store(dst, chunk.ldo * 4);
                             } else {
                                 store(c, GROUP_N * 4);
                                 for row in 0..valid_rows {
                                     std::ptr::copy_nonoverlapping(
                                         c.add(row * GROUP_N),
-                                        dst.add(row * chunk.n),
+                                        dst.add(row * chunk.ldo),
                                         cols,
                                     );
                                 }

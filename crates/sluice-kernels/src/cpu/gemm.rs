@@ -470,16 +470,12 @@ impl PackedMatrix {
         assert!(col0 + self.n <= ldo, "columns past the output row");
         assert_eq!(out.len(), m * ldo, "output size");
         #[cfg(target_arch = "x86_64")]
-        if let Some((_, tiles)) = self
-            .amx
-            .as_ref()
-            .filter(|(min, _)| m >= *min && ldo == self.n)
-        {
+        if let Some((_, tiles)) = self.amx.as_ref().filter(|(min, _)| m >= *min) {
             let weights = match tiles {
                 Some(t) => crate::cpu::amx::Weights::Tiles(t),
                 None => crate::cpu::amx::Weights::Dequantize(self.amx_source()),
             };
-            crate::cpu::amx::matmul(weights, self.n, self.k, x, m, out);
+            crate::cpu::amx::matmul(weights, self.n, self.k, x, m, out, ldo, col0);
             return;
         }
         let num_panels = self.n.div_ceil(PANEL);
@@ -1210,21 +1206,37 @@ mod tests {
             );
             return;
         }
-        let (m, k) = (5, 512);
+        // Below AMX's rows, and on AMX tiles (a 32-row block and a partial one; v's columns
+        // start mid-group and end past its last full group).
+        let runs: &[(usize, bool)] = if amx_available() {
+            &[(5, false), (45, true)]
+        } else {
+            &[(5, false)]
+        };
+        let k = 512;
         let (q, _) = quantized_matrix(40, k, QuantFormat::Q4K, 3);
-        let (v, _) = quantized_matrix(24, k, QuantFormat::Q6K, 4);
-        let q = PackedMatrix::pack_quantized(QuantFormat::Q4K, &q, 40, k).unwrap();
-        let v = PackedMatrix::pack_quantized(QuantFormat::Q6K, &v, 24, k).unwrap();
-        let x = random_values(m * k, 9);
-        let mut fused = vec![f32::NAN; m * 64];
-        q.matmul_into(&x, m, &mut fused, 64, 0);
-        v.matmul_into(&x, m, &mut fused, 64, 40);
-        let (mut a, mut b) = (vec![0f32; m * 40], vec![0f32; m * 24]);
-        q.matmul(&x, m, &mut a);
-        v.matmul(&x, m, &mut b);
-        for r in 0..m {
-            assert_eq!(&fused[r * 64..][..40], &a[r * 40..][..40]);
-            assert_eq!(&fused[r * 64 + 40..][..24], &b[r * 24..][..24]);
+        let (v, _) = quantized_matrix(72, k, QuantFormat::Q6K, 4);
+        for &(m, amx) in runs {
+            let mut q = PackedMatrix::pack_quantized(QuantFormat::Q4K, &q, 40, k).unwrap();
+            let mut v = PackedMatrix::pack_quantized(QuantFormat::Q6K, &v, 72, k).unwrap();
+            if amx {
+                assert!(q.use_amx_dequantizing_from(1) && v.use_amx_dequantizing_from(1));
+            }
+            let x = random_values(m * k, 9);
+            let mut fused = vec![f32::NAN; m * 112];
+            q.matmul_into(&x, m, &mut fused, 112, 0);
+            v.matmul_into(&x, m, &mut fused, 112, 40);
+            let (mut a, mut b) = (vec![0f32; m * 40], vec![0f32; m * 72]);
+            q.matmul(&x, m, &mut a);
+            v.matmul(&x, m, &mut b);
+            for r in 0..m {
+                assert_eq!(&fused[r * 112..][..40], &a[r * 40..][..40], "amx {amx}");
+                assert_eq!(
+                    &fused[r * 112 + 40..][..72],
+                    &b[r * 72..][..72],
+                    "amx {amx}"
+                );
+            }
         }
     }
 
