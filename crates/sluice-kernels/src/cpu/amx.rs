@@ -627,8 +627,7 @@ struct Chunk<'a> {
 /// The calling thread's tiles are configured ([`configure_tiles`]); `weights` holds a matrix of
 /// `chunk.k` input features and `chunk.n` outputs, `chunk.acts` the split rows; `out` is at
 /// least `[chunk.first_row + chunk.rows, chunk.ldo]` with `chunk.col0 + chunk.n <= chunk.ldo`,
-/// and no other task writes these groups'
-/// columns of these rows meanwhile.
+/// and no other task writes these groups' columns of these rows meanwhile.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
 unsafe fn multiply_task(
     weights: Weights<'_>,
