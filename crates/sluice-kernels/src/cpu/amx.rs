@@ -13,7 +13,10 @@
 //! buffer (an eighth of the bytes to read at Q4), a pass of k at a time, and multiplies a
 //! chunk of activation rows (up to `CHUNK_BYTES`) by them: each 32-row block's activations
 //! of the pass are loaded from L3 once and stay in L1 for all of the task's groups
-//! (`multiply_task`). Weights held as f32 are
+//! (`multiply_task`). Steps of up to 64 rows of the K-quants, Q5_0 and Q5_1 instead multiply
+//! the weights' integers, unsplit, and scale each 32-k block's product (module `integer`):
+//! two products instead of three, and weight tiles converted from the integers, 2 bytes a
+//! weight, instead of formed in f32 and split into 4. Weights held as f32 are
 //! tiled once at load ([`tile_all`]). A row's result depends only on that row and the weights (every
 //! output element sums its K range in the same order), so batching stays invisible within this
 //! path.
@@ -24,6 +27,11 @@ use std::cell::{Cell, RefCell};
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
+
+mod integer;
+
+#[cfg(test)]
+pub(crate) use integer::supports as multiplies_integers;
 
 use crate::cpu::panel_avx512::{f16x16, sub_scales, weight};
 use crate::cpu::{scratch, CacheLine};
@@ -131,6 +139,8 @@ thread_local! {
     static CONFIGURED: Cell<bool> = const { Cell::new(false) };
     /// Per calling thread: the activations split into hi and lo rows.
     static ACTIVATIONS: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
+    /// Per calling thread: the activations' sums per 32-k step, split likewise.
+    static BLOCK_SUMS: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
     /// Per worker: a task's weight tiles over one pass's steps, when dequantized per call.
     static GROUP_TILES: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
     /// Per worker: a task's 32x32 partial sums, per row block and column group, between passes.
@@ -196,36 +206,63 @@ pub(crate) fn matmul(
         .unwrap_or(1);
     let tasks = groups.div_ceil(per_task);
     let out = DisjointSlice::new(out);
+    // Steps of decode size with quantized weights scaled per 32-k block go on tiles as their
+    // integers ([`integer`]); with minimums, that product needs the activations' block sums
+    // too.
+    let integers = match weights {
+        Weights::Dequantize(Source::Quant {
+            format,
+            bytes,
+            panel_bytes,
+        }) if m <= integer::MAX_ROWS && integer::supports(format) => Some(integer::Panels {
+            format,
+            bytes,
+            panel_bytes,
+        }),
+        _ => None,
+    };
+    let with_sums = integers.is_some_and(|p| p.format.panel_layout().min != MinKind::None);
     ACTIVATIONS.with(|acts| {
-        let acts = &mut *acts.borrow_mut();
-        let mut row = 0;
-        while row < m {
-            let rows = chunk_rows.min(m - row);
-            let padded = rows.div_ceil(BLOCK_M) * BLOCK_M;
-            // SAFETY: AVX-512 BF16 checked by `available`.
-            unsafe { split_rows(&x[row * k..(row + rows) * k], k, rows, padded, acts) };
-            let acts = &acts[..];
-            let chunk = Chunk {
-                acts,
-                k,
-                rows,
-                padded,
-                n,
-                ldo,
-                col0,
-                first_row: row,
-            };
-            (0..tasks).into_par_iter().for_each(|t| {
-                let first = t * per_task;
-                // SAFETY: AMX granted by `available`; the task writes only the columns of its
-                // groups `first..` of rows `row..row+rows`, inside `out` by the size checks.
-                unsafe {
-                    configure_tiles();
-                    multiply_task(weights, &chunk, first, per_task.min(groups - first), out);
-                }
-            });
-            row += rows;
-        }
+        BLOCK_SUMS.with(|sums| {
+            let acts = &mut *acts.borrow_mut();
+            let sums = &mut *sums.borrow_mut();
+            let mut row = 0;
+            while row < m {
+                let rows = chunk_rows.min(m - row);
+                let padded = rows.div_ceil(BLOCK_M) * BLOCK_M;
+                let x = &x[row * k..(row + rows) * k];
+                // SAFETY: AVX-512 BF16 checked by `available`.
+                unsafe { split_rows(x, k, rows, padded, acts, with_sums.then_some(&mut *sums)) };
+                let chunk = Chunk {
+                    acts,
+                    block_sums: if with_sums { sums } else { &[] },
+                    k,
+                    rows,
+                    padded,
+                    n,
+                    ldo,
+                    col0,
+                    first_row: row,
+                };
+                (0..tasks).into_par_iter().for_each(|t| {
+                    let first = t * per_task;
+                    let count = per_task.min(groups - first);
+                    // SAFETY: AMX granted by `available`; the task writes only the columns of
+                    // its groups `first..` of rows `row..row+rows`, inside `out` by the size
+                    // checks.
+                    unsafe {
+                        configure_tiles();
+                        match integers {
+                            Some(panels) => {
+                                integer::multiply_task(panels, &chunk, first, count, out)
+                            }
+                            None => multiply_task(weights, &chunk, first, count, out),
+                        }
+                    }
+                });
+                row += rows;
+            }
+        })
     });
 }
 
@@ -253,59 +290,140 @@ pub(crate) fn tile_all(source: Source<'_>, n: usize, k: usize) -> Vec<CacheLine>
 /// blocks are split in parallel (on the calling thread alone, this was 5% of a 512-token
 /// prefill, with the other core idle).
 ///
+/// With `sums`, each row's sums over its 32-k steps (`k / 32` of them, zero up to a multiple
+/// of 32) are split into `sums` the same way: the activations of the product by the
+/// minimums of weights scaled per 32-k block ([`integer`]).
+///
 /// # Safety
 /// The CPU has AVX-512F, BW and BF16; `x` holds `rows * k` values, `rows <= padded`,
 /// `padded` is a multiple of 32 and `k` of 32.
-unsafe fn split_rows(x: &[f32], k: usize, rows: usize, padded: usize, tiles: &mut Vec<CacheLine>) {
-    let block_bytes = k / TILE_K * A_STEP_BYTES;
-    CacheLine::bytes_mut(scratch(tiles, CacheLine::count(padded * k * 4)))
-        .par_chunks_mut(block_bytes)
-        .enumerate()
+unsafe fn split_rows(
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    padded: usize,
+    tiles: &mut Vec<CacheLine>,
+    sums: Option<&mut Vec<CacheLine>>,
+) {
+    let steps = k / TILE_K;
+    let block_bytes = steps * A_STEP_BYTES;
+    let tiles = CacheLine::bytes_mut(scratch(tiles, CacheLine::count(padded * k * 4)));
+    let sum_block_bytes = steps.div_ceil(TILE_K) * A_STEP_BYTES;
+    let sums = match sums {
+        Some(sums) => CacheLine::bytes_mut(scratch(
+            sums,
+            CacheLine::count(padded / BLOCK_M * sum_block_bytes),
+        )),
+        None => &mut [],
+    };
+    let per_block = |blk: usize, block: &mut [u8], sums: Option<&mut [u8]>| {
         // SAFETY: the CPU features are the caller's promise; block `blk` covers rows
-        // `blk * 32 ..` of `x` and is `block_bytes` long.
-        .for_each(|(blk, block)| unsafe { split_block(x, k, rows, blk, block) });
+        // `blk * 32 ..` of `x` and is `block_bytes` long, its sums `sum_block_bytes`.
+        unsafe { split_block(x, k, rows, blk, block, sums) }
+    };
+    let blocks = tiles.par_chunks_mut(block_bytes).enumerate();
+    if sums.is_empty() {
+        blocks.for_each(|(blk, block)| per_block(blk, block, None));
+    } else {
+        blocks
+            .zip(sums.par_chunks_mut(sum_block_bytes))
+            .for_each(|((blk, block), sums)| per_block(blk, block, Some(sums)));
+    }
 }
 
-/// [`split_rows`] for the 32-row block `blk`, into `block` (its `k / 32` steps).
+/// [`split_rows`] for the 32-row block `blk`, into `block` (its `k / 32` steps) and `sums`.
 ///
 /// # Safety
-/// The CPU has AVX-512F, BW and BF16; `x` holds `rows * k` values, `k` is a multiple of 32 and
-/// `block` holds `k / 32` steps of [`A_STEP_BYTES`].
+/// The CPU has AVX-512F, BW and BF16; `x` holds `rows * k` values, `k` is a multiple of 32,
+/// `block` holds `k / 32` steps of [`A_STEP_BYTES`] and `sums` (if any) `k / 32` rounded up to
+/// a multiple of 32, divided by 32, such steps.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn split_block(x: &[f32], k: usize, rows: usize, blk: usize, block: &mut [u8]) {
+unsafe fn split_block(
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    blk: usize,
+    block: &mut [u8],
+    sums: Option<&mut [u8]>,
+) {
     let steps = k / TILE_K;
     assert_eq!(block.len(), steps * A_STEP_BYTES);
+    let sums = sums.map(|sums| {
+        assert_eq!(sums.len(), steps.div_ceil(TILE_K) * A_STEP_BYTES);
+        sums.as_mut_ptr() as *mut u16
+    });
     let base = block.as_mut_ptr() as *mut u16;
     // SAFETY: the CPU features are the caller's promise; every write below is inside `block`
-    // (`s < steps`, `half * TILE_BYTES + row * 64 + 64 <= 2 KiB`, the lo tile 2 KiB further),
-    // every read inside row `r < rows` of `x`.
+    // or `sums` (step `s < steps` or `< sums.len() / A_STEP_BYTES`, `half * TILE_BYTES +
+    // row * 64 + 64 <= 2 KiB`, the lo tile 2 KiB further), every read inside row `r < rows`
+    // of `x`.
     unsafe {
         for within in 0..BLOCK_M {
             let r = blk * BLOCK_M + within;
             let (half, row) = (within / TILE_M, within % TILE_M);
+            let tile_row = |base: *mut u16, s: usize| {
+                base.add((s * A_STEP_BYTES + half * TILE_BYTES) / 2 + row * 32)
+            };
+            let x_row = x.as_ptr().add(r * k);
             for s in 0..steps {
-                let at = base.add((s * A_STEP_BYTES + half * TILE_BYTES) / 2 + row * 32);
+                let at = tile_row(base, s);
                 if r >= rows {
-                    // Padding rows: zero, so their products are finite and then discarded. The
-                    // lo tile sits 2 KiB (1024 u16) after the hi tile of the same rows.
-                    std::ptr::write_bytes(at, 0, 32);
-                    std::ptr::write_bytes(at.add(TILE_BYTES), 0, 32);
+                    // Padding rows: zero, so their products are finite and then discarded.
+                    split_into(at, _mm512_setzero_ps(), _mm512_setzero_ps());
                     continue;
                 }
-                for part in 0..2 {
-                    let v = _mm512_loadu_ps(x.as_ptr().add(r * k + s * TILE_K + 16 * part));
-                    let h = _mm512_cvtneps_pbh(v);
-                    let l = _mm512_cvtneps_pbh(_mm512_sub_ps(v, _mm512_cvtpbh_ps(h)));
-                    _mm256_storeu_si256(
-                        at.add(16 * part) as *mut __m256i,
-                        std::mem::transmute::<__m256bh, __m256i>(h),
-                    );
-                    _mm256_storeu_si256(
-                        at.add(16 * part + TILE_BYTES) as *mut __m256i,
-                        std::mem::transmute::<__m256bh, __m256i>(l),
-                    );
-                }
+                let v = |part: usize| _mm512_loadu_ps(x_row.add(s * TILE_K + 16 * part));
+                split_into(at, v(0), v(1));
             }
+            let Some(sums) = sums else { continue };
+            let mut sixteen = [0f32; 16];
+            for t in 0..steps.div_ceil(TILE_K) {
+                let mut halves = [_mm512_setzero_ps(); 2];
+                for (part, half_sums) in halves.iter_mut().enumerate() {
+                    if r >= rows {
+                        break;
+                    }
+                    for (i, sum) in sixteen.iter_mut().enumerate() {
+                        let s = t * TILE_K + 16 * part + i;
+                        *sum = if s < steps {
+                            let at = x_row.add(s * TILE_K);
+                            _mm512_reduce_add_ps(_mm512_add_ps(
+                                _mm512_loadu_ps(at),
+                                _mm512_loadu_ps(at.add(16)),
+                            ))
+                        } else {
+                            0.0
+                        };
+                    }
+                    *half_sums = _mm512_loadu_ps(sixteen.as_ptr());
+                }
+                split_into(tile_row(sums, t), halves[0], halves[1]);
+            }
+        }
+    }
+}
+
+/// Splits 32 values (`first` then `second`) of one tile row into bf16 hi at `at` and lo two
+/// tiles (2 KiB) further on, where [`A_STEP_BYTES`] lays them.
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and BF16; `at` has 64 writable bytes, and 64 more 2 KiB further.
+#[inline(always)]
+unsafe fn split_into(at: *mut u16, first: __m512, second: __m512) {
+    // SAFETY: the stores' bounds and the CPU features are the caller's promise.
+    unsafe {
+        for (part, v) in [first, second].into_iter().enumerate() {
+            let h = _mm512_cvtneps_pbh(v);
+            let l = _mm512_cvtneps_pbh(_mm512_sub_ps(v, _mm512_cvtpbh_ps(h)));
+            _mm256_storeu_si256(
+                at.add(16 * part) as *mut __m256i,
+                std::mem::transmute::<__m256bh, __m256i>(h),
+            );
+            // The lo tile sits 2 KiB (1024 u16) after the hi tile of the same rows.
+            _mm256_storeu_si256(
+                at.add(16 * part + TILE_BYTES) as *mut __m256i,
+                std::mem::transmute::<__m256bh, __m256i>(l),
+            );
         }
     }
 }
@@ -342,18 +460,13 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, step0: usize,
         let emit = |step: usize, panel: usize, pair: usize, first: __m512, second: __m512| {
             emit_pair(base, step, panel, pair, first, second)
         };
-        // f32 rows: lane 2c of `first` from the even row, 2c+1 from the odd row (index 16+).
-        let first_rows = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-        let second_rows =
-            _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
         // One f32 panel (`[k][16]`), its even and odd rows interleaved.
         let emit_f32_panel = |panel: usize, w: *const f32| {
             for step in 0..nsteps {
                 for pair in 0..TILE_K / 2 {
                     let rows = w.add(((step0 + step) * TILE_K + 2 * pair) * TILE_N);
-                    let (even, odd) = (_mm512_loadu_ps(rows), _mm512_loadu_ps(rows.add(16)));
-                    let first = _mm512_permutex2var_ps(even, first_rows, odd);
-                    let second = _mm512_permutex2var_ps(even, second_rows, odd);
+                    let (first, second) =
+                        interleave(_mm512_loadu_ps(rows), _mm512_loadu_ps(rows.add(16)));
                     emit(step, panel, pair, first, second);
                 }
             }
@@ -466,6 +579,25 @@ unsafe fn dequantize_group(source: Source<'_>, k: usize, g: usize, step0: usize,
     }
 }
 
+/// Two k-rows of 16 columns in the pair-interleaved order of a tile row: lane 2c of `first`
+/// holds column c (0-7) of `even`, lane 2c+1 of `odd`; `second` the same for columns 8-15.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline(always)]
+unsafe fn interleave(even: __m512, odd: __m512) -> (__m512, __m512) {
+    // SAFETY: register operations only, under the caller's AVX-512F.
+    unsafe {
+        let first_rows = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        let second_rows =
+            _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+        (
+            _mm512_permutex2var_ps(even, first_rows, odd),
+            _mm512_permutex2var_ps(even, second_rows, odd),
+        )
+    }
+}
+
 /// Each column's value twice, for the pair-interleaved tile row: lanes 2c and 2c+1 of the
 /// first register hold column c (0-7), of the second column 8 + c.
 ///
@@ -545,8 +677,6 @@ unsafe fn dequantize_layout<const FMT: u8>(
         let l = const { QuantFormat::from_id(FMT).panel_layout() };
         let block = l.block_bytes();
         let steps_per_block = l.super_rows / TILE_K;
-        let low = _mm_set1_epi8(0x0F);
-        let offset = _mm512_set1_epi32(l.nibble_offset);
         for out_step in 0..nsteps {
             let step = step0 + out_step;
             let blk = w.add(step / steps_per_block * block);
@@ -563,29 +693,7 @@ unsafe fn dequantize_layout<const FMT: u8>(
                 let (s, o) = sub_scales(l, blk, (r0 + 16 * half) / l.sub_rows, d, m);
                 let ((s_first, s_second), (o_first, o_second)) = (twice(s), twice(o));
                 for pair in 8 * half..8 * half + 8 {
-                    let row = r0 + 2 * pair;
-                    // Byte c of each: column c of the even and of the odd k-row.
-                    let (first, second) = if l.nibbles {
-                        let q = _mm_loadu_si128(
-                            blk.add(l.quants_at() + row / 2 * TILE_N) as *const __m128i
-                        );
-                        let even = _mm_and_si128(q, low);
-                        let odd = _mm_and_si128(_mm_srli_epi16(q, 4), low);
-                        let widen = |v: __m128i| _mm512_sub_epi32(_mm512_cvtepu8_epi32(v), offset);
-                        (
-                            widen(_mm_unpacklo_epi8(even, odd)),
-                            widen(_mm_unpackhi_epi8(even, odd)),
-                        )
-                    } else {
-                        let at = |r: usize| {
-                            _mm_loadu_si128(blk.add(l.quants_at() + r * TILE_N) as *const __m128i)
-                        };
-                        let (even, odd) = (at(row), at(row + 1));
-                        (
-                            _mm512_cvtepi8_epi32(_mm_unpacklo_epi8(even, odd)),
-                            _mm512_cvtepi8_epi32(_mm_unpackhi_epi8(even, odd)),
-                        )
-                    };
+                    let (first, second) = pair_integers::<FMT>(blk, r0 + 2 * pair);
                     emit_pair(
                         base,
                         out_step,
@@ -600,10 +708,49 @@ unsafe fn dequantize_layout<const FMT: u8>(
     }
 }
 
+/// The integers `q` of k-rows `row` and `row + 1` (even `row`) of the panel-block `blk` of a
+/// format read through its [`PanelLayout`](crate::quant_format::PanelLayout), nibble offset
+/// applied, in the pair-interleaved order of a tile row: lane 2c of the first vector holds
+/// column c (0-7) of the even row, lane 2c+1 of the odd row; the second columns 8-15.
+///
+/// # Safety
+/// The CPU has AVX-512F and BW; `blk` is a panel-block of `FMT` and `row + 1` one of its rows.
+#[inline(always)]
+unsafe fn pair_integers<const FMT: u8>(blk: *const u8, row: usize) -> (__m512i, __m512i) {
+    // SAFETY: the loads are inside the panel-block's quants by its layout: the caller's
+    // promise.
+    unsafe {
+        let l = const { QuantFormat::from_id(FMT).panel_layout() };
+        // Byte c of each: column c of the even and of the odd k-row.
+        if l.nibbles {
+            let low = _mm_set1_epi8(0x0F);
+            let offset = _mm512_set1_epi32(l.nibble_offset);
+            let q = _mm_loadu_si128(blk.add(l.quants_at() + row / 2 * TILE_N) as *const __m128i);
+            let even = _mm_and_si128(q, low);
+            let odd = _mm_and_si128(_mm_srli_epi16(q, 4), low);
+            let widen = |v: __m128i| _mm512_sub_epi32(_mm512_cvtepu8_epi32(v), offset);
+            (
+                widen(_mm_unpacklo_epi8(even, odd)),
+                widen(_mm_unpackhi_epi8(even, odd)),
+            )
+        } else {
+            let at =
+                |r: usize| _mm_loadu_si128(blk.add(l.quants_at() + r * TILE_N) as *const __m128i);
+            let (even, odd) = (at(row), at(row + 1));
+            (
+                _mm512_cvtepi8_epi32(_mm_unpacklo_epi8(even, odd)),
+                _mm512_cvtepi8_epi32(_mm_unpackhi_epi8(even, odd)),
+            )
+        }
+    }
+}
+
 /// One chunk of split activation rows and where its outputs go.
 struct Chunk<'a> {
-    /// `padded` rows split by [`split_rows`].
+    /// `padded` rows split by [`split_rows`], and their block sums (for [`integer`] weights
+    /// with minimums; empty otherwise).
     acts: &'a [CacheLine],
+    block_sums: &'a [CacheLine],
     k: usize,
     /// Rows of the chunk that exist, and the same rounded up to 32-row blocks.
     rows: usize,
