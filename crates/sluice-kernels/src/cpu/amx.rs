@@ -845,7 +845,13 @@ unsafe fn multiply_task(
                             } else {
                                 load_sums(c, GROUP_N * 4);
                             }
-                            accumulate(w(i), a, ns);
+                            if valid_rows > TILE_M {
+                                accumulate(w(i), a, ns);
+                            } else {
+                                // Rows 16-31 are padding (a step of 16 rows, a chunk's last
+                                // block): their tiles are stored but never copied out.
+                                accumulate_upper(w(i), a, ns);
+                            }
                             if !last {
                                 store(c, GROUP_N * 4);
                                 continue;
@@ -960,6 +966,45 @@ unsafe fn accumulate(w: *const u8, a: *const u8, steps: usize) {
                 ah1 = in(reg) a.add(TILE_BYTES),
                 al0 = in(reg) a.add(2 * TILE_BYTES),
                 al1 = in(reg) a.add(3 * TILE_BYTES),
+                bh0 = in(reg) b,
+                bh1 = in(reg) b.add(TILE_BYTES),
+                bl0 = in(reg) b.add(2 * TILE_BYTES),
+                bl1 = in(reg) b.add(3 * TILE_BYTES),
+                st = in(reg) 64usize,
+                options(nostack, readonly)
+            );
+        }
+    }
+}
+
+/// [`accumulate`] for rows 0-15 alone (tiles 0 and 1), in the same order of products, so a
+/// row's sums are those the whole block would give: half the products for a block whose rows
+/// 16-31 are padding.
+///
+/// # Safety
+/// As for [`accumulate`].
+#[inline(always)]
+unsafe fn accumulate_upper(w: *const u8, a: *const u8, steps: usize) {
+    // SAFETY: as in `accumulate`: tile loads read 16 rows of 64 bytes inside each step.
+    unsafe {
+        for s in 0..steps {
+            let b = w.add(s * STEP_BYTES);
+            let a = a.add(s * A_STEP_BYTES);
+            asm!(
+                "tileloadd tmm4, [{al0} + {st}*1]",
+                "tileloadd tmm6, [{bh0} + {st}*1]",
+                "tileloadd tmm7, [{bh1} + {st}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tileloadd tmm4, [{ah0} + {st}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tileloadd tmm6, [{bl0} + {st}*1]",
+                "tileloadd tmm7, [{bl1} + {st}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                ah0 = in(reg) a,
+                al0 = in(reg) a.add(2 * TILE_BYTES),
                 bh0 = in(reg) b,
                 bh1 = in(reg) b.add(TILE_BYTES),
                 bl0 = in(reg) b.add(2 * TILE_BYTES),

@@ -190,6 +190,14 @@ pub(super) unsafe fn multiply_task(
                                     let q = tiles.as_ptr().add(i * pass_bytes);
                                     let s = scales.add((i * steps + s0) * GROUP_N);
                                     for (rt, ct) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                                        let r0 = blk * BLOCK_M + rt * TILE_M;
+                                        let col = (first + i) * GROUP_N + ct * TILE_N;
+                                        // Tiles of padding rows only (a step of 16 rows pads
+                                        // its block to 32) or of columns past the matrix:
+                                        // nothing to compute.
+                                        if r0 >= chunk.rows || col >= chunk.n {
+                                            continue;
+                                        }
                                         let c = c.add(rt * TILE_M * GROUP_N + ct * TILE_N);
                                         let mut acc = [_mm512_setzero_ps(); TILE_M];
                                         for (r, acc) in acc.iter_mut().enumerate() {
@@ -209,14 +217,9 @@ pub(super) unsafe fn multiply_task(
                                             }
                                             continue;
                                         }
-                                        let col = (first + i) * GROUP_N + ct * TILE_N;
-                                        if col >= chunk.n {
-                                            continue;
-                                        }
                                         let mask = (u32::MAX >> (32 - TILE_N.min(chunk.n - col)))
                                             as __mmask16;
-                                        let r0 = blk * BLOCK_M + rt * TILE_M;
-                                        let rows = TILE_M.min(chunk.rows.saturating_sub(r0));
+                                        let rows = TILE_M.min(chunk.rows - r0);
                                         for (r, acc) in acc.iter().take(rows).enumerate() {
                                             let dst = out.as_mut_ptr().add(
                                                 (chunk.first_row + r0 + r) * chunk.ldo
