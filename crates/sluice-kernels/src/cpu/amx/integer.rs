@@ -382,20 +382,29 @@ unsafe fn scales_of(
                 Some(w) if step < steps => block_scales(l, w, step),
                 _ => (_mm512_setzero_ps(), _mm512_setzero_ps()),
             };
-            for step in 0..steps {
-                _mm512_storeu_ps(scales.add(step * GROUP_N + panel * TILE_N), of(step).0);
-            }
-            let Some(minimums) = minimums else { continue };
-            for pair in 0..steps.div_ceil(TILE_K) * (TILE_K / 2) {
-                let (first, second) = interleave(of(2 * pair).1, of(2 * pair + 1).1);
-                emit_pair(
-                    minimums,
-                    pair / (TILE_K / 2),
-                    panel,
-                    pair % (TILE_K / 2),
-                    first,
-                    second,
-                );
+            // Two blocks at a time: the minimums' tile rows interleave them.
+            let pairs = match minimums {
+                Some(_) => steps.div_ceil(TILE_K) * (TILE_K / 2),
+                None => steps.div_ceil(2),
+            };
+            for pair in 0..pairs {
+                let (even, odd) = (of(2 * pair), of(2 * pair + 1));
+                for (step, (s, _)) in [(2 * pair, even), (2 * pair + 1, odd)] {
+                    if step < steps {
+                        _mm512_storeu_ps(scales.add(step * GROUP_N + panel * TILE_N), s);
+                    }
+                }
+                if let Some(minimums) = minimums {
+                    let (first, second) = interleave(even.1, odd.1);
+                    emit_pair(
+                        minimums,
+                        pair / (TILE_K / 2),
+                        panel,
+                        pair % (TILE_K / 2),
+                        first,
+                        second,
+                    );
+                }
             }
         }
     }
