@@ -358,24 +358,31 @@ unsafe fn split_block(
     // row * 64 + 64 <= 2 KiB`, the lo tile 2 KiB further), every read inside row `r < rows`
     // of `x`.
     unsafe {
-        for within in 0..BLOCK_M {
-            let r = blk * BLOCK_M + within;
+        // The tile row of block row `within` in step `s`.
+        let tile_row = |base: *mut u16, s: usize, within: usize| {
             let (half, row) = (within / TILE_M, within % TILE_M);
-            let tile_row = |base: *mut u16, s: usize| {
-                base.add((s * A_STEP_BYTES + half * TILE_BYTES) / 2 + row * 32)
-            };
-            let x_row = x.as_ptr().add(r * k);
-            for s in 0..steps {
-                let at = tile_row(base, s);
+            base.add((s * A_STEP_BYTES + half * TILE_BYTES) / 2 + row * 32)
+        };
+        // Step by step, so the stores fill each tile in order (row by row, they hopped 4 KiB
+        // a store).
+        for s in 0..steps {
+            for within in 0..BLOCK_M {
+                let r = blk * BLOCK_M + within;
+                let at = tile_row(base, s, within);
                 if r >= rows {
                     // Padding rows: zero, so their products are finite and then discarded.
                     split_into(at, _mm512_setzero_ps(), _mm512_setzero_ps());
                     continue;
                 }
-                let v = |part: usize| _mm512_loadu_ps(x_row.add(s * TILE_K + 16 * part));
+                let v =
+                    |part: usize| _mm512_loadu_ps(x.as_ptr().add(r * k + s * TILE_K + 16 * part));
                 split_into(at, v(0), v(1));
             }
-            let Some(sums) = sums else { continue };
+        }
+        let Some(sums) = sums else { return };
+        for within in 0..BLOCK_M {
+            let r = blk * BLOCK_M + within;
+            let x_row = x.as_ptr().add(r * k);
             let mut sixteen = [0f32; 16];
             for t in 0..steps.div_ceil(TILE_K) {
                 let mut halves = [_mm512_setzero_ps(); 2];
@@ -397,7 +404,7 @@ unsafe fn split_block(
                     }
                     *half_sums = _mm512_loadu_ps(sixteen.as_ptr());
                 }
-                split_into(tile_row(sums, t), halves[0], halves[1]);
+                split_into(tile_row(sums, t, within), halves[0], halves[1]);
             }
         }
     }
