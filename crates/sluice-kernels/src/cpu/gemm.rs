@@ -1116,17 +1116,7 @@ mod tests {
                     worst < 4e-6,
                     "{format:?} n{n} k{k}: error {worst:e} of sum |x w|"
                 );
-                for r in [0, 17, 63] {
-                    let mut alone = vec![f32::NAN; n];
-                    packed.matmul(&x[r * k..][..k], 1, &mut alone);
-                    assert!(
-                        alone
-                            .iter()
-                            .zip(&batch[r * n..][..n])
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{format:?}: row {r} differs alone and in a batch of 64"
-                    );
-                }
+                assert_rows_alone_equal(&packed, &x, &batch, &[0, 17, 63], &format!("{format:?}"));
             }
         }
     }
@@ -1144,15 +1134,29 @@ mod tests {
         assert!(packed.use_amx_from(1));
         let mut batch = vec![0f32; 77 * n];
         packed.matmul(&x, 77, &mut batch);
-        for r in [0, 31, 32, 76] {
-            let mut alone = vec![0f32; n];
+        assert_rows_alone_equal(&packed, &x, &batch, &[0, 31, 32, 76], "f32 tiles");
+    }
+
+    /// Each of `rows` multiplied alone gives its row of `batch` (all of `x` multiplied at
+    /// once) bit for bit.
+    fn assert_rows_alone_equal(
+        packed: &PackedMatrix,
+        x: &[f32],
+        batch: &[f32],
+        rows: &[usize],
+        what: &str,
+    ) {
+        let (n, k) = (packed.out_features(), packed.in_features());
+        let m = x.len() / k;
+        for &r in rows {
+            let mut alone = vec![f32::NAN; n];
             packed.matmul(&x[r * k..][..k], 1, &mut alone);
             assert!(
                 alone
                     .iter()
                     .zip(&batch[r * n..][..n])
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "row {r} differs alone and in a batch of 77"
+                "{what}: row {r} differs alone and in a batch of {m}"
             );
         }
     }

@@ -172,9 +172,9 @@ pub(super) unsafe fn multiply_task(
                         }
 
                         let acts = CacheLine::bytes(chunk.acts).as_ptr();
-                        // Two steps' 16x16 products, stored for the scaling.
-                        let mut products = [CacheLine::default(); 2 * TILE_M];
-                        let products = products.as_mut_ptr() as *mut f32;
+                        // A step's 16x16 product, stored for the scaling.
+                        let mut product = [CacheLine::default(); TILE_M];
+                        let product = product.as_mut_ptr() as *mut f32;
                         for s0 in (0..steps).step_by(pass_steps) {
                             let ns = pass_steps.min(steps - s0);
                             let last = s0 + ns == steps;
@@ -209,7 +209,7 @@ pub(super) unsafe fn multiply_task(
                                             q.add(ct * TILE_BYTES),
                                             s.add(ct * TILE_N),
                                             ns,
-                                            products,
+                                            product,
                                         );
                                         if !last {
                                             for (r, acc) in acc.iter().enumerate() {
@@ -241,15 +241,12 @@ pub(super) unsafe fn multiply_task(
 
 /// Adds `steps` 32-k steps of one 16x16 output tile to `acc`: per step, the activations' hi
 /// and lo tiles (at `a`, [`A_STEP_BYTES`] a step) times the integer tile (at `q`,
-/// [`Q_STEP_BYTES`] a step), stored and added times the step's 16 column scales (at `s`,
-/// [`GROUP_N`] floats a step). A step's two products, its store and its scaling depend on
-/// each other, so two steps are in flight: even steps in tile 0 (operands in 4-6), odd steps
-/// in tile 1 (operands in 2, 3 and 7), each stored to its own half of `products` while the
-/// other's products run.
+/// [`Q_STEP_BYTES`] a step), stored at `product` and added times the step's 16 column scales
+/// (at `s`, [`GROUP_N`] floats a step).
 ///
 /// # Safety
 /// The thread's tiles are configured and the CPU has AVX-512F; the operands hold `steps`
-/// steps, `products` 2 KiB on a 64-byte boundary.
+/// steps, `product` 1 KiB on a 64-byte boundary.
 #[inline(always)]
 unsafe fn scaled_steps(
     acc: &mut [__m512; TILE_M],
@@ -257,12 +254,12 @@ unsafe fn scaled_steps(
     q: *const u8,
     s: *const f32,
     steps: usize,
-    products: *mut f32,
+    product: *mut f32,
 ) {
-    // SAFETY: the caller's promise: tile loads read 16 rows of 64 bytes inside step `step <
-    // steps`, the stores write the 2 KiB at `products`.
+    // SAFETY: the caller's promise: tile loads read 16 rows of 64 bytes inside each step, the
+    // store writes the 1 KiB at `product`.
     unsafe {
-        let issue_even = |step: usize| {
+        for step in 0..steps {
             let a = a.add(step * A_STEP_BYTES);
             asm!(
                 "tilezero tmm0",
@@ -271,53 +268,17 @@ unsafe fn scaled_steps(
                 "tdpbf16ps tmm0, tmm4, tmm6",
                 "tileloadd tmm5, [{lo} + {st}*1]",
                 "tdpbf16ps tmm0, tmm5, tmm6",
+                "tilestored [{p} + {st}*1], tmm0",
                 hi = in(reg) a,
                 lo = in(reg) a.add(2 * TILE_BYTES),
                 q = in(reg) q.add(step * Q_STEP_BYTES),
+                p = in(reg) product,
                 st = in(reg) 64usize,
-                options(nostack, readonly)
+                options(nostack)
             );
-        };
-        let issue_odd = |step: usize| {
-            let a = a.add(step * A_STEP_BYTES);
-            asm!(
-                "tilezero tmm1",
-                "tileloadd tmm2, [{hi} + {st}*1]",
-                "tileloadd tmm7, [{q} + {st}*1]",
-                "tdpbf16ps tmm1, tmm2, tmm7",
-                "tileloadd tmm3, [{lo} + {st}*1]",
-                "tdpbf16ps tmm1, tmm3, tmm7",
-                hi = in(reg) a,
-                lo = in(reg) a.add(2 * TILE_BYTES),
-                q = in(reg) q.add(step * Q_STEP_BYTES),
-                st = in(reg) 64usize,
-                options(nostack, readonly)
-            );
-        };
-        let mut scale_into = |step: usize, p: *const f32| {
             let scale = _mm512_loadu_ps(s.add(step * GROUP_N));
             for (r, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm512_fmadd_ps(_mm512_load_ps(p.add(r * TILE_N)), scale, *acc);
-            }
-        };
-        let (even, odd) = (products, products.add(TILE_M * TILE_N));
-        if steps > 0 {
-            issue_even(0);
-        }
-        for step in (0..steps).step_by(2) {
-            if step + 1 < steps {
-                issue_odd(step + 1);
-            }
-            asm!("tilestored [{p} + {st}*1], tmm0", p = in(reg) even, st = in(reg) 64usize,
-                options(nostack));
-            scale_into(step, even);
-            if step + 2 < steps {
-                issue_even(step + 2);
-            }
-            if step + 1 < steps {
-                asm!("tilestored [{p} + {st}*1], tmm1", p = in(reg) odd, st = in(reg) 64usize,
-                    options(nostack));
-                scale_into(step + 1, odd);
+                *acc = _mm512_fmadd_ps(_mm512_load_ps(product.add(r * TILE_N)), scale, *acc);
             }
         }
     }
