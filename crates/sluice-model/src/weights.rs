@@ -189,8 +189,9 @@ enum Int8Part {
 }
 
 /// Rows from which [`WeightsKind::Auto`] multiplies on AMX tiles where the CPU has them
-/// (`sluice_kernels::cpu::amx`: split-bf16 products, relative error about 2^-16, or up to 64
-/// rows of most formats the weights' integers, scaled per 32 k). Below it, steps read the
+/// (`sluice_kernels::cpu::amx`: split-bf16 products, relative error about 2^-16; steps of up
+/// to 64 rows of the K-quants but Q6_K, Q5_0 and Q5_1 multiply the weights' integers, scaled
+/// per 32 k, about 1e-6). Below it, steps read the
 /// quantized panels with the f32 kernel's exact numbers. Measured on an AMX Xeon (forward
 /// bench, paired): from 16 rows the tiles are faster (Qwen2.5-Coder-1.5B Q4_K_M: 16 rows 275/282
 /// -> 262/261 ms, 24 rows 371/363 -> 293/295; SmolLM2 Q4_1 24 rows 45.3 -> 40.5), at 8 and 12

@@ -852,13 +852,7 @@ unsafe fn multiply_task(
                             } else {
                                 load_sums(c, GROUP_N * 4);
                             }
-                            if valid_rows > TILE_M {
-                                accumulate(w(i), a, ns);
-                            } else {
-                                // Rows 16-31 are padding (a step of 16 rows, a chunk's last
-                                // block): their tiles are stored but never copied out.
-                                accumulate_upper(w(i), a, ns);
-                            }
+                            accumulate_rows(w(i), a, ns, valid_rows);
                             if !last {
                                 store(c, GROUP_N * 4);
                                 continue;
@@ -980,6 +974,24 @@ unsafe fn accumulate(w: *const u8, a: *const u8, steps: usize) {
                 st = in(reg) 64usize,
                 options(nostack, readonly)
             );
+        }
+    }
+}
+
+/// [`accumulate`] for a block of which `valid_rows` rows exist: rows 0-15 alone
+/// ([`accumulate_upper`]) when rows 16-31 are padding (a step of 16 rows, a chunk's last
+/// block), whose tiles are then stored but never copied out.
+///
+/// # Safety
+/// As for [`accumulate`].
+#[inline(always)]
+unsafe fn accumulate_rows(w: *const u8, a: *const u8, steps: usize, valid_rows: usize) {
+    // SAFETY: the caller's promise, as each variant needs it.
+    unsafe {
+        if valid_rows > TILE_M {
+            accumulate(w, a, steps);
+        } else {
+            accumulate_upper(w, a, steps);
         }
     }
 }

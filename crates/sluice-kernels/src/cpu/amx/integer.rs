@@ -31,7 +31,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::{
-    accumulate, emit_pair, interleave, pair_integers, store, zero_sums, Chunk, A_STEP_BYTES,
+    accumulate_rows, emit_pair, interleave, pair_integers, store, zero_sums, Chunk, A_STEP_BYTES,
     BLOCK_M, GROUP_N, PASS_STEPS, PASS_TILE_BYTES, STEP_BYTES, TILE_BYTES, TILE_K, TILE_M, TILE_N,
 };
 use crate::cpu::panel_avx512::{f16x16, sub_scales};
@@ -164,10 +164,11 @@ pub(super) unsafe fn multiply_task(
                                 }
                                 let s = CacheLine::bytes(chunk.block_sums).as_ptr();
                                 zero_sums();
-                                accumulate(
+                                accumulate_rows(
                                     minimums.as_ptr().add(i * min_bytes),
                                     s.add(blk * min_steps * A_STEP_BYTES),
                                     min_steps,
+                                    chunk.rows - blk * BLOCK_M,
                                 );
                                 store(c, GROUP_N * 4);
                             }
@@ -395,14 +396,11 @@ unsafe fn integers(panels: Panels<'_>, g: usize, step0: usize, nsteps: usize, ti
             }
             let w = panels.bytes.as_ptr().add(p * panels.panel_bytes);
             let of_format = match panels.format {
-                QuantFormat::Q4_0 => panel_integers::<{ QuantFormat::Q4_0_ID }>,
-                QuantFormat::Q4_1 => panel_integers::<{ QuantFormat::Q4_1_ID }>,
-                QuantFormat::Q8_0 => panel_integers::<{ QuantFormat::Q8_0_ID }>,
                 QuantFormat::Q5_0 => panel_integers::<{ QuantFormat::Q5_0_ID }>,
                 QuantFormat::Q5_1 => panel_integers::<{ QuantFormat::Q5_1_ID }>,
                 QuantFormat::Q4K => panel_integers::<{ QuantFormat::Q4K_ID }>,
                 QuantFormat::Q5K => panel_integers::<{ QuantFormat::Q5K_ID }>,
-                QuantFormat::Q6K => unreachable!("Q6_K scales per 16 k: not supported here"),
+                other => unreachable!("{other:?} does not take the integer path (`supports`)"),
             };
             of_format(w, step0, nsteps, base);
         }
