@@ -25,6 +25,11 @@ pub struct LoadOptions {
     /// on AMX tiles ((`sluice_kernels::cpu::amx`)); default [`AUTO_AMX_MIN_ROWS`]. `None`
     /// keeps every step on the exact f32 kernels.
     pub amx_min_rows: Option<usize>,
+    /// With [`WeightsKind::Auto`] on a CPU with AMX-INT8, those AMX steps quantize the
+    /// activations to int8 per row and 256 inputs and multiply the K-quant matrices (Q4_K,
+    /// Q5_K, Q6_K) on int8 tiles, as llama.cpp's quantized kernels compute: about twice the
+    /// speed, results rounded as `quantized` weights round them. Off by default.
+    pub amx_int8: bool,
 }
 
 impl Default for LoadOptions {
@@ -35,6 +40,7 @@ impl Default for LoadOptions {
             attention: None,
             kv_dtype: KvDtype::F16,
             amx_min_rows: Some(AUTO_AMX_MIN_ROWS),
+            amx_int8: false,
         }
     }
 }
@@ -46,6 +52,7 @@ impl LoadOptions {
             kind: self.weights,
             device: self.device.clone(),
             amx_min_rows: self.amx_min_rows,
+            amx_int8: self.amx_int8,
         }
     }
 }

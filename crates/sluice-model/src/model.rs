@@ -166,6 +166,22 @@ impl LlamaModel {
                  quantized: int8 activations, results differ slightly from --weights f32 (README)"
             );
         }
+        let (int8, all) = int8_tile_matrices(&layers, &lm_head);
+        if options.amx_int8 {
+            if int8 == 0 {
+                tracing::warn!(
+                    weights = %kind,
+                    "--amx-int8 has no effect: it needs --weights auto, K-quant matrices (Q4_K, \
+                     Q5_K, Q6_K) and a CPU with AMX-INT8 and AVX-512 VBMI"
+                );
+            } else {
+                tracing::info!(
+                    int8_matrices = int8,
+                    matrices = all,
+                    "AMX steps of the K-quant matrices multiply int8 activations on int8 tiles"
+                );
+            }
+        }
         Ok(Self {
             config,
             device,
@@ -178,6 +194,12 @@ impl LlamaModel {
             weights: kind,
             kv_dtype: options.kv_dtype,
         })
+    }
+
+    /// Matrices whose AMX steps multiply on int8 tiles ([`LoadOptions::amx_int8`]), and all
+    /// the model's matrices (each part of a fused projection counts).
+    pub fn int8_tile_matrices(&self) -> (usize, usize) {
+        int8_tile_matrices(&self.layers, &self.lm_head)
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -380,4 +402,14 @@ fn cuda_runs(config: &ModelConfig, device: &Device) -> bool {
 #[cfg(not(feature = "cuda"))]
 fn cuda_runs(_: &ModelConfig, _: &Device) -> bool {
     false
+}
+
+/// See [`LlamaModel::int8_tile_matrices`].
+fn int8_tile_matrices(layers: &[Layer], lm_head: &Linear) -> (usize, usize) {
+    layers
+        .iter()
+        .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
+        .chain([lm_head])
+        .map(Linear::int8_tile_matrices)
+        .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
 }

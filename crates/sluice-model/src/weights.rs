@@ -27,8 +27,9 @@ pub enum WeightsKind {
     /// The file's quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), regrouped
     /// into panels and dequantized in registers with the reference arithmetic: the results of
     /// `f32` at the memory of the file. Large steps run on AMX tiles where the CPU has them
-    /// (Q4_0, Q4_1, Q8_0; split-bf16 products, relative error about 2^-16, see
-    /// `sluice_kernels::cpu::amx`). Formats without panels run on candle's quantized matmul.
+    /// (every panel format; split-bf16 products, relative error about 2^-16, see
+    /// `sluice_kernels::cpu::amx`; with `amx_int8`, the K-quants' on int8 tiles against int8
+    /// activations). Formats without panels run on candle's quantized matmul.
     Auto,
 }
 
@@ -73,6 +74,8 @@ pub struct LinearOptions {
     pub device: Device,
     /// See [`LoadOptions::amx_min_rows`](crate::load::LoadOptions::amx_min_rows).
     pub amx_min_rows: Option<usize>,
+    /// See [`LoadOptions::amx_int8`](crate::load::LoadOptions::amx_int8).
+    pub amx_int8: bool,
 }
 
 /// The kernel format of a GGUF block type, where our kernels read it in place.
@@ -346,7 +349,10 @@ impl Linear {
         if let Some(min_rows) = options.amx_min_rows {
             for (_, m) in &mut panels {
                 if m.format().is_some() {
-                    m.use_amx_dequantizing_from(min_rows);
+                    if m.use_amx_dequantizing_from(min_rows) && options.amx_int8 {
+                        // Where the CPU or the format has no int8 tiles, the split ones.
+                        m.use_amx_int8();
+                    }
                 } else {
                     m.use_amx_only();
                 }
@@ -431,6 +437,19 @@ impl Linear {
                 .iter()
                 .any(|(_, m)| m.format().is_some_and(QuantFormat::is_k_quant)),
             _ => false,
+        }
+    }
+
+    /// Matrices of this layer whose AMX steps multiply on int8 tiles (`amx_int8`), and all its
+    /// matrices.
+    pub(crate) fn int8_tile_matrices(&self) -> (usize, usize) {
+        match &self.weights {
+            Weights::Panels(panels) => (
+                panels.iter().filter(|(_, m)| m.uses_amx_int8()).count(),
+                panels.len(),
+            ),
+            Weights::Int8(parts) => (0, parts.len()),
+            _ => (0, 1),
         }
     }
 

@@ -57,6 +57,20 @@ pub struct ServeArgs {
         serialize_with = "serialize_weights"
     )]
     pub weights: Option<WeightsKind>,
+    /// On CPUs with AMX-INT8, the AMX steps (16 tokens or more) of `auto` weights quantize the
+    /// activations to int8 and multiply the K-quant matrices (Q4_K, Q5_K, Q6_K) on int8
+    /// tiles, as llama.cpp computes: about 1.5x the step speed, results rounded as
+    /// `--weights quantized` rounds them [default: false, split-bf16 tiles].
+    #[arg(
+        long,
+        env = "SLUICE_AMX_INT8",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amx_int8: Option<bool>,
     /// Memory for the KV cache, e.g. 512MiB, 2GiB or a number of bytes [default: 1GiB].
     #[arg(long, env = "SLUICE_KV_CACHE_MEMORY", value_name = "SIZE")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -154,6 +168,7 @@ pub struct FileKeys {
     pub port: u16,
     /// Parsed after merging, so that a bad value is an error naming the key.
     pub weights: String,
+    pub amx_int8: bool,
     pub kv_cache_memory: ByteSize,
     pub kv_cache_dtype: KvCacheDtype,
     pub block_size: usize,
@@ -183,6 +198,7 @@ impl Default for FileKeys {
             host: "0.0.0.0".into(),
             port: 8000,
             weights: WeightsKind::Auto.to_string(),
+            amx_int8: false,
             kv_cache_memory: ByteSize(1 << 30),
             kv_cache_dtype: KvCacheDtype::F16,
             block_size: 16,
@@ -219,6 +235,8 @@ pub struct Config {
     pub host: String,
     pub port: u16,
     pub weights: WeightsKind,
+    /// `auto` weights' AMX steps on int8 tiles (`--amx-int8`).
+    pub amx_int8: bool,
     pub kv_cache_memory: ByteSize,
     pub kv_cache_dtype: KvCacheDtype,
     pub block_size: usize,
@@ -252,6 +270,7 @@ impl fmt::Debug for Config {
             .field("host", &self.host)
             .field("port", &self.port)
             .field("weights", &self.weights)
+            .field("amx_int8", &self.amx_int8)
             .field("kv_cache_memory", &self.kv_cache_memory)
             .field("kv_cache_dtype", &self.kv_cache_dtype)
             .field("block_size", &self.block_size)
@@ -361,6 +380,7 @@ impl Config {
             host: keys.host,
             port: keys.port,
             weights,
+            amx_int8: keys.amx_int8,
             kv_cache_memory: keys.kv_cache_memory,
             kv_cache_dtype: keys.kv_cache_dtype,
             block_size: keys.block_size,

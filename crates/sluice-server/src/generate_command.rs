@@ -62,7 +62,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         model,
         tokenizer,
         chat_template,
-    } = load_model(&args.model, args.weights, KvCacheDtype::F16)?;
+    } = load_model(&args.model, args.weights, false, KvCacheDtype::F16)?;
     let load_time = load_start.elapsed();
 
     let prompt = if args.chat {

@@ -28,6 +28,7 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
+mod int8;
 mod integer;
 
 #[cfg(test)]
@@ -266,6 +267,47 @@ pub(crate) fn matmul(
     });
 }
 
+/// Whether this CPU has the int8 tiles (AMX-INT8 and AVX-512 VBMI besides [`available`]'s
+/// features) that [`crate::cpu::gemm::PackedMatrix::use_amx_int8`] multiplies on.
+pub fn int8_available() -> bool {
+    int8::available()
+}
+
+/// Whether [`matmul_int8`] can multiply `format` on this CPU.
+pub(crate) fn int8_supports(format: QuantFormat) -> bool {
+    int8::available() && int8::supports(format)
+}
+
+/// [`matmul`] of K-quant panels against activations quantized to int8 per row and 256 k, on
+/// int8 tiles ([`int8`]). The caller checks [`int8_supports`] for the panels' format, `k %
+/// 256 == 0` and the sizes, as for [`matmul`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_int8(
+    source: Source<'_>,
+    n: usize,
+    k: usize,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+    ldo: usize,
+    col0: usize,
+) {
+    let Source::Quant {
+        format,
+        bytes,
+        panel_bytes,
+    } = source
+    else {
+        panic!("int8 tiles multiply quantized panels only");
+    };
+    let panels = integer::Panels {
+        format,
+        bytes,
+        panel_bytes,
+    };
+    int8::matmul(panels, n, k, x, m, out, ldo, col0);
+}
+
 /// Every column group's hi/lo tiles (4 bytes per weight, as f32 panels), dequantized once at
 /// load, for weights whose panels are f32 anyway: dequantizing those per call would read as
 /// many bytes and convert them too.
@@ -331,6 +373,31 @@ unsafe fn split_rows(
     }
 }
 
+/// The block sums of [`split_rows`] alone, for a product that takes the activations
+/// themselves in another form ([`int8`]).
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and BF16; `x` holds `rows * k` values, `rows <= padded`, `padded`
+/// is a multiple of 32 and `k` of 32.
+unsafe fn block_sums_rows(
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    padded: usize,
+    sums: &mut Vec<CacheLine>,
+) {
+    let sum_block_bytes = (k / TILE_K).div_ceil(TILE_K) * A_STEP_BYTES;
+    let sums = CacheLine::bytes_mut(scratch(
+        sums,
+        CacheLine::count(padded / BLOCK_M * sum_block_bytes),
+    ));
+    sums.par_chunks_mut(sum_block_bytes)
+        .enumerate()
+        // SAFETY: the CPU features and sizes are the caller's promise; block `blk`'s sums are
+        // `sum_block_bytes` long, as `split_sums` writes them.
+        .for_each(|(blk, s)| unsafe { split_sums(x, k, rows, blk, s.as_mut_ptr() as *mut u16) });
+}
+
 /// [`split_rows`] for the 32-row block `blk`, into `block` (its `k / 32` steps) and `sums`.
 ///
 /// # Safety
@@ -379,7 +446,29 @@ unsafe fn split_block(
                 split_into(at, v(0), v(1));
             }
         }
-        let Some(sums) = sums else { return };
+        if let Some(sums) = sums {
+            split_sums(x, k, rows, blk, sums);
+        }
+    }
+}
+
+/// Block `blk`'s sums of [`split_rows`]: each row's sums over its 32-k steps, split into
+/// `sums` as activation tiles.
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and BF16; `x` holds `rows * k` values, `k` is a multiple of 32 and
+/// `sums` holds `k / 32` rounded up to a multiple of 32, divided by 32, steps of
+/// [`A_STEP_BYTES`].
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn split_sums(x: &[f32], k: usize, rows: usize, blk: usize, sums: *mut u16) {
+    let steps = k / TILE_K;
+    // SAFETY: the CPU features and the sizes are the caller's promise: every write is inside
+    // step `t < steps.div_ceil(32)` of `sums`, every read inside row `r < rows` of `x`.
+    unsafe {
+        let tile_row = |s: usize, within: usize| {
+            let (half, row) = (within / TILE_M, within % TILE_M);
+            sums.add((s * A_STEP_BYTES + half * TILE_BYTES) / 2 + row * 32)
+        };
         for within in 0..BLOCK_M {
             let r = blk * BLOCK_M + within;
             let x_row = x.as_ptr().add(r * k);
@@ -404,7 +493,7 @@ unsafe fn split_block(
                     }
                     *half_sums = _mm512_loadu_ps(sixteen.as_ptr());
                 }
-                split_into(tile_row(sums, t, within), halves[0], halves[1]);
+                split_into(tile_row(t, within), halves[0], halves[1]);
             }
         }
     }

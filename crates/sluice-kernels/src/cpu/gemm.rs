@@ -35,6 +35,9 @@ pub struct PackedMatrix {
     /// weights tiled once at load.
     /// `None` tiles: dequantized from the panels at every call.
     amx: Option<(usize, Option<Vec<crate::cpu::CacheLine>>)>,
+    /// Those AMX steps quantize the activations to int8 and multiply on int8 tiles
+    /// ([`Self::use_amx_int8`]).
+    amx_int8: bool,
 }
 
 /// The weights of a packed matrix, panel by panel (16 output features each, zero-padded past
@@ -211,6 +214,7 @@ impl PackedMatrix {
             k,
             panels: Panels::F32(panels),
             amx: None,
+            amx_int8: false,
         }
     }
 
@@ -292,6 +296,7 @@ impl PackedMatrix {
                 panel_bytes,
             },
             amx: None,
+            amx_int8: false,
         })
     }
 
@@ -435,6 +440,28 @@ impl PackedMatrix {
         }
     }
 
+    /// Lets the AMX steps (from [`Self::use_amx_dequantizing_from`]'s row count) quantize
+    /// the activations to int8 per row and 256 inputs and multiply the K-quant panels' integers
+    /// on int8 tiles: llama.cpp's arithmetic (a result differs from `f32`'s by the activations'
+    /// rounding, about 2^-9 of each super-block's largest), at about twice the split-bf16
+    /// kernels' speed. Returns whether it will: the matrix must already dequantize its panels
+    /// on AMX, be Q4_K, Q5_K or Q6_K with `k` a multiple of 256, and the CPU have AMX-INT8
+    /// and AVX-512 VBMI.
+    pub fn use_amx_int8(&mut self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let (Some((_, None)), Panels::Quant { format, .. }) = (&self.amx, &self.panels) {
+            if crate::cpu::amx::int8_supports(*format) && self.k.is_multiple_of(256) {
+                self.amx_int8 = true;
+            }
+        }
+        self.amx_int8
+    }
+
+    /// Whether [`Self::use_amx_int8`] took.
+    pub fn uses_amx_int8(&self) -> bool {
+        self.amx_int8
+    }
+
     /// Runs every step on AMX tiles and frees the f32 panels: for weights with no quantized
     /// panels to read at small steps, where holding both would double the memory. At one row
     /// the tiles cost what the panels do (both read 4 bytes per weight), and a row's result
@@ -471,6 +498,19 @@ impl PackedMatrix {
         assert_eq!(out.len(), m * ldo, "output size");
         #[cfg(target_arch = "x86_64")]
         if let Some((_, tiles)) = self.amx.as_ref().filter(|(min, _)| m >= *min) {
+            if self.amx_int8 {
+                crate::cpu::amx::matmul_int8(
+                    self.amx_source(),
+                    self.n,
+                    self.k,
+                    x,
+                    m,
+                    out,
+                    ldo,
+                    col0,
+                );
+                return;
+            }
             let weights = match tiles {
                 Some(t) => crate::cpu::amx::Weights::Tiles(t),
                 None => crate::cpu::amx::Weights::Dequantize(self.amx_source()),
@@ -1117,6 +1157,86 @@ mod tests {
                     "{format:?} n{n} k{k}: error {worst:e} of sum |x w|"
                 );
                 assert_rows_alone_equal(&packed, &x, &batch, &[0, 17, 63], &format!("{format:?}"));
+            }
+        }
+    }
+
+    /// The int8 tiles compute what they promise: each super-block's integer product of the
+    /// activations' int8 rounding by `sc * q` is exact and scaled by `xd * d`, the minimums
+    /// take the exact activations. Checked against that arithmetic in f64 (the activations
+    /// rounded as the kernel rounds them), over row counts that pad a tile (17), fill blocks
+    /// (64) and take more than two blocks (100, passes of one super-block), k of 9 super-blocks
+    /// (the minimums' product in three steps) and a last column group cut short.
+    #[test]
+    fn int8_tiles_compute_the_quantized_arithmetic_and_keep_rows_apart() {
+        #[cfg(target_arch = "x86_64")]
+        if !crate::cpu::amx::int8_supports(QuantFormat::Q4K) {
+            eprintln!("skipped: no AMX-INT8 on this CPU, the int8 tile kernel is never used here");
+            return;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        return;
+        for format in [QuantFormat::Q4K, QuantFormat::Q5K, QuantFormat::Q6K] {
+            let (n, k) = (200, 2304);
+            let (q, dense) = quantized_matrix(n, k, format, 11);
+            // Each weight as `d * w'` plus its minimum's part, from the GGUF blocks.
+            let (mut scaled, mut minimum) = (vec![0f64; n * k], vec![0f64; n * k]);
+            let row_bytes = k / 256 * format.block_bytes();
+            for c in 0..n {
+                let blocks = q[c * row_bytes..][..row_bytes].chunks_exact(format.block_bytes());
+                for (b, blk) in blocks.enumerate() {
+                    let dec = format.decode(blk);
+                    let d = half::f16::from_bits(dec.d).to_f64();
+                    let dmin = half::f16::from_bits(dec.m).to_f64();
+                    for i in 0..256 {
+                        let at = c * k + b * 256 + i;
+                        let qi = dec.q[i] as f64;
+                        if format == QuantFormat::Q6K {
+                            scaled[at] = d * dec.sc[i / 16] as f64 * qi;
+                        } else {
+                            scaled[at] = d * dec.sc[i / 32] as u8 as f64 * qi;
+                            minimum[at] = -dmin * dec.mn[i / 32] as u8 as f64;
+                        }
+                        let w = scaled[at] + minimum[at];
+                        assert!((w - dense[at] as f64).abs() <= 1e-6 * (1.0 + w.abs()));
+                    }
+                }
+            }
+            let mut packed = PackedMatrix::pack_quantized(format, &q, n, k).unwrap();
+            assert!(packed.use_amx_dequantizing_from(1) && packed.use_amx_int8());
+            for m in [17, 64, 100] {
+                let x = random_values(m * k, 12 + m as u64);
+                let mut got = vec![f32::NAN; m * n];
+                packed.matmul(&x, m, &mut got);
+                let mut worst = 0f64;
+                for r in 0..m {
+                    let xr = &x[r * k..][..k];
+                    // The kernel's rounding: f32 `d = max / 127`, `x * (1 / d)` to nearest even.
+                    let xq: Vec<(f64, f64)> = xr
+                        .chunks_exact(256)
+                        .flat_map(|sb| {
+                            let d = sb.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                            sb.iter()
+                                .map(move |v| (d as f64, (v * inv).round_ties_even() as f64))
+                        })
+                        .collect();
+                    for c in 0..n {
+                        let (mut want, mut size) = (0f64, 0f64);
+                        for i in 0..k {
+                            let (e, o) = (scaled[c * k + i], minimum[c * k + i]);
+                            let (xd, xq) = xq[i];
+                            want += xd * xq * e + xr[i] as f64 * o;
+                            size += (xr[i] as f64).abs() * (e.abs() + o.abs());
+                        }
+                        worst = worst.max((got[r * n + c] as f64 - want).abs() / size);
+                    }
+                }
+                eprintln!("{format:?} m{m}: worst error {worst:e} of sum |x| (|d w'| + |min|)");
+                // Integer sums exact; f32 scaling and sums (2^-24 a step) and the minimums'
+                // split product (2^-16) remain.
+                assert!(worst < 4e-6, "{format:?} m{m}: error {worst:e}");
+                assert_rows_alone_equal(&packed, &x, &got, &[0, 16, m - 1], &format!("{format:?}"));
             }
         }
     }

@@ -91,6 +91,7 @@ pub fn tiny_app(http: HttpSettings) -> TestApp {
         model: tiny_model_path(),
         served_model_name: TINY_NAME.into(),
         weights: WeightsKind::F32,
+        amx_int8: false,
         tool_call_parser: None,
         pooling: None,
         kv_cache_bytes: 2 << 20,

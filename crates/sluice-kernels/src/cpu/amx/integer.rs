@@ -321,7 +321,7 @@ unsafe fn block_scales(l: PanelLayout, panel: *const u8, step: usize) -> (__m512
 /// AVX-512F, BW, BF16 and F16C; `panels` holds a matrix of `k` input features; `scales` has
 /// `k` floats; `minimums` is `k / 32` rounded up to a multiple of 32, divided by 32, steps.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
-unsafe fn scales_of(
+pub(super) unsafe fn scales_of(
     panels: Panels<'_>,
     k: usize,
     g: usize,
