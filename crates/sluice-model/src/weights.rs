@@ -527,15 +527,17 @@ impl Linear {
                     m.matmul_into(x, t, out, n, *col0);
                 }
             }
-            Weights::Int8(parts) if ours_only(parts) => ACTIVATIONS.with(|acts| {
-                let mut acts = acts.borrow_mut();
+            Weights::Int8(parts) if ours_only(parts) => {
+                // Taken out, not borrowed: see `int8_forward`.
+                let mut acts = ACTIVATIONS.take();
                 quantize_for(&mut acts, parts, x, t);
                 for (col0, part) in parts {
                     if let Int8Part::Ours(m) = part {
                         m.matmul_into(&acts, out, n, *col0);
                     }
                 }
-            }),
+                ACTIVATIONS.set(acts);
+            }
             _ => {
                 let xt = Tensor::from_slice(x, (t, x.len() / t), &Device::Cpu)?;
                 let y = self.forward_weights(&xt)?;
@@ -576,16 +578,19 @@ fn int8_forward(parts: &[(usize, Int8Part)], n: usize, x: &Tensor) -> Result<Ten
     let t = x.dim(0)?;
     let mut out = vec![0f32; t * n];
     with_cpu_rows(x, |data, t, cols| {
-        ACTIVATIONS.with(|acts| {
-            let mut acts = acts.borrow_mut();
-            debug_assert_eq!(data.len(), t * cols);
-            quantize_for(&mut acts, parts, data, t);
-            for (col0, part) in parts {
-                if let Int8Part::Ours(m) = part {
-                    m.matmul_into(&acts, &mut out, n, *col0);
-                }
+        // Taken out of the slot for the call, not borrowed: while this thread waits for the
+        // pool inside `matmul_into` it may run another job, even another step's layer (steps
+        // entering the pool from two threads), which then finds the slot empty and quantizes
+        // into a buffer of its own.
+        let mut acts = ACTIVATIONS.take();
+        debug_assert_eq!(data.len(), t * cols);
+        quantize_for(&mut acts, parts, data, t);
+        for (col0, part) in parts {
+            if let Int8Part::Ours(m) = part {
+                m.matmul_into(&acts, &mut out, n, *col0);
             }
-        })
+        }
+        ACTIVATIONS.set(acts);
     })?;
     for (col0, part) in parts {
         if let Int8Part::Candle(q, _) = part {

@@ -16,7 +16,9 @@
 //! (`multiply_task`). Steps of up to 64 rows of the K-quants, Q5_0 and Q5_1 instead multiply
 //! the weights' integers, unsplit, and scale each 32-k block's product (module `integer`):
 //! two products instead of three, and weight tiles converted from the integers, 2 bytes a
-//! weight, instead of formed in f32 and split into 4. Weights held as f32 are
+//! weight, instead of formed in f32 and split into 4. With `--amx-int8` (opt-in), the K-quants'
+//! steps instead round the activations to int8 and multiply on int8 tiles ([`matmul_int8`],
+//! module `int8`), at twice the k per product. Weights held as f32 are
 //! tiled once at load ([`tile_all`]). A row's result depends only on that row and the weights (every
 //! output element sums its K range in the same order), so batching stays invisible within this
 //! path.
@@ -223,48 +225,49 @@ pub(crate) fn matmul(
         _ => None,
     };
     let with_sums = integers.is_some_and(|p| p.format.panel_layout().min != MinKind::None);
-    ACTIVATIONS.with(|acts| {
-        BLOCK_SUMS.with(|sums| {
-            let acts = &mut *acts.borrow_mut();
-            let sums = &mut *sums.borrow_mut();
-            let mut row = 0;
-            while row < m {
-                let rows = chunk_rows.min(m - row);
-                let padded = rows.div_ceil(BLOCK_M) * BLOCK_M;
-                let x = &x[row * k..(row + rows) * k];
-                // SAFETY: AVX-512 BF16 checked by `available`.
-                unsafe { split_rows(x, k, rows, padded, acts, with_sums.then_some(&mut *sums)) };
-                let chunk = Chunk {
-                    acts,
-                    block_sums: if with_sums { sums } else { &[] },
-                    k,
-                    rows,
-                    padded,
-                    n,
-                    ldo,
-                    col0,
-                    first_row: row,
-                };
-                (0..tasks).into_par_iter().for_each(|t| {
-                    let first = t * per_task;
-                    let count = per_task.min(groups - first);
-                    // SAFETY: AMX granted by `available`; the task writes only the columns of
-                    // its groups `first..` of rows `row..row+rows`, inside `out` by the size
-                    // checks.
-                    unsafe {
-                        configure_tiles();
-                        match integers {
-                            Some(panels) => {
-                                integer::multiply_task(panels, &chunk, first, count, out)
-                            }
-                            None => multiply_task(weights, &chunk, first, count, out),
-                        }
+    // Taken out of their slots for the call, not borrowed: while this thread waits for the
+    // pool below it may run another job, even another step's product (steps entering the pool
+    // from two threads), which then finds the slots empty and grows buffers of its own.
+    let (mut acts, mut sums) = (ACTIVATIONS.take(), BLOCK_SUMS.take());
+    {
+        let (acts, sums) = (&mut acts, &mut sums);
+        let mut row = 0;
+        while row < m {
+            let rows = chunk_rows.min(m - row);
+            let padded = rows.div_ceil(BLOCK_M) * BLOCK_M;
+            let x = &x[row * k..(row + rows) * k];
+            // SAFETY: AVX-512 BF16 checked by `available`.
+            unsafe { split_rows(x, k, rows, padded, acts, with_sums.then_some(&mut *sums)) };
+            let chunk = Chunk {
+                acts,
+                block_sums: if with_sums { sums } else { &[] },
+                k,
+                rows,
+                padded,
+                n,
+                ldo,
+                col0,
+                first_row: row,
+            };
+            (0..tasks).into_par_iter().for_each(|t| {
+                let first = t * per_task;
+                let count = per_task.min(groups - first);
+                // SAFETY: AMX granted by `available`; the task writes only the columns of
+                // its groups `first..` of rows `row..row+rows`, inside `out` by the size
+                // checks.
+                unsafe {
+                    configure_tiles();
+                    match integers {
+                        Some(panels) => integer::multiply_task(panels, &chunk, first, count, out),
+                        None => multiply_task(weights, &chunk, first, count, out),
                     }
-                });
-                row += rows;
-            }
-        })
-    });
+                }
+            });
+            row += rows;
+        }
+    }
+    ACTIVATIONS.set(acts);
+    BLOCK_SUMS.set(sums);
 }
 
 /// Whether this CPU has the int8 tiles (AMX-INT8 and AVX-512 VBMI besides [`available`]'s

@@ -1241,6 +1241,59 @@ mod tests {
         }
     }
 
+    /// Products started from jobs of the pool, as when two threads each run a step on it: a
+    /// worker waiting inside one product runs another job, and so another product, on the same
+    /// thread. Each gets its own buffers (before, the second borrowed the first's twice and
+    /// panicked) and its own result.
+    #[test]
+    fn products_nested_in_the_pool_keep_their_buffers_apart() {
+        if !amx_available() {
+            eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
+            return;
+        }
+        let (n, k) = (200, 512);
+        let (q, _) = quantized_matrix(n, k, QuantFormat::Q4K, 3);
+        let mut split = PackedMatrix::pack_quantized(QuantFormat::Q4K, &q, n, k).unwrap();
+        assert!(split.use_amx_dequantizing_from(1));
+        let mut int8 = PackedMatrix::pack_quantized(QuantFormat::Q4K, &q, n, k).unwrap();
+        assert!(int8.use_amx_dequantizing_from(1));
+        let int8 = int8.use_amx_int8().then_some(int8);
+        for packed in std::iter::once(&split).chain(&int8) {
+            // Different row counts, so a mixed-up buffer shows.
+            let xs: Vec<(usize, Vec<f32>)> = (0..4)
+                .map(|i| {
+                    let m = 16 + 7 * i;
+                    (m, random_values(m * k, 40 + i as u64))
+                })
+                .collect();
+            let want: Vec<Vec<f32>> = xs
+                .iter()
+                .map(|(m, x)| {
+                    let mut out = vec![f32::NAN; m * n];
+                    packed.matmul(x, *m, &mut out);
+                    out
+                })
+                .collect();
+            // Each thread enters the pool as a step does (the product runs on a worker); a
+            // worker waiting inside one product picks up another thread's entry. Whether it does
+            // is up to the scheduling: many rounds.
+            std::thread::scope(|threads| {
+                for ((m, x), want) in xs.iter().zip(&want) {
+                    threads.spawn(move || {
+                        for _ in 0..50 {
+                            let mut out = vec![f32::NAN; m * n];
+                            rayon::scope(|_| packed.matmul(x, *m, &mut out));
+                            assert!(
+                                out == *want,
+                                "a nested product differs from the same product alone"
+                            );
+                        }
+                    });
+                }
+            });
+        }
+    }
+
     #[test]
     fn a_rows_result_does_not_depend_on_the_other_rows() {
         if !amx_available() {

@@ -145,52 +145,53 @@ pub(crate) fn matmul(
     let tasks = groups.div_ceil(per_task);
     let with_sums = panels.format.panel_layout().min != MinKind::None;
     let out = DisjointSlice::new(out);
-    QUANTS.with(|quants| {
-        ROW_SCALES.with(|scales| {
-            BLOCK_SUMS.with(|sums| {
-                let quants = &mut *quants.borrow_mut();
-                let scales = &mut *scales.borrow_mut();
-                let sums = &mut *sums.borrow_mut();
-                let mut row = 0;
-                while row < m {
-                    let rows = chunk_rows.min(m - row);
-                    let padded = rows.div_ceil(BLOCK_M) * BLOCK_M;
-                    let x = &x[row * k..(row + rows) * k];
-                    // SAFETY: AVX-512 BF16 and VBMI by `available`; the sizes as asserted.
-                    unsafe {
-                        quantize_rows(x, k, rows, padded, quants, scales);
-                        if with_sums {
-                            block_sums_rows(x, k, rows, padded, sums);
-                        }
-                    }
-                    let chunk = Chunk {
-                        quants: CacheLine::bytes(quants),
-                        row_scales: scales,
-                        block_sums: if with_sums { sums } else { &[] },
-                        k,
-                        rows,
-                        padded,
-                        n,
-                        ldo,
-                        col0,
-                        first_row: row,
-                    };
-                    (0..tasks).into_par_iter().for_each(|t| {
-                        let first = t * per_task;
-                        let count = per_task.min(groups - first);
-                        // SAFETY: AMX-INT8 granted by `available`; the task writes only the
-                        // columns of its groups `first..` of rows `row..row+rows`, inside
-                        // `out` by the size checks.
-                        unsafe {
-                            configure_tiles();
-                            multiply_task(panels, &chunk, first, count, out);
-                        }
-                    });
-                    row += rows;
+    // Taken out of their slots for the call, not borrowed: while this thread waits for the
+    // pool below it may run another job, even another step's product (steps entering the pool
+    // from two threads), which then finds the slots empty and grows buffers of its own.
+    let (mut quants, mut scales, mut sums) = (QUANTS.take(), ROW_SCALES.take(), BLOCK_SUMS.take());
+    {
+        let (quants, scales, sums) = (&mut quants, &mut scales, &mut sums);
+        let mut row = 0;
+        while row < m {
+            let rows = chunk_rows.min(m - row);
+            let padded = rows.div_ceil(BLOCK_M) * BLOCK_M;
+            let x = &x[row * k..(row + rows) * k];
+            // SAFETY: AVX-512 BF16 and VBMI by `available`; the sizes as asserted.
+            unsafe {
+                quantize_rows(x, k, rows, padded, quants, scales);
+                if with_sums {
+                    block_sums_rows(x, k, rows, padded, sums);
                 }
-            })
-        })
-    });
+            }
+            let chunk = Chunk {
+                quants: CacheLine::bytes(quants),
+                row_scales: scales,
+                block_sums: if with_sums { sums } else { &[] },
+                k,
+                rows,
+                padded,
+                n,
+                ldo,
+                col0,
+                first_row: row,
+            };
+            (0..tasks).into_par_iter().for_each(|t| {
+                let first = t * per_task;
+                let count = per_task.min(groups - first);
+                // SAFETY: AMX-INT8 granted by `available`; the task writes only the
+                // columns of its groups `first..` of rows `row..row+rows`, inside
+                // `out` by the size checks.
+                unsafe {
+                    configure_tiles();
+                    multiply_task(panels, &chunk, first, count, out);
+                }
+            });
+            row += rows;
+        }
+    }
+    QUANTS.set(quants);
+    ROW_SCALES.set(scales);
+    BLOCK_SUMS.set(sums);
 }
 
 /// A tile row's byte `8j + 4h + t` takes k `8j + h + 2t` of its 64: the activations in the
