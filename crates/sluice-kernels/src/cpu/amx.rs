@@ -17,7 +17,7 @@
 //! the weights' integers, unsplit, and scale each 32-k block's product (module `integer`):
 //! two products instead of three, and weight tiles converted from the integers, 2 bytes a
 //! weight, instead of formed in f32 and split into 4. With `--amx-int8` (opt-in), the K-quants'
-//! steps instead round the activations to int8 and multiply on int8 tiles ([`matmul_int8`],
+//! steps instead round the activations to int8 and multiply on int8 tiles (`matmul_int8`,
 //! module `int8`), at twice the k per product. Weights held as f32 are
 //! tiled once at load ([`tile_all`]). A row's result depends only on that row and the weights (every
 //! output element sums its K range in the same order), so batching stays invisible within this
