@@ -89,8 +89,6 @@ thread_local! {
     static WEIGHT_TILES: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
     /// Per worker: a task's `d` (f32, per group `[super-block][32 columns]`).
     static SUPER_SCALES: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
-    /// Per worker: the per-32 scales [`scales_of`] writes beside the minimums (unread here).
-    static BLOCK_SCALES: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
     /// Per worker: a task's minimums, split into tiles.
     static MINIMUMS: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
     /// Per worker: a task's 32x32 sums per row block and column group, between passes.
@@ -344,140 +342,126 @@ unsafe fn multiply_task(
     unsafe {
         WEIGHT_TILES.with(|tiles| {
             SUPER_SCALES.with(|d| {
-                BLOCK_SCALES.with(|block_scales| {
-                    MINIMUMS.with(|minimums| {
-                        BLOCK_OUT.with(|sums| {
-                            let mut tiles = tiles.borrow_mut();
-                            let tiles = CacheLine::bytes_mut(scratch(
-                                &mut tiles,
-                                CacheLine::count(count * pass.min(supers) * SUPER_BYTES),
-                            ));
-                            let mut d = d.borrow_mut();
-                            let d = scratch(&mut d, CacheLine::count(count * supers * GROUP_N * 4))
-                                .as_mut_ptr() as *mut f32;
-                            let mut minimums = minimums.borrow_mut();
-                            let minimums = CacheLine::bytes_mut(scratch(
-                                &mut minimums,
-                                if with_mins {
-                                    CacheLine::count(count * min_bytes)
-                                } else {
-                                    0
-                                },
-                            ));
-                            let mut block_scales = block_scales.borrow_mut();
-                            let block_scales = scratch(
-                                &mut block_scales,
-                                if with_mins {
-                                    CacheLine::count(k / TILE_K * GROUP_N * 4)
-                                } else {
-                                    0
-                                },
-                            )
-                            .as_mut_ptr()
-                                as *mut f32;
-                            let mut sums = sums.borrow_mut();
-                            let sums = scratch(
-                                &mut sums,
-                                CacheLine::count(blocks * count * block_floats * 4),
-                            )
+                MINIMUMS.with(|minimums| {
+                    BLOCK_OUT.with(|sums| {
+                        let mut tiles = tiles.borrow_mut();
+                        let tiles = CacheLine::bytes_mut(scratch(
+                            &mut tiles,
+                            CacheLine::count(count * pass.min(supers) * SUPER_BYTES),
+                        ));
+                        let mut d = d.borrow_mut();
+                        let d = scratch(&mut d, CacheLine::count(count * supers * GROUP_N * 4))
                             .as_mut_ptr() as *mut f32;
+                        let mut minimums = minimums.borrow_mut();
+                        let minimums = CacheLine::bytes_mut(scratch(
+                            &mut minimums,
+                            if with_mins {
+                                CacheLine::count(count * min_bytes)
+                            } else {
+                                0
+                            },
+                        ));
+                        let mut sums = sums.borrow_mut();
+                        let sums = scratch(
+                            &mut sums,
+                            CacheLine::count(blocks * count * block_floats * 4),
+                        )
+                        .as_mut_ptr() as *mut f32;
 
-                            for i in 0..count {
-                                super_scales(panels, k, first + i, d.add(i * supers * GROUP_N));
-                                if with_mins {
-                                    scales_of(
-                                        panels,
-                                        k,
-                                        first + i,
-                                        block_scales,
-                                        Some(&mut minimums[i * min_bytes..][..min_bytes]),
-                                    );
-                                }
+                        for i in 0..count {
+                            super_scales(panels, k, first + i, d.add(i * supers * GROUP_N));
+                            if with_mins {
+                                scales_of(
+                                    panels,
+                                    k,
+                                    first + i,
+                                    None,
+                                    Some(&mut minimums[i * min_bytes..][..min_bytes]),
+                                );
                             }
-                            // Each output block's sums start from its minimums' product.
+                        }
+                        // Each output block's sums start from its minimums' product.
+                        for blk in 0..blocks {
+                            for i in 0..count {
+                                let c = sums.add((blk * count + i) * block_floats);
+                                if !with_mins {
+                                    std::ptr::write_bytes(c, 0, block_floats);
+                                    continue;
+                                }
+                                let s = CacheLine::bytes(chunk.block_sums).as_ptr();
+                                zero_sums();
+                                accumulate_rows(
+                                    minimums.as_ptr().add(i * min_bytes),
+                                    s.add(blk * min_steps * A_STEP_BYTES),
+                                    min_steps,
+                                    chunk.rows - blk * BLOCK_M,
+                                );
+                                store(c, GROUP_N * 4);
+                            }
+                        }
+
+                        // A super-block's four int32 products (`hi`, `lo` of rows 0-15, then
+                        // of rows 16-31), stored for the scaling.
+                        let mut product = [CacheLine::default(); 4 * TILE_M];
+                        let product = product.as_mut_ptr() as *mut i32;
+                        for sb0 in (0..supers).step_by(pass) {
+                            let ns = pass.min(supers - sb0);
+                            let last = sb0 + ns == supers;
+                            let pass_bytes = ns * SUPER_BYTES;
+                            for i in 0..count {
+                                let part = tiles.as_mut_ptr().add(i * pass_bytes);
+                                weight_tiles(panels, first + i, sb0, ns, part);
+                            }
                             for blk in 0..blocks {
+                                let a = chunk
+                                    .quants
+                                    .as_ptr()
+                                    .add((blk * steps + sb0 * SUPER_STEPS) * A8_STEP_BYTES);
+                                let xd = chunk
+                                    .row_scales
+                                    .as_ptr()
+                                    .add((blk * supers + sb0) * BLOCK_M);
+                                let r0 = blk * BLOCK_M;
+                                let valid_rows = BLOCK_M.min(chunk.rows - r0);
                                 for i in 0..count {
                                     let c = sums.add((blk * count + i) * block_floats);
-                                    if !with_mins {
-                                        std::ptr::write_bytes(c, 0, block_floats);
-                                        continue;
-                                    }
-                                    let s = CacheLine::bytes(chunk.block_sums).as_ptr();
-                                    zero_sums();
-                                    accumulate_rows(
-                                        minimums.as_ptr().add(i * min_bytes),
-                                        s.add(blk * min_steps * A_STEP_BYTES),
-                                        min_steps,
-                                        chunk.rows - blk * BLOCK_M,
-                                    );
-                                    store(c, GROUP_N * 4);
-                                }
-                            }
-
-                            // A super-block's four int32 products (`hi`, `lo` of rows 0-15, then
-                            // of rows 16-31), stored for the scaling.
-                            let mut product = [CacheLine::default(); 4 * TILE_M];
-                            let product = product.as_mut_ptr() as *mut i32;
-                            for sb0 in (0..supers).step_by(pass) {
-                                let ns = pass.min(supers - sb0);
-                                let last = sb0 + ns == supers;
-                                let pass_bytes = ns * SUPER_BYTES;
-                                for i in 0..count {
-                                    let part = tiles.as_mut_ptr().add(i * pass_bytes);
-                                    weight_tiles(panels, first + i, sb0, ns, part);
-                                }
-                                for blk in 0..blocks {
-                                    let a = chunk
-                                        .quants
-                                        .as_ptr()
-                                        .add((blk * steps + sb0 * SUPER_STEPS) * A8_STEP_BYTES);
-                                    let xd = chunk
-                                        .row_scales
-                                        .as_ptr()
-                                        .add((blk * supers + sb0) * BLOCK_M);
-                                    let r0 = blk * BLOCK_M;
-                                    let valid_rows = BLOCK_M.min(chunk.rows - r0);
-                                    for i in 0..count {
-                                        let c = sums.add((blk * count + i) * block_floats);
-                                        let w = tiles.as_ptr().add(i * pass_bytes);
-                                        let d = d.add((i * supers + sb0) * GROUP_N);
-                                        for ct in 0..2 {
-                                            let col = (first + i) * GROUP_N + ct * TILE_N;
-                                            // Columns past the matrix: nothing to compute.
-                                            if col >= chunk.n {
-                                                continue;
-                                            }
-                                            let c = c.add(ct * TILE_N);
-                                            scaled_super_blocks(
-                                                c,
-                                                a,
-                                                w.add(ct * TILE_BYTES),
-                                                d.add(ct * TILE_N),
-                                                xd,
-                                                ns,
-                                                valid_rows,
-                                                product,
+                                    let w = tiles.as_ptr().add(i * pass_bytes);
+                                    let d = d.add((i * supers + sb0) * GROUP_N);
+                                    for ct in 0..2 {
+                                        let col = (first + i) * GROUP_N + ct * TILE_N;
+                                        // Columns past the matrix: nothing to compute.
+                                        if col >= chunk.n {
+                                            continue;
+                                        }
+                                        let c = c.add(ct * TILE_N);
+                                        scaled_super_blocks(
+                                            c,
+                                            a,
+                                            w.add(ct * TILE_BYTES),
+                                            d.add(ct * TILE_N),
+                                            xd,
+                                            ns,
+                                            valid_rows,
+                                            product,
+                                        );
+                                        if !last {
+                                            continue;
+                                        }
+                                        let mask = (u32::MAX >> (32 - TILE_N.min(chunk.n - col)))
+                                            as __mmask16;
+                                        for r in 0..valid_rows {
+                                            let dst = out.as_mut_ptr().add(
+                                                (chunk.first_row + r0 + r) * chunk.ldo
+                                                    + chunk.col0
+                                                    + col,
                                             );
-                                            if !last {
-                                                continue;
-                                            }
-                                            let mask = (u32::MAX
-                                                >> (32 - TILE_N.min(chunk.n - col)))
-                                                as __mmask16;
-                                            for r in 0..valid_rows {
-                                                let dst = out.as_mut_ptr().add(
-                                                    (chunk.first_row + r0 + r) * chunk.ldo
-                                                        + chunk.col0
-                                                        + col,
-                                                );
-                                                let v = _mm512_loadu_ps(c.add(r * GROUP_N));
-                                                _mm512_mask_storeu_ps(dst, mask, v);
-                                            }
+                                            let v = _mm512_loadu_ps(c.add(r * GROUP_N));
+                                            _mm512_mask_storeu_ps(dst, mask, v);
                                         }
                                     }
                                 }
                             }
-                        })
+                        }
                     })
                 })
             })

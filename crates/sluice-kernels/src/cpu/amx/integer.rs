@@ -150,7 +150,7 @@ pub(super) unsafe fn multiply_task(
                                 panels,
                                 chunk.k,
                                 first + i,
-                                scales.add(i * steps * GROUP_N),
+                                Some(scales.add(i * steps * GROUP_N)),
                                 mins,
                             );
                         }
@@ -312,20 +312,21 @@ unsafe fn block_scales(l: PanelLayout, panel: *const u8, step: usize) -> (__m512
     }
 }
 
-/// Group `g`'s column scales into `scales` (`[k / 32][32]` f32) and, with `minimums`, its
-/// signed minimums split into tiles: the `B` operand of the product `sum_j S_j * o_j` over
-/// the blocks j, 32 blocks a step in [`STEP_BYTES`] (hi tiles of both panels, then lo). A
-/// panel past the matrix's end has zero scales and minimums.
+/// Group `g`'s column scales into `scales` (`[k / 32][32]` f32), if asked, and, with
+/// `minimums`, its signed minimums split into tiles: the `B` operand of the product
+/// `sum_j S_j * o_j` over the blocks j, 32 blocks a step in [`STEP_BYTES`] (hi tiles of both
+/// panels, then lo). A panel past the matrix's end has zero scales and minimums.
 ///
 /// # Safety
-/// AVX-512F, BW, BF16 and F16C; `panels` holds a matrix of `k` input features; `scales` has
-/// `k` floats; `minimums` is `k / 32` rounded up to a multiple of 32, divided by 32, steps.
+/// AVX-512F, BW, BF16 and F16C; `panels` holds a matrix of `k` input features; `scales` (if
+/// any) has `k` floats; `minimums` is `k / 32` rounded up to a multiple of 32, divided by 32,
+/// steps.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16,f16c")]
 pub(super) unsafe fn scales_of(
     panels: Panels<'_>,
     k: usize,
     g: usize,
-    scales: *mut f32,
+    scales: Option<*mut f32>,
     minimums: Option<&mut [u8]>,
 ) {
     let l = panels.format.panel_layout();
@@ -354,8 +355,11 @@ pub(super) unsafe fn scales_of(
             for pair in 0..pairs {
                 let (even, odd) = (of(2 * pair), of(2 * pair + 1));
                 for (step, (s, _)) in [(2 * pair, even), (2 * pair + 1, odd)] {
-                    if step < steps {
-                        _mm512_storeu_ps(scales.add(step * GROUP_N + panel * TILE_N), s);
+                    match scales {
+                        Some(scales) if step < steps => {
+                            _mm512_storeu_ps(scales.add(step * GROUP_N + panel * TILE_N), s)
+                        }
+                        _ => {}
                     }
                 }
                 if let Some(minimums) = minimums {
