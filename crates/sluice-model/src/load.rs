@@ -25,10 +25,11 @@ pub struct LoadOptions {
     /// on AMX tiles ((`sluice_kernels::cpu::amx`)); default [`AUTO_AMX_MIN_ROWS`]. `None`
     /// keeps every step on the exact f32 kernels.
     pub amx_min_rows: Option<usize>,
-    /// With [`WeightsKind::Auto`] on a CPU with AMX-INT8, those AMX steps quantize the
-    /// activations to int8 per row and 256 inputs and multiply the K-quant matrices (Q4_K,
-    /// Q5_K, Q6_K) on int8 tiles, as llama.cpp's quantized kernels compute: about twice the
-    /// speed, results rounded as `quantized` weights round them. Off by default.
+    /// With [`WeightsKind::Auto`] on a CPU with AMX-INT8, the K-quant matrices (Q4_K, Q5_K,
+    /// Q6_K) multiply steps of at least [`AMX_INT8_MIN_ROWS`](crate::weights::AMX_INT8_MIN_ROWS)
+    /// rows (or `amx_min_rows`, if fewer) on int8 tiles against activations quantized to int8
+    /// per row and 256 inputs, as llama.cpp's quantized kernels compute: about 1.5x the split
+    /// tiles' step speed, results rounded as `quantized` weights round them. Off by default.
     pub amx_int8: bool,
 }
 

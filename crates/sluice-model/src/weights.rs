@@ -201,6 +201,13 @@ enum Int8Part {
 /// rows slower (Qwen 8 rows 170 against 240 ms).
 pub const AUTO_AMX_MIN_ROWS: usize = 16;
 
+/// Rows from which `amx_int8` multiplies a K-quant matrix on int8 tiles (where the AMX
+/// threshold is not lower already): they pay from fewer rows than the split tiles. Measured on
+/// the AMX Xeon (forward bench, Qwen2.5-Coder-1.5B Q4_K_M, alternated, ms a step): from 16 rows
+/// to 8, B=8 151.6/153.0 -> 135.0/135.1, B=12 194.1/202.1 -> 138.3/139.2; from 8 to 4, B=4
+/// 83.8/82.9 -> 131.7/129.8 and B=6 109.2/104.5 -> 134.5/134.3 (slower).
+pub const AMX_INT8_MIN_ROWS: usize = 8;
+
 thread_local! {
     static ACTIVATIONS: std::cell::RefCell<QuantizedActivations> = std::cell::RefCell::new(QuantizedActivations::default());
 }
@@ -351,7 +358,7 @@ impl Linear {
                 if m.format().is_some() {
                     if m.use_amx_dequantizing_from(min_rows) && options.amx_int8 {
                         // Where the CPU or the format has no int8 tiles, the split ones.
-                        m.use_amx_int8();
+                        m.use_amx_int8(min_rows.min(AMX_INT8_MIN_ROWS));
                     }
                 } else {
                     m.use_amx_only();

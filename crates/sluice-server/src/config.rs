@@ -57,10 +57,10 @@ pub struct ServeArgs {
         serialize_with = "serialize_weights"
     )]
     pub weights: Option<WeightsKind>,
-    /// On CPUs with AMX-INT8, the AMX steps (16 tokens or more) of `auto` weights quantize the
+    /// On CPUs with AMX-INT8, steps of 8 tokens or more of `auto` weights quantize the
     /// activations to int8 and multiply the K-quant matrices (Q4_K, Q5_K, Q6_K) on int8
     /// tiles, as llama.cpp computes: about 1.5x the step speed, results rounded as
-    /// `--weights quantized` rounds them [default: false, split-bf16 tiles].
+    /// `--weights quantized` rounds them [default: false: split-bf16 tiles from 16 tokens].
     #[arg(
         long,
         env = "SLUICE_AMX_INT8",

@@ -52,8 +52,8 @@ pub struct GenerateArgs {
     /// Weight representation: auto, f32, f16, bf16 or quantized.
     #[arg(long, default_value = "auto")]
     weights: WeightsKind,
-    /// With auto weights on a CPU with AMX-INT8: AMX steps (16 tokens or more, so the
-    /// prompt's prefill) multiply the K-quant matrices on int8 tiles against int8 activations.
+    /// With auto weights on a CPU with AMX-INT8: steps of 8 tokens or more (so a prompt's
+    /// prefill) multiply the K-quant matrices on int8 tiles against int8 activations.
     #[arg(long)]
     amx_int8: bool,
 }

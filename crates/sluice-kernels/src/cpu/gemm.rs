@@ -440,20 +440,22 @@ impl PackedMatrix {
         }
     }
 
-    /// Lets the AMX steps (from [`Self::use_amx_dequantizing_from`]'s row count) quantize
-    /// the activations to int8 per row and 256 inputs and multiply the K-quant panels' integers
+    /// Lets steps of at least `min_rows` rows run on AMX tiles as int8: quantize the
+    /// activations to int8 per row and 256 inputs and multiply the K-quant panels' integers
     /// on int8 tiles: llama.cpp's arithmetic (a result differs from `f32`'s by the activations'
     /// rounding, about 2^-9 of each super-block's largest), at about twice the split-bf16
     /// kernels' speed. Returns whether it will: the matrix must already dequantize its panels
     /// on AMX, be Q4_K, Q5_K or Q6_K with `k` a multiple of 256, and the CPU have AMX-INT8
     /// and AVX-512 VBMI.
-    pub fn use_amx_int8(&mut self) -> bool {
+    pub fn use_amx_int8(&mut self, min_rows: usize) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if let (Some((_, None)), Panels::Quant { format, .. }) = (&self.amx, &self.panels) {
+        if let (Some((rows, None)), Panels::Quant { format, .. }) = (&mut self.amx, &self.panels) {
             if crate::cpu::amx::int8_supports(*format) && self.k.is_multiple_of(256) {
+                *rows = min_rows;
                 self.amx_int8 = true;
             }
         }
+        let _ = min_rows;
         self.amx_int8
     }
 
@@ -1203,7 +1205,7 @@ mod tests {
                 }
             }
             let mut packed = PackedMatrix::pack_quantized(format, &q, n, k).unwrap();
-            assert!(packed.use_amx_dequantizing_from(1) && packed.use_amx_int8());
+            assert!(packed.use_amx_dequantizing_from(1) && packed.use_amx_int8(1));
             for m in [17, 64, 100] {
                 let x = random_values(m * k, 12 + m as u64);
                 let mut got = vec![f32::NAN; m * n];
@@ -1257,7 +1259,7 @@ mod tests {
         assert!(split.use_amx_dequantizing_from(1));
         let mut int8 = PackedMatrix::pack_quantized(QuantFormat::Q4K, &q, n, k).unwrap();
         assert!(int8.use_amx_dequantizing_from(1));
-        let int8 = int8.use_amx_int8().then_some(int8);
+        let int8 = int8.use_amx_int8(1).then_some(int8);
         for packed in std::iter::once(&split).chain(&int8) {
             // Different row counts, so a mixed-up buffer shows.
             let xs: Vec<(usize, Vec<f32>)> = (0..4)
