@@ -8,8 +8,8 @@ mod common;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use common::decode::{greedy_alone, greedy_together, Request};
-use common::python::python_parses;
+use common::decode::{assert_batching_changes_no_token, greedy_alone};
+use common::python::assert_fibonacci_body;
 use sluice_model::{LlamaModel, LoadOptions, ModelSource, WeightsKind};
 use sluice_tokenizer::Tokenizer;
 
@@ -75,15 +75,7 @@ fn fibonacci_continues_with_python() {
         out.len(),
         started.elapsed()
     );
-    assert!(text.contains("return"), "{text}");
-    assert!(
-        text.matches("fibonacci(").count() >= 2 || text.contains(" n"),
-        "the body does not use fibonacci or n: {text}"
-    );
-    match python_parses(&text) {
-        Some(ok) => assert!(ok, "not a Python function body:\n{text}"),
-        None => eprintln!("python3 not found: the syntax check was skipped"),
-    }
+    assert_fibonacci_body(&text);
 }
 
 /// Eight sequences decoded together (joining over four steps, so prefills share steps with
@@ -108,27 +100,7 @@ fn batching_changes_no_token() {
     .map(|p| tok.encode(p).unwrap())
     .collect();
     let (eos, max_new) = (tok.eos_token_ids(), 8);
-    let alone: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| greedy_alone(model, p, max_new, eos))
-        .collect();
-    let requests: Vec<Request> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| Request {
-            prompt: p,
-            join_at: i % 4,
-        })
-        .collect();
-    let together = greedy_together(model, &requests, max_new, eos);
-    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
-        assert_eq!(
-            a,
-            t,
-            "sequence {i}: alone {:?}, batched {:?}",
-            tok.decode(a, false),
-            tok.decode(t, false)
-        );
-    }
+    let (alone, _, _) =
+        assert_batching_changes_no_token(model, &prompts, max_new, eos, |t| tok.decode(t, false));
     assert!(alone.iter().filter(|a| a.len() == max_new).count() >= 4);
 }

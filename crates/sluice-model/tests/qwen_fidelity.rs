@@ -8,7 +8,7 @@ mod common;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use common::decode::{greedy_alone, greedy_together, Request};
+use common::decode::assert_batching_changes_no_token;
 use common::fidelity::compare_with_fixture;
 use sluice_model::{LlamaModel, LoadOptions, ModelSource, WeightsKind};
 use sluice_tokenizer::Tokenizer;
@@ -171,36 +171,11 @@ fn batching_changes_no_token(kind: WeightsKind) {
     let eos = tok.eos_token_ids();
     let max_new = 10;
 
-    let started = Instant::now();
-    let alone: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| greedy_alone(model, p, max_new, eos))
-        .collect();
-    let alone_time = started.elapsed();
-    let started = Instant::now();
-    let requests: Vec<Request> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| Request {
-            prompt: p,
-            join_at: i % 4,
-        })
-        .collect();
-    let together = greedy_together(model, &requests, max_new, eos);
+    let (alone, alone_time, together_time) =
+        assert_batching_changes_no_token(model, &prompts, max_new, eos, |t| tok.decode(t, false));
     eprintln!(
-        "32 sequences of up to {max_new} tokens: {alone_time:.1?} one at a time, {:.1?} together",
-        started.elapsed()
+        "32 sequences of up to {max_new} tokens: {alone_time:.1?} one at a time, {together_time:.1?} together"
     );
-    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
-        assert_eq!(
-            a,
-            t,
-            "sequence {i} ({:?}): alone {:?}, batched {:?}",
-            tok.decode(&prompts[i], false),
-            tok.decode(a, false),
-            tok.decode(t, false)
-        );
-    }
     // Greedy sequences that all stop at once would hide little; make sure most ran full length.
     let full = alone.iter().filter(|a| a.len() == max_new).count();
     assert!(

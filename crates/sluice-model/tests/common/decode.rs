@@ -100,3 +100,44 @@ pub fn greedy_alone(model: &LlamaModel, prompt: &[u32], max_new: usize, eos: &[u
         .pop()
         .unwrap()
 }
+
+/// Decodes `prompts` one at a time, then together (a quarter joining at each of the first
+/// four steps, so prefills share steps with decode tokens), and asserts that each sequence
+/// got exactly the same greedy tokens both ways (`describe` renders tokens for the message).
+/// Returns the tokens, and how long alone and together took.
+pub fn assert_batching_changes_no_token(
+    model: &LlamaModel,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    eos: &[u32],
+    describe: impl Fn(&[u32]) -> String,
+) -> (Vec<Vec<u32>>, std::time::Duration, std::time::Duration) {
+    let started = std::time::Instant::now();
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| greedy_alone(model, p, max_new, eos))
+        .collect();
+    let alone_time = started.elapsed();
+    let started = std::time::Instant::now();
+    let requests: Vec<Request> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Request {
+            prompt: p,
+            join_at: i % 4,
+        })
+        .collect();
+    let together = greedy_together(model, &requests, max_new, eos);
+    let together_time = started.elapsed();
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(
+            a,
+            t,
+            "sequence {i} ({:?}): alone {:?}, batched {:?}",
+            describe(&prompts[i]),
+            describe(a),
+            describe(t)
+        );
+    }
+    (alone, alone_time, together_time)
+}

@@ -31,3 +31,17 @@ sys.exit(1)
         .unwrap();
     Some(child.wait().unwrap().success())
 }
+
+/// Asserts that `text`, `def fibonacci(n):` and a greedy continuation, is a coherent Python
+/// body: it returns, recurses or uses `n`, and (where python3 is) a prefix of it parses.
+pub fn assert_fibonacci_body(text: &str) {
+    assert!(text.contains("return"), "{text}");
+    assert!(
+        text.matches("fibonacci(").count() >= 2 || text.contains(" n"),
+        "the body does not use fibonacci or n: {text}"
+    );
+    match python_parses(text) {
+        Some(ok) => assert!(ok, "not a Python function body:\n{text}"),
+        None => eprintln!("python3 not found: the syntax check was skipped"),
+    }
+}
