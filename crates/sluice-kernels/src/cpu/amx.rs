@@ -199,15 +199,6 @@ pub(crate) fn matmul(
     );
     debug_assert_eq!(x.len(), m * k);
     debug_assert!(out.len() == m * ldo && col0 + n <= ldo);
-    let chunk_rows = (CHUNK_BYTES / (4 * k)).max(BLOCK_M) / BLOCK_M * BLOCK_M;
-    let groups = n.div_ceil(GROUP_N);
-    // Column groups per task: as many as leave each thread three tasks or more to balance.
-    let threads = rayon::current_num_threads();
-    let per_task = [TASK_GROUPS, 4, 2]
-        .into_iter()
-        .find(|&t| groups.div_ceil(t) >= 3 * threads)
-        .unwrap_or(1);
-    let tasks = groups.div_ceil(per_task);
     let out = DisjointSlice::new(out);
     // Steps of decode size with quantized weights scaled per 32-k block go on tiles as their
     // integers ([`integer`]); with minimums, that product needs the activations' block sums
@@ -229,45 +220,76 @@ pub(crate) fn matmul(
     // pool below it may run another job, even another step's product (steps entering the pool
     // from two threads), which then finds the slots empty and grows buffers of its own.
     let (mut acts, mut sums) = (ACTIVATIONS.take(), BLOCK_SUMS.take());
-    {
-        let (acts, sums) = (&mut acts, &mut sums);
-        let mut row = 0;
-        while row < m {
-            let rows = chunk_rows.min(m - row);
-            let padded = rows.div_ceil(BLOCK_M) * BLOCK_M;
-            let x = &x[row * k..(row + rows) * k];
-            // SAFETY: AVX-512 BF16 checked by `available`.
-            unsafe { split_rows(x, k, rows, padded, acts, with_sums.then_some(&mut *sums)) };
-            let chunk = Chunk {
-                acts,
-                block_sums: if with_sums { sums } else { &[] },
+    for_each_chunk(m, k, |row, rows, padded| {
+        let x = &x[row * k..(row + rows) * k];
+        // SAFETY: AVX-512 BF16 checked by `available`.
+        unsafe {
+            split_rows(
+                x,
                 k,
                 rows,
                 padded,
-                n,
-                ldo,
-                col0,
-                first_row: row,
-            };
-            (0..tasks).into_par_iter().for_each(|t| {
-                let first = t * per_task;
-                let count = per_task.min(groups - first);
-                // SAFETY: AMX granted by `available`; the task writes only the columns of
-                // its groups `first..` of rows `row..row+rows`, inside `out` by the size
-                // checks.
-                unsafe {
-                    configure_tiles();
-                    match integers {
-                        Some(panels) => integer::multiply_task(panels, &chunk, first, count, out),
-                        None => multiply_task(weights, &chunk, first, count, out),
-                    }
-                }
-            });
-            row += rows;
-        }
-    }
+                &mut acts,
+                with_sums.then_some(&mut sums),
+            )
+        };
+        let chunk = Chunk {
+            acts: &acts,
+            block_sums: if with_sums { &sums } else { &[] },
+            k,
+            rows,
+            padded,
+            n,
+            ldo,
+            col0,
+            first_row: row,
+        };
+        // SAFETY: AMX granted by `available`; each task writes only the columns of its groups
+        // `first..` of rows `row..row+rows`, inside `out` by the size checks.
+        unsafe {
+            run_tasks(n, |first, count| match integers {
+                Some(panels) => integer::multiply_task(panels, &chunk, first, count, out),
+                None => multiply_task(weights, &chunk, first, count, out),
+            })
+        };
+    });
     ACTIVATIONS.set(acts);
     BLOCK_SUMS.set(sums);
+}
+
+/// Calls `f(row, rows, padded)` for each chunk of a product's `m` rows of `k` inputs: as many
+/// rows as [`CHUNK_BYTES`] of f32 activations hold, `padded` to whole 32-row blocks.
+fn for_each_chunk(m: usize, k: usize, mut f: impl FnMut(usize, usize, usize)) {
+    let chunk_rows = (CHUNK_BYTES / (4 * k)).max(BLOCK_M) / BLOCK_M * BLOCK_M;
+    let mut row = 0;
+    while row < m {
+        let rows = chunk_rows.min(m - row);
+        f(row, rows, rows.div_ceil(BLOCK_M) * BLOCK_M);
+        row += rows;
+    }
+}
+
+/// Shares the column groups (32 columns each) of `n` outputs among tasks on the pool and runs
+/// `task(first, count)` for each, on a worker whose tiles are configured: as many groups a task
+/// (up to [`TASK_GROUPS`]) as leave each thread three tasks or more to balance.
+///
+/// # Safety
+/// [`available`] is true.
+unsafe fn run_tasks(n: usize, task: impl Fn(usize, usize) + Sync) {
+    let groups = n.div_ceil(GROUP_N);
+    let threads = rayon::current_num_threads();
+    let per_task = [TASK_GROUPS, 4, 2]
+        .into_iter()
+        .find(|&t| groups.div_ceil(t) >= 3 * threads)
+        .unwrap_or(1);
+    (0..groups.div_ceil(per_task))
+        .into_par_iter()
+        .for_each(|t| {
+            let first = t * per_task;
+            // SAFETY: AMX is available (the caller's promise).
+            unsafe { configure_tiles() };
+            task(first, per_task.min(groups - first));
+        });
 }
 
 /// Whether this CPU has the int8 tiles (AMX-INT8 and AVX-512 VBMI besides [`available`]'s

@@ -34,11 +34,10 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use super::integer::{scales_of, Panels};
+use super::integer::{scales_of, seed_sums, Panels};
 use super::{
-    accumulate_rows, block_sums_rows, configure_tiles, store, zero_sums, A_STEP_BYTES, BLOCK_M,
-    CHUNK_BYTES, GROUP_N, PASS_TILE_BYTES, STEP_BYTES, TASK_GROUPS, TILE_BYTES, TILE_K, TILE_M,
-    TILE_N,
+    block_sums_rows, for_each_chunk, run_tasks, BLOCK_M, GROUP_N, PASS_TILE_BYTES, STEP_BYTES,
+    TILE_BYTES, TILE_K, TILE_M, TILE_N,
 };
 use crate::cpu::panel_avx512::f16x16;
 use crate::cpu::{scratch, CacheLine};
@@ -133,60 +132,41 @@ pub(crate) fn matmul(
     );
     debug_assert_eq!(x.len(), m * k);
     debug_assert!(out.len() == m * ldo && col0 + n <= ldo);
-    let chunk_rows = (CHUNK_BYTES / (4 * k)).max(BLOCK_M) / BLOCK_M * BLOCK_M;
-    let groups = n.div_ceil(GROUP_N);
-    let threads = rayon::current_num_threads();
-    let per_task = [TASK_GROUPS, 4, 2]
-        .into_iter()
-        .find(|&t| groups.div_ceil(t) >= 3 * threads)
-        .unwrap_or(1);
-    let tasks = groups.div_ceil(per_task);
     let with_sums = panels.format.panel_layout().min != MinKind::None;
     let out = DisjointSlice::new(out);
     // Taken out of their slots for the call, not borrowed: while this thread waits for the
     // pool below it may run another job, even another step's product (steps entering the pool
     // from two threads), which then finds the slots empty and grows buffers of its own.
     let (mut quants, mut scales, mut sums) = (QUANTS.take(), ROW_SCALES.take(), BLOCK_SUMS.take());
-    {
-        let (quants, scales, sums) = (&mut quants, &mut scales, &mut sums);
-        let mut row = 0;
-        while row < m {
-            let rows = chunk_rows.min(m - row);
-            let padded = rows.div_ceil(BLOCK_M) * BLOCK_M;
-            let x = &x[row * k..(row + rows) * k];
-            // SAFETY: AVX-512 BF16 and VBMI by `available`; the sizes as asserted.
-            unsafe {
-                quantize_rows(x, k, rows, padded, quants, scales);
-                if with_sums {
-                    block_sums_rows(x, k, rows, padded, sums);
-                }
+    for_each_chunk(m, k, |row, rows, padded| {
+        let x = &x[row * k..(row + rows) * k];
+        // SAFETY: AVX-512 BF16 and VBMI by `available`; the sizes as asserted.
+        unsafe {
+            quantize_rows(x, k, rows, padded, &mut quants, &mut scales);
+            if with_sums {
+                block_sums_rows(x, k, rows, padded, &mut sums);
             }
-            let chunk = Chunk {
-                quants: CacheLine::bytes(quants),
-                row_scales: scales,
-                block_sums: if with_sums { sums } else { &[] },
-                k,
-                rows,
-                padded,
-                n,
-                ldo,
-                col0,
-                first_row: row,
-            };
-            (0..tasks).into_par_iter().for_each(|t| {
-                let first = t * per_task;
-                let count = per_task.min(groups - first);
-                // SAFETY: AMX-INT8 granted by `available`; the task writes only the
-                // columns of its groups `first..` of rows `row..row+rows`, inside
-                // `out` by the size checks.
-                unsafe {
-                    configure_tiles();
-                    multiply_task(panels, &chunk, first, count, out);
-                }
-            });
-            row += rows;
         }
-    }
+        let chunk = Chunk {
+            quants: CacheLine::bytes(&quants),
+            row_scales: &scales,
+            block_sums: if with_sums { &sums } else { &[] },
+            k,
+            rows,
+            padded,
+            n,
+            ldo,
+            col0,
+            first_row: row,
+        };
+        // SAFETY: AMX-INT8 granted by `available`; each task writes only the columns of its
+        // groups `first..` of rows `row..row+rows`, inside `out` by the size checks.
+        unsafe {
+            run_tasks(n, |first, count| {
+                multiply_task(panels, &chunk, first, count, out)
+            })
+        };
+    });
     QUANTS.set(quants);
     ROW_SCALES.set(scales);
     BLOCK_SUMS.set(sums);
@@ -306,7 +286,7 @@ unsafe fn quantize_block(
 /// tiles of the pass and adding every 16x16 output tile's scaled super-blocks to its sums.
 ///
 /// # Safety
-/// The calling thread's tiles are configured ([`configure_tiles`]) and the CPU has AMX-INT8,
+/// The calling thread's tiles are configured ([`super::configure_tiles`]) and the CPU has AMX-INT8,
 /// AVX-512F, BW, BF16, VBMI and F16C; `panels` holds a matrix of `chunk.k` input features and
 /// `chunk.n` outputs in a format [`supports`] takes, `chunk` the quantized rows and, for a
 /// format with minimums, their block sums; `out` is at least `[chunk.first_row + chunk.rows,
@@ -380,25 +360,15 @@ unsafe fn multiply_task(
                                 );
                             }
                         }
-                        // Each output block's sums start from its minimums' product.
-                        for blk in 0..blocks {
-                            for i in 0..count {
-                                let c = sums.add((blk * count + i) * block_floats);
-                                if !with_mins {
-                                    std::ptr::write_bytes(c, 0, block_floats);
-                                    continue;
-                                }
-                                let s = CacheLine::bytes(chunk.block_sums).as_ptr();
-                                zero_sums();
-                                accumulate_rows(
-                                    minimums.as_ptr().add(i * min_bytes),
-                                    s.add(blk * min_steps * A_STEP_BYTES),
-                                    min_steps,
-                                    chunk.rows - blk * BLOCK_M,
-                                );
-                                store(c, GROUP_N * 4);
-                            }
-                        }
+                        seed_sums(
+                            sums,
+                            with_mins.then_some(&*minimums),
+                            chunk.block_sums,
+                            count,
+                            k,
+                            chunk.rows,
+                            chunk.padded,
+                        );
 
                         // A super-block's four int32 products (`hi`, `lo` of rows 0-15, then
                         // of rows 16-31), stored for the scaling.
@@ -630,44 +600,28 @@ unsafe fn weight_tiles(panels: Panels<'_>, g: usize, sb0: usize, supers: usize, 
     }
 }
 
-/// Byte `4c + t` of a tile row takes byte `16t + c`: the low (or high) nibbles of four pair
-/// rows of a panel, each 16 columns, into 4 k of each column.
-static FROM_PAIRS: [u8; 64] = {
+/// A byte order of a weight tile row: byte `4c + t` (k `t` of column `c`) takes byte
+/// `stride * t + offset + c` of its source.
+const fn tile_order(stride: usize, offset: usize) -> [u8; 64] {
     let mut order = [0u8; 64];
     let mut i = 0;
     while i < 64 {
-        order[i] = (16 * (i % 4) + i / 4) as u8;
+        order[i] = (stride * (i % 4) + offset + i / 4) as u8;
         i += 1;
     }
     order
-};
+}
 
-/// Byte `4c + t` of a tile row takes byte `32t + c` (`EVEN`) or `32t + 16 + c` of eight k rows
-/// of a panel (16 columns a row, two registers): k `h + 2t` of each column.
-static FROM_ROWS: [[u8; 64]; 2] = {
-    let mut order = [[0u8; 64]; 2];
-    let mut h = 0;
-    while h < 2 {
-        let mut i = 0;
-        while i < 64 {
-            order[h][i] = (32 * (i % 4) + 16 * h + i / 4) as u8;
-            i += 1;
-        }
-        h += 1;
-    }
-    order
-};
+/// The low (or high) nibbles of four pair rows of a panel, 16 columns each, into 4 k of each
+/// column.
+static FROM_PAIRS: [u8; 64] = tile_order(16, 0);
 
-/// Byte `4c + t` of a tile row takes byte `c`: a column's scale over its 4 bytes.
-static COLUMN_OF: [u8; 64] = {
-    let mut order = [0u8; 64];
-    let mut i = 0;
-    while i < 64 {
-        order[i] = (i / 4) as u8;
-        i += 1;
-    }
-    order
-};
+/// Eight k rows of a panel (16 columns a row, two registers) into k `h + 2t` of each column:
+/// the even rows (`h = 0`), or the odd.
+static FROM_ROWS: [[u8; 64]; 2] = [tile_order(32, 0), tile_order(32, 16)];
+
+/// A column's byte (its scale) over its 4 bytes.
+static COLUMN_OF: [u8; 64] = tile_order(0, 0);
 
 /// One panel's `lo` and `hi` tiles of super-blocks `sb0 ..`, [`W8_STEP_BYTES`] a step from
 /// `base` (`hi` two tiles after `lo`): per 8 k of a sub-block, the integers of the even and

@@ -154,25 +154,15 @@ pub(super) unsafe fn multiply_task(
                                 mins,
                             );
                         }
-                        // Each output block's sums start from its minimums' product.
-                        for blk in 0..blocks {
-                            for i in 0..count {
-                                let c = sums.add((blk * count + i) * block_floats);
-                                if l.min == MinKind::None {
-                                    std::ptr::write_bytes(c, 0, block_floats);
-                                    continue;
-                                }
-                                let s = CacheLine::bytes(chunk.block_sums).as_ptr();
-                                zero_sums();
-                                accumulate_rows(
-                                    minimums.as_ptr().add(i * min_bytes),
-                                    s.add(blk * min_steps * A_STEP_BYTES),
-                                    min_steps,
-                                    chunk.rows - blk * BLOCK_M,
-                                );
-                                store(c, GROUP_N * 4);
-                            }
-                        }
+                        seed_sums(
+                            sums,
+                            (l.min != MinKind::None).then_some(&*minimums),
+                            chunk.block_sums,
+                            count,
+                            chunk.k,
+                            chunk.rows,
+                            chunk.padded,
+                        );
 
                         let acts = CacheLine::bytes(chunk.acts).as_ptr();
                         // A step's 16x16 product, stored for the scaling.
@@ -239,6 +229,50 @@ pub(super) unsafe fn multiply_task(
                 })
             })
         })
+    }
+}
+
+/// Starts the sums of each 32x32 output block (per row block of `padded` rows, `count` column
+/// groups, at `sums`) from its minimums' product: the activations' split sums per 32 k
+/// (`block_sums`, [`super::split_rows`]'s layout) by each group's split minimums (`minimums`,
+/// [`scales_of`]'s tiles, one group after another); zero without minimums.
+///
+/// # Safety
+/// The thread's tiles are configured; `sums` holds `padded / 32 * count` blocks of 32x32 f32,
+/// `minimums` `count` groups' tiles for `k` input features and `block_sums` the sums of
+/// `padded` rows (`rows` of them valid).
+pub(super) unsafe fn seed_sums(
+    sums: *mut f32,
+    minimums: Option<&[u8]>,
+    block_sums: &[CacheLine],
+    count: usize,
+    k: usize,
+    rows: usize,
+    padded: usize,
+) {
+    let min_steps = (k / TILE_K).div_ceil(TILE_K);
+    let block_floats = BLOCK_M * GROUP_N;
+    // SAFETY: the sizes and the tile configuration are the caller's promise.
+    unsafe {
+        for blk in 0..padded / BLOCK_M {
+            for i in 0..count {
+                let c = sums.add((blk * count + i) * block_floats);
+                let Some(minimums) = minimums else {
+                    std::ptr::write_bytes(c, 0, block_floats);
+                    continue;
+                };
+                zero_sums();
+                accumulate_rows(
+                    minimums.as_ptr().add(i * min_steps * STEP_BYTES),
+                    CacheLine::bytes(block_sums)
+                        .as_ptr()
+                        .add(blk * min_steps * A_STEP_BYTES),
+                    min_steps,
+                    rows - blk * BLOCK_M,
+                );
+                store(c, GROUP_N * 4);
+            }
+        }
     }
 }
 
