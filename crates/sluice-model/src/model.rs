@@ -166,8 +166,8 @@ impl LlamaModel {
                  quantized: int8 activations, results differ slightly from --weights f32 (README)"
             );
         }
-        let (int8, all) = int8_tile_matrices(&layers, &lm_head);
         if options.amx_int8 {
+            let (int8, all) = int8_tile_matrices(&layers, &lm_head);
             if int8 == 0 {
                 tracing::warn!(
                     weights = %kind,

@@ -443,7 +443,7 @@ impl PackedMatrix {
     /// Lets steps of at least `min_rows` rows run on AMX tiles as int8: quantize the
     /// activations to int8 per row and 256 inputs and multiply the K-quant panels' integers
     /// on int8 tiles: llama.cpp's arithmetic (a result differs from `f32`'s by the activations'
-    /// rounding, about 2^-9 of each super-block's largest), at about twice the split-bf16
+    /// rounding, up to 2^-8 of each super-block's largest), at about twice the split-bf16
     /// kernels' speed. Returns whether it will: the matrix must already dequantize its panels
     /// on AMX, be Q4_K, Q5_K or Q6_K with `k` a multiple of 256, and the CPU have AMX-INT8
     /// and AVX-512 VBMI.

@@ -86,8 +86,6 @@ thread_local! {
     static BLOCK_SUMS: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
     /// Per worker: a task's weight tiles over one pass's super-blocks.
     static WEIGHT_TILES: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
-    /// Per worker: a task's `d` (f32, per group `[super-block][32 columns]`).
-    static SUPER_SCALES: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
     /// Per worker: a task's minimums, split into tiles.
     static MINIMUMS: RefCell<Vec<CacheLine>> = const { RefCell::new(Vec::new()) };
     /// Per worker: a task's 32x32 sums per row block and column group, between passes.
@@ -321,118 +319,117 @@ unsafe fn multiply_task(
     // below, and every store to `out` is masked to the task's valid rows and columns.
     unsafe {
         WEIGHT_TILES.with(|tiles| {
-            SUPER_SCALES.with(|d| {
-                MINIMUMS.with(|minimums| {
-                    BLOCK_OUT.with(|sums| {
-                        let mut tiles = tiles.borrow_mut();
-                        let tiles = CacheLine::bytes_mut(scratch(
-                            &mut tiles,
-                            CacheLine::count(count * pass.min(supers) * SUPER_BYTES),
-                        ));
-                        let mut d = d.borrow_mut();
-                        let d = scratch(&mut d, CacheLine::count(count * supers * GROUP_N * 4))
-                            .as_mut_ptr() as *mut f32;
-                        let mut minimums = minimums.borrow_mut();
-                        let minimums = CacheLine::bytes_mut(scratch(
-                            &mut minimums,
-                            if with_mins {
-                                CacheLine::count(count * min_bytes)
-                            } else {
-                                0
-                            },
-                        ));
-                        let mut sums = sums.borrow_mut();
-                        let sums = scratch(
-                            &mut sums,
-                            CacheLine::count(blocks * count * block_floats * 4),
-                        )
-                        .as_mut_ptr() as *mut f32;
+            MINIMUMS.with(|minimums| {
+                BLOCK_OUT.with(|sums| {
+                    let mut tiles = tiles.borrow_mut();
+                    let tiles = CacheLine::bytes_mut(scratch(
+                        &mut tiles,
+                        CacheLine::count(count * pass.min(supers) * SUPER_BYTES),
+                    ));
+                    let mut minimums = minimums.borrow_mut();
+                    let minimums = CacheLine::bytes_mut(scratch(
+                        &mut minimums,
+                        if with_mins {
+                            CacheLine::count(count * min_bytes)
+                        } else {
+                            0
+                        },
+                    ));
+                    let mut sums = sums.borrow_mut();
+                    let sums = scratch(
+                        &mut sums,
+                        CacheLine::count(blocks * count * block_floats * 4),
+                    )
+                    .as_mut_ptr() as *mut f32;
 
-                        for i in 0..count {
-                            super_scales(panels, k, first + i, d.add(i * supers * GROUP_N));
-                            if with_mins {
-                                scales_of(
-                                    panels,
-                                    k,
-                                    first + i,
-                                    None,
-                                    Some(&mut minimums[i * min_bytes..][..min_bytes]),
-                                );
-                            }
+                    for i in 0..count {
+                        if with_mins {
+                            scales_of(
+                                panels,
+                                k,
+                                first + i,
+                                None,
+                                Some(&mut minimums[i * min_bytes..][..min_bytes]),
+                            );
                         }
-                        seed_sums(
-                            sums,
-                            with_mins.then_some(&*minimums),
-                            chunk.block_sums,
-                            count,
-                            k,
-                            chunk.rows,
-                            chunk.padded,
-                        );
+                    }
+                    seed_sums(
+                        sums,
+                        with_mins.then_some(&*minimums),
+                        chunk.block_sums,
+                        count,
+                        k,
+                        chunk.rows,
+                        chunk.padded,
+                    );
 
-                        // A super-block's four int32 products (`hi`, `lo` of rows 0-15, then
-                        // of rows 16-31), stored for the scaling.
-                        let mut product = [CacheLine::default(); 4 * TILE_M];
-                        let product = product.as_mut_ptr() as *mut i32;
-                        for sb0 in (0..supers).step_by(pass) {
-                            let ns = pass.min(supers - sb0);
-                            let last = sb0 + ns == supers;
-                            let pass_bytes = ns * SUPER_BYTES;
+                    // A super-block's four int32 products (`hi`, `lo` of rows 0-15, then
+                    // of rows 16-31), stored for the scaling.
+                    let mut product = [CacheLine::default(); 4 * TILE_M];
+                    let product = product.as_mut_ptr() as *mut i32;
+                    for sb0 in (0..supers).step_by(pass) {
+                        let ns = pass.min(supers - sb0);
+                        let last = sb0 + ns == supers;
+                        let pass_bytes = ns * SUPER_BYTES;
+                        for i in 0..count {
+                            let part = tiles.as_mut_ptr().add(i * pass_bytes);
+                            weight_tiles(panels, first + i, sb0, ns, part);
+                        }
+                        for blk in 0..blocks {
+                            let a = chunk
+                                .quants
+                                .as_ptr()
+                                .add((blk * steps + sb0 * SUPER_STEPS) * A8_STEP_BYTES);
+                            let xd = chunk
+                                .row_scales
+                                .as_ptr()
+                                .add((blk * supers + sb0) * BLOCK_M);
+                            let r0 = blk * BLOCK_M;
+                            let valid_rows = BLOCK_M.min(chunk.rows - r0);
                             for i in 0..count {
-                                let part = tiles.as_mut_ptr().add(i * pass_bytes);
-                                weight_tiles(panels, first + i, sb0, ns, part);
-                            }
-                            for blk in 0..blocks {
-                                let a = chunk
-                                    .quants
-                                    .as_ptr()
-                                    .add((blk * steps + sb0 * SUPER_STEPS) * A8_STEP_BYTES);
-                                let xd = chunk
-                                    .row_scales
-                                    .as_ptr()
-                                    .add((blk * supers + sb0) * BLOCK_M);
-                                let r0 = blk * BLOCK_M;
-                                let valid_rows = BLOCK_M.min(chunk.rows - r0);
-                                for i in 0..count {
-                                    let c = sums.add((blk * count + i) * block_floats);
-                                    let w = tiles.as_ptr().add(i * pass_bytes);
-                                    let d = d.add((i * supers + sb0) * GROUP_N);
-                                    for ct in 0..2 {
-                                        let col = (first + i) * GROUP_N + ct * TILE_N;
-                                        // Columns past the matrix: nothing to compute.
-                                        if col >= chunk.n {
-                                            continue;
-                                        }
-                                        let c = c.add(ct * TILE_N);
-                                        scaled_super_blocks(
-                                            c,
-                                            a,
-                                            w.add(ct * TILE_BYTES),
-                                            d.add(ct * TILE_N),
-                                            xd,
-                                            ns,
-                                            valid_rows,
-                                            product,
+                                let c = sums.add((blk * count + i) * block_floats);
+                                let w = tiles.as_ptr().add(i * pass_bytes);
+                                for ct in 0..2 {
+                                    let col = (first + i) * GROUP_N + ct * TILE_N;
+                                    // Columns past the matrix: nothing to compute (the
+                                    // others' panel exists: `col < n`).
+                                    if col >= chunk.n {
+                                        continue;
+                                    }
+                                    let c = c.add(ct * TILE_N);
+                                    // The panel-block of super-block `sb0`: its `d` first.
+                                    let d = panels.bytes.as_ptr().add(
+                                        col / TILE_N * panels.panel_bytes + sb0 * l.block_bytes(),
+                                    );
+                                    scaled_super_blocks(
+                                        c,
+                                        a,
+                                        w.add(ct * TILE_BYTES),
+                                        d,
+                                        l.block_bytes(),
+                                        xd,
+                                        ns,
+                                        valid_rows,
+                                        product,
+                                    );
+                                    if !last {
+                                        continue;
+                                    }
+                                    let mask =
+                                        (u32::MAX >> (32 - TILE_N.min(chunk.n - col))) as __mmask16;
+                                    for r in 0..valid_rows {
+                                        let dst = out.as_mut_ptr().add(
+                                            (chunk.first_row + r0 + r) * chunk.ldo
+                                                + chunk.col0
+                                                + col,
                                         );
-                                        if !last {
-                                            continue;
-                                        }
-                                        let mask = (u32::MAX >> (32 - TILE_N.min(chunk.n - col)))
-                                            as __mmask16;
-                                        for r in 0..valid_rows {
-                                            let dst = out.as_mut_ptr().add(
-                                                (chunk.first_row + r0 + r) * chunk.ldo
-                                                    + chunk.col0
-                                                    + col,
-                                            );
-                                            let v = _mm512_loadu_ps(c.add(r * GROUP_N));
-                                            _mm512_mask_storeu_ps(dst, mask, v);
-                                        }
+                                        let v = _mm512_loadu_ps(c.add(r * GROUP_N));
+                                        _mm512_mask_storeu_ps(dst, mask, v);
                                     }
                                 }
                             }
                         }
-                    })
+                    }
                 })
             })
         })
@@ -444,19 +441,21 @@ unsafe fn multiply_task(
 /// tiles of rows 0-15 and 16-31 (at `a`, [`A8_STEP_BYTES`] a step) by the `hi` and the `lo`
 /// weight tile (at `w`, [`W8_STEP_BYTES`] a step) into four int32 tiles, stored at `product`,
 /// joined (`128 * hi + lo`, exact) and added times `xd` of each row (at `xd`, [`BLOCK_M`]
-/// floats a super-block) and `d` of each column (at `d`, [`GROUP_N`] floats a super-block).
+/// floats a super-block) and `d` of each column (the panel's f16 `d` at `d`, `block_bytes` a
+/// super-block).
 /// With `valid_rows <= 16` (a 16-row step pads its block to 32), rows 16-31 are skipped.
 ///
 /// # Safety
-/// The thread's tiles are configured and the CPU has AMX-INT8 and AVX-512F; the operands hold
-/// `supers` super-blocks, `product` 4 KiB on a 64-byte boundary.
+/// The thread's tiles are configured and the CPU has AMX-INT8, AVX-512F and F16C; the operands
+/// hold `supers` super-blocks, `product` 4 KiB on a 64-byte boundary.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn scaled_super_blocks(
     c: *mut f32,
     a: *const u8,
     w: *const u8,
-    d: *const f32,
+    d: *const u8,
+    block_bytes: usize,
     xd: *const f32,
     supers: usize,
     valid_rows: usize,
@@ -522,7 +521,7 @@ unsafe fn scaled_super_blocks(
                 st = in(reg) 64usize,
                 options(nostack)
             );
-            let d = _mm512_loadu_ps(d.add(sb * GROUP_N));
+            let d = f16x16(d.add(sb * block_bytes));
             for r in 0..if both { BLOCK_M } else { TILE_M } {
                 let p = product.add((r / TILE_M * 2 * TILE_M + r % TILE_M) * TILE_N);
                 let hi = _mm512_load_si512(p as *const __m512i);
@@ -534,33 +533,6 @@ unsafe fn scaled_super_blocks(
                     sum,
                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(joined), scale, _mm512_loadu_ps(sum)),
                 );
-            }
-        }
-    }
-}
-
-/// Group `g`'s `d` into `dst` (`[k / 256][32]` f32; a panel past the matrix's end has zeros).
-///
-/// # Safety
-/// AVX-512F and F16C; `panels` holds a matrix of `k` input features; `dst` has `k / 256 * 32`
-/// floats.
-#[target_feature(enable = "avx512f,f16c")]
-unsafe fn super_scales(panels: Panels<'_>, k: usize, g: usize, dst: *mut f32) {
-    let l = panels.format.panel_layout();
-    let num_panels = panels.bytes.len() / panels.panel_bytes;
-    // SAFETY: panel `p < num_panels` is read inside its bytes (super-block `sb < k / 256`),
-    // `dst` written inside its `k / 256 * 32` floats: the caller's promise.
-    unsafe {
-        for panel in 0..2 {
-            let p = 2 * g + panel;
-            for sb in 0..k / SUPER {
-                let v = if p < num_panels {
-                    let w = panels.bytes.as_ptr().add(p * panels.panel_bytes);
-                    f16x16(w.add(sb * l.block_bytes()))
-                } else {
-                    _mm512_setzero_ps()
-                };
-                _mm512_storeu_ps(dst.add(sb * GROUP_N + panel * TILE_N), v);
             }
         }
     }
