@@ -17,6 +17,8 @@ __device__ void write_kv(const In* __restrict__ k, const In* __restrict__ v,
                          int num_kv_heads, int head_dim, int block_size) {
     const int token = blockIdx.x;
     const uint32_t slot = slot_mapping[token];
+    // A padding row of a replayed decode graph (sluice_kernels::cuda_plan::PAD_SLOT): no write.
+    if (slot == 0xffffffffu) return;
     const size_t block = slot / block_size, in_block = slot % block_size;
     const int n = num_kv_heads * head_dim;
     const In* k_row = k + token * k_row_stride;
@@ -45,3 +47,5 @@ WRITE_KV(write_kv_f32_f16, float, __half)
 WRITE_KV(write_kv_f32_bf16, float, __nv_bfloat16)
 WRITE_KV(write_kv_f16_f16, __half, __half)
 WRITE_KV(write_kv_bf16_bf16, __nv_bfloat16, __nv_bfloat16)
+WRITE_KV(write_kv_f16_bf16, __half, __nv_bfloat16)
+WRITE_KV(write_kv_bf16_f16, __nv_bfloat16, __half)

@@ -97,6 +97,27 @@ __device__ __forceinline__ void swiglu(const T* __restrict__ gate_up, T* __restr
     }
 }
 
+// Rows `ids` of `table: [vocab, hidden]` into `out: [rows, hidden]` (the token embedding of a
+// step whose ids are on the device). Grid: one block per row.
+template <typename T>
+__device__ __forceinline__ void gather_rows(const T* __restrict__ table,
+                                            const uint32_t* __restrict__ ids, T* __restrict__ out,
+                                            int hidden) {
+    const size_t row = blockIdx.x;
+    const T* src = table + (size_t)ids[row] * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[row * hidden + i] = src[i];
+}
+
+// y[r][c] += bias[c] for y [rows, cols], rounded to T as candle's broadcast add rounds.
+template <typename T>
+__device__ __forceinline__ void add_bias(T* __restrict__ y, const T* __restrict__ bias, int rows,
+                                         int cols) {
+    const size_t n = (size_t)rows * cols;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] = from_float<T>(to_float(y[i]) + to_float(bias[i % cols]));
+}
+
 #define FUSED(SUFFIX, T)                                                                        \
     extern "C" __global__ void __launch_bounds__(NORM_THREADS) add_rms_norm_##SUFFIX(           \
         const T* x, const T* delta, int has_delta, const T* weight, T* out, int rows,           \
@@ -113,6 +134,14 @@ __device__ __forceinline__ void swiglu(const T* __restrict__ gate_up, T* __restr
     extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_##SUFFIX(               \
         const T* gate_up, T* out, int rows, int inter) {                                        \
         swiglu<T>(gate_up, out, rows, inter);                                                   \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS) gather_rows_##SUFFIX(          \
+        const T* table, const uint32_t* ids, T* out, int hidden) {                              \
+        gather_rows<T>(table, ids, out, hidden);                                                \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS) add_bias_##SUFFIX(             \
+        T* y, const T* bias, int rows, int cols) {                                              \
+        add_bias<T>(y, bias, rows, cols);                                                       \
     }
 
 FUSED(f32, float)

@@ -251,6 +251,10 @@ ATTENTION(f16_f16, __half, __half, 64)
 ATTENTION(f16_f16, __half, __half, 128)
 ATTENTION(bf16_bf16, __nv_bfloat16, __nv_bfloat16, 64)
 ATTENTION(bf16_bf16, __nv_bfloat16, __nv_bfloat16, 128)
+ATTENTION(f16_bf16, __half, __nv_bfloat16, 64)
+ATTENTION(f16_bf16, __half, __nv_bfloat16, 128)
+ATTENTION(bf16_f16, __nv_bfloat16, __half, 64)
+ATTENTION(bf16_f16, __nv_bfloat16, __half, 128)
 
 #define COMBINE(SUFFIX, Q)                                                                      \
     extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attention_combine_##SUFFIX(   \

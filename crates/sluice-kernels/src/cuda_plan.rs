@@ -78,7 +78,8 @@ pub struct LaunchDims {
 }
 
 impl LaunchDims {
-    fn linear(blocks: usize, threads: u32) -> Self {
+    /// `blocks` blocks of `threads` threads in one dimension.
+    pub fn linear(blocks: usize, threads: u32) -> Self {
         Self {
             grid: (blocks as u32, 1, 1),
             block: (threads, 1, 1),
@@ -161,20 +162,7 @@ impl AttentionPlan {
             }
         }
         let max_keys = tiles.iter().map(|t| t.1).max().unwrap_or(0);
-        let blocks = tiles.len() * kvh;
-        let split = (blocks < device.num_sms && max_keys > MIN_PARTITION_KEYS).then(|| {
-            // Enough partitions for about two blocks per SM, none shorter than the minimum.
-            let want = (2 * device.num_sms).div_ceil(blocks.max(1));
-            let partition_keys = max_keys
-                .div_ceil(want)
-                .max(MIN_PARTITION_KEYS)
-                .next_multiple_of(ATTN_KEYS);
-            SplitK {
-                partition_keys,
-                max_splits: max_keys.div_ceil(partition_keys),
-            }
-        });
-        let split = split.filter(|s| s.max_splits > 1);
+        let split = split_k(tiles.len() * kvh, max_keys, device);
         if let Some(s) = split {
             for (tile, keys) in &mut tiles {
                 tile[3] = keys.div_ceil(s.partition_keys) as u32;
@@ -229,6 +217,98 @@ impl AttentionPlan {
         })
     }
 
+    /// The plan of a decode step replayed from a captured graph of `bucket` rows: `sequences`
+    /// (each one new token, at most `bucket` of them) padded to `bucket` rows, with a layout
+    /// and grid that depend only on `bucket`, the shape and `max_context` (the most keys a
+    /// sequence may have), so one capture serves every step of the bucket:
+    /// - metadata: tiles (`4 * bucket` words), sequences (`4 * bucket`), each token's splits
+    ///   (`bucket`), then the block tables, whose length alone varies;
+    /// - one tile per row; a padding row is a sequence of one key in block 0, whose result
+    ///   nobody reads (and whose slot, [`PAD_SLOT`], the K/V write skips);
+    /// - split-K fixed by the bucket: on when `bucket * kv_heads` blocks leave SMs idle, with
+    ///   partitions sized for `max_context`; a tile that needs fewer splits than the grid has
+    ///   leaves the rest idle.
+    pub fn for_decode_bucket(
+        sequences: &[SequenceSlice],
+        block_tables: &[u32],
+        bucket: usize,
+        max_context: usize,
+        shape: &AttentionShape,
+        block_size: usize,
+        device: DeviceLimits,
+    ) -> Result<Self, PlanError> {
+        let (h, kvh, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
+        Self::new(&[], &[], 0, shape, block_size, device)?;
+        check_step(sequences, block_tables, sequences.len(), block_size)?;
+        if sequences.len() > bucket || sequences.iter().any(|s| s.query_len != 1) {
+            return Err(PlanError::Step(format!(
+                "{} sequences for a decode bucket of {bucket} (one new token each)",
+                sequences.len()
+            )));
+        }
+        if let Some(s) = sequences.iter().find(|s| s.context_len > max_context) {
+            return Err(PlanError::Step(format!(
+                "a context of {} keys past the bucket's {max_context}",
+                s.context_len
+            )));
+        }
+        // As a step of `bucket` sequences of `max_context` keys would split.
+        let split = split_k(bucket * kvh, max_context, device);
+        let splits_of = |keys: usize| split.map_or(1, |s| keys.div_ceil(s.partition_keys).max(1));
+        let offsets = MetadataOffsets {
+            tiles: 0,
+            seqs: 4 * bucket,
+            token_splits: 8 * bucket,
+            block_tables: 9 * bucket,
+        };
+        let pad_table = block_tables.len() as u32;
+        let mut metadata = Vec::with_capacity(offsets.block_tables + block_tables.len() + 1);
+        for row in 0..bucket {
+            let keys = sequences.get(row).map_or(1, |s| s.context_len);
+            metadata.extend([row as u32, 0, 1, splits_of(keys) as u32]);
+        }
+        for row in 0..bucket {
+            metadata.extend(match sequences.get(row) {
+                Some(s) => [
+                    row as u32,
+                    1,
+                    s.context_len as u32,
+                    s.block_table_start as u32,
+                ],
+                None => [row as u32, 1, 1, pad_table],
+            });
+        }
+        for row in 0..bucket {
+            let keys = sequences.get(row).map_or(1, |s| s.context_len);
+            metadata.push(splits_of(keys) as u32);
+        }
+        metadata.extend_from_slice(block_tables);
+        metadata.push(0);
+        let attention = LaunchDims {
+            grid: (
+                bucket as u32,
+                kvh as u32,
+                split.map_or(1, |s| s.max_splits as u32),
+            ),
+            block: (ATTN_THREADS, 1, 1),
+            dynamic_shared_bytes: 0,
+        };
+        Ok(Self {
+            metadata,
+            offsets,
+            num_tiles: bucket,
+            num_tokens: bucket,
+            num_heads: h,
+            num_kv_heads: kvh,
+            head_dim: d,
+            block_size,
+            scale_log2: shape.scale * std::f32::consts::LOG2_E,
+            split,
+            attention,
+            combine: split.map(|_| LaunchDims::linear(bucket * h, COMBINE_THREADS)),
+        })
+    }
+
     /// Floats of the split-K workspace: partial accumulators `[T, H, max_splits, D]` and
     /// `(max, sum)` pairs `[T, H, max_splits, 2]`; `(0, 0)` without split-K.
     pub fn workspace_floats(&self) -> (usize, usize) {
@@ -240,7 +320,13 @@ impl AttentionPlan {
 
     /// The highest block id the step's tables name: the launcher checks it against the cache.
     pub fn max_block(&self) -> u32 {
-        self.metadata[self.offsets.block_tables..self.offsets.token_splits]
+        // The tables end where the splits start, or (a decode bucket's plan) at the end.
+        let end = if self.offsets.token_splits > self.offsets.block_tables {
+            self.offsets.token_splits
+        } else {
+            self.metadata.len()
+        };
+        self.metadata[self.offsets.block_tables..end]
             .iter()
             .copied()
             .max()
@@ -252,6 +338,38 @@ impl AttentionPlan {
     pub fn attention_shared_bytes(&self) -> usize {
         4 * (ATTN_ROWS * (self.head_dim + 1) + 2 * self.head_dim * ATTN_KEYS)
     }
+}
+
+/// The slot a padding row of a decode graph writes to: none (`write_kv` skips it).
+pub const PAD_SLOT: u32 = u32::MAX;
+
+/// Decode steps replayed from graphs: the batch sizes captured, each step padded to the
+/// smallest that holds it (1, 2, 4, 8, then multiples of 8 up to `max_seqs`: a padded row
+/// costs a step little, and more graphs cost only their capture).
+pub fn decode_buckets(max_seqs: usize) -> Vec<usize> {
+    let mut buckets: Vec<usize> = [1, 2, 4].into_iter().filter(|&b| b < max_seqs).collect();
+    buckets.extend((8..max_seqs).step_by(8));
+    buckets.push(max_seqs.max(1));
+    buckets
+}
+
+/// Split-K for `blocks` attention blocks whose tiles read up to `max_keys` keys: when the
+/// blocks leave SMs idle and the keys are long enough, enough partitions for about two blocks
+/// per SM, none shorter than [`MIN_PARTITION_KEYS`].
+fn split_k(blocks: usize, max_keys: usize, device: DeviceLimits) -> Option<SplitK> {
+    if blocks >= device.num_sms || max_keys <= MIN_PARTITION_KEYS {
+        return None;
+    }
+    let want = (2 * device.num_sms).div_ceil(blocks.max(1));
+    let partition_keys = max_keys
+        .div_ceil(want)
+        .max(MIN_PARTITION_KEYS)
+        .next_multiple_of(ATTN_KEYS);
+    let max_splits = max_keys.div_ceil(partition_keys);
+    (max_splits > 1).then_some(SplitK {
+        partition_keys,
+        max_splits,
+    })
 }
 
 /// Rejects a step whose slices do not tile `0..num_tokens` in order or whose block tables are

@@ -2,12 +2,9 @@
 //! (`write_kv_*` in `cache_write.cu`) writes both, for every token of the step.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
-use candle_core::cuda_backend::WrapErr;
 use candle_core::{CpuStorage, CudaStorage, InplaceOp3, Layout, Result, Storage, Tensor};
 
-use super::launch::{config, require, suffix, Module, View, ViewMut};
-use crate::cuda_plan::{LaunchDims, WRITE_KV_THREADS};
+use super::launch::View;
 use crate::paged::KvLayout;
 
 /// Writes `k` and `v`, each `[T, num_kv_heads * head_dim]` rows (row strides may be wider:
@@ -82,60 +79,16 @@ impl InplaceOp3 for WriteKv {
         let Storage::Cuda(slots_storage) = &*slots_storage else {
             candle_core::bail!("write_kv: slot_mapping is not on the GPU");
         };
-        let slots = View::new(slots_storage, slots_l)?;
-        if !matches!(slots, View::U32(_)) {
-            candle_core::bail!("write_kv: slot_mapping must be u32");
-        }
-        let l = self.layout;
-        let t = self.slot_mapping.elem_count();
-        let (k_view, v_view) = (View::new(k, k_l)?, View::new(v, v_l)?);
-        let width = l.num_kv_heads * l.head_dim;
-        let last_row = |stride: usize| t.saturating_sub(1) * stride + width;
-        require("write_kv k", k_view.len(), last_row(self.k_row_stride))?;
-        require("write_kv v", v_view.len(), last_row(self.v_row_stride))?;
-        require("write_kv slot_mapping", slots.len(), t)?;
-        let name = format!("write_kv_{}_{}", suffix(k.dtype())?, suffix(cache.dtype())?);
-        if k.dtype() != v.dtype() {
-            candle_core::bail!("write_kv: k is {:?} and v {:?}", k.dtype(), v.dtype());
-        }
         let dev = cache.device().clone();
-        let func = Module::CacheWrite.function(&dev, &name)?;
-        let mut cache_view = ViewMut::new(cache, cache_l)?;
-        require("write_kv cache", cache_view.len(), 2 * l.values_per_layer())?;
-        let args = (
-            self.k_row_stride as i64,
-            self.v_row_stride as i64,
-            l.values_per_layer() as i64,
-            l.num_kv_heads as i32,
-            l.head_dim as i32,
-            l.block_size as i32,
-        );
-        let stream = dev.cuda_stream();
-        let mut b = stream.launch_builder(&func);
-        k_view.push(&mut b);
-        v_view.push(&mut b);
-        b.arg(&args.0);
-        b.arg(&args.1);
-        cache_view.push(&mut b);
-        b.arg(&args.2);
-        slots.push(&mut b);
-        b.arg(&args.3);
-        b.arg(&args.4);
-        b.arg(&args.5);
-        let dims = LaunchDims {
-            grid: (t as u32, 1, 1),
-            block: (WRITE_KV_THREADS, 1, 1),
-            dynamic_shared_bytes: 0,
-        };
-        if t == 0 {
-            return Ok(());
-        }
-        // SAFETY: the arguments are those of `write_kv` in cache_write.cu, in order and of its
-        // types (pointers of the element types the kernel name says; i64 for `long`, i32 for
-        // `int`). Token rows stay inside k and v (checked above against the strides), and every
-        // slot is below the cache's slots (sluice-model validates slot_mapping against the
-        // cache before a step), so the writes stay inside the layer's K and V.
-        unsafe { b.launch(config(dims)) }.w()?;
-        Ok(())
+        let t = self.slot_mapping.elem_count();
+        super::direct::write_kv_into(
+            &dev,
+            &View::new(cache, cache_l)?,
+            (&View::new(k, k_l)?, self.k_row_stride),
+            (&View::new(v, v_l)?, self.v_row_stride),
+            &View::new(slots_storage, slots_l)?,
+            t,
+            &self.layout,
+        )
     }
 }

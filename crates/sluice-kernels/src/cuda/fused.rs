@@ -2,14 +2,11 @@
 //! RoPE over a fused QKV row, and SwiGLU. Each is one launch where candle's ops take several.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
-use candle_core::cuda_backend::WrapErr;
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
 };
 
-use super::launch::{alloc_output, config, cuda_storage, require, suffix, Module, View};
-use crate::cuda_plan::{swiglu_dims, LaunchDims, NORM_THREADS, ROPE_THREADS};
+use super::launch::{alloc_output, cuda_storage, View};
 
 /// `(x + delta, rms_norm(x + delta) * weight)` for `x, delta: [rows, hidden]` (contiguous, one
 /// dtype) and `weight: [hidden]` of that dtype; without `delta`, `(x, rms_norm(x) * weight)`.
@@ -63,47 +60,18 @@ impl AddRmsNorm {
     ) -> Result<(CudaStorage, Shape)> {
         let (rows, hidden) = (self.rows, self.hidden);
         let dev = x.0.device().clone();
-        let x_view = View::new(x.0, x.1)?;
-        let w_view = View::new(weight.0, weight.1)?;
-        require("add_rms_norm x", x_view.len(), rows * hidden)?;
-        require("add_rms_norm weight", w_view.len(), hidden)?;
-        // Without a delta the kernel never reads it (has_delta 0): x stands in.
-        let delta_view = match delta {
-            Some((s, l)) => View::new(s, l)?,
-            None => View::new(x.0, x.1)?,
-        };
-        require("add_rms_norm delta", delta_view.len(), rows * hidden)?;
         let out = alloc_output(&dev, x.0.dtype(), 2 * rows * hidden)?;
-        if rows > 0 {
-            let out_view = View::new(&out, &Layout::contiguous(2 * rows * hidden))?;
-            let func =
-                Module::Fused.function(&dev, &format!("add_rms_norm_{}", suffix(x.0.dtype())?))?;
-            let scalars = (
-                i32::from(delta.is_some()),
-                rows as i32,
-                hidden as i32,
-                self.eps,
-            );
-            let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&func);
-            x_view.push(&mut b);
-            delta_view.push(&mut b);
-            b.arg(&scalars.0);
-            w_view.push(&mut b);
-            out_view.push(&mut b);
-            b.arg(&scalars.1);
-            b.arg(&scalars.2);
-            b.arg(&scalars.3);
-            let dims = LaunchDims {
-                grid: (rows as u32, 1, 1),
-                block: (NORM_THREADS, 1, 1),
-                dynamic_shared_bytes: 0,
-            };
-            // SAFETY: `add_rms_norm_*`'s arguments in order and of its types; one block per row
-            // reads `hidden` values of x, delta and weight (sizes checked above) and writes its
-            // row of both halves of `out` (2 * rows * hidden elements, allocated above).
-            unsafe { b.launch(config(dims)) }.w()?;
-        }
+        let delta_view = delta.map(|(s, l)| View::new(s, l)).transpose()?;
+        super::direct::add_rms_norm_into(
+            &dev,
+            &View::new(x.0, x.1)?,
+            delta_view.as_ref(),
+            &View::new(weight.0, weight.1)?,
+            &View::new(&out, &Layout::contiguous(2 * rows * hidden))?,
+            rows,
+            hidden,
+            self.eps,
+        )?;
         Ok((out, Shape::from((2, rows, hidden))))
     }
 }
@@ -247,82 +215,31 @@ impl CustomOp1 for RopeQk {
         let cos = View::new(cuda_storage(&cos_g, "rope cos")?, cos_l)?;
         let sin = View::new(cuda_storage(&sin_g, "rope sin")?, sin_l)?;
         let pos = View::new(cuda_storage(&pos_g, "positions")?, pos_l)?;
-        if !matches!(
-            (&cos, &sin, &pos),
-            (View::F32(_), View::F32(_), View::U32(_))
-        ) {
-            candle_core::bail!("rope_qk: cos and sin must be f32 and positions u32");
-        }
-        require(
-            "rope tables",
-            cos.len().min(sin.len()),
-            self.max_positions * d / 2,
-        )?;
-        require("positions", pos.len(), t)?;
-        let qkv_view = View::new(qkv, qkv_l)?;
-        let row = (h + 2 * kvh) * d;
-        require("rope qkv", qkv_view.len(), t * row)?;
         let norm_guards = self
             .norm
             .as_ref()
-            .map(|(q, k, _)| (q.storage_and_layout(), k.storage_and_layout()));
-        let (q_norm, k_norm) = match &norm_guards {
-            Some(((qg, ql), (kg, kl))) => (
+            .map(|(q, k, eps)| (q.storage_and_layout(), k.storage_and_layout(), *eps));
+        let norms = match &norm_guards {
+            Some(((qg, ql), (kg, kl), eps)) => Some((
                 View::new(cuda_storage(qg, "q_norm")?, ql)?,
                 View::new(cuda_storage(kg, "k_norm")?, kl)?,
-            ),
-            // Never read with has_qk_norm 0: the tables stand in.
-            None => (
-                View::new(cuda_storage(&cos_g, "rope cos")?, cos_l)?,
-                View::new(cuda_storage(&sin_g, "rope sin")?, sin_l)?,
-            ),
+                *eps,
+            )),
+            None => None,
         };
-        if self.norm.is_some() {
-            require("qk norm weights", q_norm.len().min(k_norm.len()), d)?;
-        }
         let out = alloc_output(&dev, qkv.dtype(), t * (h + kvh) * d)?;
-        if t > 0 {
-            let out_view = View::new(&out, &Layout::contiguous(t * (h + kvh) * d))?;
-            let func =
-                Module::Fused.function(&dev, &format!("rope_qk_{}", suffix(qkv.dtype())?))?;
-            let eps = self.norm.as_ref().map_or(0.0, |n| n.2);
-            let scalars = (
-                row as i64,
-                i32::from(self.norm.is_some()),
-                eps,
-                h as i32,
-                kvh as i32,
-                d as i32,
-            );
-            let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&func);
-            qkv_view.push(&mut b);
-            b.arg(&scalars.0);
-            cos.push(&mut b);
-            sin.push(&mut b);
-            pos.push(&mut b);
-            q_norm.push(&mut b);
-            k_norm.push(&mut b);
-            b.arg(&scalars.1);
-            b.arg(&scalars.2);
-            out_view.push(&mut b);
-            b.arg(&scalars.3);
-            b.arg(&scalars.4);
-            b.arg(&scalars.5);
-            let warps = (ROPE_THREADS / 32) as usize;
-            let dims = LaunchDims {
-                grid: (t as u32, (h + kvh).div_ceil(warps) as u32, 1),
-                block: (ROPE_THREADS, 1, 1),
-                dynamic_shared_bytes: 0,
-            };
-            // SAFETY: `rope_qk_*`'s arguments in order and of its types (the norm weights and
-            // qkv of one dtype: candle's storage of `qkv`'s dtype is what the kernel name
-            // says, and the norm weights are checked to match by the caller's dtypes). A warp
-            // per (token, head) reads that head of qkv (t rows of `row`, checked) and the
-            // table row of the token's position (sluice-model validates positions below
-            // max_positions), and writes that head of `out`.
-            unsafe { b.launch(config(dims)) }.w()?;
-        }
+        super::direct::rope_qk_into(
+            &dev,
+            &View::new(qkv, qkv_l)?,
+            (h + 2 * kvh) * d,
+            (&cos, &sin),
+            self.max_positions,
+            &pos,
+            norms.as_ref().map(|(q, k, eps)| (q, k, *eps)),
+            &View::new(&out, &Layout::contiguous(t * (h + kvh) * d))?,
+            t,
+            (h, kvh, d),
+        )?;
         Ok((out, Shape::from((t, (h + kvh) * d))))
     }
 }
@@ -355,24 +272,14 @@ impl CustomOp1 for Swiglu {
     fn cuda_fwd(&self, gate_up: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
         let (rows, inter) = (self.rows, self.inter);
         let dev = gate_up.device().clone();
-        let input = View::new(gate_up, l)?;
-        require("swiglu gate_up", input.len(), rows * 2 * inter)?;
         let out = alloc_output(&dev, gate_up.dtype(), rows * inter)?;
-        if rows * inter > 0 {
-            let out_view = View::new(&out, &Layout::contiguous(rows * inter))?;
-            let func =
-                Module::Fused.function(&dev, &format!("swiglu_{}", suffix(gate_up.dtype())?))?;
-            let scalars = (rows as i32, inter as i32);
-            let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&func);
-            input.push(&mut b);
-            out_view.push(&mut b);
-            b.arg(&scalars.0);
-            b.arg(&scalars.1);
-            // SAFETY: `swiglu_*`'s arguments in order and of its types; the grid-stride loop
-            // writes each of the rows * inter outputs once, reading inside gate_up (checked).
-            unsafe { b.launch(config(swiglu_dims(rows, inter))) }.w()?;
-        }
+        super::direct::swiglu_into(
+            &dev,
+            &View::new(gate_up, l)?,
+            &View::new(&out, &Layout::contiguous(rows * inter))?,
+            rows,
+            inter,
+        )?;
         Ok((out, Shape::from((rows, inter))))
     }
 }

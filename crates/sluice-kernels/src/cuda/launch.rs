@@ -2,8 +2,10 @@
 //! device memory of a tensor (from its layout's start) as a kernel argument of any dtype.
 
 use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::sys::CUdeviceptr;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaView, CudaViewMut, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaStream, CudaView, DevicePtr, LaunchArgs, LaunchConfig, PushKernelArg,
+    SyncOnDrop,
 };
 use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice};
 use candle_core::{CudaStorage, DType, Layout, Result, Storage};
@@ -67,7 +69,7 @@ pub(super) fn config(dims: LaunchDims) -> LaunchConfig {
 }
 
 /// A tensor's device memory from its layout's start offset, whatever its element type.
-pub(super) enum View<'a> {
+pub enum View<'a> {
     F32(CudaView<'a, f32>),
     F16(CudaView<'a, f16>),
     BF16(CudaView<'a, bf16>),
@@ -77,7 +79,7 @@ pub(super) enum View<'a> {
 impl<'a> View<'a> {
     /// `storage` from `layout`'s start; it must be contiguous from there on (rows may be a
     /// strided view only where a launcher passes the stride, and says so).
-    pub(super) fn new(storage: &'a CudaStorage, layout: &Layout) -> Result<Self> {
+    pub fn new(storage: &'a CudaStorage, layout: &Layout) -> Result<Self> {
         let at = layout.start_offset();
         Ok(match &storage.slice {
             CudaStorageSlice::F32(s) => Self::F32(s.slice(at..)),
@@ -89,12 +91,29 @@ impl<'a> View<'a> {
     }
 
     /// Elements from the start offset to the end of the allocation.
-    pub(super) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         match self {
             Self::F32(v) => v.len(),
             Self::F16(v) => v.len(),
             Self::BF16(v) => v.len(),
             Self::U32(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The device address, for a library call (cuBLAS) on `stream`.
+    pub(super) fn device_ptr<'s>(
+        &'s self,
+        stream: &'s CudaStream,
+    ) -> (CUdeviceptr, SyncOnDrop<'s>) {
+        match self {
+            Self::F32(v) => v.device_ptr(stream),
+            Self::F16(v) => v.device_ptr(stream),
+            Self::BF16(v) => v.device_ptr(stream),
+            Self::U32(v) => v.device_ptr(stream),
         }
     }
 
@@ -104,42 +123,6 @@ impl<'a> View<'a> {
             Self::F16(v) => args.arg(v),
             Self::BF16(v) => args.arg(v),
             Self::U32(v) => args.arg(v),
-        };
-    }
-}
-
-/// [`View`] for a tensor a kernel writes.
-pub(super) enum ViewMut<'a> {
-    F32(CudaViewMut<'a, f32>),
-    F16(CudaViewMut<'a, f16>),
-    BF16(CudaViewMut<'a, bf16>),
-}
-
-impl<'a> ViewMut<'a> {
-    pub(super) fn new(storage: &'a mut CudaStorage, layout: &Layout) -> Result<Self> {
-        let at = layout.start_offset();
-        let dtype = storage.dtype();
-        Ok(match &mut storage.slice {
-            CudaStorageSlice::F32(s) => Self::F32(s.slice_mut(at..)),
-            CudaStorageSlice::F16(s) => Self::F16(s.slice_mut(at..)),
-            CudaStorageSlice::BF16(s) => Self::BF16(s.slice_mut(at..)),
-            _ => candle_core::bail!("sluice's CUDA kernels do not write {dtype:?}"),
-        })
-    }
-
-    pub(super) fn len(&self) -> usize {
-        match self {
-            Self::F32(v) => v.len(),
-            Self::F16(v) => v.len(),
-            Self::BF16(v) => v.len(),
-        }
-    }
-
-    pub(super) fn push<'b>(&'b mut self, args: &mut LaunchArgs<'b>) {
-        match self {
-            Self::F32(v) => args.arg(v),
-            Self::F16(v) => args.arg(v),
-            Self::BF16(v) => args.arg(v),
         };
     }
 }

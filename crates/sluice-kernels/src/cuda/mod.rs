@@ -12,18 +12,23 @@
 //! - [`paged_attention`]: varlen paged attention over a whole mixed step, one launch (two with
 //!   split-K).
 //! - [`add_rms_norm`], [`rope_qk`], [`swiglu`]: fused element-wise steps.
+//! - [`direct`]: the same kernels (and cuBLAS) writing buffers the caller owns, for a decode
+//!   step captured once as a CUDA graph ([`graph`]) and replayed.
 //! - [`sample_rows`]: greedy, temperature, top-k, top-p and min-p sampling of every row on the
 //!   device, by the rule of [`crate::sampling`].
 
 mod attention;
 mod cache_write;
+pub mod direct;
 mod fused;
+pub mod graph;
 mod launch;
 mod sampling;
 
 pub use attention::{paged_attention, StepMetadata};
 pub use cache_write::write_kv;
 pub use fused::{add_rms_norm, rope_qk, swiglu, QkNorm};
+pub use launch::View;
 pub use sampling::{sample_rows, RowSampling, SampledToken};
 
 /// `ptxas -v` for every kernel, as the build saw it (registers, shared memory, spills).

@@ -426,3 +426,138 @@ fn swiglu_grid_covers_every_output_and_stays_bounded() {
     assert!(d.blocks() * SWIGLU_THREADS as usize >= 300);
     assert_eq!(swiglu_dims(100_000, 8960).grid.0, 65_535);
 }
+
+#[test]
+fn decode_buckets_cover_every_batch_size_with_little_padding() {
+    assert_eq!(decode_buckets(1), [1]);
+    assert_eq!(decode_buckets(6), [1, 2, 4, 6]);
+    let b = decode_buckets(256);
+    assert_eq!(&b[..5], &[1, 2, 4, 8, 16]);
+    assert_eq!(*b.last().unwrap(), 256);
+    assert!(b.windows(2).all(|w| w[0] < w[1]));
+    // Past 8, a step pads at most 7 rows.
+    for n in 1..=256 {
+        let bucket = b.iter().find(|&&x| x >= n).unwrap();
+        assert!(bucket - n < 8.max(n / 2), "{n} -> {bucket}");
+    }
+}
+
+/// A decode bucket's plan, emulated, gives the CPU kernel's attention for its real rows; its
+/// layout and grid depend only on the bucket (what a captured graph bakes in), and its padding
+/// rows read block 0 alone.
+#[test]
+fn decode_bucket_plans_match_the_cpu_kernel_with_a_fixed_layout() {
+    let shape = AttentionShape {
+        num_heads: 12,
+        num_kv_heads: 2,
+        head_dim: 128,
+        scale: 1.0 / (128f32).sqrt(),
+    };
+    let (bs, max_context) = (16, 4096);
+    let mut rng = Rng(31);
+    for (seqs, bucket) in [
+        (vec![(37, 1)], 1),
+        (vec![(100, 1), (5, 1), (300, 1)], 4),
+        (vec![(2000, 1), (7, 1)], 8),
+        (vec![(64, 1); 13], 16),
+    ] {
+        let blocks: usize = seqs
+            .iter()
+            .map(|s: &(usize, usize)| (s.0 + 1).div_ceil(bs))
+            .sum();
+        let layout = KvLayout {
+            num_blocks: blocks + 3,
+            block_size: bs,
+            num_kv_heads: 2,
+            head_dim: 128,
+        };
+        let st = step(&mut rng, &seqs, bs, layout.num_blocks);
+        let plan = AttentionPlan::for_decode_bucket(
+            &st.sequences,
+            &st.block_tables,
+            bucket,
+            max_context,
+            &shape,
+            bs,
+            DeviceLimits::HOPPER,
+        )
+        .unwrap();
+        let empty = AttentionPlan::for_decode_bucket(
+            &[],
+            &[],
+            bucket,
+            max_context,
+            &shape,
+            bs,
+            DeviceLimits::HOPPER,
+        )
+        .unwrap();
+        assert_eq!(plan.offsets, empty.offsets);
+        assert_eq!(plan.attention, empty.attention);
+        assert_eq!(plan.combine, empty.combine);
+        assert_eq!(plan.split, empty.split);
+        assert_eq!(plan.workspace_floats(), empty.workspace_floats());
+        // Small buckets leave SMs idle: they split, by the bucket alone.
+        assert_eq!(
+            plan.split.is_some(),
+            bucket * 2 < DeviceLimits::HOPPER.num_sms
+        );
+
+        let n = layout.values_per_layer();
+        let k: Vec<f32> = (0..n).map(|_| rng.unit()).collect();
+        let v: Vec<f32> = (0..n).map(|_| rng.unit()).collect();
+        let q: Vec<f32> = (0..bucket * 12 * 128).map(|_| 2.0 * rng.unit()).collect();
+        let real = st.num_tokens * 12 * 128;
+        let mut want = vec![0f32; real];
+        attention::paged_attention(
+            &q[..real],
+            &k,
+            &v,
+            &layout,
+            &st.sequences,
+            &st.block_tables,
+            &shape,
+            &mut want,
+        )
+        .unwrap();
+        let got = emulate(&plan, &q, &k, &v, &layout);
+        for (i, (g, w)) in got[..real].iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                "{seqs:?} in {bucket}: element {i}: {g} vs {w}"
+            );
+        }
+        assert!(got[real..].iter().all(|x| x.is_finite()));
+    }
+    // More sequences than the bucket, a prefill chunk, or a context past the maximum: errors.
+    let one = |query_len: usize, context_len: usize| SequenceSlice {
+        query_start: 0,
+        query_len,
+        context_len,
+        block_table_start: 0,
+        block_table_len: context_len.div_ceil(bs),
+    };
+    let tables = vec![0u32; 300];
+    let bucket_plan = |seqs: &[SequenceSlice], bucket| {
+        AttentionPlan::for_decode_bucket(
+            seqs,
+            &tables,
+            bucket,
+            max_context,
+            &shape,
+            bs,
+            DeviceLimits::HOPPER,
+        )
+    };
+    assert!(bucket_plan(&[one(2, 10)], 1).is_err());
+    assert!(bucket_plan(&[one(1, 4097)], 1).is_err());
+    let two = [
+        one(1, 5),
+        SequenceSlice {
+            query_start: 1,
+            ..one(1, 5)
+        },
+    ];
+    assert!(bucket_plan(&two, 1).is_err());
+    assert!(bucket_plan(&two, 2).is_ok());
+}
