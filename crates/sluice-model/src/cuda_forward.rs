@@ -16,6 +16,7 @@ use sluice_kernels::AttentionShape;
 
 use crate::batch::StepBatch;
 use crate::config::ModelConfig;
+use crate::cuda_profile::{Phase, StepTimer};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::layer::ModelWeights as Weights;
@@ -61,6 +62,7 @@ pub(crate) fn forward(
         cfg.head_dim,
     );
     let eps = cfg.rms_norm_eps as f32;
+    let mut timer = StepTimer::start(t);
     let plan = AttentionPlan::new(
         &batch.sequences,
         &batch.block_tables,
@@ -75,51 +77,58 @@ pub(crate) fn forward(
     let slot_mapping = Tensor::from_slice(&batch.slot_mapping, t, dev)?;
     let (cos, sin) = w.rope.tables();
     let layout = *kv.layout();
+    timer.mark(Phase::Plan);
 
-    let mut x = w.embed.lookup(&batch.input_ids, dev)?;
-    let act_dtype = x.dtype();
-    let same_dtype = |t: &Tensor| t.to_dtype(act_dtype);
+    // Activations in the norms' element type: the weights' own for half-precision weights
+    // (`LinearOptions::activation_dtype`), so that no matmul casts.
+    let mut x = w
+        .embed
+        .lookup(&batch.input_ids, dev)?
+        .to_dtype(w.norm.dtype())?;
+    timer.mark(Phase::Embedding);
     // The MLP's output of the previous layer, added to the residual stream by the next norm.
     let mut pending: Option<Tensor> = None;
     for (i, layer) in w.layers.iter().enumerate() {
-        let (resid, normed) =
-            cuda::add_rms_norm(&x, pending.as_ref(), &same_dtype(&layer.attn_norm)?, eps)?;
+        let (resid, normed) = cuda::add_rms_norm(&x, pending.as_ref(), &layer.attn_norm, eps)?;
+        timer.mark(Phase::Norm);
         let qkv = layer.qkv.forward(&normed)?.contiguous()?;
-        let qk_norm = match &layer.qk_norm {
-            Some((q, k)) => Some((same_dtype(q)?, same_dtype(k)?)),
-            None => None,
-        };
+        timer.mark(Phase::Qkv);
         let rotated = cuda::rope_qk(
             &qkv,
             (cos, sin),
             &positions,
-            qk_norm.as_ref().map(|(q, k)| QkNorm { q, k, eps }),
+            layer.qk_norm.as_ref().map(|(q, k)| QkNorm { q, k, eps }),
             h,
             kvh,
             d,
         )?;
+        timer.mark(Phase::Rope);
         let q = rotated.narrow(1, 0, h * d)?;
         let k = rotated.narrow(1, h * d, kvh * d)?;
         let v = qkv.narrow(1, (h + kvh) * d, kvh * d)?;
         let layer_kv = kv.layer_kv(i)?;
         cuda::write_kv(layer_kv, &k, &v, &slot_mapping, &layout)?;
+        timer.mark(Phase::KvWrite);
         let attn = cuda::paged_attention(&q, layer_kv, &layout, &step)?;
+        timer.mark(Phase::Attention);
         let o = layer.o.forward(&attn)?;
-        let (resid, normed) =
-            cuda::add_rms_norm(&resid, Some(&o), &same_dtype(&layer.ffn_norm)?, eps)?;
+        timer.mark(Phase::O);
+        let (resid, normed) = cuda::add_rms_norm(&resid, Some(&o), &layer.ffn_norm, eps)?;
         x = resid;
-        let act = cuda::swiglu(&layer.gate_up.forward(&normed)?, cfg.intermediate_size)?;
+        timer.mark(Phase::Norm);
+        let gate_up = layer.gate_up.forward(&normed)?;
+        timer.mark(Phase::GateUp);
+        let act = cuda::swiglu(&gate_up, cfg.intermediate_size)?;
+        timer.mark(Phase::Swiglu);
         pending = Some(layer.down.forward(&act)?);
+        timer.mark(Phase::Down);
     }
     if let Some(delta) = pending {
         x = (x + delta)?;
     }
-    crate::step_output::step_output(
-        &x,
-        &same_dtype(w.norm)?,
-        eps,
-        w.lm_head,
-        batch,
-        cfg.vocab_size,
-    )
+    let out = crate::step_output::step_output(&x, w.norm, eps, w.lm_head, batch, cfg.vocab_size)?;
+    timer.mark(Phase::Head);
+    timer.drain(dev);
+    timer.finish();
+    Ok(out)
 }

@@ -16,6 +16,10 @@ pub mod config;
 mod cpu_forward;
 #[cfg(feature = "cuda")]
 mod cuda_forward;
+#[cfg(feature = "cuda")]
+mod cuda_graph;
+#[cfg(feature = "cuda")]
+mod cuda_profile;
 mod embedding;
 pub mod error;
 pub mod gguf;
@@ -44,7 +48,7 @@ pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfModelDir;
 pub use kv_cache::{KvCache, KvDtype, KvLayout};
-pub use load::LoadOptions;
+pub use load::{CudaGraphs, LoadOptions};
 pub use model::LlamaModel;
 pub use paged::PagedLlama;
 pub use sluice_kernels::sampling;

@@ -3,6 +3,7 @@
 //! ([`WeightSource`], implemented in [`crate::gguf`] and [`crate::hf`]).
 
 use std::path::Path;
+use std::str::FromStr;
 
 use candle_core::{Device, Tensor};
 
@@ -11,6 +12,45 @@ use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvDtype;
 use crate::weights::{Linear, LinearOptions, WeightsKind, AUTO_AMX_MIN_ROWS};
+
+/// How decode steps run on a GPU (`--cuda-graphs`; [`crate::PagedLlama::enable_cuda_graphs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CudaGraphs {
+    /// Captured once per bucket and replayed (the default).
+    #[default]
+    On,
+    /// Every step on the eager forward, as before graphs: to compare.
+    Off,
+    /// The graphs' launches on their static buffers, enqueued one by one each step: what a
+    /// replay must equal bit for bit (tests), and a way to tell a capture problem from a
+    /// kernel one.
+    Eager,
+}
+
+impl FromStr for CudaGraphs {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "on" => Ok(Self::On),
+            "off" => Ok(Self::Off),
+            "eager" => Ok(Self::Eager),
+            other => Err(format!(
+                "--cuda-graphs takes on, off or eager, not {other:?}"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for CudaGraphs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::On => "on",
+            Self::Off => "off",
+            Self::Eager => "eager",
+        })
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -47,10 +87,21 @@ impl Default for LoadOptions {
 }
 
 impl LoadOptions {
+    /// The weights' kind on this device: `auto` on a GPU is bf16, which measured faster than
+    /// the file's blocks there (`--weights quantized`) at 1 and at 256 clients on the
+    /// Qwen2.5-1.5B shape, and at 256 on the 7B shape (BENCHMARKS.md, GPU section); elsewhere
+    /// the kind asked for.
+    pub fn effective_weights(&self) -> WeightsKind {
+        match (self.weights, self.device.is_cuda()) {
+            (WeightsKind::Auto, true) => WeightsKind::Bf16,
+            (kind, _) => kind,
+        }
+    }
+
     /// What building a linear layer needs of these options.
     pub(crate) fn linear(&self) -> LinearOptions {
         LinearOptions {
-            kind: self.weights,
+            kind: self.effective_weights(),
             device: self.device.clone(),
             amx_min_rows: self.amx_min_rows,
             amx_int8: self.amx_int8,

@@ -38,8 +38,15 @@ impl LlamaModel {
         options: &LoadOptions,
     ) -> Result<Self> {
         let device = options.device.clone();
-        let kind = options.weights;
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(dev) = &device {
+            sluice_kernels::cuda::graph::single_stream(dev);
+        }
+        let kind = options.effective_weights();
         let linear = &options.linear();
+        // Norm weights in the element type the forward's activations take (f32 on the CPU; a
+        // GPU's half-precision weights make theirs half too), converted once here.
+        let act = linear.activation_dtype();
         let arch = config.architecture;
         let (hidden, heads, kv_heads, d, inter, vocab) = (
             config.hidden_size,
@@ -85,23 +92,29 @@ impl LlamaModel {
             let down = src.linear(&[(Weight::Down(i), hidden)], inter, None, linear)?;
             let qk_norm = if arch.has_qk_norm() {
                 Some((
-                    src.dense(Weight::QNorm(i), &[d], &device)?,
-                    src.dense(Weight::KNorm(i), &[d], &device)?,
+                    src.dense(Weight::QNorm(i), &[d], &device)?.to_dtype(act)?,
+                    src.dense(Weight::KNorm(i), &[d], &device)?.to_dtype(act)?,
                 ))
             } else {
                 None
             };
             layers.push(Layer {
-                attn_norm: src.dense(Weight::AttnNorm(i), &[hidden], &device)?,
+                attn_norm: src
+                    .dense(Weight::AttnNorm(i), &[hidden], &device)?
+                    .to_dtype(act)?,
                 qkv,
                 qk_norm,
                 o,
-                ffn_norm: src.dense(Weight::FfnNorm(i), &[hidden], &device)?,
+                ffn_norm: src
+                    .dense(Weight::FfnNorm(i), &[hidden], &device)?
+                    .to_dtype(act)?,
                 gate_up,
                 down,
             });
         }
-        let norm = src.dense(Weight::OutputNorm, &[hidden], &device)?;
+        let norm = src
+            .dense(Weight::OutputNorm, &[hidden], &device)?
+            .to_dtype(act)?;
         let lm_head = src.lm_head(config.tie_word_embeddings, [vocab, hidden], linear)?;
         if let (true, Embedding::Rows { .. }, Some(panels)) = (
             config.tie_word_embeddings,
@@ -368,8 +381,21 @@ impl LlamaModel {
         cpu_forward::forward(&self.parts(), self.attention, batch, kv, scratch)
     }
 
+    /// A decode step on `steps`' static buffers ([`crate::cuda_graph`]), which take it.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn forward_decode(
+        &self,
+        steps: &mut crate::cuda_graph::DecodeSteps,
+        batch: &StepBatch,
+        kv: &mut KvCache,
+        timer: &mut crate::cuda_graph::StepTimer,
+    ) -> Result<Tensor> {
+        self.validate(batch, kv)?;
+        steps.forward(&self.parts(), batch, kv, timer)
+    }
+
     /// The weights as the forwards read them.
-    fn parts(&self) -> ModelWeights<'_> {
+    pub(crate) fn parts(&self) -> ModelWeights<'_> {
         ModelWeights {
             config: &self.config,
             embed: &self.embed,

@@ -6,6 +6,7 @@ use crate::batch::{StepBatch, StepOutput};
 use crate::cpu_forward::StepScratch;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
+use crate::load::CudaGraphs;
 use crate::model::LlamaModel;
 use crate::model_sampling::{copy_rows, split_rows};
 
@@ -15,6 +16,9 @@ pub struct PagedLlama {
     kv: KvCache,
     /// The CPU step's buffers, reused from step to step.
     scratch: StepScratch,
+    /// Decode steps on static buffers and CUDA graphs, once enabled on a GPU.
+    #[cfg(feature = "cuda")]
+    decode: Option<crate::cuda_graph::DecodeSteps>,
 }
 
 impl PagedLlama {
@@ -25,7 +29,31 @@ impl PagedLlama {
             model,
             kv,
             scratch: StepScratch::default(),
+            #[cfg(feature = "cuda")]
+            decode: None,
         })
+    }
+
+    /// On a GPU, decode steps of up to `max_seqs` sequences run on static buffers (allocated
+    /// here) as `mode` says: replayed CUDA graphs (`On`), or their launches enqueued eagerly.
+    /// Returns the buffers' bytes: 0 where nothing was allocated (`Off`, the CPU, a build
+    /// without `cuda`, or a model whose matrices are GGUF blocks on the device).
+    pub fn enable_cuda_graphs(&mut self, mode: CudaGraphs, max_seqs: usize) -> Result<usize> {
+        #[cfg(feature = "cuda")]
+        {
+            let parts = self.model.parts();
+            self.decode =
+                crate::cuda_graph::DecodeSteps::new(&parts, mode, max_seqs, self.kv.block_size())?;
+            if let Some(decode) = &mut self.decode {
+                decode.capture_all(&parts, &self.kv)?;
+            }
+            Ok(self.decode.as_ref().map_or(0, |d| d.bytes()))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (mode, max_seqs);
+            Ok(0)
+        }
     }
 
     /// As many blocks as fit in `kv_cache_bytes` (K and V of every layer, in the model's KV
@@ -85,6 +113,19 @@ impl PagedLlama {
     /// does, and `out.hidden` with the `[batch.hidden_indices.len(), hidden_size]` final
     /// hidden states of the pooled rows, row-major.
     pub fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(decode) = self.decode.as_mut().filter(|d| d.takes(batch)) {
+            use crate::cuda_graph::{Phase, StepTimer};
+            let mut timer = StepTimer::start(batch.sequences.len());
+            let logits = self
+                .model
+                .forward_decode(decode, batch, &mut self.kv, &mut timer)?;
+            out.hidden.clear();
+            split_rows(&logits, batch, out)?;
+            timer.mark(Phase::Sample);
+            timer.finish();
+            return Ok(());
+        }
         let (logits, hidden) =
             self.model
                 .forward_step_in(batch, &mut self.kv, &mut self.scratch)?;

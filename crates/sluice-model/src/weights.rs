@@ -29,7 +29,8 @@ pub enum WeightsKind {
     /// `f32` at the memory of the file. Large steps run on AMX tiles where the CPU has them
     /// (every panel format; split-bf16 products, relative error about 2^-16, see
     /// `sluice_kernels::cpu::amx`; with `amx_int8`, the K-quants' on int8 tiles against int8
-    /// activations). Formats without panels run on candle's quantized matmul.
+    /// activations). Formats without panels run on candle's quantized matmul. On a GPU,
+    /// [`WeightsKind::Bf16`] ([`crate::LoadOptions::effective_weights`]).
     Auto,
 }
 
@@ -76,6 +77,18 @@ pub struct LinearOptions {
     pub amx_min_rows: Option<usize>,
     /// See [`LoadOptions::amx_int8`](crate::load::LoadOptions::amx_int8).
     pub amx_int8: bool,
+}
+
+impl LinearOptions {
+    /// The element type of a CUDA forward's activations with these weights: a half-precision
+    /// kind's own (its matmuls then cast nothing), else f32. On the CPU, f32.
+    pub(crate) fn activation_dtype(&self) -> DType {
+        match (self.device.is_cuda(), self.kind) {
+            (true, WeightsKind::F16) => DType::F16,
+            (true, WeightsKind::Bf16) => DType::BF16,
+            _ => DType::F32,
+        }
+    }
 }
 
 /// The kernel format of a GGUF block type, where our kernels read it in place.
@@ -133,6 +146,20 @@ impl<'a> GgufMatrix<'a> {
     }
 }
 
+/// Consecutive matrices of one format stacked along their rows, their blocks copied as they
+/// are (rows in model order) onto `device`.
+fn stacked_blocks_on(group: &[GgufMatrix<'_>], device: &Device) -> Result<QTensor> {
+    let mut bytes = Vec::with_capacity(group.iter().map(|p| p.data.len()).sum());
+    for part in group {
+        for r in 0..part.rows {
+            bytes.extend_from_slice(part.row(r));
+        }
+    }
+    let rows: usize = group.iter().map(|p| p.rows).sum();
+    let storage = QStorage::from_data(Cow::Owned(bytes), device, group[0].dtype)?;
+    Ok(QTensor::new(storage, (rows, group[0].cols))?)
+}
+
 /// `parts` stacked into one candle tensor for candle's quantized matmul (mixed formats are
 /// re-quantized to Q8_0 by [`concat_rows`]: candle's kernels take one format per matrix).
 fn stacked_qtensor(parts: &[GgufMatrix<'_>]) -> Result<QTensor> {
@@ -153,6 +180,13 @@ pub struct Linear {
     /// The bias's values on the host, for [`Linear::forward_into`].
     bias_values: Option<Vec<f32>>,
     out_features: usize,
+}
+
+/// A bias in the activations' element type, which it is added to.
+fn activation_bias(bias: Option<Tensor>, options: &LinearOptions) -> Result<Option<Tensor>> {
+    Ok(bias
+        .map(|b| b.to_dtype(options.activation_dtype()))
+        .transpose()?)
 }
 
 /// A bias's values as f32 on the host.
@@ -179,6 +213,10 @@ enum Weights {
     Int8(Vec<(usize, Int8Part)>),
     /// candle's quantized matmul: every other quantized format; and the bytes of its blocks.
     Candle(QMatMul, usize),
+    /// The file's blocks on a GPU ([`WeightsKind::Quantized`] there), one matrix per run of one
+    /// format of a fused projection, multiplied by candle's CUDA kernels (llama.cpp's MMVQ for
+    /// steps of up to 8 rows, its MMQ tiles above); and the bytes of the blocks.
+    DeviceBlocks(Vec<QMatMul>, usize),
 }
 
 /// One format's matrix under [`WeightsKind::Quantized`].
@@ -223,6 +261,7 @@ impl Linear {
         options: &LinearOptions,
     ) -> Result<Self> {
         let (kind, device) = (options.kind, &options.device);
+        let bias = activation_bias(bias, options)?;
         let n: usize = parts.iter().map(|p| p.rows).sum();
         let k = parts[0].cols;
         let packed = device.is_cpu() && gemm::available();
@@ -267,7 +306,7 @@ impl Linear {
                 Weights::Tensor(Tensor::cat(&dense, 0)?)
             }
             WeightsKind::Quantized if device.is_cpu() => Weights::Int8(Self::int8_parts(parts)?),
-            WeightsKind::Quantized => Self::candle_quantized(parts)?,
+            WeightsKind::Quantized => Self::device_blocks(parts, device)?,
         };
         Ok(Self {
             weights,
@@ -370,6 +409,16 @@ impl Linear {
         ))
     }
 
+    /// `parts` on a GPU as the file holds them: each run of one format one matrix of its
+    /// blocks (Q4_K_M's Q6_K V beside Q4_K Q and K stays Q6_K), never re-quantized.
+    fn device_blocks(parts: &[GgufMatrix<'_>], device: &Device) -> Result<Weights> {
+        let matrices = format_groups(parts)
+            .map(|(_, group)| Ok(QMatMul::from_qtensor(stacked_blocks_on(group, device)?)?))
+            .collect::<Result<Vec<_>>>()?;
+        let bytes = parts.iter().map(|p| p.data.len()).sum();
+        Ok(Weights::DeviceBlocks(matrices, bytes))
+    }
+
     fn candle_quantized(parts: &[GgufMatrix<'_>]) -> Result<Weights> {
         let w = stacked_qtensor(parts)?;
         let bytes = parts.iter().map(|p| p.data.len()).sum();
@@ -387,6 +436,11 @@ impl Linear {
         let bytes = w.storage_size_in_bytes();
         Ok(match ours {
             Some(m) => Weights::Int8(vec![(0, Int8Part::Ours(m))]),
+            None if !device.is_cpu() => {
+                let storage = QStorage::from_data(w.data()?, device, w.dtype())?;
+                let on_device = QTensor::new(storage, w.shape())?;
+                Weights::DeviceBlocks(vec![QMatMul::from_qtensor(on_device)?], bytes)
+            }
             None => Weights::Candle(QMatMul::from_qtensor(w)?, bytes),
         })
     }
@@ -398,6 +452,7 @@ impl Linear {
     /// (the file has no blocks of its own) and multiplies as for a GGUF file.
     pub fn from_tensor(w: Tensor, bias: Option<Tensor>, options: &LinearOptions) -> Result<Self> {
         let (kind, device) = (options.kind, &options.device);
+        let bias = activation_bias(bias, options)?;
         let (n, k) = w.dims2()?;
         let weights = match kind {
             WeightsKind::F32 | WeightsKind::Auto if device.is_cpu() && gemm::available() => {
@@ -464,6 +519,21 @@ impl Linear {
         self.out_features
     }
 
+    /// The `[out, in]` matrix, where the layer holds one tensor of f32, f16 or bf16 (a GPU's
+    /// dense weights): what a captured CUDA step multiplies by directly.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn dense_weight(&self) -> Option<&Tensor> {
+        match &self.weights {
+            Weights::Tensor(w) => Some(w),
+            _ => None,
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
     /// The single matrix of panels this layer multiplies by, if that is what it holds: a tied
     /// embedding reads its rows from the lm_head's panels rather than keep a copy.
     pub(crate) fn panels(&self) -> Option<Arc<PackedMatrix>> {
@@ -485,7 +555,7 @@ impl Linear {
                     Int8Part::Candle(_, bytes) => *bytes,
                 })
                 .sum(),
-            Weights::Candle(_, bytes) => *bytes,
+            Weights::Candle(_, bytes) | Weights::DeviceBlocks(_, bytes) => *bytes,
         }
     }
 
@@ -508,6 +578,16 @@ impl Linear {
                 .to_dtype(x.dtype())?,
             Weights::Tensor(w) => x.matmul(&w.t()?)?,
             Weights::Candle(q, _) => q.forward(x)?,
+            Weights::DeviceBlocks(matrices, _) => match matrices.as_slice() {
+                [one] => one.forward(x)?,
+                several => {
+                    let outs = several
+                        .iter()
+                        .map(|m| m.forward(x))
+                        .collect::<candle_core::Result<Vec<_>>>()?;
+                    Tensor::cat(&outs, 1)?
+                }
+            },
             Weights::Int8(parts) => int8_forward(parts, self.out_features, x)?,
         })
     }

@@ -27,8 +27,8 @@ mod gpu {
     use sluice_kernels::sampling::sample_row;
     use sluice_model::testing::TinyModelSpec;
     use sluice_model::{
-        AttentionBackend, KvDtype, LlamaModel, LoadOptions, PagedLlama, StepBatch, StepOutput,
-        WeightsKind,
+        AttentionBackend, CudaGraphs, KvDtype, LlamaModel, LoadOptions, PagedLlama, StepBatch,
+        StepOutput, WeightsKind,
     };
 
     use super::common;
@@ -223,6 +223,40 @@ mod gpu {
         );
     }
 
+    /// `--weights quantized` on the device: the file's blocks multiplied there (candle's MMVQ
+    /// for steps of up to 8 rows, MMQ above, both on int8 activations) track the CPU's f32
+    /// forward of the same blocks.
+    fn quantized_blocks_track_the_cpu(dtype: candle_core::quantized::GgmlDType, name: &str) {
+        let Some(device) = gpu() else { return };
+        let spec = TinyModelSpec {
+            hidden_size: 256,
+            intermediate_size: 512,
+            dtype,
+            ..TinyModelSpec::default()
+        };
+        let path = tiny(&spec, name);
+        let run_ = mixed_run(spec.vocab_size());
+        let cpu = run(&load(&path, &Device::Cpu, KvDtype::F32), &run_, None);
+        let blocks = load_weights(&path, &device, KvDtype::F16, WeightsKind::Quantized);
+        let gap = relative_gap(&run(&blocks, &run_, None), &cpu);
+        eprintln!("{name}: quantized blocks on the device, largest logit gap {gap:.2e}");
+        // Activations rounded to 8 bits per 32 values, as llama.cpp's CUDA kernels do.
+        assert!(
+            gap <= 5e-2,
+            "{name}: device blocks differ from the CPU's f32 by {gap}"
+        );
+    }
+
+    #[test]
+    fn q8_0_blocks_on_the_device_track_the_cpu_forward() {
+        quantized_blocks_track_the_cpu(candle_core::quantized::GgmlDType::Q8_0, "q8_0.gguf");
+    }
+
+    #[test]
+    fn q4_k_blocks_on_the_device_track_the_cpu_forward() {
+        quantized_blocks_track_the_cpu(candle_core::quantized::GgmlDType::Q4K, "q4_k.gguf");
+    }
+
     #[test]
     fn a_sequence_batched_equals_it_alone() {
         let Some(device) = gpu() else { return };
@@ -243,6 +277,133 @@ mod gpu {
                 gap <= 1e-3,
                 "sequence {i}: batched differs from alone by {gap}"
             );
+        }
+    }
+
+    /// Reported, not yet required (issue: batching invisible on the GPU): whether sequence 0's
+    /// logits alone equal, bit for bit, its logits in steps of N one-token rows, for N from 2
+    /// to 256, with f32 and bf16 weights. Required: within 1e-3 of them.
+    #[test]
+    fn decode_rows_alone_and_in_crowds() {
+        let Some(device) = gpu() else { return };
+        let spec = TinyModelSpec {
+            hidden_size: 256,
+            intermediate_size: 512,
+            ..TinyModelSpec::default()
+        };
+        let path = tiny(&spec, "crowds.gguf");
+        for weights in [WeightsKind::F32, WeightsKind::Bf16] {
+            let model = load_weights(&path, &device, KvDtype::F16, weights);
+            let mut report = Vec::new();
+            for n in [2usize, 4, 8, 16, 32, 64, 128, 256] {
+                let r = Run {
+                    tokens: (0..n)
+                        .map(|s| {
+                            (0..12)
+                                .map(|i| ((s * 31 + i * 7) % spec.vocab_size()) as u32)
+                                .collect()
+                        })
+                        .collect(),
+                    chunks: vec![1; n],
+                };
+                let alone = run(&model, &r, Some(0));
+                let crowd = run(&model, &r, None);
+                let same = alone[0]
+                    .iter()
+                    .zip(&crowd[0])
+                    .filter(|(a, c)| {
+                        a.iter()
+                            .zip(c.iter())
+                            .all(|(x, y)| x.to_bits() == y.to_bits())
+                    })
+                    .count();
+                let gap = relative_gap(&crowd[..1], &alone[..1]);
+                report.push(format!(
+                    "{n} rows: {same}/{} steps bitwise, gap {gap:.1e}",
+                    alone[0].len()
+                ));
+                assert!(
+                    gap <= 1e-3,
+                    "{weights}: {n} rows differ from alone by {gap}"
+                );
+            }
+            eprintln!("alone vs crowds, {weights} weights: {}", report.join("; "));
+        }
+    }
+
+    /// Logits of `n` sequences over a prefill step and four decode steps, on a `PagedLlama`
+    /// whose decode steps run as `mode` says.
+    fn decode_logits(
+        path: &PathBuf,
+        device: &Device,
+        weights: WeightsKind,
+        mode: CudaGraphs,
+        n: usize,
+    ) -> Vec<Vec<f32>> {
+        let model = load_weights(path, device, KvDtype::F16, weights);
+        let vocab = model.config().vocab_size;
+        let mut paged = PagedLlama::new(model, 4 * n + 4, 16).unwrap();
+        paged.enable_cuda_graphs(mode, 16).unwrap();
+        // Two blocks a sequence, highest first and interleaved.
+        let table = |s: usize| [(4 * n + 3 - 2 * s) as u32, (4 * n + 2 - 2 * s) as u32];
+        let mut batch = StepBatch::new(16);
+        for s in 0..n {
+            let prompt: Vec<u32> = (0..5 + s)
+                .map(|i| ((s * 13 + i * 5) % vocab) as u32)
+                .collect();
+            batch.push_sequence(&prompt, 0, &table(s), true);
+        }
+        let mut out = StepOutput::default();
+        paged.forward(&batch, &mut out).unwrap();
+        let mut steps = Vec::new();
+        for step in 0..4 {
+            batch.clear();
+            for s in 0..n {
+                let token = ((s * 7 + step * 3 + 1) % vocab) as u32;
+                batch.push_sequence(&[token], 5 + s + step, &table(s), true);
+            }
+            paged.forward(&batch, &mut out).unwrap();
+            steps.push(out.logits.clone());
+        }
+        steps
+    }
+
+    /// A replayed graph computes exactly what its launches compute enqueued one by one, at
+    /// every bucket (1, 2, 4, 8, 16 rows, padded from 1, 2, 3, 5, 8 and 13 sequences), and
+    /// tracks the eager forward (other kernels' order of sums, not bit for bit).
+    #[test]
+    fn decode_graphs_replay_the_eager_step_bitwise() {
+        let Some(device) = gpu() else { return };
+        let spec = TinyModelSpec {
+            hidden_size: 256,
+            intermediate_size: 512,
+            ..TinyModelSpec::default()
+        };
+        let path = tiny(&spec, "graphs.gguf");
+        for (weights, tolerance) in [(WeightsKind::F32, 1e-3), (WeightsKind::Bf16, 5e-2)] {
+            for n in [1usize, 2, 3, 5, 8, 13] {
+                let replayed = decode_logits(&path, &device, weights, CudaGraphs::On, n);
+                let enqueued = decode_logits(&path, &device, weights, CudaGraphs::Eager, n);
+                let eager = decode_logits(&path, &device, weights, CudaGraphs::Off, n);
+                for (step, (r, e)) in replayed.iter().zip(&enqueued).enumerate() {
+                    let same = r.iter().zip(e).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{weights}, {n} sequences, decode step {step}: replay differs"
+                    );
+                }
+                let gap = relative_gap(
+                    std::slice::from_ref(&replayed),
+                    std::slice::from_ref(&eager),
+                );
+                eprintln!(
+                    "graphs, {weights} weights, {n} sequences: gap to the eager forward {gap:.2e}"
+                );
+                assert!(
+                    gap <= tolerance,
+                    "{weights}, {n} sequences: {gap} from the eager forward"
+                );
+            }
         }
     }
 
@@ -336,7 +497,12 @@ mod gpu {
     #[test]
     fn the_gpu_model_samples_marked_rows_on_the_device() {
         let Some(device) = gpu() else { return };
-        let spec = TinyModelSpec::default();
+        // Head dim 64: the CUDA attention is instantiated for 64 and 128 only.
+        let spec = TinyModelSpec {
+            hidden_size: 256,
+            intermediate_size: 512,
+            ..TinyModelSpec::default()
+        };
         let path = tiny(&spec, "model-sampling.gguf");
         let open = || PagedLlama::new(load(&path, &device, KvDtype::F16), 8, 16).unwrap();
         let mut batch = StepBatch::new(16);
