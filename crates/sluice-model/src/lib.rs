@@ -36,6 +36,7 @@ pub mod paged;
 pub mod rope;
 pub mod source;
 mod step_output;
+pub mod synthetic;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod weights;

@@ -14,6 +14,7 @@ use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use crate::hf;
 use crate::load::Weight;
+use crate::synthetic::Rng;
 use crate::weights::unpermute_qk;
 use sluice_tokenizer::{ByteLevelAlphabet, Tokenizer};
 
@@ -69,19 +70,6 @@ fn tiny_vocab() -> (Vec<String>, Vec<String>) {
     }
     tokens.extend(TINY_SPECIAL_TOKENS.iter().map(|s| s.to_string()));
     (tokens, merges)
-}
-
-/// SplitMix64: deterministic, dependency-free weights.
-struct Rng(u64);
-impl Rng {
-    fn next_f32(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
 }
 
 struct RandomTensors {

@@ -3,6 +3,7 @@
 
 mod allocator;
 mod generate_command;
+mod synth_command;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +25,9 @@ enum Command {
     Serve(Box<sluice_server::ServeArgs>),
     /// Generate a continuation of one prompt and print it as it is produced.
     Generate(generate_command::GenerateArgs),
+    /// Write a random-weight GGUF model of a real model's shape, in any format, for benchmarks
+    /// on machines that can download nothing.
+    Synth(synth_command::SynthArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,5 +45,6 @@ fn main() -> anyhow::Result<()> {
                 .init();
             generate_command::run(args)
         }
+        Command::Synth(args) => synth_command::run(args),
     }
 }

@@ -1,0 +1,452 @@
+//! Random-weight checkpoints of real model shapes, written as GGUF files in any format sluice
+//! loads: a machine with nothing but our binaries (a lent GPU, which can download nothing) can
+//! then benchmark every size and format. The weights are random, so the text is not; their speed
+//! is a real model's: the same shapes, the same bytes a step reads, the same kernels.
+//!
+//! Quantizing billions of random values would take minutes, so each matrix is assembled from a
+//! pool of rows quantized once by candle's reference quantizer ([`POOL_ROWS`] of them, drawn at
+//! random for each output row): every block is a valid block of its format.
+//!
+//! `sluice synth` is the command (`sluice-server`); [`SyntheticSpec::write_gguf`] the writer.
+
+use std::path::Path;
+use std::str::FromStr;
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+use candle_core::{Device, Tensor};
+use sluice_tokenizer::ByteLevelAlphabet;
+
+use crate::config::Architecture;
+use crate::error::{ModelError, Result};
+
+/// A real model's shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelShape {
+    pub name: &'static str,
+    pub architecture: Architecture,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub vocab_size: usize,
+    pub context_length: usize,
+    pub rope_theta: f32,
+    pub tie_word_embeddings: bool,
+}
+
+/// The shapes `sluice synth --shape` knows, from each model's published config.
+pub const SHAPES: [ModelShape; 5] = [
+    ModelShape {
+        name: "smollm2-135m",
+        architecture: Architecture::Llama,
+        hidden_size: 576,
+        intermediate_size: 1536,
+        num_layers: 30,
+        num_heads: 9,
+        num_kv_heads: 3,
+        vocab_size: 49152,
+        context_length: 8192,
+        rope_theta: 100_000.0,
+        tie_word_embeddings: true,
+    },
+    ModelShape {
+        name: "qwen2.5-0.5b",
+        architecture: Architecture::Qwen2,
+        hidden_size: 896,
+        intermediate_size: 4864,
+        num_layers: 24,
+        num_heads: 14,
+        num_kv_heads: 2,
+        vocab_size: 151_936,
+        context_length: 32768,
+        rope_theta: 1_000_000.0,
+        tie_word_embeddings: true,
+    },
+    ModelShape {
+        name: "qwen2.5-1.5b",
+        architecture: Architecture::Qwen2,
+        hidden_size: 1536,
+        intermediate_size: 8960,
+        num_layers: 28,
+        num_heads: 12,
+        num_kv_heads: 2,
+        vocab_size: 151_936,
+        context_length: 32768,
+        rope_theta: 1_000_000.0,
+        tie_word_embeddings: true,
+    },
+    ModelShape {
+        name: "qwen2.5-7b",
+        architecture: Architecture::Qwen2,
+        hidden_size: 3584,
+        intermediate_size: 18944,
+        num_layers: 28,
+        num_heads: 28,
+        num_kv_heads: 4,
+        vocab_size: 152_064,
+        context_length: 32768,
+        rope_theta: 1_000_000.0,
+        tie_word_embeddings: false,
+    },
+    ModelShape {
+        name: "llama-3.1-8b",
+        architecture: Architecture::Llama,
+        hidden_size: 4096,
+        intermediate_size: 14336,
+        num_layers: 32,
+        num_heads: 32,
+        num_kv_heads: 8,
+        vocab_size: 128_256,
+        // The real model's 131072 with llama3 RoPE scaling; plain RoPE over 8192 positions
+        // here: the same step cost, a smaller table.
+        context_length: 8192,
+        rope_theta: 500_000.0,
+        tie_word_embeddings: false,
+    },
+];
+
+impl FromStr for ModelShape {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        SHAPES
+            .iter()
+            .find(|shape| shape.name.eq_ignore_ascii_case(s))
+            .copied()
+            .ok_or_else(|| {
+                let names: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
+                format!("unknown shape {s:?}: one of {}", names.join(", "))
+            })
+    }
+}
+
+/// The weights' format: one GGML type for every matrix, or one of llama.cpp's mixes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyntheticFormat {
+    Uniform(GgmlDType),
+    /// llama.cpp's Q4_K_M: Q4_K, with Q6_K for V and down in its "more bits" layers and for the
+    /// output matrix.
+    Q4KM,
+    /// llama.cpp's Q5_K_M: the same with Q5_K.
+    Q5KM,
+}
+
+impl FromStr for SyntheticFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        use GgmlDType::*;
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "f32" => Self::Uniform(F32),
+            "f16" => Self::Uniform(F16),
+            "bf16" => Self::Uniform(BF16),
+            "q4_0" => Self::Uniform(Q4_0),
+            "q4_1" => Self::Uniform(Q4_1),
+            "q5_0" => Self::Uniform(Q5_0),
+            "q5_1" => Self::Uniform(Q5_1),
+            "q8_0" => Self::Uniform(Q8_0),
+            "q2_k" => Self::Uniform(Q2K),
+            "q3_k" => Self::Uniform(Q3K),
+            "q4_k" => Self::Uniform(Q4K),
+            "q5_k" => Self::Uniform(Q5K),
+            "q6_k" => Self::Uniform(Q6K),
+            "q4_k_m" => Self::Q4KM,
+            "q5_k_m" => Self::Q5KM,
+            other => {
+                return Err(format!(
+                    "unknown format {other:?}: one of f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, \
+                     q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, q4_k_m, q5_k_m"
+                ))
+            }
+        })
+    }
+}
+
+/// The matrices of a layer, for the mixes' choice of format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Embedding,
+    Output,
+    AttnV,
+    FfnDown,
+    Other,
+}
+
+impl SyntheticFormat {
+    /// The format of a matrix of `role` in layer `layer` of `layers`, before the fallback for
+    /// rows that do not split into its blocks.
+    fn dtype(self, role: Role, layer: usize, layers: usize) -> GgmlDType {
+        let (base, more) = match self {
+            Self::Uniform(dtype) => return dtype,
+            Self::Q4KM => (GgmlDType::Q4K, GgmlDType::Q6K),
+            Self::Q5KM => (GgmlDType::Q5K, GgmlDType::Q6K),
+        };
+        // llama.cpp's `use_more_bits`: the first and last eighth of the layers and every third
+        // one between.
+        let more_bits =
+            layer < layers / 8 || layer >= 7 * layers / 8 || (layer - layers / 8) % 3 == 2;
+        match role {
+            Role::Output => more,
+            Role::AttnV | Role::FfnDown if more_bits => more,
+            _ => base,
+        }
+    }
+}
+
+/// Rows quantized per matrix; each output row is one of them, drawn at random.
+pub const POOL_ROWS: usize = 64;
+
+/// What to write.
+#[derive(Debug, Clone)]
+pub struct SyntheticSpec {
+    pub shape: ModelShape,
+    pub format: SyntheticFormat,
+    /// Fewer layers than the shape's (tests); `None`: the shape's.
+    pub num_layers: Option<usize>,
+    pub seed: u64,
+}
+
+/// Control tokens at the end of the vocabulary (ChatML).
+const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+/// A byte-level BPE vocabulary of exactly `size` tokens: the 256 bytes, filler tokens that no
+/// merge produces (the model may still emit them; they print as their text), the specials.
+fn vocabulary(size: usize) -> Vec<String> {
+    let alphabet = ByteLevelAlphabet::new();
+    let mut tokens: Vec<String> = (0..=255u8)
+        .map(|b| alphabet.char_of(b).to_string())
+        .collect();
+    let fillers = size.saturating_sub(256 + SPECIAL_TOKENS.len());
+    tokens.extend((0..fillers).map(|i| format!("t{i}")));
+    tokens.extend(SPECIAL_TOKENS.iter().map(|s| s.to_string()));
+    tokens
+}
+
+/// SplitMix64: deterministic, dependency-free random weights (here and in `testing`).
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub(crate) fn next_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+impl SyntheticSpec {
+    pub fn num_layers(&self) -> usize {
+        self.num_layers.unwrap_or(self.shape.num_layers)
+    }
+
+    /// Writes the model, with a byte-level BPE vocabulary of the shape's size and a ChatML
+    /// template, to `path`. Returns the bytes of its tensors.
+    pub fn write_gguf(&self, path: &Path) -> Result<usize> {
+        let s = &self.shape;
+        let layers = self.num_layers();
+        let head_dim = s.hidden_size / s.num_heads;
+        let (h, kvh, inter, vocab) = (
+            s.hidden_size,
+            s.num_kv_heads,
+            s.intermediate_size,
+            s.vocab_size,
+        );
+        let mut rng = Rng(self.seed);
+        let mut tensors: Vec<(String, QTensor)> = Vec::new();
+        let mut matrix =
+            |name: String, rows: usize, cols: usize, role: Role, layer: usize| -> Result<()> {
+                let dtype = fit(self.format.dtype(role, layer, layers), cols);
+                let t = pooled_matrix(&mut rng, rows, cols, dtype)?;
+                tensors.push((name, t));
+                Ok(())
+            };
+        matrix("token_embd.weight".into(), vocab, h, Role::Embedding, 0)?;
+        for i in 0..layers {
+            let p = |t: &str| format!("blk.{i}.{t}");
+            matrix(
+                p("attn_q.weight"),
+                s.num_heads * head_dim,
+                h,
+                Role::Other,
+                i,
+            )?;
+            matrix(p("attn_k.weight"), kvh * head_dim, h, Role::Other, i)?;
+            matrix(p("attn_v.weight"), kvh * head_dim, h, Role::AttnV, i)?;
+            matrix(
+                p("attn_output.weight"),
+                h,
+                s.num_heads * head_dim,
+                Role::Other,
+                i,
+            )?;
+            matrix(p("ffn_gate.weight"), inter, h, Role::Other, i)?;
+            matrix(p("ffn_up.weight"), inter, h, Role::Other, i)?;
+            matrix(p("ffn_down.weight"), h, inter, Role::FfnDown, i)?;
+        }
+        if !s.tie_word_embeddings {
+            matrix("output.weight".into(), vocab, h, Role::Output, layers)?;
+        }
+        // Norms and biases stay f32, as in real files.
+        let mut vector = |name: String, n: usize, base: f32, spread: f32| -> Result<()> {
+            let data: Vec<f32> = (0..n).map(|_| base + spread * rng.next_f32()).collect();
+            let t = Tensor::from_vec(data, n, &Device::Cpu)?;
+            tensors.push((name, QTensor::quantize(&t, GgmlDType::F32)?));
+            Ok(())
+        };
+        for i in 0..layers {
+            let p = |t: &str| format!("blk.{i}.{t}");
+            vector(p("attn_norm.weight"), h, 1.0, 0.1)?;
+            vector(p("ffn_norm.weight"), h, 1.0, 0.1)?;
+            if s.architecture.has_qkv_bias() {
+                vector(p("attn_q.bias"), s.num_heads * head_dim, 0.0, 0.1)?;
+                vector(p("attn_k.bias"), kvh * head_dim, 0.0, 0.1)?;
+                vector(p("attn_v.bias"), kvh * head_dim, 0.0, 0.1)?;
+            }
+        }
+        vector("output_norm.weight".into(), h, 1.0, 0.1)?;
+
+        let arch = s.architecture.name();
+        let k = |key: &str| format!("{arch}.{key}");
+        let tokens = vocabulary(vocab);
+        let specials = vocab - SPECIAL_TOKENS.len();
+        let token_types: Vec<Value> = (0..vocab)
+            .map(|i| Value::I32(if i >= specials { 3 } else { 1 }))
+            .collect();
+        let (endoftext, im_end) = (specials as u32, specials as u32 + 2);
+        let meta: Vec<(String, Value)> = vec![
+            ("general.architecture".into(), Value::String(arch.into())),
+            (
+                "general.name".into(),
+                Value::String(format!("synthetic {} ({:?})", s.name, self.format)),
+            ),
+            (k("embedding_length"), Value::U32(h as u32)),
+            (k("block_count"), Value::U32(layers as u32)),
+            (k("feed_forward_length"), Value::U32(inter as u32)),
+            (k("attention.head_count"), Value::U32(s.num_heads as u32)),
+            (k("attention.head_count_kv"), Value::U32(kvh as u32)),
+            (k("context_length"), Value::U32(s.context_length as u32)),
+            (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+            (k("rope.freq_base"), Value::F32(s.rope_theta)),
+            (k("vocab_size"), Value::U32(vocab as u32)),
+            ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+            ("tokenizer.ggml.pre".into(), Value::String("gpt-2".into())),
+            (
+                "tokenizer.ggml.tokens".into(),
+                Value::Array(tokens.into_iter().map(Value::String).collect()),
+            ),
+            ("tokenizer.ggml.merges".into(), Value::Array(Vec::new())),
+            ("tokenizer.ggml.token_type".into(), Value::Array(token_types)),
+            ("tokenizer.ggml.bos_token_id".into(), Value::U32(endoftext)),
+            ("tokenizer.ggml.eos_token_id".into(), Value::U32(im_end)),
+            ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+            (
+                "tokenizer.chat_template".into(),
+                Value::String(
+                    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}".into(),
+                ),
+            ),
+        ];
+        let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let tensor_refs: Vec<(&str, &QTensor)> =
+            tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let file = std::fs::File::create(path).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 22, file);
+        gguf_file::write(&mut out, &meta_refs, &tensor_refs)?;
+        std::io::Write::flush(&mut out).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(tensors.iter().map(|(_, t)| t.storage_size_in_bytes()).sum())
+    }
+}
+
+/// `dtype`, or, where rows of `cols` values do not split into its blocks (SmolLM2's 576 into
+/// the K-quants' 256), what llama.cpp falls back to for such rows: Q8_0 (32-value blocks).
+fn fit(dtype: GgmlDType, cols: usize) -> GgmlDType {
+    if cols.is_multiple_of(dtype.block_size()) {
+        dtype
+    } else {
+        GgmlDType::Q8_0
+    }
+}
+
+/// A `[rows, cols]` matrix of `dtype` whose rows are drawn from [`POOL_ROWS`] random rows
+/// (values uniform in +-1/sqrt(cols)) quantized once.
+fn pooled_matrix(rng: &mut Rng, rows: usize, cols: usize, dtype: GgmlDType) -> Result<QTensor> {
+    let pool_rows = POOL_ROWS.min(rows);
+    let scale = 1.0 / (cols as f32).sqrt();
+    let values: Vec<f32> = (0..pool_rows * cols)
+        .map(|_| rng.next_f32() * scale)
+        .collect();
+    let pool = QTensor::quantize(
+        &Tensor::from_vec(values, (pool_rows, cols), &Device::Cpu)?,
+        dtype,
+    )?;
+    let pool = pool.data()?;
+    let row_bytes = pool.len() / pool_rows;
+    let mut bytes = Vec::with_capacity(rows * row_bytes);
+    for _ in 0..rows {
+        let r = (rng.next_u64() % pool_rows as u64) as usize;
+        bytes.extend_from_slice(&pool[r * row_bytes..][..row_bytes]);
+    }
+    let storage = QStorage::from_data(std::borrow::Cow::Owned(bytes), &Device::Cpu, dtype)?;
+    Ok(QTensor::new(storage, (rows, cols))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_and_formats_parse_by_name() {
+        let shape: ModelShape = "Qwen2.5-1.5B".parse().unwrap();
+        assert_eq!(shape.hidden_size, 1536);
+        assert!("gpt-5"
+            .parse::<ModelShape>()
+            .unwrap_err()
+            .contains("qwen2.5-7b"));
+        assert_eq!(
+            "q4_k".parse::<SyntheticFormat>(),
+            Ok(SyntheticFormat::Uniform(GgmlDType::Q4K))
+        );
+        assert_eq!(
+            "Q4_K_M".parse::<SyntheticFormat>(),
+            Ok(SyntheticFormat::Q4KM)
+        );
+        assert!("q9".parse::<SyntheticFormat>().is_err());
+    }
+
+    #[test]
+    fn q4_k_m_gives_v_and_down_more_bits_in_llama_cpp_layers() {
+        let f = SyntheticFormat::Q4KM;
+        // 28 layers: 0..3 and 24.. get more bits, and 3 + 3j + 2 between.
+        let more: Vec<usize> = (0..28)
+            .filter(|&i| f.dtype(Role::FfnDown, i, 28) == GgmlDType::Q6K)
+            .collect();
+        assert_eq!(more, [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27]);
+        assert_eq!(f.dtype(Role::Other, 0, 28), GgmlDType::Q4K);
+        assert_eq!(f.dtype(Role::Output, 28, 28), GgmlDType::Q6K);
+        assert_eq!(fit(GgmlDType::Q4K, 576), GgmlDType::Q8_0);
+        assert_eq!(fit(GgmlDType::Q4_1, 576), GgmlDType::Q4_1);
+    }
+
+    #[test]
+    fn the_vocabulary_has_the_shapes_size_and_unique_tokens() {
+        let tokens = vocabulary(1000);
+        assert_eq!(tokens.len(), 1000);
+        let unique: std::collections::HashSet<&String> = tokens.iter().collect();
+        assert_eq!(unique.len(), 1000);
+        assert_eq!(tokens[999], "<|im_end|>");
+    }
+}
