@@ -17,7 +17,7 @@ use std::time::Duration;
 use figment::providers::{Data, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize, Serializer};
-use sluice_model::{KvDtype, Pooling, WeightsKind};
+use sluice_model::{CudaGraphs, KvDtype, Pooling, WeightsKind};
 
 /// The config file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_PATH: &str = "config/sluice.toml";
@@ -71,6 +71,12 @@ pub struct ServeArgs {
     )]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub amx_int8: Option<bool>,
+    /// On a GPU: decode steps replayed from CUDA graphs captured per batch-size bucket (on),
+    /// every step launched op by op (off), or the graphs' launches enqueued without capture
+    /// (eager, for comparisons) [default: on].
+    #[arg(long, env = "SLUICE_CUDA_GRAPHS", value_name = "MODE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_graphs: Option<String>,
     /// Memory for the KV cache, e.g. 512MiB, 2GiB or a number of bytes [default: 1GiB].
     #[arg(long, env = "SLUICE_KV_CACHE_MEMORY", value_name = "SIZE")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -169,6 +175,8 @@ pub struct FileKeys {
     /// Parsed after merging, so that a bad value is an error naming the key.
     pub weights: String,
     pub amx_int8: bool,
+    /// Parsed after merging, as `weights`.
+    pub cuda_graphs: String,
     pub kv_cache_memory: ByteSize,
     pub kv_cache_dtype: KvCacheDtype,
     pub block_size: usize,
@@ -199,6 +207,7 @@ impl Default for FileKeys {
             port: 8000,
             weights: WeightsKind::Auto.to_string(),
             amx_int8: false,
+            cuda_graphs: CudaGraphs::On.to_string(),
             kv_cache_memory: ByteSize(1 << 30),
             kv_cache_dtype: KvCacheDtype::F16,
             block_size: 16,
@@ -237,6 +246,8 @@ pub struct Config {
     pub weights: WeightsKind,
     /// `auto` weights' AMX steps on int8 tiles (`--amx-int8`).
     pub amx_int8: bool,
+    /// Decode steps on a GPU (`--cuda-graphs`).
+    pub cuda_graphs: CudaGraphs,
     pub kv_cache_memory: ByteSize,
     pub kv_cache_dtype: KvCacheDtype,
     pub block_size: usize,
@@ -271,6 +282,7 @@ impl fmt::Debug for Config {
             .field("port", &self.port)
             .field("weights", &self.weights)
             .field("amx_int8", &self.amx_int8)
+            .field("cuda_graphs", &self.cuda_graphs)
             .field("kv_cache_memory", &self.kv_cache_memory)
             .field("kv_cache_dtype", &self.kv_cache_dtype)
             .field("block_size", &self.block_size)
@@ -345,6 +357,13 @@ impl Config {
                 key: "weights",
                 reason,
             })?;
+        let cuda_graphs = keys
+            .cuda_graphs
+            .parse()
+            .map_err(|reason| ConfigError::Invalid {
+                key: "cuda_graphs",
+                reason,
+            })?;
         let tool_call_parser = keys
             .tool_call_parser
             .as_deref()
@@ -381,6 +400,7 @@ impl Config {
             port: keys.port,
             weights,
             amx_int8: keys.amx_int8,
+            cuda_graphs,
             kv_cache_memory: keys.kv_cache_memory,
             kv_cache_dtype: keys.kv_cache_dtype,
             block_size: keys.block_size,

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use sluice_engine::{
     Engine, EngineConfig, Event, FinishReason, Request, SamplingParams, StopParams,
 };
-use sluice_model::{PagedLlama, WeightsKind};
+use sluice_model::{CudaGraphs, PagedLlama, WeightsKind};
 use sluice_server::config::KvCacheDtype;
 use sluice_server::load::{load_model, LoadedModel};
 use sluice_tokenizer::ChatMessage;
@@ -56,6 +56,10 @@ pub struct GenerateArgs {
     /// prefill) multiply the K-quant matrices on int8 tiles against int8 activations.
     #[arg(long)]
     amx_int8: bool,
+    /// On a GPU: decode steps replayed from a CUDA graph (on), op by op (off), or the graph's
+    /// launches enqueued without capture (eager).
+    #[arg(long, default_value = "on")]
+    cuda_graphs: CudaGraphs,
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
@@ -89,7 +93,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let prompt_tokens = prompt.len();
     // A cache for exactly this one sequence.
     let num_blocks = (prompt_tokens + max_tokens).div_ceil(BLOCK_SIZE).max(1);
-    let model = PagedLlama::new(model, num_blocks, BLOCK_SIZE)?;
+    let mut model = PagedLlama::new(model, num_blocks, BLOCK_SIZE)?;
+    model.enable_cuda_graphs(args.cuda_graphs, 1)?;
     let engine = Engine::start(
         Box::new(model),
         Arc::new(tokenizer),

@@ -11,7 +11,9 @@ use std::time::Instant;
 use anyhow::Context;
 use candle_core::Device;
 use sluice_engine::{Engine, EngineConfig};
-use sluice_model::{LlamaModel, LoadOptions, ModelSource, PagedLlama, Pooling, WeightsKind};
+use sluice_model::{
+    CudaGraphs, LlamaModel, LoadOptions, ModelSource, PagedLlama, Pooling, WeightsKind,
+};
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::config::{Config, KvCacheDtype};
@@ -25,6 +27,8 @@ pub struct ModelSettings {
     pub weights: WeightsKind,
     /// `--amx-int8`.
     pub amx_int8: bool,
+    /// `--cuda-graphs`.
+    pub cuda_graphs: CudaGraphs,
     /// `--tool-call-parser`.
     pub tool_call_parser: Option<ToolCallFormat>,
     /// `--pooling`; `None`: the pooling the model file declares, else mean. It replaces
@@ -43,6 +47,7 @@ impl ModelSettings {
             served_model_name: c.served_model_name.clone(),
             weights: c.weights,
             amx_int8: c.amx_int8,
+            cuda_graphs: c.cuda_graphs,
             tool_call_parser: c.tool_call_parser,
             pooling: c.pooling,
             kv_cache_bytes: usize::try_from(c.kv_cache_memory.bytes()).unwrap_or(usize::MAX),
@@ -151,8 +156,14 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
         "embeddings pool by {}",
         pooling.name()
     );
-    let paged = PagedLlama::with_memory_budget(model, settings.kv_cache_bytes, settings.block_size)
-        .context("cannot allocate the KV cache")?;
+    let mut paged =
+        PagedLlama::with_memory_budget(model, settings.kv_cache_bytes, settings.block_size)
+            .context("cannot allocate the KV cache")?;
+    // The decode steps' static buffers (GPU): the largest bucket is the most sequences a step
+    // may hold.
+    paged
+        .enable_cuda_graphs(settings.cuda_graphs, settings.engine.max_num_seqs)
+        .context("cannot allocate the CUDA graphs' step buffers")?;
     let engine = Engine::start(
         Box::new(paged),
         Arc::new(tokenizer),
@@ -235,6 +246,7 @@ mod tests {
             pooling: None,
             weights: WeightsKind::Auto,
             amx_int8: false,
+            cuda_graphs: CudaGraphs::On,
             kv_cache_bytes: 4 << 20,
             kv_cache_dtype: KvCacheDtype::F16,
             block_size: 16,

@@ -92,6 +92,7 @@ pub fn tiny_app(http: HttpSettings) -> TestApp {
         served_model_name: TINY_NAME.into(),
         weights: WeightsKind::F32,
         amx_int8: false,
+        cuda_graphs: sluice_model::CudaGraphs::On,
         tool_call_parser: None,
         pooling: None,
         kv_cache_bytes: 2 << 20,
