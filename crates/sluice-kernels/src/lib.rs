@@ -3,8 +3,9 @@
 //! tiles ([`cpu::amx`]), int8-dot products against GGUF blocks ([`cpu::int8_matmul`]), paged
 //! attention over a block-major KV cache ([`cpu::attention`]), and fused element-wise ops
 //! ([`cpu::swiglu`]); the rule a model samples its own rows by ([`sampling`]). CUDA kernels
-//! sit beside them in a `cuda` module (the `cuda` feature; unverified on a GPU), planned by
-//! [`cuda_plan`], which is plain Rust built and tested always.
+//! sit beside them in a `cuda` module (the `cuda` feature; run on H200s by
+//! `scripts/gpu-check.sh`), planned by [`cuda_plan`], which is plain Rust built and tested
+//! always.
 //!
 //! This crate is the project's unsafe boundary: SIMD intrinsics, AMX assembly and the raw
 //! pointers of parallel writes live here, each `unsafe` block with a `SAFETY:` comment and each

@@ -6,8 +6,9 @@
 //! launch for the whole mixed step (two with split-K), the O matmul, add + RMSNorm, gate/up,
 //! SwiGLU and down. The attention metadata is uploaded once per step.
 //!
-//! UNVERIFIED ON A GPU: this compiles and lints with the feature on; it has not run on a GPU
-//! yet. `tests/gpu.rs` compares it with the CPU forward where a GPU is.
+//! Prefill and mixed steps run here op by op; decode steps of dense weights replay a CUDA
+//! graph of the same kernels (`cuda_graph.rs`). `tests/gpu.rs` compares this forward with the
+//! CPU's on a GPU (H200: within 2.8e-5 to 8.5e-5 of the largest logit).
 
 use candle_core::Tensor;
 use sluice_kernels::cuda::{self, QkNorm, StepMetadata};

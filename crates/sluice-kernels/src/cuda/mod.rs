@@ -3,10 +3,10 @@
 //! safe function over tensors that checks shapes, dtypes and devices, with the one `unsafe`
 //! launch inside. What each launch computes and its grid come from [`crate::cuda_plan`].
 //!
-//! UNVERIFIED ON A GPU: these kernels compile with nvcc 13.0 for sm_90 and pass `ptxas -v` with
-//! no spills (the build checks both), and their host-side plan is tested on the CPU against
-//! the CPU attention kernel; no kernel here has run on a GPU yet. `sluice-model/tests/gpu.rs`
-//! and `scripts/gpu-check.sh` are what runs them where a GPU is.
+//! These kernels compile with nvcc 13.0 for sm_90 and pass `ptxas -v` with no spills (the
+//! build checks both), their host-side plan is tested on the CPU against the CPU attention
+//! kernel, and they run on H200s in `sluice-model/tests/gpu.rs` (`scripts/gpu-check.sh`):
+//! against the CPU forward, and graph replays against their launches bit for bit.
 //!
 //! - [`write_kv`]: the step's K and V into the paged cache through `slot_mapping`, one launch.
 //! - [`paged_attention`]: varlen paged attention over a whole mixed step, one launch (two with
