@@ -921,9 +921,10 @@ def test_cuda_example_is_honest_about_support():
     if "cuda" in features.get("features", {}):
         assert "--features cuda" in text
         # CI compiles and lints the cuda build (scripts/setup-cuda.sh) but has no GPU to run
-        # it on: the example must say that its kernels are unverified on one.
+        # it on: the example must say so, and where what ran on a GPU is written down.
         assert "setup-cuda.sh" in text
-        assert "UNVERIFIED ON A GPU" in text
+        assert "has no GPU" in text
+        assert "docs/gpu.md" in text
     else:
         assert "not available" in text
 
