@@ -224,6 +224,41 @@ fn vocabulary(size: usize) -> Vec<String> {
     tokens
 }
 
+/// ChatML, the template a synthetic or test model carries.
+pub(crate) const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// GGUF metadata of a byte-level BPE vocabulary (`tokens`, whose last `specials` are control
+/// tokens) with `merges`, BOS and EOS ids, no BOS added, and [`CHATML_TEMPLATE`].
+pub(crate) fn tokenizer_metadata(
+    tokens: Vec<String>,
+    merges: Vec<String>,
+    specials: usize,
+    (bos, eos): (u32, u32),
+) -> Vec<(String, Value)> {
+    let control_from = tokens.len() - specials;
+    let token_types: Vec<Value> = (0..tokens.len())
+        .map(|i| Value::I32(if i >= control_from { 3 } else { 1 }))
+        .collect();
+    let strings = |v: Vec<String>| Value::Array(v.into_iter().map(Value::String).collect());
+    vec![
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("gpt-2".into())),
+        ("tokenizer.ggml.tokens".into(), strings(tokens)),
+        ("tokenizer.ggml.merges".into(), strings(merges)),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(token_types),
+        ),
+        ("tokenizer.ggml.bos_token_id".into(), Value::U32(bos)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(eos)),
+        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+        (
+            "tokenizer.chat_template".into(),
+            Value::String(CHATML_TEMPLATE.into()),
+        ),
+    ]
+}
+
 /// SplitMix64: deterministic, dependency-free random weights (here and in `testing`).
 pub(crate) struct Rng(pub(crate) u64);
 
@@ -315,13 +350,9 @@ impl SyntheticSpec {
 
         let arch = s.architecture.name();
         let k = |key: &str| format!("{arch}.{key}");
-        let tokens = vocabulary(vocab);
         let specials = vocab - SPECIAL_TOKENS.len();
-        let token_types: Vec<Value> = (0..vocab)
-            .map(|i| Value::I32(if i >= specials { 3 } else { 1 }))
-            .collect();
         let (endoftext, im_end) = (specials as u32, specials as u32 + 2);
-        let meta: Vec<(String, Value)> = vec![
+        let mut meta: Vec<(String, Value)> = vec![
             ("general.architecture".into(), Value::String(arch.into())),
             (
                 "general.name".into(),
@@ -336,24 +367,13 @@ impl SyntheticSpec {
             (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
             (k("rope.freq_base"), Value::F32(s.rope_theta)),
             (k("vocab_size"), Value::U32(vocab as u32)),
-            ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
-            ("tokenizer.ggml.pre".into(), Value::String("gpt-2".into())),
-            (
-                "tokenizer.ggml.tokens".into(),
-                Value::Array(tokens.into_iter().map(Value::String).collect()),
-            ),
-            ("tokenizer.ggml.merges".into(), Value::Array(Vec::new())),
-            ("tokenizer.ggml.token_type".into(), Value::Array(token_types)),
-            ("tokenizer.ggml.bos_token_id".into(), Value::U32(endoftext)),
-            ("tokenizer.ggml.eos_token_id".into(), Value::U32(im_end)),
-            ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
-            (
-                "tokenizer.chat_template".into(),
-                Value::String(
-                    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}".into(),
-                ),
-            ),
         ];
+        meta.extend(tokenizer_metadata(
+            vocabulary(vocab),
+            Vec::new(),
+            SPECIAL_TOKENS.len(),
+            (endoftext, im_end),
+        ));
         let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let tensor_refs: Vec<(&str, &QTensor)> =
             tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();

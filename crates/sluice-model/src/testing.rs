@@ -14,7 +14,7 @@ use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use crate::hf;
 use crate::load::Weight;
-use crate::synthetic::Rng;
+use crate::synthetic::{tokenizer_metadata, Rng};
 use crate::weights::unpermute_qk;
 use sluice_tokenizer::{ByteLevelAlphabet, Tokenizer};
 
@@ -172,13 +172,6 @@ impl TinyModelSpec {
 
         let arch = self.architecture.name();
         let k = |s: &str| format!("{arch}.{s}");
-        let mut token_types = vec![Value::I32(1); vocab];
-        for t in token_types
-            .iter_mut()
-            .skip(vocab - TINY_SPECIAL_TOKENS.len())
-        {
-            *t = Value::I32(3);
-        }
         let eos = (vocab - TINY_SPECIAL_TOKENS.len()) as u32; // <|endoftext|>
         let mut meta: Vec<(String, Value)> = vec![
             ("general.architecture".into(), Value::String(arch.into())),
@@ -191,21 +184,13 @@ impl TinyModelSpec {
             (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
             (k("rope.freq_base"), Value::F32(10_000.0)),
             (k("vocab_size"), Value::U32(vocab as u32)),
-            ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
-            ("tokenizer.ggml.pre".into(), Value::String("gpt-2".into())),
-            ("tokenizer.ggml.tokens".into(), Value::Array(tokens.into_iter().map(Value::String).collect())),
-            ("tokenizer.ggml.merges".into(), Value::Array(merges.into_iter().map(Value::String).collect())),
-            ("tokenizer.ggml.token_type".into(), Value::Array(token_types)),
-            ("tokenizer.ggml.bos_token_id".into(), Value::U32(eos)),
-            ("tokenizer.ggml.eos_token_id".into(), Value::U32(eos)),
-            ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
-            (
-                "tokenizer.chat_template".into(),
-                Value::String(
-                    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}".into(),
-                ),
-            ),
         ];
+        meta.extend(tokenizer_metadata(
+            tokens,
+            merges,
+            TINY_SPECIAL_TOKENS.len(),
+            (eos, eos),
+        ));
         if let Some(d) = self.head_dim {
             meta.push((k("attention.key_length"), Value::U32(d as u32)));
             meta.push((k("attention.value_length"), Value::U32(d as u32)));
