@@ -2,8 +2,8 @@
 //! device buffers in one upload, then one CUDA graph replayed per step, captured once per
 //! batch-size bucket (`sluice_kernels::cuda_plan::decode_buckets`; a step is padded to the
 //! smallest bucket that holds it). The graph runs the same kernels as the eager forward
-//! (`cuda_forward.rs`) on buffers the model owns, with cuBLAS called on them directly: nothing
-//! is allocated, nothing synchronizes the host, and a replay computes exactly what the same
+//! (`cuda_forward.rs`) on buffers the model owns, with cuBLAS called on them directly: no device
+//! memory is allocated, nothing synchronizes the host, and a replay computes exactly what the same
 //! launches compute eagerly ([`CudaGraphs::Eager`], which a GPU test compares bit for bit).
 //!
 //! It serves decode-only steps (every sequence one new token, every row sampled, no pooled
