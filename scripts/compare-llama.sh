@@ -8,7 +8,7 @@
 #
 # LEVELS: concurrent clients (default 1,16,64). Prints, per server: start to ready, RSS when
 # ready, output tokens/s per level, peak RSS over the run; then llama-bench's and sluice's
-# 512-token prefill. The peer is built by ../shared/tools/llama-server.sh (about 10 minutes
+# 512-token prefill. The peer is built by scripts/llama-server.sh (about 10 minutes
 # the first time).
 # Environment: SLUICE_KV (sluice's --kv-cache-memory, default 512MiB), SLUICE_WEIGHTS (sluice's
 # --weights, default auto; also the prefill bench's), SLUICE_AMX_INT8 (sluice's --amx-int8,
@@ -37,7 +37,7 @@ max_clients=$(tr ',' '\n' <<<"$levels" | sort -n | tail -1)
 mkdir -p "$out"
 name=$(basename "$model" .gguf)
 
-peer=$(../shared/tools/llama-server.sh)
+peer=$(./scripts/llama-server.sh)
 cargo build --release -p sluice-server -p sluice-bench >&2
 
 # Starts a server, waits until /health answers, records the seconds that took and the RSS,

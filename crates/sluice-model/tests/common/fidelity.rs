@@ -1,4 +1,4 @@
-//! The comparison with llama.cpp's greedy fixtures that `shared/fixtures/README.md` prescribes,
+//! The comparison with llama.cpp's greedy fixtures that `tests/fixtures/README.md` prescribes,
 //! for any model: SmolLM2 (`fidelity.rs`) and Qwen2.5-Coder (`qwen_fidelity.rs`).
 
 use candle_core::{Tensor, D};
@@ -48,7 +48,7 @@ pub fn greedy_steps(model: &LlamaModel, prompt: &[u32], forced: &[u32]) -> Vec<S
     steps
 }
 
-/// The comparison of `shared/fixtures/README.md`: equal tokens until the first disagreement,
+/// The comparison of `tests/fixtures/README.md`: equal tokens until the first disagreement,
 /// where each side's choice is in the other's top five; agreeing logprobs within `tol`.
 /// Returns how many tokens agreed and how far apart their logprobs were. The model runs from the row's `prompt_ids` (for chat rows,
 /// the template as llama.cpp rendered and tokenized it), so only the forward is compared.

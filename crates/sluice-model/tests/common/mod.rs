@@ -27,12 +27,12 @@ pub fn model_path() -> PathBuf {
     path
 }
 
-/// The llama.cpp reference fixtures: `$SLUICE_FIXTURES`, else `shared/fixtures` beside the
+/// The llama.cpp reference fixtures: `$SLUICE_FIXTURES`, else `tests/fixtures` in the
 /// workspace.
 pub fn fixtures_dir() -> PathBuf {
     let dir = match std::env::var_os("SLUICE_FIXTURES") {
         Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"),
     };
     assert!(
         dir.is_dir(),
