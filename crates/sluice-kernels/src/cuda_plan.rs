@@ -237,6 +237,31 @@ impl AttentionPlan {
         block_size: usize,
         device: DeviceLimits,
     ) -> Result<Self, PlanError> {
+        Self::for_decode_bucket_in(
+            Vec::new(),
+            sequences,
+            block_tables,
+            bucket,
+            max_context,
+            shape,
+            block_size,
+            device,
+        )
+    }
+
+    /// [`Self::for_decode_bucket`] writing its metadata into `metadata` (cleared first): a
+    /// step loop hands back the previous step's plan's words and allocates nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn for_decode_bucket_in(
+        mut metadata: Vec<u32>,
+        sequences: &[SequenceSlice],
+        block_tables: &[u32],
+        bucket: usize,
+        max_context: usize,
+        shape: &AttentionShape,
+        block_size: usize,
+        device: DeviceLimits,
+    ) -> Result<Self, PlanError> {
         let (h, kvh, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
         Self::new(&[], &[], 0, shape, block_size, device)?;
         check_step(sequences, block_tables, sequences.len(), block_size)?;
@@ -262,7 +287,8 @@ impl AttentionPlan {
             block_tables: 9 * bucket,
         };
         let pad_table = block_tables.len() as u32;
-        let mut metadata = Vec::with_capacity(offsets.block_tables + block_tables.len() + 1);
+        metadata.clear();
+        metadata.reserve(offsets.block_tables + block_tables.len() + 1);
         for row in 0..bucket {
             let keys = sequences.get(row).map_or(1, |s| s.context_len);
             metadata.extend([row as u32, 0, 1, splits_of(keys) as u32]);

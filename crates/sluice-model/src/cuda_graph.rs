@@ -35,6 +35,8 @@ pub(crate) struct DecodeSteps {
     buffers: Buffers,
     /// The words of the step's upload, kept from step to step.
     staging: Vec<u32>,
+    /// The last step's plan metadata, refilled by the next step's plan.
+    plan_words: Vec<u32>,
     matmul: Matmul,
     /// Token embeddings `[vocab, hidden]` in the activations' dtype, gathered on the device.
     embed_table: Tensor,
@@ -202,6 +204,7 @@ impl DecodeSteps {
             limits,
             buffers,
             staging: Vec::new(),
+            plan_words: Vec::new(),
             matmul: Matmul::new(dev)?,
             embed_table,
             device,
@@ -313,7 +316,8 @@ impl DecodeSteps {
                 ModelError::InvalidStep(format!("{n} sequences past every bucket"))
             })?;
         let bucket = self.buckets[index];
-        let plan = AttentionPlan::for_decode_bucket(
+        let plan = AttentionPlan::for_decode_bucket_in(
+            std::mem::take(&mut self.plan_words),
             &batch.sequences,
             &batch.block_tables,
             bucket,
@@ -334,6 +338,7 @@ impl DecodeSteps {
         }
         timer.mark(Phase::Graph);
         timer.drain(&self.device);
+        self.plan_words = plan.metadata;
         Ok(self.buffers.logits.narrow(0, 0, n)?)
     }
 

@@ -492,6 +492,19 @@ fn decode_bucket_plans_match_the_cpu_kernel_with_a_fixed_layout() {
             DeviceLimits::HOPPER,
         )
         .unwrap();
+        // A step loop's plan refills the last one's words: the same plan.
+        let refilled = AttentionPlan::for_decode_bucket_in(
+            vec![7; 3 * plan.metadata.len()],
+            &st.sequences,
+            &st.block_tables,
+            bucket,
+            max_context,
+            &shape,
+            bs,
+            DeviceLimits::HOPPER,
+        )
+        .unwrap();
+        assert_eq!(refilled.metadata, plan.metadata);
         assert_eq!(plan.offsets, empty.offsets);
         assert_eq!(plan.attention, empty.attention);
         assert_eq!(plan.combine, empty.combine);
