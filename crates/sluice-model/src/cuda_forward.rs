@@ -37,7 +37,7 @@ pub(crate) fn supports(config: &ModelConfig) -> bool {
     .is_ok()
 }
 
-fn attention_shape(config: &ModelConfig) -> AttentionShape {
+pub(crate) fn attention_shape(config: &ModelConfig) -> AttentionShape {
     AttentionShape {
         num_heads: config.num_heads,
         num_kv_heads: config.num_kv_heads,

@@ -17,6 +17,7 @@ use sluice_kernels::cuda::View;
 use sluice_kernels::cuda_plan::{decode_buckets, AttentionPlan, DeviceLimits, PAD_SLOT};
 
 use crate::batch::StepBatch;
+use crate::cuda_forward::attention_shape;
 pub(crate) use crate::cuda_profile::{Phase, StepTimer};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
@@ -519,14 +520,5 @@ impl DecodeSteps {
             mm(&normed_a, w.lm_head, &logits).map_err(candle_core::Error::wrap)
         })?;
         Ok(())
-    }
-}
-
-fn attention_shape(cfg: &crate::config::ModelConfig) -> sluice_kernels::AttentionShape {
-    sluice_kernels::AttentionShape {
-        num_heads: cfg.num_heads,
-        num_kv_heads: cfg.num_kv_heads,
-        head_dim: cfg.head_dim,
-        scale: 1.0 / (cfg.head_dim as f32).sqrt(),
     }
 }
