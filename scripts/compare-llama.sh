@@ -11,8 +11,7 @@
 # 512-token prefill. The peer is built by scripts/llama-server.sh (about 10 minutes
 # the first time).
 # Environment: SLUICE_KV (sluice's --kv-cache-memory, default 512MiB), SLUICE_WEIGHTS (sluice's
-# --weights, default auto; also the prefill bench's), SLUICE_AMX_INT8 (sluice's --amx-int8,
-# default false; with auto weights the prefill bench's `auto-int8`), COMPARE_PORT (8411),
+# --weights, default auto; also the prefill bench's), COMPARE_PORT (8411),
 # COMPARE_REQUESTS (requests per client at each level, default 2x), COMPARE_F32=1 (llama.cpp
 # also serves an F32 copy of the file, made once by llama-quantize into ~/.cache/sluice-peer:
 # on a small model that is often llama.cpp's fastest file at many clients). Ends with
@@ -25,12 +24,7 @@ levels=${2:-1,16,64}
 out=${3:-benchmarks/compare}
 kv=${SLUICE_KV:-512MiB}
 weights=${SLUICE_WEIGHTS:-auto}
-case ${SLUICE_AMX_INT8:-false} in
-1 | true | yes | on) amx_int8=true ;;
-*) amx_int8=false ;;
-esac
 bench_weights=$weights
-if [ "$amx_int8" = true ] && [ "$weights" = auto ]; then bench_weights=auto-int8; fi
 port=${COMPARE_PORT:-8411}
 requests=${COMPARE_REQUESTS:-2x}
 max_clients=$(tr ',' '\n' <<<"$levels" | sort -n | tail -1)
@@ -74,9 +68,9 @@ measure() {
     wait "$pid" 2>/dev/null || true
 }
 
-echo "## $name: sluice (--weights $weights --amx-int8 $amx_int8) vs llama.cpp, levels $levels, $(nproc) cores, $(date -u +%F)"
+echo "## $name: sluice (--weights $weights) vs llama.cpp, levels $levels, $(nproc) cores, $(date -u +%F)"
 measure sluice ./target/release/sluice serve --model "$model" --host 127.0.0.1 --port "$port" \
-    --kv-cache-memory "$kv" --weights "$weights" --amx-int8 "$amx_int8"
+    --kv-cache-memory "$kv" --weights "$weights"
 # llama.cpp: one slot per client, each with room for the request (130 + 128 tokens).
 LD_LIBRARY_PATH=$peer measure llama.cpp "$peer/llama-server" -m "$model" -t "$(nproc)" \
     -np "$max_clients" -c $((max_clients * 320)) --host 127.0.0.1 --port "$port"

@@ -69,3 +69,24 @@ def test_16_concurrent_streams_match_each_alone(server, model_name):
         if together[i] != alone[i]
     ]
     assert not mismatches, "concurrent streams differ from each alone:\n" + "\n".join(mismatches)
+
+
+def test_a_repeated_prompt_gets_the_same_answer_from_the_prefix_cache(server, model_name):
+    """The second request finds the prompt's whole blocks in the prefix cache and prefills only
+    its last partial block: a step of a few rows where the first prefilled the whole prompt in
+    one. Batching is invisible bit for bit, so text and every logprob are the same."""
+    client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=180)
+    code = "\n".join(
+        f"def f{i}(x):\n    # step {i}: scale and shift\n    return x * {i} + {i * 7} # done"
+        for i in range(24)
+    )
+    prompt = code + "\n# The comment character of the code above is"
+    runs = []
+    for _ in range(3):
+        r = client.completions.create(
+            model=model_name, prompt=prompt, max_tokens=48, temperature=0, logprobs=1
+        )
+        runs.append((r.choices[0].text, r.choices[0].logprobs.token_logprobs))
+    assert r.usage.prompt_tokens > 300, r.usage
+    assert runs[1] == runs[0], f"first {runs[0][0]!r}, repeated {runs[1][0]!r}"
+    assert runs[2] == runs[0]

@@ -4,6 +4,8 @@ chat through its own ChatML template, and code completion. `scripts/fetch-qwen.s
 
 from __future__ import annotations
 
+import threading
+
 import openai
 import pytest
 
@@ -60,3 +62,46 @@ def test_code_completion(qwen_client):
     )
     text = r.choices[0].text
     assert "return" in text, text
+
+
+def test_concurrent_streams_match_each_alone(qwen_client):
+    """Qwen's K-quants compute in int8 under `auto`: still one arithmetic at every step size,
+    so 8 greedy streams at once give exactly the text each gives alone."""
+    prompts = [
+        "def quicksort(xs):",
+        "The capital of France is",
+        "SELECT name, COUNT(*) FROM",
+        "// Rust: read a file into a string\nfn read(path: &str)",
+        "import numpy as np\n\ndef softmax(x):",
+        "Once upon a time",
+        "#include <stdio.h>\nint main(void) {",
+        "A haiku about the sea:",
+    ]
+    model = QWEN.stem
+
+    def one(p: str) -> str:
+        r = qwen_client.completions.create(model=model, prompt=p, max_tokens=24, temperature=0)
+        return r.choices[0].text
+
+    alone = [one(p) for p in prompts]
+    together: list = [None] * len(prompts)
+    barrier = threading.Barrier(len(prompts))
+
+    def run(i: int):
+        barrier.wait()
+        try:
+            together[i] = one(prompts[i])
+        except Exception as e:  # noqa: BLE001 - reported below
+            together[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    mismatches = [
+        f"{prompts[i]!r}: alone {alone[i]!r}, together {together[i]!r}"
+        for i in range(len(prompts))
+        if together[i] != alone[i]
+    ]
+    assert not mismatches, "\n".join(mismatches)

@@ -2,8 +2,8 @@
 //! and a prefill of one prompt (512 tokens unless told), for each weight kind. Prints a table;
 //! asserts nothing.
 //!
-//! `SLUICE_BENCH_WEIGHTS=f32,auto` picks the weight kinds (`auto-int8`: auto with `amx_int8`; `auto-noamx`: auto without the AMX
-//! tiles; `auto/q8_0`: auto with an 8-bit KV cache instead of f16); `SLUICE_BENCH_BATCHES=1,64`
+//! `SLUICE_BENCH_WEIGHTS=f32,auto` picks the weight kinds (`auto-amx`: auto with the legacy
+//! formats' steps from 16 rows on AMX tiles, `LoadOptions::amx_min_rows`; `auto/q8_0`: auto with an 8-bit KV cache instead of f16); `SLUICE_BENCH_BATCHES=1,64`
 //! the sizes; `SLUICE_BENCH_PREFILL=2048` the prompt's length (`0` skips the prefill).
 //! Times are the median and the fastest run (the shared 2-core host is often busy).
 
@@ -94,21 +94,18 @@ fn main() {
             Some((_, other)) => panic!("unknown KV cache type {other} (f32 or q8_0)"),
             None => (kind.as_str(), LoadOptions::default().kv_dtype),
         };
-        let (weights, amx_min_rows, amx_int8) = match weights_name {
-            "auto-noamx" => (WeightsKind::Auto, None, false),
-            "auto-int8" => (WeightsKind::Auto, LoadOptions::default().amx_min_rows, true),
-            k => (
-                k.parse().unwrap(),
-                LoadOptions::default().amx_min_rows,
-                false,
+        let (weights, amx_min_rows) = match weights_name {
+            "auto-amx" => (
+                WeightsKind::Auto,
+                Some(sluice_model::weights::AUTO_AMX_MIN_ROWS),
             ),
+            k => (k.parse().unwrap(), None),
         };
         let model = LlamaModel::load(
             &path,
             &LoadOptions {
                 weights,
                 amx_min_rows,
-                amx_int8,
                 kv_dtype,
                 ..LoadOptions::default()
             },

@@ -11,7 +11,7 @@ use crate::attention::AttentionBackend;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvDtype;
-use crate::weights::{Linear, LinearOptions, WeightsKind, AUTO_AMX_MIN_ROWS};
+use crate::weights::{Linear, LinearOptions, WeightsKind};
 
 /// How decode steps run on a GPU (`--cuda-graphs`; [`crate::PagedLlama::enable_cuda_graphs`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,16 +61,13 @@ pub struct LoadOptions {
     /// Element type of the KV cache: F16 (default: half the bytes read per decode step, as
     /// llama.cpp) or F32.
     pub kv_dtype: KvDtype,
-    /// With [`WeightsKind::Auto`] on a CPU with AMX, steps of at least this many rows multiply
-    /// on AMX tiles ((`sluice_kernels::cpu::amx`)); default [`AUTO_AMX_MIN_ROWS`]. `None`
-    /// keeps every step on the exact f32 kernels.
+    /// With [`WeightsKind::Auto`] on a CPU with AMX, steps of at least this many rows of the
+    /// legacy formats' panels multiply on AMX tiles (`sluice_kernels::cpu::amx`, split-bf16
+    /// products; e.g. [`AUTO_AMX_MIN_ROWS`](crate::weights::AUTO_AMX_MIN_ROWS)), smaller ones
+    /// on the exact f32 kernels. Default `None`, every step exact: with a threshold, a step's
+    /// size chooses its rows' arithmetic, and batching shows in the results. For benches and
+    /// tests of the tiles (`Some(1)`: every step on them).
     pub amx_min_rows: Option<usize>,
-    /// With [`WeightsKind::Auto`] on a CPU with AMX-INT8, the K-quant matrices (Q4_K, Q5_K,
-    /// Q6_K) multiply steps of at least [`AMX_INT8_MIN_ROWS`](crate::weights::AMX_INT8_MIN_ROWS)
-    /// rows (or `amx_min_rows`, if fewer) on int8 tiles against activations quantized to int8
-    /// per row and 256 inputs, as llama.cpp's quantized kernels compute: about 1.5x the split
-    /// tiles' step speed, results rounded as `quantized` weights round them. Off by default.
-    pub amx_int8: bool,
 }
 
 impl Default for LoadOptions {
@@ -80,8 +77,7 @@ impl Default for LoadOptions {
             device: Device::Cpu,
             attention: None,
             kv_dtype: KvDtype::F16,
-            amx_min_rows: Some(AUTO_AMX_MIN_ROWS),
-            amx_int8: false,
+            amx_min_rows: None,
         }
     }
 }
@@ -104,7 +100,6 @@ impl LoadOptions {
             kind: self.effective_weights(),
             device: self.device.clone(),
             amx_min_rows: self.amx_min_rows,
-            amx_int8: self.amx_int8,
         }
     }
 }

@@ -162,39 +162,6 @@ impl LlamaModel {
             ?attention,
             "model loaded"
         );
-        let k_quants = layers.iter().any(|l| {
-            [&l.qkv, &l.o, &l.gate_up, &l.down]
-                .iter()
-                .any(|w| w.has_exact_k_quant_panels())
-        });
-        // Measured faster on an AVX2-only CPU; on an AVX-512 CPU with AMX `auto` was faster at
-        // every batch size (BENCHMARKS.md), so the hint is given only without AVX-512.
-        #[cfg(target_arch = "x86_64")]
-        let quantized_measured_faster = !std::is_x86_feature_detected!("avx512f");
-        #[cfg(not(target_arch = "x86_64"))]
-        let quantized_measured_faster = false;
-        if k_quants && kind == WeightsKind::Auto && quantized_measured_faster {
-            tracing::info!(
-                "this file's K-quant matrices (Q4_K, Q5_K, Q6_K) run faster with --weights \
-                 quantized: int8 activations, results differ slightly from --weights f32 (README)"
-            );
-        }
-        if options.amx_int8 {
-            let (int8, all) = int8_tile_matrices(&layers, &lm_head);
-            if int8 == 0 {
-                tracing::warn!(
-                    weights = %kind,
-                    "--amx-int8 has no effect: it needs --weights auto, K-quant matrices (Q4_K, \
-                     Q5_K, Q6_K) and a CPU with AMX-INT8 and AVX-512 VBMI"
-                );
-            } else {
-                tracing::info!(
-                    int8_matrices = int8,
-                    matrices = all,
-                    "AMX steps of the K-quant matrices multiply int8 activations on int8 tiles"
-                );
-            }
-        }
         Ok(Self {
             config,
             device,
@@ -207,12 +174,6 @@ impl LlamaModel {
             weights: kind,
             kv_dtype: options.kv_dtype,
         })
-    }
-
-    /// Matrices whose AMX steps multiply on int8 tiles ([`LoadOptions::amx_int8`]), and all
-    /// the model's matrices (each part of a fused projection counts).
-    pub fn int8_tile_matrices(&self) -> (usize, usize) {
-        int8_tile_matrices(&self.layers, &self.lm_head)
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -428,14 +389,4 @@ fn cuda_runs(config: &ModelConfig, device: &Device) -> bool {
 #[cfg(not(feature = "cuda"))]
 fn cuda_runs(_: &ModelConfig, _: &Device) -> bool {
     false
-}
-
-/// See [`LlamaModel::int8_tile_matrices`].
-fn int8_tile_matrices(layers: &[Layer], lm_head: &Linear) -> (usize, usize) {
-    layers
-        .iter()
-        .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
-        .chain([lm_head])
-        .map(Linear::int8_tile_matrices)
-        .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
 }

@@ -24,13 +24,20 @@ pub enum WeightsKind {
     Bf16,
     /// The file's quantized blocks, multiplied with candle's quantized matmul: least memory.
     Quantized,
-    /// The file's quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), regrouped
-    /// into panels and dequantized in registers with the reference arithmetic: the results of
-    /// `f32` at the memory of the file. Large steps run on AMX tiles where the CPU has them
-    /// (every panel format; split-bf16 products, relative error about 2^-16, see
-    /// `sluice_kernels::cpu::amx`; with `amx_int8`, the K-quants' on int8 tiles against int8
-    /// activations). Formats without panels run on candle's quantized matmul. On a GPU,
-    /// [`WeightsKind::Bf16`] ([`crate::LoadOptions::effective_weights`]).
+    /// One arithmetic per format, at every step size (the rule of docs/design.md: a row's
+    /// result never depends on the step's size, the other rows or which kernel ran):
+    /// - the K-quants (Q4_K, Q5_K, Q6_K): llama.cpp's integer arithmetic, as
+    ///   [`WeightsKind::Quantized`] (the file's blocks in place, activations rounded to int8
+    ///   per 256; measured faster than the exact panels at every step size);
+    /// - the legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the file's blocks regrouped into
+    ///   panels and dequantized in registers with the reference arithmetic, the results of
+    ///   `f32` at the memory of the file (measured faster than int8 from 16 rows and in
+    ///   prefill);
+    /// - f32/f16/bf16 matrices: f32 panels (AMX's split-bf16 tiles, about 2^-16 from them,
+    ///   only when [`LoadOptions::amx_min_rows`](crate::LoadOptions) asks);
+    /// - other formats (Q2_K, Q3_K): candle's quantized matmul.
+    ///
+    /// On a GPU, [`WeightsKind::Bf16`] ([`crate::LoadOptions::effective_weights`]).
     Auto,
 }
 
@@ -75,8 +82,6 @@ pub struct LinearOptions {
     pub device: Device,
     /// See [`LoadOptions::amx_min_rows`](crate::load::LoadOptions::amx_min_rows).
     pub amx_min_rows: Option<usize>,
-    /// See [`LoadOptions::amx_int8`](crate::load::LoadOptions::amx_int8).
-    pub amx_int8: bool,
 }
 
 impl LinearOptions {
@@ -196,21 +201,13 @@ fn host_values(bias: &Option<Tensor>) -> Result<Option<Vec<f32>>> {
         .transpose()
 }
 
-/// Matrices of panels and the output column each starts at.
-type PanelSet = Vec<(usize, Arc<PackedMatrix>)>;
-
 enum Weights {
-    /// Packed panels, each matrix writing its columns of the output: f32 panels
-    /// ([`WeightsKind::F32`], or files' f32/f16 matrices), or the file's quantized blocks
-    /// regrouped and dequantized in registers with the f32 kernel's exact arithmetic
-    /// ([`WeightsKind::Auto`]). Several matrices when fused projections differ in format
-    /// (Q4_K_M stores V as Q6_K beside a Q4_K Q and K).
-    Panels(PanelSet),
+    /// On the CPU, each run of one format of a fused projection (Q4_K_M stores V as Q6_K
+    /// beside a Q4_K Q and K) one matrix writing its columns of the output, in the arithmetic
+    /// [`WeightsKind`] gives its format.
+    Parts(Vec<(usize, Part)>),
     /// A candle tensor: f16 or bf16, or f32 where the packed kernel does not run.
     Tensor(Tensor),
-    /// Int8 activations ([`WeightsKind::Quantized`]), each run of one format writing its
-    /// columns of the output: fused projections of several formats keep their own formats.
-    Int8(Vec<(usize, Int8Part)>),
     /// candle's quantized matmul: every other quantized format; and the bytes of its blocks.
     Candle(QMatMul, usize),
     /// The file's blocks on a GPU ([`WeightsKind::Quantized`] there), one matrix per run of one
@@ -219,32 +216,41 @@ enum Weights {
     DeviceBlocks(Vec<QMatMul>, usize),
 }
 
-/// One format's matrix under [`WeightsKind::Quantized`].
-enum Int8Part {
-    /// Our int8-dot kernels, the file's blocks read in place: every format of
-    /// [`QuantFormat`] (the legacy ones and Q4_K, Q5_K, Q6_K).
-    Ours(QuantMatrix),
+/// One matrix of a [`Weights::Parts`] layer.
+enum Part {
+    /// Packed panels: f32 ([`WeightsKind::F32`], or files' f32/f16 matrices), or a file's
+    /// legacy blocks regrouped and dequantized in registers with the f32 kernel's exact
+    /// arithmetic ([`WeightsKind::Auto`]).
+    Panels(Arc<PackedMatrix>),
+    /// Our int8-dot kernels, the file's blocks read in place: every format of [`QuantFormat`]
+    /// under [`WeightsKind::Quantized`], the K-quants under [`WeightsKind::Auto`].
+    Int8(QuantMatrix),
     /// candle's quantized matmul: the formats we have no kernel for (Q2_K, Q3_K, ...); and the
     /// bytes of its blocks.
     Candle(QMatMul, usize),
 }
 
-/// Rows from which [`WeightsKind::Auto`] multiplies on AMX tiles where the CPU has them
-/// (`sluice_kernels::cpu::amx`: split-bf16 products, relative error about 2^-16; steps of up
-/// to 64 rows of the K-quants but Q6_K, Q5_0 and Q5_1 multiply the weights' integers, scaled
-/// per 32 k, about 1e-6). Below it, steps read the
-/// quantized panels with the f32 kernel's exact numbers. Measured on an AMX Xeon (forward
-/// bench, paired): from 16 rows the tiles are faster (Qwen2.5-Coder-1.5B Q4_K_M: 16 rows 275/282
-/// -> 262/261 ms, 24 rows 371/363 -> 293/295; SmolLM2 Q4_1 24 rows 45.3 -> 40.5), at 8 and 12
-/// rows slower (Qwen 8 rows 170 against 240 ms).
-pub const AUTO_AMX_MIN_ROWS: usize = 16;
+impl Part {
+    fn ours(&self) -> bool {
+        !matches!(self, Part::Candle(..))
+    }
 
-/// Rows from which `amx_int8` multiplies a K-quant matrix on int8 tiles (where the AMX
-/// threshold is not lower already): they pay from fewer rows than the split tiles. Measured on
-/// the AMX Xeon (forward bench, Qwen2.5-Coder-1.5B Q4_K_M, alternated, ms a step): from 16 rows
-/// to 8, B=8 151.6/153.0 -> 135.0/135.1, B=12 194.1/202.1 -> 138.3/139.2; from 8 to 4, B=4
-/// 83.8/82.9 -> 131.7/129.8 and B=6 109.2/104.5 -> 134.5/134.3 (slower).
-pub const AMX_INT8_MIN_ROWS: usize = 8;
+    fn bytes(&self) -> usize {
+        match self {
+            Part::Panels(m) => m.bytes(),
+            Part::Int8(m) => m.bytes(),
+            Part::Candle(_, bytes) => *bytes,
+        }
+    }
+}
+
+/// Rows from which, when asked ([`LoadOptions::amx_min_rows`](crate::LoadOptions)), the
+/// legacy formats' panels multiply on AMX tiles (`sluice_kernels::cpu::amx`: split-bf16
+/// products, relative error about 2^-16; Q5_0 and Q5_1 steps of up to 64 rows on the
+/// weights' integers, scaled per 32 k). Not by default: a step's size would then choose the
+/// arithmetic of its rows. Measured on an AMX Xeon (forward bench, paired): from 16 rows the
+/// tiles are faster (SmolLM2 Q4_1 24 rows 45.3 -> 40.5 ms), at 8 and 12 rows slower.
+pub const AUTO_AMX_MIN_ROWS: usize = 16;
 
 thread_local! {
     static ACTIVATIONS: std::cell::RefCell<QuantizedActivations> = std::cell::RefCell::new(QuantizedActivations::default());
@@ -266,8 +272,8 @@ impl Linear {
         let k = parts[0].cols;
         let packed = device.is_cpu() && gemm::available();
         let weights = match kind {
-            WeightsKind::Auto if packed => match Self::quantized_panels(parts, n, k, options)? {
-                Some(panels) => Weights::Panels(panels),
+            WeightsKind::Auto if packed => match Self::auto_parts(parts, n, k, options)? {
+                Some(parts) => Weights::Parts(parts),
                 None => Self::candle_quantized(parts)?,
             },
             WeightsKind::F32 | WeightsKind::Auto => {
@@ -278,13 +284,8 @@ impl Linear {
                 let dense = Tensor::cat(&dense, 0)?;
                 if packed {
                     let data = dense.flatten_all()?.to_vec1::<f32>()?;
-                    let mut m = PackedMatrix::pack(&data, n, k);
-                    if let (WeightsKind::Auto, Some(_)) = (kind, options.amx_min_rows) {
-                        // f32/f16 matrices in the file: every step on the tiles where the CPU
-                        // has AMX rather than the tiles and the f32 panels both.
-                        m.use_amx_only();
-                    }
-                    Weights::Panels(vec![(0, Arc::new(m))])
+                    let m = PackedMatrix::pack(&data, n, k);
+                    Weights::Parts(vec![(0, Part::Panels(Arc::new(m)))])
                 } else {
                     Weights::Tensor(dense.to_device(device)?)
                 }
@@ -294,7 +295,7 @@ impl Linear {
                     .iter()
                     .map(|p| p.qtensor()?.dequantize_f16(device).map_err(Into::into))
                     .collect::<Result<Vec<_>>>()?;
-                Weights::Tensor(Tensor::cat(&dense, 0)?)
+                rounded_panels_or_tensor(Tensor::cat(&dense, 0)?, packed)?
             }
             WeightsKind::Bf16 => {
                 // One matrix at a time through f32 (no bf16 dequantizer): the f32 copy is
@@ -303,9 +304,11 @@ impl Linear {
                     .iter()
                     .map(|p| Ok(p.qtensor()?.dequantize(device)?.to_dtype(DType::BF16)?))
                     .collect::<Result<Vec<_>>>()?;
-                Weights::Tensor(Tensor::cat(&dense, 0)?)
+                rounded_panels_or_tensor(Tensor::cat(&dense, 0)?, packed)?
             }
-            WeightsKind::Quantized if device.is_cpu() => Weights::Int8(Self::int8_parts(parts)?),
+            WeightsKind::Quantized if device.is_cpu() => {
+                Weights::Parts(Self::int8_parts(parts, packed)?)
+            }
             WeightsKind::Quantized => Self::device_blocks(parts, device)?,
         };
         Ok(Self {
@@ -318,24 +321,29 @@ impl Linear {
 
     /// `parts` in runs of one format for [`WeightsKind::Quantized`] on the CPU: the formats of
     /// [`QuantFormat`] on our int8 kernels, the rest (Q2_K, Q3_K, ...) on candle's.
-    fn int8_parts(parts: &[GgufMatrix<'_>]) -> Result<Vec<(usize, Int8Part)>> {
+    /// Matrices the file holds unquantized (f32, f16, bf16) take f32 panels where the packed
+    /// kernel runs (`packed`): there are no blocks to read, and candle's gemm would sum a row
+    /// in an order that depends on the step's size.
+    fn int8_parts(parts: &[GgufMatrix<'_>], packed: bool) -> Result<Vec<(usize, Part)>> {
         format_groups(parts)
             .map(|(col0, group)| {
-                let rows: usize = group.iter().map(|p| p.rows).sum();
-                let ours = kernel_format(group[0].dtype).and_then(|format| {
-                    let mut data = Vec::with_capacity(group.iter().map(|p| p.data.len()).sum());
-                    for part in group {
-                        for r in 0..part.rows {
-                            data.extend_from_slice(part.row(r));
-                        }
+                let dense = matches!(
+                    group[0].dtype,
+                    GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16
+                );
+                let part = match Self::int8_matrix(group) {
+                    Some(m) => Part::Int8(m),
+                    None if dense && packed => {
+                        let rows: usize = group.iter().map(|p| p.rows).sum();
+                        Part::Panels(Arc::new(PackedMatrix::pack(
+                            &dequantized_rows(group)?,
+                            rows,
+                            group[0].cols,
+                        )))
                     }
-                    QuantMatrix::new(format, data, rows, group[0].cols)
-                });
-                let part = match ours {
-                    Some(m) => Int8Part::Ours(m),
                     None => {
                         let bytes = group.iter().map(|p| p.data.len()).sum();
-                        Int8Part::Candle(QMatMul::from_qtensor(stacked_qtensor(group)?)?, bytes)
+                        Part::Candle(QMatMul::from_qtensor(stacked_qtensor(group)?)?, bytes)
                     }
                 };
                 Ok((col0, part))
@@ -343,28 +351,43 @@ impl Linear {
             .collect()
     }
 
-    /// Quantized panels for `parts` (consecutive matrices of one format share panels), or
-    /// `None` when a part's format has no kernel: then candle's quantized matmul runs the whole
-    /// layer, said in the log, never a silent f32 copy.
-    fn quantized_panels(
+    /// A run of matrices of one format as one matrix of our int8 kernels, where they read it.
+    fn int8_matrix(group: &[GgufMatrix<'_>]) -> Option<QuantMatrix> {
+        let format = kernel_format(group[0].dtype)?;
+        let rows: usize = group.iter().map(|p| p.rows).sum();
+        let mut data = Vec::with_capacity(group.iter().map(|p| p.data.len()).sum());
+        for part in group {
+            for r in 0..part.rows {
+                data.extend_from_slice(part.row(r));
+            }
+        }
+        QuantMatrix::new(format, data, rows, group[0].cols)
+    }
+
+    /// `parts` as [`WeightsKind::Auto`] holds them (consecutive matrices of one format are one
+    /// matrix): the K-quants on our int8 kernels, the rest as panels; or `None` when a part's
+    /// format has no kernel: then candle's quantized matmul runs the whole layer, said in the
+    /// log, never a silent f32 copy.
+    fn auto_parts(
         parts: &[GgufMatrix<'_>],
         n: usize,
         k: usize,
         options: &LinearOptions,
-    ) -> Result<Option<PanelSet>> {
-        let mut panels = Vec::new();
+    ) -> Result<Option<Vec<(usize, Part)>>> {
+        let mut out = Vec::new();
         for (col0, group) in format_groups(parts) {
             let dtype = group[0].dtype;
+            if kernel_format(dtype).is_some_and(QuantFormat::is_k_quant) {
+                if let Some(m) = Self::int8_matrix(group) {
+                    out.push((col0, Part::Int8(m)));
+                    continue;
+                }
+            }
             let rows: usize = group.iter().map(|p| p.rows).sum();
             let m = match dtype {
                 // Unquantized in the file: f32 panels are no bigger than f32 data.
                 GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
-                    let dense = group
-                        .iter()
-                        .map(|p| p.qtensor()?.dequantize(&Device::Cpu).map_err(Into::into))
-                        .collect::<Result<Vec<_>>>()?;
-                    let data = Tensor::cat(&dense, 0)?.flatten_all()?.to_vec1::<f32>()?;
-                    Some(PackedMatrix::pack(&data, rows, k))
+                    Some(PackedMatrix::pack(&dequantized_rows(group)?, rows, k))
                 }
                 _ => kernel_format(dtype).and_then(|format| {
                     let row = |r: usize| {
@@ -379,7 +402,7 @@ impl Linear {
                     PackedMatrix::pack_quantized_rows(format, rows, k, row)
                 }),
             };
-            let Some(m) = m else {
+            let Some(mut m) = m else {
                 tracing::warn!(
                     tensor = group[0].name,
                     format = ?dtype,
@@ -387,26 +410,18 @@ impl Linear {
                 );
                 return Ok(None);
             };
-            panels.push((col0, m));
-        }
-        debug_assert_eq!(parts.iter().map(|p| p.rows).sum::<usize>(), n);
-        // Every part on AMX tiles from `min_rows`, each writing its columns of the fused
-        // output (Qwen2.5's Q4_K_M files fuse Q4_K q/k with a Q6_K v in half their layers).
-        if let Some(min_rows) = options.amx_min_rows {
-            for (_, m) in &mut panels {
+            if let Some(min_rows) = options.amx_min_rows {
+                // Asked for (benches, tests of the tiles): large steps on AMX tiles.
                 if m.format().is_some() {
-                    if m.use_amx_dequantizing_from(min_rows) && options.amx_int8 {
-                        // Where the CPU or the format has no int8 tiles, the split ones.
-                        m.use_amx_int8(min_rows.min(AMX_INT8_MIN_ROWS));
-                    }
+                    m.use_amx_dequantizing_from(min_rows);
                 } else {
                     m.use_amx_only();
                 }
             }
+            out.push((col0, Part::Panels(Arc::new(m))));
         }
-        Ok(Some(
-            panels.into_iter().map(|(c, m)| (c, Arc::new(m))).collect(),
-        ))
+        debug_assert_eq!(parts.iter().map(|p| p.rows).sum::<usize>(), n);
+        Ok(Some(out))
     }
 
     /// `parts` on a GPU as the file holds them: each run of one format one matrix of its
@@ -435,7 +450,7 @@ impl Linear {
             });
         let bytes = w.storage_size_in_bytes();
         Ok(match ours {
-            Some(m) => Weights::Int8(vec![(0, Int8Part::Ours(m))]),
+            Some(m) => Weights::Parts(vec![(0, Part::Int8(m))]),
             None if !device.is_cpu() => {
                 let storage = QStorage::from_data(w.data()?, device, w.dtype())?;
                 let on_device = QTensor::new(storage, w.shape())?;
@@ -463,16 +478,23 @@ impl Linear {
                     .to_vec1::<f32>()?;
                 let mut packed = PackedMatrix::pack(&data, n, k);
                 if let (WeightsKind::Auto, Some(_)) = (kind, options.amx_min_rows) {
-                    // As for GGUF f32 matrices: tiles only.
+                    // As for GGUF f32 matrices: tiles only, when asked for.
                     packed.use_amx_only();
                 }
-                Weights::Panels(vec![(0, Arc::new(packed))])
+                Weights::Parts(vec![(0, Part::Panels(Arc::new(packed)))])
             }
             WeightsKind::F32 | WeightsKind::Auto => {
                 Weights::Tensor(w.to_dtype(DType::F32)?.to_device(device)?)
             }
-            WeightsKind::F16 => Weights::Tensor(w.to_dtype(DType::F16)?.to_device(device)?),
-            WeightsKind::Bf16 => Weights::Tensor(w.to_dtype(DType::BF16)?.to_device(device)?),
+            WeightsKind::F16 | WeightsKind::Bf16 => {
+                let dtype = if kind == WeightsKind::F16 {
+                    DType::F16
+                } else {
+                    DType::BF16
+                };
+                let rounded = w.to_dtype(dtype)?.to_device(device)?;
+                rounded_panels_or_tensor(rounded, device.is_cpu() && gemm::available())?
+            }
             WeightsKind::Quantized => {
                 let dtype = if k.is_multiple_of(GgmlDType::Q8_0.block_size()) {
                     GgmlDType::Q8_0
@@ -489,30 +511,6 @@ impl Linear {
             bias,
             out_features: n,
         })
-    }
-
-    /// Whether this layer reads K-quant panels (Q4_K, Q5_K, Q6_K) with the exact f32
-    /// arithmetic of `auto`, which `quantized`'s int8 kernels outrun at every batch size.
-    pub(crate) fn has_exact_k_quant_panels(&self) -> bool {
-        match &self.weights {
-            Weights::Panels(panels) => panels
-                .iter()
-                .any(|(_, m)| m.format().is_some_and(QuantFormat::is_k_quant)),
-            _ => false,
-        }
-    }
-
-    /// Matrices of this layer whose AMX steps multiply on int8 tiles (`amx_int8`), and all its
-    /// matrices.
-    pub(crate) fn int8_tile_matrices(&self) -> (usize, usize) {
-        match &self.weights {
-            Weights::Panels(panels) => (
-                panels.iter().filter(|(_, m)| m.uses_amx_int8()).count(),
-                panels.len(),
-            ),
-            Weights::Int8(parts) => (0, parts.len()),
-            _ => (0, 1),
-        }
     }
 
     pub fn out_features(&self) -> usize {
@@ -538,7 +536,10 @@ impl Linear {
     /// embedding reads its rows from the lm_head's panels rather than keep a copy.
     pub(crate) fn panels(&self) -> Option<Arc<PackedMatrix>> {
         match &self.weights {
-            Weights::Panels(p) if p.len() == 1 => Some(p[0].1.clone()),
+            Weights::Parts(p) => match p.as_slice() {
+                [(_, Part::Panels(m))] => Some(m.clone()),
+                _ => None,
+            },
             _ => None,
         }
     }
@@ -546,15 +547,8 @@ impl Linear {
     /// Bytes the weights take in memory.
     pub fn weight_bytes(&self) -> usize {
         match &self.weights {
-            Weights::Panels(p) => p.iter().map(|(_, m)| m.bytes()).sum(),
+            Weights::Parts(parts) => parts.iter().map(|(_, p)| p.bytes()).sum(),
             Weights::Tensor(t) => t.elem_count() * t.dtype().size_in_bytes(),
-            Weights::Int8(parts) => parts
-                .iter()
-                .map(|(_, p)| match p {
-                    Int8Part::Ours(m) => m.bytes(),
-                    Int8Part::Candle(_, bytes) => *bytes,
-                })
-                .sum(),
             Weights::Candle(_, bytes) | Weights::DeviceBlocks(_, bytes) => *bytes,
         }
     }
@@ -570,7 +564,7 @@ impl Linear {
     /// `x W^T`, the bias left out.
     fn forward_weights(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match &self.weights {
-            Weights::Panels(p) => panels_forward(p, self.out_features, x)?,
+            Weights::Parts(parts) => parts_forward(parts, self.out_features, x)?,
             // Half-precision weights: activations cast per matmul, accumulated as the gemm does.
             Weights::Tensor(w) if matches!(w.dtype(), DType::F16 | DType::BF16) => x
                 .to_dtype(w.dtype())?
@@ -588,7 +582,6 @@ impl Linear {
                     Tensor::cat(&outs, 1)?
                 }
             },
-            Weights::Int8(parts) => int8_forward(parts, self.out_features, x)?,
         })
     }
 }
@@ -606,24 +599,9 @@ impl Linear {
                 out.len()
             )));
         }
-        let ours_only =
-            |parts: &[(usize, Int8Part)]| parts.iter().all(|(_, p)| matches!(p, Int8Part::Ours(_)));
         match &self.weights {
-            Weights::Panels(panels) => {
-                for (col0, m) in panels {
-                    m.matmul_into(x, t, out, n, *col0);
-                }
-            }
-            Weights::Int8(parts) if ours_only(parts) => {
-                // Taken out, not borrowed: see `int8_forward`.
-                let mut acts = ACTIVATIONS.take();
-                quantize_for(&mut acts, parts, x, t);
-                for (col0, part) in parts {
-                    if let Int8Part::Ours(m) = part {
-                        m.matmul_into(&acts, out, n, *col0);
-                    }
-                }
-                ACTIVATIONS.set(acts);
+            Weights::Parts(parts) if parts.iter().all(|(_, p)| p.ours()) => {
+                ours_into(parts, x, t, out, n);
             }
             _ => {
                 let xt = Tensor::from_slice(x, (t, x.len() / t), &Device::Cpu)?;
@@ -643,44 +621,45 @@ impl Linear {
     }
 }
 
-/// Quantizes `x: [t, _]` once in each form our kernels among `parts` read.
-fn quantize_for(acts: &mut QuantizedActivations, parts: &[(usize, Int8Part)], x: &[f32], t: usize) {
+/// Our matrices among `parts` (a layer of `n` outputs) times `x: [t, _]`, into their columns
+/// of `out: [t, n]`; the activations are quantized once in each form our int8 kernels among
+/// them read.
+fn ours_into(parts: &[(usize, Part)], x: &[f32], t: usize, out: &mut [f32], n: usize) {
+    // Taken out of the slot for the call, not borrowed: while this thread waits for the pool
+    // inside `matmul_into` it may run another job, even another step's layer (steps entering
+    // the pool from two threads), which then finds the slot empty and quantizes into a buffer
+    // of its own.
+    let mut acts = ACTIVATIONS.take();
     let mut done = [false; 2];
     for (_, part) in parts {
-        if let Int8Part::Ours(m) = part {
+        if let Part::Int8(m) = part {
             let blocks = m.activation_blocks();
             if !std::mem::replace(&mut done[blocks as usize], true) {
                 acts.quantize(x, t, x.len() / t, blocks);
             }
         }
     }
+    for (col0, part) in parts {
+        match part {
+            Part::Panels(m) => m.matmul_into(x, t, out, n, *col0),
+            Part::Int8(m) => m.matmul_into(&acts, out, n, *col0),
+            Part::Candle(..) => {}
+        }
+    }
+    ACTIVATIONS.set(acts);
 }
 
-/// `x` times the parts of an [`Weights::Int8`] layer of `n` outputs: the activations are
-/// quantized once for our parts; candle's quantize their own.
-fn int8_forward(parts: &[(usize, Int8Part)], n: usize, x: &Tensor) -> Result<Tensor> {
-    if let [(_, Int8Part::Candle(q, _))] = parts {
+/// `x` times the parts of a [`Weights::Parts`] layer of `n` outputs: ours through
+/// [`ours_into`], candle's through their own.
+fn parts_forward(parts: &[(usize, Part)], n: usize, x: &Tensor) -> Result<Tensor> {
+    if let [(_, Part::Candle(q, _))] = parts {
         return Ok(q.forward(x)?);
     }
     let t = x.dim(0)?;
     let mut out = vec![0f32; t * n];
-    with_cpu_rows(x, |data, t, cols| {
-        // Taken out of the slot for the call, not borrowed: while this thread waits for the
-        // pool inside `matmul_into` it may run another job, even another step's layer (steps
-        // entering the pool from two threads), which then finds the slot empty and quantizes
-        // into a buffer of its own.
-        let mut acts = ACTIVATIONS.take();
-        debug_assert_eq!(data.len(), t * cols);
-        quantize_for(&mut acts, parts, data, t);
-        for (col0, part) in parts {
-            if let Int8Part::Ours(m) = part {
-                m.matmul_into(&acts, &mut out, n, *col0);
-            }
-        }
-        ACTIVATIONS.set(acts);
-    })?;
+    with_cpu_rows(x, |data, t, _| ours_into(parts, data, t, &mut out, n))?;
     for (col0, part) in parts {
-        if let Int8Part::Candle(q, _) = part {
+        if let Part::Candle(q, _) = part {
             let y = q.forward(x)?.to_dtype(DType::F32)?;
             let cols = y.dim(1)?;
             for (row, values) in y.to_vec2::<f32>()?.iter().enumerate() {
@@ -689,6 +668,31 @@ fn int8_forward(parts: &[(usize, Int8Part)], n: usize, x: &Tensor) -> Result<Ten
         }
     }
     Ok(Tensor::from_vec(out, (t, n), x.device())?)
+}
+
+/// `group`'s rows dequantized to f32, one after the other.
+fn dequantized_rows(group: &[GgufMatrix<'_>]) -> Result<Vec<f32>> {
+    let dense = group
+        .iter()
+        .map(|p| p.qtensor()?.dequantize(&Device::Cpu).map_err(Into::into))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&dense, 0)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// Half-precision weights `w: [out, in]` (f16 or bf16): on a CPU with the packed kernel, their
+/// values (exact in f32) in f32 panels, multiplied with the f32 kernel's one arithmetic, at
+/// twice the memory; candle's gemm would sum a row in an order that depends on the step's
+/// size. Elsewhere (a GPU) the tensor as it is.
+fn rounded_panels_or_tensor(w: Tensor, packed: bool) -> Result<Weights> {
+    if !packed || !w.device().is_cpu() {
+        return Ok(Weights::Tensor(w));
+    }
+    let (n, k) = w.dims2()?;
+    let data = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    Ok(Weights::Parts(vec![(
+        0,
+        Part::Panels(Arc::new(PackedMatrix::pack(&data, n, k))),
+    )]))
 }
 
 /// `parts` in runs of one format, each with the output column its first row writes: the
@@ -721,17 +725,6 @@ fn with_cpu_rows<R>(x: &Tensor, f: impl FnOnce(&[f32], usize, usize) -> R) -> Re
     };
     let data = &cpu.as_slice::<f32>()?[layout.start_offset()..][..t * cols];
     Ok(f(data, t, cols))
-}
-
-fn panels_forward(panels: &[(usize, Arc<PackedMatrix>)], n: usize, x: &Tensor) -> Result<Tensor> {
-    let t = x.dim(0)?;
-    let mut out = vec![0f32; t * n];
-    with_cpu_rows(x, |data, t, _| {
-        for (col0, m) in panels {
-            m.matmul_into(data, t, &mut out, n, *col0);
-        }
-    })?;
-    Ok(Tensor::from_vec(out, (t, n), x.device())?)
 }
 
 /// Rewrites a quantized (or plain) matrix through its raw rows. Rows are the output features;

@@ -8,7 +8,7 @@ mod common;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-use common::decode::greedy_alone;
+use common::decode::{assert_batching_changes_no_token, greedy_alone};
 use common::python::assert_fibonacci_body;
 use sluice_model::{Architecture, LlamaModel, LoadOptions, ModelSource, WeightsKind};
 use sluice_tokenizer::Tokenizer;
@@ -101,41 +101,71 @@ fn hyper_parameters_and_tokenizer() {
     }
 }
 
-/// `auto` (as served) and `f32` give the same greedy tokens on a code prompt. On current
-/// kernels both compute from f32 weights; once `auto` reads the K-quant blocks in place, this
-/// is what says that it computes the same numbers.
+/// `auto` (as served) computes the K-quants in llama.cpp's integer arithmetic, the same as
+/// `quantized`: the prompt's logits are bit for bit the same both ways (every matrix of this
+/// file is Q4_K or Q6_K).
 #[test]
-fn auto_and_f32_weights_give_the_same_greedy_tokens() {
+fn auto_computes_the_k_quants_as_quantized_does() {
     let Some(tok) = tokenizer() else {
         return;
     };
     let ids = tok
         .encode_prompt("def is_prime(n: int) -> bool:\n")
         .unwrap();
-    let eos = tok.eos_token_ids();
     // Whichever kind is held already goes first, so the binary loads each kind once whenever
-    // the other test is not between the two.
+    // another test is not between the two.
     let order = match resident() {
-        Some(WeightsKind::F32) => [WeightsKind::F32, WeightsKind::Auto],
-        _ => [WeightsKind::Auto, WeightsKind::F32],
+        Some(WeightsKind::Quantized) => [WeightsKind::Quantized, WeightsKind::Auto],
+        _ => [WeightsKind::Auto, WeightsKind::Quantized],
     };
-    let mut out = Vec::new();
-    for kind in order {
-        let started = Instant::now();
-        let tokens = with_model(kind, |m| greedy_alone(m, &ids, 16, eos)).unwrap();
-        eprintln!(
-            "{kind}: {:?} ({:.1?})",
-            tok.decode(&tokens, false),
-            started.elapsed()
-        );
-        out.push((kind, tokens));
-    }
-    assert_eq!(out[0].1.len(), 16, "stopped early: {:?}", out[0]);
-    assert_eq!(
-        out[0].1, out[1].1,
-        "{:?} and {:?} differ",
-        out[0].0, out[1].0
-    );
+    let logits: Vec<Vec<u32>> = order
+        .iter()
+        .map(|&kind| {
+            with_model(kind, |m| {
+                let blocks = ids.len().div_ceil(common::decode::BLOCK);
+                let mut kv = m.new_kv_cache(blocks, common::decode::BLOCK).unwrap();
+                let mut batch = sluice_model::StepBatch::new(common::decode::BLOCK);
+                let table: Vec<u32> = (0..blocks as u32).collect();
+                batch.push_sequence(&ids, 0, &table, true);
+                let row = m
+                    .forward(&batch, &mut kv)
+                    .unwrap()
+                    .to_vec2::<f32>()
+                    .unwrap();
+                row[0].iter().map(|x| x.to_bits()).collect()
+            })
+            .unwrap()
+        })
+        .collect();
+    assert!(logits[0] == logits[1], "auto and quantized logits differ");
+}
+
+/// Eight sequences decoded together (joining over four steps, so prefills share steps with
+/// decodes) give exactly the greedy tokens each gives alone, as served (`auto`).
+#[test]
+fn batching_changes_no_token() {
+    let Some(tok) = tokenizer() else {
+        return;
+    };
+    let prompts: Vec<Vec<u32>> = [
+        "def is_prime(n: int) -> bool:\n",
+        "The capital of France is",
+        "// Binary search in Rust\nfn binary_search(xs: &[i32], x: i32) -> Option<usize> {\n",
+        "SELECT name, COUNT(*) FROM",
+        "import numpy as np\n\ndef softmax(x):\n",
+        "Once upon a time",
+        "#include <stdio.h>\n\nint main(void) {\n",
+        "x",
+    ]
+    .iter()
+    .map(|p| tok.encode(p).unwrap())
+    .collect();
+    let (eos, max_new) = (tok.eos_token_ids(), 8);
+    let alone = with_model(WeightsKind::Auto, |m| {
+        assert_batching_changes_no_token(m, &prompts, max_new, eos, |t| tok.decode(t, false)).0
+    })
+    .unwrap();
+    assert!(alone.iter().filter(|a| a.len() == max_new).count() >= 4);
 }
 
 /// A coherent greedy continuation: a Python body that returns, recursing or using `n`.

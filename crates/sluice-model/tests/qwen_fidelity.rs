@@ -97,11 +97,12 @@ fn greedy_matches_llama_cpp_f32() {
     matches_llama_cpp(WeightsKind::F32, LOGPROB_TOLERANCE);
 }
 
-/// `auto` as it serves: on this model's K-quant and Q5_0 layers that is f32 panels or AMX
-/// tiles, and on its Q8_0 layers the quantized panels for small steps.
+/// `auto` as it serves: its K-quant matrices (Q4_K, Q6_K) in int8 as `quantized` computes
+/// them (and as llama.cpp's own CPU kernels do), its Q5_0 and Q8_0 ones as exact panels; so
+/// `quantized`'s bound against the fixtures, which come from llama.cpp's f32 run.
 #[test]
 fn greedy_matches_llama_cpp_auto() {
-    matches_llama_cpp(WeightsKind::Auto, LOGPROB_TOLERANCE);
+    matches_llama_cpp(WeightsKind::Auto, QUANTIZED_LOGPROB_TOLERANCE);
 }
 
 /// `quantized`: int8 activations against every matrix's blocks (our kernels for Q5_0, Q8_0,

@@ -57,20 +57,6 @@ pub struct ServeArgs {
         serialize_with = "serialize_weights"
     )]
     pub weights: Option<WeightsKind>,
-    /// On CPUs with AMX-INT8, steps of 8 tokens or more of `auto` weights quantize the
-    /// activations to int8 and multiply the K-quant matrices (Q4_K, Q5_K, Q6_K) on int8
-    /// tiles, as llama.cpp computes: about 1.5x the step speed, results rounded as
-    /// `--weights quantized` rounds them [default: false: split-bf16 tiles from 16 tokens].
-    #[arg(
-        long,
-        env = "SLUICE_AMX_INT8",
-        value_name = "BOOL",
-        num_args = 0..=1,
-        default_missing_value = "true",
-        value_parser = clap::builder::BoolishValueParser::new()
-    )]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub amx_int8: Option<bool>,
     /// On a GPU: decode steps replayed from CUDA graphs captured per batch-size bucket (on),
     /// every step launched op by op (off), or the graphs' launches enqueued without capture
     /// (eager, for comparisons) [default: on].
@@ -174,7 +160,6 @@ pub struct FileKeys {
     pub port: u16,
     /// Parsed after merging, so that a bad value is an error naming the key.
     pub weights: String,
-    pub amx_int8: bool,
     /// Parsed after merging, as `weights`.
     pub cuda_graphs: String,
     pub kv_cache_memory: ByteSize,
@@ -206,7 +191,6 @@ impl Default for FileKeys {
             host: "0.0.0.0".into(),
             port: 8000,
             weights: WeightsKind::Auto.to_string(),
-            amx_int8: false,
             cuda_graphs: CudaGraphs::On.to_string(),
             kv_cache_memory: ByteSize(1 << 30),
             kv_cache_dtype: KvCacheDtype::F16,
@@ -244,8 +228,6 @@ pub struct Config {
     pub host: String,
     pub port: u16,
     pub weights: WeightsKind,
-    /// `auto` weights' AMX steps on int8 tiles (`--amx-int8`).
-    pub amx_int8: bool,
     /// Decode steps on a GPU (`--cuda-graphs`).
     pub cuda_graphs: CudaGraphs,
     pub kv_cache_memory: ByteSize,
@@ -281,7 +263,6 @@ impl fmt::Debug for Config {
             .field("host", &self.host)
             .field("port", &self.port)
             .field("weights", &self.weights)
-            .field("amx_int8", &self.amx_int8)
             .field("cuda_graphs", &self.cuda_graphs)
             .field("kv_cache_memory", &self.kv_cache_memory)
             .field("kv_cache_dtype", &self.kv_cache_dtype)
@@ -399,7 +380,6 @@ impl Config {
             host: keys.host,
             port: keys.port,
             weights,
-            amx_int8: keys.amx_int8,
             cuda_graphs,
             kv_cache_memory: keys.kv_cache_memory,
             kv_cache_dtype: keys.kv_cache_dtype,

@@ -52,10 +52,6 @@ pub struct GenerateArgs {
     /// Weight representation: auto, f32, f16, bf16 or quantized.
     #[arg(long, default_value = "auto")]
     weights: WeightsKind,
-    /// With auto weights on a CPU with AMX-INT8: steps of 8 tokens or more (so a prompt's
-    /// prefill) multiply the K-quant matrices on int8 tiles against int8 activations.
-    #[arg(long)]
-    amx_int8: bool,
     /// On a GPU: decode steps replayed from a CUDA graph (on), op by op (off), or the graph's
     /// launches enqueued without capture (eager).
     #[arg(long, default_value = "on")]
@@ -70,7 +66,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         model,
         tokenizer,
         chat_template,
-    } = load_model(&args.model, args.weights, args.amx_int8, KvCacheDtype::F16)?;
+    } = load_model(&args.model, args.weights, KvCacheDtype::F16)?;
     let load_time = load_start.elapsed();
 
     let prompt = if args.chat {

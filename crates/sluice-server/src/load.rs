@@ -25,8 +25,6 @@ pub struct ModelSettings {
     pub model: PathBuf,
     pub served_model_name: String,
     pub weights: WeightsKind,
-    /// `--amx-int8`.
-    pub amx_int8: bool,
     /// `--cuda-graphs`.
     pub cuda_graphs: CudaGraphs,
     /// `--tool-call-parser`.
@@ -46,7 +44,6 @@ impl ModelSettings {
             model: c.model.clone(),
             served_model_name: c.served_model_name.clone(),
             weights: c.weights,
-            amx_int8: c.amx_int8,
             cuda_graphs: c.cuda_graphs,
             tool_call_parser: c.tool_call_parser,
             pooling: c.pooling,
@@ -79,12 +76,10 @@ pub struct LoadedModel {
 }
 
 /// Opens `path` (a GGUF file, or a Hugging Face directory: config.json, tokenizer.json,
-/// *.safetensors) and loads its tokenizer, chat template and weights (`amx_int8`: see
-/// [`LoadOptions::amx_int8`]).
+/// *.safetensors) and loads its tokenizer, chat template and weights.
 pub fn load_model(
     path: &Path,
     weights: WeightsKind,
-    amx_int8: bool,
     kv_cache_dtype: KvCacheDtype,
 ) -> anyhow::Result<LoadedModel> {
     let start = Instant::now();
@@ -99,7 +94,6 @@ pub fn load_model(
         device: device()?,
         attention: None,
         kv_dtype: kv_cache_dtype.dtype(),
-        amx_int8,
         ..LoadOptions::default()
     };
     let model = source
@@ -108,7 +102,6 @@ pub fn load_model(
     tracing::info!(
         model = %path.display(),
         weights = %weights,
-        amx_int8,
         kv_cache_dtype = ?kv_cache_dtype,
         context_length = model.config().max_position_embeddings,
         load_ms = start.elapsed().as_millis() as u64,
@@ -128,12 +121,7 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
         model,
         tokenizer,
         chat_template,
-    } = load_model(
-        &settings.model,
-        settings.weights,
-        settings.amx_int8,
-        settings.kv_cache_dtype,
-    )?;
+    } = load_model(&settings.model, settings.weights, settings.kv_cache_dtype)?;
     let context_length = model.config().max_position_embeddings;
     if let Some(len) = settings
         .engine
@@ -245,7 +233,6 @@ mod tests {
             tool_call_parser: None,
             pooling: None,
             weights: WeightsKind::Auto,
-            amx_int8: false,
             cuda_graphs: CudaGraphs::On,
             kv_cache_bytes: 4 << 20,
             kv_cache_dtype: KvCacheDtype::F16,

@@ -95,8 +95,14 @@ pub(crate) enum Weights<'a> {
     Dequantize(Source<'a>),
 }
 
-/// Whether this CPU has AMX-BF16 and the kernel granted this process the tile state.
+/// Whether this CPU has AMX-BF16 and the kernel granted this process the tile state, and
+/// kernels may use it ([`super::limit_kernels`]).
 pub fn available() -> bool {
+    hardware() && super::allows(super::KernelTier::Amx)
+}
+
+/// Whether this CPU has AMX-BF16 and the kernel granted this process the tile state.
+pub(crate) fn hardware() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
         if !(is_x86_feature_detected!("avx512f")

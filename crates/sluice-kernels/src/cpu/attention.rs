@@ -176,7 +176,7 @@ fn cpu_features() -> (bool, bool) {
     {
         use std::sync::OnceLock;
         static AVAILABLE: OnceLock<(bool, bool)> = OnceLock::new();
-        *AVAILABLE.get_or_init(|| {
+        let (avx512, avx2) = *AVAILABLE.get_or_init(|| {
             let f16c_fma = is_x86_feature_detected!("f16c") && is_x86_feature_detected!("fma");
             (
                 f16c_fma
@@ -185,7 +185,8 @@ fn cpu_features() -> (bool, bool) {
                     && is_x86_feature_detected!("avx512vl"),
                 f16c_fma && is_x86_feature_detected!("avx2"),
             )
-        })
+        });
+        (avx512, avx2)
     }
     #[cfg(not(target_arch = "x86_64"))]
     (false, false)

@@ -86,7 +86,7 @@ fn avx512() -> bool {
             available()
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
-        })
+        }) && super::allows(super::KernelTier::Avx512)
     }
     #[cfg(not(target_arch = "x86_64"))]
     false

@@ -9,6 +9,15 @@
 //!   then multiply inside the integer dot product, so a super-block takes one float step per
 //!   activation row, not eight.
 //!
+//! The K-quants' arithmetic is fixed here, once, for every kernel that computes it (the issue
+//! "one arithmetic per weight format"): per super-block the kernel forms two exact integers,
+//! `isum = sum(w' * xq)` over its 256 weights (`w' = sc * q`, Q6_K's `sc * (q - 32)`) and, for
+//! Q4_K and Q5_K, `imin = sum_j mn_j * xs_j` over its eight 32-weight sub-blocks (`xs_j` the
+//! integer sum of their activations), then [`k_super_block`] adds them to the row's float sum,
+//! super-block after super-block from the first. Integers are exact whatever instruction sums
+//! them, so every kernel of this arithmetic gives each output bit for bit the same float,
+//! whatever the rows beside it.
+//!
 //! Paths, picked once per process: AVX2 (`maddubs` + `madd`; `avx2.rs` the legacy formats,
 //! `avx2_k.rs` the K-quants), AVX-512 VNNI for the legacy formats (`avx2.rs` again, its integer
 //! dots by `vpdpbusd`), and scalar loops with the same arithmetic that are the oracles the SIMD paths are tested
@@ -69,14 +78,14 @@ struct Blocks32 {
 }
 
 /// Per super-block of 256 a scale (`amax / 127`), the integer sum of each 16 quants (Q6_K's
-/// `q - 32` subtracts 32 times them, exactly), and the scaled sum of each 32 (Q4_K's and Q5_K's
-/// minimums multiply them in f32, as they do the dequantized sums).
+/// `q - 32` subtracts 32 times them, exactly), and of each 32 (Q4_K's and Q5_K's integer
+/// minimums multiply them, exactly).
 #[derive(Default)]
 struct Blocks256 {
     quants: Vec<i8>,
     scales: Vec<f32>,
     sums16: Vec<i16>,
-    sums32: Vec<f32>,
+    sums32: Vec<i16>,
     rows: usize,
     blocks_per_row: usize,
 }
@@ -173,7 +182,7 @@ impl Blocks256 {
         self.quants.resize(rows * cols, 0);
         self.scales.resize(rows * nb, 0.0);
         self.sums16.resize(rows * cols / 16, 0);
-        self.sums32.resize(rows * cols / BLOCK, 0.0);
+        self.sums32.resize(rows * cols / BLOCK, 0);
         for (b, (xs, qs)) in x
             .chunks_exact(SUPER)
             .zip(self.quants.chunks_exact_mut(SUPER))
@@ -195,7 +204,7 @@ impl Blocks256 {
                 .iter_mut()
                 .zip(sums16.chunks_exact(2))
             {
-                *s = d * (pair[0] + pair[1]) as f32;
+                *s = pair[0] + pair[1];
             }
             self.scales[b] = d;
         }
@@ -432,7 +441,29 @@ struct SuperRow<'a> {
     quants: &'a [i8],
     scales: &'a [f32],
     sums16: &'a [i16],
-    sums32: &'a [f32],
+    sums32: &'a [i16],
+}
+
+/// Adds one K-quant super-block to a row's running float sum `acc`: the one float epilogue of
+/// the K-quants' int8 arithmetic, which every kernel of it calls (module docs). `isum` is the
+/// super-block's exact `sum(w' * xq)`, `imin` its exact `sum_j mn_j * xs_j` (`None` for Q6_K,
+/// which has no minimums), `d` and `dmin` the weights' super-block scales and `xd` the
+/// activations'. Two fused multiply-adds, in this order: whether a kernel inlines them into
+/// its vector code or a scalar loop calls them, they round the same.
+#[inline(always)]
+pub(crate) fn k_super_block(
+    acc: f32,
+    isum: i32,
+    imin: Option<i32>,
+    d: f32,
+    dmin: f32,
+    xd: f32,
+) -> f32 {
+    let acc = (isum as f32).mul_add(d * xd, acc);
+    match imin {
+        Some(imin) => (imin as f32).mul_add(-(dmin * xd), acc),
+        None => acc,
+    }
 }
 
 /// AVX2, FMA and F16C: the packed kernel's own requirement, so one detection serves both.
@@ -449,7 +480,7 @@ fn vnni_available() -> bool {
             avx2_available()
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512vnni")
-        })
+        }) && super::allows(super::KernelTier::Avx512Vnni)
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -493,35 +524,31 @@ fn scalar_row_dot(format: QuantFormat, w: &[u8], a: &ActRow<'_>) -> f32 {
     total
 }
 
-/// A K-quant weight row against a row of super-block activations by the reference
-/// arithmetic: per 16 weights (which share a scale, and a minimum in Q4_K and Q5_K),
-/// `xd * d * sc * sum(q * xq)`, less `dmin * mn` times the 32's scaled sum (Q4_K, Q5_K). (Q6_K's
-/// decoded `q` is already signed: `q - 32`.)
+/// A K-quant weight row against a row of super-block activations by the K-quants' one
+/// arithmetic (module docs): each super-block decoded by [`QuantFormat::decode`], its integers
+/// summed exactly, then [`k_super_block`]. (Q6_K's decoded `q` is already signed: `q - 32`.)
 fn scalar_super_row_dot(format: QuantFormat, w: &[u8], a: &SuperRow<'_>) -> f32 {
     let mut total = 0f32;
     for (b, blk) in w.chunks_exact(format.block_bytes()).enumerate() {
         let dec = format.decode(blk);
         let d = f16::from_bits(dec.d).to_f32();
         let dmin = f16::from_bits(dec.m).to_f32();
-        let xd = a.scales[b];
-        for g in 0..SUPER / 16 {
-            let at = b * SUPER + 16 * g;
-            let xq = &a.quants[at..][..16];
-            let q = &dec.q[16 * g..][..16];
-            let dot: i32 = q.iter().zip(xq).map(|(&q, &x)| q as i32 * x as i32).sum();
-            total += match format {
-                QuantFormat::Q6K => xd * d * dec.sc[g] as f32 * dot as f32,
-                _ => {
-                    let sc = dec.sc[g / 2] as u8 as f32;
-                    let min = if g % 2 == 0 {
-                        dmin * dec.mn[g / 2] as u8 as f32 * a.sums32[at / BLOCK]
-                    } else {
-                        0.0
-                    };
-                    xd * d * sc * dot as f32 - min
-                }
-            };
-        }
+        let xq = &a.quants[b * SUPER..][..SUPER];
+        let isum: i32 = (0..SUPER)
+            .map(|i| {
+                let sc = match format {
+                    QuantFormat::Q6K => dec.sc[i / 16] as i32,
+                    _ => dec.sc[i / 32] as u8 as i32,
+                };
+                sc * dec.q[i] as i32 * xq[i] as i32
+            })
+            .sum();
+        let imin = (format != QuantFormat::Q6K).then(|| {
+            (0..SUPER / BLOCK)
+                .map(|j| dec.mn[j] as u8 as i32 * a.sums32[b * SUPER / BLOCK + j] as i32)
+                .sum()
+        });
+        total = k_super_block(total, isum, imin, d, dmin, a.scales[b]);
     }
     total
 }
@@ -595,6 +622,15 @@ mod tests {
                         QuantMatrix::with_path(format, bytes.clone(), rows, cols, path).unwrap();
                     let got = product(&m, &x, t);
                     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                        // The K-quants have one arithmetic (module docs): bit for bit. The
+                        // legacy formats' scalar oracle sums in another order.
+                        if format.is_k_quant() {
+                            assert_eq!(
+                                a.to_bits(),
+                                b.to_bits(),
+                                "{format:?} {path:?} rows {rows} cols {cols} t {t} at {i}: {a} vs scalar {b}"
+                            );
+                        }
                         assert!(
                             (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
                             "{format:?} {path:?} rows {rows} cols {cols} t {t} at {i}: {a} vs scalar {b}"

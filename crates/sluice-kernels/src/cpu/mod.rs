@@ -13,6 +13,70 @@ pub mod rows;
 mod simd;
 pub mod swiglu;
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The instruction sets the CPU kernels choose between, in the order each adds to the last.
+/// Every kernel of a weight format computes each row bit for bit as the others of that format
+/// do (docs/design.md), so a tier changes speed, never a result; tests check it by running
+/// every tier this CPU has in turn ([`limit_kernels`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum KernelTier {
+    /// AVX2, FMA and F16C (x86-64-v3): the packed and int8 kernels' floor.
+    Avx2,
+    /// AVX-512 F and BW: the packed kernel's 16-lane microkernels and SwiGLU. (Paged
+    /// attention takes its width from the CPU, not from the tier: its AVX2 and AVX-512 kernels
+    /// sum a row's scores in different orders. One per CPU, never per step, so batching stays
+    /// invisible; making them agree is what would put attention under the tiers too.)
+    Avx512,
+    /// AVX-512 VNNI (and VL): the legacy formats' int8 dots by `vpdpbusd`.
+    Avx512Vnni,
+    /// AMX tiles (where a weight kind asks for them).
+    Amx,
+}
+
+/// The highest tier kernels may use ([`limit_kernels`]); `u8::MAX`: whatever the CPU has.
+static LIMIT: AtomicU8 = AtomicU8::new(u8::MAX);
+
+/// Keeps every CPU kernel chosen from now on at or below `tier`, process-wide: for tests that
+/// compare the kernels of one CPU, and for measuring one tier against another. Matrices choose
+/// some kernels when they are built, so set it before loading a model.
+pub fn limit_kernels(tier: KernelTier) {
+    LIMIT.store(tier as u8, Ordering::Relaxed);
+}
+
+/// Whether kernels of `tier` may run (the CPU having them is the caller's check).
+pub(crate) fn allows(tier: KernelTier) -> bool {
+    LIMIT.load(Ordering::Relaxed) >= tier as u8
+}
+
+impl KernelTier {
+    /// The tiers this CPU has, lowest first (empty without AVX2).
+    pub fn available() -> Vec<KernelTier> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            let avx512 = avx2
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl");
+            let vnni = avx512 && is_x86_feature_detected!("avx512vnni");
+            [
+                (KernelTier::Avx2, avx2),
+                (KernelTier::Avx512, avx512),
+                (KernelTier::Avx512Vnni, vnni),
+                (KernelTier::Amx, avx512 && amx::hardware()),
+            ]
+            .into_iter()
+            .filter_map(|(t, has)| has.then_some(t))
+            .collect()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Vec::new()
+    }
+}
+
 /// The first `len` elements of a per-thread scratch buffer, grown (never shrunk) to hold them.
 /// Calls of different sizes then zero it only when it outgrows its largest size yet, not each
 /// time one needs more than the call before (a step's matrices alternate in size).

@@ -12,7 +12,7 @@ fn path() -> Option<bool> {
     {
         use std::sync::OnceLock;
         static PATH: OnceLock<Option<bool>> = OnceLock::new();
-        *PATH.get_or_init(|| {
+        let path = *PATH.get_or_init(|| {
             if is_x86_feature_detected!("avx512f") {
                 Some(true)
             } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -20,7 +20,8 @@ fn path() -> Option<bool> {
             } else {
                 None
             }
-        })
+        });
+        path.map(|wide| wide && super::allows(super::KernelTier::Avx512))
     }
     #[cfg(not(target_arch = "x86_64"))]
     None

@@ -91,7 +91,6 @@ pub fn tiny_app(http: HttpSettings) -> TestApp {
         model: tiny_model_path(),
         served_model_name: TINY_NAME.into(),
         weights: WeightsKind::F32,
-        amx_int8: false,
         cuda_graphs: sluice_model::CudaGraphs::On,
         tool_call_parser: None,
         pooling: None,

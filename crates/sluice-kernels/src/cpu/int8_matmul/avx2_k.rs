@@ -5,19 +5,21 @@
 //! bits) once for every activation row. Against a row's 32 int8 activations `x`,
 //! `maddubs(q, x)` gives 16-bit pair sums and `madd` with the sub-block's integer scale in
 //! every lane widens them to 32 bits already scaled, so the whole super-block is summed in
-//! integers: one conversion and one FMA by `d * xd` per super-block and row. Q4_K's and Q5_K's
-//! minimums enter as one more FMA of `-dmin * mn` against the row's scaled sums of each 32;
-//! Q6_K's `q - 32` as 32 times its scales against the row's integer sums of each 16, exactly.
-//! No sum overflows: a pair is at most 2 * 63 * 127 < 2^15, a super-block's integer sum at
-//! most 256 * 63 * 127 * 128 < 2^31.
+//! integers, its 8 lanes added into one `isum`. Q4_K's and Q5_K's minimums give `imin`, the
+//! sub-blocks' integer minimums against the row's integer sums of each 32; Q6_K's `q - 32`
+//! enters `isum` as 32 times its scales against the row's integer sums of each 16, exactly.
+//! The two integers then go through [`k_super_block`], the float epilogue every kernel of the
+//! K-quants shares. No sum overflows: a pair is at most 2 * 63 * 127 < 2^15, a super-block's
+//! integer sum at most 256 * 63 * 127 * 128 < 2^31.
 //!
 //! Each output's float steps are the same whichever tile it is computed in (one to eight rows),
-//! so a row's result does not depend on the rows beside it.
+//! and the same as the scalar oracle's, so a row's result depends neither on the rows beside
+//! it nor on the kernel.
 
 use std::arch::x86_64::*;
 
-use super::avx2::{f16_at, hsum};
-use super::{QuantFormat, SuperRow, SUPER};
+use super::avx2::f16_at;
+use super::{k_super_block, QuantFormat, SuperRow, SUPER};
 
 /// Each weight row of `weights` (rows of `row_bytes` bytes of `format`, a K-quant) against
 /// each of `rows`: `dots[i * rows.len() + a]` is weight row `i` times activation row `a`.
@@ -151,6 +153,36 @@ unsafe fn quants(row: &SuperRow<'_>, at: usize) -> __m256i {
     unsafe { _mm256_loadu_si256(row.quants.as_ptr().add(at) as *const __m256i) }
 }
 
+/// The sum of 8 32-bit lanes (exact: the callers' sums cannot overflow).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    // SAFETY: AVX2 is the caller's promise; register operations only.
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+        _mm_cvtsi128_si32(s)
+    }
+}
+
+/// `sum_j mins[j] * sums[j]` of 8 16-bit lanes each (at most 8 * 63 * 32 * 127: exact).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn dot8_i16(mins: __m128i, sums: __m128i) -> i32 {
+    // SAFETY: AVX2 is the caller's promise; register operations only.
+    unsafe {
+        let s = _mm_madd_epi16(mins, sums);
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+        _mm_cvtsi128_si32(s)
+    }
+}
+
 /// `acc + madd(maddubs(q, x), scales)`: 32 weights against 32 activations, each 16-bit pair sum
 /// times its lane's scale, into 8 lanes of 32 bits.
 ///
@@ -182,7 +214,7 @@ unsafe fn k_nibbles<const R: usize, const FIVE: bool>(
     unsafe {
         let low = _mm256_set1_epi8(0x0F);
         let bit4 = _mm256_set1_epi8(0x10);
-        let mut facc = [_mm256_setzero_ps(); R];
+        let mut facc = [0f32; R];
         for sb in 0..w.len() / bb {
             let blk = &w[sb * bb..][..bb];
             let p = blk.as_ptr();
@@ -191,10 +223,7 @@ unsafe fn k_nibbles<const R: usize, const FIVE: bool>(
             let (sc, mn) = k_scales(blk[4..16].try_into().expect("12 scale bytes"));
             let scales =
                 _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-            let mins = _mm256_mul_ps(
-                _mm256_set1_ps(-dmin),
-                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64))),
-            );
+            let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
             let qh = if FIVE {
                 _mm256_loadu_si256(p.add(16) as *const __m256i)
             } else {
@@ -228,15 +257,13 @@ unsafe fn k_nibbles<const R: usize, const FIVE: bool>(
             for r in 0..R {
                 let row = &rows[r];
                 debug_assert!(8 * sb + 8 <= row.sums32.len());
-                let scale = _mm256_set1_ps(d * *row.scales.get_unchecked(sb));
-                facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), scale, facc[r]);
-                let sums = _mm256_loadu_ps(row.sums32.as_ptr().add(8 * sb));
-                facc[r] = _mm256_fmadd_ps(mins, sums, facc[r]);
+                let sums = _mm_loadu_si128(row.sums32.as_ptr().add(8 * sb) as *const __m128i);
+                let xd = *row.scales.get_unchecked(sb);
+                let (isum, imin) = (hsum_i32(acc[r]), dot8_i16(mins, sums));
+                facc[r] = k_super_block(facc[r], isum, Some(imin), d, dmin, xd);
             }
         }
-        for (dot, acc) in dots.iter_mut().zip(facc) {
-            *dot = hsum(acc);
-        }
+        dots.copy_from_slice(&facc);
     }
 }
 
@@ -276,7 +303,7 @@ unsafe fn q6_k<const R: usize>(w: &[u8], rows: &[SuperRow<'_>; R], dots: &mut [f
     unsafe {
         let low = _mm256_set1_epi8(0x0F);
         let high = _mm256_set1_epi8(0x30);
-        let mut facc = [_mm256_setzero_ps(); R];
+        let mut facc = [0f32; R];
         for sb in 0..w.len() / bb {
             let p = w.as_ptr().add(sb * bb);
             let d = f16_at(p.add(208));
@@ -318,13 +345,11 @@ unsafe fn q6_k<const R: usize>(w: &[u8], rows: &[SuperRow<'_>; R], dots: &mut [f
                 debug_assert!(16 * sb + 16 <= row.sums16.len());
                 let sums = _mm256_loadu_si256(row.sums16.as_ptr().add(16 * sb) as *const __m256i);
                 let offset = _mm256_slli_epi32(_mm256_madd_epi16(all, sums), 5);
-                let total = _mm256_sub_epi32(acc[r], offset);
-                let scale = _mm256_set1_ps(d * *row.scales.get_unchecked(sb));
-                facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), scale, facc[r]);
+                let isum = hsum_i32(_mm256_sub_epi32(acc[r], offset));
+                let xd = *row.scales.get_unchecked(sb);
+                facc[r] = k_super_block(facc[r], isum, None, d, 0.0, xd);
             }
         }
-        for (dot, acc) in dots.iter_mut().zip(facc) {
-            *dot = hsum(acc);
-        }
+        dots.copy_from_slice(&facc);
     }
 }

@@ -1,0 +1,224 @@
+//! Batching is invisible, exactly (docs/design.md, "one arithmetic per weight format"): a row's
+//! logits are a function of its weights' format and the weight kind chosen, never of the
+//! step's size, the other rows, how its prompt was cut into steps, or which kernel ran. Every
+//! check here is bit for bit: a tolerance would let a step size that picks another kernel
+//! through.
+//!
+//! For every GGUF format our kernels read and every weight kind, on a model wide enough for
+//! the K-quants' 256-input super-blocks:
+//! - a sequence's decode row alone equals it inside steps of 1 to 128 rows, which cross every
+//!   row threshold a kernel has (the int8 kernels' tiles of 4 and 8 rows, the packed kernel's
+//!   6-row tiles and its dequantize-once path from 12 rows, AMX's 16);
+//! - a prompt's logits are the same whether its prefill ran in one step, in chunks (at block
+//!   boundaries, as a prefix-cache hit leaves it, and not), or beside another prompt's rows;
+//! - on a CPU with more than one kernel for a format (AVX2 and AVX-512; AVX-512 VNNI; AMX),
+//!   each one this CPU can run, forced in turn, gives the same bits
+//!   (`sluice_kernels::cpu::limit_kernels`). This binary holds only these tests: forcing a
+//!   kernel is process-wide.
+
+use candle_core::quantized::GgmlDType;
+use sluice_kernels::cpu::KernelTier;
+use sluice_model::testing::TinyModelSpec;
+use sluice_model::{LlamaModel, LoadOptions, StepBatch, WeightsKind};
+
+const BLOCK: usize = 16;
+/// Step sizes around every kernel's row threshold.
+const SIZES: [usize; 22] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 16, 17, 24, 31, 32, 33, 64, 65, 100, 128,
+];
+/// Prompt length: two whole blocks and a partial one.
+const PROMPT: usize = 37;
+/// Ways to cut the prompt into prefill steps: one step; at a block boundary (a prefix-cache
+/// hit's cut); a last chunk shorter than a block; chunks of one token.
+const CHUNKINGS: [&[usize]; 5] = [&[37], &[32, 5], &[16, 21], &[7, 7, 7, 7, 9], &[1; 37]];
+
+fn spec(dtype: GgmlDType) -> TinyModelSpec {
+    TinyModelSpec {
+        hidden_size: 256,
+        intermediate_size: 512,
+        num_heads: 4,
+        num_kv_heads: 2,
+        dtype,
+        ..TinyModelSpec::default()
+    }
+}
+
+fn tokens(n: usize, seed: u64, vocab: usize) -> Vec<u32> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// The bits of each logits row of a step.
+fn rows(model: &LlamaModel, batch: &StepBatch, kv: &mut sluice_model::KvCache) -> Vec<Vec<u32>> {
+    model
+        .forward(batch, kv)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.into_iter().map(f32::to_bits).collect())
+        .collect()
+}
+
+/// What one sequence computes: the logits after its prompt, and after one more token.
+#[derive(PartialEq, Eq)]
+struct Logits {
+    prompt: Vec<u32>,
+    next: Vec<u32>,
+}
+
+/// The sequence's prompt prefilled in chunks of `chunks` (each step beside a `filler`-row
+/// prompt of another sequence when `filler > 0`), then its next token decoded beside a
+/// `decode_filler`-row prompt of another sequence.
+fn run(
+    model: &LlamaModel,
+    prompt: &[u32],
+    next: u32,
+    chunks: &[usize],
+    filler: usize,
+    decode_filler: usize,
+) -> Logits {
+    let vocab = model.config().vocab_size;
+    // Blocks 0..3 for the sequence; fillers take fresh blocks from 4 on, each step its own.
+    let filler_blocks = filler.max(decode_filler).div_ceil(BLOCK).max(1);
+    let steps = chunks.len() + 1;
+    let mut kv = model
+        .new_kv_cache(4 + steps * filler_blocks, BLOCK)
+        .unwrap();
+    let table: Vec<u32> = (0..4).collect();
+    let mut batch = StepBatch::new(BLOCK);
+    // Another sequence's prompt of `n` rows in the step, on blocks of its own.
+    let filler_at = |batch: &mut StepBatch, n: usize, step: usize| {
+        let t: Vec<u32> = (0..filler_blocks)
+            .map(|b| (4 + step * filler_blocks + b) as u32)
+            .collect();
+        batch.push_sequence(&tokens(n, 1000 + step as u64, vocab), 0, &t, true);
+    };
+    // One step: the sequence's `ids` from `pos`, beside `n` filler rows, which go first on odd
+    // steps (the sequence's row is not always row 0). Its logits row.
+    let mut step = 0;
+    let mut one_step = |ids: &[u32], pos: usize, n: usize| {
+        batch.clear();
+        let filler_first = n > 0 && step % 2 == 1;
+        if filler_first {
+            filler_at(&mut batch, n, step);
+        }
+        batch.push_sequence(ids, pos, &table, true);
+        if n > 0 && !filler_first {
+            filler_at(&mut batch, n, step);
+        }
+        let out = rows(model, &batch, &mut kv);
+        step += 1;
+        out[usize::from(filler_first)].clone()
+    };
+    let mut done = 0;
+    let mut last = Vec::new();
+    for &c in chunks {
+        last = one_step(&prompt[done..done + c], done, filler);
+        done += c;
+    }
+    let next = one_step(&[next], prompt.len(), decode_filler);
+    Logits { prompt: last, next }
+}
+
+/// Every check of the module docs on one loaded model; `what` names it in failures.
+fn check(model: &LlamaModel, what: &str) -> Logits {
+    let vocab = model.config().vocab_size;
+    let prompt = tokens(PROMPT, 1, vocab);
+    let next = tokens(1, 2, vocab)[0];
+    let alone = run(model, &prompt, next, &[PROMPT], 0, 0);
+    for n in SIZES {
+        let got = run(model, &prompt, next, &[PROMPT], 0, n - 1);
+        assert!(
+            got.next == alone.next,
+            "{what}: the decode row differs inside a step of {n} rows"
+        );
+    }
+    for chunks in CHUNKINGS {
+        for filler in [0, 20] {
+            let got = run(model, &prompt, next, chunks, filler, 0);
+            assert!(
+                got.prompt == alone.prompt,
+                "{what}: the prompt's logits differ prefilled in chunks {chunks:?} beside {filler} rows"
+            );
+            assert!(
+                got.next == alone.next,
+                "{what}: the next token's logits differ after chunks {chunks:?} beside {filler} rows"
+            );
+        }
+    }
+    alone
+}
+
+const FORMATS: [GgmlDType; 10] = [
+    GgmlDType::F32,
+    GgmlDType::F16,
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
+
+const KINDS: [WeightsKind; 5] = [
+    WeightsKind::Auto,
+    WeightsKind::F32,
+    WeightsKind::Quantized,
+    WeightsKind::F16,
+    WeightsKind::Bf16,
+];
+
+fn load(path: &std::path::Path, weights: WeightsKind) -> LlamaModel {
+    LlamaModel::load(
+        path,
+        &LoadOptions {
+            weights,
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+/// The one test of this binary (kernel forcing is process-wide): every format, every kind,
+/// every kernel tier this CPU has.
+#[test]
+fn a_rows_logits_never_depend_on_its_step_or_kernel() {
+    let dir = std::env::temp_dir().join(format!("sluice-invariance-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tiers = KernelTier::available();
+    eprintln!("kernel tiers on this CPU: {tiers:?}");
+    for dtype in FORMATS {
+        let path = dir.join(format!("{dtype:?}.gguf"));
+        spec(dtype).write_gguf(&path).unwrap();
+        for kind in KINDS {
+            let mut first: Option<(KernelTier, Logits)> = None;
+            for &tier in &tiers {
+                sluice_kernels::cpu::limit_kernels(tier);
+                let model = load(&path, kind);
+                let what = format!("{dtype:?} weights as {kind} on {tier:?} kernels");
+                let got = check(&model, &what);
+                match &first {
+                    None => first = Some((tier, got)),
+                    Some((t0, want)) => {
+                        assert!(*want == got, "{what}: logits differ from {t0:?} kernels'")
+                    }
+                }
+            }
+            sluice_kernels::cpu::limit_kernels(*tiers.last().expect("one tier at least"));
+            eprintln!("{dtype:?} as {kind}: invariant on {} tier(s)", tiers.len());
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
