@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -177,3 +178,25 @@ def metric_value(text: str, name: str) -> float | None:
 
 def metric_names(text: str) -> set[str]:
     return {n for n, _, _ in parse_metrics(text)}
+
+
+def run_together(fn, items: list, timeout: float = 240) -> list:
+    """`fn(item)` for every item at once, one thread each, started together behind a barrier;
+    each result, or the exception it raised. Fails if a call is still running at `timeout`."""
+    results: list = [None] * len(items)
+    barrier = threading.Barrier(len(items))
+
+    def run(i: int):
+        barrier.wait()
+        try:
+            results[i] = fn(items[i])
+        except Exception as e:  # noqa: BLE001 - returned to the caller, which reports it
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), "a concurrent call hung"
+    return results

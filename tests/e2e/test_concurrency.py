@@ -3,9 +3,9 @@ the same text as each one alone."""
 
 from __future__ import annotations
 
-import threading
-
 import openai
+
+from harness import run_together
 
 PROMPTS = [
     "The capital of France is",
@@ -45,23 +45,11 @@ def test_16_concurrent_streams_match_each_alone(server, model_name):
     alone = [stream_text(client, model_name, p) for p in PROMPTS]
     assert all(finish in ("stop", "length") for _, finish in alone), alone
 
-    together: list = [None] * len(PROMPTS)
-    barrier = threading.Barrier(len(PROMPTS))
-
-    def run(i: int):
+    def on_own_client(prompt: str) -> tuple[str, str]:
         c = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=180)
-        barrier.wait()
-        try:
-            together[i] = stream_text(c, model_name, PROMPTS[i])
-        except Exception as e:  # noqa: BLE001 - reported below
-            together[i] = e
+        return stream_text(c, model_name, prompt)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=240)
-    assert not any(t.is_alive() for t in threads), "a concurrent stream hung"
+    together = run_together(on_own_client, PROMPTS)
 
     mismatches = [
         f"{PROMPTS[i]!r}:\n  alone:    {alone[i]!r}\n  together: {together[i]!r}"

@@ -4,12 +4,10 @@ chat through its own ChatML template, and code completion. `scripts/fetch-qwen.s
 
 from __future__ import annotations
 
-import threading
-
 import openai
 import pytest
 
-from harness import ROOT, SluiceServer
+from harness import ROOT, SluiceServer, run_together
 
 QWEN = ROOT / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
@@ -84,21 +82,7 @@ def test_concurrent_streams_match_each_alone(qwen_client):
         return r.choices[0].text
 
     alone = [one(p) for p in prompts]
-    together: list = [None] * len(prompts)
-    barrier = threading.Barrier(len(prompts))
-
-    def run(i: int):
-        barrier.wait()
-        try:
-            together[i] = one(prompts[i])
-        except Exception as e:  # noqa: BLE001 - reported below
-            together[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=240)
+    together = run_together(one, prompts)
     mismatches = [
         f"{prompts[i]!r}: alone {alone[i]!r}, together {together[i]!r}"
         for i in range(len(prompts))

@@ -281,21 +281,14 @@ impl Linear {
                     .iter()
                     .map(|p| p.qtensor()?.dequantize(&Device::Cpu).map_err(Into::into))
                     .collect::<Result<Vec<_>>>()?;
-                let dense = Tensor::cat(&dense, 0)?;
-                if packed {
-                    let data = dense.flatten_all()?.to_vec1::<f32>()?;
-                    let m = PackedMatrix::pack(&data, n, k);
-                    Weights::Parts(vec![(0, Part::Panels(Arc::new(m)))])
-                } else {
-                    Weights::Tensor(dense.to_device(device)?)
-                }
+                panels_or_tensor(Tensor::cat(&dense, 0)?.to_device(device)?, packed)?
             }
             WeightsKind::F16 => {
                 let dense = parts
                     .iter()
                     .map(|p| p.qtensor()?.dequantize_f16(device).map_err(Into::into))
                     .collect::<Result<Vec<_>>>()?;
-                rounded_panels_or_tensor(Tensor::cat(&dense, 0)?, packed)?
+                panels_or_tensor(Tensor::cat(&dense, 0)?, packed)?
             }
             WeightsKind::Bf16 => {
                 // One matrix at a time through f32 (no bf16 dequantizer): the f32 copy is
@@ -304,7 +297,7 @@ impl Linear {
                     .iter()
                     .map(|p| Ok(p.qtensor()?.dequantize(device)?.to_dtype(DType::BF16)?))
                     .collect::<Result<Vec<_>>>()?;
-                rounded_panels_or_tensor(Tensor::cat(&dense, 0)?, packed)?
+                panels_or_tensor(Tensor::cat(&dense, 0)?, packed)?
             }
             WeightsKind::Quantized if device.is_cpu() => {
                 Weights::Parts(Self::int8_parts(parts, packed)?)
@@ -493,7 +486,7 @@ impl Linear {
                     DType::BF16
                 };
                 let rounded = w.to_dtype(dtype)?.to_device(device)?;
-                rounded_panels_or_tensor(rounded, device.is_cpu() && gemm::available())?
+                panels_or_tensor(rounded, device.is_cpu() && gemm::available())?
             }
             WeightsKind::Quantized => {
                 let dtype = if k.is_multiple_of(GgmlDType::Q8_0.block_size()) {
@@ -679,11 +672,11 @@ fn dequantized_rows(group: &[GgufMatrix<'_>]) -> Result<Vec<f32>> {
     Ok(Tensor::cat(&dense, 0)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
-/// Half-precision weights `w: [out, in]` (f16 or bf16): on a CPU with the packed kernel, their
-/// values (exact in f32) in f32 panels, multiplied with the f32 kernel's one arithmetic, at
-/// twice the memory; candle's gemm would sum a row in an order that depends on the step's
-/// size. Elsewhere (a GPU) the tensor as it is.
-fn rounded_panels_or_tensor(w: Tensor, packed: bool) -> Result<Weights> {
+/// Dense weights `w: [out, in]` (f32, or f16/bf16 rounded at load): on a CPU with the packed
+/// kernel (`packed`), their values (exact in f32) in f32 panels, multiplied with the f32
+/// kernel's one arithmetic (for f16/bf16 at twice the memory); candle's gemm would sum a row in
+/// an order that depends on the step's size. Elsewhere (a GPU) the tensor as it is.
+fn panels_or_tensor(w: Tensor, packed: bool) -> Result<Weights> {
     if !packed || !w.device().is_cpu() {
         return Ok(Weights::Tensor(w));
     }
