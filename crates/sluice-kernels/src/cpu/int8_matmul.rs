@@ -19,10 +19,11 @@
 //! whatever the rows beside it.
 //!
 //! Paths, picked once per process: AVX2 (`maddubs` + `madd`; `avx2.rs` the legacy formats,
-//! `avx2_k.rs` the K-quants), AVX-512 VNNI for the legacy formats (`avx2.rs` again, its integer
-//! dots by `vpdpbusd`), and scalar loops with the same arithmetic that are the oracles the SIMD paths are tested
-//! against. Without AVX2 only the legacy layouts are taken ([`QuantMatrix::new`] declines the
-//! rest).
+//! `avx2_k.rs` the K-quants), AVX-512 VNNI (`avx2.rs` again for the legacy formats, its integer
+//! dots by `vpdpbusd`; `avx512_k.rs` for the K-quants, 64 weights a register, `vpdpbusd` then
+//! `vpdpwssd` by the scales, and the epilogue of a tile of 8 rows on 8 lanes), and scalar loops
+//! with the same arithmetic that are the oracles the SIMD paths are tested against. Without
+//! AVX2 only the legacy layouts are taken ([`QuantMatrix::new`] declines the rest).
 //!
 //! A row's result never depends on the other rows of its step: the integer sums are exact, and
 //! each output's float steps come in the same order whether its row is alone or in a tile of
@@ -38,6 +39,8 @@ use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as BLOCK, K_BLOCK_WEIGHTS a
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_k;
+#[cfg(target_arch = "x86_64")]
+mod avx512_k;
 
 /// A `[rows, cols]` weight matrix in GGUF blocks, rows being output features.
 pub struct QuantMatrix {
@@ -79,13 +82,17 @@ struct Blocks32 {
 
 /// Per super-block of 256 a scale (`amax / 127`), the integer sum of each 16 quants (Q6_K's
 /// `q - 32` subtracts 32 times them, exactly), and of each 32 (Q4_K's and Q5_K's integer
-/// minimums multiply them, exactly).
+/// minimums multiply them, exactly). For each whole tile of [`K_ACT_ROWS`] rows (the tiles a
+/// product takes, from row 0), the scales and the sums of 32 again, transposed, so that a
+/// kernel reads one super-block's values for the tile's rows side by side ([`SuperTile`]).
 #[derive(Default)]
 struct Blocks256 {
     quants: Vec<i8>,
     scales: Vec<f32>,
     sums16: Vec<i16>,
     sums32: Vec<i16>,
+    tile_scales: Vec<f32>,
+    tile_sums32: Vec<i16>,
     rows: usize,
     blocks_per_row: usize,
 }
@@ -120,6 +127,16 @@ impl QuantizedActivations {
             quants: &b.quants[row * cols..][..cols],
             scales: &b.scales[row * nb..][..nb],
             sums: &b.sums[row * nb..][..nb],
+        }
+    }
+
+    /// Tile `tile` of [`K_ACT_ROWS`] rows (rows `8 * tile..8 * tile + 8`), transposed.
+    fn super_tile(&self, tile: usize) -> SuperTile<'_> {
+        let b = &self.of256;
+        let nb = b.blocks_per_row;
+        SuperTile {
+            scales: &b.tile_scales[tile * nb * K_ACT_ROWS..][..nb * K_ACT_ROWS],
+            sums32: &b.tile_sums32[tile * nb * 64..][..nb * 64],
         }
     }
 
@@ -208,6 +225,29 @@ impl Blocks256 {
             }
             self.scales[b] = d;
         }
+        self.transpose_tiles();
+    }
+
+    /// Fills [`SuperTile`]'s layout for the whole tiles: per tile and super-block, the 8 rows'
+    /// scales, then their sums of 32 by pairs `j = 2k, 2k + 1`: `[k][row][j - 2k]`.
+    fn transpose_tiles(&mut self) {
+        let nb = self.blocks_per_row;
+        let tiles = self.rows / K_ACT_ROWS;
+        self.tile_scales.resize(tiles * nb * K_ACT_ROWS, 0.0);
+        self.tile_sums32.resize(tiles * nb * K_ACT_ROWS * 8, 0);
+        for tile in 0..tiles {
+            for sb in 0..nb {
+                let at = tile * nb + sb;
+                for r in 0..K_ACT_ROWS {
+                    let row = tile * K_ACT_ROWS + r;
+                    self.tile_scales[at * K_ACT_ROWS + r] = self.scales[row * nb + sb];
+                    for j in 0..8 {
+                        self.tile_sums32[at * 64 + (j / 2) * 16 + 2 * r + j % 2] =
+                            self.sums32[(row * nb + sb) * 8 + j];
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -238,7 +278,7 @@ impl QuantMatrix {
     /// wrong size, or no kernel of this CPU reads the format (without AVX2 only the legacy
     /// Q4_0, Q4_1 and Q8_0 are read).
     pub fn new(format: QuantFormat, data: Vec<u8>, rows: usize, cols: usize) -> Option<Self> {
-        let path = if !format.is_k_quant() && vnni_available() {
+        let path = if vnni_available() {
             Path::Vnni
         } else if avx2_available() {
             Path::Avx2
@@ -398,6 +438,30 @@ impl QuantMatrix {
                 // super-blocks as a weight row (asserted by `matmul_into`).
                 unsafe { avx2_k::rows_dot(self.format, weights, self.row_bytes, &a[..n], dots) }
             }
+            #[cfg(target_arch = "x86_64")]
+            Path::Vnni => {
+                let first = act_rows.start;
+                let a: [SuperRow<'_>; K_ACT_ROWS] =
+                    std::array::from_fn(|i| acts.super_row(first + i.min(n - 1)));
+                // `matmul_into` takes whole tiles from row 0, then the rest.
+                let tile = (n == K_ACT_ROWS).then(|| {
+                    debug_assert_eq!(first % K_ACT_ROWS, 0);
+                    acts.super_tile(first / K_ACT_ROWS)
+                });
+                // SAFETY: `Path::Vnni` is only chosen when the CPU has AVX2, FMA, F16C and
+                // AVX-512 F, BW, VL and VNNI; the activation rows (and the tile of the same
+                // rows) hold as many super-blocks as a weight row (asserted by `matmul_into`).
+                unsafe {
+                    avx512_k::rows_dot(
+                        self.format,
+                        weights,
+                        self.row_bytes,
+                        &a[..n],
+                        tile.as_ref(),
+                        dots,
+                    )
+                }
+            }
             _ => {
                 for (w, row_dots) in weights
                     .chunks_exact(self.row_bytes)
@@ -444,6 +508,23 @@ struct SuperRow<'a> {
     sums32: &'a [i16],
 }
 
+/// A whole tile of [`K_ACT_ROWS`] activation rows' super-block values, transposed
+/// ([`Blocks256::transpose_tiles`]): `scales[8 * sb + r]`, and the sums of 32 of super-block
+/// `sb` as `sums32[64 * sb + 16 * k + 2 * r + e]` for `j = 2k + e`.
+struct SuperTile<'a> {
+    scales: &'a [f32],
+    sums32: &'a [i16],
+}
+
+impl SuperTile<'static> {
+    /// No tile: for kernels of fewer rows, which read the rows themselves.
+    #[cfg(target_arch = "x86_64")]
+    const EMPTY: Self = Self {
+        scales: &[],
+        sums32: &[],
+    };
+}
+
 /// Adds one K-quant super-block to a row's running float sum `acc`: the one float epilogue of
 /// the K-quants' int8 arithmetic, which every kernel of it calls (module docs). `isum` is the
 /// super-block's exact `sum(w' * xq)`, `imin` its exact `sum_j mn_j * xs_j` (`None` for Q6_K,
@@ -478,6 +559,8 @@ fn vnni_available() -> bool {
         static AVAILABLE: OnceLock<bool> = OnceLock::new();
         *AVAILABLE.get_or_init(|| {
             avx2_available()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512vnni")
         }) && super::allows(super::KernelTier::Avx512Vnni)
@@ -560,13 +643,13 @@ mod tests {
 
     use super::*;
 
-    /// Every path this CPU can run for `format`, the scalar oracle last.
-    fn paths(format: QuantFormat) -> Vec<Path> {
+    /// Every path this CPU can run, the scalar oracle last.
+    fn paths() -> Vec<Path> {
         let mut paths = Vec::new();
         if avx2_available() {
             paths.push(Path::Avx2);
         }
-        if !format.is_k_quant() && vnni_available() {
+        if vnni_available() {
             paths.push(Path::Vnni);
         }
         paths.push(Path::Scalar);
@@ -608,6 +691,8 @@ mod tests {
                 (7, 4, 12),
                 // 11 blocks: the legacy kernels' group of 8 and a tail of 3.
                 (9, 11, 3),
+                // 17 rows: two whole tiles of 8 (the K-quants' transposed epilogue) and one.
+                (12, 2, 17),
             ] {
                 let cols = blocks * bw;
                 let (bytes, _) = random_blocks(rows, cols, format, 7 + rows as u64);
@@ -617,7 +702,7 @@ mod tests {
                         .unwrap();
                 let want = product(&oracle, &x, t);
                 let mut avx2 = None;
-                for path in paths(format) {
+                for path in paths() {
                     let m =
                         QuantMatrix::with_path(format, bytes.clone(), rows, cols, path).unwrap();
                     let got = product(&m, &x, t);

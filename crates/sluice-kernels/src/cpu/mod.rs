@@ -28,7 +28,8 @@ pub enum KernelTier {
     /// sum a row's scores in different orders. One per CPU, never per step, so batching stays
     /// invisible; making them agree is what would put attention under the tiers too.)
     Avx512,
-    /// AVX-512 VNNI (and VL): the legacy formats' int8 dots by `vpdpbusd`.
+    /// AVX-512 VNNI (and VL): the int8 dots by `vpdpbusd`, the legacy formats' and the K-quants'
+    /// (`int8_matmul/avx512_k.rs`).
     Avx512Vnni,
     /// AMX tiles (where a weight kind asks for them).
     Amx,

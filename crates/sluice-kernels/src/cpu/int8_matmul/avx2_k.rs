@@ -131,7 +131,7 @@ unsafe fn picks(p: &[u8; 32]) -> __m256i {
 /// 4..7), bytes 4..8 likewise for the minimums, bytes 8..12 the low nibbles of scales 4..7 and
 /// the low nibbles of minimums 4..7 in their high halves. Each comes as 8 bytes of a `u64`.
 #[inline(always)]
-fn k_scales(p: &[u8; 12]) -> (u64, u64) {
+pub(super) fn k_scales(p: &[u8; 12]) -> (u64, u64) {
     let word = |i: usize| u32::from_le_bytes([p[i], p[i + 1], p[i + 2], p[i + 3]]);
     let (a, b, c) = (word(0), word(4), word(8));
     let sc_lo = a & 0x3F3F_3F3F;
@@ -173,7 +173,7 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 /// # Safety
 /// The CPU has AVX2.
 #[inline(always)]
-unsafe fn dot8_i16(mins: __m128i, sums: __m128i) -> i32 {
+pub(super) unsafe fn dot8_i16(mins: __m128i, sums: __m128i) -> i32 {
     // SAFETY: AVX2 is the caller's promise; register operations only.
     unsafe {
         let s = _mm_madd_epi16(mins, sums);
