@@ -173,10 +173,11 @@ def test_previous_response_id_continues_a_stored_response(client, model_name, se
 
 def test_unserved_fields_are_refused_by_name(client, model_name):
     for extra, param in [
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
-        ({"include": ["message.output_text.logprobs"]}, "include"),
+        ({"reasoning": {"effort": "enormous"}}, "reasoning.effort"),
+        ({"include": ["message.output_text.logprobs"]}, "include[0]"),
         ({"background": True}, "background"),
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"not_a_field": 1}, "not_a_field"),
+        ({"tools": [{"type": "custom", "name": "x"}]}, "tools[0].type"),
         ({"truncation": "auto"}, "truncation"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
          "input[0].content[0].type"),
@@ -185,6 +186,21 @@ def test_unserved_fields_are_refused_by_name(client, model_name):
         with pytest.raises(openai.BadRequestError) as e:
             client.post("/responses", body=body, cast_to=object)
         assert e.value.body["param"] == param, e.value.body
+
+
+def test_hosted_tools_are_left_out_and_named(server, model_name):
+    """`web_search` (Codex sends it by default) cannot run here: left out of the prompt and
+    named in a header, never pretended; reasoning fields are accepted (docs/api-fields.md)."""
+    r = requests.post(
+        f"{server.url}/v1/responses",
+        json={"model": model_name, "input": "Hi", "max_output_tokens": 4,
+              "tools": [{"type": "web_search"}], "reasoning": {"effort": "high"},
+              "include": ["reasoning.encrypted_content"], "store": False},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["x-sluice-omitted-tools"] == "web_search"
+    assert all(item["type"] != "web_search_call" for item in r.json()["output"])
 
 
 def test_raw_events_carry_sequence_numbers(server, model_name):

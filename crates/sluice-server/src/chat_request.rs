@@ -72,17 +72,7 @@ pub async fn start(
         mut stop,
         names,
     } = job;
-    let plan = match model.chat_template.as_ref() {
-        Some(template) => tool_calls::plan(
-            tools,
-            tool_choice,
-            parallel_tool_calls,
-            template,
-            model.tool_call_format,
-        )?,
-        // Rendering refuses the request below, naming `messages`.
-        None => ToolPlan::default(),
-    };
+    let plan = plan_tools(&model, tools, tool_choice, parallel_tool_calls)?;
     let grammar = match (plan.grammar.clone(), requested) {
         (Some(_), Some(r)) => {
             return Err(ApiError::invalid(
@@ -149,6 +139,54 @@ pub async fn start(
         },
     )?;
     Ok(ChatRun { generation, output })
+}
+
+/// The tools planned for `model` ([`tool_calls::plan`]); none without a chat template, whose
+/// rendering refuses the request, naming `messages`.
+fn plan_tools(
+    model: &ServedModel,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<ToolChoice>,
+    parallel_tool_calls: Option<bool>,
+) -> Result<ToolPlan, ApiError> {
+    match model.chat_template.as_ref() {
+        Some(template) => tool_calls::plan(
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+            template,
+            model.tool_call_format,
+        ),
+        None => Ok(ToolPlan::default()),
+    }
+}
+
+/// The tokens of the prompt that [`start`] would render for this conversation (tools planned
+/// and rendered alike), without generating: Anthropic's `count_tokens`.
+pub async fn count_prompt_tokens(
+    model: Arc<ServedModel>,
+    messages: Vec<ChatMessageIn>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<ToolChoice>,
+    parallel_tool_calls: Option<bool>,
+    chat_template_kwargs: Option<Map<String, Value>>,
+) -> Result<usize, ApiError> {
+    let plan = plan_tools(&model, tools, tool_choice, parallel_tool_calls)?;
+    tokenize_blocking(move || {
+        let text = request_fields::render_chat(
+            model.chat_template.as_ref(),
+            &messages,
+            true,
+            plan.template_tools.as_deref(),
+            chat_template_kwargs.as_ref(),
+        )?;
+        model
+            .tokenizer()
+            .encode(&text)
+            .map(|ids| ids.len())
+            .map_err(|e| ApiError::invalid("messages", e.to_string()))
+    })
+    .await
 }
 
 /// One choice, read whole.

@@ -19,6 +19,16 @@ pub struct ParamNames {
     pub prompt: &'static str,
     pub max_tokens: &'static str,
     pub logprobs: &'static str,
+    /// Whose words a prompt that does not fit is told in.
+    pub wording: Wording,
+}
+
+/// Whose words an endpoint's context-overflow errors use: clients recover from them by
+/// reading them (Claude Code retries with a smaller `max_tokens` only on Anthropic's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wording {
+    OpenAi,
+    Anthropic,
 }
 
 impl ParamNames {
@@ -26,6 +36,7 @@ impl ParamNames {
         prompt: "prompt",
         max_tokens: "max_tokens",
         logprobs: "logprobs",
+        wording: Wording::OpenAi,
     };
 
     /// `/v1/embeddings`, whose prompts are its `input` (it has no other field the engine
@@ -34,6 +45,7 @@ impl ParamNames {
         prompt: "input",
         max_tokens: "input",
         logprobs: "input",
+        wording: Wording::OpenAi,
     };
 
     /// `max_completion_tokens`: whether the client sent that field (it wins over
@@ -47,6 +59,7 @@ impl ParamNames {
                 "max_tokens"
             },
             logprobs: "top_logprobs",
+            wording: Wording::OpenAi,
         }
     }
 }
@@ -207,6 +220,26 @@ impl ApiError {
             } => Self::invalid(
                 names.prompt,
                 format!("token id {token} is outside the vocabulary of {vocab_size} tokens"),
+            ),
+            // Anthropic's words, which its clients parse.
+            InvalidRequest::PromptTooLong {
+                prompt_tokens,
+                capacity,
+            } if names.wording == Wording::Anthropic => Self::invalid(
+                names.prompt,
+                format!("prompt is too long: {prompt_tokens} tokens > {capacity} maximum"),
+            ),
+            InvalidRequest::TooManyTokens {
+                prompt_tokens,
+                max_tokens,
+                capacity,
+            } if names.wording == Wording::Anthropic => Self::invalid(
+                names.max_tokens,
+                format!(
+                    "input length and `max_tokens` exceed context limit: {prompt_tokens} + \
+                     {max_tokens} > {capacity}, decrease input length or `max_tokens` and try \
+                     again"
+                ),
             ),
             InvalidRequest::PromptTooLong {
                 prompt_tokens,
@@ -417,5 +450,42 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("prompt"));
         assert_eq!(e.code, Some("context_length_exceeded"));
         assert!(e.message.contains("your prompt resulted in 25 tokens"));
+    }
+
+    /// Claude Code reads these numbers back and retries with a `max_tokens` that fits.
+    #[test]
+    fn context_overflow_on_messages_uses_anthropics_message() {
+        let names = ParamNames {
+            prompt: "messages",
+            max_tokens: "max_tokens",
+            logprobs: "logprobs",
+            wording: Wording::Anthropic,
+        };
+        let e = ApiError::from_invalid(
+            InvalidRequest::TooManyTokens {
+                prompt_tokens: 11723,
+                max_tokens: 32000,
+                capacity: 16384,
+            },
+            &names,
+        );
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert_eq!(
+            e.message,
+            "input length and `max_tokens` exceed context limit: 11723 + 32000 > 16384, \
+             decrease input length or `max_tokens` and try again"
+        );
+        let e = ApiError::from_invalid(
+            InvalidRequest::PromptTooLong {
+                prompt_tokens: 20000,
+                capacity: 16384,
+            },
+            &names,
+        );
+        assert_eq!(
+            e.message,
+            "prompt is too long: 20000 tokens > 16384 maximum"
+        );
     }
 }

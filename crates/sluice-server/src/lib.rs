@@ -11,6 +11,7 @@ pub mod chat_request;
 pub mod config;
 pub mod engine_request;
 pub mod error;
+pub mod field_policy;
 pub mod http;
 pub mod json;
 pub mod load;
@@ -27,6 +28,7 @@ pub mod shutdown;
 pub mod sse;
 pub mod state;
 pub mod structured;
+pub mod thinking;
 pub mod tool_calls;
 
 pub use config::{Config, ServeArgs};

@@ -8,6 +8,7 @@ use sluice_engine::gbnf;
 use sluice_engine::Grammar;
 
 use crate::error::ApiError;
+use crate::field_policy;
 use crate::openai::structured::{ExtraFields, ResponseFormat, StructuredOutputs};
 
 /// The constraint fields of a request, as both generation endpoints take them.
@@ -177,56 +178,21 @@ fn grammar_text(text: String, param: &'static str) -> Result<Grammar, ApiError> 
     }
 }
 
-/// OpenAI request fields sluice does not serve: refused, never silently ignored.
-const UNSUPPORTED: &[(&str, &str)] = &[
-    (
-        "audio",
-        "audio output is not supported; this server generates text.",
-    ),
-    (
-        "prediction",
-        "predicted outputs are not supported by this server.",
-    ),
-    (
-        "web_search_options",
-        "web search is not supported by this server.",
-    ),
-    (
-        "functions",
-        "the deprecated `functions` field is not supported; send `tools` instead.",
-    ),
-    (
-        "function_call",
-        "the deprecated `function_call` field is not supported; send `tool_choice` instead.",
-    ),
-];
-
-/// Checks the fields no typed field took: OpenAI features sluice cannot serve are a 400
-/// naming the field; `modalities` may only ask for text; everything else is named in a
-/// debug log line, since clients send fields of other servers and expect them ignored.
+/// Checks the fields no typed field took ([`field_policy::CHAT`]); `modalities` may only ask
+/// for text.
 pub fn check_extra_fields(extra: &ExtraFields) -> Result<(), ApiError> {
-    for (name, value) in extra {
-        if value.is_null() {
-            continue;
+    if let Some(modalities) = extra.get("modalities").filter(|m| !m.is_null()) {
+        let text_only = modalities
+            .as_array()
+            .is_some_and(|m| m.iter().all(|v| v.as_str() == Some("text")));
+        if !text_only {
+            return Err(ApiError::invalid(
+                "modalities",
+                "only the `text` modality is supported.",
+            ));
         }
-        if let Some((field, message)) = UNSUPPORTED.iter().find(|(f, _)| f == name) {
-            return Err(ApiError::invalid(*field, *message));
-        }
-        if name == "modalities" {
-            let text_only = value
-                .as_array()
-                .is_some_and(|m| m.iter().all(|v| v.as_str() == Some("text")));
-            if !text_only {
-                return Err(ApiError::invalid(
-                    "modalities",
-                    "only the `text` modality is supported.",
-                ));
-            }
-            continue;
-        }
-        tracing::debug!(field = %name, "request field not used by this server; ignored");
     }
-    Ok(())
+    field_policy::CHAT.check(extra)
 }
 
 #[cfg(test)]
@@ -335,7 +301,7 @@ mod tests {
     fn unsupported_openai_fields_are_refused_by_name() {
         let extra = |v: Value| v.as_object().unwrap().clone();
         for field in ["audio", "prediction", "web_search_options", "functions"] {
-            let e = check_extra_fields(&extra(json!({ field: {} }))).unwrap_err();
+            let e = check_extra_fields(&extra(json!({ field: {"x": 1} }))).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(field));
         }
         let e = check_extra_fields(&extra(json!({"modalities": ["text", "audio"]}))).unwrap_err();

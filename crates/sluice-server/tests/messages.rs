@@ -253,3 +253,100 @@ async fn the_api_key_may_come_as_x_api_key() {
     let v: Value = serde_json::from_slice(&bytes).unwrap();
     assert_anthropic_error(status, &v, StatusCode::UNAUTHORIZED, "authentication_error");
 }
+
+/// What Claude Code sends at its defaults (captured from `claude -p`): accepted with the
+/// meanings of docs/api-fields.md, whole and streamed.
+#[tokio::test]
+async fn claude_codes_default_fields_are_accepted() {
+    let t = app();
+    let mut body = ask(json!({
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "output_config": {"effort": "medium"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "metadata": {"user_id": "{\"device_id\":\"d\"}"},
+        "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}
+        ],
+        "tools": [
+            {"name": "Read", "description": "Reads a file.",
+             "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}},
+            {"name": "Later", "input_schema": {"type": "object"}, "defer_loading": true}
+        ],
+    }));
+    let (status, v) = t.post_json("/v1/messages", &body).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["type"], "message");
+    body["stream"] = json!(true);
+    let (status, _, bytes) = t.post("/v1/messages", body.to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<String> = events(&bytes).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names.last().map(String::as_str),
+        Some("message_stop"),
+        "{names:?}"
+    );
+    // What is not served is refused by name, unknown fields too.
+    for (extra, field) in [
+        (json!({"frobnicate": 1}), "frobnicate"),
+        (
+            json!({"mcp_servers": [{"url": "https://x"}]}),
+            "mcp_servers",
+        ),
+        (
+            json!({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}),
+            "context_management.edits[0].type",
+        ),
+        (json!({"output_config": {"effort": "enormous"}}), "effort"),
+    ] {
+        let (status, v) = t.post_json("/v1/messages", &ask(extra)).await;
+        assert_anthropic_error(status, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{field}: {message}");
+    }
+}
+
+/// Past the context, Anthropic's words, whose numbers Claude Code reads to retry.
+#[tokio::test]
+async fn a_prompt_that_does_not_fit_is_told_in_anthropics_words() {
+    let t = app();
+    let (status, v) = t
+        .post_json("/v1/messages", &ask(json!({"max_tokens": 100_000_000})))
+        .await;
+    assert_anthropic_error(status, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("input length and `max_tokens` exceed context limit: ")
+            && message.contains(" + 100000000 > ")
+            && message.ends_with(", decrease input length or `max_tokens` and try again"),
+        "{message}"
+    );
+}
+
+/// `count_tokens` counts the prompt `/v1/messages` renders for the same request.
+#[tokio::test]
+async fn count_tokens_counts_what_a_message_would_read() {
+    let t = app();
+    let conversation = json!({"system": "Be brief.",
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (status, message) = t
+        .post_json("/v1/messages", &ask(conversation.clone()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{message}");
+    let mut count = conversation.clone();
+    count["model"] = json!("mock");
+    let (status, counted) = t.post_json("/v1/messages/count_tokens", &count).await;
+    assert_eq!(status, StatusCode::OK, "{counted}");
+    assert_eq!(counted["input_tokens"], message["usage"]["input_tokens"]);
+    count["tools"] = json!([{"name": "Read", "input_schema": {"type": "object"}}]);
+    let (_, with_tool) = t.post_json("/v1/messages/count_tokens", &count).await;
+    assert!(with_tool["input_tokens"].as_u64() > counted["input_tokens"].as_u64());
+    let (status, v) = t
+        .post_json(
+            "/v1/messages/count_tokens",
+            &json!({"model": "mock", "messages": []}),
+        )
+        .await;
+    assert_anthropic_error(status, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+}

@@ -130,6 +130,8 @@ fn valid_body(path: &str) -> Value {
         }
         "/v1/messages" => json!({"model": TINY_NAME, "max_tokens": 2,
             "messages": [{"role": "user", "content": "hi"}]}),
+        "/v1/messages/count_tokens" => json!({"model": TINY_NAME,
+            "messages": [{"role": "user", "content": "hi"}]}),
         "/v1/responses" => json!({"input": "hi", "max_output_tokens": 2}),
         "/v1/embeddings" => json!({"input": "hi"}),
         "/tokenize" => json!({"prompt": "hi"}),

@@ -226,14 +226,21 @@ async fn unserved_or_malformed_fields_are_refused_by_name() {
             json!({"input": [{"type": "item_reference", "id": "x"}]}),
             "input[0].type",
         ),
-        (json!({"reasoning": {"effort": "low"}}), "reasoning"),
         (
-            json!({"include": ["reasoning.encrypted_content"]}),
-            "include",
+            json!({"reasoning": {"effort": "enormous"}}),
+            "reasoning.effort",
+        ),
+        (
+            json!({"include": ["file_search_call.results"]}),
+            "include[0]",
         ),
         (json!({"top_logprobs": 3}), "top_logprobs"),
+        (json!({"frobnicate": true}), "frobnicate"),
         (json!({"truncation": "auto"}), "truncation"),
-        (json!({"tools": [{"type": "file_search"}]}), "tools[0].type"),
+        (
+            json!({"tools": [{"type": "custom", "name": "x"}]}),
+            "tools[0].type",
+        ),
         (
             json!({"tools": [{"type": "function", "name": "bad name"}]}),
             "tools[0].name",
@@ -254,4 +261,66 @@ async fn unserved_or_malformed_fields_are_refused_by_name() {
         .post_json("/v1/responses", &ask(json!({"model": "nope"})))
         .await;
     assert_error(status, &v, StatusCode::NOT_FOUND, Some("model"));
+}
+
+/// What Codex sends at its defaults (captured from `codex exec`): its reasoning, include,
+/// store, cache key and metadata fields, a namespace of functions and a hosted tool, which is
+/// left out and named in a header.
+#[tokio::test]
+async fn codexs_default_fields_are_accepted() {
+    let t = app();
+    let mut body = ask(json!({
+        "input": [
+            {"type": "message", "role": "developer",
+             "content": [{"type": "input_text", "text": "You are a coding agent."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+        ],
+        "tool_choice": "auto",
+        "parallel_tool_calls": true,
+        "reasoning": {"summary": "auto"},
+        "store": false,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "thread",
+        "client_metadata": {"thread_id": "thread"},
+        "tools": [
+            {"type": "function", "name": "exec_command", "description": "Runs a command.",
+             "strict": false, "parameters": {"type": "object",
+                "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}},
+            {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+             "tools": [{"type": "function", "name": "close_agent", "description": "Close.",
+                "strict": false, "parameters": {"type": "object",
+                    "properties": {"target": {"type": "string"}}}}]},
+            {"type": "web_search", "external_web_access": false}
+        ],
+    }));
+    let (status, headers, bytes) = t.post("/v1/responses", body.to_string()).await;
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(status, StatusCode::OK, "{v}");
+    // The mock model writes until `max_output_tokens`.
+    assert_eq!(v["status"], "incomplete", "{v}");
+    assert_eq!(headers["x-sluice-omitted-tools"], "web_search");
+    body["stream"] = json!(true);
+    let (status, headers, bytes) = t.post("/v1/responses", body.to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["x-sluice-omitted-tools"], "web_search");
+    let events = events(&bytes);
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+    // A call of a namespaced function comes back with its namespace.
+    let forced = ask(json!({
+        "tools": [{"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+            "tools": [{"type": "function", "name": "close_agent",
+                "parameters": {"type": "object", "properties": {"target": {"type": "string"}}}}]}],
+        "tool_choice": {"type": "function", "name": "multi_agent_v1__close_agent"},
+        "max_output_tokens": 64,
+    }));
+    let (status, v) = t.post_json("/v1/responses", &forced).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let call = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "function_call")
+        .unwrap_or_else(|| panic!("a call: {v}"));
+    assert_eq!(call["namespace"], "multi_agent_v1", "{call}");
+    assert_eq!(call["name"], "close_agent", "{call}");
 }

@@ -193,6 +193,12 @@ impl ChatTemplate {
         ToolCallFormat::detect(&self.source).unwrap_or(ToolCallFormat::Hermes)
     }
 
+    /// Whether the template mentions the variable `name` (a switch such as `enable_thinking`
+    /// that a request's fields may set through the render's keyword arguments).
+    pub fn reads(&self, name: &str) -> bool {
+        self.source.contains(name)
+    }
+
     /// Whether the model reasons inside `<think>...</think>` (the template mentions `<think>`).
     pub fn thinks(&self) -> bool {
         self.source.contains("<think>")

@@ -16,7 +16,7 @@ use crate::error::ApiError;
 
 /// Routes that answer in Anthropic's shape.
 pub fn is_anthropic_route(path: &str) -> bool {
-    path == "/v1/messages"
+    path == "/v1/messages" || path == "/v1/messages/count_tokens"
 }
 
 #[derive(Serialize)]

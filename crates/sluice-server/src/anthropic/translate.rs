@@ -8,52 +8,84 @@ use serde_json::{json, Value};
 use sluice_engine::{FinishEvent, FinishReason, Grammar, StopReason};
 
 use super::types::{
-    ContentBlockIn, ContentBlockOut, MessageContentIn, MessageIn, OutputConfig, OutputFormat,
-    TextContent, ToolChoiceIn, ToolIn,
+    ContentBlockIn, ContentBlockOut, ContextManagementIn, MessageContentIn, MessageIn,
+    OutputConfig, OutputFormat, TextContent, ThinkingIn, ToolChoiceIn, ToolIn,
 };
 use crate::error::ApiError;
+use crate::field_policy;
 use crate::openai::chat::{ChatMessageIn, MessageContent};
 use crate::openai::structured::{ExtraFields, FunctionCallIn, ToolCallIn, ToolCallOut, ToolChoice};
 use crate::structured::RequestedGrammar;
+use crate::thinking::{Effort, ThinkingRequest};
 
-/// Fields of Anthropic's API that ask for what sluice cannot do: refused by name.
-const UNSUPPORTED: &[(&str, &str)] = &[
-    (
-        "thinking",
-        "extended thinking budgets are not supported; a model that thinks does so as its chat \
-         template says.",
-    ),
-    (
-        "mcp_servers",
-        "MCP servers are not supported by this server.",
-    ),
-    ("container", "containers are not supported by this server."),
-    (
-        "diagnostics",
-        "prompt-cache diagnostics are not reported by this server.",
-    ),
-    (
-        "context_management",
-        "context management is not supported by this server.",
-    ),
-];
+/// Checks what Anthropic's API checks of `thinking` (a budget of at least 1024 tokens, below
+/// `max_tokens` when given), and the fields no typed field took
+/// ([`field_policy::MESSAGES`]).
+pub fn check_fields(
+    extra: &ExtraFields,
+    thinking: Option<&ThinkingIn>,
+    max_tokens: Option<usize>,
+) -> Result<(), ApiError> {
+    if let Some(ThinkingIn::Enabled { budget_tokens, .. }) = thinking {
+        if *budget_tokens < MIN_THINKING_BUDGET {
+            return Err(ApiError::invalid(
+                "thinking.budget_tokens",
+                format!(
+                    "thinking.budget_tokens: Input should be greater than or equal to \
+                     {MIN_THINKING_BUDGET}"
+                ),
+            ));
+        }
+        if let Some(max_tokens) = max_tokens.filter(|m| m <= budget_tokens) {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                format!(
+                    "`max_tokens` must be greater than `thinking.budget_tokens` ({max_tokens} \
+                     <= {budget_tokens})."
+                ),
+            ));
+        }
+    }
+    field_policy::MESSAGES.check(extra)
+}
 
-/// Refuses the fields sluice cannot serve; names the others in a debug log line: `metadata`,
-/// `service_tier`, `inference_geo`, `speed`, `user_profile_id`, `workspace_id` only tag or route
-/// a request, and `cache_control` marks what to cache, which sluice's prefix cache does for
-/// every prompt unasked.
-pub fn check_extra_fields(extra: &ExtraFields) -> Result<(), ApiError> {
-    for (name, value) in extra {
-        if value.is_null() {
-            continue;
+/// Anthropic's least thinking budget.
+const MIN_THINKING_BUDGET: usize = 1024;
+
+/// What `thinking` and `output_config.effort` ask of the template ([`crate::thinking`]).
+pub fn thinking_request(thinking: Option<&ThinkingIn>, effort: Option<Effort>) -> ThinkingRequest {
+    ThinkingRequest {
+        enabled: thinking.map(|t| !matches!(t, ThinkingIn::Disabled)),
+        effort,
+    }
+}
+
+/// Applies `context_management`'s edits. `clear_thinking_20251015` asks to drop earlier
+/// turns' thinking from the context: sluice never shows earlier thinking to the model (see
+/// [`messages`]), so it holds whatever its `keep` says. Other edits are refused by name.
+pub fn context_edits(management: Option<&ContextManagementIn>) -> Result<(), ApiError> {
+    let Some(management) = management else {
+        return Ok(());
+    };
+    for (i, edit) in management.edits.iter().enumerate() {
+        match edit.get("type").and_then(Value::as_str) {
+            Some("clear_thinking_20251015") => {}
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    format!("context_management.edits[{i}].type"),
+                    format!(
+                        "context edits of type `{other}` are not supported; only \
+                         clear_thinking_20251015."
+                    ),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    format!("context_management.edits[{i}].type"),
+                    "each context edit needs a `type`.",
+                ))
+            }
         }
-        if name == "thinking" && value.get("type").and_then(Value::as_str) == Some("disabled") {
-            continue;
-        }
-        if let Some((field, message)) = UNSUPPORTED.iter().find(|(f, _)| f == name) {
-            return Err(ApiError::invalid(*field, *message));
-        }
-        tracing::debug!(field = %name, "request field not used by this server; ignored");
     }
     Ok(())
 }
@@ -63,13 +95,6 @@ pub fn output_grammar(config: Option<OutputConfig>) -> Result<Option<RequestedGr
     let Some(config) = config else {
         return Ok(None);
     };
-    if config.effort.is_some() {
-        return Err(ApiError::invalid(
-            "output_config.effort",
-            "effort levels are not supported; a model that thinks does so as its chat template \
-             says.",
-        ));
-    }
     Ok(config
         .format
         .map(|OutputFormat::JsonSchema { schema }| RequestedGrammar {
@@ -92,26 +117,50 @@ fn chat_message(role: &str, content: String) -> ChatMessageIn {
     }
 }
 
-/// The conversation in chat completions' terms.
+/// The text of a `system` message inside `messages`: text blocks only.
+fn system_text(content: MessageContentIn, i: usize) -> Result<String, ApiError> {
+    match content {
+        MessageContentIn::Text(text) => Ok(text),
+        MessageContentIn::Blocks(blocks) => blocks
+            .into_iter()
+            .enumerate()
+            .map(|(j, block)| match block {
+                ContentBlockIn::Text { text } => Ok(text),
+                _ => Err(ApiError::invalid(
+                    format!("messages[{i}].content[{j}]"),
+                    "a system message holds text blocks only.",
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(|texts| texts.join("\n")),
+    }
+}
+
+/// The conversation in chat completions' terms. `system` messages inside `messages` (Claude
+/// Code sends its environment so) are merged into the system prompt, after `system`, in their
+/// order: chat templates take one system message, first.
 pub fn messages(
     system: Option<TextContent>,
     messages: Vec<MessageIn>,
 ) -> Result<Vec<ChatMessageIn>, ApiError> {
     let mut out = Vec::with_capacity(messages.len() + 1);
-    if let Some(system) = system {
-        out.push(chat_message("system", system.into_text()));
-    }
+    let mut system: Vec<String> = system.map(TextContent::into_text).into_iter().collect();
     if messages.is_empty() {
         return Err(ApiError::invalid(
             "messages",
             "messages must contain at least one message.",
         ));
     }
-    let last = messages.len() - 1;
+    // The last message that is not a system message: an assistant one would be a prefill.
+    let last = messages.iter().rposition(|m| m.role != "system");
     for (i, m) in messages.into_iter().enumerate() {
         let role = match m.role.as_str() {
+            "system" => {
+                system.push(system_text(m.content, i)?);
+                continue;
+            }
             "user" => "user",
-            "assistant" if i == last => {
+            "assistant" if Some(i) == last => {
                 return Err(ApiError::invalid(
                     format!("messages[{i}].role"),
                     "continuing a final assistant message (prefill) is not supported; end \
@@ -122,7 +171,7 @@ pub fn messages(
             other => {
                 return Err(ApiError::invalid(
                     format!("messages[{i}].role"),
-                    format!("the role `{other}` is not supported; use user or assistant."),
+                    format!("the role `{other}` is not supported; use user, assistant or system."),
                 ))
             }
         };
@@ -190,6 +239,15 @@ pub fn messages(
             out.push(message);
         }
     }
+    if out.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "messages must contain a user message, not only system ones.",
+        ));
+    }
+    if !system.is_empty() {
+        out.insert(0, chat_message("system", system.join("\n\n")));
+    }
     Ok(out)
 }
 
@@ -201,6 +259,7 @@ pub fn tools(tools: Option<Vec<ToolIn>>) -> Result<Option<Vec<Value>>, ApiError>
     tools
         .into_iter()
         .enumerate()
+        .filter(|(_, t)| t.defer_loading != Some(true))
         .map(|(i, t)| {
             if let Some(kind) = t.kind.as_deref().filter(|k| *k != "custom") {
                 return Err(ApiError::invalid(
@@ -260,16 +319,22 @@ pub fn tool_input(arguments: &str) -> Value {
     serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_string()))
 }
 
-/// The content blocks of a finished answer: its thinking, its text, its calls.
+/// The content blocks of a finished answer: its thinking (empty with `omit_thinking`, as
+/// Anthropic's `display: "omitted"` returns it), its text, its calls.
 pub fn content_blocks(
     reasoning: String,
     text: String,
     calls: Vec<ToolCallOut>,
+    omit_thinking: bool,
 ) -> Vec<ContentBlockOut> {
     let mut blocks = Vec::with_capacity(2 + calls.len());
     if !reasoning.is_empty() {
         blocks.push(ContentBlockOut::Thinking {
-            thinking: reasoning,
+            thinking: if omit_thinking {
+                String::new()
+            } else {
+                reasoning
+            },
             signature: String::new(),
         });
     }
@@ -339,6 +404,8 @@ mod tests {
     #[test]
     fn bad_conversations_name_the_field() {
         let e = messages(None, parse(json!([{"role": "system", "content": "x"}]))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        let e = messages(None, parse(json!([{"role": "tool", "content": "x"}]))).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[0].role"));
         let e = messages(
             None,
@@ -362,6 +429,65 @@ mod tests {
         assert!(bad.is_err());
     }
 
+    /// Claude Code's shape: a system message after the user's, merged into the system prompt.
+    #[test]
+    fn system_messages_join_the_system_prompt() {
+        let m = messages(
+            Some(TextContent::Text("Be brief.".into())),
+            parse(json!([
+                {"role": "user", "content": [{"type": "text", "text": "Say hi"}]},
+                {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}
+            ])),
+        )
+        .unwrap();
+        let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user"]);
+        assert_eq!(m[0].content.0, "Be brief.\n\n# Environment");
+        let e = messages(
+            None,
+            parse(json!([{"role": "user", "content": "x"},
+                {"role": "system", "content": [{"type": "tool_use", "id": "a", "name": "f",
+                    "input": {}}]}])),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[1].content[0]"));
+    }
+
+    #[test]
+    fn thinking_and_context_edits_are_checked_as_anthropic_does() {
+        let t: ThinkingIn =
+            serde_json::from_value(json!({"type": "enabled", "budget_tokens": 512})).unwrap();
+        let e = check_fields(&ExtraFields::new(), Some(&t), Some(4096)).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("thinking.budget_tokens"));
+        let t: ThinkingIn =
+            serde_json::from_value(json!({"type": "enabled", "budget_tokens": 2048})).unwrap();
+        let e = check_fields(&ExtraFields::new(), Some(&t), Some(2048)).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert!(check_fields(&ExtraFields::new(), Some(&t), Some(4096)).is_ok());
+        let t: ThinkingIn =
+            serde_json::from_value(json!({"type": "adaptive", "display": "omitted"})).unwrap();
+        assert!(t.omits_text());
+        assert_eq!(
+            thinking_request(Some(&t), Some(Effort::Medium)),
+            ThinkingRequest {
+                enabled: Some(true),
+                effort: Some(Effort::Medium)
+            }
+        );
+        let cm: ContextManagementIn = serde_json::from_value(
+            json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}),
+        )
+        .unwrap();
+        assert!(context_edits(Some(&cm)).is_ok());
+        let cm: ContextManagementIn =
+            serde_json::from_value(json!({"edits": [{"type": "clear_tool_uses_20250919"}]}))
+                .unwrap();
+        assert_eq!(
+            context_edits(Some(&cm)).unwrap_err().param.as_deref(),
+            Some("context_management.edits[0].type")
+        );
+    }
+
     #[test]
     fn tools_and_choices_translate() {
         let t: Vec<ToolIn> = serde_json::from_value(json!([{"name": "w", "description": "d",
@@ -373,6 +499,10 @@ mod tests {
             json!({"type": "function", "function": {"name": "w", "description": "d",
                 "parameters": {"type": "object"}}})
         );
+        let deferred: Vec<ToolIn> = serde_json::from_value(json!([{"name": "w"},
+            {"name": "later", "defer_loading": true}]))
+        .unwrap();
+        assert_eq!(tools(Some(deferred)).unwrap().unwrap().len(), 1);
         let server: Vec<ToolIn> =
             serde_json::from_value(json!([{"type": "web_search_20250305", "name": "web_search"}]))
                 .unwrap();
@@ -404,7 +534,7 @@ mod tests {
                 arguments: "{\"city\": \"Paris\"}".into(),
             },
         }];
-        let b = content_blocks(String::new(), String::new(), calls);
+        let b = content_blocks(String::new(), String::new(), calls, false);
         assert_eq!(
             b,
             vec![ContentBlockOut::ToolUse {
@@ -414,7 +544,7 @@ mod tests {
             }]
         );
         assert_eq!(
-            content_blocks(String::new(), String::new(), vec![]),
+            content_blocks(String::new(), String::new(), vec![], false),
             vec![ContentBlockOut::Text {
                 text: String::new()
             }]

@@ -21,19 +21,93 @@ pub struct MessagesRequest {
     pub tools: Option<Vec<ToolIn>>,
     pub tool_choice: Option<ToolChoiceIn>,
     pub stream: Option<bool>,
-    /// Structured output (`format`); `effort` is refused.
+    /// Structured output (`format`) and `effort`, the template's thinking switch where it has
+    /// one ([`crate::thinking`]).
     pub output_config: Option<OutputConfig>,
-    /// Every other field: refused when it asks for something sluice cannot do (extended
-    /// thinking, MCP servers, ...), else named in a debug log line
-    /// ([`super::translate::check_extra_fields`]).
+    /// Whether the model may think: the template's switch where it has one, else nothing
+    /// (a model that does not think honours it by not thinking).
+    pub thinking: Option<ThinkingIn>,
+    /// Edits of the conversation before it is rendered ([`super::translate::context_edits`]).
+    pub context_management: Option<ContextManagementIn>,
+    /// Every other field, by [`crate::field_policy::MESSAGES`]: accepted with its local
+    /// meaning, or refused by name.
     #[serde(flatten)]
     pub extra: ExtraFields,
+}
+
+/// `POST /v1/messages/count_tokens`: a Messages request without `max_tokens` (and without the
+/// fields that only steer generation).
+#[derive(Debug, Clone, Deserialize)]
+pub struct CountTokensRequest {
+    pub model: String,
+    pub messages: Vec<MessageIn>,
+    pub system: Option<TextContent>,
+    pub tools: Option<Vec<ToolIn>>,
+    pub tool_choice: Option<ToolChoiceIn>,
+    pub thinking: Option<ThinkingIn>,
+    pub output_config: Option<OutputConfig>,
+    pub context_management: Option<ContextManagementIn>,
+    #[serde(flatten)]
+    pub extra: ExtraFields,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CountTokensResponse {
+    pub input_tokens: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct OutputConfig {
     pub format: Option<OutputFormat>,
-    pub effort: Option<String>,
+    pub effort: Option<crate::thinking::Effort>,
+}
+
+/// `thinking`: `{"type": "enabled", "budget_tokens"}`, `{"type": "adaptive"}` (the model
+/// decides) or `{"type": "disabled"}`; `display` says whether thinking text comes back.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ThinkingIn {
+    Enabled {
+        budget_tokens: usize,
+        display: Option<ThinkingDisplay>,
+    },
+    Adaptive {
+        display: Option<ThinkingDisplay>,
+    },
+    Disabled,
+}
+
+/// Whether thinking text is returned: `summarized` (Anthropic's default; sluice returns the
+/// thinking itself, it writes no summaries) or `omitted` (thinking blocks come back empty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThinkingDisplay {
+    Summarized,
+    Omitted,
+}
+
+impl ThinkingIn {
+    /// Whether thinking text is left out of the answer.
+    pub fn omits_text(&self) -> bool {
+        matches!(
+            self,
+            Self::Enabled {
+                display: Some(ThinkingDisplay::Omitted),
+                ..
+            } | Self::Adaptive {
+                display: Some(ThinkingDisplay::Omitted)
+            }
+        )
+    }
+}
+
+/// `context_management`: edits applied to the conversation before it reaches the model.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContextManagementIn {
+    /// Read one by one in [`super::translate::context_edits`], so an error names
+    /// `context_management.edits[i]`.
+    #[serde(default)]
+    pub edits: Vec<Value>,
 }
 
 /// `output_config.format`: the answer is JSON valid against `schema`.
@@ -129,6 +203,9 @@ pub struct ToolIn {
     pub name: String,
     pub description: Option<String>,
     pub input_schema: Option<Value>,
+    /// A deferred tool is left out of the prompt, as Anthropic leaves it out of the context
+    /// until a tool search finds it; the client sends it again, not deferred, to offer it.
+    pub defer_loading: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

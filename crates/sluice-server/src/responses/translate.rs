@@ -8,75 +8,110 @@ use serde_json::{json, Map, Value};
 use sluice_engine::FinishReason;
 
 use super::types::{
-    ContentPart, IncompleteDetails, OutputItem, ResponseInput, TextConfig, TextFormat,
+    ContentPart, IncompleteDetails, OutputItem, ReasoningConfig, ResponseInput, TextConfig,
+    TextFormat,
 };
 use crate::engine_request::random_id;
 use crate::error::ApiError;
+use crate::field_policy;
 use crate::openai::chat::{ChatMessageIn, MessageContent};
 use crate::openai::structured::{
     ExtraFields, FunctionCallIn, JsonSchemaFormat, ResponseFormat, ToolCallIn, ToolCallOut,
     ToolChoice,
 };
 use crate::structured::{self, ConstraintFields, RequestedGrammar};
+use crate::thinking::ThinkingRequest;
 
-/// Fields that ask for what sluice cannot do: refused by name, unless null (or empty/false,
-/// which asks for nothing).
-const UNSUPPORTED: &[(&str, &str)] = &[
-    (
-        "reasoning",
-        "reasoning effort and summaries are not supported; a model that thinks does so as its \
-         chat template says, and its thinking comes back as a reasoning item.",
-    ),
-    (
-        "include",
-        "extra output (logprobs, encrypted reasoning, search results) is not supported.",
-    ),
-    (
-        "top_logprobs",
-        "logprobs are not supported on this API; use /v1/chat/completions.",
-    ),
-    (
-        "background",
-        "background responses are not supported by this server.",
-    ),
-    (
-        "conversation",
-        "conversations are not supported; use previous_response_id.",
-    ),
-    (
-        "prompt",
-        "prompt templates are not supported by this server.",
-    ),
-    (
-        "max_tool_calls",
-        "max_tool_calls is not supported; use parallel_tool_calls.",
-    ),
-];
+/// Checks the fields no typed field took ([`field_policy::RESPONSES`]) and `include`.
+pub fn check_extra_fields(extra: &ExtraFields) -> Result<(), ApiError> {
+    field_policy::RESPONSES.check(extra)
+}
 
-fn asks_for_nothing(value: &Value) -> bool {
-    match value {
-        Value::Null | Value::Bool(false) => true,
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.values().all(Value::is_null),
-        Value::Number(n) => n.as_u64() == Some(0),
-        Value::String(_) | Value::Bool(true) => false,
+/// `include`'s extra output: `reasoning.encrypted_content` is served (reasoning items carry an
+/// opaque token of themselves); the rest asks for output sluice does not make, refused by
+/// name. Returns whether reasoning tokens are asked for.
+pub fn check_include(include: Option<&[String]>) -> Result<bool, ApiError> {
+    let mut encrypted = false;
+    for (i, what) in include.unwrap_or_default().iter().enumerate() {
+        match what.as_str() {
+            "reasoning.encrypted_content" => encrypted = true,
+            "message.output_text.logprobs" => {
+                return Err(ApiError::invalid(
+                    format!("include[{i}]"),
+                    "logprobs are not supported on this API; use /v1/chat/completions.",
+                ))
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    format!("include[{i}]"),
+                    format!(
+                        "`{other}` is output of a hosted tool or input this server does not \
+                         keep; only `reasoning.encrypted_content` can be included."
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(encrypted)
+}
+
+/// What `reasoning` asks of the template ([`crate::thinking`]): its `effort`. A summary is
+/// not written: a thinking model's reasoning comes back whole as the item's content.
+pub fn thinking_request(reasoning: Option<&ReasoningConfig>) -> ThinkingRequest {
+    ThinkingRequest {
+        enabled: None,
+        effort: reasoning.and_then(|r| r.effort),
     }
 }
 
-/// Refuses the fields sluice cannot serve; names the others in a debug log line
-/// (`service_tier`, `safety_identifier`, `prompt_cache_key`, `stream_options`: they route,
-/// tag or pad a request, and sluice's prefix cache needs no key).
-pub fn check_extra_fields(extra: &ExtraFields) -> Result<(), ApiError> {
-    for (name, value) in extra {
-        if asks_for_nothing(value) {
-            continue;
-        }
-        if let Some((field, message)) = UNSUPPORTED.iter().find(|(f, _)| f == name) {
-            return Err(ApiError::invalid(*field, *message));
-        }
-        tracing::debug!(field = %name, "request field not used by this server; ignored");
+/// Tools the Responses API runs on OpenAI's side (search, code, images, computers, remote
+/// MCP): sluice cannot run them, so they are left out of the prompt and named in the
+/// response's `x-sluice-omitted-tools` header.
+const HOSTED_TOOLS: &[&str] = &[
+    "web_search",
+    "web_search_preview",
+    "web_search_preview_2025_03_11",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "computer_use_preview",
+    "computer",
+    "mcp",
+    "tool_search",
+    "local_shell",
+];
+
+/// The response header that names the hosted tools left out.
+pub const OMITTED_TOOLS_HEADER: &str = "x-sluice-omitted-tools";
+
+/// How the model sees a function of a `namespace` tool: one flat function, `{namespace}__{name}`
+/// (the names allowed in a function name have no other separator).
+pub fn flat_name(namespace: &str, name: &str) -> String {
+    format!("{namespace}__{name}")
+}
+
+/// The functions that came in `namespace` tools, by the flat name the model calls them by.
+#[derive(Debug, Clone, Default)]
+pub struct ToolNames {
+    namespaced: Vec<(String, String, String)>,
+}
+
+impl ToolNames {
+    /// The namespace and name of the function the model called `flat`, if it was namespaced.
+    pub fn split(&self, flat: &str) -> Option<(&str, &str)> {
+        self.namespaced
+            .iter()
+            .find(|(f, _, _)| f == flat)
+            .map(|(_, ns, name)| (ns.as_str(), name.as_str()))
     }
-    Ok(())
+}
+
+/// How output items are written for a request: with reasoning tokens (`include`), and with
+/// namespaced calls split back.
+#[derive(Debug, Clone, Default)]
+pub struct ItemStyle {
+    pub encrypted_reasoning: bool,
+    pub names: ToolNames,
 }
 
 fn message(role: &str, content: String) -> ChatMessageIn {
@@ -185,11 +220,16 @@ pub fn input_messages(input: ResponseInput) -> Result<Vec<ChatMessageIn>, ApiErr
                 out.push(message(&role, content_text(item.get("content"), &at)?));
             }
             "function_call" => {
+                let name = string_field(item, "name", &at)?;
+                let name = match item.get("namespace").and_then(Value::as_str) {
+                    Some(namespace) => flat_name(namespace, &name),
+                    None => name,
+                };
                 let call = ToolCallIn {
                     id: Some(string_field(item, "call_id", &at)?),
                     kind: Some("function".into()),
                     function: FunctionCallIn {
-                        name: string_field(item, "name", &at)?,
+                        name,
                         arguments: Value::String(string_field(item, "arguments", &at)?),
                     },
                 };
@@ -235,41 +275,102 @@ pub fn input_messages(input: ResponseInput) -> Result<Vec<ChatMessageIn>, ApiErr
     Ok(out)
 }
 
-/// The Responses API's flat function tools as chat completions' `tools`.
-pub fn tools(tools: Option<Vec<Value>>) -> Result<Option<Vec<Value>>, ApiError> {
+/// The tools of a request, as the model is shown them.
+#[derive(Debug, Default)]
+pub struct Tools {
+    /// Chat completions' `tools`; `None` for none.
+    pub tools: Option<Vec<Value>>,
+    pub names: ToolNames,
+    /// Hosted tools left out ([`HOSTED_TOOLS`]), by type.
+    pub omitted: Vec<String>,
+}
+
+/// One function tool (`{"type": "function", "name", ...}`) as chat completions' tool.
+fn function_tool(mut tool: Map<String, Value>) -> Value {
+    tool.remove("type");
+    json!({"type": "function", "function": tool})
+}
+
+/// The Responses API's tools as chat completions' `tools`: function tools as they are,
+/// `namespace` tools (Codex's groups of functions) as flat functions ([`flat_name`], the
+/// group's description before each function's), hosted tools left out.
+pub fn tools(tools: Option<Vec<Value>>) -> Result<Tools, ApiError> {
     let Some(tools) = tools else {
-        return Ok(None);
+        return Ok(Tools::default());
     };
-    tools
-        .into_iter()
-        .enumerate()
-        .map(|(i, tool)| {
-            let Value::Object(mut tool) = tool else {
-                return Err(ApiError::invalid(
-                    format!("tools[{i}]"),
-                    "a tool must be an object.",
-                ));
-            };
-            match tool.get("type").and_then(Value::as_str) {
-                Some("function") => {}
-                Some(other) => {
+    let mut out = Tools::default();
+    let mut flat = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.into_iter().enumerate() {
+        let Value::Object(tool) = tool else {
+            return Err(ApiError::invalid(
+                format!("tools[{i}]"),
+                "a tool must be an object.",
+            ));
+        };
+        match tool.get("type").and_then(Value::as_str) {
+            Some("function") => flat.push(function_tool(tool)),
+            Some("namespace") => {
+                let namespace = string_field(&tool, "name", &format!("tools[{i}]"))?;
+                let about = tool
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let Some(Value::Array(members)) = tool.get("tools") else {
                     return Err(ApiError::invalid(
-                        format!("tools[{i}].type"),
-                        format!("tools of type `{other}` are not supported; only `function`."),
-                    ))
-                }
-                None => {
-                    return Err(ApiError::invalid(
-                        format!("tools[{i}].type"),
-                        "each tool needs a `type`.",
-                    ))
+                        format!("tools[{i}].tools"),
+                        "a namespace tool needs a list of `tools`.",
+                    ));
+                };
+                for (j, member) in members.iter().enumerate() {
+                    let at = format!("tools[{i}].tools[{j}]");
+                    let Some(mut member) = member.as_object().cloned() else {
+                        return Err(ApiError::invalid(at, "a tool must be an object."));
+                    };
+                    if member.get("type").and_then(Value::as_str) != Some("function") {
+                        return Err(ApiError::invalid(
+                            format!("{at}.type"),
+                            "a namespace holds function tools only here.",
+                        ));
+                    }
+                    let name = string_field(&member, "name", &at)?;
+                    let flat_name = flat_name(&namespace, &name);
+                    let own = member
+                        .get("description")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    let description = match (about.is_empty(), own.is_empty()) {
+                        (true, _) => own.to_string(),
+                        (false, true) => about.to_string(),
+                        (false, false) => format!("{about}\n\n{own}"),
+                    };
+                    member.insert("name".into(), Value::String(flat_name.clone()));
+                    member.insert("description".into(), Value::String(description));
+                    out.names
+                        .namespaced
+                        .push((flat_name, namespace.clone(), name));
+                    flat.push(function_tool(member));
                 }
             }
-            tool.remove("type");
-            Ok(json!({"type": "function", "function": tool}))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
+            Some(hosted) if HOSTED_TOOLS.contains(&hosted) => out.omitted.push(hosted.into()),
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    format!("tools[{i}].type"),
+                    format!(
+                        "tools of type `{other}` are not supported; use `function` or \
+                         `namespace` (hosted tools are left out)."
+                    ),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    format!("tools[{i}].type"),
+                    "each tool needs a `type`.",
+                ))
+            }
+        }
+    }
+    out.tools = (!flat.is_empty()).then_some(flat);
+    Ok(out)
 }
 
 /// `tool_choice`: `"none"`, `"auto"`, `"required"` or `{"type": "function", "name"}`.
@@ -341,10 +442,23 @@ fn item_id(prefix: &str) -> String {
     random_id(prefix, '_')
 }
 
-pub fn reasoning_item(id: String, text: String, status: &'static str) -> OutputItem {
+/// The opaque token of a reasoning item's text (`include: ["reasoning.encrypted_content"]`):
+/// sluice keeps no secret from the client whose model wrote it, so it is the text in base64.
+pub fn reasoning_token(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+pub fn reasoning_item(
+    id: String,
+    text: String,
+    status: &'static str,
+    style: &ItemStyle,
+) -> OutputItem {
     OutputItem::Reasoning {
         id,
         summary: Vec::new(),
+        encrypted_content: style.encrypted_reasoning.then(|| reasoning_token(&text)),
         content: vec![ContentPart::ReasoningText { text }],
         status,
     }
@@ -362,16 +476,23 @@ pub fn message_item(id: String, text: String, status: &'static str) -> OutputIte
     }
 }
 
+/// A call item; a call of a namespaced function names its namespace and its own name.
 pub fn call_item(
     id: String,
     call_id: String,
     name: String,
     arguments: String,
     status: &'static str,
+    style: &ItemStyle,
 ) -> OutputItem {
+    let (namespace, name) = match style.names.split(&name) {
+        Some((namespace, own)) => (Some(namespace.to_string()), own.to_string()),
+        None => (None, name),
+    };
     OutputItem::FunctionCall {
         id,
         call_id,
+        namespace,
         name,
         arguments,
         status,
@@ -401,6 +522,7 @@ pub fn output_items(
     text: String,
     calls: Vec<ToolCallOut>,
     status: &'static str,
+    style: &ItemStyle,
 ) -> Vec<OutputItem> {
     let mut items = Vec::with_capacity(2 + calls.len());
     if !reasoning.is_empty() {
@@ -408,6 +530,7 @@ pub fn output_items(
             new_item_id(ItemKind::Reasoning),
             reasoning,
             status,
+            style,
         ));
     }
     if !text.is_empty() || calls.is_empty() {
@@ -420,6 +543,7 @@ pub fn output_items(
             c.function.name,
             c.function.arguments,
             status,
+            style,
         )
     }));
     items
@@ -442,6 +566,7 @@ pub fn conversation_turn(items: &[OutputItem]) -> Option<ChatMessageIn> {
             }
             OutputItem::FunctionCall {
                 call_id,
+                namespace,
                 name,
                 arguments,
                 ..
@@ -452,7 +577,10 @@ pub fn conversation_turn(items: &[OutputItem]) -> Option<ChatMessageIn> {
                         id: Some(call_id.clone()),
                         kind: Some("function".into()),
                         function: FunctionCallIn {
-                            name: name.clone(),
+                            name: match namespace {
+                                Some(namespace) => flat_name(namespace, name),
+                                None => name.clone(),
+                            },
                             arguments: Value::String(arguments.clone()),
                         },
                     });
@@ -538,12 +666,20 @@ mod tests {
     fn tools_choices_and_formats_translate() {
         let t = tools(Some(vec![json!({"type": "function", "name": "w", "parameters": {"type": "object"}, "strict": true})]))
             .unwrap()
+            .tools
             .unwrap();
         assert_eq!(
             t[0],
             json!({"type": "function", "function": {"name": "w", "parameters": {"type": "object"}, "strict": true}})
         );
-        let e = tools(Some(vec![json!({"type": "web_search"})])).unwrap_err();
+        // Hosted tools are left out and named; unknown kinds are refused.
+        let t = tools(Some(vec![
+            json!({"type": "web_search", "external_web_access": false}),
+        ]))
+        .unwrap();
+        assert!(t.tools.is_none());
+        assert_eq!(t.omitted, ["web_search"]);
+        let e = tools(Some(vec![json!({"type": "custom", "name": "x"})])).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tools[0].type"));
         assert_eq!(
             tool_choice(Some(json!("required"))).unwrap(),
@@ -571,18 +707,81 @@ mod tests {
         assert!(text_grammar(Some(&text)).unwrap().is_none());
     }
 
+    /// Codex's namespace tools: flat functions for the model, split back in its calls.
+    #[test]
+    fn namespace_tools_are_flat_for_the_model_and_split_in_calls() {
+        let t = tools(Some(vec![
+            json!({"type": "namespace", "name": "multi_agent_v1",
+            "description": "Sub-agents.", "tools": [{"type": "function", "name": "close_agent",
+            "description": "Close one.", "parameters": {"type": "object"}}]}),
+        ]))
+        .unwrap();
+        let f = &t.tools.as_ref().unwrap()[0]["function"];
+        assert_eq!(f["name"], "multi_agent_v1__close_agent");
+        assert_eq!(f["description"], "Sub-agents.\n\nClose one.");
+        let style = ItemStyle {
+            encrypted_reasoning: false,
+            names: t.names,
+        };
+        let item = call_item(
+            "fc_1".into(),
+            "call_1".into(),
+            "multi_agent_v1__close_agent".into(),
+            "{}".into(),
+            "completed",
+            &style,
+        );
+        let v = serde_json::to_value(&item).unwrap();
+        assert_eq!(v["namespace"], "multi_agent_v1");
+        assert_eq!(v["name"], "close_agent");
+        // The call comes back in a later request's input, and in a stored turn, flat again.
+        let turn = conversation_turn(&[item]).unwrap();
+        assert_eq!(
+            turn.tool_calls.unwrap()[0].function.name,
+            "multi_agent_v1__close_agent"
+        );
+        let m = input_messages(ResponseInput::Items(vec![json!({"type": "function_call",
+            "call_id": "c", "namespace": "multi_agent_v1", "name": "close_agent",
+            "arguments": "{}"})]))
+        .unwrap();
+        assert_eq!(
+            m[0].tool_calls.as_ref().unwrap()[0].function.name,
+            "multi_agent_v1__close_agent"
+        );
+    }
+
+    #[test]
+    fn include_is_served_or_refused_by_name() {
+        assert!(!check_include(None).unwrap());
+        assert!(check_include(Some(&["reasoning.encrypted_content".to_string()])).unwrap());
+        let e = check_include(Some(&[
+            "reasoning.encrypted_content".to_string(),
+            "file_search_call.results".to_string(),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("include[1]"));
+        let style = ItemStyle {
+            encrypted_reasoning: true,
+            names: ToolNames::default(),
+        };
+        let item = reasoning_item("rs_1".into(), "hm".into(), "completed", &style);
+        let v = serde_json::to_value(&item).unwrap();
+        assert_eq!(v["encrypted_content"], reasoning_token("hm"));
+        // Sent back as input, it is accepted (and not shown to the model again).
+        let m = input_messages(ResponseInput::Items(vec![v])).unwrap();
+        assert!(m.is_empty());
+    }
+
     #[test]
     fn unsupported_fields_are_refused_and_empty_ones_allowed() {
         let extra = |v: Value| v.as_object().unwrap().clone();
         check_extra_fields(&extra(
-            json!({"include": [], "reasoning": null, "top_logprobs": 0,
-            "background": false, "service_tier": "auto", "prompt_cache_key": "k"}),
+            json!({"top_logprobs": 0, "background": false, "service_tier": "auto",
+            "prompt_cache_key": "k", "client_metadata": {"thread_id": "t"}}),
         ))
         .unwrap();
-        for field in ["include", "reasoning", "top_logprobs", "background"] {
+        for field in ["top_logprobs", "background", "frobnicate"] {
             let value = match field {
-                "include" => json!(["message.output_text.logprobs"]),
-                "reasoning" => json!({"effort": "low"}),
                 "top_logprobs" => json!(2),
                 _ => json!(true),
             };
@@ -601,7 +800,13 @@ mod tests {
                 arguments: "{}".into(),
             },
         }];
-        let items = output_items("hm".into(), "Checking.".into(), calls, "completed");
+        let items = output_items(
+            "hm".into(),
+            "Checking.".into(),
+            calls,
+            "completed",
+            &ItemStyle::default(),
+        );
         assert_eq!(items.len(), 3);
         assert!(
             matches!(&items[2], OutputItem::FunctionCall { call_id, .. } if call_id == "call_1")

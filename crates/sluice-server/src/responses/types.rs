@@ -33,10 +33,32 @@ pub struct ResponsesRequest {
     pub user: Option<String>,
     /// `disabled` (the default) only: sluice never drops input to fit the context.
     pub truncation: Option<String>,
-    /// Every other field: refused when it asks for what sluice cannot do, else named in a
-    /// debug log line ([`super::translate::check_extra_fields`]).
+    /// `effort`: the template's thinking switch where it has one ([`crate::thinking`]);
+    /// `summary`: accepted, no summary is written (a thinking model's reasoning comes back
+    /// whole, as the item's content).
+    pub reasoning: Option<ReasoningConfig>,
+    /// Extra output: `reasoning.encrypted_content` only ([`super::translate::check_include`]).
+    pub include: Option<Vec<String>>,
+    /// Every other field, by [`crate::field_policy::RESPONSES`]: accepted with its local
+    /// meaning, or refused by name.
     #[serde(flatten)]
     pub extra: ExtraFields,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReasoningConfig {
+    pub effort: Option<crate::thinking::Effort>,
+    pub summary: Option<ReasoningSummary>,
+    /// The deprecated name of `summary`.
+    pub generate_summary: Option<ReasoningSummary>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningSummary {
+    Auto,
+    Concise,
+    Detailed,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -87,11 +109,15 @@ pub enum ContentPart {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutputItem {
-    /// A thinking model's reasoning.
+    /// A thinking model's reasoning. `encrypted_content`, with `include:
+    /// ["reasoning.encrypted_content"]`: an opaque token of it (its text, base64), which a
+    /// later request may send back (earlier reasoning is never shown to the model again).
     Reasoning {
         id: String,
         summary: Vec<Value>,
         content: Vec<ContentPart>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        encrypted_content: Option<String>,
         status: &'static str,
     },
     Message {
@@ -103,6 +129,10 @@ pub enum OutputItem {
     FunctionCall {
         id: String,
         call_id: String,
+        /// The namespace of a tool that came in a `namespace` tool (Codex's groups), `name`
+        /// being its name inside it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        namespace: Option<String>,
         name: String,
         /// JSON text of the arguments object.
         arguments: String,

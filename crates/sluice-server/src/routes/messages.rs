@@ -12,25 +12,27 @@ use sluice_engine::FinishReason;
 use crate::anthropic::errors::stream_error;
 use crate::anthropic::translate;
 use crate::anthropic::types::{
-    BlockDelta, ContentBlockOut, MessageDeltaBody, MessagesRequest, MessagesResponse,
-    MessagesUsage, OutputUsage, StreamEvent,
+    BlockDelta, ContentBlockOut, CountTokensRequest, CountTokensResponse, MessageDeltaBody,
+    MessagesRequest, MessagesResponse, MessagesUsage, OutputUsage, StreamEvent,
 };
 use crate::chat_output::ChoiceOutput;
 use crate::chat_request::{self, ChatJob, ChatRun};
 use crate::engine_request::{self, Item};
-use crate::error::{ApiError, ParamNames};
+use crate::error::{ApiError, ParamNames, Wording};
 use crate::json::ApiJson;
 use crate::openai::{SamplingFields, StopList};
 use crate::output_blocks::{BlockEvent, BlockKind, BlockStream};
 use crate::request_fields;
 use crate::sse;
 use crate::state::AppState;
+use crate::thinking;
 use crate::tool_calls;
 
 const NAMES: ParamNames = ParamNames {
     prompt: "messages",
     max_tokens: "max_tokens",
     logprobs: "logprobs",
+    wording: Wording::Anthropic,
 };
 
 pub async fn handler(
@@ -40,7 +42,14 @@ pub async fn handler(
     let started = Instant::now();
     let model = state.model()?;
     request_fields::check_model(Some(&req.model), &model)?;
-    translate::check_extra_fields(&req.extra)?;
+    translate::check_fields(&req.extra, req.thinking.as_ref(), Some(req.max_tokens))?;
+    translate::context_edits(req.context_management.as_ref())?;
+    let effort = req.output_config.as_ref().and_then(|c| c.effort);
+    let chat_template_kwargs = thinking::template_kwargs(
+        model.chat_template.as_ref(),
+        translate::thinking_request(req.thinking.as_ref(), effort),
+    );
+    let omit_thinking = req.thinking.as_ref().is_some_and(|t| t.omits_text());
     // Anthropic's range, narrower than OpenAI's.
     if let Some(t) = req.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
         return Err(ApiError::invalid(
@@ -63,7 +72,7 @@ pub async fn handler(
         tool_choice,
         parallel_tool_calls,
         requested: translate::output_grammar(req.output_config)?,
-        chat_template_kwargs: None,
+        chat_template_kwargs,
         n,
         max_tokens: Some(req.max_tokens),
         sampling,
@@ -75,10 +84,40 @@ pub async fn handler(
         .await
         .map_err(|e| tool_calls::flat_tool_param(e, "input_schema"))?;
     if req.stream.unwrap_or(false) {
-        Ok(sse::response(stream_events(run)))
+        Ok(sse::response(stream_events(run, omit_thinking)))
     } else {
-        Ok(axum::Json(collect(run).await?).into_response())
+        Ok(axum::Json(collect(run, omit_thinking).await?).into_response())
     }
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's tokens as `/v1/messages` would render the
+/// same request (system, messages, tools and the template's thinking switch), without
+/// generating.
+pub async fn count_tokens(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<CountTokensRequest>,
+) -> Result<axum::Json<CountTokensResponse>, ApiError> {
+    let model = state.model()?;
+    request_fields::check_model(Some(&req.model), &model)?;
+    translate::check_fields(&req.extra, req.thinking.as_ref(), None)?;
+    translate::context_edits(req.context_management.as_ref())?;
+    let effort = req.output_config.as_ref().and_then(|c| c.effort);
+    let chat_template_kwargs = thinking::template_kwargs(
+        model.chat_template.as_ref(),
+        translate::thinking_request(req.thinking.as_ref(), effort),
+    );
+    let (tool_choice, parallel_tool_calls) = translate::tool_choice(req.tool_choice);
+    let input_tokens = chat_request::count_prompt_tokens(
+        model,
+        translate::messages(req.system, req.messages)?,
+        translate::tools(req.tools)?,
+        tool_choice,
+        parallel_tool_calls,
+        chat_template_kwargs,
+    )
+    .await
+    .map_err(|e| tool_calls::flat_tool_param(e, "input_schema"))?;
+    Ok(axum::Json(CountTokensResponse { input_tokens }))
 }
 
 fn message(run: &ChatRun, content: Vec<ContentBlockOut>) -> MessagesResponse {
@@ -98,7 +137,7 @@ fn message(run: &ChatRun, content: Vec<ContentBlockOut>) -> MessagesResponse {
     }
 }
 
-async fn collect(mut run: ChatRun) -> Result<MessagesResponse, ApiError> {
+async fn collect(mut run: ChatRun, omit_thinking: bool) -> Result<MessagesResponse, ApiError> {
     let mut choices = chat_request::collect(&mut run, |_, _| {}).await?;
     let choice = choices.pop().ok_or_else(engine_request::engine_lost)?;
     let finish = choice
@@ -107,7 +146,12 @@ async fn collect(mut run: ChatRun) -> Result<MessagesResponse, ApiError> {
         .ok_or_else(engine_request::engine_lost)?;
     let (reason, sequence) =
         translate::stop_reason(finish, !choice.calls.is_empty()).ok_or_else(translate::aborted)?;
-    let content = translate::content_blocks(choice.reasoning, choice.content, choice.calls);
+    let content = translate::content_blocks(
+        choice.reasoning,
+        choice.content,
+        choice.calls,
+        omit_thinking,
+    );
     Ok(MessagesResponse {
         stop_reason: Some(reason),
         stop_sequence: sequence,
@@ -156,9 +200,25 @@ fn block_event(event: BlockEvent) -> StreamEvent {
     }
 }
 
+/// Whether `event` is sent: thinking text is not, when the request asked to omit it (its
+/// block still opens and closes, empty, as Anthropic's `display: "omitted"`).
+fn sent(event: &BlockEvent, omit_thinking: bool) -> bool {
+    !(omit_thinking
+        && matches!(
+            event,
+            BlockEvent::Delta {
+                kind: BlockKind::Reasoning,
+                ..
+            }
+        ))
+}
+
 /// Anthropic's event sequence for one answer; an engine failure ends it with an `error`
 /// event.
-fn stream_events(run: ChatRun) -> impl futures_util::Stream<Item = SseEvent> + Send {
+fn stream_events(
+    run: ChatRun,
+    omit_thinking: bool,
+) -> impl futures_util::Stream<Item = SseEvent> + Send {
     async_stream::stream! {
         let mut run = run;
         let mut parser = ChoiceOutput::new(run.output);
@@ -185,7 +245,9 @@ fn stream_events(run: ChatRun) -> impl futures_util::Stream<Item = SseEvent> + S
                         return;
                     };
                     blocks.finish(&mut block_events);
-                    events.extend(block_events.drain(..).map(block_event));
+                    events.extend(
+                        block_events.drain(..).filter(|e| sent(e, omit_thinking)).map(block_event),
+                    );
                     events.push(StreamEvent::MessageDelta {
                         delta: MessageDeltaBody {
                             stop_reason: reason,
@@ -202,7 +264,9 @@ fn stream_events(run: ChatRun) -> impl futures_util::Stream<Item = SseEvent> + S
                     return;
                 }
             }
-            events.extend(block_events.drain(..).map(block_event));
+            events.extend(
+                block_events.drain(..).filter(|e| sent(e, omit_thinking)).map(block_event),
+            );
             for event in events.drain(..) {
                 yield sse_event(&event);
             }

@@ -116,6 +116,11 @@ fn api_routes() -> RouteTable {
         .add(Method::POST, "/v1/chat/completions", chat::handler)
         .add(Method::POST, "/v1/embeddings", embeddings::handler)
         .add(Method::POST, "/v1/messages", messages::handler)
+        .add(
+            Method::POST,
+            "/v1/messages/count_tokens",
+            messages::count_tokens,
+        )
         .add(Method::POST, "/v1/responses", responses::create)
         .add(
             Method::GET,

@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
@@ -16,26 +16,28 @@ use sluice_engine::FinishReason;
 use crate::chat_output::ChoiceOutput;
 use crate::chat_request::{self, ChatJob, ChatRun};
 use crate::engine_request::{self, Item};
-use crate::error::{ApiError, ParamNames};
+use crate::error::{ApiError, ParamNames, Wording};
 use crate::json::ApiJson;
 use crate::openai::chat::{ChatMessageIn, MessageContent};
 use crate::openai::SamplingFields;
 use crate::output_blocks::{BlockEvent, BlockKind, BlockStream};
 use crate::request_fields;
 use crate::responses::store::{ResponseStore, StoredResponse};
-use crate::responses::translate::{self, ItemKind};
+use crate::responses::translate::{self, ItemKind, ItemStyle};
 use crate::responses::types::{
     ContentPart, Echo, InputTokensDetails, OutputItem, OutputTokensDetails, ResponseError,
     ResponseObject, ResponseUsage, ResponsesRequest, StreamEvent,
 };
 use crate::sse;
 use crate::state::AppState;
+use crate::thinking;
 use crate::tool_calls;
 
 const NAMES: ParamNames = ParamNames {
     prompt: "input",
     max_tokens: "max_output_tokens",
     logprobs: "top_logprobs",
+    wording: Wording::OpenAi,
 };
 
 /// OpenAI's bounds on `metadata`, which a stored response keeps.
@@ -52,6 +54,8 @@ struct Context {
     echo: Echo,
     conversation: Vec<ChatMessageIn>,
     store: Option<ResponseStore>,
+    /// How its output items are written.
+    style: ItemStyle,
 }
 
 impl Context {
@@ -125,6 +129,11 @@ pub async fn create(
     let model = state.model()?;
     request_fields::check_model(req.model.as_deref(), &model)?;
     translate::check_extra_fields(&req.extra)?;
+    let encrypted_reasoning = translate::check_include(req.include.as_deref())?;
+    let chat_template_kwargs = thinking::template_kwargs(
+        model.chat_template.as_ref(),
+        translate::thinking_request(req.reasoning.as_ref()),
+    );
     if let Some(t) = req.truncation.as_deref().filter(|t| *t != "disabled") {
         return Err(ApiError::invalid(
             "truncation",
@@ -200,13 +209,18 @@ pub async fn create(
         user: req.user.clone(),
         truncation: "disabled",
     };
+    let tools = translate::tools(req.tools)?;
+    let style = ItemStyle {
+        encrypted_reasoning,
+        names: tools.names,
+    };
     let job = ChatJob {
         messages,
-        tools: translate::tools(req.tools)?,
+        tools: tools.tools,
         tool_choice: translate::tool_choice(req.tool_choice)?,
         parallel_tool_calls: req.parallel_tool_calls,
         requested: translate::text_grammar(req.text.as_ref())?,
-        chat_template_kwargs: None,
+        chat_template_kwargs,
         n,
         max_tokens: req.max_output_tokens,
         sampling,
@@ -221,15 +235,26 @@ pub async fn create(
         echo,
         conversation,
         store: store.then(|| state.responses().clone()),
+        style,
     };
     let run = chat_request::start(&state, model, job, id, "responses", started)
         .await
         .map_err(|e| tool_calls::flat_tool_param(e, "parameters"))?;
-    if req.stream.unwrap_or(false) {
-        Ok(sse::response(stream_events(run, context)))
+    let mut response = if req.stream.unwrap_or(false) {
+        sse::response(stream_events(run, context))
     } else {
-        Ok(axum::Json(collect(run, context).await?).into_response())
+        axum::Json(collect(run, context).await?).into_response()
+    };
+    if !tools.omitted.is_empty() {
+        // Hosted tools are left out of the prompt; the client is told which, never led to
+        // think they ran.
+        if let Ok(value) = HeaderValue::from_str(&tools.omitted.join(", ")) {
+            response
+                .headers_mut()
+                .insert(translate::OMITTED_TOOLS_HEADER, value);
+        }
     }
+    Ok(response)
 }
 
 /// A stored response, as it was answered.
@@ -264,7 +289,13 @@ async fn collect(mut run: ChatRun, context: Context) -> Result<ResponseObject, A
     let choice = choices.pop().ok_or_else(engine_request::engine_lost)?;
     let reason = choice.reason().ok_or_else(engine_request::engine_lost)?;
     let (status, incomplete) = translate::status(reason).ok_or_else(translate::aborted)?;
-    let output = translate::output_items(choice.reasoning, choice.content, choice.calls, status);
+    let output = translate::output_items(
+        choice.reasoning,
+        choice.content,
+        choice.calls,
+        status,
+        &context.style,
+    );
     let response = ResponseObject {
         incomplete_details: incomplete,
         usage: Some(usage(&run, choice.reasoning_tokens)),
@@ -284,13 +315,21 @@ struct OpenItem {
 }
 
 /// Turns block events into the Responses API's events, keeping the finished items.
-#[derive(Default)]
 struct ItemWriter {
     open: Option<OpenItem>,
     output: Vec<OutputItem>,
+    style: ItemStyle,
 }
 
 impl ItemWriter {
+    fn new(style: ItemStyle) -> Self {
+        Self {
+            open: None,
+            output: Vec::new(),
+            style,
+        }
+    }
+
     /// `status`: what a block that stops now is (`incomplete` for the last one of an answer
     /// cut at `max_output_tokens`).
     fn write(&mut self, event: BlockEvent, status: &'static str, out: &mut Vec<StreamEvent>) {
@@ -309,7 +348,7 @@ impl ItemWriter {
                 };
                 out.push(StreamEvent::OutputItemAdded {
                     output_index: index,
-                    item: open.item("in_progress", false),
+                    item: open.item("in_progress", false, &self.style),
                 });
                 if let Some(part) = open.part(String::new()) {
                     out.push(StreamEvent::ContentPartAdded {
@@ -388,7 +427,7 @@ impl ItemWriter {
                         arguments: open.text.clone(),
                     }),
                 }
-                let item = open.item(status, true);
+                let item = open.item(status, true, &self.style);
                 out.push(StreamEvent::OutputItemDone {
                     output_index: index,
                     item: item.clone(),
@@ -413,7 +452,7 @@ impl OpenItem {
     }
 
     /// The item as it stands: with its content when `whole`, empty when just added.
-    fn item(&self, status: &'static str, whole: bool) -> OutputItem {
+    fn item(&self, status: &'static str, whole: bool, style: &ItemStyle) -> OutputItem {
         let text = if whole {
             self.text.clone()
         } else {
@@ -428,6 +467,9 @@ impl OpenItem {
             BlockKind::Reasoning => OutputItem::Reasoning {
                 id: self.id.clone(),
                 summary: Vec::new(),
+                // The token of the whole text, once there is one.
+                encrypted_content: (whole && style.encrypted_reasoning)
+                    .then(|| translate::reasoning_token(&text)),
                 content,
                 status,
             },
@@ -439,7 +481,7 @@ impl OpenItem {
             },
             BlockKind::ToolCall => {
                 let (call_id, name) = self.call.clone().unwrap_or_default();
-                translate::call_item(self.id.clone(), call_id, name, text, status)
+                translate::call_item(self.id.clone(), call_id, name, text, status, style)
             }
         }
     }
@@ -474,7 +516,7 @@ fn stream_events(
         let mut sequence = 0u64;
         let mut parser = ChoiceOutput::new(run.output);
         let mut blocks = BlockStream::default();
-        let mut items = ItemWriter::default();
+        let mut items = ItemWriter::new(context.style.clone());
         let mut block_events: Vec<BlockEvent> = Vec::new();
         let mut events: Vec<StreamEvent> = Vec::new();
         yield sse_event(&StreamEvent::Created { response: context.response("in_progress", Vec::new()) }, &mut sequence);
