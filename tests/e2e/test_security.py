@@ -23,6 +23,7 @@ BODIES = {
     "/v1/embeddings": {"input": "Hello"},
     "/v1/responses": {"input": "Hi", "max_output_tokens": 2},
     "/v1/messages": {"model": MODEL_NAME, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]},
+    "/v1/messages/count_tokens": {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}]},
     "/tokenize": {"prompt": "Hello"},
     "/detokenize": {"tokens": [19556]},
 }
@@ -66,7 +67,7 @@ def keyed_metrics(tmp_path_factory):
 
 def test_every_api_route_needs_the_key_and_probes_stay_open(keyed):
     api = [(m, p) for m, p in operations() if p.startswith("/v1/") or p in BODIES]
-    assert len(api) == 10, api
+    assert len(api) == 11, api
     # A stored response for GET /v1/responses/{response_id} to find.
     stored = call(keyed.url, "post", "/v1/responses", KEY).json()["id"]
     for method, path in api:

@@ -162,12 +162,14 @@ pub const CHAT: Api = Api {
     ],
 };
 
-/// A value that asks for nothing (null, false, empty, zero): never refused.
+/// A value that asks for nothing (null, false, an empty list, zero, an object of nulls): never
+/// refused. An empty object asks for something: the feature with its defaults
+/// (`web_search_options: {}` turns search on).
 pub fn asks_for_nothing(value: &Value) -> bool {
     match value {
         Value::Null | Value::Bool(false) => true,
         Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.values().all(Value::is_null),
+        Value::Object(o) => !o.is_empty() && o.values().all(Value::is_null),
         Value::Number(n) => n.as_u64() == Some(0),
         Value::String(_) | Value::Bool(true) => false,
     }
@@ -231,8 +233,9 @@ mod tests {
             .check(&extra(json!({"mcp_servers": [{"url": "x"}]})))
             .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("mcp_servers"));
-        // Asking for nothing is never refused.
+        // Asking for nothing is never refused; an empty object asks for the defaults.
         assert!(MESSAGES.check(&extra(json!({"mcp_servers": []}))).is_ok());
+        assert!(CHAT.check(&extra(json!({"web_search_options": {}}))).is_err());
         let e = MESSAGES
             .check(&extra(json!({"frobnicate": 1})))
             .unwrap_err();
