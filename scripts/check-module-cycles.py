@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Fails if any module of a workspace crate imports a module that imports it back.
+"""Fails if any module of a workspace crate imports a module that imports it back, file by
+file and folder by folder.
 
 An edge A -> B is any `crate::b...` or `super::...` path in A's source (in `use` lines and
 in code, test modules included), with B the module that path names; a module's children
-(declared with `mod`) are not edges of their own. Prints each cycle found and exits 1.
-Usage: scripts/check-module-cycles.py [crates/*]
+(declared with `mod`) are not edges of their own. Then the same at every folder level: a
+module with submodules is one room to a reader, so at depth d every module is taken as its
+ancestor of d path segments (`openai::chat` is `openai` at depth 1), and two such rooms that
+import each other, directly or around a longer circle, fail too. Prints each cycle found and
+exits 1. Usage: scripts/check-module-cycles.py [crates/*]
 """
 import glob
 import os
@@ -68,12 +72,29 @@ def crate_cycles(crate_dir):
             if t == mod or t[: len(mod)] == mod or mod[: len(t)] == t:
                 continue
             edges[mod].add(t)
-    cycles = []
-    for a in edges:
-        for b in edges[a]:
-            if a in edges.get(b, ()) and a < b:
-                cycles.append((a, b))
-    # Longer cycles: strongly connected components.
+    found = [("file", comp) for comp in strongly_connected(edges)]
+    depth = max((len(m) for m in edges), default=0)
+    for d in range(1, depth):
+        folders = {}
+        for a, targets in edges.items():
+            ra = a[:d]
+            folders.setdefault(ra, set())
+            for b in targets:
+                rb = b[:d]
+                # A room's own parts, and the rooms it sits in, are not edges between rooms.
+                if ra == rb or ra[: len(rb)] == rb or rb[: len(ra)] == ra:
+                    continue
+                folders[ra].add(rb)
+        for comp in strongly_connected(folders):
+            if all(len(m) == d for m in comp) and any(
+                len(m) < len(full) and full[:d] == m for m in comp for full in edges
+            ):
+                found.append((f"folder (depth {d})", comp))
+    return found
+
+
+def strongly_connected(edges):
+    """The strongly connected components of more than one node (Tarjan)."""
     index, low, stack, on, sccs, counter = {}, {}, [], set(), [], [0]
 
     def strong(v):
@@ -111,10 +132,10 @@ def main():
     crates = sys.argv[1:] or sorted(glob.glob("crates/*"))
     bad = False
     for c in crates:
-        for comp in crate_cycles(c):
+        for level, comp in crate_cycles(c):
             bad = True
             names = ["::".join(m) or "(root)" for m in sorted(comp)]
-            print(f"{os.path.basename(c)}: import cycle among {', '.join(names)}")
+            print(f"{os.path.basename(c)}: {level} import cycle among {', '.join(names)}")
     if bad:
         sys.exit(1)
     print(f"no module import cycles in {len(crates)} crates")

@@ -11,23 +11,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::stream::{self, SelectAll, Stream, StreamExt};
-use rand::Rng;
 use sluice_engine::SamplingParams;
 use sluice_engine::{Constraint, Event, FinishEvent, FinishReason, Request, RequestStream};
 use sluice_engine::{ErrorCause, StopParams, StopReason, TokenEvent, ValidRequest};
 
 use crate::error::{ApiError, ParamNames};
+use crate::ids::random_id;
 use crate::state::{AppState, InFlight, ServedModel};
 
 /// `cmpl-…`, `chatcmpl-…`: a prefix and 24 random hex digits.
 pub fn request_id(prefix: &str) -> String {
     random_id(prefix, '-')
-}
-
-/// `prefix`, `separator` and 24 random hex digits: `call_…`, `msg_…`, `resp_…`.
-pub fn random_id(prefix: &str, separator: char) -> String {
-    let bits: u128 = rand::thread_rng().gen();
-    format!("{prefix}{separator}{:024x}", bits >> 32)
 }
 
 /// What every sequence of a request is asked for.

@@ -13,10 +13,12 @@
 //! named in a debug log line instead: frameworks send other servers' extensions there (vLLM's,
 //! llama.cpp's), and those endpoints have always taken them so.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::openai::structured::ExtraFields;
+
+/// A request's fields that no typed field took.
+pub type ExtraFields = Map<String, Value>;
 
 /// What a field not taken by a typed field means here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,7 +237,9 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("mcp_servers"));
         // Asking for nothing is never refused; an empty object asks for the defaults.
         assert!(MESSAGES.check(&extra(json!({"mcp_servers": []}))).is_ok());
-        assert!(CHAT.check(&extra(json!({"web_search_options": {}}))).is_err());
+        assert!(CHAT
+            .check(&extra(json!({"web_search_options": {}})))
+            .is_err());
         let e = MESSAGES
             .check(&extra(json!({"frobnicate": 1})))
             .unwrap_err();

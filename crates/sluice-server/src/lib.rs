@@ -13,6 +13,7 @@ pub mod engine_request;
 pub mod error;
 pub mod field_policy;
 pub mod http;
+pub mod ids;
 pub mod json;
 pub mod load;
 pub mod logging;

@@ -9,18 +9,8 @@ use sluice_engine::Grammar;
 
 use crate::error::ApiError;
 use crate::field_policy;
+pub use crate::openai::structured::ConstraintFields;
 use crate::openai::structured::{ExtraFields, ResponseFormat, StructuredOutputs};
-
-/// The constraint fields of a request, as both generation endpoints take them.
-#[derive(Debug, Clone, Default)]
-pub struct ConstraintFields {
-    pub response_format: Option<ResponseFormat>,
-    pub structured_outputs: Option<StructuredOutputs>,
-    pub guided_json: Option<Value>,
-    pub guided_regex: Option<String>,
-    pub guided_choice: Option<Vec<String>>,
-    pub guided_grammar: Option<String>,
-}
 
 /// A grammar and the request field it came from.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,11 +8,10 @@ use serde_json::Value;
 
 use super::common::{Seed, StopList, StreamOptions, Usage};
 use super::structured::{
-    ExtraFields, ResponseFormat, StructuredOutputs, ToolCallDelta, ToolCallIn, ToolCallOut,
-    ToolChoice,
+    ConstraintFields, ExtraFields, ResponseFormat, StructuredOutputs, ToolCallDelta, ToolCallIn,
+    ToolCallOut, ToolChoice,
 };
 use super::SamplingFields;
-use crate::structured::ConstraintFields;
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {

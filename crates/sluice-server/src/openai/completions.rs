@@ -8,9 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::common::{Prompt, Seed, StopList, StreamOptions, Usage};
-use super::structured::{ExtraFields, ResponseFormat, StructuredOutputs};
+use super::structured::{ConstraintFields, ExtraFields, ResponseFormat, StructuredOutputs};
 use super::SamplingFields;
-use crate::structured::ConstraintFields;
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct CompletionRequest {

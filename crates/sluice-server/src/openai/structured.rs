@@ -160,3 +160,14 @@ pub struct FunctionCallDelta {
 
 /// Fields of a request body that no typed field took.
 pub type ExtraFields = Map<String, Value>;
+
+/// The constraint fields of a request, as both generation endpoints take them.
+#[derive(Debug, Clone, Default)]
+pub struct ConstraintFields {
+    pub response_format: Option<ResponseFormat>,
+    pub structured_outputs: Option<StructuredOutputs>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+}

@@ -11,9 +11,9 @@ use super::types::{
     ContentPart, IncompleteDetails, OutputItem, ReasoningConfig, ResponseInput, TextConfig,
     TextFormat,
 };
-use crate::engine_request::random_id;
 use crate::error::ApiError;
 use crate::field_policy;
+use crate::ids::random_id;
 use crate::openai::chat::{ChatMessageIn, MessageContent};
 use crate::openai::structured::{
     ExtraFields, FunctionCallIn, JsonSchemaFormat, ResponseFormat, ToolCallIn, ToolCallOut,

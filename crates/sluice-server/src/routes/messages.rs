@@ -79,7 +79,7 @@ pub async fn handler(
         stop,
         names: NAMES,
     };
-    let id = engine_request::random_id("msg", '_');
+    let id = crate::ids::random_id("msg", '_');
     let run = chat_request::start(&state, model, job, id, "messages", started)
         .await
         .map_err(|e| tool_calls::flat_tool_param(e, "input_schema"))?;

@@ -227,7 +227,7 @@ pub async fn create(
         stop,
         names: NAMES,
     };
-    let id = engine_request::random_id("resp", '_');
+    let id = crate::ids::random_id("resp", '_');
     let context = Context {
         id: id.clone(),
         created_at: crate::state::unix_now(),
