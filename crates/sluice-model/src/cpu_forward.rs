@@ -7,18 +7,17 @@
 use std::ops::Deref;
 
 use candle_core::{DType, Storage, Tensor};
-use sluice_kernels::cpu::attention;
 use sluice_kernels::cpu::rows::{self, QkNorm, QkvShape};
 use sluice_kernels::cpu::swiglu;
 use sluice_kernels::AttentionShape;
 
-use crate::attention::{paged_attention, AttentionBackend};
+use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend};
 use crate::batch::StepBatch;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::{HostKv, KvCache};
+use crate::kv_cache::KvCache;
+use crate::last_layer::last_layer_rows;
 use crate::layer::ModelWeights;
 use crate::ops;
-use crate::step_output::step_output;
 
 /// The buffers of a CPU step, kept between steps so that a step allocates none once the
 /// largest step has been seen (a 64-row decode step made about 120 MB of allocations).
@@ -176,19 +175,11 @@ fn forward_on_pool(
         let cache = kv
             .host_layer(i)
             .ok_or(ModelError::NotOnCpu("the KV cache"))?;
-        let (layout, seqs, tables) = (kv.layout(), &batch.sequences, &batch.block_tables);
-        match (attention_backend, cache) {
-            (AttentionBackend::Cpu, HostKv::F32 { k, v }) => {
-                attention::paged_attention(q, k, v, layout, seqs, tables, &shape, attn)?
-            }
-            (AttentionBackend::Cpu, HostKv::F16 { k, v }) => {
-                attention::paged_attention(q, k, v, layout, seqs, tables, &shape, attn)?
-            }
-            (AttentionBackend::Cpu, HostKv::Q8(c)) => {
-                attention::paged_attention_q8(q, &c, layout, seqs, tables, &shape, attn)?
-            }
+        let layout = kv.layout();
+        match attention_backend {
+            AttentionBackend::Cpu => cpu_attention::attend(q, &cache, layout, batch, &shape, attn)?,
             // The reference backend (a test oracle) reads copies of the layer as tensors.
-            (backend, cache) => {
+            backend => {
                 let (k_cache, v_cache) = cache.tensors(&dev)?;
                 let qt = Tensor::from_slice(q, (t, h, d), &dev)?;
                 let out = paged_attention(backend, &qt, &k_cache, &v_cache, layout, batch, &shape)?;
@@ -209,5 +200,5 @@ fn forward_on_pool(
     }
     rows::add(x, proj);
     let x = Tensor::from_slice(x, (t, hidden), &dev)?;
-    step_output(&x, w.norm, eps, w.lm_head, batch, cfg.vocab_size)
+    last_layer_rows(&x, w.norm, eps, w.lm_head, batch, cfg.vocab_size)
 }

@@ -127,7 +127,8 @@ pub(crate) fn forward(
     if let Some(delta) = pending {
         x = (x + delta)?;
     }
-    let out = crate::step_output::step_output(&x, w.norm, eps, w.lm_head, batch, cfg.vocab_size)?;
+    let out =
+        crate::last_layer::last_layer_rows(&x, w.norm, eps, w.lm_head, batch, cfg.vocab_size)?;
     timer.mark(Phase::Head);
     timer.drain(dev);
     timer.finish();

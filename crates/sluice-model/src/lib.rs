@@ -27,6 +27,7 @@ mod gguf_header;
 pub mod hf;
 mod hf_config;
 pub mod kv_cache;
+mod last_layer;
 mod layer;
 pub mod load;
 pub mod model;
@@ -35,7 +36,6 @@ pub mod ops;
 pub mod paged;
 pub mod rope;
 pub mod source;
-mod step_output;
 pub mod synthetic;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -1,6 +1,7 @@
-//! The CPU paged-attention kernel (`sluice_kernels::cpu::attention`) on the forward's candle
-//! tensors: borrows their CPU storage, runs the kernel over the step's sequences, and wraps its
-//! output as a tensor.
+//! The one door to the CPU paged-attention kernel (`sluice_kernels::cpu::attention`):
+//! [`attend`] runs it over a step's sequences on a layer's host cache (f32, f16 or 8-bit), as
+//! the CPU forward calls it; [`paged_attention`] does the same on candle tensors (borrowing
+//! their CPU storage), for the tests that hold it to the reference.
 
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor, WithDType};
 use half::f16;
@@ -9,7 +10,7 @@ use sluice_kernels::{AttentionShape, KvElem};
 
 use crate::batch::StepBatch;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvLayout;
+use crate::kv_cache::{HostKv, KvLayout};
 
 /// Whether the kernel runs on this CPU for heads of `head_dim` in groups of `group`.
 pub fn supports(head_dim: usize, group: usize) -> bool {
@@ -98,16 +99,57 @@ impl Caches<'_> {
     ) -> Result<()> {
         let k = &self.k.as_slice::<E>()?[self.k_offset..];
         let v = &self.v.as_slice::<E>()?[self.v_offset..];
-        attention::paged_attention(
-            q,
-            k,
-            v,
-            layout,
-            &batch.sequences,
-            &batch.block_tables,
-            shape,
-            out,
-        )?;
-        Ok(())
+        attend_slices(q, k, v, layout, batch, shape, out)
+    }
+}
+
+/// The kernel over f32 or f16 caches in [`KvLayout`] order.
+fn attend_slices<E: KvElem>(
+    q: &[f32],
+    k: &[E],
+    v: &[E],
+    layout: &KvLayout,
+    batch: &StepBatch,
+    shape: &AttentionShape,
+    out: &mut [f32],
+) -> Result<()> {
+    attention::paged_attention(
+        q,
+        k,
+        v,
+        layout,
+        &batch.sequences,
+        &batch.block_tables,
+        shape,
+        out,
+    )?;
+    Ok(())
+}
+
+/// `q: [T, num_heads, head_dim]` (flat) attending over one layer's host cache into `out:
+/// [T, num_heads * head_dim]`: the CPU forward's attention.
+pub(crate) fn attend(
+    q: &[f32],
+    cache: &HostKv<'_>,
+    layout: &KvLayout,
+    batch: &StepBatch,
+    shape: &AttentionShape,
+    out: &mut [f32],
+) -> Result<()> {
+    match cache {
+        HostKv::F32 { k, v } => attend_slices(q, k, v, layout, batch, shape, out),
+        HostKv::F16 { k, v } => attend_slices(q, k, v, layout, batch, shape, out),
+        HostKv::Q8(c) => {
+            attention::paged_attention_q8(
+                q,
+                c,
+                layout,
+                &batch.sequences,
+                &batch.block_tables,
+                shape,
+                out,
+            )?;
+            Ok(())
+        }
     }
 }

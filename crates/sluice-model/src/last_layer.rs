@@ -12,7 +12,7 @@ use crate::weights::Linear;
 /// A step's outputs from the last layer's residual stream `x`: the f32 logits of the sampling
 /// rows and, when an embedding pools rows of the step, their final norm's output. The norm is
 /// per row, so normalising only the rows wanted gives each the value it has in a full pass.
-pub(crate) fn step_output(
+pub(crate) fn last_layer_rows(
     x: &Tensor,
     norm: &Tensor,
     eps: f32,
