@@ -1,0 +1,116 @@
+//! Requests in and out of the loop: admission, aborts, a request's end, and the clients that
+//! went away.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::EngineLoop;
+use crate::events::ErrorCause;
+use crate::handle::{Command, Submission};
+use crate::request_state::{abort_unadmitted, RequestState};
+use crate::sequence::RequestId;
+use crate::stop::{FinishReason, Stopped};
+
+impl EngineLoop {
+    pub(super) fn admit(&mut self, sub: Submission) {
+        let Submission {
+            id,
+            request,
+            events,
+            arrival,
+        } = sub;
+        let n = request.n();
+        self.shared.stats.pending.fetch_sub(n, Ordering::AcqRel);
+        if events.is_closed() {
+            return;
+        }
+        let embedding = request.is_embedding();
+        let (request, max_tokens) = request.into_parts();
+        let (state, prompt) = RequestState::admit(
+            request,
+            max_tokens,
+            events,
+            arrival,
+            &self.tokenizer,
+            self.shared.limits.max_model_len,
+            embedding.then_some(self.hidden_size),
+        );
+        // Validated against this engine's limits (the handle checked they are its own), so
+        // the scheduler can always run it.
+        if embedding {
+            self.scheduler.add_prefill_only(id, prompt);
+        } else {
+            self.scheduler.add_request(id, prompt, max_tokens, n);
+        }
+        self.kinds.add(&state);
+        self.requests.insert(id, state);
+        self.telemetry.publish_counts(&self.scheduler);
+    }
+
+    /// Removes a request, finishing its live sequences with `Abort`.
+    pub(super) fn abort_request(&mut self, id: RequestId) {
+        self.end_request(id, FinishReason::Abort, None);
+    }
+
+    pub(super) fn end_request(
+        &mut self,
+        id: RequestId,
+        reason: FinishReason,
+        error: Option<(String, ErrorCause)>,
+    ) {
+        self.scheduler.abort(id);
+        let Some(state) = self.requests.remove(&id) else {
+            return;
+        };
+        self.kinds.remove(&state);
+        // Free first, tell the client second: whoever sees the finish sees the blocks free.
+        self.telemetry.publish_counts(&self.scheduler);
+        let now = Instant::now();
+        for (index, seq) in state.seqs.iter().enumerate() {
+            if seq.done {
+                continue;
+            }
+            let stopped = Stopped {
+                reason,
+                stop_reason: None,
+            };
+            let _ =
+                state
+                    .events
+                    .send(state.finish_event(index as u32, stopped, error.clone(), now));
+            self.telemetry.sequence_finished(reason, state.arrival, now);
+        }
+    }
+
+    pub(super) fn abort_everything(&mut self) -> usize {
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        let mut aborted = 0;
+        for id in ids {
+            aborted += self.requests.get(&id).map_or(0, |r| r.live);
+            self.abort_request(id);
+        }
+        // Submissions still in the channel get their answer too.
+        while let Ok(command) = self.commands.try_recv() {
+            if let Command::Submit(sub) = command {
+                let n = abort_unadmitted(&sub, Instant::now());
+                self.shared.stats.pending.fetch_sub(n, Ordering::AcqRel);
+                aborted += n;
+            }
+        }
+        self.telemetry.publish(&self.scheduler);
+        aborted
+    }
+
+    /// Aborts requests whose client is gone: those whose send failed this step, and any whose
+    /// stream was dropped (the abort command may still be in the channel).
+    pub(super) fn reap_closed(&mut self) {
+        for (&id, r) in &self.requests {
+            if r.events.is_closed() {
+                self.closed.push(id);
+            }
+        }
+        while let Some(id) = self.closed.pop() {
+            self.abort_request(id);
+        }
+    }
+}

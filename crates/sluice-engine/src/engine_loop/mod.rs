@@ -1,0 +1,219 @@
+//! The loop of the engine thread, as docs/design.md draws it: take in submissions and aborts, then
+//! per step
+//!
+//! ```text
+//! plan   = scheduler.schedule()          // who runs this step
+//! batch  = scheduler.fill_step_batch()   // flat tokens + metadata
+//! logits = model.forward(batch)          // ONE forward, all sequences
+//! tokens = sampler.sample(logits, rows)  // batched sampling (or the model's own, below)
+//! scheduler.commit(tokens); emit events; finished sequences leave and free their blocks
+//! ```
+//!
+//! The thread owns the model (and so its KV cache). With nothing to do it blocks on its
+//! command channel. Per-request bookkeeping lives in [`crate::request_state`], publishing
+//! counters and metrics in [`crate::telemetry`].
+//!
+//! Its parts, one job each: taking requests in and out ([`admit`]), the step from plan to
+//! finish ([`step`]), the rows an embedding pools ([`pooling`]), sampling with the model's own
+//! rows and the grammars' masks ([`sample`]), and streaming each token with its stop checks
+//! ([`emit`]).
+//!
+//! A model that samples rows itself ([`Model::samples_rows`], a GPU) gets the rows that need
+//! nothing but temperature, `top_k`, `top_p`, `min_p` and logprobs marked in the batch before
+//! the forward, with their random numbers drawn from each sequence's generator as the sampler
+//! would draw them; it hands back their tokens instead of their logits, and the sampler takes
+//! the rest. Which rows go where depends only on each row's own request.
+//!
+//! Failure model: a forward that errors (or panics) fails only the requests in that step,
+//! with an error finish event; the engine goes on with the next step. A client that goes away
+//! (its [`crate::RequestStream`] dropped) is noticed by the end of the step at the latest,
+//! through the abort its stream sends or the closed event channel, and its blocks are freed
+//! then.
+
+use std::collections::HashMap;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+
+use sluice_model::{Pooling, StepBatch, StepOutput};
+use sluice_tokenizer::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::constraint::SeqConstraint;
+use crate::events::Event;
+use crate::handle::{Command, Shared};
+use crate::model::Model;
+use crate::request_state::RequestState;
+use crate::rng::SeqRng;
+use crate::sampler::{SampleRow, Sampled, Sampler};
+use crate::scheduler::Scheduler;
+use crate::sequence::{RequestId, SeqId};
+use crate::telemetry::Telemetry;
+
+mod admit;
+mod emit;
+mod pooling;
+mod sample;
+mod step;
+
+pub(crate) struct EngineLoop {
+    model: Box<dyn Model>,
+    tokenizer: Arc<Tokenizer>,
+    scheduler: Scheduler,
+    sampler: Sampler,
+    shared: Arc<Shared>,
+    commands: Receiver<Command>,
+    requests: HashMap<RequestId, RequestState>,
+    telemetry: Telemetry,
+    draining: bool,
+    // Buffers reused every step.
+    batch: StepBatch,
+    /// The forward's logits and pooled hidden states.
+    output: StepOutput,
+    /// The sampler's rows; empty between steps (they borrow the step's request states).
+    rows: Vec<SampleRow<'static>>,
+    sampled: Vec<Sampled>,
+    /// Whether the model samples the rows it can itself ([`Model::samples_rows`]).
+    model_samples_rows: bool,
+    /// Per sampling row of a step whose model samples rows: what the engine keeps of a row the
+    /// model samples (`None` for the sampler's rows).
+    model_rows: Vec<Option<ModelRow>>,
+    /// The sampler's results of a step the model shares, merged into `sampled` in row order.
+    host_sampled: Vec<Sampled>,
+    tokens: Vec<u32>,
+    rngs: Vec<SeqRng>,
+    finished: Vec<SeqId>,
+    /// Finish events held until the step has freed the finished sequences' blocks.
+    finish_events: Vec<(UnboundedSender<Event>, Event)>,
+    closed: Vec<RequestId>,
+    /// What kinds of request `requests` holds.
+    kinds: RequestKinds,
+    pooling: Pooling,
+    hidden_size: usize,
+    /// Requests whose grammar failed this step, with why; they end with an error.
+    constraint_failures: Vec<(RequestId, String)>,
+    /// The step's constrained sequences, whose masks are computed in parallel; empty between
+    /// steps (it borrows the request states).
+    mask_jobs: Vec<&'static mut SeqConstraint>,
+}
+
+/// How many requests of the loop carry a grammar, and how many are embeddings: while there
+/// are none of a kind, a step spends nothing on it (masks, pooling).
+#[derive(Default)]
+struct RequestKinds {
+    constrained: usize,
+    embeddings: usize,
+}
+
+impl RequestKinds {
+    fn add(&mut self, state: &RequestState) {
+        self.constrained += usize::from(state.is_constrained());
+        self.embeddings += usize::from(state.pooled.is_some());
+    }
+
+    fn remove(&mut self, state: &RequestState) {
+        self.constrained -= usize::from(state.is_constrained());
+        self.embeddings -= usize::from(state.pooled.is_some());
+    }
+}
+
+/// A row the model samples: its generator past the draw the model was given, and whether its
+/// request reports logprobs (the model computes the top ones the rule asks for).
+#[derive(Clone, Copy)]
+struct ModelRow {
+    rng: SeqRng,
+    logprob: bool,
+}
+
+enum Flow {
+    Continue,
+    Exit,
+}
+
+impl EngineLoop {
+    pub fn new(
+        model: Box<dyn Model>,
+        tokenizer: Arc<Tokenizer>,
+        scheduler: Scheduler,
+        shared: Arc<Shared>,
+        commands: Receiver<Command>,
+        telemetry: Telemetry,
+    ) -> Self {
+        Self {
+            sampler: Sampler::new(model.vocab_size()),
+            model_samples_rows: model.samples_rows(),
+            batch: StepBatch::new(model.block_size()),
+            pooling: shared.pooling,
+            hidden_size: model.hidden_size(),
+            model,
+            tokenizer,
+            scheduler,
+            shared,
+            commands,
+            requests: HashMap::new(),
+            telemetry,
+            draining: false,
+            output: StepOutput::default(),
+            rows: Vec::new(),
+            sampled: Vec::new(),
+            model_rows: Vec::new(),
+            host_sampled: Vec::new(),
+            tokens: Vec::new(),
+            rngs: Vec::new(),
+            finished: Vec::new(),
+            finish_events: Vec::new(),
+            closed: Vec::new(),
+            kinds: RequestKinds::default(),
+            constraint_failures: Vec::new(),
+            mask_jobs: Vec::new(),
+        }
+    }
+
+    /// Runs until stopped, drained, or every sender is gone; returns how many sequences were
+    /// aborted on the way out.
+    pub fn run(mut self) -> usize {
+        loop {
+            if !self.scheduler.has_unfinished() {
+                if self.draining {
+                    // Submissions that raced with the drain get an abort, not silence.
+                    return self.abort_everything();
+                }
+                self.telemetry.publish(&self.scheduler);
+                // Idle: block until there is something to do.
+                let Ok(command) = self.commands.recv() else {
+                    return self.abort_everything();
+                };
+                if let Flow::Exit = self.handle(command) {
+                    return self.abort_everything();
+                }
+            }
+            while let Ok(command) = self.commands.try_recv() {
+                if let Flow::Exit = self.handle(command) {
+                    return self.abort_everything();
+                }
+            }
+            if self.scheduler.has_unfinished() {
+                self.step();
+            }
+        }
+    }
+
+    fn handle(&mut self, command: Command) -> Flow {
+        match command {
+            Command::Submit(submission) => self.admit(*submission),
+            Command::Abort(id) => self.abort_request(id),
+            Command::Drain => self.draining = true,
+            Command::Stop => return Flow::Exit,
+        }
+        Flow::Continue
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".into()
+    }
+}

@@ -1,0 +1,166 @@
+//! One step, from plan to finish: schedule, lay the batch out, run the forward (a failure or a
+//! panic fails only the step's requests), then pool, sample, commit, stream, and free what
+//! stopped before telling the clients.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+
+use super::{panic_message, EngineLoop};
+use crate::events::ErrorCause;
+use crate::sequence::RequestId;
+use crate::stop::FinishReason;
+use crate::telemetry::StepTiming;
+
+impl EngineLoop {
+    pub(super) fn step(&mut self) {
+        let step_start = Instant::now();
+        let Some(num_tokens) = self.plan(step_start) else {
+            return;
+        };
+        let forward_start = Instant::now();
+        let failure = self.forward();
+        let mut timing = StepTiming {
+            start: step_start,
+            forward: forward_start.elapsed(),
+            sample: Duration::ZERO,
+            num_tokens,
+        };
+        if let Some(message) = failure {
+            self.fail_step(message);
+            self.telemetry.finish_step(&self.scheduler, timing);
+            return;
+        }
+        self.pool();
+        let sample_start = Instant::now();
+        self.sample();
+        timing.sample = sample_start.elapsed();
+        if let Err(e) = self.scheduler.commit(&self.tokens) {
+            tracing::error!("commit failed: {e}");
+        }
+        self.finish(Instant::now());
+        self.telemetry.finish_step(&self.scheduler, timing);
+    }
+
+    /// Schedules the step and lays it out in `self.batch`; returns its token count, or `None`
+    /// when nothing could be scheduled.
+    fn plan(&mut self, step_start: Instant) -> Option<usize> {
+        let out = self.scheduler.schedule();
+        if out.is_empty() {
+            // Cannot happen while something is unfinished (the oldest running sequence can
+            // always proceed); wait for a command rather than spin if it ever does.
+            let _ = self.scheduler.commit(&[]);
+            self.telemetry.publish(&self.scheduler);
+            if let Ok(command) = self.commands.recv_timeout(Duration::from_millis(100)) {
+                self.handle(command);
+            }
+            return None;
+        }
+        let num_tokens = out.num_tokens();
+        for s in out.scheduled() {
+            if let Some(r) = self.requests.get_mut(&s.seq_id.request) {
+                if let Some(seq) = r.seqs.get_mut(s.seq_id.index as usize) {
+                    // Its first chunk starts after what the prefix cache held.
+                    seq.cached_tokens.get_or_insert(s.start);
+                }
+                if r.scheduled.is_none() {
+                    r.scheduled = Some(step_start);
+                    self.telemetry
+                        .metrics
+                        .queue_time
+                        .record((step_start - r.arrival).as_secs_f64());
+                }
+            }
+        }
+        self.scheduler.fill_step_batch(&mut self.batch);
+        self.mark_pooled_rows();
+        self.mark_model_sampled_rows();
+        self.telemetry.publish_counts(&self.scheduler);
+        Some(num_tokens)
+    }
+
+    /// Runs the forward; returns why the step failed, if it did (an error, a panic, or an
+    /// output whose sizes do not fit the step).
+    fn forward(&mut self) -> Option<String> {
+        let (model, batch, output) = (&mut self.model, &self.batch, &mut self.output);
+        let result = catch_unwind(AssertUnwindSafe(|| model.forward(batch, output)));
+        let num_samples = self.scheduler.output().num_samples();
+        let num_model_sampled = self.model_rows.iter().flatten().count();
+        let num_logits = num_samples - num_model_sampled;
+        let num_pooled = self.batch.hidden_indices.len();
+        match result {
+            Ok(Ok(()))
+                if self.output.logits.len() == num_logits * self.sampler.vocab_size()
+                    && self.output.sampled.len() == num_model_sampled
+                    && self.output.hidden.len() == num_pooled * self.hidden_size =>
+            {
+                None
+            }
+            Ok(Ok(())) => Some(format!(
+                "the model returned {} logits for {num_logits} rows of {}, {} tokens for \
+                 {num_model_sampled} rows it samples and {} hidden values for {num_pooled} \
+                 rows of {}",
+                self.output.logits.len(),
+                self.sampler.vocab_size(),
+                self.output.sampled.len(),
+                self.output.hidden.len(),
+                self.hidden_size
+            )),
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(panic) => Some(format!("model forward panicked: {}", panic_message(&panic))),
+        }
+    }
+
+    /// After the commit: streams the step's tokens, finishes what stopped, frees its blocks,
+    /// then tells the clients, and ends the requests whose grammar or client failed.
+    fn finish(&mut self, now: Instant) {
+        self.emit(now);
+        self.finish_embeddings(now);
+        for &id in &self.finished {
+            self.scheduler.finish(id);
+        }
+        // Free and count first, tell the client second: whoever sees a finish sees its blocks
+        // free and the step's counters (prefix hits, preemptions) published, even when the
+        // request finished in the step that admitted it.
+        self.telemetry.publish(&self.scheduler);
+        for (events, event) in self.finish_events.drain(..) {
+            let _ = events.send(event);
+        }
+        while let Some((id, message)) = self.constraint_failures.pop() {
+            tracing::warn!("request {id:?} failed: {message}");
+            self.end_request(
+                id,
+                FinishReason::Error,
+                Some((message, ErrorCause::Constraint)),
+            );
+        }
+        self.reap_closed();
+    }
+
+    /// Fails every request with a sequence in the current step; the step's plan is then
+    /// committed empty-handed (those sequences are gone, so nothing is applied).
+    fn fail_step(&mut self, message: String) {
+        tracing::error!("engine step failed: {message}");
+        self.telemetry.failed_step();
+        let mut failed: Vec<RequestId> = self
+            .scheduler
+            .output()
+            .scheduled()
+            .iter()
+            .map(|s| s.seq_id.request)
+            .collect();
+        failed.sort_unstable();
+        failed.dedup();
+        for id in failed {
+            self.end_request(
+                id,
+                FinishReason::Error,
+                Some((message.clone(), ErrorCause::Engine)),
+            );
+        }
+        self.tokens.clear();
+        self.tokens.resize(self.scheduler.output().num_samples(), 0);
+        if let Err(e) = self.scheduler.commit(&self.tokens) {
+            tracing::error!("commit after a failed step: {e}");
+        }
+    }
+}
