@@ -430,19 +430,18 @@ impl QuantMatrix {
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            Path::Avx2 => {
+            Path::Avx2 | Path::Vnni => {
                 let first = act_rows.start;
                 let a: [SuperRow<'_>; K_ACT_ROWS] =
                     std::array::from_fn(|i| acts.super_row(first + i.min(n - 1)));
-                // SAFETY: as above, for a K-quant format whose activation rows hold as many
-                // super-blocks as a weight row (asserted by `matmul_into`).
-                unsafe { avx2_k::rows_dot(self.format, weights, self.row_bytes, &a[..n], dots) }
-            }
-            #[cfg(target_arch = "x86_64")]
-            Path::Vnni => {
-                let first = act_rows.start;
-                let a: [SuperRow<'_>; K_ACT_ROWS] =
-                    std::array::from_fn(|i| acts.super_row(first + i.min(n - 1)));
+                let a = &a[..n];
+                if self.path == Path::Avx2 {
+                    // SAFETY: as above, for a K-quant format whose activation rows hold as
+                    // many super-blocks as a weight row (asserted by `matmul_into`).
+                    return unsafe {
+                        avx2_k::rows_dot(self.format, weights, self.row_bytes, a, dots)
+                    };
+                }
                 // `matmul_into` takes whole tiles from row 0, then the rest.
                 let tile = (n == K_ACT_ROWS).then(|| {
                     debug_assert_eq!(first % K_ACT_ROWS, 0);
@@ -452,14 +451,7 @@ impl QuantMatrix {
                 // AVX-512 F, BW, VL and VNNI; the activation rows (and the tile of the same
                 // rows) hold as many super-blocks as a weight row (asserted by `matmul_into`).
                 unsafe {
-                    avx512_k::rows_dot(
-                        self.format,
-                        weights,
-                        self.row_bytes,
-                        &a[..n],
-                        tile.as_ref(),
-                        dots,
-                    )
+                    avx512_k::rows_dot(self.format, weights, self.row_bytes, a, tile.as_ref(), dots)
                 }
             }
             _ => {
