@@ -98,10 +98,9 @@ pub async fn start(
     let render_model = model.clone();
     let template_tools = plan.template_tools.clone();
     let (prompt, opens_thinking, constraint) = tokenize_blocking(move || {
-        let text = request_fields::render_chat(
-            render_model.chat_template.as_ref(),
+        let (text, prompt) = render_prompt(
+            &render_model,
             &messages,
-            true,
             template_tools.as_deref(),
             chat_template_kwargs.as_ref(),
         )?;
@@ -109,11 +108,6 @@ pub async fn start(
         let constraint = grammar
             .map(|(g, param)| render_model.compile_constraint(g, param))
             .transpose()?;
-        // The template writes any BOS the model wants itself.
-        let prompt = render_model
-            .tokenizer()
-            .encode(&text)
-            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
         Ok((prompt, opens_thinking, constraint))
     })
     .await?;
@@ -161,6 +155,28 @@ fn plan_tools(
     }
 }
 
+/// The conversation rendered with the model's template (ending with the assistant's turn) and
+/// its tokens. The template writes any BOS the model wants itself.
+fn render_prompt(
+    model: &ServedModel,
+    messages: &[ChatMessageIn],
+    template_tools: Option<&[Value]>,
+    kwargs: Option<&Map<String, Value>>,
+) -> Result<(String, Vec<u32>), ApiError> {
+    let text = request_fields::render_chat(
+        model.chat_template.as_ref(),
+        messages,
+        true,
+        template_tools,
+        kwargs,
+    )?;
+    let prompt = model
+        .tokenizer()
+        .encode(&text)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    Ok((text, prompt))
+}
+
 /// The tokens of the prompt that [`start`] would render for this conversation (tools planned
 /// and rendered alike), without generating: Anthropic's `count_tokens`.
 pub async fn count_prompt_tokens(
@@ -173,18 +189,13 @@ pub async fn count_prompt_tokens(
 ) -> Result<usize, ApiError> {
     let plan = plan_tools(&model, tools, tool_choice, parallel_tool_calls)?;
     tokenize_blocking(move || {
-        let text = request_fields::render_chat(
-            model.chat_template.as_ref(),
+        let (_, prompt) = render_prompt(
+            &model,
             &messages,
-            true,
             plan.template_tools.as_deref(),
             chat_template_kwargs.as_ref(),
         )?;
-        model
-            .tokenizer()
-            .encode(&text)
-            .map(|ids| ids.len())
-            .map_err(|e| ApiError::invalid("messages", e.to_string()))
+        Ok(prompt.len())
     })
     .await
 }

@@ -4,8 +4,9 @@
 //! `tool_choice` to chat completions' (checked by [`crate::tool_calls::plan`]), and the
 //! engine's finish to `stop_reason`.
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use sluice_engine::{FinishEvent, FinishReason, Grammar, StopReason};
+use sluice_tokenizer::ChatTemplate;
 
 use super::types::{
     ContentBlockIn, ContentBlockOut, ContextManagementIn, MessageContentIn, MessageIn,
@@ -16,12 +17,12 @@ use crate::field_policy;
 use crate::openai::chat::{ChatMessageIn, MessageContent};
 use crate::openai::structured::{ExtraFields, FunctionCallIn, ToolCallIn, ToolCallOut, ToolChoice};
 use crate::structured::RequestedGrammar;
-use crate::thinking::{Effort, ThinkingRequest};
+use crate::thinking::{self, Effort, ThinkingRequest};
 
 /// Checks what Anthropic's API checks of `thinking` (a budget of at least 1024 tokens, below
 /// `max_tokens` when given), and the fields no typed field took
 /// ([`field_policy::MESSAGES`]).
-pub fn check_fields(
+fn check_fields(
     extra: &ExtraFields,
     thinking: Option<&ThinkingIn>,
     max_tokens: Option<usize>,
@@ -52,8 +53,29 @@ pub fn check_fields(
 /// Anthropic's least thinking budget.
 const MIN_THINKING_BUDGET: usize = 1024;
 
+/// What both Messages routes (`/v1/messages`, `count_tokens`) check beyond the conversation
+/// (`thinking` against `max_tokens` when there is one, `context_management`, the fields no
+/// typed field took), and the chat template's thinking switches that `thinking` and
+/// `output_config.effort` set ([`crate::thinking`]).
+pub fn template_switches(
+    template: Option<&ChatTemplate>,
+    extra: &ExtraFields,
+    thinking: Option<&ThinkingIn>,
+    output_config: Option<&OutputConfig>,
+    context_management: Option<&ContextManagementIn>,
+    max_tokens: Option<usize>,
+) -> Result<Option<Map<String, Value>>, ApiError> {
+    check_fields(extra, thinking, max_tokens)?;
+    context_edits(context_management)?;
+    let effort = output_config.and_then(|c| c.effort);
+    Ok(thinking::template_kwargs(
+        template,
+        thinking_request(thinking, effort),
+    ))
+}
+
 /// What `thinking` and `output_config.effort` ask of the template ([`crate::thinking`]).
-pub fn thinking_request(thinking: Option<&ThinkingIn>, effort: Option<Effort>) -> ThinkingRequest {
+fn thinking_request(thinking: Option<&ThinkingIn>, effort: Option<Effort>) -> ThinkingRequest {
     ThinkingRequest {
         enabled: thinking.map(|t| !matches!(t, ThinkingIn::Disabled)),
         effort,
@@ -63,7 +85,7 @@ pub fn thinking_request(thinking: Option<&ThinkingIn>, effort: Option<Effort>) -
 /// Applies `context_management`'s edits. `clear_thinking_20251015` asks to drop earlier
 /// turns' thinking from the context: sluice never shows earlier thinking to the model (see
 /// [`messages`]), so it holds whatever its `keep` says. Other edits are refused by name.
-pub fn context_edits(management: Option<&ContextManagementIn>) -> Result<(), ApiError> {
+fn context_edits(management: Option<&ContextManagementIn>) -> Result<(), ApiError> {
     let Some(management) = management else {
         return Ok(());
     };

@@ -12,20 +12,13 @@ use super::types::{
     TextFormat,
 };
 use crate::error::ApiError;
-use crate::field_policy;
 use crate::ids::random_id;
 use crate::openai::chat::{ChatMessageIn, MessageContent};
 use crate::openai::structured::{
-    ExtraFields, FunctionCallIn, JsonSchemaFormat, ResponseFormat, ToolCallIn, ToolCallOut,
-    ToolChoice,
+    FunctionCallIn, JsonSchemaFormat, ResponseFormat, ToolCallIn, ToolCallOut, ToolChoice,
 };
 use crate::structured::{self, ConstraintFields, RequestedGrammar};
 use crate::thinking::ThinkingRequest;
-
-/// Checks the fields no typed field took ([`field_policy::RESPONSES`]) and `include`.
-pub fn check_extra_fields(extra: &ExtraFields) -> Result<(), ApiError> {
-    field_policy::RESPONSES.check(extra)
-}
 
 /// `include`'s extra output: `reasoning.encrypted_content` is served (reasoning items carry an
 /// opaque token of themselves); the rest asks for output sluice does not make, refused by
@@ -614,6 +607,7 @@ pub fn aborted() -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::field_policy;
 
     fn items(v: Value) -> ResponseInput {
         serde_json::from_value(v).unwrap()
@@ -775,17 +769,20 @@ mod tests {
     #[test]
     fn unsupported_fields_are_refused_and_empty_ones_allowed() {
         let extra = |v: Value| v.as_object().unwrap().clone();
-        check_extra_fields(&extra(
-            json!({"top_logprobs": 0, "background": false, "service_tier": "auto",
+        field_policy::RESPONSES
+            .check(&extra(
+                json!({"top_logprobs": 0, "background": false, "service_tier": "auto",
             "prompt_cache_key": "k", "client_metadata": {"thread_id": "t"}}),
-        ))
-        .unwrap();
+            ))
+            .unwrap();
         for field in ["top_logprobs", "background", "frobnicate"] {
             let value = match field {
                 "top_logprobs" => json!(2),
                 _ => json!(true),
             };
-            let e = check_extra_fields(&extra(json!({ field: value }))).unwrap_err();
+            let e = field_policy::RESPONSES
+                .check(&extra(json!({ field: value })))
+                .unwrap_err();
             assert_eq!(e.param.as_deref(), Some(field));
         }
     }

@@ -25,7 +25,6 @@ use crate::output_blocks::{BlockEvent, BlockKind, BlockStream};
 use crate::request_fields;
 use crate::sse;
 use crate::state::AppState;
-use crate::thinking;
 use crate::tool_calls;
 
 const NAMES: ParamNames = ParamNames {
@@ -42,13 +41,14 @@ pub async fn handler(
     let started = Instant::now();
     let model = state.model()?;
     request_fields::check_model(Some(&req.model), &model)?;
-    translate::check_fields(&req.extra, req.thinking.as_ref(), Some(req.max_tokens))?;
-    translate::context_edits(req.context_management.as_ref())?;
-    let effort = req.output_config.as_ref().and_then(|c| c.effort);
-    let chat_template_kwargs = thinking::template_kwargs(
+    let chat_template_kwargs = translate::template_switches(
         model.chat_template.as_ref(),
-        translate::thinking_request(req.thinking.as_ref(), effort),
-    );
+        &req.extra,
+        req.thinking.as_ref(),
+        req.output_config.as_ref(),
+        req.context_management.as_ref(),
+        Some(req.max_tokens),
+    )?;
     let omit_thinking = req.thinking.as_ref().is_some_and(|t| t.omits_text());
     // Anthropic's range, narrower than OpenAI's.
     if let Some(t) = req.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
@@ -99,13 +99,14 @@ pub async fn count_tokens(
 ) -> Result<axum::Json<CountTokensResponse>, ApiError> {
     let model = state.model()?;
     request_fields::check_model(Some(&req.model), &model)?;
-    translate::check_fields(&req.extra, req.thinking.as_ref(), None)?;
-    translate::context_edits(req.context_management.as_ref())?;
-    let effort = req.output_config.as_ref().and_then(|c| c.effort);
-    let chat_template_kwargs = thinking::template_kwargs(
+    let chat_template_kwargs = translate::template_switches(
         model.chat_template.as_ref(),
-        translate::thinking_request(req.thinking.as_ref(), effort),
-    );
+        &req.extra,
+        req.thinking.as_ref(),
+        req.output_config.as_ref(),
+        req.context_management.as_ref(),
+        None,
+    )?;
     let (tool_choice, parallel_tool_calls) = translate::tool_choice(req.tool_choice);
     let input_tokens = chat_request::count_prompt_tokens(
         model,

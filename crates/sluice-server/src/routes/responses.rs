@@ -17,6 +17,7 @@ use crate::chat_output::ChoiceOutput;
 use crate::chat_request::{self, ChatJob, ChatRun};
 use crate::engine_request::{self, Item};
 use crate::error::{ApiError, ParamNames, Wording};
+use crate::field_policy;
 use crate::json::ApiJson;
 use crate::openai::chat::{ChatMessageIn, MessageContent};
 use crate::openai::SamplingFields;
@@ -128,7 +129,7 @@ pub async fn create(
     let started = Instant::now();
     let model = state.model()?;
     request_fields::check_model(req.model.as_deref(), &model)?;
-    translate::check_extra_fields(&req.extra)?;
+    field_policy::RESPONSES.check(&req.extra)?;
     let encrypted_reasoning = translate::check_include(req.include.as_deref())?;
     let chat_template_kwargs = thinking::template_kwargs(
         model.chat_template.as_ref(),
