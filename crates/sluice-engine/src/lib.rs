@@ -35,7 +35,9 @@ pub use model::{Model, ModelFailure};
 pub use params::{InvalidRequest, ModelLimits, Request, SamplingParams, StopParams, ValidRequest};
 pub use pooling::l2_normalize;
 pub use sampler::{SampleRow, Sampled, Sampler, TokenCounts, TokenLogprobs};
-pub use scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerError, SchedulerOutput};
+pub use scheduler::{
+    Aborted, Removed, ScheduledSeq, Scheduler, SchedulerConfig, SchedulerError, SchedulerOutput,
+};
 pub use sequence::{RequestId, SeqId, Sequence, SequenceStatus};
 pub use sluice_model::Pooling;
 pub use stop::{FinishReason, StopReason};

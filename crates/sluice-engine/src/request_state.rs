@@ -1,6 +1,8 @@
 //! What the engine thread keeps per request while it runs, and the finish events built from
 //! it: the client's event channel, its sampling and stop rules, and per sequence the random
-//! generator, the penalty counts, the text stream and the timestamps.
+//! generator, the penalty counts, the text stream and the timestamps. Both records live in
+//! the scheduler, beside its own of the same request and sequence
+//! ([`crate::scheduler::Scheduler`]'s `R` and `S`), and leave with them.
 
 use std::time::Instant;
 
@@ -24,7 +26,6 @@ pub(crate) struct SeqState {
     pub generated: usize,
     pub first_token: Option<Instant>,
     pub last_token: Option<Instant>,
-    pub done: bool,
     /// Prompt tokens found in the prefix cache when it was first scheduled.
     pub cached_tokens: Option<usize>,
     /// The grammar its output must follow, when the request has one.
@@ -41,17 +42,16 @@ pub(crate) struct RequestState {
     pub arrival: Instant,
     pub scheduled: Option<Instant>,
     pub prompt_counted: bool,
-    pub seqs: Vec<SeqState>,
-    /// Sequences not finished yet.
-    pub live: usize,
+    /// Its sequences follow a grammar.
+    pub constrained: bool,
     /// An embedding's pooled hidden state so far (`None` for a generation): the sum of its
     /// pooled rows for mean pooling, the row itself for the others.
     pub pooled: Option<Vec<f32>>,
 }
 
 impl RequestState {
-    /// The state of a request the engine thread takes in, none of its sequences started; hands
-    /// the prompt back for the scheduler. `max_tokens` is the validated, resolved one;
+    /// The state of a request the engine thread takes in and of its sequences, none of them
+    /// started; hands the prompt back for the scheduler. `max_tokens` is the validated, resolved one;
     /// `embedding_size` is set for an embedding (the length of its vector).
     pub fn admit(
         request: Request,
@@ -61,7 +61,7 @@ impl RequestState {
         tokenizer: &Tokenizer,
         max_model_len: usize,
         embedding_size: Option<usize>,
-    ) -> (Self, Vec<u32>) {
+    ) -> (Self, Vec<SeqState>, Vec<u32>) {
         let Request {
             prompt,
             n,
@@ -89,7 +89,6 @@ impl RequestState {
                 generated: 0,
                 first_token: None,
                 last_token: None,
-                done: false,
                 cached_tokens: None,
                 constraint: constraint.as_ref().map(|c| Box::new(c.start())),
             })
@@ -103,16 +102,20 @@ impl RequestState {
             arrival,
             scheduled: None,
             prompt_counted: false,
-            seqs,
-            live: n,
+            constrained: constraint.is_some(),
             pooled: embedding_size.map(|size| vec![0.0; size]),
         };
-        (state, prompt)
+        (state, seqs, prompt)
     }
 
     /// The finish of an embedding whose every token is computed: its pooled state (a sum over
     /// `mean_of` tokens for mean pooling), L2-normalised as OpenAI's embeddings are.
-    pub fn embedding_finish(&mut self, mean_of: Option<usize>, now: Instant) -> Event {
+    pub fn embedding_finish(
+        &mut self,
+        seq: &SeqState,
+        mean_of: Option<usize>,
+        now: Instant,
+    ) -> Event {
         // Leaves `pooled` set (empty): the request is still an embedding as it leaves.
         let mut vector = self.pooled.as_mut().map(std::mem::take).unwrap_or_default();
         if let Some(n) = mean_of.filter(|&n| n > 0) {
@@ -124,26 +127,21 @@ impl RequestState {
             reason: FinishReason::Stop,
             stop_reason: None,
         };
-        let mut event = self.finish_event(0, stopped, None, now);
+        let mut event = self.finish_event(0, seq, stopped, None, now);
         if let Event::Finished(finish) = &mut event {
             finish.embedding = Some(vector);
         }
         event
     }
 
-    /// Its sequences follow a grammar.
-    pub fn is_constrained(&self) -> bool {
-        self.seqs.iter().any(|s| s.constraint.is_some())
-    }
-
     pub fn finish_event(
         &self,
         index: u32,
+        seq: &SeqState,
         stopped: Stopped,
         error: Option<(String, ErrorCause)>,
         now: Instant,
     ) -> Event {
-        let seq = &self.seqs[index as usize];
         Event::Finished(FinishEvent {
             index,
             reason: stopped.reason,

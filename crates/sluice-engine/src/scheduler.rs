@@ -19,6 +19,11 @@
 //! at most `block_size` tokens, so no block is ever written by two sequences and no
 //! copy-on-write is needed.
 //!
+//! Each request and each sequence carries its user's record (`R` and `S`: the engine loop's
+//! request and sequence state; `()` when the scheduler runs alone, as in its tests), kept with
+//! the scheduler's own and handed back when the sequence leaves, so a sequence is one record
+//! in one place. The scheduler never looks inside them.
+//!
 //! Protocol, per step: [`Scheduler::schedule`], [`Scheduler::fill_step_batch`], the forward and
 //! sampling, then [`Scheduler::commit`] with one token per sampling row. Between `commit` and the
 //! next `schedule` the engine calls [`Scheduler::finish`] for sequences that are done (EOS, stop,
@@ -127,7 +132,7 @@ impl SchedulerOutput {
         self.num_samples = 0;
     }
 
-    fn push(&mut self, seq: &Sequence, slot: usize, len: usize) {
+    fn push<S>(&mut self, seq: &Sequence<S>, slot: usize, len: usize) {
         let sample = !seq.is_prefill_only() && seq.num_computed + len == seq.tokens.len();
         self.scheduled.push(ScheduledSeq {
             seq_id: seq.id(),
@@ -143,20 +148,37 @@ impl SchedulerOutput {
 }
 
 #[derive(Debug)]
-struct RequestEntry {
+struct RequestEntry<R> {
     n: u32,
     live: u32,
+    state: R,
+}
+
+/// A sequence [`Scheduler::finish`] removed: its record, and its request's when it was the
+/// request's last sequence.
+#[derive(Debug)]
+pub struct Removed<R, S> {
+    pub state: S,
+    pub request: Option<R>,
+}
+
+/// A request [`Scheduler::abort`] removed: its record, and its sequences that were still
+/// there (index and record).
+#[derive(Debug)]
+pub struct Aborted<R, S> {
+    pub state: R,
+    pub sequences: Vec<(u32, S)>,
 }
 
 #[derive(Debug)]
-pub struct Scheduler {
+pub struct Scheduler<R = (), S = ()> {
     config: SchedulerConfig,
     blocks: BlockManager,
     /// Sequence storage; indices ("slots") are stable while a sequence lives.
-    slots: Vec<Option<Sequence>>,
+    slots: Vec<Option<Sequence<S>>>,
     free_slots: Vec<usize>,
     ids: HashMap<SeqId, usize>,
-    requests: HashMap<RequestId, RequestEntry>,
+    requests: HashMap<RequestId, RequestEntry<R>>,
     /// Oldest admission first; the last one is the next to be preempted.
     running: Vec<usize>,
     waiting: VecDeque<usize>,
@@ -166,7 +188,26 @@ pub struct Scheduler {
     next_serial: u64,
 }
 
+/// The scheduler alone, with nothing kept beside its own records (tests, benches).
 impl Scheduler {
+    /// [`Scheduler::queue_request`] without records.
+    pub fn add_request(
+        &mut self,
+        request: RequestId,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        n: usize,
+    ) {
+        self.queue_request(request, prompt, max_tokens, (), vec![(); n]);
+    }
+
+    /// [`Scheduler::queue_prefill_only`] without records.
+    pub fn add_prefill_only(&mut self, request: RequestId, prompt: Vec<u32>) {
+        self.queue_prefill_only(request, prompt, (), ());
+    }
+}
+
+impl<R, S> Scheduler<R, S> {
     pub fn new(config: SchedulerConfig) -> Result<Self, SchedulerError> {
         let invalid = |what: &str| Err(SchedulerError::InvalidConfig(what.to_string()));
         if config.max_num_seqs == 0 {
@@ -207,8 +248,9 @@ impl Scheduler {
         &self.config
     }
 
-    /// Queues a request of `n` sequences `SeqId { request, index: 0..n }`, each generating up
-    /// to `max_tokens` tokens after `prompt`.
+    /// Queues a request of `n = seqs.len()` sequences `SeqId { request, index: 0..n }`, each
+    /// generating up to `max_tokens` tokens after `prompt`; `state` and `seqs` are kept with
+    /// the request and its sequences.
     ///
     /// Precondition (what [`crate::ValidRequest`] guarantees, checked there once): a non-empty
     /// prompt, `1 <= n <= u32::MAX`, `max_tokens >= 1`, and `prompt + max_tokens` within both
@@ -216,14 +258,15 @@ impl Scheduler {
     /// not already queued. The queue's bound is the caller's (the engine handle answers 429
     /// before anything reaches the engine thread): preempted sequences re-enter the queue
     /// whatever its length, so a bound here could refuse what the handle already accepted.
-    pub fn add_request(
+    pub fn queue_request(
         &mut self,
         request: RequestId,
         prompt: Vec<u32>,
         max_tokens: usize,
-        n: usize,
+        state: R,
+        seqs: Vec<S>,
     ) {
-        self.add_sequences(request, prompt, max_tokens, n, false);
+        self.add_sequences(request, prompt, max_tokens, state, seqs, false);
     }
 
     /// Queues a request whose one sequence only computes `prompt` (an embedding): it is
@@ -237,13 +280,13 @@ impl Scheduler {
     ///
     /// Precondition (what [`crate::ValidRequest::embedding`] guarantees): a non-empty prompt
     /// within `max_model_len` and the whole cache.
-    pub fn add_prefill_only(&mut self, request: RequestId, prompt: Vec<u32>) {
+    pub fn queue_prefill_only(&mut self, request: RequestId, prompt: Vec<u32>, state: R, seq: S) {
         debug_assert!(
             prompt.len() <= self.config.max_model_len
                 && self.blocks.blocks_for(prompt.len()) <= self.blocks.num_blocks(),
             "a prompt that can never be computed"
         );
-        self.add_sequences(request, prompt, 0, 1, true);
+        self.add_sequences(request, prompt, 0, state, vec![seq], true);
     }
 
     fn add_sequences(
@@ -251,7 +294,8 @@ impl Scheduler {
         request: RequestId,
         prompt: Vec<u32>,
         max_tokens: usize,
-        n: usize,
+        state: R,
+        seqs: Vec<S>,
         prefill_only: bool,
     ) {
         debug_assert!(!prompt.is_empty(), "empty prompt");
@@ -265,19 +309,32 @@ impl Scheduler {
             !self.requests.contains_key(&request),
             "request {request} queued twice"
         );
-        let n32 = u32::try_from(n).expect("n fits u32 (ValidRequest bounds it)");
+        let n32 = u32::try_from(seqs.len()).expect("n fits u32 (ValidRequest bounds it)");
         debug_assert!(n32 >= 1, "n = 0");
-        self.requests
-            .insert(request, RequestEntry { n: n32, live: n32 });
+        self.requests.insert(
+            request,
+            RequestEntry {
+                n: n32,
+                live: n32,
+                state,
+            },
+        );
         let mut prompt = prompt;
-        for index in 0..n32 {
+        for (index, seq_state) in (0..n32).zip(seqs) {
             let tokens = if index + 1 == n32 {
                 std::mem::take(&mut prompt)
             } else {
                 prompt.clone()
             };
             let id = SeqId::new(request, index);
-            let seq = Sequence::new(id, self.next_serial, tokens, max_tokens, prefill_only);
+            let seq = Sequence::new(
+                id,
+                self.next_serial,
+                tokens,
+                max_tokens,
+                prefill_only,
+                seq_state,
+            );
             self.next_serial += 1;
             let slot = match self.free_slots.pop() {
                 Some(s) => {
@@ -441,38 +498,81 @@ impl Scheduler {
     }
 
     /// Removes a sequence (done, for whatever reason the engine decided); its blocks return to
-    /// the pool at once. Returns false if it was not here.
-    pub fn finish(&mut self, id: SeqId) -> bool {
-        let Some(&slot) = self.ids.get(&id) else {
-            return false;
-        };
-        self.remove_slot(slot);
-        true
+    /// the pool at once. Hands back its record (and its request's, if it was the last), or
+    /// `None` if it was not here.
+    pub fn finish(&mut self, id: SeqId) -> Option<Removed<R, S>> {
+        let &slot = self.ids.get(&id)?;
+        Some(self.remove_slot(slot))
     }
 
     /// Removes every remaining sequence of a request, waiting or running, and frees their
-    /// blocks at once. Returns how many were removed.
-    pub fn abort(&mut self, request: RequestId) -> usize {
-        let Some(n) = self.requests.get(&request).map(|r| r.n) else {
-            return 0;
-        };
-        let mut removed = 0;
+    /// blocks at once. Hands back the request's record and those sequences', or `None` if the
+    /// request was not here.
+    pub fn abort(&mut self, request: RequestId) -> Option<Aborted<R, S>> {
+        let n = self.requests.get(&request)?.n;
+        let mut sequences = Vec::new();
         for index in 0..n {
-            if self.finish(SeqId::new(request, index)) {
-                removed += 1;
+            let Some(removed) = self.finish(SeqId::new(request, index)) else {
+                continue;
+            };
+            sequences.push((index, removed.state));
+            if let Some(state) = removed.request {
+                return Some(Aborted { state, sequences });
             }
         }
-        removed
+        unreachable!("a request's record leaves with its last sequence")
     }
 
-    pub fn get(&self, id: SeqId) -> Option<&Sequence> {
+    /// Calls `f` for each entry of the last plan, in batch order, with its request's and its
+    /// sequence's records (`None` for a sequence removed since the plan).
+    pub fn for_each_scheduled_mut(
+        &mut self,
+        mut f: impl FnMut(&ScheduledSeq, Option<(&mut R, &mut S)>),
+    ) {
+        for s in &self.output.scheduled {
+            let seq = self.slots[s.slot]
+                .as_mut()
+                .filter(|seq| seq.serial == s.serial);
+            let records = seq.and_then(|seq| {
+                let request = self.requests.get_mut(&s.seq_id.request)?;
+                Some((&mut request.state, &mut seq.state))
+            });
+            f(s, records);
+        }
+    }
+
+    /// The entries of the last plan, in batch order, each with its request's and its
+    /// sequence's records (`None` for a sequence removed since the plan).
+    pub fn scheduled_records(
+        &self,
+    ) -> impl Iterator<Item = (&ScheduledSeq, Option<(&R, &S)>)> + '_ {
+        self.output.scheduled.iter().map(|s| {
+            let records = self.live_scheduled(s).and_then(|seq| {
+                let request = self.requests.get(&s.seq_id.request)?;
+                Some((&request.state, &seq.state))
+            });
+            (s, records)
+        })
+    }
+
+    /// Every request's record.
+    pub fn request_records(&self) -> impl Iterator<Item = (RequestId, &R)> + '_ {
+        self.requests.iter().map(|(&id, r)| (id, &r.state))
+    }
+
+    /// Every sequence's record, waiting or running.
+    pub fn sequence_records_mut(&mut self) -> impl Iterator<Item = &mut S> + '_ {
+        self.slots.iter_mut().flatten().map(|seq| &mut seq.state)
+    }
+
+    pub fn get(&self, id: SeqId) -> Option<&Sequence<S>> {
         self.ids
             .get(&id)
             .and_then(|&slot| self.slots[slot].as_ref())
     }
 
     /// The sequence behind a scheduled entry, without a map lookup; None if it was removed.
-    pub fn scheduled_sequence(&self, s: &ScheduledSeq) -> Option<&Sequence> {
+    pub fn scheduled_sequence(&self, s: &ScheduledSeq) -> Option<&Sequence<S>> {
         self.live_scheduled(s)
     }
 
@@ -573,7 +673,7 @@ impl Scheduler {
         Ok(())
     }
 
-    fn live_scheduled(&self, s: &ScheduledSeq) -> Option<&Sequence> {
+    fn live_scheduled(&self, s: &ScheduledSeq) -> Option<&Sequence<S>> {
         self.slots[s.slot]
             .as_ref()
             .filter(|seq| seq.serial == s.serial)
@@ -611,7 +711,7 @@ impl Scheduler {
         slot
     }
 
-    fn remove_slot(&mut self, slot: usize) {
+    fn remove_slot(&mut self, slot: usize) -> Removed<R, S> {
         let mut seq = self.slots[slot].take().expect("slot of a live sequence");
         match seq.status {
             SequenceStatus::Running => {
@@ -628,12 +728,20 @@ impl Scheduler {
         self.blocks.free(&mut seq.table);
         self.ids.remove(&seq.id());
         let request = seq.id().request;
-        if let Some(entry) = self.requests.get_mut(&request) {
-            entry.live -= 1;
-            if entry.live == 0 {
-                self.requests.remove(&request);
-            }
-        }
+        let entry = self
+            .requests
+            .get_mut(&request)
+            .expect("a live sequence's request is here");
+        entry.live -= 1;
+        let request = if entry.live == 0 {
+            self.requests.remove(&request).map(|entry| entry.state)
+        } else {
+            None
+        };
         self.free_slots.push(slot);
+        Removed {
+            state: seq.state,
+            request,
+        }
     }
 }

@@ -35,8 +35,11 @@ pub enum SequenceStatus {
     Running,
 }
 
+/// One sequence as the scheduler keeps it, with `S`, what its user keeps per sequence (the
+/// engine loop's sampling and streaming state; `()` for the scheduler alone), so that a
+/// sequence has one record and leaves with it.
 #[derive(Debug)]
-pub struct Sequence {
+pub struct Sequence<S = ()> {
     id: SeqId,
     /// Distinguishes this sequence from any earlier one that used the same scheduler slot.
     pub(crate) serial: u64,
@@ -50,15 +53,17 @@ pub struct Sequence {
     /// Computes its prompt and nothing more (an embedding): never samples, never looks its
     /// prompt up in the prefix cache.
     prefill_only: bool,
+    pub(crate) state: S,
 }
 
-impl Sequence {
+impl<S> Sequence<S> {
     pub(crate) fn new(
         id: SeqId,
         serial: u64,
         prompt: Vec<u32>,
         max_tokens: usize,
         prefill_only: bool,
+        state: S,
     ) -> Self {
         let prompt_len = prompt.len();
         let mut tokens = prompt;
@@ -74,7 +79,13 @@ impl Sequence {
             status: SequenceStatus::Waiting,
             num_preemptions: 0,
             prefill_only,
+            state,
         }
+    }
+
+    /// What the scheduler's user keeps for this sequence.
+    pub fn state(&self) -> &S {
+        &self.state
     }
 
     pub fn id(&self) -> SeqId {

@@ -40,7 +40,7 @@ impl Telemetry {
     }
 
     /// Queue and pool counts (cheap; after every change a client could observe).
-    pub fn publish_counts(&self, scheduler: &Scheduler) {
+    pub fn publish_counts<R, S>(&self, scheduler: &Scheduler<R, S>) {
         let s = &self.shared.stats;
         s.running.store(scheduler.num_running(), Ordering::Release);
         s.waiting.store(scheduler.num_waiting(), Ordering::Release);
@@ -49,7 +49,7 @@ impl Telemetry {
     }
 
     /// Everything, counters and gauges included.
-    pub fn publish(&mut self, scheduler: &Scheduler) {
+    pub fn publish<R, S>(&mut self, scheduler: &Scheduler<R, S>) {
         self.publish_counts(scheduler);
         let s = &self.shared.stats;
         let preemptions = scheduler.num_preemptions();
@@ -79,7 +79,7 @@ impl Telemetry {
     }
 
     /// Counts a finished step (failed or not) and publishes everything.
-    pub fn finish_step(&mut self, scheduler: &Scheduler, timing: StepTiming) {
+    pub fn finish_step<R, S>(&mut self, scheduler: &Scheduler<R, S>, timing: StepTiming) {
         let elapsed = timing.start.elapsed();
         let s = &self.shared.stats;
         s.steps.fetch_add(1, Ordering::Relaxed);

@@ -102,12 +102,28 @@ fn admissible(c: &Case, prompt_len: usize, r: &Req) -> bool {
     prompt_len > 0 && total <= c.max_model_len && total.div_ceil(c.block_size) <= c.num_blocks
 }
 
-fn abort(sched: &mut Scheduler, shadows: &mut HashMap<SeqId, Shadow>, request: u64) {
-    let live = shadows
+/// The records this test keeps in the scheduler: each request's id and each sequence's, so
+/// that every record handed back can be checked against whose it is.
+type RecordingScheduler = Scheduler<u64, SeqId>;
+
+fn abort(sched: &mut RecordingScheduler, shadows: &mut HashMap<SeqId, Shadow>, request: u64) {
+    let mut live: Vec<SeqId> = shadows
         .iter()
         .filter(|(id, s)| id.request == request && !s.ended)
-        .count();
-    assert_eq!(sched.abort(request), live);
+        .map(|(&id, _)| id)
+        .collect();
+    live.sort_unstable();
+    match sched.abort(request) {
+        Some(aborted) => {
+            assert_eq!(aborted.state, request, "another request's record");
+            let records: Vec<SeqId> = aborted.sequences.iter().map(|&(_, id)| id).collect();
+            assert_eq!(records, live, "the live sequences' records, in index order");
+            for (index, id) in &aborted.sequences {
+                assert_eq!(*index, id.index);
+            }
+        }
+        None => assert!(live.is_empty(), "{request} had live sequences"),
+    }
     for (_, s) in shadows.iter_mut().filter(|(id, _)| id.request == request) {
         s.ended = true;
     }
@@ -122,7 +138,7 @@ fn run_case(c: &Case) {
         max_model_len: c.max_model_len,
     };
     let bs = c.block_size;
-    let mut sched = Scheduler::new(config).unwrap();
+    let mut sched: RecordingScheduler = Scheduler::new(config).unwrap();
     let mut model = HashModel::new(c.num_blocks, bs);
     let mut batch = StepBatch::new(bs);
     let bases: Vec<Vec<u32>> = (0..3).map(|b| tokens(b, 48)).collect();
@@ -137,7 +153,8 @@ fn run_case(c: &Case) {
             let mut prompt = bases[r.base as usize][..r.shared].to_vec();
             prompt.extend(tokens(1000 + rid, r.tail));
             if admissible(c, prompt.len(), r) {
-                sched.add_request(rid, prompt.clone(), r.max_tokens, r.n);
+                let seqs = (0..r.n as u32).map(|i| SeqId::new(rid, i)).collect();
+                sched.queue_request(rid, prompt.clone(), r.max_tokens, rid, seqs);
                 accepted.push((rid, r));
                 for index in 0..r.n as u32 {
                     shadows.insert(
@@ -254,6 +271,14 @@ fn run_case(c: &Case) {
                 );
             }
         }
+        for (s, records) in sched.scheduled_records() {
+            let id = s.seq_id;
+            assert_eq!(
+                records,
+                Some((&id.request, &id)),
+                "{id} met another's records"
+            );
+        }
         let logits = model.forward(&batch);
         let rows: Vec<SeqId> = sched.output().sampling().map(|s| s.seq_id).collect();
         let sampled: Vec<u32> = logits
@@ -292,8 +317,17 @@ fn run_case(c: &Case) {
                 sh.tokens.push(t);
                 sh.chain = chain(&sh.tokens);
                 if sh.tokens.len() - sh.prompt_len == sh.max_tokens || (c.eos && is_eos(t)) {
-                    assert!(sched.finish(id));
+                    let removed = sched.finish(id).expect("a live sequence");
                     sh.ended = true;
+                    assert_eq!(removed.state, id, "another sequence's record");
+                    let last = !shadows
+                        .iter()
+                        .any(|(other, s)| other.request == id.request && !s.ended);
+                    assert_eq!(
+                        removed.request,
+                        last.then_some(id.request),
+                        "{id}: the request's record leaves with its last sequence"
+                    );
                 }
             }
         }

@@ -15,6 +15,11 @@ fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
     }
 }
 
+/// How many sequences `abort` removed (0 for a request that is not there).
+fn aborted(sched: &mut Scheduler, request: u64) -> usize {
+    sched.abort(request).map_or(0, |a| a.sequences.len())
+}
+
 fn seq(request: u64) -> SeqId {
     SeqId::new(request, 0)
 }
@@ -100,6 +105,48 @@ fn a_tight_pool_preempts_and_everything_still_completes_with_the_same_tokens() {
         );
     }
     d.sched.check_invariants().unwrap();
+}
+
+/// What the engine loop keeps beside the scheduler's records stays with them: written during
+/// steps, kept through a preemption, handed back when the sequence (and, with the last one,
+/// its request) leaves.
+#[test]
+fn records_stay_with_their_sequence_and_leave_with_it() {
+    let mut cfg = config(4, 2);
+    cfg.max_num_batched_tokens = 64;
+    // Request record: a name; sequence record: the tokens it was scheduled for.
+    let mut s: Scheduler<&str, usize> = Scheduler::new(cfg).unwrap();
+    s.queue_request(1, vec![1, 2, 3], 5, "one", vec![0]);
+    s.queue_request(2, vec![4, 5, 6], 5, "two", vec![0, 0]);
+    let step = |s: &mut Scheduler<&str, usize>, sampled: &[u32]| {
+        s.schedule();
+        s.for_each_scheduled_mut(|entry, records| {
+            let (_, computed) = records.expect("a scheduled sequence has its records");
+            *computed += entry.len;
+        });
+        s.commit(sampled).unwrap();
+    };
+    // 1 and 2.0 fit (2 blocks each); 2.1 waits for blocks.
+    step(&mut s, &[10, 11]);
+    step(&mut s, &[12, 13]);
+    // 1 needs a third block: 2.0, the newest, is preempted and keeps its record.
+    step(&mut s, &[14]);
+    assert_eq!(s.output().preempted(), &[SeqId::new(2, 0)]);
+    assert_eq!(s.get(SeqId::new(2, 0)).unwrap().state(), &4);
+    let one = s.finish(seq(1)).expect("1 is here");
+    assert_eq!(one.state, 3 + 1 + 1, "its prompt, then one token a step");
+    assert_eq!(one.request, Some("one"), "its request's only sequence");
+    let first = s.finish(SeqId::new(2, 0)).expect("2.0 is here");
+    assert_eq!(
+        (first.state, first.request),
+        (4, None),
+        "2.1 is still there"
+    );
+    let aborted = s.abort(2).expect("2 is here");
+    assert_eq!(aborted.state, "two");
+    assert_eq!(aborted.sequences, vec![(1, 0)], "2.1 never ran");
+    assert!(s.abort(2).is_none());
+    s.check_invariants().unwrap();
 }
 
 #[test]
@@ -195,7 +242,7 @@ fn abort_frees_blocks_at_once_even_mid_step() {
     assert_eq!(d.sched.num_used_blocks(), 6);
     d.sched.add_request(3, tokens(3, 10), 20, 1);
     // Waiting: removed without touching the pool.
-    assert_eq!(d.sched.abort(3), 1);
+    assert_eq!(aborted(&mut d.sched, 3), 1);
     assert_eq!(d.sched.num_used_blocks(), 6);
     // Running, between fill_step_batch and commit: blocks back now, its row ignored at commit.
     d.sched.schedule();
@@ -205,7 +252,7 @@ fn abort_frees_blocks_at_once_even_mid_step() {
         common::sample(logits[0], seq(1)),
         common::sample(logits[1], seq(2)),
     ];
-    assert_eq!(d.sched.abort(1), 1);
+    assert_eq!(aborted(&mut d.sched, 1), 1);
     assert_eq!(d.sched.num_used_blocks(), 3);
     d.sched.commit(&sampled).unwrap();
     d.generated.get_mut(&seq(2)).unwrap().push(sampled[1]);
@@ -213,8 +260,8 @@ fn abort_frees_blocks_at_once_even_mid_step() {
         d.sched.get(seq(2)).unwrap().generated().last(),
         Some(&sampled[1])
     );
-    assert_eq!(d.sched.abort(1), 0);
-    assert!(!d.sched.finish(seq(1)));
+    assert_eq!(aborted(&mut d.sched, 1), 0);
+    assert!(d.sched.finish(seq(1)).is_none());
     d.sched.check_invariants().unwrap();
     d.run_to_completion(100);
     assert_eq!(
@@ -336,7 +383,7 @@ fn commit_checks_its_input() {
     );
     s.commit(&[3]).unwrap();
     assert_eq!(s.commit(&[3]), Err(SchedulerError::NothingScheduled));
-    assert!(Scheduler::new(SchedulerConfig {
+    assert!(<Scheduler>::new(SchedulerConfig {
         max_num_batched_tokens: 0,
         ..config(16, 4)
     })

@@ -8,6 +8,7 @@ use super::EngineLoop;
 use crate::events::ErrorCause;
 use crate::handle::{Command, Submission};
 use crate::request_state::{abort_unadmitted, RequestState};
+use crate::scheduler::Aborted;
 use crate::sequence::RequestId;
 use crate::stop::{FinishReason, Stopped};
 
@@ -26,7 +27,7 @@ impl EngineLoop {
         }
         let embedding = request.is_embedding();
         let (request, max_tokens) = request.into_parts();
-        let (state, prompt) = RequestState::admit(
+        let (state, seqs, prompt) = RequestState::admit(
             request,
             max_tokens,
             events,
@@ -37,57 +38,57 @@ impl EngineLoop {
         );
         // Validated against this engine's limits (the handle checked they are its own), so
         // the scheduler can always run it.
-        if embedding {
-            self.scheduler.add_prefill_only(id, prompt);
-        } else {
-            self.scheduler.add_request(id, prompt, max_tokens, n);
-        }
         self.kinds.add(&state);
-        self.requests.insert(id, state);
+        if embedding {
+            let seq = seqs
+                .into_iter()
+                .next()
+                .expect("an embedding has one sequence");
+            self.scheduler.queue_prefill_only(id, prompt, state, seq);
+        } else {
+            self.scheduler
+                .queue_request(id, prompt, max_tokens, state, seqs);
+        }
         self.telemetry.publish_counts(&self.scheduler);
     }
 
-    /// Removes a request, finishing its live sequences with `Abort`.
-    pub(super) fn abort_request(&mut self, id: RequestId) {
-        self.end_request(id, FinishReason::Abort, None);
+    /// Removes a request, finishing its live sequences with `Abort`; returns how many.
+    pub(super) fn abort_request(&mut self, id: RequestId) -> usize {
+        self.end_request(id, FinishReason::Abort, None)
     }
 
+    /// Removes a request, finishing its live sequences with `reason`; returns how many.
     pub(super) fn end_request(
         &mut self,
         id: RequestId,
         reason: FinishReason,
         error: Option<(String, ErrorCause)>,
-    ) {
-        self.scheduler.abort(id);
-        let Some(state) = self.requests.remove(&id) else {
-            return;
+    ) -> usize {
+        let Some(Aborted { state, sequences }) = self.scheduler.abort(id) else {
+            return 0;
         };
         self.kinds.remove(&state);
         // Free first, tell the client second: whoever sees the finish sees the blocks free.
         self.telemetry.publish_counts(&self.scheduler);
         let now = Instant::now();
-        for (index, seq) in state.seqs.iter().enumerate() {
-            if seq.done {
-                continue;
-            }
+        // The sequences that already stopped left the scheduler when they did.
+        for (index, seq) in &sequences {
             let stopped = Stopped {
                 reason,
                 stop_reason: None,
             };
-            let _ =
-                state
-                    .events
-                    .send(state.finish_event(index as u32, stopped, error.clone(), now));
+            let event = state.finish_event(*index, seq, stopped, error.clone(), now);
+            let _ = state.events.send(event);
             self.telemetry.sequence_finished(reason, state.arrival, now);
         }
+        sequences.len()
     }
 
     pub(super) fn abort_everything(&mut self) -> usize {
-        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        let ids: Vec<RequestId> = self.scheduler.request_records().map(|(id, _)| id).collect();
         let mut aborted = 0;
         for id in ids {
-            aborted += self.requests.get(&id).map_or(0, |r| r.live);
-            self.abort_request(id);
+            aborted += self.abort_request(id);
         }
         // Submissions still in the channel get their answer too.
         while let Ok(command) = self.commands.try_recv() {
@@ -104,7 +105,7 @@ impl EngineLoop {
     /// Aborts requests whose client is gone: those whose send failed this step, and any whose
     /// stream was dropped (the abort command may still be in the channel).
     pub(super) fn reap_closed(&mut self) {
-        for (&id, r) in &self.requests {
+        for (id, r) in self.scheduler.request_records() {
             if r.events.is_closed() {
                 self.closed.push(id);
             }

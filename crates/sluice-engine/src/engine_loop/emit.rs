@@ -9,7 +9,7 @@ use sluice_tokenizer::Tokenizer;
 use super::EngineLoop;
 use crate::events::{Event, TokenEvent};
 use crate::metrics::EngineMetrics;
-use crate::request_state::RequestState;
+use crate::request_state::{RequestState, SeqState};
 use crate::rng::SeqRng;
 use crate::stop::Stopped;
 
@@ -19,17 +19,18 @@ impl EngineLoop {
     pub(super) fn emit(&mut self, now: Instant) {
         self.finished.clear();
         let mut generated = 0u64;
-        let metrics = &self.telemetry.metrics;
-        let rows = self.scheduler.output().sampling();
-        for ((s, sampled), &rng) in rows.zip(self.sampled.iter_mut()).zip(&self.rngs) {
-            let Some(r) = self.requests.get_mut(&s.seq_id.request) else {
-                continue;
-            };
-            let index = s.seq_id.index;
-            let seq = &mut r.seqs[index as usize];
-            if seq.done {
-                continue;
+        let (telemetry, tokenizer) = (&self.telemetry, &self.tokenizer);
+        let (finished, finish_events) = (&mut self.finished, &mut self.finish_events);
+        let (closed, failures) = (&mut self.closed, &mut self.constraint_failures);
+        let mut results = self.sampled.iter_mut().zip(&self.rngs);
+        self.scheduler.for_each_scheduled_mut(|s, records| {
+            if !s.sample {
+                return;
             }
+            // One result per sampling row, in order, whatever became of the row's sequence.
+            let (Some((sampled, &rng)), Some((r, seq))) = (results.next(), records) else {
+                return;
+            };
             let grammar_done = match seq
                 .constraint
                 .as_deref_mut()
@@ -39,41 +40,35 @@ impl EngineLoop {
                 Some(Ok(true)) => true,
                 Some(Err(message)) => {
                     // The token was sampled without a valid mask: it is not the client's.
-                    self.constraint_failures.push((s.seq_id.request, message));
-                    continue;
+                    failures.push((s.seq_id.request, message));
+                    return;
                 }
             };
             generated += 1;
-            record_token(r, index, sampled.token, rng, now, metrics);
-            let (text, stopped) = next_text(r, index, sampled.token, grammar_done, &self.tokenizer);
+            record_token(r, seq, sampled.token, rng, now, &telemetry.metrics);
+            let (text, stopped) = next_text(r, seq, sampled.token, grammar_done, tokenizer);
             let event = Event::Token(TokenEvent {
-                index,
+                index: s.seq_id.index,
                 token: sampled.token,
                 text,
                 logprobs: sampled.logprobs.take(),
             });
             if r.events.send(event).is_err() {
-                self.closed.push(s.seq_id.request);
-                continue;
+                closed.push(s.seq_id.request);
+                return;
             }
             let Some(stopped) = stopped else {
-                continue;
+                return;
             };
-            r.seqs[index as usize].done = true;
-            r.live -= 1;
+            // Freed at the end of the step; its record, and its request's with the last, leave
+            // the scheduler then. Once the finish events are sent, the last sender is gone and
+            // the client's stream ends.
             let reason = stopped.reason;
-            self.finish_events
-                .push((r.events.clone(), r.finish_event(index, stopped, None, now)));
-            self.finished.push(s.seq_id);
-            self.telemetry.sequence_finished(reason, r.arrival, now);
-            if r.live == 0 {
-                // Once its finish events are sent, the last sender is gone and the client's
-                // stream ends.
-                if let Some(done) = self.requests.remove(&s.seq_id.request) {
-                    self.kinds.remove(&done);
-                }
-            }
-        }
+            let event = r.finish_event(s.seq_id.index, seq, stopped, None, now);
+            finish_events.push((r.events.clone(), event));
+            finished.push(s.seq_id);
+            telemetry.sequence_finished(reason, r.arrival, now);
+        });
         self.telemetry
             .metrics
             .generation_tokens
@@ -85,13 +80,12 @@ impl EngineLoop {
 /// and the request's latencies (first token, between tokens) and prompt-token count.
 fn record_token(
     r: &mut RequestState,
-    index: u32,
+    seq: &mut SeqState,
     token: u32,
     rng: SeqRng,
     now: Instant,
     metrics: &EngineMetrics,
 ) {
-    let seq = &mut r.seqs[index as usize];
     seq.rng = rng;
     seq.generated += 1;
     if let Some(counts) = &mut seq.counts {
@@ -116,13 +110,12 @@ fn record_token(
 /// The text `token` makes final for its sequence, and whether the sequence stops: at a stop
 /// string or token, its length, or the end of its grammar.
 fn next_text(
-    r: &mut RequestState,
-    index: u32,
+    r: &RequestState,
+    seq: &mut SeqState,
     token: u32,
     grammar_done: bool,
     tokenizer: &Tokenizer,
 ) -> (String, Option<Stopped>) {
-    let seq = &mut r.seqs[index as usize];
     let mut text = String::new();
     let mut stopped = seq.text.push(
         tokenizer,

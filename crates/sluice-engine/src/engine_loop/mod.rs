@@ -10,8 +10,9 @@
 //! ```
 //!
 //! The thread owns the model (and so its KV cache). With nothing to do it blocks on its
-//! command channel. Per-request bookkeeping lives in [`crate::request_state`], publishing
-//! counters and metrics in [`crate::telemetry`].
+//! command channel. Per-request and per-sequence bookkeeping ([`crate::request_state`]) is
+//! kept by the scheduler beside its own records, one record per sequence; publishing
+//! counters and metrics lives in [`crate::telemetry`].
 //!
 //! Its parts, one job each: taking requests in and out ([`admit`]), the step from plan to
 //! finish ([`step`]), the rows an embedding pools ([`pooling`]), sampling with the model's own
@@ -30,7 +31,6 @@
 //! through the abort its stream sends or the closed event channel, and its blocks are freed
 //! then.
 
-use std::collections::HashMap;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
@@ -42,7 +42,7 @@ use crate::constraint::SeqConstraint;
 use crate::events::Event;
 use crate::handle::{Command, Shared};
 use crate::model::Model;
-use crate::request_state::RequestState;
+use crate::request_state::{RequestState, SeqState};
 use crate::rng::SeqRng;
 use crate::sampler::{SampleRow, Sampled, Sampler};
 use crate::scheduler::Scheduler;
@@ -58,11 +58,11 @@ mod step;
 pub(crate) struct EngineLoop {
     model: Box<dyn Model>,
     tokenizer: Arc<Tokenizer>,
-    scheduler: Scheduler,
+    /// Holds every request's and sequence's records beside its own.
+    scheduler: Scheduler<RequestState, SeqState>,
     sampler: Sampler,
     shared: Arc<Shared>,
     commands: Receiver<Command>,
-    requests: HashMap<RequestId, RequestState>,
     telemetry: Telemetry,
     draining: bool,
     // Buffers reused every step.
@@ -85,7 +85,7 @@ pub(crate) struct EngineLoop {
     /// Finish events held until the step has freed the finished sequences' blocks.
     finish_events: Vec<(UnboundedSender<Event>, Event)>,
     closed: Vec<RequestId>,
-    /// What kinds of request `requests` holds.
+    /// What kinds of request the scheduler holds.
     kinds: RequestKinds,
     pooling: Pooling,
     hidden_size: usize,
@@ -106,12 +106,12 @@ struct RequestKinds {
 
 impl RequestKinds {
     fn add(&mut self, state: &RequestState) {
-        self.constrained += usize::from(state.is_constrained());
+        self.constrained += usize::from(state.constrained);
         self.embeddings += usize::from(state.pooled.is_some());
     }
 
     fn remove(&mut self, state: &RequestState) {
-        self.constrained -= usize::from(state.is_constrained());
+        self.constrained -= usize::from(state.constrained);
         self.embeddings -= usize::from(state.pooled.is_some());
     }
 }
@@ -133,7 +133,7 @@ impl EngineLoop {
     pub fn new(
         model: Box<dyn Model>,
         tokenizer: Arc<Tokenizer>,
-        scheduler: Scheduler,
+        scheduler: Scheduler<RequestState, SeqState>,
         shared: Arc<Shared>,
         commands: Receiver<Command>,
         telemetry: Telemetry,
@@ -149,7 +149,6 @@ impl EngineLoop {
             scheduler,
             shared,
             commands,
-            requests: HashMap::new(),
             telemetry,
             draining: false,
             output: StepOutput::default(),
@@ -200,7 +199,9 @@ impl EngineLoop {
     fn handle(&mut self, command: Command) -> Flow {
         match command {
             Command::Submit(submission) => self.admit(*submission),
-            Command::Abort(id) => self.abort_request(id),
+            Command::Abort(id) => {
+                self.abort_request(id);
+            }
             Command::Drain => self.draining = true,
             Command::Stop => return Flow::Exit,
         }

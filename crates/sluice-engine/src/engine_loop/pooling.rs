@@ -18,8 +18,8 @@ impl EngineLoop {
             return;
         }
         let mut row = 0;
-        for s in self.scheduler.output().scheduled() {
-            if let Some(r) = self.requests.get(&s.seq_id.request) {
+        for (s, records) in self.scheduler.scheduled_records() {
+            if let Some((r, _)) = records {
                 if r.pooled.is_some() {
                     let rows = pooled_rows(self.pooling, s.start, s.len, r.prompt_len);
                     self.batch
@@ -39,29 +39,27 @@ impl EngineLoop {
         if self.kinds.embeddings == 0 {
             return;
         }
-        let size = self.hidden_size;
-        let mut rows = self.output.hidden.chunks_exact(size);
-        for s in self.scheduler.output().scheduled() {
-            let Some(r) = self.requests.get_mut(&s.seq_id.request) else {
-                continue;
+        let pooling = self.pooling;
+        let mut rows = self.output.hidden.chunks_exact(self.hidden_size);
+        self.scheduler.for_each_scheduled_mut(|s, records| {
+            let Some((r, _)) = records else {
+                return;
             };
             let prompt_len = r.prompt_len;
             let Some(pooled) = r.pooled.as_mut() else {
-                continue;
+                return;
             };
             if s.start == 0 {
                 pooled.fill(0.0);
             }
-            for _ in pooled_rows(self.pooling, s.start, s.len, prompt_len) {
-                let Some(row) = rows.next() else {
-                    return;
-                };
-                match self.pooling {
+            // The forward's sizes were checked: there is a row for each.
+            for (_, row) in pooled_rows(pooling, s.start, s.len, prompt_len).zip(&mut rows) {
+                match pooling {
                     Pooling::Mean => pooled.iter_mut().zip(row).for_each(|(p, h)| *p += h),
                     Pooling::Cls | Pooling::Last => pooled.copy_from_slice(row),
                 }
             }
-        }
+        });
     }
 
     /// Finishes the embeddings whose last chunk this step computed: their vectors go out
@@ -72,29 +70,24 @@ impl EngineLoop {
             return;
         }
         let pooling = self.pooling;
-        for s in self.scheduler.output().scheduled() {
-            let id = s.seq_id.request;
-            let Some(r) = self.requests.get_mut(&id) else {
-                continue;
+        let telemetry = &self.telemetry;
+        let (finish_events, finished) = (&mut self.finish_events, &mut self.finished);
+        self.scheduler.for_each_scheduled_mut(|s, records| {
+            let Some((r, seq)) = records else {
+                return;
             };
             if r.pooled.is_none() || s.start + s.len < r.prompt_len {
-                continue;
+                return;
             }
             let mean_of = (pooling == Pooling::Mean).then_some(r.prompt_len);
-            let event = r.embedding_finish(mean_of, now);
-            r.seqs[0].done = true;
-            r.live = 0;
-            self.telemetry
+            let event = r.embedding_finish(seq, mean_of, now);
+            telemetry
                 .metrics
                 .prompt_tokens
                 .increment(r.prompt_len as u64);
-            self.telemetry
-                .sequence_finished(FinishReason::Stop, r.arrival, now);
-            self.finish_events.push((r.events.clone(), event));
-            self.finished.push(s.seq_id);
-            if let Some(done) = self.requests.remove(&id) {
-                self.kinds.remove(&done);
-            }
-        }
+            telemetry.sequence_finished(FinishReason::Stop, r.arrival, now);
+            finish_events.push((r.events.clone(), event));
+            finished.push(s.seq_id);
+        });
     }
 }

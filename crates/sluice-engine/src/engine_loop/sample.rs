@@ -8,7 +8,6 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use super::{EngineLoop, ModelRow};
-use crate::constraint::SeqConstraint;
 use crate::params::SamplingParams;
 use crate::rng::SeqRng;
 use crate::sampler::{model_rule, SampleRow, Sampled, TokenLogprobs};
@@ -27,10 +26,9 @@ impl EngineLoop {
         if !self.model_samples_rows {
             return;
         }
-        let requests = &self.requests;
-        for s in self.scheduler.output().sampling() {
-            let row = requests.get(&s.seq_id.request).and_then(|r| {
-                let seq = r.seqs.get(s.seq_id.index as usize)?;
+        let rows = self.scheduler.scheduled_records().filter(|(s, _)| s.sample);
+        for (_, records) in rows {
+            let row = records.and_then(|(r, seq)| {
                 if seq.constraint.is_some() || !r.stop.banned(seq.generated).is_empty() {
                     return None;
                 }
@@ -51,25 +49,21 @@ impl EngineLoop {
             return;
         }
         let mut any = false;
-        for s in self.scheduler.output().sampling() {
-            let seq = self
-                .requests
-                .get_mut(&s.seq_id.request)
-                .and_then(|r| r.seqs.get_mut(s.seq_id.index as usize));
-            if let Some(c) = seq.and_then(|seq| seq.constraint.as_deref_mut()) {
+        self.scheduler.for_each_scheduled_mut(|s, records| {
+            let constraint = records.and_then(|(_, seq)| seq.constraint.as_deref_mut());
+            if let Some(c) = constraint.filter(|_| s.sample) {
                 c.due = true;
                 any = true;
             }
-        }
+        });
         if !any {
             return;
         }
         let start = Instant::now();
-        let mut jobs = recycle(std::mem::take(&mut self.mask_jobs));
+        let mut jobs = emptied(std::mem::take(&mut self.mask_jobs));
         jobs.extend(
-            self.requests
-                .values_mut()
-                .flat_map(|r| r.seqs.iter_mut())
+            self.scheduler
+                .sequence_records_mut()
                 .filter_map(|seq| seq.constraint.as_deref_mut())
                 .filter(|c| c.due),
         );
@@ -77,7 +71,7 @@ impl EngineLoop {
             c.due = false;
             c.compute_mask();
         });
-        self.mask_jobs = recycle(jobs);
+        self.mask_jobs = emptied(jobs);
         self.telemetry
             .metrics
             .mask_duration
@@ -88,28 +82,24 @@ impl EngineLoop {
     /// model sampled come from its output, the others from the sampler.
     pub(super) fn sample(&mut self) {
         self.compute_masks();
-        let requests = &self.requests;
         let model_rows = &self.model_rows;
         let by_model = |i: usize| matches!(model_rows.get(i), Some(Some(_)));
-        let mut rows = reuse_rows(std::mem::take(&mut self.rows));
+        let mut rows = emptied(std::mem::take(&mut self.rows));
         rows.extend(
             self.scheduler
-                .output()
-                .sampling()
+                .scheduled_records()
+                .filter(|(s, _)| s.sample)
                 .enumerate()
                 .filter(|&(i, _)| !by_model(i))
-                .map(|(_, s)| match requests.get(&s.seq_id.request) {
-                    Some(r) => {
-                        let seq = &r.seqs[s.seq_id.index as usize];
-                        SampleRow {
-                            params: &r.sampling,
-                            rng: seq.rng,
-                            prompt_tokens: &r.prompt_set,
-                            output_counts: seq.counts.as_ref(),
-                            banned: r.stop.banned(seq.generated),
-                            allowed: seq.constraint.as_ref().and_then(|c| c.allowed()),
-                        }
-                    }
+                .map(|(_, (_, records))| match records {
+                    Some((r, seq)) => SampleRow {
+                        params: &r.sampling,
+                        rng: seq.rng,
+                        prompt_tokens: &r.prompt_set,
+                        output_counts: seq.counts.as_ref(),
+                        banned: r.stop.banned(seq.generated),
+                        allowed: seq.constraint.as_ref().and_then(|c| c.allowed()),
+                    },
                     None => SampleRow {
                         params: &ORPHAN_PARAMS,
                         rng: SeqRng::new(0, 0),
@@ -153,26 +143,18 @@ impl EngineLoop {
                 self.rngs.push(rng);
             }
         }
-        self.rows = reuse_rows(rows);
+        self.rows = emptied(rows);
         self.tokens.clear();
         self.tokens.extend(self.sampled.iter().map(|s| s.token));
     }
 }
 
-/// `buffer`'s allocation, emptied, retyped to borrow for another step (see [`reuse_rows`]).
-fn recycle<'b>(mut buffer: Vec<&mut SeqConstraint>) -> Vec<&'b mut SeqConstraint> {
-    buffer.clear();
-    buffer
-        .into_iter()
-        .map(|_| unreachable!("the buffer was cleared"))
-        .collect()
-}
-
-/// `buffer`'s allocation, emptied, retyped for rows borrowing from another step. Collecting a
+/// `buffer`'s allocation, emptied, retyped: the step's rows and mask jobs borrow the step's
+/// records, so their buffers are kept between steps under another lifetime. Collecting a
 /// mapped `vec::IntoIter` into a `Vec` whose element has the same layout reuses the source
-/// allocation (std's in-place collect), and the iterator is empty, so this is free: the rows
-/// of a step cost no allocation once the buffer has grown to the batch.
-fn reuse_rows<'a, 'b>(mut buffer: Vec<SampleRow<'a>>) -> Vec<SampleRow<'b>> {
+/// allocation (std's in-place collect), and the iterator is empty, so this is free: a step's
+/// rows cost no allocation once the buffer has grown to the batch.
+fn emptied<T, U>(mut buffer: Vec<T>) -> Vec<U> {
     buffer.clear();
     buffer
         .into_iter()
@@ -197,7 +179,7 @@ mod tests {
             allowed: None,
         });
         let ptr = rows.as_ptr() as usize;
-        let reused: Vec<SampleRow<'static>> = reuse_rows(rows);
+        let reused: Vec<SampleRow<'static>> = emptied(rows);
         assert!(reused.is_empty());
         assert_eq!(reused.capacity(), 64);
         assert_eq!(reused.as_ptr() as usize, ptr);

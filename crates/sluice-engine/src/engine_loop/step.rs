@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{panic_message, EngineLoop};
 use crate::events::ErrorCause;
+use crate::scheduler::Removed;
 use crate::sequence::RequestId;
 use crate::stop::FinishReason;
 use crate::telemetry::StepTiming;
@@ -56,21 +57,18 @@ impl EngineLoop {
             return None;
         }
         let num_tokens = out.num_tokens();
-        for s in out.scheduled() {
-            if let Some(r) = self.requests.get_mut(&s.seq_id.request) {
-                if let Some(seq) = r.seqs.get_mut(s.seq_id.index as usize) {
-                    // Its first chunk starts after what the prefix cache held.
-                    seq.cached_tokens.get_or_insert(s.start);
-                }
-                if r.scheduled.is_none() {
-                    r.scheduled = Some(step_start);
-                    self.telemetry
-                        .metrics
-                        .queue_time
-                        .record((step_start - r.arrival).as_secs_f64());
-                }
+        let queue_time = &self.telemetry.metrics.queue_time;
+        self.scheduler.for_each_scheduled_mut(|s, records| {
+            let Some((r, seq)) = records else {
+                return;
+            };
+            // Its first chunk starts after what the prefix cache held.
+            seq.cached_tokens.get_or_insert(s.start);
+            if r.scheduled.is_none() {
+                r.scheduled = Some(step_start);
+                queue_time.record((step_start - r.arrival).as_secs_f64());
             }
-        }
+        });
         self.scheduler.fill_step_batch(&mut self.batch);
         self.mark_pooled_rows();
         self.mark_model_sampled_rows();
@@ -116,7 +114,14 @@ impl EngineLoop {
         self.emit(now);
         self.finish_embeddings(now);
         for &id in &self.finished {
-            self.scheduler.finish(id);
+            // A request's record leaves with its last sequence.
+            if let Some(Removed {
+                request: Some(done),
+                ..
+            }) = self.scheduler.finish(id)
+            {
+                self.kinds.remove(&done);
+            }
         }
         // Free and count first, tell the client second: whoever sees a finish sees its blocks
         // free and the step's counters (prefix hits, preemptions) published, even when the

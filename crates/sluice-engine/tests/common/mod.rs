@@ -162,7 +162,7 @@ impl Driver {
             self.generated.entry(id).or_default().push(t);
             let seq = self.sched.get(id).expect("sampled sequence is live");
             if seq.num_generated() >= seq.max_tokens() || (self.eos && is_eos(t)) {
-                assert!(self.sched.finish(id));
+                assert!(self.sched.finish(id).is_some());
                 self.finished.push(id);
             }
         }
