@@ -1,5 +1,6 @@
 //! Grammar-constrained decoding on llguidance: which tokens a sequence may sample next so that
-//! its output stays in a language (a JSON schema, a regex, a list of choices, a Lark grammar).
+//! its output stays in a language (a JSON schema, a regex, a list of choices, a Lark grammar;
+//! written in [`crate::grammar`]).
 //!
 //! Three pieces, one per moment of a request's life:
 //! - [`ConstraintCompiler`], one per model: llguidance's token trie over *our* tokenizer's
@@ -15,124 +16,11 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
-use serde_json::{json, Value};
 use sluice_tokenizer::Tokenizer;
 use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
-/// Most alternatives a `choice` constraint may list, and the longest one in bytes: each
-/// becomes a branch of the lexer.
-pub const MAX_CHOICES: usize = 1024;
-pub const MAX_CHOICE_BYTES: usize = 4096;
-/// Longest grammar, regex or schema text accepted, in bytes.
-pub const MAX_GRAMMAR_BYTES: usize = 256 * 1024;
-
-/// A language the output must belong to, as a request states it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Grammar {
-    /// A JSON value valid against `schema`. `strict` (OpenAI's flag): a schema keyword the
-    /// grammar engine cannot enforce is an error; without it such a keyword is left
-    /// unenforced (the rest of the schema still is).
-    Json { schema: Value, strict: bool },
-    /// Text matching a regular expression (Rust `regex` syntax), anchored at both ends.
-    Regex(String),
-    /// Exactly one of these strings.
-    Choice(Vec<String>),
-    /// A grammar in llguidance's Lark dialect.
-    Lark(String),
-}
-
-impl Grammar {
-    /// Any JSON object (`response_format: {"type": "json_object"}`).
-    pub fn json_object() -> Self {
-        Self::Json {
-            schema: json!({"type": "object"}),
-            strict: true,
-        }
-    }
-
-    fn kind(&self) -> &'static str {
-        match self {
-            Self::Json { .. } => "json_schema",
-            Self::Regex(_) => "regex",
-            Self::Choice(_) => "choice",
-            Self::Lark(_) => "grammar",
-        }
-    }
-
-    /// The grammar's identity as text: equal keys compile to the same constraint.
-    fn cache_key(&self) -> String {
-        match self {
-            Self::Json { schema, strict } => format!("json\0{strict}\0{schema}"),
-            Self::Regex(rx) => format!("regex\0{rx}"),
-            Self::Choice(choices) => format!("choice\0{}", Value::from(choices.clone())),
-            Self::Lark(text) => format!("lark\0{text}"),
-        }
-    }
-
-    fn into_top_level(self) -> Result<TopLevelGrammar, ConstraintError> {
-        match self {
-            Self::Json { mut schema, strict } => {
-                if !schema.is_object() && !schema.is_boolean() {
-                    return Err(ConstraintError::Invalid(
-                        "a JSON schema must be an object (or a boolean)".into(),
-                    ));
-                }
-                if let Value::Object(fields) = &mut schema {
-                    // One line, one space after `,` and `:`: models were trained on this
-                    // spelling, and flexible whitespace lets a small model pad forever.
-                    fields.entry("x-guidance").or_insert_with(|| {
-                        json!({
-                            "whitespace_flexible": false,
-                            "item_separator": ", ",
-                            "key_separator": ": ",
-                            "lenient": !strict,
-                        })
-                    });
-                }
-                check_size(&schema.to_string())?;
-                Ok(TopLevelGrammar::from_json_schema(schema))
-            }
-            Self::Regex(rx) => {
-                check_size(&rx)?;
-                Ok(TopLevelGrammar::from_regex(&rx))
-            }
-            Self::Choice(choices) => {
-                if choices.is_empty() {
-                    return Err(ConstraintError::Invalid(
-                        "the list of choices is empty".into(),
-                    ));
-                }
-                if choices.len() > MAX_CHOICES {
-                    return Err(ConstraintError::Invalid(format!(
-                        "{} choices were given; at most {MAX_CHOICES} are allowed",
-                        choices.len()
-                    )));
-                }
-                let mut alternatives = Vec::with_capacity(choices.len());
-                for c in &choices {
-                    if c.len() > MAX_CHOICE_BYTES {
-                        return Err(ConstraintError::Invalid(format!(
-                            "a choice has {} bytes; at most {MAX_CHOICE_BYTES} are allowed",
-                            c.len()
-                        )));
-                    }
-                    // A JSON string literal is a valid Lark string literal.
-                    alternatives.push(Value::String(c.clone()).to_string());
-                }
-                Ok(TopLevelGrammar::from_lark(format!(
-                    "start: {}",
-                    alternatives.join(" | ")
-                )))
-            }
-            Self::Lark(text) => {
-                check_size(&text)?;
-                Ok(TopLevelGrammar::from_lark(text))
-            }
-        }
-    }
-}
+use crate::grammar::{Grammar, GrammarError};
 
 /// llguidance's message without the parser state and grammar it may append: clients get the
 /// reason, not a dump of the grammar engine.
@@ -145,16 +33,6 @@ fn short_error(message: &str) -> String {
     message[..cut].trim_end().to_string()
 }
 
-fn check_size(text: &str) -> Result<(), ConstraintError> {
-    if text.len() > MAX_GRAMMAR_BYTES {
-        return Err(ConstraintError::Invalid(format!(
-            "the constraint has {} bytes; at most {MAX_GRAMMAR_BYTES} are allowed",
-            text.len()
-        )));
-    }
-    Ok(())
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConstraintError {
     /// The grammar, schema or regex cannot be compiled; the message says why.
@@ -163,6 +41,12 @@ pub enum ConstraintError {
     /// The vocabulary cannot be turned into a token trie.
     #[error("cannot prepare constrained decoding for this vocabulary: {0}")]
     Vocabulary(String),
+}
+
+impl From<GrammarError> for ConstraintError {
+    fn from(e: GrammarError) -> Self {
+        Self::Invalid(e.to_string())
+    }
 }
 
 /// llguidance's view of our tokenizer: every id's bytes, and tokenization for the text a
@@ -428,6 +312,7 @@ impl SeqConstraint {
 mod tests {
     use super::*;
     use crate::testing::tiny_tokenizer;
+    use serde_json::{json, Value};
 
     fn compiler() -> ConstraintCompiler {
         let tok = tiny_tokenizer();

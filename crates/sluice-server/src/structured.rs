@@ -4,7 +4,6 @@
 //! serve is refused by name, anything else is named in a debug log line.
 
 use serde_json::Value;
-use sluice_engine::gbnf;
 use sluice_engine::Grammar;
 
 use crate::error::ApiError;
@@ -159,13 +158,8 @@ fn schema_value(schema: Value, param: &'static str) -> Result<Value, ApiError> {
 
 /// A grammar in Lark, or in GBNF (a rule written `name ::= ...`), which is converted.
 fn grammar_text(text: String, param: &'static str) -> Result<Grammar, ApiError> {
-    if gbnf::is_gbnf(&text) {
-        let lark = gbnf::gbnf_to_lark(&text)
-            .map_err(|e| ApiError::invalid(param, format!("invalid GBNF grammar: {e}")))?;
-        Ok(Grammar::Lark(lark))
-    } else {
-        Ok(Grammar::Lark(text))
-    }
+    Grammar::from_text(text)
+        .map_err(|e| ApiError::invalid(param, format!("invalid GBNF grammar: {e}")))
 }
 
 /// Checks the fields no typed field took ([`field_policy::CHAT`]); `modalities` may only ask

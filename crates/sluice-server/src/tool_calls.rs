@@ -4,8 +4,8 @@
 //! grammar that forces a valid call.
 
 use serde_json::Value;
-use sluice_engine::Grammar;
-use sluice_tokenizer::tool_parser::{FunctionSpec, ToolCallFormat};
+use sluice_engine::{FunctionSpec, Grammar};
+use sluice_tokenizer::tool_parser::ToolCallFormat;
 use sluice_tokenizer::ChatTemplate;
 
 use crate::error::ApiError;
@@ -136,23 +136,21 @@ pub fn plan(
     // only decides whether a schema keyword the grammar engine cannot enforce is a 400 or is
     // left unenforced.
     let grammar = match &choice {
-        ToolChoice::Required => Some(Grammar::Lark(format.forced_call_grammar(
+        ToolChoice::Required => Some(Grammar::forced_tool_call(
+            format,
             &specs,
             !single_call,
             strict,
-        ))),
+        )),
         ToolChoice::Function(name) => {
             let only: Vec<FunctionSpec> =
                 specs.iter().filter(|s| &s.name == name).cloned().collect();
-            Some(Grammar::Lark(
-                format.forced_call_grammar(&only, false, strict),
-            ))
+            Some(Grammar::forced_tool_call(format, &only, false, strict))
         }
         // Strict tools promise valid calls, so `auto` is constrained too: text, or calls that
         // validate. Without strict the model writes freely and its calls are parsed.
         ToolChoice::Auto if strict => {
-            let lark = format
-                .auto_call_grammar(&specs, !single_call, strict)
+            let grammar = Grammar::auto_tool_call(format, &specs, !single_call, strict)
                 .ok_or_else(|| {
                     ApiError::invalid(
                         "tools",
@@ -163,7 +161,7 @@ pub fn plan(
                         ),
                     )
                 })?;
-            Some(Grammar::Lark(lark))
+            Some(grammar)
         }
         ToolChoice::Auto | ToolChoice::None => None,
     };

@@ -30,4 +30,4 @@ pub use error::{Result, TokenizerError};
 pub use gguf_metadata::{GgufMetadata, MetadataMap, MetadataValue};
 pub use reasoning::{ReasoningEvent, ReasoningParser};
 pub use tokenizer::{Tokenizer, SUPPORTED_PRE_TOKENIZERS};
-pub use tool_parser::{FunctionSpec, ToolCallFormat, ToolCallParser, ToolEvent};
+pub use tool_parser::{ToolCallFormat, ToolCallParser, ToolEvent};

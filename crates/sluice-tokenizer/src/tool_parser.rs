@@ -1,14 +1,12 @@
-//! Tool calls out of a model's text: which format a model writes its calls in, an incremental
-//! parser that splits generated text into plain content and calls as it streams, and the
-//! grammar that forces a model to write a valid call (`tool_choice: "required"` or a named
-//! function).
+//! Tool calls out of a model's text: which format a model writes its calls in, and an
+//! incremental parser that splits generated text into plain content and calls as it streams.
+//! The grammars that force a model to write a valid call are `sluice-engine`'s, with every
+//! other grammar (`grammar::tool_calls`).
 //!
 //! The parser streams: content is given out as soon as it cannot be the start of a call, a
 //! call's name as soon as it is complete, and its arguments as they arrive, so a streaming
 //! client sees the same deltas OpenAI sends. Any chunking of the same text gives the same
 //! events once merged.
-
-use serde_json::{json, Value};
 
 use crate::partial_marker::hold_point;
 
@@ -97,154 +95,11 @@ impl ToolCallFormat {
             Self::Mistral => Some('['),
         }
     }
-
-    /// The key under which the model writes a call's arguments when its output is forced.
-    fn arguments_key(self) -> &'static str {
-        match self {
-            // Llama 3.1's template asks for "parameters"; the parser takes either.
-            Self::Llama3Json => "parameters",
-            Self::Hermes | Self::Mistral => "arguments",
-        }
-    }
-
-    /// A grammar in llguidance's Lark dialect accepting exactly one call in this format (or,
-    /// with `parallel`, one or more), where the call object names one of `tools` and its
-    /// arguments validate against that tool's parameter schema. The name comes first, so a
-    /// streaming client sees it before the arguments. JSON inside is laid out as Python's
-    /// `json.dumps` does (`", "`, `": "`), the way these models were trained to write calls.
-    /// With no tools, any name and any arguments object are accepted. `strict` (OpenAI's
-    /// flag on a function): a schema keyword the grammar engine cannot enforce makes the
-    /// grammar fail to compile; without it such a keyword is left unenforced.
-    pub fn forced_call_grammar(
-        self,
-        tools: &[FunctionSpec],
-        parallel: bool,
-        strict: bool,
-    ) -> String {
-        let schema = self.call_object_schema(tools, strict);
-        let (call, separator, prefix, suffix) = match self {
-            Self::Hermes => (
-                format!("\"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\""),
-                "\"\\n\"",
-                "",
-                "",
-            ),
-            Self::Llama3Json => (format!("%json {schema}"), "\"; \"", "", ""),
-            Self::Mistral => (
-                format!("%json {schema}"),
-                "\", \"",
-                "\"[TOOL_CALLS][\" ",
-                " \"]\"",
-            ),
-        };
-        let calls = if parallel {
-            format!("call ({separator} call)*")
-        } else {
-            "call".to_string()
-        };
-        format!("start: {prefix}{calls}{suffix}\ncall: {call}\n")
-    }
-
-    /// The schema of one call object: the name first, then arguments valid against that
-    /// tool's parameters (one `anyOf` branch per tool; any name and object with no tools).
-    /// JSON inside is laid out as Python's `json.dumps` does (`", "`, `": "`), the way these
-    /// models were trained to write calls, with no free whitespace to loop on.
-    fn call_object_schema(self, tools: &[FunctionSpec], strict: bool) -> Value {
-        let arguments_key = self.arguments_key();
-        let call_schemas: Vec<Value> = if tools.is_empty() {
-            vec![call_schema(
-                arguments_key,
-                json!({"type": "string"}),
-                json!({"type": "object"}),
-            )]
-        } else {
-            tools
-                .iter()
-                .map(|tool| {
-                    let parameters = match &tool.parameters {
-                        Value::Null => json!({"type": "object"}),
-                        parameters => parameters.clone(),
-                    };
-                    call_schema(arguments_key, json!({ "const": tool.name }), parameters)
-                })
-                .collect()
-        };
-        json!({
-            "anyOf": call_schemas,
-            "x-guidance": {
-                "whitespace_flexible": false,
-                "item_separator": ", ",
-                "key_separator": ": ",
-                "lenient": !strict,
-            },
-        })
-    }
-
-    /// For `tool_choice: "auto"` with strict tools: a grammar that lets the model either
-    /// answer in text (never containing a call marker) or write text and then calls, each of
-    /// which names a tool and validates against its schema. `None` for formats whose calls
-    /// open with a control token (Llama 3's `<|python_tag|>`, Mistral's `[TOOL_CALLS]`),
-    /// which a text grammar cannot spell.
-    pub fn auto_call_grammar(
-        self,
-        tools: &[FunctionSpec],
-        parallel: bool,
-        strict: bool,
-    ) -> Option<String> {
-        if self != Self::Hermes {
-            return None;
-        }
-        let schema = self.call_object_schema(tools, strict);
-        let more = if parallel { " more*" } else { "" };
-        // `lead` is lazy with the opening marker as its suffix: it ends at the first
-        // `<tool_call>`, where a greedy text lexeme would run past it. `TEXT` is a whole answer
-        // without any call.
-        Some(format!(
-            "start: TEXT | lead body{more}\n\
-             more: \"\\n<tool_call>\\n\" body\n\
-             body: %json {schema} \"\\n</tool_call>\"\n\
-             lead[suffix=\"<tool_call>\\n\"]: /(?s:.*)/\n\
-             TEXT: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/\n"
-        ))
-    }
 }
 
 impl std::fmt::Display for ToolCallFormat {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// The schema of one call object naming the function `name_schema` allows.
-fn call_schema(arguments_key: &str, name_schema: Value, parameters: Value) -> Value {
-    let mut properties = serde_json::Map::new();
-    properties.insert("name".to_string(), name_schema);
-    properties.insert(arguments_key.to_string(), parameters);
-    json!({
-        "type": "object",
-        "properties": properties,
-        "required": ["name", arguments_key],
-        "additionalProperties": false,
-    })
-}
-
-/// A function the model may call, as a forced-call grammar needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FunctionSpec {
-    pub name: String,
-    /// The JSON schema of the arguments object; `Value::Null` when the tool declares none.
-    pub parameters: Value,
-}
-
-impl FunctionSpec {
-    /// The function of an OpenAI tool (`{"type": "function", "function": {"name": ...,
-    /// "parameters": {...}}}`); `None` when it has no function name.
-    pub fn from_openai_tool(tool: &Value) -> Option<Self> {
-        let function = tool.get("function")?;
-        Some(Self {
-            name: function.get("name")?.as_str()?.to_string(),
-            parameters: function.get("parameters").cloned().unwrap_or(Value::Null),
-        })
     }
 }
 
@@ -1269,40 +1124,5 @@ mod tests {
             vec![content("[1, 2] are [TOOL")]
         );
         assert_eq!(parse(Mistral, "[\"x\"]"), vec![content("[\"x\"]")]);
-    }
-
-    #[test]
-    fn grammars_name_each_tool_with_its_parameters() {
-        let tools = [
-            FunctionSpec {
-                name: "get_weather".into(),
-                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
-            },
-            FunctionSpec {
-                name: "now".into(),
-                parameters: Value::Null,
-            },
-        ];
-        let grammar = Hermes.forced_call_grammar(&tools, false, true);
-        assert!(
-            grammar.starts_with("start: call\ncall: \"<tool_call>\\n\" %json {"),
-            "{grammar}"
-        );
-        assert!(
-            grammar.contains(r#"{"const":"get_weather"}"#)
-                && grammar.contains(r#""arguments":{"type":"object"}"#)
-        );
-        assert!(Llama3Json
-            .forced_call_grammar(&tools, true, true)
-            .contains("start: call (\"; \" call)*"));
-        assert!(Mistral
-            .forced_call_grammar(&tools, true, true)
-            .starts_with("start: \"[TOOL_CALLS][\" call (\", \" call)* \"]\""));
-        assert_eq!(
-            FunctionSpec::from_openai_tool(
-                &json!({"type": "function", "function": {"name": "now"}})
-            ),
-            Some(tools[1].clone())
-        );
     }
 }

@@ -6,7 +6,8 @@
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
-use sluice_tokenizer::{FunctionSpec, ToolCallFormat, ToolEvent};
+use sluice_engine::{FunctionSpec, Grammar};
+use sluice_tokenizer::{ToolCallFormat, ToolEvent};
 use toktrie::ApproximateTokEnv;
 
 fn tools() -> Vec<FunctionSpec> {
@@ -25,6 +26,28 @@ fn tools() -> Vec<FunctionSpec> {
             parameters: Value::Null,
         },
     ]
+}
+
+/// The Lark text of a forced-call grammar.
+fn forced(format: ToolCallFormat, tools: &[FunctionSpec], parallel: bool, strict: bool) -> String {
+    lark(Grammar::forced_tool_call(format, tools, parallel, strict))
+}
+
+/// The Lark text of an auto-call grammar, if the format has one.
+fn auto(
+    format: ToolCallFormat,
+    tools: &[FunctionSpec],
+    parallel: bool,
+    strict: bool,
+) -> Option<String> {
+    Grammar::auto_tool_call(format, tools, parallel, strict).map(lark)
+}
+
+fn lark(grammar: Grammar) -> String {
+    match grammar {
+        Grammar::Lark(text) => text,
+        other => panic!("a tool-call grammar is Lark, got {other:?}"),
+    }
 }
 
 fn factory() -> ParserFactory {
@@ -94,7 +117,7 @@ fn forced_calls_compile_accept_valid_calls_and_parse_back() {
         ),
     ];
     for (format, first, separator, second) in cases {
-        let single = format.forced_call_grammar(&tools, false, true);
+        let single = forced(format, &tools, false, true);
         assert!(accepts(&factory, &single, first), "{format}: {single}");
         assert_eq!(parsed(format, first), vec![weather.clone()]);
         let both = format!("{first}{separator}{second}");
@@ -102,7 +125,7 @@ fn forced_calls_compile_accept_valid_calls_and_parse_back() {
             !accepts(&factory, &single, &both),
             "{format}: one call only"
         );
-        let parallel = format.forced_call_grammar(&tools, true, true);
+        let parallel = forced(format, &tools, true, true);
         assert!(accepts(&factory, &parallel, &both), "{format}: {parallel}");
         assert!(accepts(&factory, &parallel, first), "{format}");
         assert_eq!(parsed(format, &both), vec![weather.clone(), now.clone()]);
@@ -110,8 +133,8 @@ fn forced_calls_compile_accept_valid_calls_and_parse_back() {
 
     let mistral_one = "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"days\": 2}}]";
     let mistral_two = "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"days\": 2}}, {\"name\": \"now\", \"arguments\": {}}]";
-    let single = ToolCallFormat::Mistral.forced_call_grammar(&tools, false, true);
-    let parallel = ToolCallFormat::Mistral.forced_call_grammar(&tools, true, true);
+    let single = forced(ToolCallFormat::Mistral, &tools, false, true);
+    let parallel = forced(ToolCallFormat::Mistral, &tools, true, true);
     assert!(accepts(&factory, &single, mistral_one), "{single}");
     assert!(!accepts(&factory, &single, mistral_two));
     assert!(accepts(&factory, &parallel, mistral_two), "{parallel}");
@@ -128,7 +151,7 @@ fn forced_calls_compile_accept_valid_calls_and_parse_back() {
 #[test]
 fn forced_calls_refuse_unknown_tools_bad_arguments_and_arguments_first() {
     let factory = factory();
-    let grammar = ToolCallFormat::Hermes.forced_call_grammar(&tools(), false, true);
+    let grammar = forced(ToolCallFormat::Hermes, &tools(), false, true);
     for wrong in [
         // No such tool.
         "<tool_call>\n{\"name\": \"delete_all\", \"arguments\": {}}\n</tool_call>",
@@ -147,7 +170,7 @@ fn forced_calls_refuse_unknown_tools_bad_arguments_and_arguments_first() {
 #[test]
 fn a_grammar_without_tools_takes_any_named_call() {
     let factory = factory();
-    let grammar = ToolCallFormat::Hermes.forced_call_grammar(&[], false, true);
+    let grammar = forced(ToolCallFormat::Hermes, &[], false, true);
     let text = "<tool_call>\n{\"name\": \"anything\", \"arguments\": {\"x\": [1]}}\n</tool_call>";
     assert!(accepts(&factory, &grammar, text), "{grammar}");
 }
@@ -156,9 +179,7 @@ fn a_grammar_without_tools_takes_any_named_call() {
 fn the_strict_auto_grammar_allows_text_or_valid_calls_only() {
     let factory = factory();
     let tools = tools();
-    let grammar = ToolCallFormat::Hermes
-        .auto_call_grammar(&tools, true, true)
-        .expect("Hermes has one");
+    let grammar = auto(ToolCallFormat::Hermes, &tools, true, true).expect("Hermes has one");
     let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
     for ok in [
         "It is sunny <b>today</b>, no call needed.".to_string(),
@@ -175,11 +196,7 @@ fn the_strict_auto_grammar_allows_text_or_valid_calls_only() {
     ] {
         assert!(!accepts(&factory, &grammar, &bad), "{bad}");
     }
-    let single = ToolCallFormat::Hermes
-        .auto_call_grammar(&tools, false, true)
-        .unwrap();
+    let single = auto(ToolCallFormat::Hermes, &tools, false, true).unwrap();
     assert!(!accepts(&factory, &single, &format!("{call}\n{call}")));
-    assert!(ToolCallFormat::Mistral
-        .auto_call_grammar(&tools, true, true)
-        .is_none());
+    assert!(auto(ToolCallFormat::Mistral, &tools, true, true).is_none());
 }
