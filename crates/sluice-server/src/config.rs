@@ -2,14 +2,21 @@
 //! TOML file (`config/sluice.toml`), `SLUICE_*` environment variables and command-line flags,
 //! each overriding the one before.
 //!
-//! The layers are merged by figment: [`FileKeys::default`] < the file < what clap read. clap
+//! Every key is declared once, in [`config_keys!`]'s list below: its `--help` line, its type,
+//! its default and its flag. The macro writes the flags ([`ServeArgs`]) and the configuration
+//! ([`Config`], with its defaults) from that one list, so a key cannot be half-added.
+//!
+//! The layers are merged by figment: `Config::default()` < the file < what clap read. clap
 //! reads a flag and its environment variable together (the flag wins), so figment's own `Env`
 //! provider is not used: clap already parses `SLUICE_*` with each flag's own parser (`yes`
 //! for a boolean, a comma-separated origin list) and lists the variables in `--help`, and a
-//! second reader of the same variables could only disagree with it.
+//! second reader of the same variables could only disagree with it. A value is parsed the
+//! same way in every layer (a name such as `bf16` through [`Named`]), so a bad one is an
+//! error naming its key or flag wherever it was written.
 
 use sluice_tokenizer::tool_parser::ToolCallFormat;
 use std::fmt;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -23,85 +30,119 @@ use sluice_model::{CudaGraphs, KvDtype, Pooling, WeightsKind};
 pub const DEFAULT_CONFIG_PATH: &str = "config/sluice.toml";
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-/// Flags of `sluice serve`. Every one is optional: what is not given falls back to the
-/// environment variable, then the config file, then the default. Serialized (without the
-/// unset ones) as the top layer of the configuration, under the file's key names.
-#[derive(clap::Args, Serialize, Debug, Clone, Default)]
-pub struct ServeArgs {
-    /// TOML config file [default: config/sluice.toml when it exists].
-    #[arg(long, env = "SLUICE_CONFIG", value_name = "PATH")]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
+/// Writes, from one list of keys (doc, name, type in the configuration, default, the type its
+/// flag parses and the flag's clap attributes): [`ServeArgs`], every flag optional and
+/// serialized without the unset ones as the top layer; [`Config`], every key as the merged
+/// layers give it (unknown keys in the file are an error, so a typo does not silently leave a
+/// default in place); and `Config::default()`, the one place the defaults are written.
+macro_rules! config_keys {
+    ($(
+        $(#[doc = $doc:literal])+
+        $name:ident: $ty:ty = $default:expr;
+        flag $flag:ty, #[arg($($arg:tt)*)]
+    )+) => {
+        /// Flags of `sluice serve`. Every one is optional: what is not given falls back to
+        /// the environment variable, then the config file, then the default.
+        #[derive(clap::Args, Serialize, Debug, Clone, Default)]
+        pub struct ServeArgs {
+            /// TOML config file [default: config/sluice.toml when it exists].
+            #[arg(long, env = "SLUICE_CONFIG", value_name = "PATH")]
+            #[serde(skip)]
+            pub config: Option<PathBuf>,
+            $(
+                $(#[doc = $doc])+
+                #[arg($($arg)*)]
+                #[serde(skip_serializing_if = "Option::is_none")]
+                pub $name: Option<$flag>,
+            )+
+        }
+
+        /// Everything `sluice serve` runs with: the config file's keys (the flag names with
+        /// underscores), merged over their defaults and checked.
+        #[derive(Clone, Debug, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct Config {
+            $(
+                $(#[doc = $doc])+
+                pub $name: $ty,
+            )+
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Self {
+                    $($name: $default,)+
+                }
+            }
+        }
+    };
+}
+
+config_keys! {
     /// GGUF model file, or Hugging Face model directory (config.json, tokenizer.json,
     /// *.safetensors) [default: models/SmolLM2-135M-Instruct.Q4_1.gguf].
-    #[arg(long, env = "SLUICE_MODEL", value_name = "PATH")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<PathBuf>,
+    model: PathBuf = PathBuf::from(DEFAULT_MODEL);
+    flag PathBuf, #[arg(long, env = "SLUICE_MODEL", value_name = "PATH")]
+
     /// Model id clients use and `/v1/models` lists [default: the model file name without
     /// extension, or the directory name].
-    #[arg(long, env = "SLUICE_SERVED_MODEL_NAME", value_name = "NAME")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub served_model_name: Option<String>,
+    served_model_name: Option<String> = None;
+    flag String, #[arg(long, env = "SLUICE_SERVED_MODEL_NAME", value_name = "NAME")]
+
     /// Address to listen on [default: 0.0.0.0].
-    #[arg(long, env = "SLUICE_HOST", value_name = "ADDR")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
+    host: String = "0.0.0.0".into();
+    flag String, #[arg(long, env = "SLUICE_HOST", value_name = "ADDR")]
+
     /// Port to listen on [default: 8000].
-    #[arg(long, env = "SLUICE_PORT", value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub port: Option<u16>,
+    port: u16 = 8000;
+    flag u16, #[arg(long, env = "SLUICE_PORT", value_name = "N")]
+
     /// Weight representation: auto, f32, f16, bf16 or quantized [default: auto].
-    #[arg(long, env = "SLUICE_WEIGHTS", value_name = "KIND")]
-    #[serde(
-        skip_serializing_if = "Option::is_none",
-        serialize_with = "serialize_weights"
-    )]
-    pub weights: Option<WeightsKind>,
+    weights: Named<WeightsKind> = Named(WeightsKind::Auto);
+    flag Named<WeightsKind>, #[arg(long, env = "SLUICE_WEIGHTS", value_name = "KIND")]
+
     /// On a GPU: decode steps replayed from CUDA graphs captured per batch-size bucket (on),
     /// every step launched op by op (off), or the graphs' launches enqueued without capture
     /// (eager, for comparisons) [default: on].
-    #[arg(long, env = "SLUICE_CUDA_GRAPHS", value_name = "MODE")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cuda_graphs: Option<String>,
+    cuda_graphs: Named<CudaGraphs> = Named(CudaGraphs::On);
+    flag Named<CudaGraphs>, #[arg(long, env = "SLUICE_CUDA_GRAPHS", value_name = "MODE")]
+
     /// Memory for the KV cache, e.g. 512MiB, 2GiB or a number of bytes [default: 1GiB].
-    #[arg(long, env = "SLUICE_KV_CACHE_MEMORY", value_name = "SIZE")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kv_cache_memory: Option<ByteSize>,
+    kv_cache_memory: ByteSize = ByteSize(1 << 30);
+    flag ByteSize, #[arg(long, env = "SLUICE_KV_CACHE_MEMORY", value_name = "SIZE")]
+
     /// Element type of the KV cache: f16, f32, bf16 (GPU) or q8_0 (CPU) [default: f16].
-    #[arg(long, env = "SLUICE_KV_CACHE_DTYPE", value_name = "DTYPE")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kv_cache_dtype: Option<KvCacheDtype>,
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype::F16;
+    flag KvCacheDtype, #[arg(long, env = "SLUICE_KV_CACHE_DTYPE", value_name = "DTYPE")]
+
     /// Tokens per KV-cache block [default: 16].
-    #[arg(long, env = "SLUICE_BLOCK_SIZE", value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub block_size: Option<usize>,
+    block_size: usize = 16;
+    flag usize, #[arg(long, env = "SLUICE_BLOCK_SIZE", value_name = "N")]
+
     /// Most sequences running at once [default: 256].
-    #[arg(long, env = "SLUICE_MAX_NUM_SEQS", value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_num_seqs: Option<usize>,
+    max_num_seqs: usize = 256;
+    flag usize, #[arg(long, env = "SLUICE_MAX_NUM_SEQS", value_name = "N")]
+
     /// Most tokens one engine step computes [default: 512].
-    #[arg(long, env = "SLUICE_MAX_NUM_BATCHED_TOKENS", value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_num_batched_tokens: Option<usize>,
+    max_num_batched_tokens: usize = 512;
+    flag usize, #[arg(long, env = "SLUICE_MAX_NUM_BATCHED_TOKENS", value_name = "N")]
+
     /// Most sequences waiting; past it requests get 429 [default: 1024].
-    #[arg(long, env = "SLUICE_MAX_WAITING", value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_waiting: Option<usize>,
+    max_waiting: usize = 1024;
+    flag usize, #[arg(long, env = "SLUICE_MAX_WAITING", value_name = "N")]
+
     /// Longest sequence (prompt + completion) [default: the model's context length].
-    #[arg(long, env = "SLUICE_MAX_MODEL_LEN", value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_model_len: Option<usize>,
-    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /tokenize and /detokenize.
-    #[arg(
-        long,
-        env = "SLUICE_API_KEY",
-        value_name = "KEY",
-        hide_env_values = true
-    )]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub api_key: Option<String>,
+    max_model_len: Option<usize> = None;
+    flag usize, #[arg(long, env = "SLUICE_MAX_MODEL_LEN", value_name = "N")]
+
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /tokenize and
+    /// /detokenize.
+    api_key: Option<ApiKey> = None;
+    flag ApiKey, #[arg(long, env = "SLUICE_API_KEY", value_name = "KEY", hide_env_values = true)]
+
     /// Also require the API key on /metrics (needs --api-key) [default: false, /metrics open].
-    #[arg(
+    metrics_require_key: bool = false;
+    flag bool, #[arg(
         long,
         env = "SLUICE_METRICS_REQUIRE_KEY",
         value_name = "BOOL",
@@ -109,180 +150,40 @@ pub struct ServeArgs {
         default_missing_value = "true",
         value_parser = clap::builder::BoolishValueParser::new()
     )]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_require_key: Option<bool>,
+
     /// Comma-separated origins allowed by CORS, or `*` [default: none, CORS off].
-    #[arg(long, env = "SLUICE_CORS_ORIGINS", value_name = "LIST")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cors_origins: Option<String>,
+    cors_origins: OriginList = OriginList(Vec::new());
+    flag OriginList, #[arg(long, env = "SLUICE_CORS_ORIGINS", value_name = "LIST")]
+
     /// Largest request body; larger ones get 413 [default: 4MiB].
-    #[arg(long, env = "SLUICE_BODY_LIMIT", value_name = "SIZE")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub body_limit: Option<ByteSize>,
+    body_limit: ByteSize = ByteSize(4 << 20);
+    flag ByteSize, #[arg(long, env = "SLUICE_BODY_LIMIT", value_name = "SIZE")]
+
     /// Seconds a client has to send its request headers and body [default: 30].
-    #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_SECS", value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub request_timeout_secs: Option<u64>,
+    request_timeout_secs: u64 = 30;
+    flag u64, #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_SECS", value_name = "N")]
+
     /// Log format: text or json [default: text].
-    #[arg(long, env = "SLUICE_LOG_FORMAT", value_name = "FORMAT")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_format: Option<LogFormat>,
+    log_format: LogFormat = LogFormat::Text;
+    flag LogFormat, #[arg(long, env = "SLUICE_LOG_FORMAT", value_name = "FORMAT")]
+
     /// Log level or tracing filter, e.g. `info` or `info,sluice_engine=debug` [default: info].
-    #[arg(long, env = "SLUICE_LOG_LEVEL", value_name = "LEVEL")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_level: Option<String>,
+    log_level: String = "info".into();
+    flag String, #[arg(long, env = "SLUICE_LOG_LEVEL", value_name = "LEVEL")]
+
     /// Seconds in-flight requests may take to finish after SIGTERM [default: 30].
-    #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_SECS", value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub drain_timeout_secs: Option<u64>,
+    drain_timeout_secs: u64 = 30;
+    flag u64, #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_SECS", value_name = "N")]
+
     /// Format tool calls are parsed in and forced in: hermes, llama3_json or mistral
     /// [default: the one the chat template shows, else hermes].
-    #[arg(long, env = "SLUICE_TOOL_CALL_PARSER", value_name = "NAME")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_call_parser: Option<String>,
+    tool_call_parser: Option<Named<ToolCallFormat>> = None;
+    flag Named<ToolCallFormat>, #[arg(long, env = "SLUICE_TOOL_CALL_PARSER", value_name = "NAME")]
+
     /// How /v1/embeddings pools a sequence's hidden states: last, mean or cls [default: the
     /// pooling the model file declares, else mean].
-    #[arg(long, env = "SLUICE_POOLING", value_name = "NAME")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pooling: Option<String>,
-}
-
-/// The config file's keys (the flag names with underscores), each with its built-in default:
-/// the one place the defaults are written. Unknown keys are an error, so a typo does not
-/// silently leave a default in place.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileKeys {
-    pub model: PathBuf,
-    /// `None`: derived from `model`.
-    pub served_model_name: Option<String>,
-    pub host: String,
-    pub port: u16,
-    /// Parsed after merging, so that a bad value is an error naming the key.
-    pub weights: String,
-    /// Parsed after merging, as `weights`.
-    pub cuda_graphs: String,
-    pub kv_cache_memory: ByteSize,
-    pub kv_cache_dtype: KvCacheDtype,
-    pub block_size: usize,
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    pub max_waiting: usize,
-    pub max_model_len: Option<usize>,
-    pub api_key: Option<String>,
-    pub metrics_require_key: bool,
-    pub cors_origins: OriginList,
-    pub body_limit: ByteSize,
-    pub request_timeout_secs: u64,
-    pub log_format: LogFormat,
-    pub log_level: String,
-    pub drain_timeout_secs: u64,
-    /// `None`: the chat template's own format.
-    pub tool_call_parser: Option<String>,
-    /// `None`: the model file's declared pooling, else mean.
-    pub pooling: Option<String>,
-}
-
-impl Default for FileKeys {
-    fn default() -> Self {
-        Self {
-            model: PathBuf::from(DEFAULT_MODEL),
-            served_model_name: None,
-            host: "0.0.0.0".into(),
-            port: 8000,
-            weights: WeightsKind::Auto.to_string(),
-            cuda_graphs: CudaGraphs::On.to_string(),
-            kv_cache_memory: ByteSize(1 << 30),
-            kv_cache_dtype: KvCacheDtype::F16,
-            block_size: 16,
-            max_num_seqs: 256,
-            max_num_batched_tokens: 512,
-            max_waiting: 1024,
-            max_model_len: None,
-            api_key: None,
-            metrics_require_key: false,
-            cors_origins: OriginList(Vec::new()),
-            body_limit: ByteSize(4 << 20),
-            request_timeout_secs: 30,
-            log_format: LogFormat::Text,
-            log_level: "info".into(),
-            drain_timeout_secs: 30,
-            tool_call_parser: None,
-            pooling: None,
-        }
-    }
-}
-
-fn serialize_weights<S: Serializer>(w: &Option<WeightsKind>, s: S) -> Result<S::Ok, S::Error> {
-    match w {
-        Some(w) => s.collect_str(w),
-        None => s.serialize_none(),
-    }
-}
-
-/// Everything `sluice serve` runs with, resolved.
-#[derive(Clone)]
-pub struct Config {
-    pub model: PathBuf,
-    pub served_model_name: String,
-    pub host: String,
-    pub port: u16,
-    pub weights: WeightsKind,
-    /// Decode steps on a GPU (`--cuda-graphs`).
-    pub cuda_graphs: CudaGraphs,
-    pub kv_cache_memory: ByteSize,
-    pub kv_cache_dtype: KvCacheDtype,
-    pub block_size: usize,
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    pub max_waiting: usize,
-    /// `None`: the model's context length.
-    pub max_model_len: Option<usize>,
-    pub api_key: Option<String>,
-    /// `/metrics` needs the API key too (only with `api_key`).
-    pub metrics_require_key: bool,
-    /// Empty: CORS off.
-    pub cors_origins: Vec<String>,
-    pub body_limit: ByteSize,
-    pub request_timeout: Duration,
-    pub log_format: LogFormat,
-    pub log_level: String,
-    pub drain_timeout: Duration,
-    /// `None`: the chat template's own format.
-    pub tool_call_parser: Option<ToolCallFormat>,
-    /// `None`: the model file's declared pooling, else mean.
-    pub pooling: Option<Pooling>,
-}
-
-// The API key stays out of logs and panics.
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("model", &self.model)
-            .field("served_model_name", &self.served_model_name)
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("weights", &self.weights)
-            .field("cuda_graphs", &self.cuda_graphs)
-            .field("kv_cache_memory", &self.kv_cache_memory)
-            .field("kv_cache_dtype", &self.kv_cache_dtype)
-            .field("block_size", &self.block_size)
-            .field("max_num_seqs", &self.max_num_seqs)
-            .field("max_num_batched_tokens", &self.max_num_batched_tokens)
-            .field("max_waiting", &self.max_waiting)
-            .field("max_model_len", &self.max_model_len)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<set>"))
-            .field("metrics_require_key", &self.metrics_require_key)
-            .field("cors_origins", &self.cors_origins)
-            .field("body_limit", &self.body_limit)
-            .field("request_timeout", &self.request_timeout)
-            .field("log_format", &self.log_format)
-            .field("log_level", &self.log_level)
-            .field("drain_timeout", &self.drain_timeout)
-            .field("tool_call_parser", &self.tool_call_parser)
-            .field("pooling", &self.pooling)
-            .finish()
-    }
+    pooling: Option<Named<Pooling>> = None;
+    flag Named<Pooling>, #[arg(long, env = "SLUICE_POOLING", value_name = "NAME")]
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -323,85 +224,34 @@ impl Config {
 
     /// `args` (flags and environment) over `file` over the defaults.
     pub fn from_layers(file: Option<Data<Toml>>, args: &ServeArgs) -> Result<Self, ConfigError> {
-        let mut layers = Figment::from(Serialized::defaults(FileKeys::default()));
+        let mut layers = Figment::from(Serialized::defaults(Config::default()));
         if let Some(file) = file {
             layers = layers.merge(file);
         }
-        let keys: FileKeys = layers
+        let mut config: Config = layers
             .merge(Serialized::defaults(args))
             .extract()
             .map_err(|e| ConfigError::Layers(Box::new(e)))?;
-        let weights = keys
-            .weights
-            .parse()
-            .map_err(|reason| ConfigError::Invalid {
-                key: "weights",
-                reason,
-            })?;
-        let cuda_graphs = keys
-            .cuda_graphs
-            .parse()
-            .map_err(|reason| ConfigError::Invalid {
-                key: "cuda_graphs",
-                reason,
-            })?;
-        let tool_call_parser = keys
-            .tool_call_parser
-            .as_deref()
-            .map(|name| {
-                ToolCallFormat::from_name(name).ok_or_else(|| ConfigError::Invalid {
-                    key: "tool_call_parser",
-                    reason: format!(
-                        "`{name}` is not a tool-call format; use one of {}",
-                        ToolCallFormat::NAMES.join(", ")
-                    ),
-                })
-            })
-            .transpose()?;
-        let pooling = keys
-            .pooling
-            .as_deref()
-            .map(|name| {
-                Pooling::from_name(name).ok_or_else(|| ConfigError::Invalid {
-                    key: "pooling",
-                    reason: format!(
-                        "`{name}` is not a pooling; use one of {}",
-                        Pooling::NAMES.join(", ")
-                    ),
-                })
-            })
-            .transpose()?;
-        let served_model_name = keys
-            .served_model_name
-            .unwrap_or_else(|| default_served_name(&keys.model));
-        let config = Self {
-            model: keys.model,
-            served_model_name,
-            host: keys.host,
-            port: keys.port,
-            weights,
-            cuda_graphs,
-            kv_cache_memory: keys.kv_cache_memory,
-            kv_cache_dtype: keys.kv_cache_dtype,
-            block_size: keys.block_size,
-            max_num_seqs: keys.max_num_seqs,
-            max_num_batched_tokens: keys.max_num_batched_tokens,
-            max_waiting: keys.max_waiting,
-            max_model_len: keys.max_model_len,
-            // An empty key would make "Bearer " a valid credential; treat it as no key.
-            api_key: keys.api_key.filter(|k| !k.is_empty()),
-            metrics_require_key: keys.metrics_require_key,
-            cors_origins: keys.cors_origins.0,
-            body_limit: keys.body_limit,
-            request_timeout: Duration::from_secs(keys.request_timeout_secs),
-            log_format: keys.log_format,
-            log_level: keys.log_level,
-            drain_timeout: Duration::from_secs(keys.drain_timeout_secs),
-            tool_call_parser,
-            pooling,
-        };
+        if config.served_model_name.is_none() {
+            config.served_model_name = Some(default_served_name(&config.model));
+        }
+        // An empty key would make "Bearer " a valid credential; treat it as no key.
+        config.api_key = config.api_key.filter(|k| !k.0.is_empty());
         config.check()?;
         Ok(config)
+    }
+
+    /// The model id clients use (resolved from the model's path when not given).
+    pub fn served_model_name(&self) -> &str {
+        self.served_model_name.as_deref().unwrap_or_default()
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout_secs)
+    }
+
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_secs(self.drain_timeout_secs)
     }
 
     fn check(&self) -> Result<(), ConfigError> {
@@ -421,7 +271,7 @@ impl Config {
         positive("max_waiting", self.max_waiting as u64)?;
         positive("kv_cache_memory", self.kv_cache_memory.0)?;
         positive("body_limit", self.body_limit.0)?;
-        positive("request_timeout_secs", self.request_timeout.as_secs())?;
+        positive("request_timeout_secs", self.request_timeout_secs)?;
         if let Some(len) = self.max_model_len {
             positive("max_model_len", len as u64)?;
         }
@@ -432,7 +282,7 @@ impl Config {
                 reason: "needs api_key to be set".into(),
             });
         }
-        if self.served_model_name.is_empty() {
+        if self.served_model_name().is_empty() {
             return Err(ConfigError::Invalid {
                 key: "served_model_name",
                 reason: "must not be empty".into(),
@@ -455,6 +305,116 @@ fn default_served_name(model: &Path) -> String {
         .unwrap_or_else(|| model.to_string_lossy().into_owned())
 }
 
+/// A value written as one of its names (`bf16`, `last`, `hermes`), in every layer: the flag,
+/// the variable and the file read it with the same parser, and the file's key holds the name.
+pub trait NamedValue: Sized {
+    fn parse_name(name: &str) -> Result<Self, String>;
+    fn name_of(&self) -> String;
+}
+
+impl NamedValue for WeightsKind {
+    fn parse_name(name: &str) -> Result<Self, String> {
+        name.parse()
+    }
+    fn name_of(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl NamedValue for CudaGraphs {
+    fn parse_name(name: &str) -> Result<Self, String> {
+        name.parse()
+    }
+    fn name_of(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl NamedValue for ToolCallFormat {
+    fn parse_name(name: &str) -> Result<Self, String> {
+        Self::from_name(name).ok_or_else(|| {
+            format!(
+                "`{name}` is not a tool-call format; use one of {}",
+                Self::NAMES.join(", ")
+            )
+        })
+    }
+    fn name_of(&self) -> String {
+        self.name().to_string()
+    }
+}
+
+impl NamedValue for Pooling {
+    fn parse_name(name: &str) -> Result<Self, String> {
+        Self::from_name(name).ok_or_else(|| {
+            format!(
+                "`{name}` is not a pooling; use one of {}",
+                Self::NAMES.join(", ")
+            )
+        })
+    }
+    fn name_of(&self) -> String {
+        self.name().to_string()
+    }
+}
+
+/// A key whose value is a [`NamedValue`]; reads as the value itself.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Named<T>(pub T);
+
+impl<T> Deref for Named<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Named<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<T: NamedValue> FromStr for Named<T> {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        T::parse_name(s).map(Self)
+    }
+}
+
+impl<T: NamedValue> Serialize for Named<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0.name_of())
+    }
+}
+
+impl<'de, T: NamedValue> Deserialize<'de> for Named<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        T::parse_name(&name)
+            .map(Self)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// The API key: kept out of logs and panics (its `Debug` says only that it is set).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ApiKey(pub String);
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<set>")
+    }
+}
+
+impl FromStr for ApiKey {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_string()))
+    }
+}
+
 fn split_origins(list: &str) -> Vec<String> {
     list.split(',')
         .map(str::trim)
@@ -463,10 +423,18 @@ fn split_origins(list: &str) -> Vec<String> {
         .collect()
 }
 
-/// CORS origins in the file: a list of strings, or one comma-separated string like the flag.
+/// CORS origins: a list of strings in the file, or one comma-separated string (the flag, the
+/// variable, or the file).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
 pub struct OriginList(pub Vec<String>);
+
+impl FromStr for OriginList {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(split_origins(s)))
+    }
+}
 
 impl<'de> Deserialize<'de> for OriginList {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -658,9 +626,9 @@ mod tests {
     fn defaults_without_file_or_flags() {
         let c = Config::from_layers(None, &ServeArgs::default()).unwrap();
         assert_eq!(c.model, PathBuf::from(DEFAULT_MODEL));
-        assert_eq!(c.served_model_name, "SmolLM2-135M-Instruct.Q4_1");
+        assert_eq!(c.served_model_name(), "SmolLM2-135M-Instruct.Q4_1");
         assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 8000));
-        assert_eq!(c.weights, WeightsKind::Auto);
+        assert_eq!(*c.weights, WeightsKind::Auto);
         assert_eq!(c.kv_cache_memory, ByteSize(1 << 30));
         assert_eq!(c.kv_cache_dtype, KvCacheDtype::F16);
         assert_eq!(c.block_size, 16);
@@ -671,12 +639,12 @@ mod tests {
         assert_eq!(c.max_model_len, None);
         assert_eq!(c.api_key, None);
         assert!(!c.metrics_require_key);
-        assert!(c.cors_origins.is_empty());
+        assert!(c.cors_origins.0.is_empty());
         assert_eq!(c.body_limit, ByteSize(4 << 20));
-        assert_eq!(c.request_timeout, Duration::from_secs(30));
+        assert_eq!(c.request_timeout(), Duration::from_secs(30));
         assert_eq!(c.log_format, LogFormat::Text);
         assert_eq!(c.log_level, "info");
-        assert_eq!(c.drain_timeout, Duration::from_secs(30));
+        assert_eq!(c.drain_timeout(), Duration::from_secs(30));
     }
 
     #[test]
@@ -696,13 +664,13 @@ mod tests {
         let c = Config::from_layers(file, &args(&["--port", "9100", "--weights", "quantized"]))
             .unwrap();
         let bf16 = Config::from_layers(None, &args(&["--weights", "bf16"])).unwrap();
-        assert_eq!(bf16.weights, WeightsKind::Bf16);
+        assert_eq!(*bf16.weights, WeightsKind::Bf16);
         assert_eq!(c.port, 9100);
         assert_eq!(c.host, "127.0.0.1");
-        assert_eq!(c.weights, WeightsKind::Quantized);
+        assert_eq!(*c.weights, WeightsKind::Quantized);
         assert_eq!(c.kv_cache_memory, ByteSize(256 << 20));
         assert_eq!(c.body_limit, ByteSize(1024));
-        assert_eq!(c.cors_origins, ["http://a.example", "http://b.example"]);
+        assert_eq!(c.cors_origins.0, ["http://a.example", "http://b.example"]);
         assert_eq!(c.max_model_len, Some(512));
         assert_eq!(c.api_key, None, "an empty key is no key");
 
@@ -726,12 +694,12 @@ mod tests {
         )
         .unwrap();
         assert!(c.metrics_require_key);
-        assert_eq!(c.served_model_name, "tiny");
-        assert_eq!(c.cors_origins, ["http://a", "http://b"]);
+        assert_eq!(c.served_model_name(), "tiny");
+        assert_eq!(c.cors_origins.0, ["http://a", "http://b"]);
         assert_eq!(c.kv_cache_memory, ByteSize(2 << 30));
         assert_eq!(c.kv_cache_dtype, KvCacheDtype::F32);
         assert_eq!(c.log_format, LogFormat::Json);
-        assert_eq!(c.api_key.as_deref(), Some("sk-1"));
+        assert_eq!(c.api_key.as_ref().map(|k| k.0.as_str()), Some("sk-1"));
         assert!(
             !format!("{c:?}").contains("sk-1"),
             "the key stays out of Debug"
@@ -772,17 +740,23 @@ mod tests {
 
     #[test]
     fn the_tool_call_parser_is_a_known_format() {
-        let args = ServeArgs {
-            tool_call_parser: Some("mistral".into()),
-            ..ServeArgs::default()
-        };
-        let c = Config::from_layers(None, &args).unwrap();
-        assert_eq!(c.tool_call_parser, Some(ToolCallFormat::Mistral));
-        let args = ServeArgs {
-            tool_call_parser: Some("xml".into()),
-            ..ServeArgs::default()
-        };
-        let e = Config::from_layers(None, &args).unwrap_err().to_string();
+        let c = Config::from_layers(None, &args(&["--tool-call-parser", "mistral"])).unwrap();
+        assert_eq!(
+            c.tool_call_parser.map(|f| *f),
+            Some(ToolCallFormat::Mistral)
+        );
+        let e = Cli::try_parse_from(["sluice", "--tool-call-parser", "xml"])
+            .err()
+            .expect("an unknown format")
+            .to_string();
+        assert!(
+            e.contains("--tool-call-parser") && e.contains("hermes"),
+            "{e}"
+        );
+        let file = Some(Toml::string("tool_call_parser = \"xml\""));
+        let e = Config::from_layers(file, &ServeArgs::default())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("tool_call_parser") && e.contains("hermes"),
             "{e}"
@@ -791,18 +765,33 @@ mod tests {
 
     #[test]
     fn the_pooling_is_a_known_one() {
-        let args = ServeArgs {
-            pooling: Some("last".into()),
-            ..ServeArgs::default()
-        };
-        let c = Config::from_layers(None, &args).unwrap();
-        assert_eq!(c.pooling, Some(Pooling::Last));
-        let args = ServeArgs {
-            pooling: Some("max".into()),
-            ..ServeArgs::default()
-        };
-        let e = Config::from_layers(None, &args).unwrap_err().to_string();
+        let c = Config::from_layers(None, &args(&["--pooling", "last"])).unwrap();
+        assert_eq!(c.pooling.map(|p| *p), Some(Pooling::Last));
+        let file = Some(Toml::string("pooling = \"max\""));
+        let e = Config::from_layers(file, &ServeArgs::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("pooling") && e.contains("mean"), "{e}");
+    }
+
+    /// The flags and the file's keys are the same list: every flag but `--config` is a key of
+    /// the file (its name with underscores), and every key a flag.
+    #[test]
+    fn every_flag_is_a_file_key_and_back() {
+        use clap::CommandFactory;
+        let flags: Vec<String> = Cli::command()
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .filter(|name| *name != "config")
+            .map(|name| name.replace('-', "_"))
+            .collect();
+        let keys = serde_json::to_value(Config::default()).unwrap();
+        let keys: Vec<String> = keys.as_object().unwrap().keys().cloned().collect();
+        let (mut flags_sorted, mut keys_sorted) = (flags.clone(), keys.clone());
+        flags_sorted.sort();
+        keys_sorted.sort();
+        assert_eq!(flags_sorted, keys_sorted);
+        assert_eq!(flags.len(), 23, "{flags:?}");
     }
 
     #[test]

@@ -42,11 +42,11 @@ impl ModelSettings {
     pub fn from_config(c: &Config) -> Self {
         Self {
             model: c.model.clone(),
-            served_model_name: c.served_model_name.clone(),
-            weights: c.weights,
-            cuda_graphs: c.cuda_graphs,
-            tool_call_parser: c.tool_call_parser,
-            pooling: c.pooling,
+            served_model_name: c.served_model_name().to_string(),
+            weights: *c.weights,
+            cuda_graphs: *c.cuda_graphs,
+            tool_call_parser: c.tool_call_parser.map(|f| *f),
+            pooling: c.pooling.map(|p| *p),
             kv_cache_bytes: usize::try_from(c.kv_cache_memory.bytes()).unwrap_or(usize::MAX),
             kv_cache_dtype: c.kv_cache_dtype,
             block_size: c.block_size,

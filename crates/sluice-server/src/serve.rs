@@ -36,9 +36,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
-    let state = AppState::new(config.request_timeout, metrics.clone());
+    let state = AppState::new(config.request_timeout(), metrics.clone());
     let app = routes::router(state.clone(), &HttpSettings::from_config(&config));
-    let server = HttpServer::spawn(listener, app, config.request_timeout);
+    let server = HttpServer::spawn(listener, app, config.request_timeout());
     tracing::info!(
         address = %server.local_addr(),
         model = %config.model.display(),
@@ -85,7 +85,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!(
         signal,
         in_flight = state.in_flight(),
-        timeout_secs = config.drain_timeout.as_secs(),
+        timeout_secs = config.drain_timeout_secs,
         "draining: refusing new requests, finishing those in flight"
     );
     state.begin_drain();
@@ -93,7 +93,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let drained = shutdown::drain(
         &state,
         || handle.stats().in_flight(),
-        config.drain_timeout,
+        config.drain_timeout(),
         &mut signals,
     )
     .await;

@@ -62,11 +62,11 @@ pub struct HttpSettings {
 impl HttpSettings {
     pub fn from_config(config: &crate::config::Config) -> Self {
         Self {
-            api_key: config.api_key.clone(),
+            api_key: config.api_key.as_ref().map(|k| k.0.clone()),
             metrics_require_key: config.metrics_require_key,
-            cors_origins: config.cors_origins.clone(),
+            cors_origins: config.cors_origins.0.clone(),
             body_limit: usize::try_from(config.body_limit.bytes()).unwrap_or(usize::MAX),
-            body_timeout: config.request_timeout,
+            body_timeout: config.request_timeout(),
         }
     }
 }
