@@ -74,6 +74,7 @@ fn steady_decode() {
         block_size: 16,
         num_blocks: 256 * 80,
         max_model_len: 4096,
+        speculation: None,
     };
     let mut s = Scheduler::new(cfg).unwrap();
     let mut batch = StepBatch::new(16);
@@ -105,6 +106,7 @@ fn churn() {
         block_size: 16,
         num_blocks: 256 * 16,
         max_model_len: 4096,
+        speculation: None,
     };
     let mut s = Scheduler::new(cfg).unwrap();
     let mut batch = StepBatch::new(16);

@@ -17,6 +17,7 @@ use crate::metrics::EngineMetrics;
 use crate::model::Model;
 use crate::params::{ModelLimits, MAX_N};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerError};
+use crate::speculation::SpeculationConfig;
 use crate::telemetry::Telemetry;
 
 /// Scheduling limits; the KV cache's geometry comes from the model.
@@ -33,6 +34,8 @@ pub struct EngineConfig {
     pub max_model_len: Option<usize>,
     /// How embeddings pool the hidden states of their tokens.
     pub pooling: Pooling,
+    /// Speculative decoding by n-gram lookup (`--speculative ngram`); `None`: off.
+    pub speculation: Option<SpeculationConfig>,
 }
 
 impl Default for EngineConfig {
@@ -43,6 +46,7 @@ impl Default for EngineConfig {
             max_waiting: 1024,
             max_model_len: None,
             pooling: Pooling::Mean,
+            speculation: None,
         }
     }
 }
@@ -91,6 +95,7 @@ impl Engine {
             block_size,
             num_blocks,
             max_model_len,
+            speculation: config.speculation,
         })?;
         let limits = ModelLimits {
             vocab_size: model.vocab_size(),

@@ -21,6 +21,7 @@ pub mod rng;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
+pub mod speculation;
 pub mod stop;
 mod telemetry;
 #[cfg(any(test, feature = "testing"))]
@@ -41,4 +42,5 @@ pub use scheduler::{
 };
 pub use sequence::{RequestId, SeqId, Sequence, SequenceStatus};
 pub use sluice_model::Pooling;
+pub use speculation::SpeculationConfig;
 pub use stop::{FinishReason, StopReason};

@@ -23,6 +23,10 @@
 //! | `sluice_tokens_per_step` | histogram | tokens computed by one forward (prefill and decode) |
 //! | `sluice_step_duration_seconds` | histogram | one engine step: schedule, forward, sample, emit |
 //! | `sluice_constraint_mask_seconds` | histogram | computing the grammar masks of one step's constrained rows (steps with any) |
+//! | `sluice_spec_decode_drafts_total` | counter | times a sequence drafted tokens for a step (`--speculative`) |
+//! | `sluice_spec_decode_draft_tokens_total` | counter | tokens drafted |
+//! | `sluice_spec_decode_accepted_tokens_total` | counter | drafted tokens kept (the model picked the same) |
+//! | `sluice_spec_decode_ineligible_requests_total` | counter | requests run without speculation while it is on (sampling, penalties, grammar, `min_tokens`) |
 
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
@@ -49,9 +53,13 @@ pub const REQUEST_QUEUE_TIME: &str = "sluice_request_queue_time_seconds";
 pub const TOKENS_PER_STEP: &str = "sluice_tokens_per_step";
 pub const STEP_DURATION: &str = "sluice_step_duration_seconds";
 pub const CONSTRAINT_MASK_DURATION: &str = "sluice_constraint_mask_seconds";
+pub const SPEC_DRAFTS: &str = "sluice_spec_decode_drafts_total";
+pub const SPEC_DRAFT_TOKENS: &str = "sluice_spec_decode_draft_tokens_total";
+pub const SPEC_ACCEPTED_TOKENS: &str = "sluice_spec_decode_accepted_tokens_total";
+pub const SPEC_INELIGIBLE: &str = "sluice_spec_decode_ineligible_requests_total";
 
 /// Every name above, for exporters that want to pre-declare buckets or check coverage.
-pub const ALL: [&str; 18] = [
+pub const ALL: [&str; 22] = [
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
     KV_CACHE_BLOCKS_USED,
@@ -70,6 +78,10 @@ pub const ALL: [&str; 18] = [
     TOKENS_PER_STEP,
     STEP_DURATION,
     CONSTRAINT_MASK_DURATION,
+    SPEC_DRAFTS,
+    SPEC_DRAFT_TOKENS,
+    SPEC_ACCEPTED_TOKENS,
+    SPEC_INELIGIBLE,
 ];
 
 /// Registered handles, held by the engine thread.
@@ -93,6 +105,10 @@ pub(crate) struct EngineMetrics {
     pub tokens_per_step: Histogram,
     pub step_duration: Histogram,
     pub mask_duration: Histogram,
+    pub spec_drafts: Counter,
+    pub spec_draft_tokens: Counter,
+    pub spec_accepted_tokens: Counter,
+    pub spec_ineligible: Counter,
 }
 
 impl EngineMetrics {
@@ -147,6 +163,18 @@ impl EngineMetrics {
             Unit::Seconds,
             "Time computing one step's grammar masks."
         );
+        describe_counter!(
+            SPEC_DRAFTS,
+            Unit::Count,
+            "Times a sequence drafted tokens for a step."
+        );
+        describe_counter!(SPEC_DRAFT_TOKENS, Unit::Count, "Tokens drafted.");
+        describe_counter!(SPEC_ACCEPTED_TOKENS, Unit::Count, "Drafted tokens kept.");
+        describe_counter!(
+            SPEC_INELIGIBLE,
+            Unit::Count,
+            "Requests run without speculation while it is on."
+        );
         Self {
             running: gauge!(REQUESTS_RUNNING),
             waiting: gauge!(REQUESTS_WAITING),
@@ -167,6 +195,10 @@ impl EngineMetrics {
             tokens_per_step: histogram!(TOKENS_PER_STEP),
             step_duration: histogram!(STEP_DURATION),
             mask_duration: histogram!(CONSTRAINT_MASK_DURATION),
+            spec_drafts: counter!(SPEC_DRAFTS),
+            spec_draft_tokens: counter!(SPEC_DRAFT_TOKENS),
+            spec_accepted_tokens: counter!(SPEC_ACCEPTED_TOKENS),
+            spec_ineligible: counter!(SPEC_INELIGIBLE),
         }
     }
 

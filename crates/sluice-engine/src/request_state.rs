@@ -134,6 +134,17 @@ impl RequestState {
         event
     }
 
+    /// Its sequences may verify drafted tokens ([`crate::speculation`]): each of their
+    /// sampling rows picks its token by one fixed rule, whatever the step's other rows hold
+    /// (greedy, no penalties, which count earlier tokens, no grammar or `min_tokens`, which
+    /// change with them).
+    pub fn may_speculate(&self) -> bool {
+        self.sampling.is_greedy()
+            && !self.sampling.has_penalties()
+            && !self.constrained
+            && self.stop.params.min_tokens == 0
+    }
+
     pub fn finish_event(
         &self,
         index: u32,

@@ -19,6 +19,15 @@
 //! at most `block_size` tokens, so no block is ever written by two sequences and no
 //! copy-on-write is needed.
 //!
+//! Speculation ([`SchedulerConfig::speculation`]): a running sequence the engine allowed to
+//! speculate ([`Scheduler::allow_speculation`]) may, in a step of few sequences, put tokens
+//! guessed by n-gram lookup ([`crate::speculation`]) after its last token; the step computes
+//! them all and returns a sampling row for each position. [`Scheduler::commit`] keeps the
+//! drafts up to the first that differs from its row's sampled token, then that token, and
+//! takes the rest back as if never computed (their slots are rewritten later; the prefix cache
+//! only ever registers kept tokens). Drafts never preempt: a sequence drafts only when its
+//! blocks can grow for them from the free pool.
+//!
 //! Each request and each sequence carries its user's record (`R` and `S`: the engine loop's
 //! request and sequence state; `()` when the scheduler runs alone, as in its tests), kept with
 //! the scheduler's own and handed back when the sequence leaves, so a sequence is one record
@@ -36,6 +45,7 @@ use sluice_model::StepBatch;
 
 use crate::block_manager::{BlockManager, PrefixCacheStats};
 use crate::sequence::{RequestId, SeqId, Sequence, SequenceStatus};
+use crate::speculation::{next_draft_len, propose, SpeculationConfig};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -49,6 +59,8 @@ pub struct SchedulerConfig {
     pub num_blocks: usize,
     /// Longest sequence (prompt + generated) the model accepts.
     pub max_model_len: usize,
+    /// Speculative decoding by n-gram lookup; `None`: off.
+    pub speculation: Option<SpeculationConfig>,
 }
 
 impl Default for SchedulerConfig {
@@ -59,6 +71,7 @@ impl Default for SchedulerConfig {
             block_size: 16,
             num_blocks: 4096,
             max_model_len: 4096,
+            speculation: None,
         }
     }
 }
@@ -82,10 +95,27 @@ pub struct ScheduledSeq {
     /// Tokens computed this step (a prefill chunk, or 1 when decoding).
     pub len: usize,
     /// The chunk reaches the end of the known tokens, so the sequence gets a new token this
-    /// step; sampling rows are the scheduled sequences with `sample` set, in order.
+    /// step; sampling rows are those of the scheduled sequences with `sample` set, in order.
     pub sample: bool,
+    /// Draft tokens at the chunk's end (speculation): the entry has a sampling row for its
+    /// last known token and one for each draft.
+    pub draft: usize,
+    /// After [`Scheduler::commit`]: how many of its sampling rows' tokens the sequence kept,
+    /// from the first (the drafts that matched, then the token after them). Zero before.
+    pub accepted: usize,
     slot: usize,
     serial: u64,
+}
+
+impl ScheduledSeq {
+    /// Its sampling rows: none, or one plus one per draft.
+    pub fn num_rows(&self) -> usize {
+        if self.sample {
+            1 + self.draft
+        } else {
+            0
+        }
+    }
 }
 
 /// What one step computes. Reused across steps.
@@ -103,7 +133,8 @@ impl SchedulerOutput {
         &self.scheduled
     }
 
-    /// The sampling rows, in order: the scheduled sequences that get a token this step.
+    /// The scheduled sequences that get a token this step, in order; each has
+    /// [`ScheduledSeq::num_rows`] sampling rows.
     pub fn sampling(&self) -> impl Iterator<Item = &ScheduledSeq> {
         self.scheduled.iter().filter(|s| s.sample)
     }
@@ -134,16 +165,19 @@ impl SchedulerOutput {
 
     fn push<S>(&mut self, seq: &Sequence<S>, slot: usize, len: usize) {
         let sample = !seq.is_prefill_only() && seq.num_computed + len == seq.tokens.len();
-        self.scheduled.push(ScheduledSeq {
+        let entry = ScheduledSeq {
             seq_id: seq.id(),
             start: seq.num_computed,
             len,
             sample,
+            draft: seq.num_draft,
+            accepted: 0,
             slot,
             serial: seq.serial,
-        });
+        };
         self.num_tokens += len;
-        self.num_samples += usize::from(sample);
+        self.num_samples += entry.num_rows();
+        self.scheduled.push(entry);
     }
 }
 
@@ -186,6 +220,8 @@ pub struct Scheduler<R = (), S = ()> {
     awaiting_commit: bool,
     num_preemptions: u64,
     next_serial: u64,
+    /// The drafts being proposed for one sequence; reused.
+    draft: Vec<u32>,
 }
 
 /// The scheduler alone, with nothing kept beside its own records (tests, benches).
@@ -240,6 +276,7 @@ impl<R, S> Scheduler<R, S> {
             awaiting_commit: false,
             num_preemptions: 0,
             next_serial: 0,
+            draft: Vec::new(),
             config,
         })
     }
@@ -287,6 +324,22 @@ impl<R, S> Scheduler<R, S> {
             "a prompt that can never be computed"
         );
         self.add_sequences(request, prompt, 0, state, vec![seq], true);
+    }
+
+    /// Lets the sequences of `request` draft tokens when speculation is on: the caller's
+    /// promise that each of their rows samples by one rule whatever the step's other rows
+    /// hold (greedy, no penalties, no grammar, no `min_tokens`).
+    pub fn allow_speculation(&mut self, request: RequestId) {
+        let Some(n) = self.requests.get(&request).map(|r| r.n) else {
+            return;
+        };
+        for index in 0..n {
+            if let Some(&slot) = self.ids.get(&SeqId::new(request, index)) {
+                if let Some(seq) = self.slots[slot].as_mut() {
+                    seq.speculative = true;
+                }
+            }
+        }
     }
 
     fn add_sequences(
@@ -355,6 +408,10 @@ impl<R, S> Scheduler<R, S> {
     pub fn schedule(&mut self) -> &SchedulerOutput {
         self.output.clear();
         let mut budget = self.config.max_num_batched_tokens;
+        let drafting = self
+            .config
+            .speculation
+            .filter(|c| self.running.len() <= c.max_running);
 
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
@@ -366,6 +423,10 @@ impl<R, S> Scheduler<R, S> {
                 i += 1;
                 continue;
             }
+            if let Some(config) = drafting {
+                self.draft(slot, &config, budget);
+            }
+            let seq = self.slots[slot].as_ref().expect("running slot is live");
             let len = (seq.tokens.len() - seq.num_computed).min(budget);
             let needed = seq.num_computed + len;
             let scheduled = loop {
@@ -431,6 +492,29 @@ impl<R, S> Scheduler<R, S> {
         &self.output
     }
 
+    /// Puts the drafts n-gram lookup proposes after a decoding sequence's last token, when it
+    /// may speculate and its blocks can grow for them without preempting anyone. At most
+    /// what its `max_tokens` leaves after this step's token, and what the budget leaves.
+    fn draft(&mut self, slot: usize, config: &SpeculationConfig, budget: usize) {
+        let seq = self.slots[slot].as_mut().expect("running slot is live");
+        if !seq.speculative || seq.num_computed + 1 != seq.tokens.len() {
+            return;
+        }
+        let room = (seq.max_tokens() - seq.num_generated() - 1)
+            .min(budget - 1)
+            .min(seq.draft_len.min(config.num_tokens));
+        propose(&seq.tokens, config, room, &mut self.draft);
+        if self.draft.is_empty()
+            || !self
+                .blocks
+                .allocate(&mut seq.table, seq.tokens.len() + self.draft.len())
+        {
+            return;
+        }
+        seq.tokens.extend_from_slice(&self.draft);
+        seq.num_draft = self.draft.len();
+    }
+
     /// The plan of the last [`Scheduler::schedule`].
     pub fn output(&self) -> &SchedulerOutput {
         &self.output
@@ -451,11 +535,11 @@ impl<R, S> Scheduler<R, S> {
             let seq = self
                 .live_scheduled(s)
                 .expect("sequence removed between schedule and fill_step_batch");
-            batch.push_sequence(
+            batch.push_sequence_rows(
                 &seq.tokens[s.start..s.start + s.len],
                 s.start,
                 seq.table.blocks(),
-                s.sample,
+                s.num_rows(),
             );
         }
     }
@@ -473,12 +557,11 @@ impl<R, S> Scheduler<R, S> {
                 expected: self.output.num_samples,
             });
         }
+        let most_drafts = self.config.speculation.map_or(1, |c| c.num_tokens);
         let mut row = 0;
-        for s in &self.output.scheduled {
-            let token = s.sample.then(|| {
-                row += 1;
-                sampled[row - 1]
-            });
+        for s in &mut self.output.scheduled {
+            let rows = &sampled[row..row + s.num_rows()];
+            row += rows.len();
             let Some(seq) = self.slots[s.slot].as_mut() else {
                 continue;
             };
@@ -486,11 +569,26 @@ impl<R, S> Scheduler<R, S> {
                 continue;
             }
             debug_assert_eq!(seq.num_computed, s.start);
-            seq.num_computed = s.start + s.len;
+            debug_assert_eq!(seq.num_draft, s.draft);
+            // Drafts are kept while each is the token its predecessor's row sampled.
+            let first_draft = seq.tokens.len() - seq.num_draft;
+            let kept = seq.tokens[first_draft..]
+                .iter()
+                .zip(rows)
+                .take_while(|(draft, sampled)| draft == sampled)
+                .count();
+            let rejected = seq.num_draft - kept;
+            seq.tokens.truncate(first_draft + kept);
+            seq.num_computed = s.start + s.len - rejected;
             self.blocks
                 .register_computed(&mut seq.table, &seq.tokens, seq.num_computed);
-            if let Some(t) = token {
-                seq.tokens.push(t);
+            if let Some(&token) = rows.get(kept) {
+                seq.tokens.push(token);
+                s.accepted = kept + 1;
+            }
+            if seq.num_draft > 0 {
+                seq.draft_len = next_draft_len(seq.draft_len, seq.num_draft, kept, most_drafts);
+                seq.num_draft = 0;
             }
         }
         self.awaiting_commit = false;
@@ -658,6 +756,9 @@ impl<R, S> Scheduler<R, S> {
             }
             if seq.num_computed > seq.tokens.len() {
                 return Err(format!("{} computed more tokens than it knows", seq.id()));
+            }
+            if !self.awaiting_commit && seq.num_draft != 0 {
+                return Err(format!("{} kept drafts past its step", seq.id()));
             }
             if self.ids.get(&seq.id()) != Some(&slot) {
                 return Err(format!("{} is missing from the id map", seq.id()));

@@ -53,6 +53,14 @@ pub struct Sequence<S = ()> {
     /// Computes its prompt and nothing more (an embedding): never samples, never looks its
     /// prompt up in the prefix cache.
     prefill_only: bool,
+    /// May draft tokens by n-gram lookup ([`crate::speculation`]); the engine allows it for
+    /// sequences whose rows all sample by one fixed rule.
+    pub(crate) speculative: bool,
+    /// Draft tokens at the end of `tokens` for the step in flight: computed with the step and
+    /// kept, or taken back, at its commit. Zero between steps.
+    pub(crate) num_draft: usize,
+    /// How many tokens it drafts next, adapted to how its drafts fared.
+    pub(crate) draft_len: usize,
     pub(crate) state: S,
 }
 
@@ -79,6 +87,9 @@ impl<S> Sequence<S> {
             status: SequenceStatus::Waiting,
             num_preemptions: 0,
             prefill_only,
+            speculative: false,
+            num_draft: 0,
+            draft_len: 1,
             state,
         }
     }
@@ -92,9 +103,10 @@ impl<S> Sequence<S> {
         self.id
     }
 
-    /// Prompt followed by every generated token (a preempted sequence keeps them all).
+    /// Prompt followed by every generated token (a preempted sequence keeps them all), without
+    /// the drafts of a step in flight.
     pub fn tokens(&self) -> &[u32] {
-        &self.tokens
+        &self.tokens[..self.num_known()]
     }
 
     pub fn prompt(&self) -> &[u32] {
@@ -102,7 +114,7 @@ impl<S> Sequence<S> {
     }
 
     pub fn generated(&self) -> &[u32] {
-        &self.tokens[self.prompt_len..]
+        &self.tokens()[self.prompt_len..]
     }
 
     pub fn prompt_len(&self) -> usize {
@@ -110,7 +122,7 @@ impl<S> Sequence<S> {
     }
 
     pub fn num_generated(&self) -> usize {
-        self.tokens.len() - self.prompt_len
+        self.num_known() - self.prompt_len
     }
 
     pub fn max_tokens(&self) -> usize {
@@ -136,6 +148,11 @@ impl<S> Sequence<S> {
 
     pub fn is_prefill_only(&self) -> bool {
         self.prefill_only
+    }
+
+    /// Its tokens without the drafts of the step in flight.
+    pub(crate) fn num_known(&self) -> usize {
+        self.tokens.len() - self.num_draft
     }
 
     /// Generated all it may: a prefill-only sequence generates nothing and is done when its

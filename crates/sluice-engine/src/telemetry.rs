@@ -104,6 +104,17 @@ impl Telemetry {
             .fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Speculation this step: sequences that drafted, tokens drafted, drafted tokens kept.
+    pub fn speculated(&self, drafts: u64, drafted: u64, accepted: u64) {
+        self.metrics.spec_drafts.increment(drafts);
+        self.metrics.spec_draft_tokens.increment(drafted);
+        self.metrics.spec_accepted_tokens.increment(accepted);
+        let s = &self.shared.stats;
+        s.spec_draft_tokens.fetch_add(drafted, Ordering::Relaxed);
+        s.spec_accepted_tokens
+            .fetch_add(accepted, Ordering::Relaxed);
+    }
+
     /// A sequence finished (any reason): the success counter and its end-to-end latency.
     pub fn sequence_finished(&self, reason: FinishReason, arrival: Instant, now: Instant) {
         self.metrics.finished(reason).increment(1);

@@ -127,7 +127,8 @@ impl Model for MockModel {
         // A row's hidden state is a function of its position's context hash (what its slot
         // holds once written), so it does not depend on the rest of the batch.
         let mut hidden_rows = batch.hidden_indices.iter().peekable();
-        // Sampling rows come in sequence order, one per sequence at most.
+        // Sampling rows come in batch order: a sequence's last token, or its last few when it
+        // verifies drafts.
         let mut rows = batch.logits_indices.iter().peekable();
         for s in &batch.sequences {
             let table = batch.block_table(s);
@@ -150,36 +151,23 @@ impl Model for MockModel {
                 h = mix(h, u64::from(token));
                 let slot = self.slot(batch, table, start + i)?;
                 self.kv[slot] = Some(h);
-                if hidden_rows.peek() == Some(&&((s.query_start + i) as u32)) {
+                let row = (s.query_start + i) as u32;
+                if hidden_rows.peek() == Some(&&row) {
                     hidden_rows.next();
                     out.hidden.extend(
                         (0..MOCK_HIDDEN_SIZE as u64)
                             .map(|j| ((mix(h, j) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0),
                     );
                 }
+                if rows.peek() == Some(&&row) {
+                    rows.next();
+                    self.push_logits(batch, table, start + i + 1, logits)?;
+                }
             }
-            let last_row = (s.query_start + s.query_len - 1) as u32;
-            if rows.peek() != Some(&&last_row) {
-                continue;
-            }
-            rows.next();
-            let mut fold = SEED;
-            for pos in 0..s.context_len {
-                let slot = self.slot(batch, table, pos)?;
-                let v = self.kv[slot]
-                    .ok_or_else(|| ModelFailure::new(format!("read of unwritten slot {slot}")))?;
-                fold = mix(fold, v);
-            }
-            let shift = (fold % self.vocab_size as u64) as usize;
-            let row_start = logits.len();
-            logits.extend_from_slice(&self.base[shift..]);
-            logits.extend_from_slice(&self.base[..shift]);
-            let peak = (mix(fold, 7) % self.vocab_size as u64) as usize;
-            logits[row_start + peak] += 6.0;
         }
         if let Some(row) = rows.next() {
             return Err(ModelFailure::new(format!(
-                "logits row {row} is no sequence's last token"
+                "logits row {row} is out of order or past the batch"
             )));
         }
         if let Some(row) = hidden_rows.next() {
@@ -194,6 +182,31 @@ impl Model for MockModel {
 }
 
 impl MockModel {
+    /// The logits after the first `context_len` tokens of a sequence, read back through its
+    /// block table: a function of every slot's content, so of the whole context.
+    fn push_logits(
+        &self,
+        batch: &StepBatch,
+        table: &[u32],
+        context_len: usize,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelFailure> {
+        let mut fold = SEED;
+        for pos in 0..context_len {
+            let slot = self.slot(batch, table, pos)?;
+            let v = self.kv[slot]
+                .ok_or_else(|| ModelFailure::new(format!("read of unwritten slot {slot}")))?;
+            fold = mix(fold, v);
+        }
+        let shift = (fold % self.vocab_size as u64) as usize;
+        let row_start = logits.len();
+        logits.extend_from_slice(&self.base[shift..]);
+        logits.extend_from_slice(&self.base[..shift]);
+        let peak = (mix(fold, 7) % self.vocab_size as u64) as usize;
+        logits[row_start + peak] += 6.0;
+        Ok(())
+    }
+
     /// Replaces the logits of the rows the engine marked with their sampled tokens, keeping
     /// the other rows' logits in order.
     fn sample_marked_rows(

@@ -136,6 +136,7 @@ fn run_case(c: &Case) {
         block_size: c.block_size,
         num_blocks: c.num_blocks,
         max_model_len: c.max_model_len,
+        speculation: None,
     };
     let bs = c.block_size;
     let mut sched: RecordingScheduler = Scheduler::new(config).unwrap();

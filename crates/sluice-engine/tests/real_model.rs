@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use sluice_engine::{
-    Engine, EngineConfig, EngineHandle, Event, FinishReason, Request, SamplingParams, StopParams,
-    StopReason,
+    Engine, EngineConfig, EngineHandle, Event, FinishReason, Request, SamplingParams,
+    SpeculationConfig, StopParams, StopReason,
 };
 use sluice_model::{LlamaModel, LoadOptions, PagedLlama, WeightsKind};
 use sluice_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -413,5 +413,62 @@ fn embeddings_are_the_same_alone_and_in_mixed_chunked_batches() {
             alone.windows(2).all(|w| w[0] != w[1]),
             "different texts, different vectors"
         );
+    }
+}
+
+/// Prompts whose continuation copies text already in them, as an editing request's does: the
+/// ground where n-gram drafts come true.
+fn copying_prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
+    let texts = [
+        "Copy the list.\nList: apple, banana, cherry, date, fig, grape, kiwi, lemon, mango.\nCopy: apple, banana,",
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n# The same two functions again:\ndef add(a, b):\n",
+        "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. Monday, Tuesday,",
+        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,",
+        "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. The",
+        "Why the sky is blue. In short,",
+    ];
+    texts
+        .iter()
+        .map(|t| tok.encode_prompt(t).unwrap())
+        .collect()
+}
+
+/// Greedy output with n-gram speculation on is plain decoding's, token for token, whatever
+/// the number of drafts, alone or in a crowd, with a stop string or a short `max_tokens`; and
+/// the drafts do come true on text that copies itself.
+#[test]
+fn greedy_speculation_changes_no_token_alone_or_in_a_crowd() {
+    let (engine, tok) = start_engine(2048);
+    let h = engine.handle();
+    let mut requests: Vec<Request> = copying_prompts(&tok)
+        .into_iter()
+        .map(|p| Request::new(p, 40))
+        .collect();
+    requests[0].stop.stop = vec!["lemon".into()];
+    requests[3].max_tokens = Some(3);
+    let want: Vec<Output> = requests.iter().map(|r| run(&h, r.clone())).collect();
+    drop(engine);
+    for k in [1, 3, 8] {
+        let config = EngineConfig {
+            speculation: Some(SpeculationConfig {
+                max_running: 16,
+                ..SpeculationConfig::ngram(k)
+            }),
+            ..EngineConfig::default()
+        };
+        let (engine, _) = start_engine_with(2048, config);
+        let h = engine.handle();
+        let alone: Vec<Output> = requests.iter().map(|r| run(&h, r.clone())).collect();
+        let crowd = run_all(&h, &requests);
+        for (i, want) in want.iter().enumerate() {
+            assert_eq!(alone[i], *want, "k = {k}, request {i} alone");
+            assert_eq!(crowd[i], *want, "k = {k}, request {i} in a crowd");
+        }
+        let stats = h.stats();
+        assert!(
+            stats.spec_accepted_tokens > 0 && stats.spec_draft_tokens >= stats.spec_accepted_tokens,
+            "k = {k}: {stats:?}"
+        );
+        assert_eq!(stats.kv_blocks_used, 0);
     }
 }

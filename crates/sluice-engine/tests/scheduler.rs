@@ -12,6 +12,7 @@ fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
         block_size,
         num_blocks,
         max_model_len: 1024,
+        speculation: None,
     }
 }
 

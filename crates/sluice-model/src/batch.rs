@@ -19,7 +19,7 @@ pub struct StepBatch {
     /// All sequences' block tables, concatenated.
     pub block_tables: Vec<u32>,
     /// Rows of the flat batch whose logits are wanted (the last token of each sequence that
-    /// samples this step), in output order.
+    /// samples this step, or its last few when it verifies drafted tokens), in output order.
     pub logits_indices: Vec<u32>,
     /// Rows whose final (normed) hidden states are wanted, in output order: the tokens an
     /// embedding pools. Empty in a step without embedding sequences.
@@ -73,6 +73,24 @@ impl StepBatch {
         block_table: &[u32],
         sample: bool,
     ) {
+        self.push_sequence_rows(tokens, start_pos, block_table, usize::from(sample));
+    }
+
+    /// [`StepBatch::push_sequence`] returning the logits of the last `logit_rows` tokens (a
+    /// sequence verifying drafted tokens wants one row per position from its last known
+    /// token on).
+    pub fn push_sequence_rows(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        block_table: &[u32],
+        logit_rows: usize,
+    ) {
+        assert!(
+            logit_rows <= tokens.len(),
+            "{logit_rows} logits rows of a {}-token chunk",
+            tokens.len()
+        );
         assert!(
             !tokens.is_empty(),
             "a sequence in a step computes at least one token"
@@ -100,9 +118,9 @@ impl StepBatch {
             block_table_len: block_table.len(),
         });
         self.block_tables.extend_from_slice(block_table);
-        if sample {
-            self.logits_indices.push((self.input_ids.len() - 1) as u32);
-        }
+        let end = self.input_ids.len();
+        self.logits_indices
+            .extend((end - logit_rows..end).map(|row| row as u32));
     }
 
     pub fn num_tokens(&self) -> usize {

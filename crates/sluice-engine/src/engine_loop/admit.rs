@@ -39,6 +39,7 @@ impl EngineLoop {
         // Validated against this engine's limits (the handle checked they are its own), so
         // the scheduler can always run it.
         self.kinds.add(&state);
+        let speculative = !embedding && state.may_speculate();
         if embedding {
             let seq = seqs
                 .into_iter()
@@ -48,6 +49,13 @@ impl EngineLoop {
         } else {
             self.scheduler
                 .queue_request(id, prompt, max_tokens, state, seqs);
+        }
+        if self.scheduler.config().speculation.is_some() {
+            if speculative {
+                self.scheduler.allow_speculation(id);
+            } else if !embedding {
+                self.telemetry.metrics.spec_ineligible.increment(1);
+            }
         }
         self.telemetry.publish_counts(&self.scheduler);
     }

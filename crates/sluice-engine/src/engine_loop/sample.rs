@@ -26,19 +26,24 @@ impl EngineLoop {
         if !self.model_samples_rows {
             return;
         }
-        let rows = self.scheduler.scheduled_records().filter(|(s, _)| s.sample);
-        for (_, records) in rows {
-            let row = records.and_then(|(r, seq)| {
-                if seq.constraint.is_some() || !r.stop.banned(seq.generated).is_empty() {
-                    return None;
-                }
-                let mut rng = seq.rng;
-                let rule = model_rule(&r.sampling, &mut rng)?;
-                let logprob = r.sampling.logprobs.is_some();
-                Some((rule, ModelRow { rng, logprob }))
-            });
-            self.batch.model_sampling.push(row.map(|(rule, _)| rule));
-            self.model_rows.push(row.map(|(_, kept)| kept));
+        for (s, records) in self.scheduler.scheduled_records() {
+            // A sequence verifying drafts has a row per position, drawn from its generator in
+            // turn.
+            let mut rng = records.map(|(_, seq)| seq.rng);
+            for _ in 0..s.num_rows() {
+                let row = records.zip(rng.as_mut()).and_then(|((r, seq), rng)| {
+                    if seq.constraint.is_some() || !r.stop.banned(seq.generated).is_empty() {
+                        return None;
+                    }
+                    let mut next = *rng;
+                    let rule = model_rule(&r.sampling, &mut next)?;
+                    *rng = next;
+                    let logprob = r.sampling.logprobs.is_some();
+                    Some((rule, ModelRow { rng: next, logprob }))
+                });
+                self.batch.model_sampling.push(row.map(|(rule, _)| rule));
+                self.model_rows.push(row.map(|(_, kept)| kept));
+            }
         }
     }
 
@@ -88,10 +93,10 @@ impl EngineLoop {
         rows.extend(
             self.scheduler
                 .scheduled_records()
-                .filter(|(s, _)| s.sample)
+                .flat_map(|(s, records)| std::iter::repeat_n(records, s.num_rows()))
                 .enumerate()
                 .filter(|&(i, _)| !by_model(i))
-                .map(|(_, (_, records))| match records {
+                .map(|(_, records)| match records {
                     Some((r, seq)) => SampleRow {
                         params: &r.sampling,
                         rng: seq.rng,

@@ -52,12 +52,40 @@ pub fn next_token(seq: SeqId, tokens: &[u32]) -> u32 {
     sample(fold_context(chain(tokens).into_iter()), seq)
 }
 
+/// A sampler whose output repeats itself, so n-gram drafts come true: mostly a fixed function
+/// of the row's last token (a cycle of 50 tokens), and one row in five [`sample`], which
+/// depends on the whole context's K/V, so a wrong slot still changes the output.
+pub fn sample_periodic(logits: u64, seq: SeqId, last: u32) -> u32 {
+    if mix(logits, 99).is_multiple_of(5) {
+        sample(logits, seq)
+    } else {
+        (last * 7 + 3) % 50
+    }
+}
+
+/// [`next_token`] for [`sample_periodic`].
+pub fn next_token_periodic(seq: SeqId, tokens: &[u32]) -> u32 {
+    let last = *tokens.last().expect("a non-empty context");
+    sample_periodic(fold_context(chain(tokens).into_iter()), seq, last)
+}
+
 /// What sequence `seq` generates from `prompt` when nothing else happens: the oracle.
 pub fn reference_generate(seq: SeqId, prompt: &[u32], max_tokens: usize, eos: bool) -> Vec<u32> {
+    reference_generate_with(next_token, seq, prompt, max_tokens, eos)
+}
+
+/// [`reference_generate`] with another sampler.
+pub fn reference_generate_with(
+    next: fn(SeqId, &[u32]) -> u32,
+    seq: SeqId,
+    prompt: &[u32],
+    max_tokens: usize,
+    eos: bool,
+) -> Vec<u32> {
     let mut tokens = prompt.to_vec();
     let mut out = Vec::new();
     while out.len() < max_tokens {
-        let t = next_token(seq, &tokens);
+        let t = next(seq, &tokens);
         out.push(t);
         tokens.push(t);
         if eos && is_eos(t) {
@@ -84,7 +112,8 @@ impl HashModel {
         table[pos / self.block_size] as usize * self.block_size + pos % self.block_size
     }
 
-    /// One value per logits row.
+    /// One value per logits row: a fold of every K/V slot of the row's context (its
+    /// position and all before it), so it depends on the whole context as the cache holds it.
     pub fn forward(&mut self, batch: &StepBatch) -> Vec<u64> {
         let mut logits = Vec::with_capacity(batch.logits_indices.len());
         for seq in &batch.sequences {
@@ -98,12 +127,11 @@ impl HashModel {
                 };
                 self.kv[batch.slot_mapping[q] as usize] =
                     Some(mix(prev, u64::from(batch.input_ids[q])));
-            }
-            let last = (seq.query_start + seq.query_len - 1) as u32;
-            if batch.logits_indices.contains(&last) {
-                let ctx = (0..seq.context_len)
-                    .map(|p| self.kv[self.slot(table, p)].expect("context slot written"));
-                logits.push(fold_context(ctx));
+                if batch.logits_indices.contains(&(q as u32)) {
+                    let ctx = (0..=pos)
+                        .map(|p| self.kv[self.slot(table, p)].expect("context slot written"));
+                    logits.push(fold_context(ctx));
+                }
             }
         }
         logits
@@ -119,6 +147,8 @@ pub struct Driver {
     pub generated: HashMap<SeqId, Vec<u32>>,
     pub finished: Vec<SeqId>,
     pub eos: bool,
+    /// Samples with [`sample_periodic`] instead of [`sample`].
+    pub periodic: bool,
     pub steps: usize,
 }
 
@@ -133,6 +163,7 @@ impl Driver {
             generated: HashMap::new(),
             finished: Vec::new(),
             eos: false,
+            periodic: false,
             steps: 0,
         }
     }
@@ -145,30 +176,47 @@ impl Driver {
     }
 
     /// The rest of a step after `schedule`: forward, sample, commit, finish what is done.
-    /// Returns the sampled tokens by row.
+    /// Returns the tokens each sequence kept, in row order (a sequence that verified drafts
+    /// may keep several).
     pub fn execute(&mut self) -> Vec<(SeqId, u32)> {
         self.sched.fill_step_batch(&mut self.batch);
         let logits = self.model.forward(&self.batch);
-        let rows: Vec<(SeqId, u32)> = self
-            .sched
-            .output()
-            .sampling()
-            .zip(&logits)
-            .map(|(s, &l)| (s.seq_id, sample(l, s.seq_id)))
-            .collect();
-        let sampled: Vec<u32> = rows.iter().map(|r| r.1).collect();
-        self.sched.commit(&sampled).expect("commit");
-        for &(id, t) in &rows {
-            self.generated.entry(id).or_default().push(t);
-            let seq = self.sched.get(id).expect("sampled sequence is live");
-            if seq.num_generated() >= seq.max_tokens() || (self.eos && is_eos(t)) {
-                assert!(self.sched.finish(id).is_some());
-                self.finished.push(id);
+        let mut rows = logits.iter().zip(&self.batch.logits_indices);
+        let mut sampled = Vec::with_capacity(logits.len());
+        for s in self.sched.output().sampling() {
+            for (&l, &row) in rows.by_ref().take(s.num_rows()) {
+                let last = self.batch.input_ids[row as usize];
+                sampled.push(match self.periodic {
+                    true => sample_periodic(l, s.seq_id, last),
+                    false => sample(l, s.seq_id),
+                });
             }
+        }
+        self.sched.commit(&sampled).expect("commit");
+        let mut kept = Vec::new();
+        let mut done = Vec::new();
+        let mut row = 0;
+        for s in self.sched.output().sampling() {
+            let rows = &sampled[row..row + s.num_rows()];
+            row += rows.len();
+            let max_tokens = self.sched.get(s.seq_id).expect("live").max_tokens();
+            let generated = self.generated.entry(s.seq_id).or_default();
+            for &t in &rows[..s.accepted] {
+                kept.push((s.seq_id, t));
+                generated.push(t);
+                if generated.len() >= max_tokens || (self.eos && is_eos(t)) {
+                    done.push(s.seq_id);
+                    break;
+                }
+            }
+        }
+        for id in done {
+            assert!(self.sched.finish(id).is_some());
+            self.finished.push(id);
         }
         self.sched.check_invariants().expect("scheduler invariants");
         self.steps += 1;
-        rows
+        kept
     }
 
     pub fn run_to_completion(&mut self, max_steps: usize) {

@@ -1,0 +1,114 @@
+//! Speculative decoding in the scheduler: sequences that verify n-gram drafts generate exactly
+//! the tokens plain decoding does (the oracle runs each alone, no cache, no drafts), whatever
+//! the crowd, the budget, the block size or the pool; drafts are kept and taken back at
+//! commit without leaving a wrong K/V slot, a wrong prefix-cache block or a leaked block.
+
+mod common;
+
+use common::{next_token_periodic, reference_generate_with, tokens, Driver};
+use proptest::prelude::*;
+use sluice_engine::{SchedulerConfig, SeqId, SpeculationConfig};
+
+fn config(num_blocks: usize, block_size: usize, budget: usize, k: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_seqs: 16,
+        max_num_batched_tokens: budget,
+        block_size,
+        num_blocks,
+        max_model_len: 1024,
+        speculation: Some(SpeculationConfig {
+            max_running: 16,
+            ..SpeculationConfig::ngram(k)
+        }),
+    }
+}
+
+/// A prompt that already shows the periodic sampler's cycle, so drafts start early.
+fn prompt(seed: u64, len: usize) -> Vec<u32> {
+    let mut p = tokens(seed, len / 2);
+    let mut t = p.last().copied().unwrap_or(1);
+    while p.len() < len {
+        t = (t * 7 + 3) % 50;
+        p.push(t);
+    }
+    p
+}
+
+/// Runs `prompts` (each a request of one sequence allowed to speculate) and checks every
+/// sequence against the oracle; returns the steps taken.
+fn run(config: SchedulerConfig, prompts: &[Vec<u32>], max_tokens: usize, eos: bool) -> usize {
+    let mut d = Driver::new(config);
+    d.periodic = true;
+    d.eos = eos;
+    for (r, p) in prompts.iter().enumerate() {
+        d.sched.add_request(r as u64, p.clone(), max_tokens, 1);
+        d.sched.allow_speculation(r as u64);
+    }
+    d.run_to_completion(10_000);
+    for (r, p) in prompts.iter().enumerate() {
+        let id = SeqId::new(r as u64, 0);
+        let want = reference_generate_with(next_token_periodic, id, p, max_tokens, eos);
+        assert_eq!(d.generated[&id], want, "request {r}");
+    }
+    d.steps
+}
+
+#[test]
+fn drafts_come_true_and_change_no_token() {
+    let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(i, 40)).collect();
+    let plain = {
+        let mut c = config(256, 4, 256, 4);
+        c.speculation = None;
+        run(c, &prompts, 64, false)
+    };
+    let speculative = run(config(256, 4, 256, 4), &prompts, 64, false);
+    // The periodic sampler repeats a 50-token cycle four rows in five: drafts of up to 4
+    // tokens come true often enough to save steps, and each kept draft is a step saved.
+    assert!(
+        speculative < plain,
+        "speculation took {speculative} steps, plain decoding {plain}"
+    );
+}
+
+#[test]
+fn drafts_never_preempt_and_respect_budget_and_max_tokens() {
+    // 12 blocks of 4 for three sequences of up to 16 + 24 tokens: the pool is tight, drafts
+    // only use free blocks; a budget of 3 tokens caps drafts at 2; max_tokens caps the rest.
+    let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(10 + i, 16)).collect();
+    run(config(12, 4, 3, 8), &prompts, 24, true);
+    run(config(40, 1, 64, 8), &prompts, 5, false);
+}
+
+#[test]
+fn a_request_not_allowed_to_speculate_drafts_nothing() {
+    let mut d = Driver::new(config(256, 4, 256, 4));
+    d.periodic = true;
+    d.sched.add_request(0, prompt(3, 40), 32, 1);
+    while d.sched.has_unfinished() {
+        let out = d.sched.schedule();
+        assert!(out.scheduled().iter().all(|s| s.draft == 0));
+        d.execute();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn speculation_generates_what_plain_decoding_does(
+        k in 1usize..=8,
+        block_size in prop_oneof![Just(1usize), Just(2), Just(4), Just(16)],
+        spare_blocks in 0usize..40,
+        budget in 1usize..=64,
+        max_tokens in 1usize..48,
+        eos in any::<bool>(),
+        lens in proptest::collection::vec(1usize..40, 1..6),
+    ) {
+        let prompts: Vec<Vec<u32>> =
+            lens.iter().enumerate().map(|(i, &len)| prompt(100 + i as u64, len)).collect();
+        // Every request fits the pool alone (the engine's admission guarantees it).
+        let longest = lens.iter().max().unwrap() + max_tokens;
+        let num_blocks = longest.div_ceil(block_size) + spare_blocks;
+        run(config(num_blocks, block_size, budget, k), &prompts, max_tokens, eos);
+    }
+}
