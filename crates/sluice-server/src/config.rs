@@ -184,6 +184,44 @@ config_keys! {
     /// pooling the model file declares, else mean].
     pooling: Option<Named<Pooling>> = None;
     flag Named<Pooling>, #[arg(long, env = "SLUICE_POOLING", value_name = "NAME")]
+
+    /// Speculative decoding: `ngram` drafts tokens by finding the sequence's last few tokens
+    /// earlier in its own text; greedy requests verify them in the same step, with exactly
+    /// plain decoding's output [default: off].
+    speculative: Option<Named<Speculative>> = None;
+    flag Named<Speculative>, #[arg(long, env = "SLUICE_SPECULATIVE", value_name = "METHOD")]
+
+    /// Most tokens a sequence drafts per step with --speculative [default: 4].
+    num_speculative_tokens: usize = 4;
+    flag usize, #[arg(long, env = "SLUICE_NUM_SPECULATIVE_TOKENS", value_name = "N")]
+}
+
+/// Most tokens a sequence may draft per step: past it a draft only adds rows to verify.
+pub const MAX_SPECULATIVE_TOKENS: usize = 16;
+
+/// How sequences guess tokens ahead (`--speculative`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Speculative {
+    /// Prompt lookup: drafts copied from the sequence's own text.
+    Ngram,
+}
+
+impl NamedValue for Speculative {
+    fn parse_name(name: &str) -> Result<Self, String> {
+        match name {
+            "ngram" => Ok(Self::Ngram),
+            draft if draft.starts_with("draft:") => Err(format!(
+                "`{draft}`: speculation with a draft model is not available in this version; \
+                 use ngram"
+            )),
+            other => Err(format!("`{other}` is not a speculation method; use ngram")),
+        }
+    }
+    fn name_of(&self) -> String {
+        match self {
+            Self::Ngram => "ngram".into(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -274,6 +312,13 @@ impl Config {
         positive("request_timeout_secs", self.request_timeout_secs)?;
         if let Some(len) = self.max_model_len {
             positive("max_model_len", len as u64)?;
+        }
+        positive("num_speculative_tokens", self.num_speculative_tokens as u64)?;
+        if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS {
+            return Err(ConfigError::Invalid {
+                key: "num_speculative_tokens",
+                reason: format!("must be at most {MAX_SPECULATIVE_TOKENS}"),
+            });
         }
         // Protecting /metrics with no key to protect it with would silently leave it open.
         if self.metrics_require_key && self.api_key.is_none() {
@@ -774,6 +819,25 @@ mod tests {
         assert!(e.contains("pooling") && e.contains("mean"), "{e}");
     }
 
+    #[test]
+    fn speculation_is_ngram_or_refused_by_name() {
+        let c = Config::from_layers(None, &args(&["--speculative", "ngram"])).unwrap();
+        assert_eq!(c.speculative.map(|s| *s), Some(Speculative::Ngram));
+        assert_eq!(c.num_speculative_tokens, 4);
+        let e = Cli::try_parse_from(["sluice", "--speculative", "draft:models/small.gguf"])
+            .err()
+            .expect("draft models are refused")
+            .to_string();
+        assert!(
+            e.contains("--speculative") && e.contains("draft model"),
+            "{e}"
+        );
+        let err = Config::from_layers(None, &args(&["--num-speculative-tokens", "17"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("num_speculative_tokens"), "{err}");
+    }
+
     /// The flags and the file's keys are the same list: every flag but `--config` is a key of
     /// the file (its name with underscores), and every key a flag.
     #[test]
@@ -791,7 +855,7 @@ mod tests {
         flags_sorted.sort();
         keys_sorted.sort();
         assert_eq!(flags_sorted, keys_sorted);
-        assert_eq!(flags.len(), 23, "{flags:?}");
+        assert_eq!(flags.len(), 25, "{flags:?}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use candle_core::Device;
-use sluice_engine::{Engine, EngineConfig};
+use sluice_engine::{Engine, EngineConfig, SpeculationConfig};
 use sluice_model::{
     CudaGraphs, LlamaModel, LoadOptions, ModelSource, PagedLlama, Pooling, WeightsKind,
 };
@@ -55,6 +55,9 @@ impl ModelSettings {
                 max_num_batched_tokens: c.max_num_batched_tokens,
                 max_waiting: c.max_waiting,
                 max_model_len: c.max_model_len,
+                speculation: c
+                    .speculative
+                    .map(|_| SpeculationConfig::ngram(c.num_speculative_tokens)),
                 ..EngineConfig::default()
             },
         }
@@ -161,6 +164,14 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
         },
     )
     .context("cannot start the engine")?;
+    if let Some(spec) = settings.engine.speculation {
+        tracing::info!(
+            method = "ngram",
+            num_speculative_tokens = spec.num_tokens,
+            max_running = spec.max_running,
+            "speculative decoding on for greedy requests (no extra weights or cache)"
+        );
+    }
     let limits = engine.handle().limits();
     if limits.kv_cache_tokens < limits.max_model_len {
         tracing::warn!(
