@@ -128,6 +128,13 @@ pub struct Args {
     /// like tool definitions; `scripts/bench-structured.sh` sizes it to match --tools).
     #[arg(long, value_name = "N", default_value_t = 0)]
     system_words: usize,
+    /// An editing workload, as a coding agent's: each chat request holds the text of FILE and
+    /// asks for it back whole with one small change (a first line that comments which request
+    /// it is). Outputs end where the model ends them (`ignore_eos` is not sent),
+    /// --output-tokens caps them, and --prompt-tokens is not used. The workload n-gram
+    /// speculation is for: most of the output is already in the prompt.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["tools", "json_schema", "chat"])]
+    edit: Option<PathBuf>,
     /// Do not read the server's `/metrics` (sluice's step and grammar-mask times) before and
     /// after each level. Servers without them are skipped anyway.
     #[arg(long)]
@@ -146,12 +153,19 @@ impl Args {
             }
             (None, None) => Structure::Plain,
         };
-        let chat = self.chat || self.tools.is_some();
+        let edit = match &self.edit {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("--edit: cannot read {}", path.display()))?,
+            ),
+            None => None,
+        };
+        let chat = self.chat || self.tools.is_some() || edit.is_some();
         Ok(Workload {
             model,
             prompt_tokens: workload::parse_range(&self.prompt_tokens).context("--prompt-tokens")?,
             output_tokens: workload::parse_range(&self.output_tokens).context("--output-tokens")?,
-            ignore_eos: !self.respect_eos,
+            ignore_eos: !self.respect_eos && edit.is_none(),
             temperature: self.temperature,
             seed: self.seed,
             endpoint: if chat {
@@ -162,6 +176,7 @@ impl Args {
             structure,
             system_words: self.system_words,
             parallel_tool_calls: self.parallel_tool_calls,
+            edit,
         })
     }
 }
@@ -341,6 +356,30 @@ mod tests {
             "{}/../../benchmarks/structured/{name}",
             env!("CARGO_MANIFEST_DIR")
         )
+    }
+
+    #[test]
+    fn the_editing_workload_asks_for_the_file_back() {
+        let file = format!(
+            "{}/../../benchmarks/edit/inventory.py",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let w = args(&["--edit", &file, "--output-tokens", "700"])
+            .unwrap()
+            .workload("m".into())
+            .unwrap();
+        assert_eq!(w.endpoint, Endpoint::Chat);
+        let r = w.request(3);
+        assert_eq!(r.endpoint, Endpoint::Chat);
+        let user = r.body["messages"][0]["content"].as_str().unwrap();
+        assert!(user.contains("class Ledger:") && user.contains("edited by request 3"));
+        assert_eq!(r.body["ignore_eos"], false, "the model ends the file");
+        assert_eq!(r.body["max_tokens"], 700);
+        assert!(args(&["--edit", &file, "--chat"]).is_err());
+        assert!(args(&["--edit", "/no/such/file"])
+            .unwrap()
+            .workload("m".into())
+            .is_err());
     }
 
     #[test]

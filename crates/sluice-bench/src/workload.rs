@@ -40,6 +40,18 @@ pub struct Workload {
     pub system_words: usize,
     /// `parallel_tool_calls` sent with tools, when set.
     pub parallel_tool_calls: Option<bool>,
+    /// The editing workload's file (`--edit`): every chat request asks for it back whole,
+    /// changed by one first line naming the request.
+    pub edit: Option<String>,
+}
+
+/// The user message of the `i`-th editing request.
+fn edit_message(file: &str, i: usize) -> String {
+    format!(
+        "Here is a file:\n```\n{file}\n```\nReturn the whole file, unchanged except for one \
+         new first line: a comment that says `edited by request {i}`. Write only the file, in \
+         a code block."
+    )
 }
 
 /// `N` or `MIN:MAX`.
@@ -110,7 +122,11 @@ impl Workload {
                     messages.push(json!({"role": "system",
                                          "content": words(&mut shared, self.system_words)}));
                 }
-                messages.push(json!({"role": "user", "content": words(&mut rng, p)}));
+                let user = match &self.edit {
+                    Some(file) => edit_message(file, i),
+                    None => words(&mut rng, p),
+                };
+                messages.push(json!({"role": "user", "content": user}));
                 fields.insert("messages".into(), Value::Array(messages));
             }
         }
