@@ -19,7 +19,9 @@ DOCUMENT = json.loads((ROOT / "crates/sluice-server/src/routes/openapi.json").re
 # A body each POST route accepts.
 BODIES = {
     "/v1/completions": {"prompt": "Hello", "max_tokens": 2},
+    "/v1/completions/render": {"prompt": "Hello", "max_tokens": 2},
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+    "/v1/chat/completions/render": {"messages": [{"role": "user", "content": "Hi"}]},
     "/v1/embeddings": {"input": "Hello"},
     "/v1/responses": {"input": "Hi", "max_output_tokens": 2},
     "/v1/messages": {"model": MODEL_NAME, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]},
@@ -67,7 +69,7 @@ def keyed_metrics(tmp_path_factory):
 
 def test_every_api_route_needs_the_key_and_probes_stay_open(keyed):
     api = [(m, p) for m, p in operations() if p.startswith("/v1/") or p in BODIES]
-    assert len(api) == 11, api
+    assert len(api) == 13, api
     # A stored response for GET /v1/responses/{response_id} to find.
     stored = call(keyed.url, "post", "/v1/responses", KEY).json()["id"]
     for method, path in api:

@@ -71,6 +71,7 @@ pub(crate) struct SharedStats {
     pub step_nanos: AtomicU64,
     pub forward_nanos: AtomicU64,
     pub sample_nanos: AtomicU64,
+    pub spec_drafts: AtomicU64,
     pub spec_draft_tokens: AtomicU64,
     pub spec_accepted_tokens: AtomicU64,
 }
@@ -106,7 +107,9 @@ pub struct EngineStats {
     pub step_time: Duration,
     pub forward_time: Duration,
     pub sample_time: Duration,
-    /// Speculative decoding: tokens drafted, and of those the ones kept.
+    /// Speculative decoding: times a sequence drafted for a step, tokens drafted, and of those
+    /// the ones kept.
+    pub spec_drafts: u64,
     pub spec_draft_tokens: u64,
     pub spec_accepted_tokens: u64,
 }
@@ -231,6 +234,7 @@ impl EngineHandle {
             step_time: nanos(&s.step_nanos),
             forward_time: nanos(&s.forward_nanos),
             sample_time: nanos(&s.sample_nanos),
+            spec_drafts: s.spec_drafts.load(Ordering::Relaxed),
             spec_draft_tokens: s.spec_draft_tokens.load(Ordering::Relaxed),
             spec_accepted_tokens: s.spec_accepted_tokens.load(Ordering::Relaxed),
         }

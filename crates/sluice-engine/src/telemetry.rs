@@ -110,6 +110,7 @@ impl Telemetry {
         self.metrics.spec_draft_tokens.increment(drafted);
         self.metrics.spec_accepted_tokens.increment(accepted);
         let s = &self.shared.stats;
+        s.spec_drafts.fetch_add(drafts, Ordering::Relaxed);
         s.spec_draft_tokens.fetch_add(drafted, Ordering::Relaxed);
         s.spec_accepted_tokens
             .fetch_add(accepted, Ordering::Relaxed);

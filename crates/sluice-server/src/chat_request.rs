@@ -48,9 +48,9 @@ pub struct ChatRun {
     pub output: OutputFormat,
 }
 
-/// Plans, renders, tokenizes and submits `job`. Every way it can be wrong is a 400 naming the
-/// field (as chat completions names it; the caller's translation keeps those names where the
-/// API shares them).
+/// Plans, renders, tokenizes and submits `job` ([`prepare`], then the engine's checks and
+/// submission). Every way it can be wrong is a 400 naming the field (as chat completions names
+/// it; the caller's translation keeps those names where the API shares them).
 pub async fn start(
     state: &AppState,
     model: Arc<ServedModel>,
@@ -59,6 +59,33 @@ pub async fn start(
     endpoint: &'static str,
     started: Instant,
 ) -> Result<ChatRun, ApiError> {
+    let PreparedChat {
+        prompt,
+        output,
+        params,
+        ..
+    } = prepare(&model, job).await?;
+    let generation = Generation::start(state, model, id, endpoint, started, vec![prompt], params)?;
+    Ok(ChatRun { generation, output })
+}
+
+/// A conversation planned, rendered and tokenized, not yet checked against the engine's
+/// limits ([`crate::engine_request::validate`] does that): what [`start`] submits, and what
+/// `POST /v1/chat/completions/render` shows.
+pub struct PreparedChat {
+    /// The template's text: the conversation, the tools as the template shows them, and the
+    /// opening of the assistant's turn.
+    pub text: String,
+    /// Its tokens, the prompt the engine is given.
+    pub prompt: Vec<u32>,
+    /// How the output is to be read (reasoning, tool calls).
+    pub output: OutputFormat,
+    pub params: GenerationParams,
+}
+
+/// Plans the tools, chooses the one output grammar and compiles it, renders the template and
+/// tokenizes it (off the async workers).
+pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedChat, ApiError> {
     let ChatJob {
         messages,
         tools,
@@ -72,7 +99,7 @@ pub async fn start(
         mut stop,
         names,
     } = job;
-    let plan = plan_tools(&model, tools, tool_choice, parallel_tool_calls)?;
+    let plan = plan_tools(model, tools, tool_choice, parallel_tool_calls)?;
     let grammar = match (plan.grammar.clone(), requested) {
         (Some(_), Some(r)) => {
             return Err(ApiError::invalid(
@@ -97,7 +124,7 @@ pub async fn start(
 
     let render_model = model.clone();
     let template_tools = plan.template_tools.clone();
-    let (prompt, opens_thinking, constraint) = tokenize_blocking(move || {
+    let (text, prompt, opens_thinking, constraint) = tokenize_blocking(move || {
         let (text, prompt) = render_prompt(
             &render_model,
             &messages,
@@ -108,22 +135,18 @@ pub async fn start(
         let constraint = grammar
             .map(|(g, param)| render_model.compile_constraint(g, param))
             .transpose()?;
-        Ok((prompt, opens_thinking, constraint))
+        Ok((text, prompt, opens_thinking, constraint))
     })
     .await?;
-    let output = OutputFormat {
-        reasoning: thinks.then_some(opens_thinking),
-        tools: plan.format,
-        single_call: plan.single_call,
-    };
-    let generation = Generation::start(
-        state,
-        model,
-        id,
-        endpoint,
-        started,
-        vec![prompt],
-        GenerationParams {
+    Ok(PreparedChat {
+        text,
+        prompt,
+        output: OutputFormat {
+            reasoning: thinks.then_some(opens_thinking),
+            tools: plan.format,
+            single_call: plan.single_call,
+        },
+        params: GenerationParams {
             n,
             max_tokens,
             sampling,
@@ -131,8 +154,7 @@ pub async fn start(
             constraint,
             names,
         },
-    )?;
-    Ok(ChatRun { generation, output })
+    })
 }
 
 /// The tools planned for `model` ([`tool_calls::plan`]); none without a chat template, whose

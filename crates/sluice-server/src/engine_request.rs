@@ -51,6 +51,42 @@ pub enum Item {
     Lost,
 }
 
+/// One engine request per prompt, each checked against the engine's limits
+/// ([`ValidRequest::new`]); the first invalid one refuses them all with a 400 naming the field
+/// as the endpoint calls it. What [`Generation::start`] submits, and what the render routes
+/// show without submitting.
+pub fn validate(
+    model: &ServedModel,
+    prompts: Vec<Vec<u32>>,
+    params: GenerationParams,
+) -> Result<Vec<ValidRequest>, ApiError> {
+    let GenerationParams {
+        n,
+        max_tokens,
+        sampling,
+        stop,
+        constraint,
+        names,
+    } = params;
+    prompts
+        .into_iter()
+        .map(|prompt| {
+            let request = Request {
+                prompt,
+                n,
+                max_tokens,
+                sampling: sampling.clone(),
+                stop: stop.clone(),
+                constraint: constraint.clone(),
+            };
+            model
+                .engine
+                .validate(request)
+                .map_err(|e| ApiError::from_invalid(e, &names))
+        })
+        .collect()
+}
+
 type Events = SelectAll<Pin<Box<dyn Stream<Item = (usize, Option<Event>)> + Send>>>;
 
 pub struct Generation {
@@ -68,9 +104,10 @@ pub struct Generation {
 }
 
 impl Generation {
-    /// Validates one engine request per prompt, then submits them all: an invalid prompt
-    /// refuses the whole request before any is queued, and on a failed submission nothing
-    /// stays queued (streams already submitted are dropped, which aborts them).
+    /// Validates one engine request per prompt ([`validate`]), then submits them all: an
+    /// invalid prompt refuses the whole request before any is queued, and on a failed
+    /// submission nothing stays queued (streams already submitted are dropped, which aborts
+    /// them).
     pub fn start(
         state: &AppState,
         model: Arc<ServedModel>,
@@ -80,32 +117,8 @@ impl Generation {
         prompts: Vec<Vec<u32>>,
         params: GenerationParams,
     ) -> Result<Self, ApiError> {
-        let GenerationParams {
-            n,
-            max_tokens,
-            sampling,
-            stop,
-            constraint,
-            names,
-        } = params;
-        let skip_special_tokens = stop.skip_special_tokens;
-        let requests: Vec<ValidRequest> = prompts
-            .into_iter()
-            .map(|prompt| {
-                let request = Request {
-                    prompt,
-                    n,
-                    max_tokens,
-                    sampling: sampling.clone(),
-                    stop: stop.clone(),
-                    constraint: constraint.clone(),
-                };
-                model
-                    .engine
-                    .validate(request)
-                    .map_err(|e| ApiError::from_invalid(e, &names))
-            })
-            .collect::<Result<_, _>>()?;
+        let skip_special_tokens = params.stop.skip_special_tokens;
+        let requests = validate(&model, prompts, params)?;
         Self::submit(
             state,
             model,

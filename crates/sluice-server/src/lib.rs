@@ -31,6 +31,7 @@ pub mod state;
 pub mod structured;
 pub mod thinking;
 pub mod tool_calls;
+pub mod vllm_metrics;
 
 pub use config::{Config, ServeArgs};
 pub use error::ApiError;

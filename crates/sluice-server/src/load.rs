@@ -188,7 +188,17 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
         chat_template,
     );
     model.tool_call_format = settings.tool_call_parser;
+    model.root = source_name(&settings.model);
     Ok(Loaded { engine, model })
+}
+
+/// The model file's or directory's own name: what `/v1/models` calls the model's `root`
+/// (vLLM names the path it loaded; a path on this host is nothing a client should see).
+fn source_name(path: &Path) -> String {
+    path.file_name()
+        .unwrap_or(path.as_os_str())
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// The model's own template; ChatML for a model without one whose vocabulary has ChatML's

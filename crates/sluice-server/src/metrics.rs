@@ -6,7 +6,8 @@
 //! | `sluice_http_requests_total{route,status}` | counter | responses, by matched route (`unmatched` for unknown paths) and status code |
 //! | `sluice_http_request_duration_seconds{route}` | histogram | time until the response head is ready (for a stream: until it starts) |
 //!
-//! plus the engine's `sluice_*` metrics (see `sluice_engine::metrics`).
+//! plus the engine's `sluice_*` metrics (see `sluice_engine::metrics`), and vLLM's names of the
+//! engine's counts for the routers that read them ([`crate::vllm_metrics`]).
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

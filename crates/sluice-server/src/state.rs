@@ -12,6 +12,7 @@ use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::error::ApiError;
 use crate::responses::store::ResponseStore;
+use crate::vllm_metrics::{CacheShape, VllmMetrics};
 
 /// The model being served, as handlers see it.
 pub struct ServedModel {
@@ -27,17 +28,27 @@ pub struct ServedModel {
     constraints: OnceLock<Result<ConstraintCompiler, String>>,
     /// `--tool-call-parser`: the format tool calls are parsed in, over the template's own.
     pub tool_call_format: Option<ToolCallFormat>,
+    /// What the weights were loaded from (`/v1/models`' `root`): the model file's or
+    /// directory's name, never a path on this host; the served name until a loader says.
+    pub root: String,
+    /// vLLM's metric names for this model, refreshed at each scrape of `/metrics`.
+    pub vllm_metrics: VllmMetrics,
 }
 
 impl ServedModel {
+    /// Registers the model's vLLM-named metrics (labelled with `name`) with the installed
+    /// recorder, so `/metrics` lists them from the moment the model is served.
     pub fn new(engine: EngineHandle, name: String, chat_template: Option<ChatTemplate>) -> Self {
+        let vllm_metrics = VllmMetrics::register(&name, CacheShape::of(&engine));
         Self {
             engine,
+            root: name.clone(),
             name,
             chat_template,
             created: unix_now(),
             constraints: OnceLock::new(),
             tool_call_format: None,
+            vllm_metrics,
         }
     }
 
@@ -126,6 +137,12 @@ impl AppState {
             .get()
             .cloned()
             .ok_or_else(|| ApiError::unavailable("The model is still loading; retry shortly."))
+    }
+
+    /// The served model once loaded, draining or not (for what is still true while the server
+    /// drains, such as its metrics).
+    pub fn loaded_model(&self) -> Option<Arc<ServedModel>> {
+        self.inner.model.get().cloned()
     }
 
     pub fn is_loaded(&self) -> bool {

@@ -309,6 +309,10 @@ async fn models_health_version_and_metrics() {
     assert_eq!(card["object"], "model");
     assert_eq!(card["owned_by"], "sluice");
     assert_eq!(card["max_model_len"], 512);
+    // vLLM's fields: what the model was loaded from (its file's name, no path), and no parent
+    // (an adapter would name its base).
+    assert_eq!(card["root"], "tiny.gguf");
+    assert_eq!(card["parent"], Value::Null);
     let (status, _, _) = t.get("/v1/models/tiny").await;
     assert_eq!(status, StatusCode::OK);
 
@@ -349,6 +353,147 @@ async fn models_health_version_and_metrics() {
     for name in sluice_engine::metrics::ALL.iter().chain(&http) {
         assert!(text.contains(name), "{name} missing from:\n{text}");
     }
+    // vLLM's names for the routers, colons kept, labelled with the served model's name.
+    for name in sluice_server::vllm_metrics::ALL {
+        assert!(
+            text.contains(&format!("# TYPE {name} "))
+                && text.contains(&format!("{name}{{model_name=\"{TINY_NAME}\",engine=\"0\"")),
+            "{name} missing from:\n{text}"
+        );
+    }
+}
+
+/// The render routes answer with the very prompt a generation of the same body runs: its
+/// tokens are `/tokenize`'s and the generation's `prompt_tokens`, its text the template's.
+#[tokio::test]
+async fn render_routes_show_the_prompt_a_generation_runs() {
+    let t = tiny_app(settings());
+    let body = json!({"prompt": "the theme", "max_tokens": 3, "temperature": 0.5, "seed": 7});
+    let (status, rendered) = t.post_json("/v1/completions/render", &body).await;
+    assert_eq!(status, StatusCode::OK, "{rendered}");
+    let [one] = rendered.as_array().unwrap().as_slice() else {
+        panic!("one prompt renders one request: {rendered}");
+    };
+    let (_, tokenized) = t
+        .post_json("/tokenize", &json!({"prompt": "the theme"}))
+        .await;
+    assert_eq!(one["token_ids"], tokenized["tokens"]);
+    assert_eq!(one["prompt"], "the theme");
+    assert!(one["request_id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(one["model"], TINY_NAME);
+    assert_eq!(one["stream"], false);
+    assert_eq!(one["features"], Value::Null);
+    let params = &one["sampling_params"];
+    assert_eq!(params["max_tokens"], 3);
+    assert_eq!(params["temperature"], 0.5);
+    assert_eq!(params["seed"], 7);
+    assert_eq!(params["n"], 1);
+    let (status, generated) = t.post_json("/v1/completions", &body).await;
+    assert_eq!(status, StatusCode::OK, "{generated}");
+    assert_eq!(
+        generated["usage"]["prompt_tokens"],
+        one["token_ids"].as_array().unwrap().len()
+    );
+
+    // Several prompts: one rendered request each, in order; token ids as given, with their
+    // text.
+    let (status, two) = t
+        .post_json(
+            "/v1/completions/render",
+            &json!({"prompt": [tokenized["tokens"], [5, 6, 7]]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{two}");
+    assert_eq!(two.as_array().unwrap().len(), 2, "{two}");
+    assert_eq!(two[0]["token_ids"], tokenized["tokens"]);
+    assert_eq!(two[0]["prompt"], "the theme");
+    assert_eq!(two[1]["token_ids"], json!([5, 6, 7]));
+    assert_eq!(two[1]["sampling_params"]["max_tokens"], 16);
+
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "stream": true});
+    let (status, rendered) = t.post_json("/v1/chat/completions/render", &chat).await;
+    assert_eq!(status, StatusCode::OK, "{rendered}");
+    assert_eq!(
+        rendered["prompt"],
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let (_, tokenized) = t
+        .post_json("/tokenize", &json!({"messages": chat["messages"]}))
+        .await;
+    assert_eq!(rendered["token_ids"], tokenized["tokens"]);
+    assert!(rendered["request_id"]
+        .as_str()
+        .unwrap()
+        .starts_with("chatcmpl-"));
+    assert_eq!(rendered["stream"], true);
+    assert_eq!(rendered["stream_options"]["include_usage"], false);
+    // No max_tokens: what is left of the context (the tiny model's 512 tokens).
+    let prompt_len = rendered["token_ids"].as_array().unwrap().len();
+    assert_eq!(rendered["sampling_params"]["max_tokens"], 512 - prompt_len);
+}
+
+/// A body the generation route refuses, the render route refuses alike: same status, same
+/// field named.
+#[tokio::test]
+async fn render_routes_refuse_what_generation_refuses() {
+    let t = tiny_app(settings());
+    let cases = [
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "temperature": 9}),
+            "temperature",
+        ),
+        ("/v1/completions", json!({"prompt": ""}), "prompt"),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "max_tokens": 0}),
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "suffix": "y"}),
+            "suffix",
+        ),
+        ("/v1/chat/completions", json!({"messages": []}), "messages"),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "top_p": 0}),
+            "top_p",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}),
+            "max_completion_tokens",
+        ),
+    ];
+    for (route, body, param) in cases {
+        let render = format!("{route}/render");
+        let (status, refused) = t.post_json(&render, &body).await;
+        assert_eq!(
+            status,
+            StatusCode::BAD_REQUEST,
+            "{render} {body}: {refused}"
+        );
+        assert_eq!(
+            refused["error"]["param"], param,
+            "{render} {body}: {refused}"
+        );
+        let (status, generated) = t.post_json(route, &body).await;
+        assert_eq!(
+            status,
+            StatusCode::BAD_REQUEST,
+            "{route} {body}: {generated}"
+        );
+        assert_eq!(generated["error"], refused["error"], "{route} {body}");
+    }
+    let (status, v) = t
+        .post_json(
+            "/v1/chat/completions/render",
+            &json!({"model": "other", "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    assert_eq!(v["error"]["code"], "model_not_found");
 }
 
 #[tokio::test]

@@ -124,8 +124,8 @@ async fn the_document_is_served_at_openapi_json() {
 /// A body the route accepts (200), for every POST route.
 fn valid_body(path: &str) -> Value {
     match path {
-        "/v1/completions" => json!({"prompt": "hi", "max_tokens": 2}),
-        "/v1/chat/completions" => {
+        "/v1/completions" | "/v1/completions/render" => json!({"prompt": "hi", "max_tokens": 2}),
+        "/v1/chat/completions" | "/v1/chat/completions/render" => {
             json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         }
         "/v1/messages" => json!({"model": TINY_NAME, "max_tokens": 2,

@@ -19,18 +19,55 @@ use crate::openai::chat::{
 };
 use crate::request_fields;
 use crate::sse;
-use crate::state::AppState;
+use crate::state::{AppState, ServedModel};
 use crate::structured;
 
 const ROLE: &str = "assistant";
 
 pub async fn handler(
     State(state): State<AppState>,
-    ApiJson(mut req): ApiJson<ChatRequest>,
+    ApiJson(req): ApiJson<ChatRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model()?;
-    request_fields::check_model(req.model.as_deref(), &model)?;
+    let (job, delivery) = job(&model, req)?;
+    let ChatRun { generation, output } = chat_request::start(
+        &state,
+        model,
+        job,
+        engine_request::request_id("chatcmpl"),
+        "chat",
+        started,
+    )
+    .await?;
+    if delivery.stream {
+        Ok(sse::response(stream_chunks(
+            generation,
+            output,
+            delivery.want_logprobs,
+            delivery.include_usage,
+        )))
+    } else {
+        Ok(collect(generation, output, delivery.want_logprobs)
+            .await?
+            .into_response())
+    }
+}
+
+/// How a chat request's answer is to be sent, which the conversation ([`ChatJob`]) does not
+/// say.
+pub struct Delivery {
+    pub stream: bool,
+    /// `stream_options.include_usage` (only with `stream`).
+    pub include_usage: bool,
+    pub want_logprobs: bool,
+}
+
+/// The checks of a chat completions request that need no template or engine (its model, its
+/// logprobs, sampling and output-format fields), and the conversation the chat pipeline is to
+/// run: what [`handler`] generates from and `POST /v1/chat/completions/render` renders.
+pub fn job(model: &ServedModel, mut req: ChatRequest) -> Result<(ChatJob, Delivery), ApiError> {
+    request_fields::check_model(req.model.as_deref(), model)?;
     let want_logprobs = req.logprobs.unwrap_or(false);
     let top = req.top_logprobs;
     if top.is_some_and(|k| k > 0) && !want_logprobs {
@@ -66,27 +103,14 @@ pub async fn handler(
         stop,
         names,
     };
-    let ChatRun { generation, output } = chat_request::start(
-        &state,
-        model,
+    Ok((
         job,
-        engine_request::request_id("chatcmpl"),
-        "chat",
-        started,
-    )
-    .await?;
-    if stream {
-        Ok(sse::response(stream_chunks(
-            generation,
-            output,
-            want_logprobs,
+        Delivery {
+            stream,
             include_usage,
-        )))
-    } else {
-        Ok(collect(generation, output, want_logprobs)
-            .await?
-            .into_response())
-    }
+            want_logprobs,
+        },
+    ))
 }
 
 fn token_logprobs(generation: &Generation, event: &TokenEvent) -> Option<ChatLogprobs> {

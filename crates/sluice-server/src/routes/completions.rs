@@ -1,5 +1,6 @@
 //! `POST /v1/completions`.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
@@ -17,7 +18,7 @@ use crate::openai::completions::{
 use crate::openai::Prompt;
 use crate::request_fields;
 use crate::sse;
-use crate::state::AppState;
+use crate::state::{AppState, ServedModel};
 use crate::structured;
 
 /// OpenAI's default for this endpoint.
@@ -26,11 +27,67 @@ const OBJECT: &str = "text_completion";
 
 pub async fn handler(
     State(state): State<AppState>,
-    ApiJson(mut req): ApiJson<CompletionRequest>,
+    ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model()?;
-    request_fields::check_model(req.model.as_deref(), &model)?;
+    let PreparedCompletion {
+        prompts,
+        params,
+        stream,
+        include_usage,
+        echo,
+        with_logprobs,
+    } = prepare(&model, req).await?;
+    let echoes: Vec<String> = if echo {
+        prompts.iter().map(|(_, text)| text.clone()).collect()
+    } else {
+        Vec::new()
+    };
+    let generation = Generation::start(
+        &state,
+        model,
+        engine_request::request_id("cmpl"),
+        "completions",
+        started,
+        prompts.into_iter().map(|(ids, _)| ids).collect(),
+        params,
+    )?;
+    if stream {
+        Ok(sse::response(stream_chunks(
+            generation,
+            echoes,
+            with_logprobs,
+            include_usage,
+        )))
+    } else {
+        Ok(collect(generation, echoes, with_logprobs)
+            .await?
+            .into_response())
+    }
+}
+
+/// A completions request checked and tokenized, not yet validated against the engine's limits
+/// ([`engine_request::validate`] does that): what [`handler`] submits, and what
+/// `POST /v1/completions/render` shows.
+pub struct PreparedCompletion {
+    /// Each prompt's token ids, and its text (as given, or the given ids decoded).
+    pub prompts: Vec<(Vec<u32>, String)>,
+    pub params: GenerationParams,
+    pub stream: bool,
+    /// `stream_options.include_usage` (only with `stream`).
+    pub include_usage: bool,
+    pub echo: bool,
+    pub with_logprobs: bool,
+}
+
+/// Every check of a completions request that needs no engine, its grammar compiled and its
+/// prompts tokenized (off the async workers). A 400 names the field at fault.
+pub async fn prepare(
+    model: &Arc<ServedModel>,
+    mut req: CompletionRequest,
+) -> Result<PreparedCompletion, ApiError> {
+    request_fields::check_model(req.model.as_deref(), model)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(
             "suffix",
@@ -74,19 +131,9 @@ pub async fn handler(
         Ok((prompt_tokens(&tokenize_model, prompt)?, constraint))
     })
     .await?;
-    let echoes: Vec<String> = if echo {
-        prompts.iter().map(|(_, text)| text.clone()).collect()
-    } else {
-        Vec::new()
-    };
-    let generation = Generation::start(
-        &state,
-        model,
-        engine_request::request_id("cmpl"),
-        "completions",
-        started,
-        prompts.into_iter().map(|(ids, _)| ids).collect(),
-        GenerationParams {
+    Ok(PreparedCompletion {
+        prompts,
+        params: GenerationParams {
             n,
             max_tokens: Some(max_tokens),
             sampling,
@@ -94,26 +141,15 @@ pub async fn handler(
             constraint,
             names: ParamNames::COMPLETIONS,
         },
-    )?;
-    if stream {
-        Ok(sse::response(stream_chunks(
-            generation,
-            echoes,
-            logprobs.is_some(),
-            include_usage,
-        )))
-    } else {
-        Ok(collect(generation, echoes, logprobs.is_some())
-            .await?
-            .into_response())
-    }
+        stream,
+        include_usage,
+        echo,
+        with_logprobs: logprobs.is_some(),
+    })
 }
 
 /// Each prompt's token ids, and its text (for `echo`).
-fn prompt_tokens(
-    model: &crate::state::ServedModel,
-    prompt: Prompt,
-) -> Result<Vec<(Vec<u32>, String)>, ApiError> {
+fn prompt_tokens(model: &ServedModel, prompt: Prompt) -> Result<Vec<(Vec<u32>, String)>, ApiError> {
     let tokenizer = model.tokenizer();
     let empty = || ApiError::invalid("prompt", "The prompt is empty.");
     let limits = model.limits();

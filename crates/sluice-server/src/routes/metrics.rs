@@ -7,6 +7,11 @@ use axum::response::IntoResponse;
 use crate::state::AppState;
 
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    // vLLM's names are copies of the engine's published counts, taken now so that they are
+    // as fresh as the `sluice_*` series they render beside.
+    if let Some(model) = state.loaded_model() {
+        model.vllm_metrics.update(&model.engine.stats());
+    }
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         state.metrics().render(),

@@ -16,6 +16,7 @@ pub mod messages;
 pub mod metrics;
 pub mod models;
 pub mod openapi;
+pub mod render;
 pub mod responses;
 pub mod tokenize;
 pub mod version;
@@ -109,11 +110,14 @@ impl RouteTable {
     }
 }
 
-/// The OpenAI-compatible API and vLLM's tokenizer routes: behind the API key when one is set.
+/// The OpenAI-compatible API and vLLM's tokenizer and render routes: behind the API key when
+/// one is set.
 fn api_routes() -> RouteTable {
     RouteTable::new()
         .add(Method::POST, "/v1/completions", completions::handler)
+        .add(Method::POST, "/v1/completions/render", render::completions)
         .add(Method::POST, "/v1/chat/completions", chat::handler)
+        .add(Method::POST, "/v1/chat/completions/render", render::chat)
         .add(Method::POST, "/v1/embeddings", embeddings::handler)
         .add(Method::POST, "/v1/messages", messages::handler)
         .add(

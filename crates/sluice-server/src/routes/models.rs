@@ -13,6 +13,11 @@ pub struct ModelCard {
     pub object: &'static str,
     pub created: u64,
     pub owned_by: &'static str,
+    /// What the model was loaded from (vLLM's field): the model file's or directory's name.
+    pub root: String,
+    /// The base model of an adapter (vLLM's field); null for a base model, as every model
+    /// sluice serves is.
+    pub parent: Option<String>,
     pub max_model_len: usize,
 }
 
@@ -28,6 +33,8 @@ fn card(model: &ServedModel) -> ModelCard {
         object: "model",
         created: model.created,
         owned_by: "sluice",
+        root: model.root.clone(),
+        parent: None,
         max_model_len: model.capacity(),
     }
 }
