@@ -109,11 +109,11 @@ def default_port() -> int:
 
 
 def file_config_keys() -> set[str]:
-    """The fields of FileKeys in config.rs: the keys a config file may have."""
+    """The keys of config.rs's `config_keys!` list: the keys a config file may have."""
     src = (ROOT / "crates" / "sluice-server" / "src" / "config.rs").read_text()
-    body = re.search(r"pub struct FileKeys \{(.*?)\n\}", src, re.S)
-    assert body, "FileKeys not found in config.rs"
-    keys = set(re.findall(r"pub (\w+):", body.group(1)))
+    body = re.search(r"\nconfig_keys! \{(.*?)\n\}", src, re.S)
+    assert body, "the config_keys! list not found in config.rs"
+    keys = set(re.findall(r"^    (\w+): .* = .*;$", body.group(1), re.M))
     assert {"model", "port", "drain_timeout_secs"} <= keys, keys
     return keys
 

@@ -89,3 +89,40 @@ def test_concurrent_streams_match_each_alone(qwen_client):
         if together[i] != alone[i]
     ]
     assert not mismatches, "\n".join(mismatches)
+
+
+def test_speculation_changes_no_token_of_an_edit(qwen):
+    """n-gram speculation on Qwen's default weights (K-quants in int8): the greedy answer of an
+    editing request, alone and with three others, is the plain server's, character for
+    character, and drafts were kept."""
+    speculative = SluiceServer(
+        "--kv-cache-memory", "256MiB", "--speculative", "ngram", name="qwen-spec", model=QWEN
+    )
+    source = (ROOT / "benchmarks" / "edit" / "inventory.py").read_text()
+    prompts = [
+        f"Here is a file:\n```\n{source}\n```\nReturn the whole file, unchanged except for one "
+        f"new first line: a comment that says `edited by request {i}`. Write only the file."
+        for i in range(4)
+    ]
+
+    def answer(server: SluiceServer, prompt: str) -> str:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", timeout=300)
+        r = client.chat.completions.create(
+            model=QWEN.stem,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=160,
+            temperature=0,
+        )
+        return r.choices[0].message.content
+
+    want = [answer(qwen, p) for p in prompts]
+    try:
+        speculative.start()
+        alone = answer(speculative, prompts[0])
+        together = run_together(lambda p: answer(speculative, p), prompts)
+        kept = speculative.metric("sluice_spec_decode_accepted_tokens_total")
+    finally:
+        speculative.close()
+    assert alone == want[0]
+    assert together == want
+    assert kept and kept > 0, kept

@@ -1,7 +1,9 @@
 """Cancellation storm: 200 concurrent streams, half of them hung up at random points (before the
 first token, mid-stream, during the prefill of a long prompt). The other half complete with
 exactly the greedy text each prompt gets alone, and afterwards /metrics shows the KV blocks and
-the running count back at their idle values."""
+the running count back at their idle values. The storm runs twice: on the shared server, and on
+one with n-gram speculation on (`--speculative ngram`), whose rolled-back drafts must leak
+nothing either."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ import socket
 import threading
 import time
 
+import pytest
 import requests
 
-from harness import metric_value, parse_metrics
+from harness import SluiceServer, metric_value, parse_metrics
 
 COMPLETERS = 100
 HANGUPS_BEFORE_FIRST_TOKEN = 34
@@ -118,7 +121,19 @@ class RawStream:
         self.sock.close()
 
 
-def test_cancellation_storm(server):
+@pytest.fixture(scope="module")
+def speculative_server():
+    srv = SluiceServer("--speculative", "ngram", name="speculative")
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("which", ["server", "speculative_server"])
+def test_cancellation_storm(request, which):
+    server = request.getfixturevalue(which)
     rng = random.Random(SEED)
     idle_used = wait_idle(server)[0]
 

@@ -191,8 +191,8 @@ config_keys! {
     speculative: Option<Named<Speculative>> = None;
     flag Named<Speculative>, #[arg(long, env = "SLUICE_SPECULATIVE", value_name = "METHOD")]
 
-    /// Most tokens a sequence drafts per step with --speculative [default: 4].
-    num_speculative_tokens: usize = 4;
+    /// Most tokens a sequence drafts per step with --speculative [default: 8].
+    num_speculative_tokens: usize = 8;
     flag usize, #[arg(long, env = "SLUICE_NUM_SPECULATIVE_TOKENS", value_name = "N")]
 }
 
@@ -823,7 +823,7 @@ mod tests {
     fn speculation_is_ngram_or_refused_by_name() {
         let c = Config::from_layers(None, &args(&["--speculative", "ngram"])).unwrap();
         assert_eq!(c.speculative.map(|s| *s), Some(Speculative::Ngram));
-        assert_eq!(c.num_speculative_tokens, 4);
+        assert_eq!(c.num_speculative_tokens, 8);
         let e = Cli::try_parse_from(["sluice", "--speculative", "draft:models/small.gguf"])
             .err()
             .expect("draft models are refused")

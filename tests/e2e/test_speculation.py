@@ -1,0 +1,81 @@
+"""Speculative decoding on the real binary and the default model (`--speculative ngram`, default
+weights): greedy chat answers are the plain server's, character for character, one at a time
+and four at once; drafts are made and kept (sluice's counters and vLLM's names move); sampled
+and grammar-bound requests run without drafts and are counted; the KV cache is back to idle
+afterwards. The cancellation storm also runs with speculation on (test_storm.py)."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from harness import MODEL_NAME, SluiceServer, metric_value, run_together
+
+# Prompts whose answers copy text the prompt already holds, where drafts come true, and one
+# that does not.
+PROMPTS = [
+    "Repeat this list exactly, once: apple, banana, cherry, date, fig, grape, kiwi, lemon.",
+    "Copy this code exactly:\ndef add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b",
+    "Write the days of the week, Monday to Sunday, separated by commas, twice.",
+    "Why is the sky blue?",
+]
+
+
+@pytest.fixture(scope="module")
+def servers():
+    plain = SluiceServer(name="plain")
+    speculative = SluiceServer("--speculative", "ngram", name="speculative")
+    try:
+        plain.start()
+        speculative.start()
+        yield plain, speculative
+    finally:
+        plain.close()
+        speculative.close()
+
+
+def chat(server: SluiceServer, prompt: str, **fields) -> str:
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 64,
+        "temperature": 0,
+        **fields,
+    }
+    r = requests.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def test_greedy_answers_are_the_plain_servers(servers):
+    plain, speculative = servers
+    want = [chat(plain, p) for p in PROMPTS]
+    alone = [chat(speculative, p) for p in PROMPTS]
+    together = run_together(lambda p: chat(speculative, p), PROMPTS)
+    for i, w in enumerate(want):
+        assert alone[i] == w, f"prompt {i} alone"
+        assert together[i] == w, f"prompt {i} with three others"
+    text = speculative.metrics_text()
+    drafted = metric_value(text, "sluice_spec_decode_draft_tokens_total")
+    accepted = metric_value(text, "sluice_spec_decode_accepted_tokens_total")
+    assert drafted and accepted and 0 < accepted <= drafted, (drafted, accepted)
+    vllm_accepted = [
+        line
+        for line in text.splitlines()
+        if line.startswith("vllm:spec_decode_num_accepted_tokens_total{")
+    ]
+    assert vllm_accepted and float(vllm_accepted[0].split()[-1]) == accepted
+    assert metric_value(text, "sluice_kv_cache_blocks_used") == 0
+    # The plain server never drafts.
+    assert not metric_value(plain.metrics_text(), "sluice_spec_decode_draft_tokens_total")
+
+
+def test_sampled_and_grammar_bound_requests_run_without_drafts(servers):
+    _, speculative = servers
+    name = "sluice_spec_decode_ineligible_requests_total"
+    before = metric_value(speculative.metrics_text(), name) or 0
+    chat(speculative, PROMPTS[0], temperature=0.8, seed=7)
+    chat(speculative, PROMPTS[0], frequency_penalty=0.5)
+    chat(speculative, PROMPTS[0], response_format={"type": "json_object"})
+    after = metric_value(speculative.metrics_text(), name)
+    assert after == before + 3, (before, after)
