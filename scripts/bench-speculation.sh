@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Plain decoding against n-gram speculation (`--speculative ngram`), in one run, one server at
+# a time, alternated ROUNDS times so the host's drift falls on both alike:
+#   - the editing workload (`sluice-bench --edit benchmarks/edit/inventory.py`: the file back
+#     with one change, greedy, outputs end where the model ends them) at 1 client;
+#   - the standard workload (130-token prompts, 128 output tokens, greedy, EOS ignored) at
+#     LEVELS clients, where speculation must cost little.
+#
+#   ./scripts/bench-speculation.sh MODEL.gguf [LEVELS] [OUT_DIR]
+#
+# Environment: ROUNDS (2), SPEC_TOKENS (--num-speculative-tokens, 8), BENCH_PORT (8412),
+# EDIT_REQUESTS (4), EDIT_FILE (benchmarks/edit/inventory.py), STD_REQUESTS (standard
+# requests per client at each level, 1), PEER=1 (also llama.cpp's server, built by
+# scripts/llama-server.sh, on the editing workload at 1 client, after sluice in each round). Prints one line per run and
+# a summary of output tokens/s (mean over rounds) with the ratio speculation / plain.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+model=${1:?usage: bench-speculation.sh MODEL.gguf [LEVELS] [OUT_DIR]}
+levels=${2:-1,16,64}
+out=${3:-benchmarks/speculation}
+rounds=${ROUNDS:-2}
+spec_tokens=${SPEC_TOKENS:-8}
+port=${BENCH_PORT:-8412}
+edit_requests=${EDIT_REQUESTS:-4}
+edit_file=${EDIT_FILE:-benchmarks/edit/inventory.py}
+std_requests=${STD_REQUESTS:-1}
+mkdir -p "$out"
+cargo build --release -p sluice-server -p sluice-bench >&2
+
+# Starts sluice with extra flags, waits for /health, runs the workloads, stops it. Appends
+# "label workload clients tok/s" lines to $out/results.txt.
+run() {
+    local label=$1
+    shift
+    ./target/release/sluice serve --model "$model" --port "$port" --kv-cache-memory 1GiB "$@" \
+        >"$out/$label.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 1 600); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+        kill -0 "$pid" 2>/dev/null || { cat "$out/$label.log" >&2; return 1; }
+        sleep 0.1
+    done
+    ./target/release/sluice-bench --base-url "http://127.0.0.1:$port" --quiet \
+        --edit "$edit_file" --output-tokens 900 --num-requests "$edit_requests" --warmup 1 \
+        --concurrency 1 --json "$out/$label.edit.json" >/dev/null
+    echo "$label edit 1 $(jq -r '.[0].output_throughput' "$out/$label.edit.json")" \
+        | tee -a "$out/results.txt"
+    for c in ${levels//,/ }; do
+        ./target/release/sluice-bench --base-url "http://127.0.0.1:$port" --quiet \
+            --prompt-tokens 130 --output-tokens 128 --num-requests "$((c * std_requests))" --warmup 2 \
+            --concurrency "$c" --json "$out/$label.std.$c.json" >/dev/null
+        echo "$label standard $c $(jq -r '.[0].output_throughput' "$out/$label.std.$c.json")" \
+            | tee -a "$out/results.txt"
+    done
+    kill -TERM "$pid"
+    wait "$pid" || true
+}
+
+# llama.cpp's server on the editing workload (its defaults: no speculation).
+peer_run() {
+    local peer=$1
+    LD_LIBRARY_PATH=$peer "$peer/llama-server" -m "$model" -t "$(nproc)" -np 1 -c 4096 \
+        --host 127.0.0.1 --port "$port" >"$out/llama.cpp.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 1 600); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+        kill -0 "$pid" 2>/dev/null || { cat "$out/llama.cpp.log" >&2; return 1; }
+        sleep 0.1
+    done
+    ./target/release/sluice-bench --base-url "http://127.0.0.1:$port" --quiet \
+        --edit "$edit_file" --output-tokens 900 --num-requests "$edit_requests" --warmup 1 \
+        --concurrency 1 --no-server-metrics --json "$out/llama.cpp.edit.json" >/dev/null
+    echo "llama.cpp edit 1 $(jq -r '.[0].output_throughput' "$out/llama.cpp.edit.json")" \
+        | tee -a "$out/results.txt"
+    kill -TERM "$pid"
+    wait "$pid" || true
+}
+
+peer=""
+if [ "${PEER:-0}" = 1 ]; then
+    peer=$(./scripts/llama-server.sh)
+fi
+: >"$out/results.txt"
+for round in $(seq 1 "$rounds"); do
+    run plain
+    run ngram --speculative ngram --num-speculative-tokens "$spec_tokens"
+    if [ -n "$peer" ]; then
+        peer_run "$peer"
+    fi
+done
+
+echo
+echo "output tokens/s, mean of $rounds rounds ($(basename "$model"), --num-speculative-tokens $spec_tokens)"
+printf "%-10s %8s %10s %10s %7s\n" workload clients plain ngram ratio
+mean() { awk -v k="$1" '$1 " " $2 " " $3 == k { s += $4; n++ } END { if (n) printf "%.1f", s / n }' "$out/results.txt"; }
+for key in $(awk '$1 == "plain" { print $2 ":" $3 }' "$out/results.txt" | sort -u -t: -k1,1 -k2,2n); do
+    workload=${key%%:*} clients=${key##*:}
+    plain=$(mean "plain $workload $clients") ngram=$(mean "ngram $workload $clients")
+    printf "%-10s %8s %10s %10s %6.2fx\n" "$workload" "$clients" "$plain" "$ngram" \
+        "$(awk "BEGIN { print $ngram / $plain }")"
+    peer_mean=$(mean "llama.cpp $workload $clients")
+    if [ -n "$peer_mean" ]; then
+        printf "%-10s %8s %10s %10s %6.2fx  (llama.cpp's server, ngram / llama.cpp)\n" \
+            "$workload" "$clients" "$peer_mean" "$ngram" "$(awk "BEGIN { print $ngram / $peer_mean }")"
+    fi
+done
