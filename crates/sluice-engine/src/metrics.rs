@@ -26,7 +26,7 @@
 //! | `sluice_spec_decode_drafts_total` | counter | times a sequence drafted tokens for a step (`--speculative`) |
 //! | `sluice_spec_decode_draft_tokens_total` | counter | tokens drafted |
 //! | `sluice_spec_decode_accepted_tokens_total` | counter | drafted tokens kept (the model picked the same) |
-//! | `sluice_spec_decode_ineligible_requests_total` | counter | requests run without speculation while it is on (sampling, penalties, grammar, `min_tokens`) |
+//! | `sluice_spec_decode_ineligible_requests_total` | counter | requests run without speculation while it is on (penalties, grammar) |
 
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,

@@ -134,15 +134,14 @@ impl RequestState {
         event
     }
 
-    /// Its sequences may verify drafted tokens ([`crate::speculation`]): each of their
-    /// sampling rows picks its token by one fixed rule, whatever the step's other rows hold
-    /// (greedy, no penalties, which count earlier tokens, no grammar or `min_tokens`, which
-    /// change with them).
+    /// Its sequences may verify drafted tokens ([`crate::speculation`]): row `i` of a
+    /// sequence's drafts can be sampled as plain decoding would sample `i` tokens later
+    /// without knowing which drafts are kept. Its generator is advanced by the rows before it
+    /// and its `min_tokens` bans are counted `i` tokens on; penalties (which count the tokens
+    /// before the row) and a grammar (whose state follows them) cannot, so those requests run
+    /// without drafts.
     pub fn may_speculate(&self) -> bool {
-        self.sampling.is_greedy()
-            && !self.sampling.has_penalties()
-            && !self.constrained
-            && self.stop.params.min_tokens == 0
+        !self.sampling.has_penalties() && !self.constrained
     }
 
     pub fn finish_event(

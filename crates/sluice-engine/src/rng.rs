@@ -46,6 +46,14 @@ impl SeqRng {
         result
     }
 
+    /// The generator after `draws` more draws.
+    pub fn advanced(mut self, draws: usize) -> Self {
+        for _ in 0..draws {
+            self.next_u64();
+        }
+        self
+    }
+
     /// Uniform in `[0, 1)`, with 53 random bits.
     pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)

@@ -118,6 +118,14 @@ impl Sampler {
     }
 }
 
+/// How many numbers one row of a request draws from its sequence's generator, here and in
+/// [`model_rule`]: none for a greedy row, one otherwise. A sequence verifying drafted tokens
+/// gives its row `i` the generator as plain decoding would hold it `i` tokens later (advanced
+/// `i` rows' draws), so each row draws what plain decoding draws at that position.
+pub fn draws_per_row(p: &SamplingParams) -> usize {
+    usize::from(!(p.is_greedy() || p.top_k == 1))
+}
+
 /// The rule by which a model may sample a row itself ([`RowSampling`]), or `None` when the
 /// row needs what only this sampler does: penalties or `logit_bias`. Bans and grammar masks
 /// are the caller's to rule out. Draws the row's random number from `rng` exactly when
@@ -255,6 +263,9 @@ const BUCKETS: usize = 1024;
 fn sample_random(x: &[f32], p: &SamplingParams, rng: &mut SeqRng, scratch: &mut Scratch) -> usize {
     let t = p.temperature;
     let inv_t = 1.0 / t;
+    // Drawn first, whatever the row holds: a sampled row draws exactly one number
+    // ([`draws_per_row`]), which a sequence verifying drafts relies on.
+    let u = rng.next_f64();
     let m = logits::max(x);
     if !m.is_finite() {
         return logits::argmax(x);
@@ -264,7 +275,6 @@ fn sample_random(x: &[f32], p: &SamplingParams, rng: &mut SeqRng, scratch: &mut 
         // p_i >= min_p * p_max  <=>  (x_i - m) / t >= ln(min_p)
         lo = m + t * p.min_p.ln();
     }
-    let u = rng.next_f64();
     if p.top_k > 0 && p.top_k < x.len() {
         if p.top_k <= SHORTLIST_TOP_K {
             let c = &mut scratch.candidates;

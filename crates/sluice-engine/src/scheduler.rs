@@ -327,8 +327,8 @@ impl<R, S> Scheduler<R, S> {
     }
 
     /// Lets the sequences of `request` draft tokens when speculation is on: the caller's
-    /// promise that each of their rows samples by one rule whatever the step's other rows
-    /// hold (greedy, no penalties, no grammar, no `min_tokens`).
+    /// promise that it can sample each draft's row as plain decoding would sample that
+    /// position (no penalties, no grammar).
     pub fn allow_speculation(&mut self, request: RequestId) {
         let Some(n) = self.requests.get(&request).map(|r| r.n) else {
             return;

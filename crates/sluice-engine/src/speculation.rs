@@ -7,10 +7,13 @@
 //! so one forward computes the logits of every position; the engine samples each row, and the
 //! scheduler keeps the drafts up to the first one the model would not have picked, plus the
 //! model's own token there. A row's arithmetic does not depend on its step, so those logits
-//! are exactly those of plain decoding, and a greedy sequence's tokens are identical to plain
-//! decoding's, token for token. Only sequences whose every row samples by the same rule
-//! whatever came before in the step speculate (greedy, no penalties, no grammar, no
-//! `min_tokens`); the engine decides which ([`crate::params::SamplingParams`]).
+//! are exactly those of plain decoding; row `i` draws the random number plain decoding draws
+//! `i` tokens on, so a sequence's tokens, greedy or sampled (seeded or not), are identical to
+//! plain decoding's, token for token. (With drafts that are one guess each, keeping a draft
+//! when the row's sample equals it is rejection sampling: it is kept with the probability
+//! the model gives it.) Requests with penalties or a grammar do not speculate: their row `i`
+//! depends on which drafts before it are kept. The engine decides
+//! ([`crate::request_state`]).
 //!
 //! Pure logic: what to propose and how many, from a sequence's tokens and its record of
 //! acceptance. No tensors.

@@ -433,19 +433,28 @@ fn copying_prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Greedy output with n-gram speculation on is plain decoding's, token for token, whatever
-/// the number of drafts, alone or in a crowd, with a stop string or a short `max_tokens`; and
-/// the drafts do come true on text that copies itself.
+/// Output with n-gram speculation on is plain decoding's, token for token, whatever the number
+/// of drafts, alone or in a crowd: greedy, with a stop string, a short `max_tokens` or
+/// `min_tokens`, and sampled with a seed (each draft's row draws what plain decoding draws
+/// there); and the drafts do come true on text that copies itself.
 #[test]
-fn greedy_speculation_changes_no_token_alone_or_in_a_crowd() {
+fn speculation_changes_no_token_alone_or_in_a_crowd() {
     let (engine, tok) = start_engine(2048);
     let h = engine.handle();
-    let mut requests: Vec<Request> = copying_prompts(&tok)
-        .into_iter()
-        .map(|p| Request::new(p, 40))
-        .collect();
+    let prompts = copying_prompts(&tok);
+    let mut requests: Vec<Request> = prompts.iter().map(|p| Request::new(p.clone(), 40)).collect();
     requests[0].stop.stop = vec!["lemon".into()];
     requests[3].max_tokens = Some(3);
+    requests[4].stop.min_tokens = 12;
+    requests.extend(prompts.iter().take(4).enumerate().map(|(i, p)| Request {
+        sampling: SamplingParams {
+            temperature: 0.7,
+            top_p: 0.95,
+            seed: Some(100 + i as u64),
+            ..SamplingParams::default()
+        },
+        ..Request::new(p.clone(), 40)
+    }));
     let want: Vec<Output> = requests.iter().map(|r| run(&h, r.clone())).collect();
     drop(engine);
     for k in [1, 3, 8] {

@@ -186,8 +186,8 @@ config_keys! {
     flag Named<Pooling>, #[arg(long, env = "SLUICE_POOLING", value_name = "NAME")]
 
     /// Speculative decoding: `ngram` drafts tokens by finding the sequence's last few tokens
-    /// earlier in its own text; greedy requests verify them in the same step, with exactly
-    /// plain decoding's output [default: off].
+    /// earlier in its own text; requests without penalties or grammar verify them in the same
+    /// step, with exactly plain decoding's output [default: off].
     speculative: Option<Named<Speculative>> = None;
     flag Named<Speculative>, #[arg(long, env = "SLUICE_SPECULATIVE", value_name = "METHOD")]
 

@@ -169,7 +169,7 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
             method = "ngram",
             num_speculative_tokens = spec.num_tokens,
             max_running = spec.max_running,
-            "speculative decoding on for greedy requests (no extra weights or cache)"
+            "speculative decoding on for requests without penalties or grammar (no extra weights or cache)"
         );
     }
     let limits = engine.handle().limits();

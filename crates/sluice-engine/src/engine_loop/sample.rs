@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::{EngineLoop, ModelRow};
 use crate::params::SamplingParams;
 use crate::rng::SeqRng;
-use crate::sampler::{model_rule, SampleRow, Sampled, TokenLogprobs};
+use crate::sampler::{draws_per_row, model_rule, SampleRow, Sampled, TokenLogprobs};
 
 /// Sampling parameters for a row whose request is unknown, which would be an engine bug; the
 /// row is still sampled so the step's rows line up, and its token is dropped at commit.
@@ -27,19 +27,18 @@ impl EngineLoop {
             return;
         }
         for (s, records) in self.scheduler.scheduled_records() {
-            // A sequence verifying drafts has a row per position, drawn from its generator in
-            // turn.
-            let mut rng = records.map(|(_, seq)| seq.rng);
-            for _ in 0..s.num_rows() {
-                let row = records.zip(rng.as_mut()).and_then(|((r, seq), rng)| {
-                    if seq.constraint.is_some() || !r.stop.banned(seq.generated).is_empty() {
+            // A sequence verifying drafts has a row per position, each sampled as plain
+            // decoding would sample it there: its generator advanced by the rows before it.
+            for i in 0..s.num_rows() {
+                let row = records.and_then(|(r, seq)| {
+                    let banned = r.stop.banned(seq.generated + i);
+                    if seq.constraint.is_some() || !banned.is_empty() {
                         return None;
                     }
-                    let mut next = *rng;
-                    let rule = model_rule(&r.sampling, &mut next)?;
-                    *rng = next;
+                    let mut rng = seq.rng.advanced(i * draws_per_row(&r.sampling));
+                    let rule = model_rule(&r.sampling, &mut rng)?;
                     let logprob = r.sampling.logprobs.is_some();
-                    Some((rule, ModelRow { rng: next, logprob }))
+                    Some((rule, ModelRow { rng, logprob }))
                 });
                 self.batch.model_sampling.push(row.map(|(rule, _)| rule));
                 self.model_rows.push(row.map(|(_, kept)| kept));
@@ -93,16 +92,17 @@ impl EngineLoop {
         rows.extend(
             self.scheduler
                 .scheduled_records()
-                .flat_map(|(s, records)| std::iter::repeat_n(records, s.num_rows()))
+                .flat_map(|(s, records)| (0..s.num_rows()).map(move |i| (i, records)))
                 .enumerate()
-                .filter(|&(i, _)| !by_model(i))
-                .map(|(_, records)| match records {
+                .filter(|&(row, _)| !by_model(row))
+                // Row `i` of a sequence's drafts: as plain decoding samples `i` tokens on.
+                .map(|(_, (i, records))| match records {
                     Some((r, seq)) => SampleRow {
                         params: &r.sampling,
-                        rng: seq.rng,
+                        rng: seq.rng.advanced(i * draws_per_row(&r.sampling)),
                         prompt_tokens: &r.prompt_set,
                         output_counts: seq.counts.as_ref(),
-                        banned: r.stop.banned(seq.generated),
+                        banned: r.stop.banned(seq.generated + i),
                         allowed: seq.constraint.as_ref().and_then(|c| c.allowed()),
                     },
                     None => SampleRow {
