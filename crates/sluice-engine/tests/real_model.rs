@@ -442,7 +442,10 @@ fn speculation_changes_no_token_alone_or_in_a_crowd() {
     let (engine, tok) = start_engine(2048);
     let h = engine.handle();
     let prompts = copying_prompts(&tok);
-    let mut requests: Vec<Request> = prompts.iter().map(|p| Request::new(p.clone(), 40)).collect();
+    let mut requests: Vec<Request> = prompts
+        .iter()
+        .map(|p| Request::new(p.clone(), 40))
+        .collect();
     requests[0].stop.stop = vec!["lemon".into()];
     requests[3].max_tokens = Some(3);
     requests[4].stop.min_tokens = 12;
