@@ -11,7 +11,8 @@
 # Environment: ROUNDS (2), SPEC_TOKENS (--num-speculative-tokens, 8), BENCH_PORT (8412),
 # EDIT_REQUESTS (4), EDIT_FILE (benchmarks/edit/inventory.py), STD_REQUESTS (standard
 # requests per client at each level, 1), PEER=1 (also llama.cpp's server, built by
-# scripts/llama-server.sh, on the editing workload at 1 client, after sluice in each round). Prints one line per run and
+# scripts/llama-server.sh, on the editing workload at 1 client, after sluice in each round),
+# TEMPERATURE (the editing workload's, 0: greedy; sampled requests speculate too). Prints one line per run and
 # a summary of output tokens/s (mean over rounds) with the ratio speculation / plain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,7 @@ port=${BENCH_PORT:-8412}
 edit_requests=${EDIT_REQUESTS:-4}
 edit_file=${EDIT_FILE:-benchmarks/edit/inventory.py}
 std_requests=${STD_REQUESTS:-1}
+temperature=${TEMPERATURE:-0}
 mkdir -p "$out"
 cargo build --release -p sluice-server -p sluice-bench >&2
 
@@ -43,7 +45,8 @@ run() {
     done
     ./target/release/sluice-bench --base-url "http://127.0.0.1:$port" --quiet \
         --edit "$edit_file" --output-tokens 900 --num-requests "$edit_requests" --warmup 1 \
-        --concurrency 1 --json "$out/$label.edit.json" >/dev/null
+        --temperature "$temperature" --seed 1 --concurrency 1 --json "$out/$label.edit.json" \
+        >/dev/null
     echo "$label edit 1 $(jq -r '.[0].output_throughput' "$out/$label.edit.json")" \
         | tee -a "$out/results.txt"
     for c in ${levels//,/ }; do
@@ -70,7 +73,8 @@ peer_run() {
     done
     ./target/release/sluice-bench --base-url "http://127.0.0.1:$port" --quiet \
         --edit "$edit_file" --output-tokens 900 --num-requests "$edit_requests" --warmup 1 \
-        --concurrency 1 --no-server-metrics --json "$out/llama.cpp.edit.json" >/dev/null
+        --temperature "$temperature" --seed 1 --concurrency 1 --no-server-metrics \
+        --json "$out/llama.cpp.edit.json" >/dev/null
     echo "llama.cpp edit 1 $(jq -r '.[0].output_throughput' "$out/llama.cpp.edit.json")" \
         | tee -a "$out/results.txt"
     kill -TERM "$pid"
