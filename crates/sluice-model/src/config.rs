@@ -86,6 +86,25 @@ impl Pooling {
     }
 }
 
+impl std::str::FromStr for Pooling {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        Self::from_name(name).ok_or_else(|| {
+            format!(
+                "`{name}` is not a pooling; use one of {}",
+                Self::NAMES.join(", ")
+            )
+        })
+    }
+}
+
+impl std::fmt::Display for Pooling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub architecture: Architecture,

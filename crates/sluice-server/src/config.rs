@@ -206,8 +206,10 @@ pub enum Speculative {
     Ngram,
 }
 
-impl NamedValue for Speculative {
-    fn parse_name(name: &str) -> Result<Self, String> {
+impl FromStr for Speculative {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
         match name {
             "ngram" => Ok(Self::Ngram),
             draft if draft.starts_with("draft:") => Err(format!(
@@ -217,9 +219,12 @@ impl NamedValue for Speculative {
             other => Err(format!("`{other}` is not a speculation method; use ngram")),
         }
     }
-    fn name_of(&self) -> String {
+}
+
+impl fmt::Display for Speculative {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Ngram => "ngram".into(),
+            Self::Ngram => f.write_str("ngram"),
         }
     }
 }
@@ -350,60 +355,9 @@ fn default_served_name(model: &Path) -> String {
         .unwrap_or_else(|| model.to_string_lossy().into_owned())
 }
 
-/// A value written as one of its names (`bf16`, `last`, `hermes`), in every layer: the flag,
-/// the variable and the file read it with the same parser, and the file's key holds the name.
-pub trait NamedValue: Sized {
-    fn parse_name(name: &str) -> Result<Self, String>;
-    fn name_of(&self) -> String;
-}
-
-impl NamedValue for WeightsKind {
-    fn parse_name(name: &str) -> Result<Self, String> {
-        name.parse()
-    }
-    fn name_of(&self) -> String {
-        self.to_string()
-    }
-}
-
-impl NamedValue for CudaGraphs {
-    fn parse_name(name: &str) -> Result<Self, String> {
-        name.parse()
-    }
-    fn name_of(&self) -> String {
-        self.to_string()
-    }
-}
-
-impl NamedValue for ToolCallFormat {
-    fn parse_name(name: &str) -> Result<Self, String> {
-        Self::from_name(name).ok_or_else(|| {
-            format!(
-                "`{name}` is not a tool-call format; use one of {}",
-                Self::NAMES.join(", ")
-            )
-        })
-    }
-    fn name_of(&self) -> String {
-        self.name().to_string()
-    }
-}
-
-impl NamedValue for Pooling {
-    fn parse_name(name: &str) -> Result<Self, String> {
-        Self::from_name(name).ok_or_else(|| {
-            format!(
-                "`{name}` is not a pooling; use one of {}",
-                Self::NAMES.join(", ")
-            )
-        })
-    }
-    fn name_of(&self) -> String {
-        self.name().to_string()
-    }
-}
-
-/// A key whose value is a [`NamedValue`]; reads as the value itself.
+/// A key whose value is written as one of its names (`bf16`, `last`, `hermes`): the flag, the
+/// variable and the file read it with the type's own `FromStr`, and the file's key holds its
+/// `Display`. Reads as the value itself.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Named<T>(pub T);
 
@@ -420,25 +374,23 @@ impl<T: fmt::Debug> fmt::Debug for Named<T> {
     }
 }
 
-impl<T: NamedValue> FromStr for Named<T> {
+impl<T: FromStr<Err = String>> FromStr for Named<T> {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        T::parse_name(s).map(Self)
+        s.parse().map(Self)
     }
 }
 
-impl<T: NamedValue> Serialize for Named<T> {
+impl<T: fmt::Display> Serialize for Named<T> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0.name_of())
+        s.collect_str(&self.0)
     }
 }
 
-impl<'de, T: NamedValue> Deserialize<'de> for Named<T> {
+impl<'de, T: FromStr<Err = String>> Deserialize<'de> for Named<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let name = String::deserialize(d)?;
-        T::parse_name(&name)
-            .map(Self)
-            .map_err(serde::de::Error::custom)
+        name.parse().map(Self).map_err(serde::de::Error::custom)
     }
 }
 

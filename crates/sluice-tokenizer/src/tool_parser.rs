@@ -97,6 +97,19 @@ impl ToolCallFormat {
     }
 }
 
+impl std::str::FromStr for ToolCallFormat {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        Self::from_name(name).ok_or_else(|| {
+            format!(
+                "`{name}` is not a tool-call format; use one of {}",
+                Self::NAMES.join(", ")
+            )
+        })
+    }
+}
+
 impl std::fmt::Display for ToolCallFormat {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
