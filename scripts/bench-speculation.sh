@@ -30,55 +30,63 @@ temperature=${TEMPERATURE:-0}
 mkdir -p "$out"
 cargo build --release -p sluice-server -p sluice-bench >&2
 
-# Starts sluice with extra flags, waits for /health, runs the workloads, stops it. Appends
+# Starts a server (the command after LABEL) in the background, logging to $out/LABEL.log, and
+# waits for /health; sets $pid.
+start() {
+    local label=$1
+    shift
+    "$@" >"$out/$label.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 600); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
+        kill -0 "$pid" 2>/dev/null || { cat "$out/$label.log" >&2; return 1; }
+        sleep 0.1
+    done
+}
+
+stop() {
+    kill -TERM "$pid"
+    wait "$pid" || true
+}
+
+# The editing workload at 1 client against the server up now; appends
+# "LABEL edit 1 tok/s" to $out/results.txt.
+edit_run() {
+    local label=$1
+    shift
+    ./target/release/sluice-bench --base-url "http://127.0.0.1:$port" --quiet \
+        --edit "$edit_file" --output-tokens 900 --num-requests "$edit_requests" --warmup 1 \
+        --temperature "$temperature" --concurrency 1 --json "$out/$label.edit.json" "$@" \
+        >/dev/null
+    echo "$label edit 1 $(jq -r '.[0].output_throughput' "$out/$label.edit.json")" \
+        | tee -a "$out/results.txt"
+}
+
+# sluice with extra flags: the editing workload, then the standard one at each level. Appends
 # "label workload clients tok/s" lines to $out/results.txt.
 run() {
     local label=$1
     shift
-    ./target/release/sluice serve --model "$model" --port "$port" --kv-cache-memory 1GiB "$@" \
-        >"$out/$label.log" 2>&1 &
-    local pid=$!
-    for _ in $(seq 1 600); do
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
-        kill -0 "$pid" 2>/dev/null || { cat "$out/$label.log" >&2; return 1; }
-        sleep 0.1
-    done
-    ./target/release/sluice-bench --base-url "http://127.0.0.1:$port" --quiet \
-        --edit "$edit_file" --output-tokens 900 --num-requests "$edit_requests" --warmup 1 \
-        --temperature "$temperature" --seed 1 --concurrency 1 --json "$out/$label.edit.json" \
-        >/dev/null
-    echo "$label edit 1 $(jq -r '.[0].output_throughput' "$out/$label.edit.json")" \
-        | tee -a "$out/results.txt"
+    start "$label" ./target/release/sluice serve --model "$model" --port "$port" \
+        --kv-cache-memory 1GiB "$@"
+    edit_run "$label"
     for c in ${levels//,/ }; do
         ./target/release/sluice-bench --base-url "http://127.0.0.1:$port" --quiet \
-            --prompt-tokens 130 --output-tokens 128 --num-requests "$((c * std_requests))" --warmup 2 \
-            --concurrency "$c" --json "$out/$label.std.$c.json" >/dev/null
+            --prompt-tokens 130 --output-tokens 128 --num-requests "$((c * std_requests))" \
+            --warmup 2 --concurrency "$c" --json "$out/$label.std.$c.json" >/dev/null
         echo "$label standard $c $(jq -r '.[0].output_throughput' "$out/$label.std.$c.json")" \
             | tee -a "$out/results.txt"
     done
-    kill -TERM "$pid"
-    wait "$pid" || true
+    stop
 }
 
 # llama.cpp's server on the editing workload (its defaults: no speculation).
 peer_run() {
     local peer=$1
-    LD_LIBRARY_PATH=$peer "$peer/llama-server" -m "$model" -t "$(nproc)" -np 1 -c 4096 \
-        --host 127.0.0.1 --port "$port" >"$out/llama.cpp.log" 2>&1 &
-    local pid=$!
-    for _ in $(seq 1 600); do
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
-        kill -0 "$pid" 2>/dev/null || { cat "$out/llama.cpp.log" >&2; return 1; }
-        sleep 0.1
-    done
-    ./target/release/sluice-bench --base-url "http://127.0.0.1:$port" --quiet \
-        --edit "$edit_file" --output-tokens 900 --num-requests "$edit_requests" --warmup 1 \
-        --temperature "$temperature" --seed 1 --concurrency 1 --no-server-metrics \
-        --json "$out/llama.cpp.edit.json" >/dev/null
-    echo "llama.cpp edit 1 $(jq -r '.[0].output_throughput' "$out/llama.cpp.edit.json")" \
-        | tee -a "$out/results.txt"
-    kill -TERM "$pid"
-    wait "$pid" || true
+    LD_LIBRARY_PATH=$peer start llama.cpp "$peer/llama-server" -m "$model" -t "$(nproc)" \
+        -np 1 -c 4096 --host 127.0.0.1 --port "$port"
+    edit_run llama.cpp --no-server-metrics
+    stop
 }
 
 peer=""
