@@ -141,6 +141,9 @@ impl Generation {
         requests: Vec<ValidRequest>,
         skip_special_tokens: bool,
     ) -> Result<Self, ApiError> {
+        // Counted in flight before the engine can see it: a drain (or a test) that finds
+        // nothing in flight must not miss a request the engine already runs.
+        let in_flight = state.track();
         let n = requests.first().map_or(1, ValidRequest::n);
         let prompt_tokens: Vec<usize> = requests.iter().map(ValidRequest::prompt_len).collect();
         let mut streams = Vec::with_capacity(requests.len());
@@ -168,7 +171,7 @@ impl Generation {
             cached_tokens: 0,
             first_token: None,
             finish: vec![None; prompt_tokens.len() * n],
-            _in_flight: state.track(),
+            _in_flight: in_flight,
         };
         Ok(Self {
             id,
