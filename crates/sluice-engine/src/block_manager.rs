@@ -24,6 +24,8 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::kv_events::{CachedBlock, KvCacheEvent};
+
 /// Index of a block in the KV cache; the model's slot for a token is
 /// `block_id * block_size + offset`.
 pub type BlockId = u32;
@@ -147,6 +149,8 @@ pub struct BlockManager {
     stats: PrefixCacheStats,
     /// Bumped by every change to ref counts or the cache, so a stale [`CachedPrefix`] is caught.
     epoch: u64,
+    /// The cache's changes since the last [`BlockManager::drain_events`], when recorded.
+    events: Option<Vec<KvCacheEvent>>,
 }
 
 impl BlockManager {
@@ -178,7 +182,53 @@ impl BlockManager {
             block_tokens: vec![0; num_blocks * block_size],
             stats: PrefixCacheStats::default(),
             epoch: 0,
+            events: None,
         }
+    }
+
+    /// From now on, records every block that enters or leaves the prefix cache as a
+    /// [`KvCacheEvent`], for [`BlockManager::drain_events`] to collect. Off by default: then
+    /// nothing is recorded and nothing allocated.
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// Moves the events recorded since the last call to the end of `out`, in the order they
+    /// happened.
+    pub fn drain_events(&mut self, out: &mut Vec<KvCacheEvent>) {
+        if let Some(events) = &mut self.events {
+            out.append(events);
+        }
+    }
+
+    /// Every block findable in the prefix cache, in use or not: what replaying all events so
+    /// far gives.
+    pub fn cached_blocks(&self) -> Vec<CachedBlock> {
+        let bs = self.block_size;
+        self.cache
+            .iter()
+            .map(|(&hash, &b)| {
+                let bu = b as usize;
+                CachedBlock {
+                    hash,
+                    parent_hash: Self::public_parent(self.block_parent[bu]),
+                    token_ids: self.block_tokens[bu * bs..(bu + 1) * bs].to_vec(),
+                }
+            })
+            .collect()
+    }
+
+    /// Drops every block from the prefix cache (their contents stay with the sequences that
+    /// hold them, but no new sequence finds them); returns how many there were.
+    pub fn clear_prefix_cache(&mut self) -> usize {
+        let n = self.cache.len();
+        self.cache.clear();
+        self.block_key.fill(None);
+        self.epoch += 1;
+        if let Some(events) = &mut self.events {
+            events.push(KvCacheEvent::AllCleared);
+        }
+        n
     }
 
     pub fn block_size(&self) -> usize {
@@ -343,18 +393,42 @@ impl BlockManager {
             "table does not cover the computed tokens"
         );
         let bs = self.block_size;
+        // Whether the last event recorded is this call's `Stored` ending at block `i - 1`, so
+        // block `i` extends it.
+        let mut extends_run = false;
         while table.num_registered < full {
             let i = table.num_registered;
             let key = self.ensure_hash(table, tokens, i);
             let b = table.blocks[i];
             let bu = b as usize;
+            let chunk = &tokens[i * bs..(i + 1) * bs];
             if self.block_key[bu].is_none() && !self.cache.contains_key(&key) {
+                let parent = Self::parent_key(table, i);
                 self.cache.insert(key, b);
                 self.block_key[bu] = Some(key);
-                self.block_parent[bu] = Self::parent_key(table, i);
-                self.block_tokens[bu * bs..(bu + 1) * bs]
-                    .copy_from_slice(&tokens[i * bs..(i + 1) * bs]);
+                self.block_parent[bu] = parent;
+                self.block_tokens[bu * bs..(bu + 1) * bs].copy_from_slice(chunk);
                 self.epoch += 1;
+                if let Some(events) = &mut self.events {
+                    match events.last_mut() {
+                        Some(KvCacheEvent::Stored {
+                            block_hashes,
+                            token_ids,
+                            ..
+                        }) if extends_run => {
+                            block_hashes.push(key);
+                            token_ids.extend_from_slice(chunk);
+                        }
+                        _ => events.push(KvCacheEvent::Stored {
+                            block_hashes: vec![key],
+                            parent_block_hash: Self::public_parent(parent),
+                            token_ids: chunk.to_vec(),
+                        }),
+                    }
+                    extends_run = true;
+                }
+            } else {
+                extends_run = false;
             }
             table.num_registered += 1;
         }
@@ -446,6 +520,11 @@ impl BlockManager {
         Ok(())
     }
 
+    /// A block's parent as events name it: none for a sequence's first block.
+    fn public_parent(parent: u64) -> Option<u64> {
+        (parent != ROOT_HASH).then_some(parent)
+    }
+
     fn parent_key(table: &BlockTable, i: usize) -> u64 {
         if i == 0 {
             ROOT_HASH
@@ -478,6 +557,14 @@ impl BlockManager {
         if let Some(key) = self.block_key[b as usize].take() {
             let removed = self.cache.remove(&key);
             debug_assert_eq!(removed, Some(b));
+            if let Some(events) = &mut self.events {
+                match events.last_mut() {
+                    Some(KvCacheEvent::Removed { block_hashes }) => block_hashes.push(key),
+                    _ => events.push(KvCacheEvent::Removed {
+                        block_hashes: vec![key],
+                    }),
+                }
+            }
         }
         self.ref_counts[b as usize] = 1;
         b
@@ -729,5 +816,119 @@ mod tests {
         let mut other = BlockTable::new();
         assert!(bm.allocate(&mut other, 2));
         bm.allocate_with_prefix(&mut t, &p, 3);
+    }
+
+    /// Applies `events` to `set` as a subscriber would.
+    fn replay(set: &mut std::collections::HashSet<u64>, events: &[KvCacheEvent]) {
+        for e in events {
+            match e {
+                KvCacheEvent::Stored { block_hashes, .. } => set.extend(block_hashes),
+                KvCacheEvent::Removed { block_hashes } => {
+                    for h in block_hashes {
+                        assert!(set.remove(h), "removed a block never stored");
+                    }
+                }
+                KvCacheEvent::AllCleared => set.clear(),
+            }
+        }
+    }
+
+    fn cached_set(bm: &BlockManager) -> std::collections::HashSet<u64> {
+        bm.cached_blocks().iter().map(|b| b.hash).collect()
+    }
+
+    #[test]
+    fn events_describe_every_change_to_the_cache() {
+        let mut bm = BlockManager::new(4, 2);
+        bm.record_events();
+        let mut seen = std::collections::HashSet::new();
+        let mut events = Vec::new();
+        // Two blocks stored in one run, the first starting the sequence.
+        let mut a = computed(&mut bm, &[1, 2, 3, 4, 5]);
+        bm.drain_events(&mut events);
+        let [KvCacheEvent::Stored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+        }] = events.as_slice()
+        else {
+            panic!("expected one Stored, got {events:?}");
+        };
+        assert_eq!(block_hashes.len(), 2);
+        assert_eq!(*parent_block_hash, None);
+        assert_eq!(token_ids, &[1, 2, 3, 4]);
+        let blocks = bm.cached_blocks();
+        let second = blocks.iter().find(|b| b.hash == block_hashes[1]).unwrap();
+        assert_eq!(second.parent_hash, Some(block_hashes[0]));
+        assert_eq!(second.token_ids, [3, 4]);
+        replay(&mut seen, &events);
+        events.clear();
+        bm.free(&mut a);
+        // Freed blocks stay cached: no event. Filling the pool evicts them.
+        bm.drain_events(&mut events);
+        assert!(events.is_empty());
+        let mut b = BlockTable::new();
+        assert!(bm.allocate(&mut b, 8));
+        bm.drain_events(&mut events);
+        assert!(
+            matches!(events.as_slice(), [KvCacheEvent::Removed { block_hashes }] if block_hashes.len() == 2),
+            "{events:?}"
+        );
+        replay(&mut seen, &events);
+        assert_eq!(seen, cached_set(&bm));
+        assert!(seen.is_empty());
+        bm.free(&mut b);
+        events.clear();
+        let _c = computed(&mut bm, &[9, 9, 9]);
+        assert_eq!(bm.clear_prefix_cache(), 1);
+        bm.drain_events(&mut events);
+        assert!(matches!(events.last(), Some(KvCacheEvent::AllCleared)));
+        replay(&mut seen, &events);
+        assert!(seen.is_empty() && cached_set(&bm).is_empty());
+        assert_eq!(hit_blocks(&mut bm, &[9, 9, 9]), 0);
+    }
+
+    #[test]
+    fn a_block_kept_private_splits_the_stored_run() {
+        let mut bm = BlockManager::new(8, 2);
+        bm.record_events();
+        // `a` caches the first block of [1, 2, ...]; `b` computes the same first block itself
+        // (allocated before `a` registered it), so only its second and third blocks are new.
+        let mut a = BlockTable::new();
+        let mut b = BlockTable::new();
+        let p = bm.find_cached_prefix(&mut a, &[1, 2, 0]);
+        assert!(bm.allocate_with_prefix(&mut a, &p, 3));
+        let p = bm.find_cached_prefix(&mut b, &[1, 2, 3, 4, 5, 6, 0]);
+        assert!(bm.allocate_with_prefix(&mut b, &p, 7));
+        bm.register_computed(&mut a, &[1, 2, 0], 2);
+        bm.register_computed(&mut b, &[1, 2, 3, 4, 5, 6, 0], 6);
+        let mut events = Vec::new();
+        bm.drain_events(&mut events);
+        let mut seen = std::collections::HashSet::new();
+        replay(&mut seen, &events);
+        assert_eq!(seen, cached_set(&bm));
+        assert_eq!(seen.len(), 3);
+        let KvCacheEvent::Stored {
+            block_hashes,
+            parent_block_hash,
+            ..
+        } = &events[1]
+        else {
+            panic!("{events:?}");
+        };
+        assert_eq!(block_hashes.len(), 2);
+        assert!(parent_block_hash.is_some_and(|p| seen.contains(&p)));
+        bm.free(&mut a);
+        bm.free(&mut b);
+        bm.check_consistency([]).unwrap();
+    }
+
+    #[test]
+    fn nothing_is_recorded_unless_asked() {
+        let mut bm = BlockManager::new(4, 2);
+        let _a = computed(&mut bm, &[1, 2, 3]);
+        let mut events = Vec::new();
+        bm.drain_events(&mut events);
+        assert!(events.is_empty());
     }
 }

@@ -13,6 +13,7 @@ use sluice_tokenizer::Tokenizer;
 
 use crate::engine_loop::EngineLoop;
 use crate::handle::{Command, EngineHandle, Shared, SharedStats};
+use crate::kv_events::{kv_event_channel, KvEventBatch};
 use crate::metrics::EngineMetrics;
 use crate::model::Model;
 use crate::params::{ModelLimits, MAX_N};
@@ -36,6 +37,8 @@ pub struct EngineConfig {
     pub pooling: Pooling,
     /// Speculative decoding by n-gram lookup (`--speculative ngram`); `None`: off.
     pub speculation: Option<SpeculationConfig>,
+    /// Record KV-cache events and queue them for [`Engine::take_kv_events`] (`--kv-events`).
+    pub kv_events: bool,
 }
 
 impl Default for EngineConfig {
@@ -47,6 +50,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             pooling: Pooling::Mean,
             speculation: None,
+            kv_events: false,
         }
     }
 }
@@ -75,6 +79,7 @@ pub struct Engine {
     commands: Sender<Command>,
     thread: Option<JoinHandle<usize>>,
     exited: Receiver<()>,
+    kv_events: Option<tokio::sync::mpsc::Receiver<KvEventBatch>>,
 }
 
 impl Engine {
@@ -89,7 +94,7 @@ impl Engine {
             .max_model_len
             .map_or(model.max_model_len(), |m| m.min(model.max_model_len()));
         let (block_size, num_blocks) = (model.block_size(), model.num_blocks());
-        let scheduler = Scheduler::new(SchedulerConfig {
+        let mut scheduler = Scheduler::new(SchedulerConfig {
             max_num_seqs: config.max_num_seqs,
             max_num_batched_tokens: config.max_num_batched_tokens,
             block_size,
@@ -128,6 +133,13 @@ impl Engine {
             .stats
             .blocks_total
             .store(num_blocks, Ordering::Release);
+        let (kv_event_sender, kv_events) = if config.kv_events {
+            scheduler.record_kv_events();
+            let (tx, rx) = kv_event_channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
         let (commands, command_rx) = channel();
         let (exited_tx, exited) = channel();
         let metrics = EngineMetrics::register();
@@ -139,6 +151,7 @@ impl Engine {
             shared.clone(),
             command_rx,
             Telemetry::new(shared.clone(), metrics),
+            kv_event_sender,
         );
         let thread = std::thread::Builder::new()
             .name("sluice-engine".into())
@@ -163,7 +176,16 @@ impl Engine {
             commands,
             thread: Some(thread),
             exited,
+            kv_events,
         })
+    }
+
+    /// The batches of KV-cache events, in order, when the engine was started with
+    /// [`EngineConfig::kv_events`]; `None` then after the first call. Read them promptly: the
+    /// engine drops (and counts) batches while [`crate::kv_events::KV_EVENT_QUEUE_BATCHES`]
+    /// wait.
+    pub fn take_kv_events(&mut self) -> Option<tokio::sync::mpsc::Receiver<KvEventBatch>> {
+        self.kv_events.take()
     }
 
     pub fn handle(&self) -> EngineHandle {

@@ -18,6 +18,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::block_manager::PrefixCacheStats;
 use crate::events::Event;
+use crate::kv_events::KvCacheSnapshot;
 use crate::params::{InvalidRequest, ModelLimits, Request, ValidRequest};
 use crate::sequence::RequestId;
 
@@ -52,6 +53,10 @@ pub(crate) enum Command {
     Drain,
     /// Abort everything and exit.
     Stop,
+    /// Answer with the prefix cache's blocks, after sending the events so far.
+    KvCacheSnapshot(tokio::sync::oneshot::Sender<KvCacheSnapshot>),
+    /// Empty the prefix cache; answer with how many blocks it held.
+    ResetPrefixCache(tokio::sync::oneshot::Sender<usize>),
 }
 
 /// Counters the engine thread publishes after every change, read without a round trip.
@@ -252,6 +257,22 @@ impl EngineHandle {
 
     /// Stops admitting requests (later submissions fail with [`SubmitError::ShuttingDown`]);
     /// what is in flight runs to completion, after which the engine thread exits.
+    /// The blocks the prefix cache holds, with the number of the last KV-event batch they
+    /// include; `None` when the engine has stopped.
+    pub async fn kv_cache_snapshot(&self) -> Option<KvCacheSnapshot> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::KvCacheSnapshot(tx)).ok()?;
+        rx.await.ok()
+    }
+
+    /// Empties the prefix cache (vLLM's `reset_prefix_cache`); returns how many blocks it
+    /// held, or `None` when the engine has stopped. Requests in flight keep their blocks.
+    pub async fn reset_prefix_cache(&self) -> Option<usize> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::ResetPrefixCache(tx)).ok()?;
+        rx.await.ok()
+    }
+
     pub fn begin_drain(&self) {
         self.shared.draining.store(true, Ordering::Release);
         let _ = self.commands.send(Command::Drain);

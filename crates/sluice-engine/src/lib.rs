@@ -11,6 +11,7 @@ mod engine_loop;
 pub mod events;
 pub mod grammar;
 pub mod handle;
+pub mod kv_events;
 pub mod logits;
 pub mod metrics;
 pub mod model;
@@ -33,6 +34,9 @@ pub use engine::{Engine, EngineConfig, EngineError, ShutdownReport};
 pub use events::{ErrorCause, Event, FinishEvent, Timing, TokenEvent, Usage};
 pub use grammar::{FunctionSpec, GbnfError, Grammar, GrammarError};
 pub use handle::{EngineHandle, EngineStats, RequestStream, SubmitError};
+pub use kv_events::{
+    kv_event_channel, CachedBlock, KvCacheEvent, KvCacheSnapshot, KvEventBatch, KvEventSender,
+};
 pub use model::{Model, ModelFailure};
 pub use params::{InvalidRequest, ModelLimits, Request, SamplingParams, StopParams, ValidRequest};
 pub use pooling::l2_normalize;

@@ -27,6 +27,8 @@
 //! | `sluice_spec_decode_draft_tokens_total` | counter | tokens drafted |
 //! | `sluice_spec_decode_accepted_tokens_total` | counter | drafted tokens kept (the model picked the same) |
 //! | `sluice_spec_decode_ineligible_requests_total` | counter | requests run without speculation while it is on (penalties, grammar) |
+//! | `sluice_kv_events_batches_total` | counter | batches of KV-cache events made (`--kv-events`), one per step that changed the prefix cache |
+//! | `sluice_kv_events_dropped_total{reason}` | counter | batches lost: `queue` (the publisher fell behind the engine), `subscriber` (one subscriber's send queue was full, counted per subscriber) |
 
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
@@ -57,9 +59,11 @@ pub const SPEC_DRAFTS: &str = "sluice_spec_decode_drafts_total";
 pub const SPEC_DRAFT_TOKENS: &str = "sluice_spec_decode_draft_tokens_total";
 pub const SPEC_ACCEPTED_TOKENS: &str = "sluice_spec_decode_accepted_tokens_total";
 pub const SPEC_INELIGIBLE: &str = "sluice_spec_decode_ineligible_requests_total";
+pub const KV_EVENT_BATCHES: &str = "sluice_kv_events_batches_total";
+pub const KV_EVENTS_DROPPED: &str = "sluice_kv_events_dropped_total";
 
 /// Every name above, for exporters that want to pre-declare buckets or check coverage.
-pub const ALL: [&str; 22] = [
+pub const ALL: [&str; 24] = [
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
     KV_CACHE_BLOCKS_USED,
@@ -82,6 +86,8 @@ pub const ALL: [&str; 22] = [
     SPEC_DRAFT_TOKENS,
     SPEC_ACCEPTED_TOKENS,
     SPEC_INELIGIBLE,
+    KV_EVENT_BATCHES,
+    KV_EVENTS_DROPPED,
 ];
 
 /// Registered handles, held by the engine thread.
@@ -109,6 +115,9 @@ pub(crate) struct EngineMetrics {
     pub spec_draft_tokens: Counter,
     pub spec_accepted_tokens: Counter,
     pub spec_ineligible: Counter,
+    pub kv_event_batches: Counter,
+    /// `reason="queue"`; the publisher counts `reason="subscriber"`.
+    pub kv_events_dropped: Counter,
 }
 
 impl EngineMetrics {
@@ -175,6 +184,16 @@ impl EngineMetrics {
             Unit::Count,
             "Requests run without speculation while it is on."
         );
+        describe_counter!(
+            KV_EVENT_BATCHES,
+            Unit::Count,
+            "Batches of KV-cache events made."
+        );
+        describe_counter!(
+            KV_EVENTS_DROPPED,
+            Unit::Count,
+            "Batches of KV-cache events lost, by where."
+        );
         Self {
             running: gauge!(REQUESTS_RUNNING),
             waiting: gauge!(REQUESTS_WAITING),
@@ -199,6 +218,8 @@ impl EngineMetrics {
             spec_draft_tokens: counter!(SPEC_DRAFT_TOKENS),
             spec_accepted_tokens: counter!(SPEC_ACCEPTED_TOKENS),
             spec_ineligible: counter!(SPEC_INELIGIBLE),
+            kv_event_batches: counter!(KV_EVENT_BATCHES),
+            kv_events_dropped: counter!(KV_EVENTS_DROPPED, "reason" => "queue"),
         }
     }
 

@@ -44,6 +44,7 @@ use std::collections::{HashMap, VecDeque};
 use sluice_model::StepBatch;
 
 use crate::block_manager::{BlockManager, PrefixCacheStats};
+use crate::kv_events::KvCacheEvent;
 use crate::sequence::{RequestId, SeqId, Sequence, SequenceStatus};
 use crate::speculation::{next_draft_len, propose, SpeculationConfig};
 
@@ -706,6 +707,22 @@ impl<R, S> Scheduler<R, S> {
 
     pub fn block_manager(&self) -> &BlockManager {
         &self.blocks
+    }
+
+    /// Records KV-cache events from now on ([`BlockManager::record_events`]).
+    pub fn record_kv_events(&mut self) {
+        self.blocks.record_events();
+    }
+
+    /// Moves the KV-cache events recorded since the last call to the end of `out`.
+    pub fn drain_kv_events(&mut self, out: &mut Vec<KvCacheEvent>) {
+        self.blocks.drain_events(out);
+    }
+
+    /// Empties the prefix cache ([`BlockManager::clear_prefix_cache`]); returns how many
+    /// blocks it held. Sequences keep their blocks.
+    pub fn clear_prefix_cache(&mut self) -> usize {
+        self.blocks.clear_prefix_cache()
     }
 
     /// Checks every structural invariant (block ref counts against all tables, queue

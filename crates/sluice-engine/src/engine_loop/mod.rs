@@ -41,6 +41,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::constraint::SeqConstraint;
 use crate::events::Event;
 use crate::handle::{Command, Shared};
+use crate::kv_events::{KvCacheEvent, KvCacheSnapshot, KvEventSender};
 use crate::model::Model;
 use crate::request_state::{RequestState, SeqState};
 use crate::rng::SeqRng;
@@ -94,6 +95,9 @@ pub(crate) struct EngineLoop {
     /// The step's constrained sequences, whose masks are computed in parallel; empty between
     /// steps (it borrows the request states).
     mask_jobs: Vec<&'static mut SeqConstraint>,
+    /// Where the KV-cache events go (`--kv-events`), and the buffer that gathers one batch.
+    kv_events: Option<KvEventSender>,
+    kv_event_buffer: Vec<KvCacheEvent>,
 }
 
 /// How many requests of the loop carry a grammar, and how many are embeddings: while there
@@ -137,6 +141,7 @@ impl EngineLoop {
         shared: Arc<Shared>,
         commands: Receiver<Command>,
         telemetry: Telemetry,
+        kv_events: Option<KvEventSender>,
     ) -> Self {
         Self {
             sampler: Sampler::new(model.vocab_size()),
@@ -164,6 +169,8 @@ impl EngineLoop {
             kinds: RequestKinds::default(),
             constraint_failures: Vec::new(),
             mask_jobs: Vec::new(),
+            kv_events,
+            kv_event_buffer: Vec::new(),
         }
     }
 
@@ -177,6 +184,7 @@ impl EngineLoop {
                     return self.abort_everything();
                 }
                 self.telemetry.publish(&self.scheduler);
+                self.send_kv_events();
                 // Idle: block until there is something to do.
                 let Ok(command) = self.commands.recv() else {
                     return self.abort_everything();
@@ -192,7 +200,34 @@ impl EngineLoop {
             }
             if self.scheduler.has_unfinished() {
                 self.step();
+                self.send_kv_events();
             }
+        }
+    }
+
+    /// Sends the prefix cache's changes since the last call as one batch, if there are any.
+    fn send_kv_events(&mut self) {
+        let Some(sender) = &mut self.kv_events else {
+            return;
+        };
+        self.scheduler.drain_kv_events(&mut self.kv_event_buffer);
+        if self.kv_event_buffer.is_empty() {
+            return;
+        }
+        self.telemetry.metrics.kv_event_batches.increment(1);
+        if sender.send(&mut self.kv_event_buffer) {
+            self.telemetry.metrics.kv_events_dropped.increment(1);
+        }
+    }
+
+    fn kv_cache_snapshot(&mut self) -> KvCacheSnapshot {
+        // Everything the snapshot includes has been sent first, so `last_seq` is exact.
+        self.send_kv_events();
+        let blocks = self.scheduler.block_manager();
+        KvCacheSnapshot {
+            last_seq: self.kv_events.as_ref().and_then(KvEventSender::last_seq),
+            block_size: blocks.block_size(),
+            blocks: blocks.cached_blocks(),
         }
     }
 
@@ -204,6 +239,14 @@ impl EngineLoop {
             }
             Command::Drain => self.draining = true,
             Command::Stop => return Flow::Exit,
+            Command::KvCacheSnapshot(reply) => {
+                let _ = reply.send(self.kv_cache_snapshot());
+            }
+            Command::ResetPrefixCache(reply) => {
+                let cleared = self.scheduler.clear_prefix_cache();
+                tracing::info!(blocks = cleared, "prefix cache reset");
+                let _ = reply.send(cleared);
+            }
         }
         Flow::Continue
     }
