@@ -26,6 +26,8 @@ use figment::Figment;
 use serde::{Deserialize, Serialize, Serializer};
 use sluice_model::{CudaGraphs, KvDtype, Pooling, WeightsKind};
 
+use crate::kv_events::{EndpointMode, ZmqEndpoint};
+
 /// The config file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_PATH: &str = "config/sluice.toml";
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -194,6 +196,30 @@ config_keys! {
     /// Most tokens a sequence drafts per step with --speculative [default: 8].
     num_speculative_tokens: usize = 8;
     flag usize, #[arg(long, env = "SLUICE_NUM_SPECULATIVE_TOKENS", value_name = "N")]
+
+    /// Publish KV-cache events (blocks stored in and removed from the prefix cache) in vLLM's
+    /// ZMQ format, for prefix-aware routers: `tcp://*:PORT` binds a PUB socket subscribers
+    /// connect to, `tcp://HOST:PORT` connects to a subscriber bound there [default: off].
+    kv_events: Option<Named<ZmqEndpoint>> = None;
+    flag Named<ZmqEndpoint>, #[arg(long, env = "SLUICE_KV_EVENTS", value_name = "ENDPOINT")]
+
+    /// Topic of every KV-event message; llm-d reads `kv@POD_IP@MODEL` [default: empty].
+    kv_events_topic: String = String::new();
+    flag String, #[arg(long, env = "SLUICE_KV_EVENTS_TOPIC", value_name = "TOPIC")]
+
+    /// ROUTER endpoint (`tcp://*:PORT`) that replays recent KV-event batches to a subscriber
+    /// that sends the first sequence number it missed [default: off].
+    kv_events_replay: Option<Named<ZmqEndpoint>> = None;
+    flag Named<ZmqEndpoint>, #[arg(long, env = "SLUICE_KV_EVENTS_REPLAY", value_name = "ENDPOINT")]
+
+    /// KV-event messages one subscriber's send queue holds; past it that subscriber loses
+    /// messages (ZMQ's high-water mark) [default: 100000].
+    kv_events_hwm: usize = 100_000;
+    flag usize, #[arg(long, env = "SLUICE_KV_EVENTS_HWM", value_name = "N")]
+
+    /// KV-event batches kept for replay [default: 10000].
+    kv_events_buffer_steps: usize = 10_000;
+    flag usize, #[arg(long, env = "SLUICE_KV_EVENTS_BUFFER_STEPS", value_name = "N")]
 }
 
 /// Most tokens a sequence may draft per step: past it a draft only adds rows to verify.
@@ -324,6 +350,22 @@ impl Config {
                 key: "num_speculative_tokens",
                 reason: format!("must be at most {MAX_SPECULATIVE_TOKENS}"),
             });
+        }
+        positive("kv_events_hwm", self.kv_events_hwm as u64)?;
+        if let Some(replay) = &self.kv_events_replay {
+            let reason = if self.kv_events.is_none() {
+                "needs kv_events to be set"
+            } else if replay.mode() != EndpointMode::Bind {
+                "must bind (tcp://*:PORT): subscribers connect to it"
+            } else {
+                ""
+            };
+            if !reason.is_empty() {
+                return Err(ConfigError::Invalid {
+                    key: "kv_events_replay",
+                    reason: reason.into(),
+                });
+            }
         }
         // Protecting /metrics with no key to protect it with would silently leave it open.
         if self.metrics_require_key && self.api_key.is_none() {
@@ -807,7 +849,7 @@ mod tests {
         flags_sorted.sort();
         keys_sorted.sort();
         assert_eq!(flags_sorted, keys_sorted);
-        assert_eq!(flags.len(), 25, "{flags:?}");
+        assert_eq!(flags.len(), 30, "{flags:?}");
     }
 
     #[test]

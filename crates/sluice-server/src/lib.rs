@@ -15,6 +15,7 @@ pub mod field_policy;
 pub mod http;
 pub mod ids;
 pub mod json;
+pub mod kv_events;
 pub mod load;
 pub mod logging;
 pub mod logprobs;

@@ -58,6 +58,7 @@ impl ModelSettings {
                 speculation: c
                     .speculative
                     .map(|_| SpeculationConfig::ngram(c.num_speculative_tokens)),
+                kv_events: c.kv_events.is_some(),
                 ..EngineConfig::default()
             },
         }

@@ -7,6 +7,7 @@ use tokio::net::TcpListener;
 
 use crate::config::{Config, ServeArgs};
 use crate::http::HttpServer;
+use crate::kv_events::{KvEventPublisher, Medium, PublisherSettings};
 use crate::load::{self, ModelSettings};
 use crate::routes::{self, HttpSettings};
 use crate::shutdown::{self, Drained, Signals};
@@ -52,6 +53,21 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         }
     });
     let mut signals = Signals::new().context("cannot install signal handlers")?;
+    // Bound before the model loads, so that a bad endpoint fails the start at once.
+    let kv_events = match &config.kv_events {
+        Some(endpoint) => Some(
+            KvEventPublisher::bind(PublisherSettings {
+                endpoint: (**endpoint).clone(),
+                replay: config.kv_events_replay.as_ref().map(|r| (**r).clone()),
+                topic: config.kv_events_topic.clone(),
+                hwm: config.kv_events_hwm,
+                buffer_steps: config.kv_events_buffer_steps,
+            })
+            .await
+            .context("--kv-events")?,
+        ),
+        None => None,
+    };
 
     let settings = ModelSettings::from_config(&config);
     let loading = tokio::task::spawn_blocking(move || load::load(&settings));
@@ -75,8 +91,30 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             anyhow::bail!("model loading panicked: {e}");
         }
     };
-    let engine = loaded.engine;
+    let mut engine = loaded.engine;
     let handle = engine.handle();
+    let _publisher = match kv_events {
+        Some(publisher) => {
+            let Some(batches) = engine.take_kv_events() else {
+                anyhow::bail!("--kv-events: the engine was started without KV events");
+            };
+            tracing::info!(
+                endpoint = %config.kv_events.as_ref().map(|e| e.to_string()).unwrap_or_default(),
+                bound = ?publisher.pub_addr(),
+                replay = ?publisher.replay_addr(),
+                topic = %config.kv_events_topic,
+                "publishing KV-cache events"
+            );
+            // Where the KV cache lives: the `cuda` build keeps it on the GPU.
+            let medium = if cfg!(feature = "cuda") {
+                Medium::Gpu
+            } else {
+                Medium::Cpu
+            };
+            Some(publisher.start(batches, config.block_size, medium))
+        }
+        None => None,
+    };
     let name = loaded.model.name.clone();
     state.set_ready(loaded.model);
     tracing::info!(address = %server.local_addr(), model = %name, "ready");

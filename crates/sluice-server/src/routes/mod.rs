@@ -12,6 +12,7 @@ pub mod chat;
 pub mod completions;
 pub mod embeddings;
 pub mod health;
+pub mod kv_cache;
 pub mod messages;
 pub mod metrics;
 pub mod models;
@@ -110,8 +111,8 @@ impl RouteTable {
     }
 }
 
-/// The OpenAI-compatible API and vLLM's tokenizer and render routes: behind the API key when
-/// one is set.
+/// The OpenAI-compatible API, vLLM's tokenizer, render and prefix-cache routes, and the
+/// prefix cache's listing: behind the API key when one is set.
 fn api_routes() -> RouteTable {
     RouteTable::new()
         .add(Method::POST, "/v1/completions", completions::handler)
@@ -135,6 +136,12 @@ fn api_routes() -> RouteTable {
         .add(Method::GET, "/v1/models/{model}", models::retrieve)
         .add(Method::POST, "/tokenize", tokenize::tokenize)
         .add(Method::POST, "/detokenize", tokenize::detokenize)
+        .add(Method::GET, "/debug/kv_cache", kv_cache::snapshot)
+        .add(
+            Method::POST,
+            "/reset_prefix_cache",
+            kv_cache::reset_prefix_cache,
+        )
 }
 
 /// Open by default for scrapers; behind the key with `metrics_require_key`.

@@ -1,0 +1,74 @@
+//! The prefix cache, for routers and operators: `GET /debug/kv_cache` lists the cached blocks
+//! with the number of the last KV-event batch they include (a subscriber that joined late or
+//! lost batches starts from it and applies the batches after it), and `POST
+//! /reset_prefix_cache` empties the cache, as vLLM's route of that name does (one
+//! `AllBlocksCleared` event).
+
+use axum::extract::State;
+use axum::Json;
+use serde::Serialize;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+#[derive(Debug, Serialize)]
+pub struct KvCacheResponse {
+    /// The last KV-event batch the listed blocks include; null before the first batch or
+    /// without `--kv-events`.
+    pub last_seq: Option<u64>,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub blocks: Vec<CachedBlock>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CachedBlock {
+    /// The block's chain hash, as `BlockStored` events name it.
+    pub hash: u64,
+    /// Null for a sequence's first block.
+    pub parent_hash: Option<u64>,
+    pub token_ids: Vec<u32>,
+}
+
+pub async fn snapshot(State(state): State<AppState>) -> Result<Json<KvCacheResponse>, ApiError> {
+    let model = state.model()?;
+    let snap = model
+        .engine
+        .kv_cache_snapshot()
+        .await
+        .ok_or_else(|| ApiError::unavailable("The engine has stopped."))?;
+    let mut blocks: Vec<CachedBlock> = snap
+        .blocks
+        .into_iter()
+        .map(|b| CachedBlock {
+            hash: b.hash,
+            parent_hash: b.parent_hash,
+            token_ids: b.token_ids,
+        })
+        .collect();
+    blocks.sort_unstable_by_key(|b| b.hash);
+    Ok(Json(KvCacheResponse {
+        last_seq: snap.last_seq,
+        block_size: snap.block_size,
+        num_blocks: blocks.len(),
+        blocks,
+    }))
+}
+
+#[derive(Debug, Serialize)]
+pub struct ResetResponse {
+    /// Blocks the prefix cache held.
+    pub cleared_blocks: usize,
+}
+
+pub async fn reset_prefix_cache(
+    State(state): State<AppState>,
+) -> Result<Json<ResetResponse>, ApiError> {
+    let model = state.model()?;
+    let cleared_blocks = model
+        .engine
+        .reset_prefix_cache()
+        .await
+        .ok_or_else(|| ApiError::unavailable("The engine has stopped."))?;
+    Ok(Json(ResetResponse { cleared_blocks }))
+}
