@@ -8,7 +8,9 @@ use common::{chain, is_eos, next_token, sample, tokens, HashModel};
 use proptest::collection::vec;
 use proptest::option;
 use proptest::prelude::*;
-use sluice_engine::{BlockManager, BlockTable, Scheduler, SchedulerConfig, SeqId, SequenceStatus};
+use sluice_engine::{
+    BlockManager, BlockTable, KvCacheEvent, Scheduler, SchedulerConfig, SeqId, SequenceStatus,
+};
 use sluice_model::StepBatch;
 
 #[derive(Debug, Clone)]
@@ -408,14 +410,17 @@ enum Op {
     Free {
         i: usize,
     },
+    /// Empty the prefix cache.
+    Clear,
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (0usize..6, 0u64..2, 1usize..40).prop_map(|(i, base, len)| Op::Admit { i, base, len }),
-        (0usize..6, 1usize..12).prop_map(|(i, extra)| Op::Grow { i, extra }),
-        (0usize..6).prop_map(|i| Op::Compute { i }),
-        (0usize..6).prop_map(|i| Op::Free { i }),
+        8 => (0usize..6, 0u64..2, 1usize..40).prop_map(|(i, base, len)| Op::Admit { i, base, len }),
+        8 => (0usize..6, 1usize..12).prop_map(|(i, extra)| Op::Grow { i, extra }),
+        8 => (0usize..6).prop_map(|i| Op::Compute { i }),
+        8 => (0usize..6).prop_map(|i| Op::Free { i }),
+        1 => Just(Op::Clear),
     ]
 }
 
@@ -429,6 +434,10 @@ proptest! {
         ops in vec(op(), 1..80),
     ) {
         let mut bm = BlockManager::new(num_blocks, block_size);
+        bm.record_events();
+        // What a KV-event subscriber rebuilds: hash -> (parent, tokens).
+        let mut replica: HashMap<u64, (Option<u64>, Vec<u32>)> = HashMap::new();
+        let mut events = Vec::new();
         let streams: Vec<Vec<u32>> = (0..2).map(|b| tokens(b, 100)).collect();
         let mut tables: Vec<BlockTable> = (0..6).map(|_| BlockTable::new()).collect();
         // Per table: its token stream, its length and how many are computed (a table belongs
@@ -489,8 +498,35 @@ proptest! {
                 Op::Free { i } => {
                     bm.free(&mut tables[i]);
                 }
+                Op::Clear => {
+                    bm.clear_prefix_cache();
+                }
             }
             bm.check_consistency(tables.iter()).map_err(TestCaseError::fail)?;
+            bm.drain_events(&mut events);
+            for event in events.drain(..) {
+                match event {
+                    KvCacheEvent::Stored { block_hashes, parent_block_hash, token_ids } => {
+                        let mut parent = parent_block_hash;
+                        for (h, chunk) in block_hashes.iter().zip(token_ids.chunks(block_size)) {
+                            prop_assert!(replica.insert(*h, (parent, chunk.to_vec())).is_none());
+                            parent = Some(*h);
+                        }
+                    }
+                    KvCacheEvent::Removed { block_hashes } => {
+                        for h in block_hashes {
+                            prop_assert!(replica.remove(&h).is_some(), "removed, never stored");
+                        }
+                    }
+                    KvCacheEvent::AllCleared => replica.clear(),
+                }
+            }
+            let cached: HashMap<u64, (Option<u64>, Vec<u32>)> = bm
+                .cached_blocks()
+                .into_iter()
+                .map(|b| (b.hash, (b.parent_hash, b.token_ids)))
+                .collect();
+            prop_assert_eq!(&replica, &cached, "the events rebuild the prefix cache");
             let used: HashSet<u32> = tables.iter().flat_map(|t| t.blocks().iter().copied()).collect();
             prop_assert_eq!(used.len(), bm.num_used_blocks());
         }
