@@ -30,15 +30,31 @@ fn wait_for(engine: &Engine, what: &str, cond: impl Fn(&EngineStats) -> bool) ->
 }
 
 fn scenario(name: &str, sampling: SamplingParams) {
+    scenario_with(name, sampling, false);
+}
+
+/// With `kv_events`, the engine records KV-cache events and a thread reads every batch, as the
+/// server's publisher does.
+fn scenario_with(name: &str, sampling: SamplingParams, kv_events: bool) {
     let model = MockModel::new(VOCAB, 4096, SEQS * 64, 16);
     let config = EngineConfig {
         max_num_seqs: SEQS,
         max_num_batched_tokens: 8192,
         max_waiting: 4096,
         max_model_len: None,
+        kv_events,
         ..EngineConfig::default()
     };
-    let engine = Engine::start(Box::new(model), tiny_tokenizer(), config).unwrap();
+    let mut engine = Engine::start(Box::new(model), tiny_tokenizer(), config).unwrap();
+    let events = engine.take_kv_events().map(|mut rx| {
+        std::thread::spawn(move || {
+            let mut batches = 0usize;
+            while rx.blocking_recv().is_some() {
+                batches += 1;
+            }
+            batches
+        })
+    });
     let h = engine.handle();
     let steps = 16 + MEASURED_STEPS as usize + 64;
     let streams: Vec<_> = (0..SEQS as u64)
@@ -78,12 +94,18 @@ fn scenario(name: &str, sampling: SamplingParams) {
         step - forward - sample
     );
     drop(engine);
-    let events = reader.join().unwrap();
-    assert!(events >= SEQS);
+    let stream_events = reader.join().unwrap();
+    assert!(stream_events >= SEQS);
+    if let Some(events) = events {
+        let batches = events.join().unwrap();
+        assert!(batches > 0, "no KV-event batch");
+        println!("  {batches} KV-event batches read");
+    }
 }
 
 fn main() {
     scenario("greedy", SamplingParams::greedy());
+    scenario_with("greedy + KV events", SamplingParams::greedy(), true);
     scenario(
         "temperature 0.8, top_p 0.95, top_k 50",
         SamplingParams {

@@ -200,13 +200,13 @@ impl EngineLoop {
             }
             if self.scheduler.has_unfinished() {
                 self.step();
-                self.send_kv_events();
             }
         }
     }
 
-    /// Sends the prefix cache's changes since the last call as one batch, if there are any.
-    fn send_kv_events(&mut self) {
+    /// Sends the prefix cache's changes since the last call as one batch, if there are any:
+    /// at the end of each step, before idling and before a snapshot.
+    pub(super) fn send_kv_events(&mut self) {
         let Some(sender) = &mut self.kv_events else {
             return;
         };

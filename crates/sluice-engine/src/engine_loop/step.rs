@@ -28,6 +28,7 @@ impl EngineLoop {
         };
         if let Some(message) = failure {
             self.fail_step(message);
+            self.send_kv_events();
             self.telemetry.finish_step(&self.scheduler, timing);
             return;
         }
@@ -39,6 +40,8 @@ impl EngineLoop {
             tracing::error!("commit failed: {e}");
         }
         self.finish(Instant::now());
+        // Inside the step's time: the batch is part of what a step costs with --kv-events.
+        self.send_kv_events();
         self.telemetry.finish_step(&self.scheduler, timing);
     }
 
