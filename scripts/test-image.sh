@@ -1,0 +1,304 @@
+#!/usr/bin/env bash
+# Build the Dockerfile's image and test it from outside the container, with podman (rootful,
+# no daemon, runc, vfs storage) and base images made locally: no Docker daemon and no container
+# registry are needed. scripts/test.sh runs it; docs/deployment.md ("Testing the image").
+#
+#   scripts/test-image.sh              # build, run one container, check it, stop it, remove the image
+#   scripts/test-image.sh build        # build and tag $SLUICE_IMAGE (kept)
+#   scripts/test-image.sh start N PORT # N containers sluice-test-0.. on host ports PORT, PORT+1, ..
+#   scripts/test-image.sh check PORT   # /health 200, a completion with text, sluice_ metrics
+#   scripts/test-image.sh stop         # stop and remove the containers `start` started
+#   scripts/test-image.sh clean [all]  # remove $SLUICE_IMAGE (all: also the base and Rust images)
+#
+# Sourced (`. scripts/test-image.sh`), it only defines the functions: image_build,
+# containers_start N PORT [ARGS..] (ARGS go to `sluice serve`), container_check PORT,
+# containers_stop, image_clean [all], and pm (podman with this script's settings).
+#
+# The images: localhost/debian:bookworm-slim (debootstrap --variant=minbase, Debian's mirrors),
+# localhost/rust:<version>-bookworm (that base, the packages the build needs and this machine's
+# rustup toolchain of the version the Dockerfile's RUST_IMAGE names, laid out as the official
+# rust image has it), then the Dockerfile's image with RUST_IMAGE and RUNTIME_IMAGE pointed at
+# them. The first two are kept for the next run; `clean all` removes them. Every step runs under
+# `timeout`; the containers listen on the host's network (sluice's SLUICE_PORT), and every check
+# is curl from the host.
+#
+# Settings (environment): SLUICE_IMAGE (localhost/sluice:test), BAKE_MODEL (1), TARGET_CPU
+# (the Dockerfile's default), KEEP_IMAGE=1 keeps $SLUICE_IMAGE after the default run,
+# SLUICE_TEST_PORT (18000), BUILD_TIMEOUT (seconds for the image build, 5400).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SLUICE_IMAGE=${SLUICE_IMAGE:-localhost/sluice:test}
+BAKE_MODEL=${BAKE_MODEL:-1}
+SLUICE_TEST_PORT=${SLUICE_TEST_PORT:-18000}
+BUILD_TIMEOUT=${BUILD_TIMEOUT:-5400}
+STATE=${SLUICE_IMAGE_STATE:-/var/tmp/sluice-image}
+CONTAINER_PREFIX=sluice-test-
+DEBIAN_SUITE=bookworm
+BASE_IMAGE=localhost/debian:$DEBIAN_SUITE-slim
+
+log() { printf '[test-image %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() {
+    printf '[test-image] error: %s\n' "$*" >&2
+    exit 1
+}
+
+# podman as it works here: runc (crun fails on this kernel's cgroups), vfs storage (no
+# overlayfs inside these VMs), no default ulimits (podman's are refused).
+mkdir -p "$STATE"
+printf '[containers]\ndefault_ulimits = []\n' >"$STATE/containers.conf"
+export CONTAINERS_CONF=$STATE/containers.conf
+pm() { podman --storage-driver vfs --runtime runc "$@"; }
+
+# The Rust version of the Dockerfile's default RUST_IMAGE (rust:1.95.0-bookworm -> 1.95.0).
+rust_version() {
+    local v
+    v=$(sed -n 's/^ARG RUST_IMAGE=rust:\([0-9.]*\)-.*/\1/p' "$ROOT/Dockerfile")
+    [ -n "$v" ] || die "no 'ARG RUST_IMAGE=rust:<version>-...' line in $ROOT/Dockerfile"
+    echo "$v"
+}
+
+ensure_tools() {
+    local missing=()
+    command -v podman >/dev/null || missing+=(podman)
+    command -v runc >/dev/null || missing+=(runc)
+    command -v debootstrap >/dev/null || missing+=(debootstrap)
+    command -v curl >/dev/null || missing+=(curl)
+    [ ${#missing[@]} -eq 0 ] && return
+    [ "$(id -u)" = 0 ] || die "needs ${missing[*]}: install them, or run as root to let apt-get do it"
+    log "installing ${missing[*]}"
+    timeout 300 apt-get update -qq || die "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq "${missing[@]}" >/dev/null \
+        || die "apt-get install ${missing[*]} failed"
+}
+
+image_exists() { pm image exists "$1"; }
+
+# debian:bookworm-slim's stand-in: a minbase debootstrap with the same apt sources.
+base_image() {
+    if image_exists "$BASE_IMAGE"; then
+        log "$BASE_IMAGE present"
+        return
+    fi
+    log "making $BASE_IMAGE with debootstrap (a few minutes)"
+    local rootfs=$STATE/rootfs
+    rm -rf "$rootfs"
+    timeout 1200 debootstrap --variant=minbase "$DEBIAN_SUITE" "$rootfs" http://deb.debian.org/debian \
+        >"$STATE/debootstrap.log" 2>&1 \
+        || die "debootstrap failed: see $STATE/debootstrap.log"
+    rm -f "$rootfs/etc/apt/sources.list"
+    cat >"$rootfs/etc/apt/sources.list.d/debian.sources" <<EOF
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: $DEBIAN_SUITE $DEBIAN_SUITE-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: $DEBIAN_SUITE-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+    # As the official slim image: no docs or man pages from later installs, no package cache.
+    cat >"$rootfs/etc/dpkg/dpkg.cfg.d/docker" <<'EOF'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/locale/*
+EOF
+    echo 'Binary::apt::APT::Keep-Downloaded-Packages "false";' >"$rootfs/etc/apt/apt.conf.d/docker-clean"
+    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
+        "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/*
+    timeout 600 tar -C "$rootfs" -c . | timeout 600 pm import \
+        --change 'CMD ["bash"]' - "$BASE_IMAGE" >/dev/null \
+        || die "podman import of the debootstrap rootfs failed"
+    rm -rf "$rootfs"
+}
+
+# rust:<version>-bookworm's stand-in: the base, the build packages of the official image that
+# the build needs, and this machine's toolchain of that version (rustc, cargo, the std library;
+# no docs), with rustup's proxies, at the official image's RUSTUP_HOME, CARGO_HOME and PATH.
+rust_image() {
+    local version image sysroot ctx
+    version=$(rust_version)
+    image=localhost/rust:$version-$DEBIAN_SUITE
+    RUST_IMAGE=$image
+    if image_exists "$image"; then
+        log "$image present"
+        return
+    fi
+    log "making $image from this machine's Rust $version toolchain"
+    command -v rustup >/dev/null || die "rustup not found: the Rust image copies its $version toolchain"
+    sysroot=$(rustup run "$version" rustc --print sysroot 2>/dev/null) \
+        || die "no Rust $version toolchain here: rustup toolchain install $version"
+    sysroot=$(cd "$sysroot" && pwd -P)
+    ctx=$STATE/rust-context
+    rm -rf "$ctx"
+    mkdir -p "$ctx/rustup/toolchains/$version-x86_64-unknown-linux-gnu" "$ctx/cargo/bin"
+    # Hard links where possible (same file system): the build context costs no copy.
+    for d in bin lib libexec etc; do
+        [ -d "$sysroot/$d" ] || continue
+        cp -al "$sysroot/$d" "$ctx/rustup/toolchains/$version-x86_64-unknown-linux-gnu/" 2>/dev/null \
+            || cp -a "$sysroot/$d" "$ctx/rustup/toolchains/$version-x86_64-unknown-linux-gnu/"
+    done
+    cp "$(command -v rustup)" "$ctx/cargo/bin/rustup"
+    for p in cargo rustc rustdoc cargo-clippy cargo-fmt clippy-driver rustfmt rust-gdb rust-lldb; do
+        ln -s rustup "$ctx/cargo/bin/$p"
+    done
+    cat >"$ctx/rustup/settings.toml" <<EOF
+version = "12"
+default_toolchain = "$version-x86_64-unknown-linux-gnu"
+profile = "minimal"
+auto_self_update = "disable"
+
+[overrides]
+EOF
+    cat >"$ctx/Containerfile" <<EOF
+FROM $BASE_IMAGE
+RUN apt-get update \\
+    && apt-get install -y --no-install-recommends ca-certificates curl git gcc g++ libc6-dev \\
+        make pkg-config xz-utils \\
+    && rm -rf /var/lib/apt/lists/*
+ENV RUSTUP_HOME=/usr/local/rustup CARGO_HOME=/usr/local/cargo \\
+    PATH=/usr/local/cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
+    RUST_VERSION=$version
+COPY rustup /usr/local/rustup
+COPY cargo /usr/local/cargo
+RUN rustc --version && cargo --version
+EOF
+    timeout 1200 pm build --network host --layers=false -t "$image" -f "$ctx/Containerfile" "$ctx" \
+        >"$STATE/rust-image.log" 2>&1 \
+        || die "building $image failed: see $STATE/rust-image.log"
+    tail -n 3 "$STATE/rust-image.log" >&2
+    rm -rf "$ctx"
+}
+
+# The Dockerfile's image, as the README builds it, with the local base images.
+image_build() {
+    ensure_tools
+    base_image
+    rust_image
+    local args=(--build-arg "RUST_IMAGE=$RUST_IMAGE" --build-arg "RUNTIME_IMAGE=$BASE_IMAGE"
+        --build-arg "BAKE_MODEL=$BAKE_MODEL")
+    [ -n "${TARGET_CPU:-}" ] && args+=(--build-arg "TARGET_CPU=$TARGET_CPU")
+    log "building $SLUICE_IMAGE from $ROOT/Dockerfile (log: $STATE/build.log)"
+    # --layers=false: one container per stage instead of one vfs copy of the image per
+    # instruction. The cargo registry and target directory are the Dockerfile's cache mounts,
+    # which podman keeps between builds.
+    if ! timeout "$BUILD_TIMEOUT" pm build --network host --layers=false -t "$SLUICE_IMAGE" \
+        "${args[@]}" -f "$ROOT/Dockerfile" "$ROOT" >"$STATE/build.log" 2>&1; then
+        tail -n 40 "$STATE/build.log" >&2
+        die "building $SLUICE_IMAGE failed (or ran past ${BUILD_TIMEOUT}s): see $STATE/build.log"
+    fi
+    tail -n 3 "$STATE/build.log" >&2
+    log "built $SLUICE_IMAGE ($(pm image inspect --format '{{.Size}}' "$SLUICE_IMAGE" | numfmt --to=iec) )"
+}
+
+# containers_start N PORT [ARGS..]: N containers of $SLUICE_IMAGE, sluice-test-0 on host port
+# PORT, sluice-test-1 on PORT+1, ...; ARGS replace the image's CMD (`serve`), e.g.
+# `serve --max-num-seqs 8`. Host networking: sluice listens on SLUICE_PORT of the host.
+containers_start() {
+    local n=$1 port=$2 i
+    shift 2
+    image_exists "$SLUICE_IMAGE" || die "no image $SLUICE_IMAGE: run '$0 build' first"
+    for ((i = 0; i < n; i++)); do
+        local name=$CONTAINER_PREFIX$i p=$((port + i))
+        pm rm -f --time 0 "$name" >/dev/null 2>&1 || true
+        log "starting $name on port $p"
+        timeout 120 pm run -d --name "$name" --network host -e "SLUICE_PORT=$p" \
+            --stop-timeout 40 "$SLUICE_IMAGE" "$@" >/dev/null \
+            || die "podman run $name failed"
+    done
+}
+
+# container_check PORT [NAME]: from the host, /health turns 200 (within 180 s), a completion
+# returns text, /metrics has sluice_ metrics.
+container_check() {
+    local port=$1 name=${2:-${CONTAINER_PREFIX}0} url="http://127.0.0.1:$1" deadline body
+    deadline=$((SECONDS + 180))
+    until [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url/health")" = 200 ]; do
+        if [ "$(pm inspect --format '{{.State.Running}}' "$name" 2>/dev/null)" != true ]; then
+            pm logs "$name" 2>&1 | tail -n 20 >&2 || true
+            die "$name exited before /health answered 200"
+        fi
+        if [ $SECONDS -ge $deadline ]; then
+            pm logs "$name" 2>&1 | tail -n 20 >&2 || true
+            die "$url/health did not answer 200 within 180 s"
+        fi
+        sleep 1
+    done
+    log "GET $url/health: 200"
+    body=$(curl -sS --fail-with-body --max-time 60 "$url/v1/completions" \
+        -H 'Content-Type: application/json' \
+        -d '{"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}') \
+        || die "POST $url/v1/completions failed: $body"
+    local text
+    text=$(printf '%s' "$body" | python3 -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["text"])') \
+        || die "POST $url/v1/completions: not a completion: $body"
+    [ -n "${text//[[:space:]]/}" ] || die "POST $url/v1/completions: empty text: $body"
+    log "POST $url/v1/completions: 200, text: $(printf '%q' "$text")"
+    body=$(curl -sS --fail-with-body --max-time 10 "$url/metrics") \
+        || die "GET $url/metrics failed: $body"
+    local count
+    count=$(printf '%s\n' "$body" | grep -c '^sluice_' || true)
+    [ "$count" -gt 0 ] || die "GET $url/metrics: no sluice_ metrics"
+    # The completion is counted: sluice_http_requests_total{route="/v1/completions",status="200"}.
+    printf '%s\n' "$body" | grep -q '^sluice_http_requests_total{.*route="/v1/completions".*status="200".*} [1-9]' \
+        || die "GET $url/metrics: sluice_http_requests_total did not count the completion"
+    printf '%s\n' "$body" | grep -q '^sluice_generation_tokens_total [1-9]' \
+        || die "GET $url/metrics: sluice_generation_tokens_total did not count its tokens"
+    log "GET $url/metrics: $count sluice_ samples"
+}
+
+containers_stop() {
+    local name
+    for name in $(pm ps -a --format '{{.Names}}' | grep "^$CONTAINER_PREFIX" || true); do
+        log "stopping $name"
+        timeout 60 pm stop --time 40 "$name" >/dev/null || log "podman stop $name failed"
+        timeout 60 pm rm -f "$name" >/dev/null || log "podman rm $name failed"
+    done
+}
+
+image_clean() {
+    if image_exists "$SLUICE_IMAGE"; then
+        log "removing $SLUICE_IMAGE"
+        timeout 300 pm rmi -f "$SLUICE_IMAGE" >/dev/null || log "podman rmi $SLUICE_IMAGE failed"
+    fi
+    # Images left untagged by rebuilds (each a full vfs copy).
+    timeout 300 pm image prune -f >/dev/null || true
+    if [ "${1:-}" = all ]; then
+        local version
+        version=$(rust_version)
+        timeout 300 pm rmi -f "localhost/rust:$version-$DEBIAN_SUITE" "$BASE_IMAGE" >/dev/null 2>&1 || true
+        rm -rf "$STATE"
+    fi
+}
+
+main() {
+    case "${1:-all}" in
+        build) image_build ;;
+        start)
+            [ $# -ge 3 ] || die "usage: $0 start N PORT [serve ARGS..]"
+            shift
+            containers_start "$@"
+            ;;
+        check) container_check "${2:?usage: $0 check PORT [NAME]}" "${3:-}" ;;
+        stop) containers_stop ;;
+        clean) image_clean "${2:-}" ;;
+        all)
+            local start=$SECONDS
+            image_build
+            trap 'containers_stop; [ "${KEEP_IMAGE:-0}" = 1 ] || image_clean' EXIT
+            containers_start 1 "$SLUICE_TEST_PORT"
+            container_check "$SLUICE_TEST_PORT"
+            log "the image passed in $((SECONDS - start)) s"
+            ;;
+        *) die "unknown command $1: build, start N PORT, check PORT, stop, clean [all] or nothing (all)" ;;
+    esac
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    main "$@"
+fi
