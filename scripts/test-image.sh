@@ -48,7 +48,10 @@ die() {
 mkdir -p "$STATE"
 printf '[containers]\ndefault_ulimits = []\n' >"$STATE/containers.conf"
 export CONTAINERS_CONF=$STATE/containers.conf
-pm() { podman --storage-driver vfs --runtime runc "$@"; }
+PODMAN=(podman --storage-driver vfs --runtime runc)
+pm() { "${PODMAN[@]}" "$@"; }
+# tpm SECONDS ARGS..: pm under `timeout`.
+tpm() { timeout "$1" "${PODMAN[@]}" "${@:2}"; }
 
 # The Rust version of the Dockerfile's default RUST_IMAGE (rust:1.95.0-bookworm -> 1.95.0).
 rust_version() {
@@ -72,7 +75,7 @@ ensure_tools() {
         || die "apt-get install ${missing[*]} failed"
 }
 
-image_exists() { pm image exists "$1"; }
+image_exists() { tpm 60 image exists "$1"; }
 
 # debian:bookworm-slim's stand-in: a minbase debootstrap with the same apt sources.
 base_image() {
@@ -111,7 +114,7 @@ EOF
     echo 'Binary::apt::APT::Keep-Downloaded-Packages "false";' >"$rootfs/etc/apt/apt.conf.d/docker-clean"
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
         "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/*
-    timeout 600 tar -C "$rootfs" -c . | timeout 600 pm import \
+    timeout 600 tar -C "$rootfs" -c . | tpm 600 import --quiet \
         --change 'CMD ["bash"]' - "$BASE_IMAGE" >/dev/null \
         || die "podman import of the debootstrap rootfs failed"
     rm -rf "$rootfs"
@@ -168,7 +171,7 @@ COPY rustup /usr/local/rustup
 COPY cargo /usr/local/cargo
 RUN rustc --version && cargo --version
 EOF
-    timeout 1200 pm build --network host --layers=false -t "$image" -f "$ctx/Containerfile" "$ctx" \
+    tpm 1200 build --network host --layers=false -t "$image" -f "$ctx/Containerfile" "$ctx" \
         >"$STATE/rust-image.log" 2>&1 \
         || die "building $image failed: see $STATE/rust-image.log"
     tail -n 3 "$STATE/rust-image.log" >&2
@@ -187,13 +190,13 @@ image_build() {
     # --layers=false: one container per stage instead of one vfs copy of the image per
     # instruction. The cargo registry and target directory are the Dockerfile's cache mounts,
     # which podman keeps between builds.
-    if ! timeout "$BUILD_TIMEOUT" pm build --network host --layers=false -t "$SLUICE_IMAGE" \
+    if ! tpm "$BUILD_TIMEOUT" build --network host --layers=false -t "$SLUICE_IMAGE" \
         "${args[@]}" -f "$ROOT/Dockerfile" "$ROOT" >"$STATE/build.log" 2>&1; then
         tail -n 40 "$STATE/build.log" >&2
         die "building $SLUICE_IMAGE failed (or ran past ${BUILD_TIMEOUT}s): see $STATE/build.log"
     fi
     tail -n 3 "$STATE/build.log" >&2
-    log "built $SLUICE_IMAGE ($(pm image inspect --format '{{.Size}}' "$SLUICE_IMAGE" | numfmt --to=iec) )"
+    log "built $SLUICE_IMAGE ($(tpm 60 image inspect --format '{{.Size}}' "$SLUICE_IMAGE" | numfmt --to=iec) )"
 }
 
 # containers_start N PORT [ARGS..]: N containers of $SLUICE_IMAGE, sluice-test-0 on host port
@@ -205,9 +208,9 @@ containers_start() {
     image_exists "$SLUICE_IMAGE" || die "no image $SLUICE_IMAGE: run '$0 build' first"
     for ((i = 0; i < n; i++)); do
         local name=$CONTAINER_PREFIX$i p=$((port + i))
-        pm rm -f --time 0 "$name" >/dev/null 2>&1 || true
+        tpm 60 rm -f --time 0 "$name" >/dev/null 2>&1 || true
         log "starting $name on port $p"
-        timeout 120 pm run -d --name "$name" --network host -e "SLUICE_PORT=$p" \
+        tpm 120 run -d --name "$name" --network host -e "SLUICE_PORT=$p" \
             --stop-timeout 40 "$SLUICE_IMAGE" "$@" >/dev/null \
             || die "podman run $name failed"
     done
@@ -219,12 +222,12 @@ container_check() {
     local port=$1 name=${2:-${CONTAINER_PREFIX}0} url="http://127.0.0.1:$1" deadline body
     deadline=$((SECONDS + 180))
     until [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url/health")" = 200 ]; do
-        if [ "$(pm inspect --format '{{.State.Running}}' "$name" 2>/dev/null)" != true ]; then
-            pm logs "$name" 2>&1 | tail -n 20 >&2 || true
+        if [ "$(tpm 30 inspect --format '{{.State.Running}}' "$name" 2>/dev/null)" != true ]; then
+            tpm 30 logs "$name" 2>&1 | tail -n 20 >&2 || true
             die "$name exited before /health answered 200"
         fi
         if [ $SECONDS -ge $deadline ]; then
-            pm logs "$name" 2>&1 | tail -n 20 >&2 || true
+            tpm 30 logs "$name" 2>&1 | tail -n 20 >&2 || true
             die "$url/health did not answer 200 within 180 s"
         fi
         sleep 1
@@ -254,24 +257,24 @@ container_check() {
 
 containers_stop() {
     local name
-    for name in $(pm ps -a --format '{{.Names}}' | grep "^$CONTAINER_PREFIX" || true); do
+    for name in $(tpm 60 ps -a --format '{{.Names}}' | grep "^$CONTAINER_PREFIX" || true); do
         log "stopping $name"
-        timeout 60 pm stop --time 40 "$name" >/dev/null || log "podman stop $name failed"
-        timeout 60 pm rm -f "$name" >/dev/null || log "podman rm $name failed"
+        tpm 60 stop --time 40 "$name" >/dev/null || log "podman stop $name failed"
+        tpm 60 rm -f "$name" >/dev/null || log "podman rm $name failed"
     done
 }
 
 image_clean() {
     if image_exists "$SLUICE_IMAGE"; then
         log "removing $SLUICE_IMAGE"
-        timeout 300 pm rmi -f "$SLUICE_IMAGE" >/dev/null || log "podman rmi $SLUICE_IMAGE failed"
+        tpm 300 rmi -f "$SLUICE_IMAGE" >/dev/null || log "podman rmi $SLUICE_IMAGE failed"
     fi
     # Images left untagged by rebuilds (each a full vfs copy).
-    timeout 300 pm image prune -f >/dev/null || true
+    tpm 300 image prune -f >/dev/null || true
     if [ "${1:-}" = all ]; then
         local version
         version=$(rust_version)
-        timeout 300 pm rmi -f "localhost/rust:$version-$DEBIAN_SUITE" "$BASE_IMAGE" >/dev/null 2>&1 || true
+        tpm 300 rmi -f "localhost/rust:$version-$DEBIAN_SUITE" "$BASE_IMAGE" >/dev/null 2>&1 || true
         rm -rf "$STATE"
     fi
 }
