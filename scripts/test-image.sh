@@ -112,6 +112,13 @@ path-exclude /usr/share/info/*
 path-exclude /usr/share/locale/*
 EOF
     echo 'Binary::apt::APT::Keep-Downloaded-Packages "false";' >"$rootfs/etc/apt/apt.conf.d/docker-clean"
+    # This machine's local trust anchors (e.g. an egress proxy's CA, without which PyPI and
+    # crates.io fail certificate verification): the ca-certificates package that the builder
+    # installs adds them to the system store, as on the host.
+    if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
+        mkdir -p "$rootfs/usr/local/share/ca-certificates"
+        cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
+    fi
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
         "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/*
     timeout 600 tar -C "$rootfs" -c . | tpm 600 import --quiet \
