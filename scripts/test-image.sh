@@ -262,13 +262,21 @@ container_check() {
     log "GET $url/metrics: $count sluice_ samples"
 }
 
+# containers_stop: SIGTERM (sluice drains and exits 0; SIGKILL after 40 s) and remove every
+# sluice-test-* container; fails when one did not exit 0.
 containers_stop() {
-    local name
+    local name code rc=0
     for name in $(tpm 60 ps -a --format '{{.Names}}' | grep "^$CONTAINER_PREFIX" || true); do
-        log "stopping $name"
         tpm 60 stop --time 40 "$name" >/dev/null || log "podman stop $name failed"
+        code=$(tpm 30 inspect --format '{{.State.ExitCode}}' "$name" 2>/dev/null || echo '?')
+        log "stopped $name: exit code $code"
+        if [ "$code" != 0 ]; then
+            tpm 30 logs "$name" 2>&1 | tail -n 20 >&2 || true
+            rc=1
+        fi
         tpm 60 rm -f "$name" >/dev/null || log "podman rm $name failed"
     done
+    return $rc
 }
 
 image_clean() {
@@ -300,9 +308,10 @@ main() {
         all)
             local start=$SECONDS
             image_build
-            trap 'containers_stop; [ "${KEEP_IMAGE:-0}" = 1 ] || image_clean' EXIT
+            trap 'containers_stop >/dev/null 2>&1 || true; [ "${KEEP_IMAGE:-0}" = 1 ] || image_clean' EXIT
             containers_start 1 "$SLUICE_TEST_PORT"
             container_check "$SLUICE_TEST_PORT"
+            containers_stop || die "the container did not exit 0 on SIGTERM"
             log "the image passed in $((SECONDS - start)) s"
             ;;
         *) die "unknown command $1: build, start N PORT, check PORT, stop, clean [all] or nothing (all)" ;;
