@@ -18,13 +18,15 @@
 # localhost/rust:<version>-bookworm (that base, the packages the build needs and this machine's
 # rustup toolchain of the version the Dockerfile's RUST_IMAGE names, laid out as the official
 # rust image has it), then the Dockerfile's image with RUST_IMAGE and RUNTIME_IMAGE pointed at
-# them. The first two are kept for the next run; `clean all` removes them. Every step runs under
-# `timeout`; the containers listen on the host's network (sluice's SLUICE_PORT), and every check
-# is curl from the host.
+# them. The first two are kept for the next run, and so are the Dockerfile's cargo cache mounts
+# (/var/tmp/buildah-cache); `clean all` removes them. Every step runs under `timeout`; every check
+# is curl from the host, on the port the container's 8000 is published on.
 #
 # Settings (environment): SLUICE_IMAGE (localhost/sluice:test), BAKE_MODEL (1), TARGET_CPU
 # (the Dockerfile's default), KEEP_IMAGE=1 keeps $SLUICE_IMAGE after the default run,
-# SLUICE_TEST_PORT (18000), BUILD_TIMEOUT (seconds for the image build, 5400).
+# SLUICE_TEST_PORT (18000), SLUICE_PUBLISH_ADDR (127.0.0.1), SLUICE_NETWORK=host (the host's
+# network, each container on its own SLUICE_PORT, instead of published ports), BUILD_TIMEOUT
+# (seconds for the image build, 5400).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,6 +34,8 @@ SLUICE_IMAGE=${SLUICE_IMAGE:-localhost/sluice:test}
 BAKE_MODEL=${BAKE_MODEL:-1}
 SLUICE_TEST_PORT=${SLUICE_TEST_PORT:-18000}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-5400}
+SLUICE_NETWORK=${SLUICE_NETWORK:-bridge}
+SLUICE_PUBLISH_ADDR=${SLUICE_PUBLISH_ADDR:-127.0.0.1}
 STATE=${SLUICE_IMAGE_STATE:-/var/tmp/sluice-image}
 CONTAINER_PREFIX=sluice-test-
 DEBIAN_SUITE=bookworm
@@ -194,10 +198,11 @@ image_build() {
         --build-arg "BAKE_MODEL=$BAKE_MODEL")
     [ -n "${TARGET_CPU:-}" ] && args+=(--build-arg "TARGET_CPU=$TARGET_CPU")
     log "building $SLUICE_IMAGE from $ROOT/Dockerfile (log: $STATE/build.log)"
+    # --format docker: OCI image configs have no HEALTHCHECK, which podman would drop.
     # --layers=false: one container per stage instead of one vfs copy of the image per
     # instruction. The cargo registry and target directory are the Dockerfile's cache mounts,
     # which podman keeps between builds.
-    if ! tpm "$BUILD_TIMEOUT" build --network host --layers=false -t "$SLUICE_IMAGE" \
+    if ! tpm "$BUILD_TIMEOUT" build --format docker --network host --layers=false -t "$SLUICE_IMAGE" \
         "${args[@]}" -f "$ROOT/Dockerfile" "$ROOT" >"$STATE/build.log" 2>&1; then
         tail -n 40 "$STATE/build.log" >&2
         die "building $SLUICE_IMAGE failed (or ran past ${BUILD_TIMEOUT}s): see $STATE/build.log"
@@ -208,17 +213,27 @@ image_build() {
 
 # containers_start N PORT [ARGS..]: N containers of $SLUICE_IMAGE, sluice-test-0 on host port
 # PORT, sluice-test-1 on PORT+1, ...; ARGS replace the image's CMD (`serve`), e.g.
-# `serve --max-num-seqs 8`. Host networking: sluice listens on SLUICE_PORT of the host.
+# `serve --max-num-seqs 8`. Each listens on the image's port 8000, published as
+# $SLUICE_PUBLISH_ADDR:PORT (as `docker run -p PORT:8000`); with SLUICE_NETWORK=host they share
+# the host's network instead, each on its own SLUICE_PORT.
 containers_start() {
     local n=$1 port=$2 i
     shift 2
     image_exists "$SLUICE_IMAGE" || die "no image $SLUICE_IMAGE: run '$0 build' first"
     for ((i = 0; i < n; i++)); do
-        local name=$CONTAINER_PREFIX$i p=$((port + i))
+        local name=$CONTAINER_PREFIX$i p=$((port + i)) net
+        if [ "$SLUICE_NETWORK" = host ]; then
+            net=(--network host -e "SLUICE_PORT=$p")
+        else
+            net=(-p "$SLUICE_PUBLISH_ADDR:$p:8000")
+        fi
         tpm 60 rm -f --time 0 "$name" >/dev/null 2>&1 || true
         log "starting $name on port $p"
-        tpm 120 run -d --name "$name" --network host -e "SLUICE_PORT=$p" \
-            --stop-timeout 40 "$SLUICE_IMAGE" "$@" >/dev/null \
+        # --no-healthcheck: podman runs HEALTHCHECKs from systemd timers, and without systemd
+        # it logs errors (even with --health-interval disable); container_check runs the
+        # image's HEALTHCHECK command itself.
+        tpm 120 run -d --name "$name" "${net[@]}" --stop-timeout 40 --no-healthcheck \
+            "$SLUICE_IMAGE" "$@" >/dev/null \
             || die "podman run $name failed"
     done
 }
@@ -231,7 +246,7 @@ container_check() {
     until [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url/health")" = 200 ]; do
         if [ "$(tpm 30 inspect --format '{{.State.Running}}' "$name" 2>/dev/null)" != true ]; then
             tpm 30 logs "$name" 2>&1 | tail -n 20 >&2 || true
-            die "$name exited before /health answered 200"
+            die "$name is not running (it exited or never started) and $url/health did not answer 200"
         fi
         if [ $SECONDS -ge $deadline ]; then
             tpm 30 logs "$name" 2>&1 | tail -n 20 >&2 || true
@@ -240,6 +255,15 @@ container_check() {
         sleep 1
     done
     log "GET $url/health: 200"
+    # The image's HEALTHCHECK command (curl inside the container) passes too.
+    local hc
+    hc=$(tpm 30 image inspect --format '{{json .HealthCheck.Test}}' "$SLUICE_IMAGE")
+    hc=$(printf '%s' "$hc" | python3 -c 'import json, sys; t = json.load(sys.stdin) or []; print("\n".join(t[1:]) if t[:1] == ["CMD"] else "")')
+    [ -n "$hc" ] || die "$SLUICE_IMAGE has no HEALTHCHECK (an OCI-format build drops it: --format docker)"
+    local -a hc_cmd
+    mapfile -t hc_cmd <<<"$hc"
+    tpm 30 exec "$name" "${hc_cmd[@]}" || die "the image's HEALTHCHECK failed in $name: ${hc_cmd[*]}"
+    log "HEALTHCHECK in $name: healthy"
     body=$(curl -sS --fail-with-body --max-time 60 "$url/v1/completions" \
         -H 'Content-Type: application/json' \
         -d '{"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}') \
@@ -290,7 +314,9 @@ image_clean() {
         local version
         version=$(rust_version)
         tpm 300 rmi -f "localhost/rust:$version-$DEBIAN_SUITE" "$BASE_IMAGE" >/dev/null 2>&1 || true
-        rm -rf "$STATE"
+        # The Dockerfile's cache mounts (podman keeps them by target path).
+        rm -rf /var/tmp/buildah-cache/src/target /var/tmp/buildah-cache/usr/local/cargo/registry \
+            /var/tmp/buildah-cache/usr/local/cargo/git "$STATE"
     fi
 }
 
