@@ -10,9 +10,10 @@
 #   scripts/test-image.sh stop         # stop and remove the containers `start` started
 #   scripts/test-image.sh clean [all]  # remove $SLUICE_IMAGE (all: also the base and Rust images)
 #
-# Sourced (`. scripts/test-image.sh`), it only defines the functions: image_build,
-# containers_start N PORT [ARGS..] (ARGS go to `sluice serve`), container_check PORT,
-# containers_stop, image_clean [all], and pm (podman with this script's settings).
+# Sourced (`. scripts/test-image.sh`), it runs nothing: it sets `set -euo pipefail` and
+# CONTAINERS_CONF, and defines the functions image_build, containers_start N PORT [ARGS..]
+# (ARGS replace the image's `serve`), container_check PORT [NAME], containers_stop,
+# image_clean [all], and pm (podman with this script's settings).
 #
 # The images: localhost/debian:bookworm-slim (debootstrap --variant=minbase, Debian's mirrors),
 # localhost/rust:<version>-bookworm (that base, the packages the build needs and this machine's
@@ -208,7 +209,7 @@ image_build() {
         die "building $SLUICE_IMAGE failed (or ran past ${BUILD_TIMEOUT}s): see $STATE/build.log"
     fi
     tail -n 3 "$STATE/build.log" >&2
-    log "built $SLUICE_IMAGE ($(tpm 60 image inspect --format '{{.Size}}' "$SLUICE_IMAGE" | numfmt --to=iec) )"
+    log "built $SLUICE_IMAGE ($(tpm 60 image inspect --format '{{.Size}}' "$SLUICE_IMAGE" | numfmt --to=iec))"
 }
 
 # containers_start N PORT [ARGS..]: N containers of $SLUICE_IMAGE, sluice-test-0 on host port
