@@ -228,6 +228,21 @@ containers_start() {
         else
             net=(-p "$SLUICE_PUBLISH_ADDR:$p:8000")
         fi
+        # KV-cache events: each container publishes on its 5557, seen from the host on
+        # SLUICE_EVENTS_PORT + i, under its own topic (the routing check tells them apart).
+        if [ -n "${SLUICE_EVENTS_PORT:-}" ]; then
+            local ep=$((SLUICE_EVENTS_PORT + i))
+            if [ "$SLUICE_NETWORK" = host ]; then
+                net+=(-e "SLUICE_KV_EVENTS=tcp://*:$ep")
+            else
+                net+=(-p "$SLUICE_PUBLISH_ADDR:$ep:5557" -e "SLUICE_KV_EVENTS=tcp://*:5557")
+            fi
+            net+=(-e "SLUICE_KV_EVENTS_TOPIC=kv@$name@smollm2")
+        fi
+        local kv
+        for kv in ${SLUICE_CONTAINER_ENV:-}; do
+            net+=(-e "$kv")
+        done
         tpm 60 rm -f --time 0 "$name" >/dev/null 2>&1 || true
         log "starting $name on port $p"
         # --no-healthcheck: podman runs HEALTHCHECKs from systemd timers, and without systemd
@@ -321,6 +336,25 @@ image_clean() {
     fi
 }
 
+# Two replicas of the image behind the KV-event routing simulation (tests/e2e/kv_routing.py,
+# .venv from scripts/setup-e2e.sh): each publishes KV-cache events; the picker that routes by
+# them must beat round-robin's prefix-cache hit rate on shared system prompts. Small KV caches
+# (17 MiB, ~48 blocks) so that round-robin's spreading of every prompt evicts.
+replicas_behind_router() {
+    local port=$((SLUICE_TEST_PORT + 100)) events=$((SLUICE_TEST_PORT + 200)) i servers=()
+    SLUICE_EVENTS_PORT=$events SLUICE_CONTAINER_ENV="SLUICE_KV_CACHE_MEMORY=17MiB" \
+        containers_start 2 "$port"
+    for i in 0 1; do
+        container_check "$((port + i))" "$CONTAINER_PREFIX$i"
+        servers+=(--external "http://127.0.0.1:$((port + i))=tcp://127.0.0.1:$((events + i))=kv@$CONTAINER_PREFIX$i@smollm2")
+    done
+    log "two replicas behind the prefix-aware picker and round-robin"
+    timeout 600 "$ROOT/.venv/bin/python" "$ROOT/tests/e2e/kv_routing.py" "${servers[@]}" \
+        --requests 48 --prompts 4 --clients 2 --max-tokens 4 --require-better \
+        || die "routing by the replicas' KV events did not beat round-robin"
+    containers_stop || die "a replica did not exit 0 on SIGTERM"
+}
+
 main() {
     case "${1:-all}" in
         build) image_build ;;
@@ -339,6 +373,7 @@ main() {
             containers_start 1 "$SLUICE_TEST_PORT"
             container_check "$SLUICE_TEST_PORT"
             containers_stop || die "the container did not exit 0 on SIGTERM"
+            replicas_behind_router
             log "the image passed in $((SECONDS - start)) s"
             ;;
         *) die "unknown command $1: build, start N PORT, check PORT, stop, clean [all] or nothing (all)" ;;

@@ -279,8 +279,6 @@ def run(policy, servers: list[tuple[str, str, str]], prompts: list[str], clients
 
 
 def main() -> None:
-    from harness import SluiceServer, free_port  # only the script needs to start servers
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--servers", type=int, default=3)
     ap.add_argument("--requests", type=int, default=120)
@@ -291,9 +289,39 @@ def main() -> None:
                     help="per server: 17MiB is ~48 blocks of SmolLM2, about three system prompts")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--external", action="append", default=[], metavar="URL=EVENTS=TOPIC",
+                    help="route to these running servers instead of starting them (repeat per "
+                         "server); their prefix caches are reset before each policy")
+    ap.add_argument("--require-better", action="store_true",
+                    help="exit 1 unless prefix-aware routing's hit rate beats round-robin's")
     args = ap.parse_args()
     prompts = workload(args.requests, args.prompts)
     results = []
+    if args.external:
+        servers = [tuple(s.split("=", 2)) for s in args.external]
+        by_policy = {}
+        for policy_name in ("round-robin", "prefix-aware"):
+            for url, _, _ in servers:
+                requests.post(f"{url}/reset_prefix_cache", timeout=30).raise_for_status()
+            policy = PrefixPicker(servers) if policy_name == "prefix-aware" else RoundRobin(servers)
+            time.sleep(0.5)
+            try:
+                r = run(policy, servers, prompts, args.clients, args.max_tokens)
+            finally:
+                policy.close()
+            by_policy[policy_name] = r
+            results.append(r.summary())
+            print(json.dumps(results[-1]), flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+        if args.require_better and not (
+            by_policy["prefix-aware"].hit_rate > by_policy["round-robin"].hit_rate
+        ):
+            raise SystemExit("prefix-aware routing did not beat round-robin's hit rate")
+        return
+    from harness import SluiceServer, free_port  # only starting servers needs the harness
+
     for _ in range(args.rounds):
         for policy_name in ("round-robin", "prefix-aware"):
             servers, procs = [], []
