@@ -59,10 +59,14 @@ ENV RUSTFLAGS="-C target-cpu=${TARGET_CPU}"
 # `cargo fetch --locked` fails when Cargo.lock is out of date, so the build uses exactly the
 # locked dependencies. The registry and target dir are BuildKit caches (rebuilds take seconds
 # to minutes instead of a full build), so the binary is copied out of the cache in this step.
+# COPY keeps the files' modification times and cargo judges freshness by them: sources older
+# than a cached build of other sources would pass for built (a stale binary). Touching them
+# rebuilds the workspace's own crates every time; the dependencies stay cached.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target,sharing=locked \
     cargo fetch --locked \
+    && find crates -type f -exec touch {} + \
     && cargo build --release \
     && cp target/release/sluice /usr/local/bin/sluice
 
