@@ -10,6 +10,12 @@
   Kubernetes API schemas, `kubectl kustomize`); probe paths answer 200 on the real server;
   ports, selectors and the grace period agree; every SLUICE_* variable is one that
   `sluice serve --help` lists.
+- deploy/k8s/inference (InferencePool, llm-d's endpoint picker, HTTPRoute, the KV-events patch):
+  built-in kinds validate against the Kubernetes schemas; the InferencePool, HTTPRoute and
+  EndpointPickerConfig against schemas written here from the upstream API fields (not the
+  published CRDs, which no registry here carries); pool, picker, route and pods agree (labels,
+  ports, KV-event endpoints and topic, block size, model name, engine metrics in a live
+  /metrics).
 - The Dockerfile builds with the README's set-up commands, sends its COPY sources past
   .dockerignore, and hadolint accepts it.
 - The config examples use real keys only, and a server starts with each.
@@ -713,6 +719,542 @@ def test_kustomize_builds_the_manifests():
     out = run([kubectl, "kustomize", str(K8S)])
     kinds = [d["kind"] for d in yaml.safe_load_all(out.stdout) if d]
     assert sorted(kinds) == sorted(k8s_objects()), kinds
+
+
+# --- behind the Gateway API Inference Extension / llm-d (deploy/k8s/inference) --------------
+#
+# The published InferencePool and HTTPRoute CRDs and llm-d's config types are not available
+# to these tests (no package registry carries them), so the schemas below are written here
+# from the upstream API fields: InferencePool of inference.networking.k8s.io/v1 (Gateway API
+# Inference Extension v1.5/v1.6), HTTPRoute of gateway.networking.k8s.io/v1 (Gateway API
+# v1.5), EndpointPickerConfig of llm-d.ai/v1alpha1 and the parameters of the plugins used
+# (llm-d-router v0.10.0). Objects are closed (`additionalProperties: false`) where upstream is:
+# CRD fields unknown to the schema are rejected by kubectl's strict field validation, and the
+# picker decodes its config and every plugin's parameters strictly.
+
+INFERENCE = K8S / "inference"
+INFERENCE_ENTRY = DEPLOY / "k8s-inference"
+EPP_CONFIG = INFERENCE / "epp-config.yaml"
+SLUICE_PATCH = INFERENCE / "sluice-kv-events.yaml"
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+PORT_OBJECT = {
+    "type": "object", "additionalProperties": False, "required": ["number"],
+    "properties": {"number": PORT},
+}
+GROUP = {
+    "type": "string", "maxLength": 253,
+    "pattern": r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+}
+KIND = {"type": "string", "minLength": 1, "maxLength": 63, "pattern": r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$"}
+NAME = {"type": "string", "minLength": 1, "maxLength": 253}
+METADATA = {
+    "type": "object", "required": ["name"],
+    "properties": {"name": {"type": "string", "pattern": DNS_LABEL}},
+}
+
+
+def k8s_object_schema(api_version: str, kind: str, spec: dict) -> dict:
+    return {
+        "type": "object", "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": api_version}, "kind": {"const": kind},
+            "metadata": METADATA, "spec": spec,
+        },
+    }
+
+
+INFERENCEPOOL_SCHEMA = k8s_object_schema("inference.networking.k8s.io/v1", "InferencePool", {
+    "type": "object", "additionalProperties": False,
+    "required": ["selector", "targetPorts"],
+    "properties": {
+        # Only matchLabels: the pool's selector is deliberately simpler than a LabelSelector.
+        "selector": {
+            "type": "object", "additionalProperties": False, "required": ["matchLabels"],
+            "properties": {"matchLabels": {
+                "type": "object", "minProperties": 1, "maxProperties": 64,
+                "additionalProperties": {"type": "string", "maxLength": 63},
+            }},
+        },
+        "targetPorts": {"type": "array", "minItems": 1, "maxItems": 8, "uniqueItems": True,
+                        "items": PORT_OBJECT},
+        "appProtocol": {"enum": ["http", "kubernetes.io/h2c"]},
+        "endpointPickerRef": {
+            "type": "object", "additionalProperties": False, "required": ["name"],
+            "properties": {
+                "group": GROUP, "kind": KIND, "name": NAME, "port": PORT_OBJECT,
+                "failureMode": {"enum": ["FailOpen", "FailClose"]},
+            },
+            # A Service (the default kind) needs a port.
+            "if": {"properties": {"kind": {"const": "Service"}}},
+            "then": {"required": ["port"]},
+        },
+    },
+})
+
+DURATION = {"type": "string", "pattern": r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"}
+HTTPROUTE_SCHEMA = k8s_object_schema("gateway.networking.k8s.io/v1", "HTTPRoute", {
+    "type": "object", "additionalProperties": False, "required": ["parentRefs", "rules"],
+    "properties": {
+        "parentRefs": {"type": "array", "minItems": 1, "maxItems": 32, "items": {
+            "type": "object", "additionalProperties": False, "required": ["name"],
+            "properties": {
+                "group": GROUP, "kind": KIND, "namespace": {"type": "string"}, "name": NAME,
+                "sectionName": {"type": "string"}, "port": PORT,
+            },
+        }},
+        "hostnames": {"type": "array", "maxItems": 16, "items": {"type": "string"}},
+        "rules": {"type": "array", "minItems": 1, "maxItems": 16, "items": {
+            "type": "object", "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string"},
+                "matches": {"type": "array", "maxItems": 64, "items": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {
+                        "path": {
+                            "type": "object", "additionalProperties": False,
+                            "properties": {
+                                "type": {"enum": ["Exact", "PathPrefix", "RegularExpression"]},
+                                "value": {"type": "string", "pattern": "^/", "maxLength": 1024},
+                            },
+                        },
+                        "headers": {"type": "array"}, "queryParams": {"type": "array"},
+                        "method": {"type": "string"},
+                    },
+                }},
+                "filters": {"type": "array"},
+                "backendRefs": {"type": "array", "maxItems": 16, "items": {
+                    "type": "object", "additionalProperties": False, "required": ["name"],
+                    "properties": {
+                        "group": GROUP, "kind": KIND, "name": NAME,
+                        "namespace": {"type": "string"}, "port": PORT,
+                        "weight": {"type": "integer", "minimum": 0, "maximum": 1000000},
+                        "filters": {"type": "array"},
+                    },
+                }},
+                "timeouts": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {"request": DURATION, "backendRequest": DURATION},
+                },
+                "retry": {"type": "object"}, "sessionPersistence": {"type": "object"},
+            },
+        }},
+    },
+})
+
+
+def closed(properties: dict, required: tuple = ()) -> dict:
+    return {"type": "object", "additionalProperties": False, "properties": properties,
+            "required": list(required)}
+
+
+STR, INT, BOOL, NUM = ({"type": "string"}, {"type": "integer"}, {"type": "boolean"},
+                       {"type": "number"})
+# The parameters of every plugin type the config may use (strictly decoded upstream); a type
+# mapped to None takes none.
+EPP_PLUGIN_PARAMETERS: dict[str, dict | None] = {
+    "token-producer": closed({
+        "modelName": STR,
+        "vllm": closed({"url": STR, "timeout": STR, "mmTimeout": STR}),
+        "estimate": {"type": "object"},
+        "udsTokenizerConfig": {"type": "object"},
+    }),
+    "endpoint-notification-source": None,
+    "metrics-data-source": closed({
+        "scheme": {"enum": ["http", "https"]}, "path": STR, "insecureSkipVerify": BOOL,
+        "caCertPath": STR, "clientCertPath": STR, "clientKeyPath": STR, "interval": STR,
+    }),
+    "core-metrics-extractor": closed({
+        "engineLabelKey": STR, "defaultEngine": STR,
+        "engineConfigs": {"type": "array", "items": closed({
+            "name": {"type": "string", "minLength": 1},
+            "queuedRequestsSpec": STR, "runningRequestsSpec": STR, "kvUsageSpec": STR,
+            "loraSpec": STR, "cacheInfoSpec": STR, "cacheBlockSizeLabelName": STR,
+            "cacheNumBlocksLabelName": STR, "cacheBlockSizeSpec": STR,
+            "cacheNumBlocksSpec": STR,
+            "customMetrics": {"type": "array", "items": closed(
+                {"attributeKey": STR, "metricSpec": STR})},
+        }, required=("name",))},
+    }),
+    "precise-prefix-cache-producer": closed({
+        "tokenProcessorConfig": closed(
+            {"blockSize": INT, "blockSizeTokens": INT, "hashSeed": STR}),
+        "indexerConfig": closed({
+            "kvBlockIndexConfig": {"type": "object"},
+            "kvCacheBackendConfigs": {"type": "array", "items": closed(
+                {"name": STR, "weight": NUM}, required=("name", "weight"))},
+        }),
+        "kvEventsConfig": closed({
+            "zmqEndpoint": STR, "topicFilter": STR, "concurrency": INT,
+            "engineType": {"enum": ["vllm", "sglang"]}, "discoverPods": BOOL,
+            "podDiscoveryConfig": closed({
+                "podLabelSelector": STR, "podNamespace": STR, "socketPort": PORT,
+                "replaySocketPort": PORT,
+            }),
+        }),
+        "speculativeIndexing": BOOL, "speculativeTTL": STR,
+    }),
+    "prefix-cache-scorer": closed({
+        "prefixMatchInfoProducerName": STR, "matchLengthWeight": NUM,
+        "matchLengthScaleTokens": INT,
+    }),
+    "queue-scorer": None,
+    "kv-cache-utilization-scorer": None,
+    "max-score-picker": None,
+    "single-profile-handler": None,
+}
+PICKERS = {"max-score-picker"}
+PLUGIN_REF = closed({"pluginRef": STR}, required=("pluginRef",))
+EPP_CONFIG_SCHEMA = closed({
+    "apiVersion": {"const": "llm-d.ai/v1alpha1"},
+    "kind": {"const": "EndpointPickerConfig"},
+    "featureGates": {"type": "array"},
+    "plugins": {"type": "array", "minItems": 1, "items": {
+        **closed({"name": STR, "type": {"enum": sorted(EPP_PLUGIN_PARAMETERS)},
+                  "parameters": {"type": "object"}}, required=("type",)),
+        "allOf": [
+            {"if": {"properties": {"type": {"const": t}}},
+             "then": {"properties": {"parameters": schema}} if schema
+             else {"not": {"required": ["parameters"]}}}
+            for t, schema in EPP_PLUGIN_PARAMETERS.items()
+        ],
+    }},
+    "schedulingProfiles": {"type": "array", "minItems": 1, "items": closed({
+        "name": STR,
+        "plugins": {"type": "array", "minItems": 1, "items": closed(
+            {"pluginRef": STR, "weight": NUM}, required=("pluginRef",))},
+    }, required=("name", "plugins"))},
+    "dataLayer": closed({
+        "injectDefaults": BOOL,
+        "sources": {"type": "array", "items": closed({
+            "pluginRef": STR, "extractors": {"type": "array", "items": PLUGIN_REF},
+        }, required=("pluginRef",))},
+        "discovery": PLUGIN_REF,
+        "crossReplicaSyncerPluginRef": STR, "crossReplicaSyncInterval": STR,
+    }),
+    "flowControl": {"type": "object"}, "requestHandler": {"type": "object"},
+    "saturationDetector": {"type": "object"}, "parser": {"type": "object"},
+}, required=("apiVersion", "kind", "plugins", "schedulingProfiles"))
+
+
+def schema_errors(schema: dict, doc: dict) -> list[str]:
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema)
+    return [
+        f"{'/'.join(map(str, e.absolute_path)) or '.'}: {e.message}"
+        for e in validator.iter_errors(doc)
+    ]
+
+
+def inference_objects() -> dict[tuple[str, str], dict]:
+    """The objects of deploy/k8s/inference's resource files, keyed by (kind, name)."""
+    (component,) = load_yaml(INFERENCE / "kustomization.yaml")
+    objects = {}
+    for name in component["resources"]:
+        for doc in load_yaml(INFERENCE / name):
+            key = (doc["kind"], doc["metadata"]["name"])
+            assert key not in objects, f"two {key}"
+            objects[key] = doc
+    return objects
+
+
+def merge_patch(base, patch):
+    """A strategic-merge patch of the fields the sluice patch uses: maps merge, lists of named
+    items merge by name with the patch's new items first (as kustomize orders them)."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = merge_patch(base[k], v) if k in base else v
+        return out
+    if (isinstance(base, list) and isinstance(patch, list)
+            and all(isinstance(x, dict) and "name" in x for x in base + patch)):
+        by_name = {x["name"]: x for x in patch}
+        merged = [merge_patch(x, by_name.pop(x["name"])) if x["name"] in by_name else x
+                  for x in base]
+        return list(by_name.values()) + merged
+    return patch
+
+
+def patched_sluice_deployment() -> dict:
+    (patch,) = load_yaml(SLUICE_PATCH)
+    base = k8s_objects()["Deployment"]
+    assert (patch["kind"], patch["metadata"]["name"]) == ("Deployment", base["metadata"]["name"])
+    return merge_patch(base, patch)
+
+
+def epp_config() -> dict:
+    (config,) = load_yaml(EPP_CONFIG)
+    return config
+
+
+def epp_plugins() -> dict[str, dict]:
+    """Plugins by name (a plugin's name defaults to its type)."""
+    plugins = {}
+    for p in epp_config()["plugins"]:
+        name = p.get("name", p["type"])
+        assert name not in plugins, f"two plugins named {name}"
+        plugins[name] = p
+    return plugins
+
+
+def env_value(env: list[dict], name: str) -> str:
+    (item,) = [e for e in env if e["name"] == name]
+    return item["value"]
+
+
+def test_inference_component_lists_every_file():
+    (component,) = load_yaml(INFERENCE / "kustomization.yaml")
+    assert component["kind"] == "Component"
+    used = set(component["resources"])
+    used |= {f for g in component["configMapGenerator"] for f in g["files"]}
+    used |= {p["path"] for p in component["patches"]}
+    files = {p.name for p in INFERENCE.iterdir()} - {"kustomization.yaml"}
+    assert used == files, used ^ files
+    (entry,) = load_yaml(INFERENCE_ENTRY / "kustomization.yaml")
+    assert [(INFERENCE_ENTRY / r).resolve() for r in entry["resources"]] == [K8S.resolve()]
+    assert [(INFERENCE_ENTRY / c).resolve() for c in entry["components"]] == [INFERENCE.resolve()]
+    # The base stays free of the CRD-dependent objects.
+    (base,) = load_yaml(K8S / "kustomization.yaml")
+    assert not any("inference" in r for r in base["resources"]), base["resources"]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_inference_builtin_objects_match_the_kubernetes_schemas(version):
+    """Strict validation of every built-in kind of deploy/k8s/inference, the patched sluice
+    Deployment among them."""
+    import kubernetes_validate
+
+    if version == "latest":
+        version = kubernetes_validate.latest_version()
+    objects = [o for (kind, _), o in inference_objects().items()
+               if kind not in ("InferencePool", "HTTPRoute")]
+    assert {o["kind"] for o in objects} == {
+        "ServiceAccount", "Role", "RoleBinding", "Deployment", "Service",
+    }
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": "sluice-epp-config"},
+                 "data": {EPP_CONFIG.name: EPP_CONFIG.read_text()}}
+    objects += [patched_sluice_deployment(), configmap]
+    errors = []
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except Exception as e:  # noqa: BLE001 - jsonschema's or kubernetes-validate's errors
+            where = "/".join(map(str, getattr(e, "absolute_path", []))) or "."
+            errors.append(f"{obj['kind']} {obj['metadata']['name']} at {where}: "
+                          f"{getattr(e, 'message', e)}")
+    assert not errors, f"not valid Kubernetes {version} objects:\n" + "\n".join(errors)
+
+
+def test_inference_custom_objects_match_the_upstream_fields():
+    objects = inference_objects()
+    pools = [o for (kind, _), o in objects.items() if kind == "InferencePool"]
+    routes = [o for (kind, _), o in objects.items() if kind == "HTTPRoute"]
+    assert len(pools) == 1 and len(routes) == 1, list(objects)
+    errors = schema_errors(INFERENCEPOOL_SCHEMA, pools[0])
+    errors += schema_errors(HTTPROUTE_SCHEMA, routes[0])
+    errors += schema_errors(EPP_CONFIG_SCHEMA, epp_config())
+    assert not errors, "\n".join(errors)
+    # The schemas reject what upstream rejects (a check of the checks).
+    bad_pool = json.loads(json.dumps(pools[0]))
+    bad_pool["spec"]["endpointPickerRef"].pop("port")
+    bad_pool["spec"]["targetPorts"] *= 2
+    bad_pool["spec"]["extra"] = 1
+    assert len(schema_errors(INFERENCEPOOL_SCHEMA, bad_pool)) == 3
+    bad_config = json.loads(json.dumps(epp_config()))
+    bad_config["plugins"][0].setdefault("parameters", {})["unknown"] = 1
+    bad_config["plugins"].append({"type": "queue-scorer", "parameters": {"x": 1}})
+    assert len(schema_errors(EPP_CONFIG_SCHEMA, bad_config)) == 2
+
+
+def test_epp_config_references_resolve():
+    config = epp_config()
+    plugins = epp_plugins()
+    refs = [p["pluginRef"] for prof in config["schedulingProfiles"] for p in prof["plugins"]]
+    for source in config.get("dataLayer", {}).get("sources", []):
+        refs.append(source["pluginRef"])
+        refs += [e["pluginRef"] for e in source.get("extractors", [])]
+    refs += [p["parameters"]["prefixMatchInfoProducerName"] for p in plugins.values()
+             if p["type"] == "prefix-cache-scorer"]
+    unknown = set(refs) - set(plugins)
+    assert not unknown, f"references to undeclared plugins: {unknown}"
+    (profile,) = config["schedulingProfiles"]
+    picked = [p for p in profile["plugins"] if plugins[p["pluginRef"]]["type"] in PICKERS]
+    assert len(picked) == 1, profile
+    # Every scorer of the profile is weighed; the producers feed them.
+    for p in profile["plugins"]:
+        if plugins[p["pluginRef"]]["type"].endswith("-scorer"):
+            assert p.get("weight", 0) > 0, p
+    types = {p["type"] for p in plugins.values()}
+    assert {"token-producer", "precise-prefix-cache-producer", "prefix-cache-scorer",
+            "queue-scorer", "kv-cache-utilization-scorer", "single-profile-handler"} <= types
+
+
+def test_inference_objects_agree_with_the_deployment():
+    objects = inference_objects()
+    sluice = patched_sluice_deployment()
+    pod = sluice["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    env = container["env"]
+    env_map = container_env(container)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    http_port = int(env_map.get("SLUICE_PORT") or default_port())
+    assert ports["http"] == http_port
+    assert sluice["spec"]["replicas"] == 2
+    # Every SLUICE_* variable the patch sets is one `sluice serve --help` lists.
+    (patch,) = load_yaml(SLUICE_PATCH)
+    (patch_container,) = patch["spec"]["template"]["spec"]["containers"]
+    set_names = {e["name"] for e in patch_container["env"] if e["name"].startswith("SLUICE_")}
+    assert set_names and set_names <= env_names(), set_names - env_names()
+
+    # The pool selects the sluice pods, and only them, on their API port.
+    (pool,) = [o for (k, _), o in objects.items() if k == "InferencePool"]
+    spec = pool["spec"]
+    assert spec["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert [p["number"] for p in spec["targetPorts"]] == [http_port]
+    epp = objects[("Deployment", "sluice-epp")]
+    epp_labels = epp["spec"]["template"]["metadata"]["labels"]
+    assert not spec["selector"]["matchLabels"].items() <= epp_labels.items()
+
+    # endpointPickerRef -> the picker's Service and port -> its container's gRPC port.
+    ref = spec["endpointPickerRef"]
+    assert (ref.get("group", ""), ref.get("kind", "Service")) == ("", "Service")
+    service = objects[("Service", ref["name"])]
+    assert service["spec"]["selector"].items() <= epp_labels.items()
+    sports = [p for p in service["spec"]["ports"] if p["port"] == ref["port"]["number"]]
+    assert len(sports) == 1, f"{service['metadata']['name']} has no port {ref['port']['number']}"
+    (sport,) = sports
+    (epp_container,) = epp["spec"]["template"]["spec"]["containers"]
+    epp_ports = {p["name"]: p["containerPort"] for p in epp_container["ports"]}
+    target = epp_ports.get(sport["targetPort"], sport["targetPort"])
+    args = dict(a.removeprefix("--").split("=", 1) for a in epp_container["args"])
+    assert int(args["grpc-port"]) == target
+    assert int(args["grpc-health-port"]) == epp_container["readinessProbe"]["grpc"]["port"]
+    assert args["pool-name"] == pool["metadata"]["name"]
+    assert args["pool-namespace"] == "$(POD_NAMESPACE)"
+    assert any(e["name"] == "POD_NAMESPACE" for e in epp_container["env"])
+    # The picker reads the generated ConfigMap's file.
+    (component,) = load_yaml(INFERENCE / "kustomization.yaml")
+    (generator,) = component["configMapGenerator"]
+    (mount,) = [m for m in epp_container["volumeMounts"] if m["name"] == "config"]
+    (volume,) = [v for v in epp["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
+    assert volume["configMap"]["name"] == generator["name"]
+    assert args["config-file"] == f"{mount['mountPath']}/{EPP_CONFIG.name}"
+    assert generator["files"] == [EPP_CONFIG.name]
+    # RBAC: the picker's ServiceAccount may read the pool and the pods.
+    account = epp["spec"]["template"]["spec"]["serviceAccountName"]
+    binding = objects[("RoleBinding", account)]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account}]
+    role = objects[("Role", binding["roleRef"]["name"])]
+    granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"]
+               for r in rule["resources"] if {"get", "list", "watch"} <= set(rule["verbs"])}
+    assert {("inference.networking.k8s.io", "inferencepools"), ("", "pods")} <= granted
+
+    # The HTTPRoute sends the API to the pool.
+    (route,) = [o for (k, _), o in objects.items() if k == "HTTPRoute"]
+    backends = [b for r in route["spec"]["rules"] for b in r["backendRefs"]]
+    assert backends and all(
+        (b["group"], b["kind"], b["name"])
+        == ("inference.networking.k8s.io", "InferencePool", pool["metadata"]["name"])
+        for b in backends
+    ), backends
+
+    # KV-cache events: the pods bind what the picker connects to, under a topic it parses.
+    plugins = epp_plugins()
+    (producer,) = [p for p in plugins.values() if p["type"] == "precise-prefix-cache-producer"]
+    events = producer["parameters"]["kvEventsConfig"]
+    assert events["discoverPods"] is True and "zmqEndpoint" not in events, events
+    discovery = events["podDiscoveryConfig"]
+    assert env_map["SLUICE_KV_EVENTS"] == f"tcp://*:{discovery['socketPort']}"
+    assert env_map["SLUICE_KV_EVENTS_REPLAY"] == f"tcp://*:{discovery['replaySocketPort']}"
+    assert {discovery["socketPort"], discovery["replaySocketPort"]} <= set(ports.values())
+    served = env_map["SLUICE_SERVED_MODEL_NAME"]
+    topic = env_map["SLUICE_KV_EVENTS_TOPIC"]
+    assert topic.startswith(events["topicFilter"])
+    assert topic == f"kv@$(POD_IP):{http_port}@{served}", topic
+    names = [e["name"] for e in env]
+    (pod_ip,) = [e for e in env if e["name"] == "POD_IP"]
+    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert names.index("POD_IP") < names.index("SLUICE_KV_EVENTS_TOPIC"), names
+    # The served model is the default one (the model file's name) and the tokenizer's.
+    model_file = Path(env_map["SLUICE_MODEL"]).stem
+    assert served == model_file
+    (tokenizer,) = [p for p in plugins.values() if p["type"] == "token-producer"]
+    assert tokenizer["parameters"]["modelName"] == served
+    base_service = k8s_objects()["Service"]
+    (bport,) = base_service["spec"]["ports"]
+    assert tokenizer["parameters"]["vllm"]["url"] == (
+        f"http://{base_service['metadata']['name']}:{bport['port']}"
+    )
+    # Blocks of sluice's size.
+    block_size = int(env_map.get("SLUICE_BLOCK_SIZE") or serve_help()["block-size"]["default"])
+    tokens = producer["parameters"]["tokenProcessorConfig"]
+    assert tokens["blockSizeTokens"] == block_size == int(serve_help()["block-size"]["default"])
+    assert "blockSize" not in tokens, "blockSize is deprecated upstream: blockSizeTokens"
+
+    # The pods' engine label selects an engineConfigs entry of the metrics extractor.
+    (extractor,) = [p for p in plugins.values() if p["type"] == "core-metrics-extractor"]
+    label_key = extractor["parameters"].get("engineLabelKey", "llm-d.ai/engine-type")
+    engine = pod["metadata"]["labels"][label_key]
+    assert engine in {c["name"] for c in extractor["parameters"]["engineConfigs"]}
+
+
+def test_epp_engine_config_names_live_metrics(scrape):
+    """The metric names the picker's engine entry for sluice reads exist in a live /metrics
+    (and the LoRA metric sluice lacks is not asked for)."""
+    (extractor,) = [p for p in epp_plugins().values() if p["type"] == "core-metrics-extractor"]
+    engine = patched_sluice_deployment()["spec"]["template"]["metadata"]["labels"][
+        extractor["parameters"].get("engineLabelKey", "llm-d.ai/engine-type")
+    ]
+    configs = [c for c in extractor["parameters"]["engineConfigs"] if c["name"] == engine]
+    assert len(configs) == 1, f"no engineConfigs entry for the pods' engine label {engine!r}"
+    (config,) = configs
+    specs = {k: v for k, v in config.items() if k.endswith("Spec")}
+    assert specs["loraSpec"] == "" and not scrape.has("vllm:lora_requests_info")
+    for key, spec in specs.items():
+        if not spec:
+            continue
+        name = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", spec).group(0)
+        assert scrape.has(name), f"{key}: {name} is not in /metrics"
+    assert scrape.label_values(config["cacheInfoSpec"], "block_size") == {
+        serve_help()["block-size"]["default"]
+    }
+    assert scrape.label_values(config["cacheInfoSpec"], "num_gpu_blocks")
+
+
+def test_kustomize_builds_the_inference_deployment():
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (the other inference tests still check every file)")
+    out = run([kubectl, "kustomize", str(INFERENCE_ENTRY)])
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    kinds = sorted(d["kind"] for d in docs)
+    expected = sorted(
+        list(k8s_objects()) + [k for k, _ in inference_objects()] + ["ConfigMap"]
+    )
+    assert kinds == expected, kinds
+    by_key = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    # The patch applied as this file's merge expects: same env, in the same order.
+    built = by_key[("Deployment", "sluice")]
+    (built_container,) = built["spec"]["template"]["spec"]["containers"]
+    (merged_container,) = patched_sluice_deployment()["spec"]["template"]["spec"]["containers"]
+    assert built_container["env"] == merged_container["env"]
+    assert built_container["ports"] == merged_container["ports"]
+    assert built["spec"]["template"]["metadata"]["labels"]["llm-d.ai/engine-type"] == "sluice"
+    # The generated ConfigMap (hash-suffixed) holds epp-config.yaml and the picker mounts it.
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert yaml.safe_load(configmap["data"][EPP_CONFIG.name]) == epp_config()
+    epp = by_key[("Deployment", "sluice-epp")]
+    (volume,) = [v for v in epp["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    assert configmap["metadata"]["name"].startswith("sluice-epp-config-")
+    # Still what the base alone builds, without the CRD-dependent kinds.
+    base = [d["kind"] for d in yaml.safe_load_all(run([kubectl, "kustomize", str(K8S)]).stdout)
+            if d]
+    assert not {"InferencePool", "HTTPRoute"} & set(base)
 
 
 def test_compose_matches_the_compose_specification():
