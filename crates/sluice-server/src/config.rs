@@ -203,7 +203,8 @@ config_keys! {
     kv_events: Option<Named<ZmqEndpoint>> = None;
     flag Named<ZmqEndpoint>, #[arg(long, env = "SLUICE_KV_EVENTS", value_name = "ENDPOINT")]
 
-    /// Topic of every KV-event message; llm-d reads `kv@POD_IP@MODEL` [default: empty].
+    /// Topic of every KV-event message; llm-d reads `kv@POD@MODEL`, POD being `POD_IP:PORT` in
+    /// llm-d-router 0.10 [default: empty].
     kv_events_topic: String = String::new();
     flag String, #[arg(long, env = "SLUICE_KV_EVENTS_TOPIC", value_name = "TOPIC")]
 
