@@ -11,7 +11,8 @@ the replay ROUTER socket with a DEALER.
 - A subscriber that stops reading loses messages (counted in
   `sluice_kv_events_dropped_total{reason="subscriber"}`), while the requests and a reading
   subscriber beside it lose nothing.
-- A bad endpoint fails the start with an error naming the flag.
+- A bad endpoint fails the start with an error naming the flag; without `--kv-events` the
+  prefix cache's routes are 404s.
 """
 
 from __future__ import annotations
@@ -353,6 +354,15 @@ def test_a_stalled_subscriber_loses_messages_and_nothing_else_does():
         sub.close()
         stalled.close()
         srv.close()
+
+
+def test_the_prefix_cache_routes_need_kv_events(server):
+    """Without --kv-events, the listing (every cached prompt's tokens) and the reset are 404s
+    in OpenAI's error shape, saying which flag serves them."""
+    for method, path in (("GET", "/debug/kv_cache"), ("POST", "/reset_prefix_cache")):
+        r = requests.request(method, f"{server.url}{path}", timeout=30)
+        assert r.status_code == 404, (path, r.status_code, r.text)
+        assert "--kv-events" in r.json()["error"]["message"], r.text
 
 
 def start_fails(*args: str) -> str:

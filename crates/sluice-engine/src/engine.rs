@@ -124,6 +124,7 @@ impl Engine {
             pooling: config.pooling,
             hidden_size: model.hidden_size(),
             max_waiting: config.max_waiting,
+            kv_events: config.kv_events,
             tokenizer: tokenizer.clone(),
             next_id: 1.into(),
             draining: false.into(),

@@ -87,6 +87,8 @@ pub(crate) struct Shared {
     pub pooling: Pooling,
     pub hidden_size: usize,
     pub max_waiting: usize,
+    /// Whether the engine records KV-cache events (`EngineConfig::kv_events`).
+    pub kv_events: bool,
     pub tokenizer: Arc<Tokenizer>,
     pub next_id: AtomicU64,
     pub draining: AtomicBool,
@@ -257,6 +259,11 @@ impl EngineHandle {
 
     /// Stops admitting requests (later submissions fail with [`SubmitError::ShuttingDown`]);
     /// what is in flight runs to completion, after which the engine thread exits.
+    /// Whether the engine records KV-cache events (started with `EngineConfig::kv_events`).
+    pub fn records_kv_events(&self) -> bool {
+        self.shared.kv_events
+    }
+
     /// The blocks the prefix cache holds, with the number of the last KV-event batch they
     /// include; `None` when the engine has stopped.
     pub async fn kv_cache_snapshot(&self) -> Option<KvCacheSnapshot> {

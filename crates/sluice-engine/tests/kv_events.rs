@@ -144,6 +144,7 @@ fn a_replica_built_from_the_events_equals_the_prefix_cache_after_a_storm() {
     let mut rx = engine.take_kv_events().expect("events are on");
     assert!(engine.take_kv_events().is_none());
     let h = engine.handle();
+    assert!(h.records_kv_events());
     let rt = runtime();
     let mut replica = Replica::default();
 
@@ -182,6 +183,7 @@ fn without_kv_events_nothing_is_queued_and_snapshots_still_work() {
         Engine::start(Box::new(model), tiny_tokenizer(), EngineConfig::default()).unwrap();
     assert!(engine.take_kv_events().is_none());
     let h = engine.handle();
+    assert!(!h.records_kv_events());
     storm(&h, 2);
     let snap = runtime().block_on(h.kv_cache_snapshot()).unwrap();
     assert_eq!(snap.last_seq, None);

@@ -3,8 +3,13 @@
 //! lost batches starts from it and applies the batches after it), and `POST
 //! /reset_prefix_cache` empties the cache, as vLLM's route of that name does (one
 //! `AllBlocksCleared` event).
+//!
+//! Both are served only with `--kv-events`: the listing holds every cached prompt's token ids
+//! (other clients' prompts), and a reset costs every client its cached prefixes, so neither
+//! is open on a server that has not been set up for routers.
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::Json;
 use serde::Serialize;
 
@@ -30,8 +35,19 @@ pub struct CachedBlock {
     pub token_ids: Vec<u32>,
 }
 
+/// The 404 of both routes on a server without `--kv-events`.
+fn without_kv_events(route: &str) -> ApiError {
+    ApiError::from_status(
+        StatusCode::NOT_FOUND,
+        format!("{route} is served only when the server publishes KV-cache events (--kv-events)."),
+    )
+}
+
 pub async fn snapshot(State(state): State<AppState>) -> Result<Json<KvCacheResponse>, ApiError> {
     let model = state.model()?;
+    if !model.engine.records_kv_events() {
+        return Err(without_kv_events("GET /debug/kv_cache"));
+    }
     let snap = model
         .engine
         .kv_cache_snapshot()
@@ -65,6 +81,9 @@ pub async fn reset_prefix_cache(
     State(state): State<AppState>,
 ) -> Result<Json<ResetResponse>, ApiError> {
     let model = state.model()?;
+    if !model.engine.records_kv_events() {
+        return Err(without_kv_events("POST /reset_prefix_cache"));
+    }
     let cleared_blocks = model
         .engine
         .reset_prefix_cache()
