@@ -102,6 +102,9 @@ pub fn tiny_app(http: HttpSettings) -> TestApp {
             max_num_batched_tokens: 512,
             max_waiting: 256,
             max_model_len: None,
+            // The prefix cache's routes are served only with KV events on; the batches queue
+            // unread (past the queue's bound they are dropped, never waited on).
+            kv_events: true,
             ..EngineConfig::default()
         },
     })
