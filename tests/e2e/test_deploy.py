@@ -309,14 +309,32 @@ def flood(srv: SluiceServer, clients: int = 8) -> list[int]:
     return codes
 
 
+def start_answering_a_503(srv: SluiceServer) -> None:
+    """Starts `srv` while polling /health every 10 ms: the 503 it answers while the model loads
+    (the listener is up first, for ~0.5 s) is the 5xx series that the alerts' `status=~"5.."`
+    selectors need. Polling only every 0.2 s, as `start` does, sometimes missed that window."""
+    seen: list[int] = []
+    starting = threading.Thread(target=srv.start)
+    starting.start()
+    while starting.is_alive():
+        try:
+            seen.append(requests.get(f"{srv.url}/health", timeout=1).status_code)
+        except requests.RequestException:
+            pass
+        time.sleep(0.01)
+    starting.join()
+    assert srv.proc is not None and srv.proc.poll() is None, srv.log_tail()
+    assert 503 in seen, f"/health never answered 503 while loading: {sorted(set(seen))}"
+
+
 @pytest.fixture(scope="module")
 def busy_server():
-    """A server with a one-slot queue that has answered 200s and 429s."""
+    """A server with a one-slot queue that has answered 200s, 429s and a 503 (loading)."""
     srv = SluiceServer(
         "--kv-cache-memory", "128MiB", "--max-num-seqs", "1", "--max-waiting", "1", name="deploy"
     )
     try:
-        srv.start()
+        start_answering_a_503(srv)
         codes: list[int] = []
         for _ in range(3):
             codes += flood(srv)
