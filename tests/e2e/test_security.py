@@ -12,7 +12,7 @@ import uuid
 import pytest
 import requests
 
-from harness import MODEL_NAME, ROOT, SluiceServer
+from harness import MODEL_NAME, ROOT, SluiceServer, free_port
 
 KEY = "sk-e2e-security"
 DOCUMENT = json.loads((ROOT / "crates/sluice-server/src/routes/openapi.json").read_text())
@@ -29,6 +29,8 @@ BODIES = {
     "/tokenize": {"prompt": "Hello"},
     "/detokenize": {"tokens": [19556]},
 }
+# Keyed routes that read no body: the prefix cache's (served with --kv-events).
+BODILESS = {"/debug/kv_cache", "/reset_prefix_cache"}
 
 
 def operations() -> list[tuple[str, str]]:
@@ -47,7 +49,11 @@ def call(
 
 @pytest.fixture(scope="module")
 def keyed():
-    srv = SluiceServer("--api-key", KEY, "--kv-cache-memory", "128MiB", name="keyed")
+    # --kv-events: the prefix cache's routes are served (behind the key) only with it.
+    srv = SluiceServer(
+        "--api-key", KEY, "--kv-cache-memory", "128MiB",
+        "--kv-events", f"tcp://*:{free_port()}", name="keyed",
+    )
     try:
         yield srv.start()
     finally:
@@ -68,8 +74,10 @@ def keyed_metrics(tmp_path_factory):
 
 
 def test_every_api_route_needs_the_key_and_probes_stay_open(keyed):
-    api = [(m, p) for m, p in operations() if p.startswith("/v1/") or p in BODIES]
-    assert len(api) == 13, api
+    api = [
+        (m, p) for m, p in operations() if p.startswith("/v1/") or p in BODIES or p in BODILESS
+    ]
+    assert len(api) == 15, api
     # A stored response for GET /v1/responses/{response_id} to find.
     stored = call(keyed.url, "post", "/v1/responses", KEY).json()["id"]
     for method, path in api:
