@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use sluice_model::Pooling;
 use sluice_tokenizer::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::oneshot;
 
 use crate::block_manager::PrefixCacheStats;
 use crate::events::Event;
@@ -54,9 +55,9 @@ pub(crate) enum Command {
     /// Abort everything and exit.
     Stop,
     /// Answer with the prefix cache's blocks, after sending the events so far.
-    KvCacheSnapshot(tokio::sync::oneshot::Sender<KvCacheSnapshot>),
+    KvCacheSnapshot(oneshot::Sender<KvCacheSnapshot>),
     /// Empty the prefix cache; answer with how many blocks it held.
-    ResetPrefixCache(tokio::sync::oneshot::Sender<usize>),
+    ResetPrefixCache(oneshot::Sender<usize>),
 }
 
 /// Counters the engine thread publishes after every change, read without a round trip.
@@ -267,16 +268,20 @@ impl EngineHandle {
     /// The blocks the prefix cache holds, with the number of the last KV-event batch they
     /// include; `None` when the engine has stopped.
     pub async fn kv_cache_snapshot(&self) -> Option<KvCacheSnapshot> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.commands.send(Command::KvCacheSnapshot(tx)).ok()?;
-        rx.await.ok()
+        self.ask(Command::KvCacheSnapshot).await
     }
 
     /// Empties the prefix cache (vLLM's `reset_prefix_cache`); returns how many blocks it
     /// held, or `None` when the engine has stopped. Requests in flight keep their blocks.
     pub async fn reset_prefix_cache(&self) -> Option<usize> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.commands.send(Command::ResetPrefixCache(tx)).ok()?;
+        self.ask(Command::ResetPrefixCache).await
+    }
+
+    /// Sends the command `command` builds around a reply channel and awaits the engine
+    /// thread's answer; `None` when the engine has stopped.
+    async fn ask<T>(&self, command: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.send(command(tx)).ok()?;
         rx.await.ok()
     }
 

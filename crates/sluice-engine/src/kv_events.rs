@@ -69,26 +69,18 @@ pub struct KvCacheSnapshot {
 pub const KV_EVENT_QUEUE_BATCHES: usize = 16_384;
 
 /// The engine thread's end of the event queue: numbers the batches and never blocks. A batch
-/// that finds the queue full is dropped and counted; its number is still spent, so subscribers
-/// see the gap.
+/// that finds the queue full is dropped (the caller counts it, in the metrics); its number is
+/// still spent, so subscribers see the gap.
 #[derive(Debug)]
 pub struct KvEventSender {
     tx: Sender<KvEventBatch>,
     next_seq: u64,
-    dropped: u64,
 }
 
 /// Makes the queue between the engine thread and the publisher.
 pub fn kv_event_channel() -> (KvEventSender, Receiver<KvEventBatch>) {
     let (tx, rx) = tokio::sync::mpsc::channel(KV_EVENT_QUEUE_BATCHES);
-    (
-        KvEventSender {
-            tx,
-            next_seq: 0,
-            dropped: 0,
-        },
-        rx,
-    )
+    (KvEventSender { tx, next_seq: 0 }, rx)
 }
 
 impl KvEventSender {
@@ -108,21 +100,13 @@ impl KvEventSender {
         self.next_seq += 1;
         match self.tx.try_send(batch) {
             Ok(()) => false,
-            Err(TrySendError::Full(_) | TrySendError::Closed(_)) => {
-                self.dropped += 1;
-                true
-            }
+            Err(TrySendError::Full(_) | TrySendError::Closed(_)) => true,
         }
     }
 
     /// The number of the last batch sent (or dropped).
     pub fn last_seq(&self) -> Option<u64> {
         self.next_seq.checked_sub(1)
-    }
-
-    /// Batches dropped so far.
-    pub fn dropped(&self) -> u64 {
-        self.dropped
     }
 }
 
@@ -133,11 +117,7 @@ mod tests {
     #[test]
     fn batches_are_numbered_and_a_full_queue_drops_without_blocking() {
         let (tx, mut rx) = tokio::sync::mpsc::channel(1);
-        let mut sender = KvEventSender {
-            tx,
-            next_seq: 0,
-            dropped: 0,
-        };
+        let mut sender = KvEventSender { tx, next_seq: 0 };
         let mut events = Vec::new();
         assert!(!sender.send(&mut events), "no events, no batch");
         assert_eq!(sender.last_seq(), None);
@@ -145,8 +125,10 @@ mod tests {
         assert!(!sender.send(&mut events));
         assert!(events.is_empty());
         events.push(KvCacheEvent::AllCleared);
-        assert!(sender.send(&mut events), "the queue holds one batch");
-        assert_eq!(sender.dropped(), 1);
+        assert!(
+            sender.send(&mut events),
+            "the queue holds one batch: dropped"
+        );
         assert_eq!(sender.last_seq(), Some(1));
         assert_eq!(rx.try_recv().unwrap().seq, 0);
         events.push(KvCacheEvent::Removed {
