@@ -93,28 +93,26 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let mut engine = loaded.engine;
     let handle = engine.handle();
-    let _publisher = match kv_events {
-        Some(publisher) => {
-            let Some(batches) = engine.take_kv_events() else {
-                anyhow::bail!("--kv-events: the engine was started without KV events");
-            };
-            tracing::info!(
-                endpoint = %config.kv_events.as_ref().map(|e| e.to_string()).unwrap_or_default(),
-                bound = ?publisher.pub_addr(),
-                replay = ?publisher.replay_addr(),
-                topic = %config.kv_events_topic,
-                "publishing KV-cache events"
-            );
-            // Where the KV cache lives: the `cuda` build keeps it on the GPU.
-            let medium = if cfg!(feature = "cuda") {
-                Medium::Gpu
-            } else {
-                Medium::Cpu
-            };
-            Some(publisher.start(batches, config.block_size, medium))
-        }
-        None => None,
-    };
+    // The publisher's task ends by itself when the engine, and with it the event queue, goes.
+    if let Some(publisher) = kv_events {
+        let Some(batches) = engine.take_kv_events() else {
+            anyhow::bail!("--kv-events: the engine was started without KV events");
+        };
+        tracing::info!(
+            endpoint = %config.kv_events.as_ref().map(|e| e.to_string()).unwrap_or_default(),
+            bound = ?publisher.pub_addr(),
+            replay = ?publisher.replay_addr(),
+            topic = %config.kv_events_topic,
+            "publishing KV-cache events"
+        );
+        // Where the KV cache lives: the `cuda` build keeps it on the GPU.
+        let medium = if cfg!(feature = "cuda") {
+            Medium::Gpu
+        } else {
+            Medium::Cpu
+        };
+        publisher.start(batches, config.block_size, medium);
+    }
     let name = loaded.model.name.clone();
     state.set_ready(loaded.model);
     tracing::info!(address = %server.local_addr(), model = %name, "ready");

@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -120,7 +121,7 @@ impl KvEventPublisher {
             topic: self.settings.topic.clone().into_bytes(),
             hwm: self.settings.hwm,
             buffer_steps: self.settings.buffer_steps,
-            next_subscriber: Mutex::new(0),
+            next_subscriber: AtomicU64::new(0),
             dropped: counter!(KV_EVENTS_DROPPED, "reason" => "subscriber"),
             subscriber_gauge: gauge!(SUBSCRIBERS),
         });
@@ -160,7 +161,7 @@ struct Hub {
     topic: Vec<u8>,
     hwm: usize,
     buffer_steps: usize,
-    next_subscriber: Mutex<u64>,
+    next_subscriber: AtomicU64,
     dropped: Counter,
     subscriber_gauge: Gauge,
 }
@@ -199,11 +200,7 @@ impl Hub {
 
     fn add_subscriber(&self) -> (u64, mpsc::Receiver<Arc<Vec<u8>>>) {
         let (tx, rx) = mpsc::channel(self.hwm);
-        let id = {
-            let mut next = lock(&self.next_subscriber);
-            *next += 1;
-            *next
-        };
+        let id = self.next_subscriber.fetch_add(1, Ordering::Relaxed);
         let mut subscribers = lock(&self.subscribers);
         subscribers.push(SubscriberQueue { id, tx });
         self.subscriber_gauge.set(subscribers.len() as f64);
@@ -269,17 +266,24 @@ async fn connect_to_subscriber(hub: Arc<Hub>, endpoint: ZmqEndpoint) {
     }
 }
 
+/// Sets up a new connection: no Nagle delay (messages are small and should leave at once),
+/// then the ZMTP handshake as `socket_type`, within [`HANDSHAKE_TIMEOUT`].
+async fn greet(stream: &mut TcpStream, socket_type: &str, peer_types: &[&str]) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        handshake(stream, socket_type, peer_types),
+    )
+    .await
+    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "handshake timed out"))??;
+    Ok(())
+}
+
 /// One subscriber, after the handshake: its subscriptions come in (3.0's subscribe messages
 /// or 3.1's SUBSCRIBE/CANCEL commands), its queue's messages go out when a subscription
 /// matches their topic. Returns when the peer goes away.
 async fn serve_subscriber(hub: &Hub, mut stream: TcpStream) -> io::Result<()> {
-    stream.set_nodelay(true)?;
-    tokio::time::timeout(
-        HANDSHAKE_TIMEOUT,
-        handshake(&mut stream, "PUB", &["SUB", "XSUB"]),
-    )
-    .await
-    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "handshake timed out"))??;
+    greet(&mut stream, "PUB", &["SUB", "XSUB"]).await?;
     let (mut reader, mut writer) = stream.into_split();
     let subscriptions: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
     let (pong_tx, mut pong_rx) = mpsc::unbounded_channel::<Vec<u8>>();
@@ -357,13 +361,7 @@ async fn accept_replays(hub: Arc<Hub>, listener: TcpListener) {
 /// batch from there on, then `[-1, ""]`, each behind the request's envelope (the empty
 /// delimiter a REQ or DEALER peer sent before it).
 async fn serve_replays(hub: &Hub, mut stream: TcpStream) -> io::Result<()> {
-    stream.set_nodelay(true)?;
-    tokio::time::timeout(
-        HANDSHAKE_TIMEOUT,
-        handshake(&mut stream, "ROUTER", &["REQ", "DEALER", "ROUTER"]),
-    )
-    .await
-    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "handshake timed out"))??;
+    greet(&mut stream, "ROUTER", &["REQ", "DEALER", "ROUTER"]).await?;
     loop {
         let request = read_message(&mut stream, |_, _| {}).await?;
         let Some((start, envelope)) = request.split_last() else {
@@ -397,8 +395,6 @@ async fn serve_replays(hub: &Hub, mut stream: TcpStream) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicU64, Ordering};
-
     use super::*;
 
     fn hub(hwm: usize, buffer_steps: usize) -> (Hub, Arc<AtomicU64>) {
@@ -409,7 +405,7 @@ mod tests {
             topic: b"kv@pod@model".to_vec(),
             hwm,
             buffer_steps,
-            next_subscriber: Mutex::new(0),
+            next_subscriber: AtomicU64::new(0),
             dropped: Counter::from_arc(dropped.clone()),
             subscriber_gauge: Gauge::noop(),
         };

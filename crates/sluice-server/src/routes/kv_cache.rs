@@ -12,6 +12,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Serialize;
+use sluice_engine::EngineHandle;
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -35,24 +36,29 @@ pub struct CachedBlock {
     pub token_ids: Vec<u32>,
 }
 
-/// The 404 of both routes on a server without `--kv-events`.
-fn without_kv_events(route: &str) -> ApiError {
-    ApiError::from_status(
-        StatusCode::NOT_FOUND,
-        format!("{route} is served only when the server publishes KV-cache events (--kv-events)."),
-    )
+/// The engine, for either route: a 404 on a server without `--kv-events`.
+fn engine_with_kv_events(state: &AppState, route: &str) -> Result<EngineHandle, ApiError> {
+    let engine = state.model()?.engine.clone();
+    if !engine.records_kv_events() {
+        return Err(ApiError::from_status(
+            StatusCode::NOT_FOUND,
+            format!(
+                "{route} is served only when the server publishes KV-cache events (--kv-events)."
+            ),
+        ));
+    }
+    Ok(engine)
+}
+
+fn engine_stopped() -> ApiError {
+    ApiError::unavailable("The engine has stopped.")
 }
 
 pub async fn snapshot(State(state): State<AppState>) -> Result<Json<KvCacheResponse>, ApiError> {
-    let model = state.model()?;
-    if !model.engine.records_kv_events() {
-        return Err(without_kv_events("GET /debug/kv_cache"));
-    }
-    let snap = model
-        .engine
+    let snap = engine_with_kv_events(&state, "GET /debug/kv_cache")?
         .kv_cache_snapshot()
         .await
-        .ok_or_else(|| ApiError::unavailable("The engine has stopped."))?;
+        .ok_or_else(engine_stopped)?;
     let mut blocks: Vec<CachedBlock> = snap
         .blocks
         .into_iter()
@@ -80,14 +86,9 @@ pub struct ResetResponse {
 pub async fn reset_prefix_cache(
     State(state): State<AppState>,
 ) -> Result<Json<ResetResponse>, ApiError> {
-    let model = state.model()?;
-    if !model.engine.records_kv_events() {
-        return Err(without_kv_events("POST /reset_prefix_cache"));
-    }
-    let cleared_blocks = model
-        .engine
+    let cleared_blocks = engine_with_kv_events(&state, "POST /reset_prefix_cache")?
         .reset_prefix_cache()
         .await
-        .ok_or_else(|| ApiError::unavailable("The engine has stopped."))?;
+        .ok_or_else(engine_stopped)?;
     Ok(Json(ResetResponse { cleared_blocks }))
 }
