@@ -36,6 +36,8 @@ import msgpack
 import requests
 import zmq
 
+from harness import SluiceServer, free_port, metric_value
+
 
 def block_keys(tokens: list[int], block_size: int) -> list[int]:
     """The picker's keys of the full blocks of `tokens`, in order."""
@@ -223,13 +225,8 @@ def stream_ttft(url: str, prompt: str, max_tokens: int) -> float:
 def prefix_counts(url: str) -> tuple[float, float]:
     """(hits, queries) of the prefix cache, in tokens."""
     text = requests.get(f"{url}/metrics", timeout=30).text
-    values = {}
-    for line in text.splitlines():
-        for name in ("sluice_prefix_cache_hits_total", "sluice_prefix_cache_queries_total"):
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return (values.get("sluice_prefix_cache_hits_total", 0.0),
-            values.get("sluice_prefix_cache_queries_total", 0.0))
+    return (metric_value(text, "sluice_prefix_cache_hits_total") or 0.0,
+            metric_value(text, "sluice_prefix_cache_queries_total") or 0.0)
 
 
 @dataclass
@@ -320,8 +317,6 @@ def main() -> None:
         ):
             raise SystemExit("prefix-aware routing did not beat round-robin's hit rate")
         return
-    from harness import SluiceServer, free_port  # only starting servers needs the harness
-
     for _ in range(args.rounds):
         for policy_name in ("round-robin", "prefix-aware"):
             servers, procs = [], []

@@ -221,17 +221,24 @@ def wait_subscribed(srv: SluiceServer, n: int) -> None:
     raise AssertionError(f"{n} subscribers never connected")
 
 
-@pytest.fixture
-def events_server():
+def events_server_with(*args: str, name: str) -> SluiceServer:
+    """A small-pool server (not started) publishing on `pub_port` with replay on
+    `replay_port`, both recorded on it."""
     pub, rep = free_port(), free_port()
     srv = SluiceServer(
         "--kv-cache-memory", SMALL_POOL,
         "--kv-events", f"tcp://*:{pub}",
         "--kv-events-replay", f"tcp://*:{rep}",
-        "--kv-events-topic", TOPIC,
-        name="kv-events",
+        *args,
+        name=name,
     )
     srv.pub_port, srv.replay_port = pub, rep
+    return srv
+
+
+@pytest.fixture
+def events_server():
+    srv = events_server_with("--kv-events-topic", TOPIC, name="kv-events")
     try:
         yield srv.start()
     finally:
@@ -329,16 +336,9 @@ def stalled_subscriber(port: int) -> socket.socket:
 
 @pytest.mark.timeout(900)
 def test_a_stalled_subscriber_loses_messages_and_nothing_else_does():
-    pub, rep = free_port(), free_port()
-    srv = SluiceServer(
-        "--kv-cache-memory", SMALL_POOL,
-        "--kv-events", f"tcp://*:{pub}",
-        "--kv-events-replay", f"tcp://*:{rep}",
-        "--kv-events-hwm", "1",
-        name="kv-events-stalled",
-    ).start()
-    stalled = stalled_subscriber(pub)
-    sub = Subscriber(pub, rep, topic=b"").start_from(None)
+    srv = events_server_with("--kv-events-hwm", "1", name="kv-events-stalled").start()
+    stalled = stalled_subscriber(srv.pub_port)
+    sub = Subscriber(srv.pub_port, srv.replay_port, topic=b"").start_from(None)
     try:
         wait_subscribed(srv, 2)
         storm(srv.url, per_client=6)
