@@ -200,6 +200,29 @@ impl Tokenizer {
         self.table.len()
     }
 
+    /// Where `other` reads token ids differently from this tokenizer, in words; `None` when
+    /// every id stands for the same bytes and the same kind of token in both (what a draft
+    /// model must share with its target: the engine hands ids from one to the other).
+    pub fn vocabulary_difference(&self, other: &Tokenizer) -> Option<String> {
+        if self.vocab_size() != other.vocab_size() {
+            return Some(format!(
+                "{} tokens against {}",
+                self.vocab_size(),
+                other.vocab_size()
+            ));
+        }
+        let id = (0..self.vocab_size() as u32).find(|&id| {
+            self.token_bytes(id) != other.token_bytes(id)
+                || self.table.kind(id) != other.table.kind(id)
+        })?;
+        let text = |t: &Tokenizer| format!("{:?}", t.id_to_token(id).unwrap_or(""));
+        Some(format!(
+            "token {id} is {} against {}",
+            text(self),
+            text(other)
+        ))
+    }
+
     /// Whether prompts should start with BOS (GGUF `tokenizer.ggml.add_bos_token`, defaulting
     /// as llama.cpp does: true for the Llama 3 pre-tokenizer, false for other BPE vocabularies).
     pub fn add_bos_token(&self) -> bool {
@@ -270,6 +293,47 @@ mod tests {
 
     fn tiny_tokenizer() -> Tokenizer {
         Tokenizer::from_gguf(&tiny_metadata("gpt-2"), Path::new("tiny.gguf")).unwrap()
+    }
+
+    #[test]
+    fn vocabularies_differ_by_size_by_a_token_or_by_a_kind() {
+        let tok = tiny_tokenizer();
+        assert_eq!(tok.vocabulary_difference(&tiny_tokenizer()), None);
+        // The pre-tokenizer is not the vocabulary: ids still mean the same bytes.
+        let other = Tokenizer::from_gguf(&tiny_metadata("qwen2"), Path::new("q.gguf")).unwrap();
+        assert_eq!(tok.vocabulary_difference(&other), None);
+        // tiny_metadata's vocabulary, edited.
+        let changed = |edit: &dyn Fn(&mut Vec<String>, &mut Vec<i32>)| {
+            let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+                .map(String::from)
+                .to_vec();
+            tokens.extend((0..=255u8).map(|b| crate::testing::byte_char(b).to_string()));
+            tokens.extend(["Ġt", "he", "Ġthe"].map(String::from));
+            let mut types = vec![3i32; 3];
+            types.resize(tokens.len(), 1);
+            edit(&mut tokens, &mut types);
+            let mut m = tiny_metadata("gpt-2");
+            m.insert("tokenizer.ggml.tokens", MetadataValue::strings(tokens));
+            m.insert("tokenizer.ggml.token_type", MetadataValue::ints(types));
+            Tokenizer::from_gguf(&m, Path::new("other.gguf")).unwrap()
+        };
+        assert_eq!(tok.vocabulary_difference(&changed(&|_, _| {})), None);
+        let longer = changed(&|t, k| {
+            t.push("<extra>".into());
+            k.push(3);
+        });
+        assert_eq!(
+            tok.vocabulary_difference(&longer).as_deref(),
+            Some("262 tokens against 263")
+        );
+        let swapped = changed(&|t, _| t.swap(100, 101));
+        let d = tok.vocabulary_difference(&swapped).unwrap();
+        assert!(d.starts_with("token 100 is "), "{d}");
+        let kind = changed(&|_, k| k[0] = 1);
+        assert!(tok
+            .vocabulary_difference(&kind)
+            .unwrap()
+            .starts_with("token 0 "));
     }
 
     #[test]
