@@ -11,6 +11,7 @@ use std::time::Duration;
 use sluice_model::Pooling;
 use sluice_tokenizer::Tokenizer;
 
+use crate::draft_model::DraftModel;
 use crate::engine_loop::EngineLoop;
 use crate::handle::{Command, EngineHandle, Shared, SharedStats};
 use crate::kv_events::{kv_event_channel, KvEventBatch};
@@ -18,7 +19,7 @@ use crate::metrics::EngineMetrics;
 use crate::model::Model;
 use crate::params::{ModelLimits, MAX_N};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerError};
-use crate::speculation::SpeculationConfig;
+use crate::speculation::{Proposer, SpeculationConfig};
 use crate::telemetry::Telemetry;
 
 /// Scheduling limits; the KV cache's geometry comes from the model.
@@ -35,7 +36,8 @@ pub struct EngineConfig {
     pub max_model_len: Option<usize>,
     /// How embeddings pool the hidden states of their tokens.
     pub pooling: Pooling,
-    /// Speculative decoding by n-gram lookup (`--speculative ngram`); `None`: off.
+    /// Speculative decoding (`--speculative`): by n-gram lookup, or with the draft model
+    /// given to [`Engine::start_with_draft`]; `None`: off.
     pub speculation: Option<SpeculationConfig>,
     /// Record KV-cache events and queue them for [`Engine::take_kv_events`] (`--kv-events`).
     pub kv_events: bool,
@@ -59,6 +61,8 @@ impl Default for EngineConfig {
 pub enum EngineError {
     #[error(transparent)]
     Config(#[from] SchedulerError),
+    #[error("{0}")]
+    Speculation(String),
     #[error("cannot start the engine thread: {0}")]
     Thread(#[from] std::io::Error),
 }
@@ -90,6 +94,38 @@ impl Engine {
         tokenizer: Arc<Tokenizer>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
+        Self::start_inner(model, None, tokenizer, config)
+    }
+
+    /// [`Engine::start`] with a draft model for speculation (the `draft_model` module):
+    /// `config.speculation` must ask for one ([`SpeculationConfig::draft_model`]). The draft
+    /// model must share the target's tokenizer (the caller checks: the engine only sees ids);
+    /// its own KV cache is its own geometry. Logs that cache's size beside the target's.
+    pub fn start_with_draft(
+        model: Box<dyn Model>,
+        draft: Box<dyn Model>,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        Self::start_inner(model, Some(draft), tokenizer, config)
+    }
+
+    fn start_inner(
+        model: Box<dyn Model>,
+        draft: Option<Box<dyn Model>>,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        let wants_draft = config
+            .speculation
+            .is_some_and(|s| s.proposer == Proposer::DraftModel);
+        if wants_draft != draft.is_some() {
+            return Err(EngineError::Speculation(if wants_draft {
+                "speculation with a draft model needs the draft model".into()
+            } else {
+                "a draft model was given without speculation by a draft model".into()
+            }));
+        }
         let max_model_len = config
             .max_model_len
             .map_or(model.max_model_len(), |m| m.min(model.max_model_len()));
@@ -145,8 +181,25 @@ impl Engine {
         let (exited_tx, exited) = channel();
         let metrics = EngineMetrics::register();
         metrics.blocks_total.set(num_blocks as f64);
+        let drafter = draft.map(|draft| {
+            let drafter = DraftModel::new(draft, model.vocab_size(), config.max_num_batched_tokens);
+            let (draft_blocks, draft_block_size) = (drafter.num_blocks(), drafter.block_size());
+            shared
+                .stats
+                .draft_blocks_total
+                .store(draft_blocks, Ordering::Release);
+            tracing::info!(
+                num_blocks = draft_blocks,
+                block_size = draft_block_size,
+                kv_cache_tokens = draft_blocks * draft_block_size,
+                "the draft model's KV cache holds {} tokens",
+                draft_blocks * draft_block_size
+            );
+            drafter
+        });
         let engine_loop = EngineLoop::new(
             model,
+            drafter,
             tokenizer,
             scheduler,
             shared.clone(),

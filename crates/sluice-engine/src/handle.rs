@@ -80,6 +80,9 @@ pub(crate) struct SharedStats {
     pub spec_drafts: AtomicU64,
     pub spec_draft_tokens: AtomicU64,
     pub spec_accepted_tokens: AtomicU64,
+    pub draft_nanos: AtomicU64,
+    pub draft_blocks_used: AtomicUsize,
+    pub draft_blocks_total: AtomicUsize,
 }
 
 pub(crate) struct Shared {
@@ -120,6 +123,11 @@ pub struct EngineStats {
     pub spec_drafts: u64,
     pub spec_draft_tokens: u64,
     pub spec_accepted_tokens: u64,
+    /// Speculation with a draft model: time spent guessing (part of `step_time`), and the
+    /// blocks of its own KV cache in use and in all (0 without a draft model).
+    pub draft_time: Duration,
+    pub draft_kv_blocks_used: usize,
+    pub draft_kv_blocks_total: usize,
 }
 
 impl EngineStats {
@@ -245,6 +253,9 @@ impl EngineHandle {
             spec_drafts: s.spec_drafts.load(Ordering::Relaxed),
             spec_draft_tokens: s.spec_draft_tokens.load(Ordering::Relaxed),
             spec_accepted_tokens: s.spec_accepted_tokens.load(Ordering::Relaxed),
+            draft_time: nanos(&s.draft_nanos),
+            draft_kv_blocks_used: s.draft_blocks_used.load(Ordering::Acquire),
+            draft_kv_blocks_total: s.draft_blocks_total.load(Ordering::Acquire),
         }
     }
 

@@ -6,6 +6,7 @@
 
 pub mod block_manager;
 pub mod constraint;
+mod draft_model;
 pub mod engine;
 mod engine_loop;
 pub mod events;
@@ -42,9 +43,10 @@ pub use params::{InvalidRequest, ModelLimits, Request, SamplingParams, StopParam
 pub use pooling::l2_normalize;
 pub use sampler::{SampleRow, Sampled, Sampler, TokenCounts, TokenLogprobs};
 pub use scheduler::{
-    Aborted, Removed, ScheduledSeq, Scheduler, SchedulerConfig, SchedulerError, SchedulerOutput,
+    Aborted, DraftCandidate, Removed, ScheduledSeq, Scheduler, SchedulerConfig, SchedulerError,
+    SchedulerOutput,
 };
 pub use sequence::{RequestId, SeqId, Sequence, SequenceStatus};
 pub use sluice_model::Pooling;
-pub use speculation::SpeculationConfig;
+pub use speculation::{Proposer, SpeculationConfig};
 pub use stop::{FinishReason, StopReason};

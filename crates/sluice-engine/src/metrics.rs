@@ -27,6 +27,8 @@
 //! | `sluice_spec_decode_draft_tokens_total` | counter | tokens drafted |
 //! | `sluice_spec_decode_accepted_tokens_total` | counter | drafted tokens kept (the model picked the same) |
 //! | `sluice_spec_decode_ineligible_requests_total` | counter | requests run without speculation while it is on (penalties, grammar) |
+//! | `sluice_spec_decode_draft_model_failures_total` | counter | draft-model forwards that failed (`--speculative draft:PATH`); their step ran without drafts |
+//! | `sluice_draft_kv_cache_blocks_used` | gauge | blocks of the draft model's own KV cache held by sequences (`--speculative draft:PATH`) |
 //! | `sluice_kv_events_batches_total` | counter | batches of KV-cache events made (`--kv-events`), one per step that changed the prefix cache |
 //! | `sluice_kv_events_dropped_total{reason}` | counter | batches lost: `queue` (the publisher fell behind the engine), `subscriber` (one subscriber's send queue was full, counted per subscriber) |
 
@@ -59,11 +61,13 @@ pub const SPEC_DRAFTS: &str = "sluice_spec_decode_drafts_total";
 pub const SPEC_DRAFT_TOKENS: &str = "sluice_spec_decode_draft_tokens_total";
 pub const SPEC_ACCEPTED_TOKENS: &str = "sluice_spec_decode_accepted_tokens_total";
 pub const SPEC_INELIGIBLE: &str = "sluice_spec_decode_ineligible_requests_total";
+pub const SPEC_DRAFT_MODEL_FAILURES: &str = "sluice_spec_decode_draft_model_failures_total";
+pub const DRAFT_KV_CACHE_BLOCKS_USED: &str = "sluice_draft_kv_cache_blocks_used";
 pub const KV_EVENT_BATCHES: &str = "sluice_kv_events_batches_total";
 pub const KV_EVENTS_DROPPED: &str = "sluice_kv_events_dropped_total";
 
 /// Every name above, for exporters that want to pre-declare buckets or check coverage.
-pub const ALL: [&str; 24] = [
+pub const ALL: [&str; 26] = [
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
     KV_CACHE_BLOCKS_USED,
@@ -86,6 +90,8 @@ pub const ALL: [&str; 24] = [
     SPEC_DRAFT_TOKENS,
     SPEC_ACCEPTED_TOKENS,
     SPEC_INELIGIBLE,
+    SPEC_DRAFT_MODEL_FAILURES,
+    DRAFT_KV_CACHE_BLOCKS_USED,
     KV_EVENT_BATCHES,
     KV_EVENTS_DROPPED,
 ];
@@ -115,6 +121,8 @@ pub(crate) struct EngineMetrics {
     pub spec_draft_tokens: Counter,
     pub spec_accepted_tokens: Counter,
     pub spec_ineligible: Counter,
+    pub draft_model_failures: Counter,
+    pub draft_blocks_used: Gauge,
     pub kv_event_batches: Counter,
     /// `reason="queue"`; the publisher counts `reason="subscriber"`.
     pub kv_events_dropped: Counter,
@@ -185,6 +193,15 @@ impl EngineMetrics {
             "Requests run without speculation while it is on."
         );
         describe_counter!(
+            SPEC_DRAFT_MODEL_FAILURES,
+            Unit::Count,
+            "Draft-model forwards that failed (their step ran without drafts)."
+        );
+        describe_gauge!(
+            DRAFT_KV_CACHE_BLOCKS_USED,
+            "Blocks of the draft model's KV cache in use."
+        );
+        describe_counter!(
             KV_EVENT_BATCHES,
             Unit::Count,
             "Batches of KV-cache events made."
@@ -218,6 +235,8 @@ impl EngineMetrics {
             spec_draft_tokens: counter!(SPEC_DRAFT_TOKENS),
             spec_accepted_tokens: counter!(SPEC_ACCEPTED_TOKENS),
             spec_ineligible: counter!(SPEC_INELIGIBLE),
+            draft_model_failures: counter!(SPEC_DRAFT_MODEL_FAILURES),
+            draft_blocks_used: gauge!(DRAFT_KV_CACHE_BLOCKS_USED),
             kv_event_batches: counter!(KV_EVENT_BATCHES),
             kv_events_dropped: counter!(KV_EVENTS_DROPPED, "reason" => "queue"),
         }

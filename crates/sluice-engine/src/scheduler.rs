@@ -21,7 +21,9 @@
 //!
 //! Speculation ([`SchedulerConfig::speculation`]): a running sequence the engine allowed to
 //! speculate ([`Scheduler::allow_speculation`]) may, in a step of few sequences, put tokens
-//! guessed by n-gram lookup ([`crate::speculation`]) after its last token; the step computes
+//! guessed by n-gram lookup ([`crate::speculation`]), or handed over by the engine's draft
+//! model ([`Scheduler::draft_candidates`], [`Scheduler::set_proposal`]), after its last
+//! token; the step computes
 //! them all and returns a sampling row for each position. [`Scheduler::commit`] keeps the
 //! drafts up to the first that differs from its row's sampled token, then that token, and
 //! takes the rest back as if never computed (their slots are rewritten later; the prefix cache
@@ -46,7 +48,7 @@ use sluice_model::StepBatch;
 use crate::block_manager::{BlockManager, PrefixCacheStats};
 use crate::kv_events::KvCacheEvent;
 use crate::sequence::{RequestId, SeqId, Sequence, SequenceStatus};
-use crate::speculation::{next_draft_len, propose, SpeculationConfig};
+use crate::speculation::{next_draft_len, propose, Proposer, SpeculationConfig};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -85,6 +87,14 @@ pub enum SchedulerError {
     SampleCountMismatch { got: usize, expected: usize },
     #[error("commit without a scheduled step")]
     NothingScheduled,
+}
+
+/// A sequence that may draft in the next step ([`Scheduler::draft_candidates`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraftCandidate {
+    pub id: SeqId,
+    /// The most tokens it may draft.
+    pub max: usize,
 }
 
 /// One sequence's part of a step: tokens `start..start + len` of its known tokens.
@@ -343,6 +353,60 @@ impl<R, S> Scheduler<R, S> {
         }
     }
 
+    /// The sequences that would draft in the next step if they had guesses, with the most
+    /// tokens each may draft (cleared first): running, allowed to speculate, decoding (one
+    /// token to compute), below `max_tokens`, in a step of few enough sequences. The engine
+    /// runs its draft model over them and hands the guesses back through
+    /// [`Scheduler::set_proposal`] before [`Scheduler::schedule`].
+    pub fn draft_candidates(&self, out: &mut Vec<DraftCandidate>) {
+        out.clear();
+        let Some(config) = self.config.speculation else {
+            return;
+        };
+        if self.running.len() > config.max_running {
+            return;
+        }
+        let budget = self.config.max_num_batched_tokens;
+        for &slot in &self.running {
+            let seq = self.slots[slot].as_ref().expect("running slot is live");
+            if let Some(max) = Self::draft_room(seq, &config, budget) {
+                out.push(DraftCandidate { id: seq.id(), max });
+            }
+        }
+    }
+
+    /// Hands a sequence the draft model's guesses for the next step (at most the `max` of its
+    /// [`DraftCandidate`]); the next [`Scheduler::schedule`] puts them in the step if its
+    /// blocks can grow for them, and drops them either way.
+    pub fn set_proposal(&mut self, id: SeqId, draft: &[u32]) {
+        if let Some(seq) = self.ids.get(&id).and_then(|&s| self.slots[s].as_mut()) {
+            seq.proposal.clear();
+            seq.proposal.extend_from_slice(draft);
+        }
+    }
+
+    /// How many tokens `seq` may draft in a step with `budget` tokens left: `None` when it may
+    /// not draft at all. At most what its `max_tokens` leaves after the step's token, and what
+    /// the budget leaves.
+    fn draft_room<T>(
+        seq: &Sequence<T>,
+        config: &SpeculationConfig,
+        budget: usize,
+    ) -> Option<usize> {
+        if !seq.speculative
+            || seq.status != SequenceStatus::Running
+            || seq.num_computed + 1 != seq.tokens.len()
+            || seq.reached_max_tokens()
+            || budget == 0
+        {
+            return None;
+        }
+        let room = (seq.max_tokens() - seq.num_generated() - 1)
+            .min(budget - 1)
+            .min(seq.draft_len.min(config.num_tokens));
+        (room > 0).then_some(room)
+    }
+
     fn add_sequences(
         &mut self,
         request: RequestId,
@@ -493,18 +557,24 @@ impl<R, S> Scheduler<R, S> {
         &self.output
     }
 
-    /// Puts the drafts n-gram lookup proposes after a decoding sequence's last token, when it
-    /// may speculate and its blocks can grow for them without preempting anyone. At most
-    /// what its `max_tokens` leaves after this step's token, and what the budget leaves.
+    /// Puts the drafts n-gram lookup proposes (or the draft model's guesses it was handed)
+    /// after a decoding sequence's last token, when it may speculate and its blocks can grow
+    /// for them without preempting anyone; see [`Scheduler::draft_room`] for how many.
     fn draft(&mut self, slot: usize, config: &SpeculationConfig, budget: usize) {
         let seq = self.slots[slot].as_mut().expect("running slot is live");
-        if !seq.speculative || seq.num_computed + 1 != seq.tokens.len() {
+        let Some(room) = Self::draft_room(seq, config, budget) else {
+            seq.proposal.clear();
             return;
+        };
+        match config.proposer {
+            Proposer::Ngram => propose(&seq.tokens, config, room, &mut self.draft),
+            Proposer::DraftModel => {
+                self.draft.clear();
+                let n = seq.proposal.len().min(room);
+                self.draft.extend_from_slice(&seq.proposal[..n]);
+                seq.proposal.clear();
+            }
         }
-        let room = (seq.max_tokens() - seq.num_generated() - 1)
-            .min(budget - 1)
-            .min(seq.draft_len.min(config.num_tokens));
-        propose(&seq.tokens, config, room, &mut self.draft);
         if self.draft.is_empty()
             || !self
                 .blocks

@@ -61,6 +61,9 @@ pub struct Sequence<S = ()> {
     pub(crate) num_draft: usize,
     /// How many tokens it drafts next, adapted to how its drafts fared.
     pub(crate) draft_len: usize,
+    /// The draft model's guesses for the next step ([`crate::speculation::Proposer`]),
+    /// handed over before it is planned; the plan takes them (or drops them) either way.
+    pub(crate) proposal: Vec<u32>,
     pub(crate) state: S,
 }
 
@@ -90,6 +93,7 @@ impl<S> Sequence<S> {
             speculative: false,
             num_draft: 0,
             draft_len: 1,
+            proposal: Vec::new(),
             state,
         }
     }

@@ -15,12 +15,28 @@
 //! depends on which drafts before it are kept. The engine decides
 //! ([`crate::request_state`]).
 //!
+//! A draft model ([`Proposer::DraftModel`]) guesses instead: the engine runs a second,
+//! smaller model of the same tokenizer greedily over the sequences about to draft (the
+//! engine's `draft_model` module) and hands each sequence's guesses to the scheduler before it
+//! plans the step; verification and rollback are the same.
+//!
 //! Pure logic: what to propose and how many, from a sequence's tokens and its record of
 //! acceptance. No tensors.
+
+/// Where a sequence's drafts come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proposer {
+    /// N-gram lookup in the sequence's own text ([`propose`]), inside the scheduler.
+    Ngram,
+    /// A draft model the engine runs before each step; the scheduler takes what it was
+    /// handed ([`crate::Scheduler::set_proposal`]).
+    DraftModel,
+}
 
 /// How sequences speculate; `None` in [`crate::SchedulerConfig::speculation`] turns it off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpeculationConfig {
+    pub proposer: Proposer,
     /// Most tokens drafted per sequence and step (`--num-speculative-tokens`).
     pub num_tokens: usize,
     /// Longest n-gram matched; shorter ones are tried down to `min_ngram`.
@@ -35,10 +51,20 @@ impl SpeculationConfig {
     /// N-gram speculation with up to `num_tokens` drafts a step.
     pub fn ngram(num_tokens: usize) -> Self {
         Self {
+            proposer: Proposer::Ngram,
             num_tokens,
             max_ngram: 4,
             min_ngram: 2,
             max_running: 4,
+        }
+    }
+
+    /// Speculation with a draft model, up to `num_tokens` drafts a step (each one a forward
+    /// of the draft model).
+    pub fn draft_model(num_tokens: usize) -> Self {
+        Self {
+            proposer: Proposer::DraftModel,
+            ..Self::ngram(num_tokens)
         }
     }
 }

@@ -116,6 +116,23 @@ impl Telemetry {
             .fetch_add(accepted, Ordering::Relaxed);
     }
 
+    /// Time the draft model took to guess for one step.
+    pub fn drafted(&self, elapsed: Duration) {
+        self.shared
+            .stats
+            .draft_nanos
+            .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Blocks of the draft model's cache held by sequences.
+    pub fn publish_draft_blocks(&self, used: usize) {
+        self.shared
+            .stats
+            .draft_blocks_used
+            .store(used, Ordering::Release);
+        self.metrics.draft_blocks_used.set(used as f64);
+    }
+
     /// A sequence finished (any reason): the success counter and its end-to-end latency.
     pub fn sequence_finished(&self, reason: FinishReason, arrival: Instant, now: Instant) {
         self.metrics.finished(reason).increment(1);

@@ -484,3 +484,77 @@ fn speculation_changes_no_token_alone_or_in_a_crowd() {
         assert_eq!(stats.kv_blocks_used, 0);
     }
 }
+
+/// Speculation with a draft model: SmolLM2 in its file's own arithmetic (Q4_1 blocks in
+/// int8) guesses for SmolLM2 in f32. The guesses are mostly right, and every output is plain
+/// decoding's, token for token, alone and in a crowd, greedy and seeded, k = 1, 3 and 8; the
+/// draft cache is empty when the requests are done.
+#[test]
+fn a_draft_model_changes_no_token_alone_or_in_a_crowd() {
+    let (engine, tok) = start_engine(2048);
+    let h = engine.handle();
+    let prompts: Vec<Vec<u32>> = copying_prompts(&tok)
+        .into_iter()
+        .chain(varied_prompts(&tok).into_iter().take(4))
+        .collect();
+    let mut requests: Vec<Request> = prompts
+        .iter()
+        .map(|p| Request::new(p.clone(), 32))
+        .collect();
+    requests[0].stop.stop = vec!["lemon".into()];
+    requests[3].max_tokens = Some(3);
+    requests.extend(prompts.iter().take(3).enumerate().map(|(i, p)| Request {
+        sampling: SamplingParams {
+            temperature: 0.7,
+            top_p: 0.95,
+            seed: Some(200 + i as u64),
+            ..SamplingParams::default()
+        },
+        ..Request::new(p.clone(), 32)
+    }));
+    let want: Vec<Output> = requests.iter().map(|r| run(&h, r.clone())).collect();
+    drop(engine);
+    let path = model_path();
+    for k in [1, 3, 8] {
+        let target = LlamaModel::load(
+            &path,
+            &LoadOptions {
+                weights: WeightsKind::F32,
+                ..LoadOptions::default()
+            },
+        )
+        .unwrap();
+        let draft = LlamaModel::load(&path, &LoadOptions::default()).unwrap();
+        let engine = Engine::start_with_draft(
+            Box::new(PagedLlama::new(target, 2048, 16).unwrap()),
+            Box::new(PagedLlama::new(draft, 2048, 16).unwrap()),
+            tok.clone(),
+            EngineConfig {
+                speculation: Some(SpeculationConfig {
+                    max_running: 16,
+                    ..SpeculationConfig::draft_model(k)
+                }),
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        let h = engine.handle();
+        let alone: Vec<Output> = requests.iter().map(|r| run(&h, r.clone())).collect();
+        let crowd = run_all(&h, &requests);
+        for (i, want) in want.iter().enumerate() {
+            assert_eq!(alone[i], *want, "k = {k}, request {i} alone");
+            assert_eq!(crowd[i], *want, "k = {k}, request {i} in a crowd");
+        }
+        let stats = h.stats();
+        assert!(
+            stats.spec_accepted_tokens * 2 > stats.spec_draft_tokens,
+            "k = {k}: the same model in int8 should guess most tokens right: {stats:?}"
+        );
+        let start = std::time::Instant::now();
+        while h.stats().draft_kv_blocks_used > 0 {
+            assert!(start.elapsed().as_secs() < 10, "{:?}", h.stats());
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(h.stats().kv_blocks_used, 0);
+    }
+}

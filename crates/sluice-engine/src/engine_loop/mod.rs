@@ -39,6 +39,7 @@ use sluice_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::constraint::SeqConstraint;
+use crate::draft_model::DraftModel;
 use crate::events::Event;
 use crate::handle::{Command, Shared};
 use crate::kv_events::{KvCacheEvent, KvCacheSnapshot, KvEventSender};
@@ -58,6 +59,8 @@ mod step;
 
 pub(crate) struct EngineLoop {
     model: Box<dyn Model>,
+    /// The draft model and its cache (`--speculative draft:PATH`), run before each step.
+    drafter: Option<DraftModel>,
     tokenizer: Arc<Tokenizer>,
     /// Holds every request's and sequence's records beside its own.
     scheduler: Scheduler<RequestState, SeqState>,
@@ -134,8 +137,10 @@ enum Flow {
 }
 
 impl EngineLoop {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         model: Box<dyn Model>,
+        drafter: Option<DraftModel>,
         tokenizer: Arc<Tokenizer>,
         scheduler: Scheduler<RequestState, SeqState>,
         shared: Arc<Shared>,
@@ -150,6 +155,7 @@ impl EngineLoop {
             pooling: shared.pooling,
             hidden_size: model.hidden_size(),
             model,
+            drafter,
             tokenizer,
             scheduler,
             shared,
@@ -183,6 +189,7 @@ impl EngineLoop {
                     // Submissions that raced with the drain get an abort, not silence.
                     return self.abort_everything();
                 }
+                self.release_draft_blocks();
                 self.telemetry.publish(&self.scheduler);
                 self.send_kv_events();
                 // Idle: block until there is something to do.
@@ -218,6 +225,30 @@ impl EngineLoop {
         if sender.send(&mut self.kv_event_buffer) {
             self.telemetry.metrics.kv_events_dropped.increment(1);
         }
+    }
+
+    /// Frees the draft cache of the sequences that stopped running (finished, aborted,
+    /// cancelled, preempted) and publishes what it holds.
+    pub(super) fn release_draft_blocks(&mut self) {
+        if let Some(drafter) = &mut self.drafter {
+            drafter.release_stopped(&self.scheduler);
+            self.telemetry
+                .publish_draft_blocks(drafter.num_used_blocks());
+        }
+    }
+
+    /// The draft model's guesses for this step's drafting sequences ([`crate::draft_model`]);
+    /// a failure only costs the step its drafts.
+    pub(super) fn propose_drafts(&mut self) {
+        let Some(drafter) = &mut self.drafter else {
+            return;
+        };
+        let start = std::time::Instant::now();
+        if let Err(e) = drafter.propose(&mut self.scheduler) {
+            tracing::warn!("{e}; this step runs without drafts");
+            self.telemetry.metrics.draft_model_failures.increment(1);
+        }
+        self.telemetry.drafted(start.elapsed());
     }
 
     fn kv_cache_snapshot(&mut self) -> KvCacheSnapshot {

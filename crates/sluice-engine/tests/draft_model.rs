@@ -1,0 +1,402 @@
+//! Speculation with a draft model, over the mock: a request's tokens are plain decoding's,
+//! token for token (greedy and seeded sampled, alone and in crowds, k from 1 to 8) whatever
+//! the draft model says, whether it guesses right, half right or fails; drafts do save
+//! steps when the draft agrees with the target; and the draft cache's blocks come back when
+//! sequences finish, are aborted, are cancelled or are preempted.
+
+use std::time::{Duration, Instant};
+
+use sluice_engine::testing::{byte_prompt, tiny_tokenizer, MockControl, MockModel, TINY_VOCAB};
+use sluice_engine::{
+    Engine, EngineConfig, EngineError, EngineHandle, EngineStats, Event, Model, ModelFailure,
+    Request, SamplingParams, SpeculationConfig, StopParams,
+};
+use sluice_model::{StepBatch, StepOutput};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A draft model that agrees with the target (the same mock) except where the target's
+/// greedy token is a multiple of `every`: there it prefers the next token. A function of the
+/// context, as a real draft model's mistakes are.
+struct Noisy {
+    inner: MockModel,
+    every: u32,
+}
+
+impl Model for Noisy {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn max_model_len(&self) -> usize {
+        self.inner.max_model_len()
+    }
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+    fn num_blocks(&self) -> usize {
+        self.inner.num_blocks()
+    }
+    fn hidden_size(&self) -> usize {
+        self.inner.hidden_size()
+    }
+    fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<(), ModelFailure> {
+        self.inner.forward(batch, out)?;
+        let v = self.inner.vocab_size();
+        for row in out.logits.chunks_mut(v) {
+            let best = (0..v).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+            if (best as u32).is_multiple_of(self.every) {
+                row[(best + 1) % v] = row[best] + 1.0;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn target(num_blocks: usize) -> MockModel {
+    MockModel::new(TINY_VOCAB, 512, num_blocks, 16)
+}
+
+fn spec_config(k: usize) -> EngineConfig {
+    EngineConfig {
+        speculation: Some(SpeculationConfig {
+            max_running: 16,
+            ..SpeculationConfig::draft_model(k)
+        }),
+        ..EngineConfig::default()
+    }
+}
+
+fn start_plain(num_blocks: usize) -> Engine {
+    Engine::start(
+        Box::new(target(num_blocks)),
+        tiny_tokenizer(),
+        EngineConfig::default(),
+    )
+    .unwrap()
+}
+
+fn start_drafted(num_blocks: usize, draft: Box<dyn Model>, config: EngineConfig) -> Engine {
+    start_drafted_with_control(num_blocks, draft, config).0
+}
+
+/// Also hands back the target's control.
+fn start_drafted_with_control(
+    num_blocks: usize,
+    draft: Box<dyn Model>,
+    config: EngineConfig,
+) -> (Engine, MockControl) {
+    let target = target(num_blocks);
+    let control = target.control();
+    let engine =
+        Engine::start_with_draft(Box::new(target), draft, tiny_tokenizer(), config).unwrap();
+    (engine, control)
+}
+
+fn request(seed: u64, prompt_len: usize, max_tokens: usize) -> Request {
+    Request {
+        stop: StopParams {
+            ignore_eos: true,
+            ..StopParams::default()
+        },
+        ..Request::new(byte_prompt(seed, prompt_len), max_tokens)
+    }
+}
+
+/// Greedy requests of several lengths (one stops on EOS if the mock says it), and seeded
+/// sampled ones.
+fn requests() -> Vec<Request> {
+    let mut r: Vec<Request> = (0..6)
+        .map(|i| request(i, 5 + 13 * i as usize, 8 + 5 * i as usize))
+        .collect();
+    r[5].stop.ignore_eos = false;
+    r[4].stop.min_tokens = 9;
+    r.extend((0..4).map(|i| Request {
+        sampling: SamplingParams {
+            temperature: 0.8,
+            top_p: 0.9,
+            seed: Some(40 + i),
+            ..SamplingParams::default()
+        },
+        ..request(10 + i, 20 + 9 * i as usize, 30)
+    }));
+    r
+}
+
+fn tokens(events: Vec<Event>) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut finished = false;
+    for e in events {
+        assert!(!finished, "event after the finish: {e:?}");
+        match e {
+            Event::Token(t) => out.push(t.token),
+            Event::Finished(f) => {
+                assert!(f.error.is_none(), "{:?}", f.error);
+                finished = true;
+            }
+        }
+    }
+    assert!(finished, "no finish");
+    out
+}
+
+fn run(h: &EngineHandle, r: &Request) -> Vec<u32> {
+    tokens(
+        h.submit(h.validate(r.clone()).unwrap())
+            .unwrap()
+            .collect_blocking(),
+    )
+}
+
+fn run_all(h: &EngineHandle, rs: &[Request]) -> Vec<Vec<u32>> {
+    let streams: Vec<_> = rs
+        .iter()
+        .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
+        .collect();
+    streams
+        .into_iter()
+        .map(|s| tokens(s.collect_blocking()))
+        .collect()
+}
+
+fn wait_until(h: &EngineHandle, what: &str, cond: impl Fn(&EngineStats) -> bool) {
+    let start = Instant::now();
+    while !cond(&h.stats()) {
+        assert!(
+            start.elapsed() < WAIT,
+            "timed out waiting until {what}: {:?}",
+            h.stats()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn plain_outputs(rs: &[Request]) -> Vec<Vec<u32>> {
+    let engine = start_plain(256);
+    let h = engine.handle();
+    rs.iter().map(|r| run(&h, r)).collect()
+}
+
+#[test]
+fn tokens_are_plain_decodings_whatever_the_draft_model_guesses() {
+    let rs = requests();
+    let want = plain_outputs(&rs);
+    for k in [1, 2, 3, 5, 8] {
+        for every in [1, 3, 1000] {
+            let draft = Noisy {
+                inner: target(256),
+                every,
+            };
+            let engine = start_drafted(256, Box::new(draft), spec_config(k));
+            let h = engine.handle();
+            let alone: Vec<Vec<u32>> = rs.iter().map(|r| run(&h, r)).collect();
+            let crowd = run_all(&h, &rs);
+            for (i, want) in want.iter().enumerate() {
+                assert_eq!(
+                    &alone[i], want,
+                    "k = {k}, every = {every}, request {i} alone"
+                );
+                assert_eq!(
+                    &crowd[i], want,
+                    "k = {k}, every = {every}, request {i} in a crowd"
+                );
+            }
+            wait_until(&h, "the draft cache is empty", |s| {
+                s.kv_blocks_used == 0 && s.draft_kv_blocks_used == 0
+            });
+            let s = h.stats();
+            assert!(s.spec_draft_tokens > 0, "k = {k}: {s:?}");
+            match every {
+                // Every greedy guess is wrong (a sampled row may still pick it), ...
+                1 => assert!(
+                    s.spec_accepted_tokens * 4 < s.spec_draft_tokens,
+                    "k = {k}: {s:?}"
+                ),
+                // ... some are right, ...
+                3 => assert!(
+                    s.spec_accepted_tokens > 0 && s.spec_accepted_tokens < s.spec_draft_tokens,
+                    "k = {k}: {s:?}"
+                ),
+                // ... and nearly all (sampled rows can still differ).
+                _ => assert!(
+                    s.spec_accepted_tokens * 10 >= s.spec_draft_tokens * 6,
+                    "k = {k}: {s:?}"
+                ),
+            }
+        }
+    }
+}
+
+/// A draft model that agrees with the target has every guess kept (and one that agrees
+/// three times in four, most), however its cache got where it is: in a crowd larger than `max_running` (sequences decode without drafting for
+/// a while, then draft again on top of what their draft cache kept), and in a pool so tight
+/// that sequences are preempted (their draft cache is freed and computed again).
+#[test]
+fn a_draft_that_agrees_is_always_right() {
+    let long: Vec<Request> = (0..3)
+        .map(|i| request(70 + i, 10 + 7 * i as usize, 100))
+        .collect();
+    let short: Vec<Request> = (0..7)
+        .map(|i| request(80 + i, 12 + 5 * i as usize, 12))
+        .collect();
+    let (want_long, want_short) = (plain_outputs(&long), plain_outputs(&short));
+    for (every, num_blocks, k) in [
+        (0, 256, 4),
+        (0, 256, 1),
+        (0, 20, 3),
+        (0, 20, 8),
+        (4, 256, 4),
+        (4, 256, 2),
+        (4, 20, 6),
+    ] {
+        let config = EngineConfig {
+            speculation: Some(SpeculationConfig::draft_model(k)),
+            ..EngineConfig::default()
+        };
+        // Every 0: the target itself.
+        let draft: Box<dyn Model> = match every {
+            0 => Box::new(target(256)),
+            every => Box::new(Noisy {
+                inner: target(256),
+                every,
+            }),
+        };
+        let engine = start_drafted(num_blocks, draft, config);
+        let h = engine.handle();
+        let case = format!("every {every}, {num_blocks} blocks, k = {k}");
+        // Three long requests draft; seven short ones join mid-way and drafting stops (more
+        // than `max_running` sequences), then resumes on top of what the draft cache kept.
+        let streams: Vec<_> = long
+            .iter()
+            .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
+            .collect();
+        wait_until(&h, "drafting", |s| s.spec_drafts > 3);
+        assert_eq!(run_all(&h, &short), want_short, "{case}");
+        for (s, want) in streams.into_iter().zip(&want_long) {
+            assert_eq!(&tokens(s.collect_blocking()), want, "{case}");
+        }
+        let s = h.stats();
+        if every == 0 {
+            assert_eq!(s.spec_accepted_tokens, s.spec_draft_tokens, "{case}: {s:?}");
+        } else {
+            // Three guesses in four are the target's: a draft cache that went wrong would
+            // guess at random from there on.
+            assert!(
+                s.spec_accepted_tokens * 5 >= s.spec_draft_tokens * 2,
+                "{case}: {s:?}"
+            );
+        }
+        if num_blocks == 20 {
+            assert!(s.preemptions > 0, "{case}: {s:?}");
+        }
+    }
+}
+
+/// A draft model that agrees with the target saves steps: k + 1 tokens a step for greedy
+/// requests.
+#[test]
+fn a_draft_that_agrees_saves_steps() {
+    let r = request(3, 20, 60);
+    let plain = start_plain(256);
+    let want = run(&plain.handle(), &r);
+    let plain_steps = plain.handle().stats().steps;
+    let engine = start_drafted(256, Box::new(target(256)), spec_config(4));
+    let h = engine.handle();
+    assert_eq!(run(&h, &r), want);
+    let s = h.stats();
+    assert_eq!(s.spec_accepted_tokens, s.spec_draft_tokens, "{s:?}");
+    assert!(
+        s.steps * 3 < plain_steps,
+        "{} steps with drafts, {plain_steps} without",
+        s.steps
+    );
+    assert!(s.draft_time > Duration::ZERO);
+}
+
+/// A draft model whose forwards fail costs its steps their drafts, nothing else.
+#[test]
+fn a_failing_draft_model_only_costs_drafts() {
+    let rs = requests();
+    let want = plain_outputs(&rs);
+    let draft = target(256);
+    let control: MockControl = draft.control();
+    let engine = start_drafted(256, Box::new(draft), spec_config(4));
+    let h = engine.handle();
+    for (i, r) in rs.iter().enumerate() {
+        control.fail_next(1 + i % 3);
+        assert_eq!(run(&h, r), want[i], "request {i}");
+    }
+    control.fail_next(7);
+    assert_eq!(run_all(&h, &rs), want);
+    wait_until(&h, "the caches are empty", |s| {
+        s.kv_blocks_used == 0 && s.draft_kv_blocks_used == 0
+    });
+    assert!(h.stats().spec_accepted_tokens > 0);
+}
+
+/// Aborts, dropped streams and preemption (a target pool too small for the crowd) give the
+/// draft cache's blocks back; with a draft pool smaller than the target's, sequences that
+/// find no draft blocks run without drafts. Tokens stay plain decoding's.
+#[test]
+fn draft_blocks_come_back_after_aborts_cancellations_and_preemption() {
+    let rs: Vec<Request> = (0..8).map(|i| request(50 + i, 30, 40)).collect();
+    let want = plain_outputs(&rs);
+    // 24 target blocks of 16 for 8 sequences of up to 70 tokens: preemption; 12 draft blocks.
+    let (engine, control) = start_drafted_with_control(
+        24,
+        Box::new(MockModel::new(TINY_VOCAB, 512, 12, 16)),
+        spec_config(4),
+    );
+    let h = engine.handle();
+    assert_eq!(run_all(&h, &rs), want);
+    assert!(h.stats().preemptions > 0, "{:?}", h.stats());
+    assert!(h.stats().spec_accepted_tokens > 0);
+    wait_until(&h, "the caches are empty", |s| {
+        s.kv_blocks_used == 0 && s.draft_kv_blocks_used == 0
+    });
+    // Abort some and drop the streams of others mid-way: a few steps in, with the target's
+    // forwards held so that nothing finishes first.
+    control.hold();
+    let streams: Vec<_> = rs
+        .iter()
+        .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
+        .collect();
+    control.release(5);
+    assert!(control.wait_until_held(6, WAIT));
+    assert!(h.stats().draft_kv_blocks_used > 0, "{:?}", h.stats());
+    let mut finishing = Vec::new();
+    for (i, s) in streams.into_iter().enumerate() {
+        match i % 3 {
+            0 => h.abort(s.id()),
+            1 => drop(s),
+            _ => finishing.push((i, s)),
+        }
+    }
+    control.open();
+    for (i, s) in finishing {
+        assert_eq!(tokens(s.collect_blocking()), want[i], "request {i}");
+    }
+    wait_until(&h, "the caches are empty", |s| {
+        s.running + s.waiting == 0 && s.kv_blocks_used == 0 && s.draft_kv_blocks_used == 0
+    });
+}
+
+#[test]
+fn a_draft_model_needs_draft_speculation_and_the_other_way_round() {
+    let err = |r: Result<Engine, EngineError>| r.err().expect("refused").to_string();
+    let e = err(Engine::start(
+        Box::new(target(16)),
+        tiny_tokenizer(),
+        spec_config(4),
+    ));
+    assert!(e.contains("draft model"), "{e}");
+    let e = err(Engine::start_with_draft(
+        Box::new(target(16)),
+        Box::new(target(16)),
+        tiny_tokenizer(),
+        EngineConfig {
+            speculation: Some(SpeculationConfig::ngram(4)),
+            ..EngineConfig::default()
+        },
+    ));
+    assert!(e.contains("draft model"), "{e}");
+}
