@@ -188,8 +188,9 @@ config_keys! {
     flag Named<Pooling>, #[arg(long, env = "SLUICE_POOLING", value_name = "NAME")]
 
     /// Speculative decoding: `ngram` drafts tokens by finding the sequence's last few tokens
-    /// earlier in its own text; requests without penalties or grammar verify them in the same
-    /// step, with exactly plain decoding's output [default: off].
+    /// earlier in its own text, `draft:PATH` has a smaller model of the same tokenizer (a GGUF
+    /// file or Hugging Face directory) guess them; requests without penalties or grammar
+    /// verify them in the same step, with exactly plain decoding's output [default: off].
     speculative: Option<Named<Speculative>> = None;
     flag Named<Speculative>, #[arg(long, env = "SLUICE_SPECULATIVE", value_name = "METHOD")]
 
@@ -227,10 +228,12 @@ config_keys! {
 pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 
 /// How sequences guess tokens ahead (`--speculative`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Speculative {
     /// Prompt lookup: drafts copied from the sequence's own text.
     Ngram,
+    /// A draft model (`draft:PATH`): a smaller model of the same tokenizer guesses.
+    DraftModel(PathBuf),
 }
 
 impl FromStr for Speculative {
@@ -239,11 +242,13 @@ impl FromStr for Speculative {
     fn from_str(name: &str) -> Result<Self, String> {
         match name {
             "ngram" => Ok(Self::Ngram),
-            draft if draft.starts_with("draft:") => Err(format!(
-                "`{draft}`: speculation with a draft model is not available in this version; \
-                 use ngram"
+            "draft:" => Err("`draft:` names no model; write draft:PATH".into()),
+            draft if draft.starts_with("draft:") => {
+                Ok(Self::DraftModel(PathBuf::from(&draft["draft:".len()..])))
+            }
+            other => Err(format!(
+                "`{other}` is not a speculation method; use ngram or draft:PATH"
             )),
-            other => Err(format!("`{other}` is not a speculation method; use ngram")),
         }
     }
 }
@@ -252,6 +257,7 @@ impl fmt::Display for Speculative {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Ngram => f.write_str("ngram"),
+            Self::DraftModel(path) => write!(f, "draft:{}", path.display()),
         }
     }
 }
@@ -815,18 +821,26 @@ mod tests {
     }
 
     #[test]
-    fn speculation_is_ngram_or_refused_by_name() {
+    fn speculation_is_ngram_or_a_draft_model() {
         let c = Config::from_layers(None, &args(&["--speculative", "ngram"])).unwrap();
-        assert_eq!(c.speculative.map(|s| *s), Some(Speculative::Ngram));
+        assert_eq!(c.speculative.map(|s| s.0), Some(Speculative::Ngram));
         assert_eq!(c.num_speculative_tokens, 8);
-        let e = Cli::try_parse_from(["sluice", "--speculative", "draft:models/small.gguf"])
-            .err()
-            .expect("draft models are refused")
-            .to_string();
-        assert!(
-            e.contains("--speculative") && e.contains("draft model"),
-            "{e}"
+        let c = Config::from_layers(None, &args(&["--speculative", "draft:models/small.gguf"]))
+            .unwrap();
+        assert_eq!(
+            c.speculative.map(|s| s.0),
+            Some(Speculative::DraftModel("models/small.gguf".into()))
         );
+        for bad in ["draft:", "medusa"] {
+            let e = Cli::try_parse_from(["sluice", "--speculative", bad])
+                .err()
+                .expect("refused")
+                .to_string();
+            assert!(
+                e.contains("--speculative") && e.contains("draft:PATH"),
+                "{e}"
+            );
+        }
         let err = Config::from_layers(None, &args(&["--num-speculative-tokens", "17"]))
             .unwrap_err()
             .to_string();

@@ -16,7 +16,7 @@ use sluice_model::{
 };
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
-use crate::config::{Config, KvCacheDtype};
+use crate::config::{Config, KvCacheDtype, Speculative};
 use crate::state::ServedModel;
 
 /// What [`load`] needs from the configuration.
@@ -35,6 +35,8 @@ pub struct ModelSettings {
     pub kv_cache_bytes: usize,
     pub kv_cache_dtype: KvCacheDtype,
     pub block_size: usize,
+    /// `--speculative draft:PATH`: the draft model (`engine.speculation` asks for one).
+    pub draft_model: Option<PathBuf>,
     pub engine: EngineConfig,
 }
 
@@ -50,14 +52,21 @@ impl ModelSettings {
             kv_cache_bytes: usize::try_from(c.kv_cache_memory.bytes()).unwrap_or(usize::MAX),
             kv_cache_dtype: c.kv_cache_dtype,
             block_size: c.block_size,
+            draft_model: match c.speculative.as_deref() {
+                Some(Speculative::DraftModel(path)) => Some(path.clone()),
+                _ => None,
+            },
             engine: EngineConfig {
                 max_num_seqs: c.max_num_seqs,
                 max_num_batched_tokens: c.max_num_batched_tokens,
                 max_waiting: c.max_waiting,
                 max_model_len: c.max_model_len,
-                speculation: c
-                    .speculative
-                    .map(|_| SpeculationConfig::ngram(c.num_speculative_tokens)),
+                speculation: c.speculative.as_deref().map(|s| match s {
+                    Speculative::Ngram => SpeculationConfig::ngram(c.num_speculative_tokens),
+                    Speculative::DraftModel(_) => {
+                        SpeculationConfig::draft_model(c.num_speculative_tokens)
+                    }
+                }),
                 kv_events: c.kv_events.is_some(),
                 ..EngineConfig::default()
             },
@@ -156,22 +165,35 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     paged
         .enable_cuda_graphs(settings.cuda_graphs, settings.engine.max_num_seqs)
         .context("cannot allocate the CUDA graphs' step buffers")?;
-    let engine = Engine::start(
-        Box::new(paged),
-        Arc::new(tokenizer),
-        EngineConfig {
-            pooling,
-            ..settings.engine.clone()
-        },
-    )
+    let config = EngineConfig {
+        pooling,
+        ..settings.engine.clone()
+    };
+    let tokenizer = Arc::new(tokenizer);
+    let engine = match &settings.draft_model {
+        None => Engine::start(Box::new(paged), tokenizer, config),
+        Some(path) => {
+            let draft = load_draft_model(settings, path, &tokenizer, &paged)?;
+            Engine::start_with_draft(Box::new(paged), Box::new(draft), tokenizer, config)
+        }
+    }
     .context("cannot start the engine")?;
     if let Some(spec) = settings.engine.speculation {
-        tracing::info!(
-            method = "ngram",
-            num_speculative_tokens = spec.num_tokens,
-            max_running = spec.max_running,
-            "speculative decoding on for requests without penalties or grammar (no extra weights or cache)"
-        );
+        match &settings.draft_model {
+            None => tracing::info!(
+                method = "ngram",
+                num_speculative_tokens = spec.num_tokens,
+                max_running = spec.max_running,
+                "speculative decoding on for requests without penalties or grammar (no extra weights or cache)"
+            ),
+            Some(path) => tracing::info!(
+                method = "draft",
+                draft_model = %path.display(),
+                num_speculative_tokens = spec.num_tokens,
+                max_running = spec.max_running,
+                "speculative decoding on for requests without penalties or grammar, guessed by the draft model"
+            ),
+        }
     }
     let limits = engine.handle().limits();
     if limits.kv_cache_tokens < limits.max_model_len {
@@ -191,6 +213,49 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     model.tool_call_format = settings.tool_call_parser;
     model.root = source_name(&settings.model);
     Ok(Loaded { engine, model })
+}
+
+/// Loads the draft model of `--speculative draft:PATH`: the same weights choice as the
+/// target, a tokenizer that reads every id as the target's does (else an error naming both
+/// files), and a KV cache of its own holding as many tokens as the target's. Its weights
+/// are logged as it loads, its cache's size here.
+fn load_draft_model(
+    settings: &ModelSettings,
+    path: &Path,
+    target_tokenizer: &Tokenizer,
+    target: &PagedLlama,
+) -> anyhow::Result<PagedLlama> {
+    let LoadedModel {
+        model, tokenizer, ..
+    } = load_model(path, settings.weights, settings.kv_cache_dtype)
+        .context("cannot load the draft model")?;
+    if let Some(difference) = target_tokenizer.vocabulary_difference(&tokenizer) {
+        anyhow::bail!(
+            "the draft model {} does not share the tokenizer of the model {} ({difference}): \
+             a draft model must read every token id as its target does",
+            path.display(),
+            settings.model.display()
+        );
+    }
+    let tokens = target.num_blocks() * target.block_size();
+    let num_blocks = tokens.div_ceil(settings.block_size);
+    let bytes = model.kv_dtype().bytes_per_token(model.config()) * num_blocks * settings.block_size;
+    let mut paged = PagedLlama::new(model, num_blocks, settings.block_size)
+        .context("cannot allocate the draft model's KV cache")?;
+    // Its steps are decodes of the few sequences that draft.
+    paged
+        .enable_cuda_graphs(
+            settings.cuda_graphs,
+            settings.engine.speculation.map_or(1, |s| s.max_running),
+        )
+        .context("cannot allocate the draft model's CUDA graph buffers")?;
+    tracing::info!(
+        draft_model = %path.display(),
+        kv_cache_tokens = num_blocks * settings.block_size,
+        kv_cache_mib = bytes >> 20,
+        "the draft model's KV cache holds as many tokens as the target's"
+    );
+    Ok(paged)
 }
 
 /// The model file's or directory's own name: what `/v1/models` calls the model's `root`
@@ -259,6 +324,7 @@ mod tests {
             kv_cache_bytes: 4 << 20,
             kv_cache_dtype: KvCacheDtype::F16,
             block_size: 16,
+            draft_model: None,
             engine: EngineConfig::default(),
         };
         let loaded = load(&settings).unwrap();
@@ -277,5 +343,110 @@ mod tests {
         }
         assert_eq!((tokens, finish), (4, Some(FinishReason::Length)));
         loaded.engine.shutdown(Duration::from_secs(1));
+    }
+
+    fn settings(model: PathBuf, draft_model: Option<PathBuf>) -> ModelSettings {
+        ModelSettings {
+            model,
+            served_model_name: "tiny".into(),
+            tool_call_parser: None,
+            pooling: None,
+            weights: WeightsKind::F32,
+            cuda_graphs: CudaGraphs::On,
+            kv_cache_bytes: 4 << 20,
+            kv_cache_dtype: KvCacheDtype::F32,
+            block_size: 16,
+            engine: EngineConfig {
+                speculation: draft_model
+                    .is_some()
+                    .then(|| SpeculationConfig::draft_model(4)),
+                ..EngineConfig::default()
+            },
+            draft_model,
+        }
+    }
+
+    fn generate(loaded: &Loaded, text: &str) -> Vec<u32> {
+        let handle = loaded.engine.handle();
+        let prompt = handle.tokenizer().encode(text).unwrap();
+        let mut request = Request::new(prompt, 24);
+        request.stop.ignore_eos = true;
+        let mut stream = handle.submit(handle.validate(request).unwrap()).unwrap();
+        let mut tokens = Vec::new();
+        while let Some(event) = stream.blocking_recv() {
+            match event {
+                Event::Token(t) => tokens.push(t.token),
+                Event::Finished(f) => assert_eq!(f.reason, FinishReason::Length),
+            }
+        }
+        tokens
+    }
+
+    /// `--speculative draft:PATH` loads a second, smaller model of the same tokenizer (here a
+    /// Hugging Face directory drafting for a GGUF file) with a cache as large as the target's,
+    /// and the answers are plain decoding's.
+    #[test]
+    fn a_draft_model_guesses_and_changes_no_token() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("target.gguf");
+        TinyModelSpec::default().write_gguf(&target).unwrap();
+        let draft = tmp.path().join("draft-hf");
+        TinyModelSpec {
+            num_layers: 1,
+            seed: 8,
+            ..TinyModelSpec::default()
+        }
+        .write_hf(&draft, &HfExport::default())
+        .unwrap();
+        let plain = load(&settings(target.clone(), None)).unwrap();
+        let texts = ["the thin", "the the the the", "a"];
+        let want: Vec<Vec<u32>> = texts.iter().map(|t| generate(&plain, t)).collect();
+        let drafted = load(&settings(target, Some(draft))).unwrap();
+        for (text, want) in texts.iter().zip(&want) {
+            assert_eq!(&generate(&drafted, text), want, "{text}");
+        }
+        let stats = drafted.engine.handle().stats();
+        assert!(stats.spec_draft_tokens > 0, "{stats:?}");
+        assert_eq!(
+            stats.draft_kv_blocks_total * 16,
+            stats.kv_blocks_total * 16,
+            "the draft cache holds as many tokens as the target's"
+        );
+    }
+
+    /// A draft model whose tokenizer reads an id differently is refused at start, by both
+    /// files' names.
+    #[test]
+    fn a_draft_model_of_another_tokenizer_is_refused_naming_both_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("target.gguf");
+        TinyModelSpec::default().write_gguf(&target).unwrap();
+        let draft = tmp.path().join("other-tokenizer");
+        TinyModelSpec::default()
+            .write_hf(&draft, &HfExport::default())
+            .unwrap();
+        // Rename one token of its vocabulary.
+        let path = draft.join("tokenizer.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+        let name = vocab
+            .iter()
+            .find(|(_, id)| id.as_u64() == Some(100))
+            .map(|(name, _)| name.clone())
+            .expect("the tiny vocabulary has an id 100");
+        let id = vocab.remove(&name).unwrap();
+        vocab.insert("renamed".into(), id);
+        std::fs::write(&path, json.to_string()).unwrap();
+        let err = load(&settings(target.clone(), Some(draft.clone())))
+            .err()
+            .expect("refused");
+        let message = format!("{err:#}");
+        assert!(
+            message.contains(&target.display().to_string())
+                && message.contains(&draft.display().to_string())
+                && message.contains("tokenizer"),
+            "{message}"
+        );
     }
 }

@@ -258,6 +258,9 @@ mod tests {
             spec_drafts: 0,
             spec_draft_tokens: 0,
             spec_accepted_tokens: 0,
+            draft_time: Duration::ZERO,
+            draft_kv_blocks_used: 0,
+            draft_kv_blocks_total: 0,
         }
     }
 

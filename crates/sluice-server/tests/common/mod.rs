@@ -97,6 +97,7 @@ pub fn tiny_app(http: HttpSettings) -> TestApp {
         kv_cache_bytes: 2 << 20,
         kv_cache_dtype: KvCacheDtype::F32,
         block_size: 16,
+        draft_model: None,
         engine: EngineConfig {
             max_num_seqs: 32,
             max_num_batched_tokens: 512,
