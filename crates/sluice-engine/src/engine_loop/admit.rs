@@ -76,7 +76,9 @@ impl EngineLoop {
             return 0;
         };
         self.kinds.remove(&state);
-        // Free first, tell the client second: whoever sees the finish sees the blocks free.
+        // Free first, tell the client second: whoever sees the finish sees the blocks (the
+        // draft cache's too) free.
+        self.release_draft_blocks();
         self.telemetry.publish_counts(&self.scheduler);
         let now = Instant::now();
         // The sequences that already stopped left the scheduler when they did.

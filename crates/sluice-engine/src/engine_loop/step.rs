@@ -22,9 +22,13 @@ impl EngineLoop {
         };
         let forward_start = Instant::now();
         let failure = self.forward();
+        let forward_time = forward_start.elapsed();
+        if let Some(drafter) = self.drafter.as_mut().filter(|d| d.guessed()) {
+            drafter.observe_target_step(forward_time);
+        }
         let mut timing = StepTiming {
             start: step_start,
-            forward: forward_start.elapsed(),
+            forward: forward_time,
             sample: Duration::ZERO,
             num_tokens,
         };
@@ -129,8 +133,9 @@ impl EngineLoop {
             }
         }
         // Free and count first, tell the client second: whoever sees a finish sees its blocks
-        // free and the step's counters (prefix hits, preemptions) published, even when the
-        // request finished in the step that admitted it.
+        // (the draft cache's too) free and the step's counters (prefix hits, preemptions)
+        // published, even when the request finished in the step that admitted it.
+        self.release_draft_blocks();
         self.telemetry.publish(&self.scheduler);
         for (events, event) in self.finish_events.drain(..) {
             let _ = events.send(event);
