@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Plain decoding against n-gram speculation (`--speculative ngram`), in one run, one server at
-# a time, alternated ROUNDS times so the host's drift falls on both alike:
+# Plain decoding against speculation (`--speculative ngram`, or METHOD=draft:PATH for a draft
+# model), in one run, one server at a time, alternated ROUNDS times so the host's drift falls
+# on both alike:
 #   - the editing workload (`sluice-bench --edit benchmarks/edit/inventory.py`: the file back
 #     with one change, greedy, outputs end where the model ends them) at 1 client;
 #   - the standard workload (130-token prompts, 128 output tokens, greedy, EOS ignored) at
@@ -12,8 +13,9 @@
 # EDIT_REQUESTS (4), EDIT_FILE (benchmarks/edit/inventory.py), STD_REQUESTS (standard
 # requests per client at each level, 1), PEER=1 (also llama.cpp's server, built by
 # scripts/llama-server.sh, on the editing workload at 1 client, after sluice in each round),
-# TEMPERATURE (the editing workload's, 0: greedy; sampled requests speculate too). Prints one line per run and
-# a summary of output tokens/s (mean over rounds) with the ratio speculation / plain.
+# TEMPERATURE (the editing workload's, 0: greedy; sampled requests speculate too), METHOD
+# (ngram, or draft:PATH), EDIT=0 (skip the editing workload). Prints one line per run and a
+# summary of output tokens/s (mean over rounds) with the ratio speculation / plain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +29,9 @@ edit_requests=${EDIT_REQUESTS:-4}
 edit_file=${EDIT_FILE:-benchmarks/edit/inventory.py}
 std_requests=${STD_REQUESTS:-1}
 temperature=${TEMPERATURE:-0}
+method=${METHOD:-ngram}
+spec=${method%%:*}
+edit=${EDIT:-1}
 mkdir -p "$out"
 cargo build --release -p sluice-server -p sluice-bench >&2
 
@@ -69,7 +74,9 @@ run() {
     shift
     start "$label" ./target/release/sluice serve --model "$model" --port "$port" \
         --kv-cache-memory 1GiB "$@"
-    edit_run "$label"
+    if [ "$edit" = 1 ]; then
+        edit_run "$label"
+    fi
     for c in ${levels//,/ }; do
         ./target/release/sluice-bench --base-url "http://127.0.0.1:$port" --quiet \
             --prompt-tokens 130 --output-tokens 128 --num-requests "$((c * std_requests))" \
@@ -96,24 +103,24 @@ fi
 : >"$out/results.txt"
 for round in $(seq 1 "$rounds"); do
     run plain
-    run ngram --speculative ngram --num-speculative-tokens "$spec_tokens"
+    run "$spec" --speculative "$method" --num-speculative-tokens "$spec_tokens"
     if [ -n "$peer" ]; then
         peer_run "$peer"
     fi
 done
 
 echo
-echo "output tokens/s, mean of $rounds rounds ($(basename "$model"), --num-speculative-tokens $spec_tokens)"
-printf "%-10s %8s %10s %10s %7s\n" workload clients plain ngram ratio
+echo "output tokens/s, mean of $rounds rounds ($(basename "$model"), --speculative $method --num-speculative-tokens $spec_tokens)"
+printf "%-10s %8s %10s %10s %7s\n" workload clients plain "$spec" ratio
 mean() { awk -v k="$1" '$1 " " $2 " " $3 == k { s += $4; n++ } END { if (n) printf "%.1f", s / n }' "$out/results.txt"; }
 for key in $(awk '$1 == "plain" { print $2 ":" $3 }' "$out/results.txt" | sort -u -t: -k1,1 -k2,2n); do
     workload=${key%%:*} clients=${key##*:}
-    plain=$(mean "plain $workload $clients") ngram=$(mean "ngram $workload $clients")
-    printf "%-10s %8s %10s %10s %6.2fx\n" "$workload" "$clients" "$plain" "$ngram" \
-        "$(awk "BEGIN { print $ngram / $plain }")"
+    plain=$(mean "plain $workload $clients") spec_mean=$(mean "$spec $workload $clients")
+    printf "%-10s %8s %10s %10s %6.2fx\n" "$workload" "$clients" "$plain" "$spec_mean" \
+        "$(awk "BEGIN { print $spec_mean / $plain }")"
     peer_mean=$(mean "llama.cpp $workload $clients")
     if [ -n "$peer_mean" ]; then
-        printf "%-10s %8s %10s %10s %6.2fx  (llama.cpp's server, ngram / llama.cpp)\n" \
-            "$workload" "$clients" "$peer_mean" "$ngram" "$(awk "BEGIN { print $ngram / $peer_mean }")"
+        printf "%-10s %8s %10s %10s %6.2fx  (llama.cpp's server, $spec / llama.cpp)\n" \
+            "$workload" "$clients" "$peer_mean" "$spec_mean" "$(awk "BEGIN { print $spec_mean / $peer_mean }")"
     fi
 done

@@ -1,16 +1,17 @@
-"""Speculative decoding on the real binary and the default model (`--speculative ngram`, default
-weights): greedy and seeded sampled chat answers are the plain server's, character for
-character, one at a time and four at once; drafts are made and kept (sluice's counters and
-vLLM's names move); requests with penalties or a grammar run without drafts and are counted;
-the KV cache is back to idle afterwards. The cancellation storm also runs with speculation on
-(test_storm.py)."""
+"""Speculative decoding on the real binary and the default model, default weights, by n-gram
+lookup (`--speculative ngram`) and by a draft model (`--speculative draft:PATH`, the default
+model drafting for itself): greedy and seeded sampled chat answers are the plain server's,
+character for character, one at a time and four at once; drafts are made and kept (sluice's
+counters and vLLM's names move); requests with penalties or a grammar run without drafts and
+are counted; the KV caches (the draft model's too) are back to idle afterwards. The
+cancellation storm also runs with speculation on (test_storm.py)."""
 
 from __future__ import annotations
 
 import pytest
 import requests
 
-from harness import MODEL_NAME, SluiceServer, metric_value, run_together
+from harness import MODEL, MODEL_NAME, SluiceServer, metric_value, run_together
 
 # Prompts whose answers copy text the prompt already holds, where drafts come true, and one
 # that does not.
@@ -23,15 +24,23 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def servers():
+def plain_server():
     plain = SluiceServer(name="plain")
-    speculative = SluiceServer("--speculative", "ngram", name="speculative")
     try:
         plain.start()
-        speculative.start()
-        yield plain, speculative
+        yield plain
     finally:
         plain.close()
+
+
+@pytest.fixture(scope="module", params=["ngram", "draft"])
+def servers(request, plain_server):
+    method = "ngram" if request.param == "ngram" else f"draft:{MODEL}"
+    speculative = SluiceServer("--speculative", method, name=f"speculative-{request.param}")
+    try:
+        speculative.start()
+        yield plain_server, speculative
+    finally:
         speculative.close()
 
 
@@ -67,6 +76,7 @@ def test_greedy_answers_are_the_plain_servers(servers):
     ]
     assert vllm_accepted and float(vllm_accepted[0].split()[-1]) == accepted
     assert metric_value(text, "sluice_kv_cache_blocks_used") == 0
+    assert not metric_value(text, "sluice_draft_kv_cache_blocks_used")
     # The plain server never drafts.
     assert not metric_value(plain.metrics_text(), "sluice_spec_decode_draft_tokens_total")
 

@@ -1,9 +1,10 @@
 """Cancellation storm: 200 concurrent streams, half of them hung up at random points (before the
 first token, mid-stream, during the prefill of a long prompt). The other half complete with
 exactly the greedy text each prompt gets alone, and afterwards /metrics shows the KV blocks and
-the running count back at their idle values. The storm runs twice: on the shared server, and on
-one with n-gram speculation on (`--speculative ngram`), whose rolled-back drafts must leak
-nothing either."""
+the running count back at their idle values. The storm runs three times: on the shared server,
+on one with n-gram speculation on (`--speculative ngram`), whose rolled-back drafts must leak
+nothing either, and on one with a draft model (the default model drafting for itself), whose
+own KV cache must be empty afterwards too."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import time
 import pytest
 import requests
 
-from harness import SluiceServer, metric_value, parse_metrics
+from harness import MODEL, SluiceServer, metric_value, parse_metrics
 
 COMPLETERS = 100
 HANGUPS_BEFORE_FIRST_TOKEN = 34
@@ -31,6 +32,7 @@ SEED = 20251121
 USED = "sluice_kv_cache_blocks_used"
 RUNNING = "sluice_requests_running"
 WAITING = "sluice_requests_waiting"
+DRAFT_USED = "sluice_draft_kv_cache_blocks_used"
 
 
 def wait_idle(server, timeout: float = 60.0) -> tuple[float, float, float]:
@@ -131,7 +133,17 @@ def speculative_server():
         srv.close()
 
 
-@pytest.mark.parametrize("which", ["server", "speculative_server"])
+@pytest.fixture(scope="module")
+def draft_server():
+    srv = SluiceServer("--speculative", f"draft:{MODEL}", name="draft")
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("which", ["server", "speculative_server", "draft_server"])
 def test_cancellation_storm(request, which):
     server = request.getfixturevalue(which)
     rng = random.Random(SEED)
@@ -213,11 +225,12 @@ def test_cancellation_storm(request, which):
     while True:
         text = server.metrics_text()
         used, running, waiting = (metric_value(text, n) for n in (USED, RUNNING, WAITING))
-        if used == idle_used and running == 0 and waiting == 0:
+        draft_used = metric_value(text, DRAFT_USED) or 0
+        if used == idle_used and running == 0 and waiting == 0 and draft_used == 0:
             break
         assert time.monotonic() < deadline, (
             f"10 s after the storm: {USED}={used} (idle {idle_used}) {RUNNING}={running} "
-            f"{WAITING}={waiting}"
+            f"{WAITING}={waiting} {DRAFT_USED}={draft_used}"
         )
         time.sleep(0.1)
     aborts = _series(text, abort_series) - aborts_before
