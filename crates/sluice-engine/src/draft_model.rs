@@ -14,13 +14,17 @@
 //! target's rolled-back slots are.
 //!
 //! How many guesses a sequence makes is chosen each round for speed: each costs a draft
-//! forward, and a guess is worth something only if every one before it comes true. The loop
-//! keeps the time of a draft forward and of a target step, and each sequence the rate at
-//! which its guesses came true (how the target's tokens went on, which speculation never
-//! changes); the round guesses the `k` that maximises tokens a step over a step's time,
-//! `(1 - a^(k+1)) / (1 - a) / (1 + k * draft/target)`, and nothing where no `k` beats plain
-//! decoding (probing with one guess every [`PROBE_EVERY`] rounds, so a sequence whose text
-//! becomes easier drafts again).
+//! forward and a row more in the target's step (on a CPU a row of a 1.5B model costs a third
+//! of a one-row step: verifying is not free), and a guess is worth something only if every
+//! one before it comes true. The loop keeps the time of a draft forward, a line fitted to the
+//! target's step time against its token count, and per sequence the rate at which its
+//! guesses came true (scored against how its text went on, which speculation never changes);
+//! each round takes the `k` that maximises the step's tokens per second, and none where no
+//! `k` beats plain decoding, probing with one guess every [`PROBE_EVERY`] rounds so that a
+//! sequence whose text becomes easier drafts again. Where even guesses that always came true
+//! would not pay (a draft model nearly as slow as its target, or a target whose step grows
+//! steeply with its rows), nothing is drafted or probed at all: speculation then costs only
+//! the timing, and the line fitted to the steps real traffic makes decides when it pays again.
 //!
 //! A sequence's draft blocks are freed as soon as it is no longer running (finished,
 //! aborted, cancelled or preempted: [`DraftModel::release_stopped`]); a preempted one
@@ -43,6 +47,10 @@ use crate::sequence::{SeqId, SequenceStatus};
 /// when they would.
 pub(crate) const PROBE_EVERY: u32 = 16;
 
+/// The acceptance of guesses that nearly always come true: where even they would not pay,
+/// nothing is drafted and nothing probed.
+const CERTAIN: f64 = 0.99;
+
 /// Weight of the newest observation in the running averages of times and acceptance.
 const SMOOTHING: f64 = 0.2;
 
@@ -56,11 +64,13 @@ pub(crate) struct DraftModel {
     target_vocab: usize,
     /// Most tokens one draft forward computes.
     max_batch_tokens: usize,
+    /// Whether guesses are sized by their cost ([`crate::SpeculationConfig::cost_aware`]).
+    cost_aware: bool,
     samples_rows: bool,
-    /// Running averages, in seconds: one draft forward, and one target step that verified
-    /// guesses (`None` until measured).
+    /// Running average of one draft forward, in seconds (`None` until measured).
     draft_forward: Option<f64>,
-    target_step: Option<f64>,
+    /// The target's step time against its token count.
+    target_steps: StepTimeFit,
     // Buffers reused every step.
     candidates: Vec<DraftCandidate>,
     /// The sequences guessing in this round, in batch order.
@@ -118,23 +128,80 @@ impl DraftSeq {
     }
 }
 
-/// Tokens a step is expected to yield over its cost relative to plain decoding's, for `k`
-/// guesses each true with chance `a`, a draft forward costing `cost` target steps.
-fn speedup(k: usize, a: f64, cost: f64) -> f64 {
-    let tokens = (1.0 - a.powi(k as i32 + 1)) / (1.0 - a);
-    tokens / (1.0 + k as f64 * cost)
+/// What a round with `k` guesses yields against a plain step: `others` other sequences
+/// decoding one token each in the same step, a draft forward taking `draft` seconds, the
+/// target's step taking `step(n)` seconds for `n` tokens, each guess true with chance `a`.
+/// Returns the step's tokens per second with the guesses over without them.
+fn speedup(k: usize, a: f64, others: usize, draft: f64, step: impl Fn(usize) -> f64) -> f64 {
+    let n = others + 1;
+    let tokens = others as f64 + (1.0 - a.powi(k as i32 + 1)) / (1.0 - a);
+    let time = step(n + k) + k as f64 * draft;
+    (tokens / time) / (n as f64 / step(n))
 }
 
 /// How many of at most `max` guesses to make: the count with the best expected speedup, or
 /// 0 when none beats plain decoding.
-fn best_guess_count(max: usize, a: f64, cost: f64) -> usize {
+fn best_guess_count(
+    max: usize,
+    a: f64,
+    others: usize,
+    draft: f64,
+    step: impl Fn(usize) -> f64,
+) -> usize {
     let (best, gain) = (1..=max)
-        .map(|k| (k, speedup(k, a, cost)))
+        .map(|k| (k, speedup(k, a, others, draft, &step)))
         .fold((0, 1.0), |b, c| if c.1 > b.1 { c } else { b });
     if gain > 1.0 {
         best
     } else {
         0
+    }
+}
+
+/// Steps of more tokens than this say nothing about a decode's cost (they prefill).
+const FIT_MAX_TOKENS: usize = 64;
+
+/// A least-squares line through the target's recent (tokens, seconds) steps, older ones
+/// weighing less: `time(n) = base + per_token * n`.
+#[derive(Default)]
+struct StepTimeFit {
+    weight: f64,
+    n: f64,
+    t: f64,
+    nn: f64,
+    nt: f64,
+}
+
+impl StepTimeFit {
+    /// How fast older steps stop counting (a memory of about 1 / (1 - DECAY) steps).
+    const DECAY: f64 = 0.98;
+
+    fn observe(&mut self, tokens: usize, elapsed: Duration) {
+        let (n, t) = (tokens as f64, elapsed.as_secs_f64());
+        let d = Self::DECAY;
+        self.weight = self.weight * d + 1.0;
+        self.n = self.n * d + n;
+        self.t = self.t * d + t;
+        self.nn = self.nn * d + n * n;
+        self.nt = self.nt * d + n * t;
+    }
+
+    /// `(base, per_token)`, or `None` before any step. While the steps seen have (nearly) one
+    /// size, the time is taken as proportional to the tokens: the cautious guess, under which
+    /// a guess pays only as a decode's share, and the steps that follow give the line its
+    /// slope.
+    fn line(&self) -> Option<(f64, f64)> {
+        if self.weight == 0.0 {
+            return None;
+        }
+        let (mean_n, mean_t) = (self.n / self.weight, self.t / self.weight);
+        let var_n = self.nn / self.weight - mean_n * mean_n;
+        if var_n < 0.25 {
+            return Some((0.0, mean_t / mean_n.max(1.0)));
+        }
+        let per_token = ((self.nt / self.weight - mean_n * mean_t) / var_n).max(0.0);
+        let base = (mean_t - per_token * mean_n).max(0.0);
+        Some((base, per_token))
     }
 }
 
@@ -153,18 +220,24 @@ struct Guessing {
 pub(crate) struct DraftFailure(String);
 
 impl DraftModel {
-    pub fn new(model: Box<dyn Model>, target_vocab: usize, max_batch_tokens: usize) -> Self {
+    pub fn new(
+        model: Box<dyn Model>,
+        target_vocab: usize,
+        max_batch_tokens: usize,
+        cost_aware: bool,
+    ) -> Self {
         let blocks = BlockManager::new(model.num_blocks(), model.block_size());
         Self {
             batch: StepBatch::new(model.block_size()),
             samples_rows: model.samples_rows(),
             draft_forward: None,
-            target_step: None,
+            target_steps: StepTimeFit::default(),
             model,
             blocks,
             seqs: HashMap::new(),
             target_vocab,
             max_batch_tokens: max_batch_tokens.max(1),
+            cost_aware,
             candidates: Vec::new(),
             guessing: Vec::new(),
             catching_up: Vec::new(),
@@ -221,11 +294,12 @@ impl DraftModel {
         self.row_owners.clear();
         let mut budget = self.max_batch_tokens;
         let max_len = self.model.max_model_len();
-        // A draft forward's cost in target steps.
-        let cost = match (self.draft_forward, self.target_step) {
-            (Some(d), Some(t)) if t > 0.0 => Some(d / t),
-            _ => None,
-        };
+        // Until a draft forward and a target step have been timed: as many guesses as allowed.
+        let costs = self
+            .draft_forward
+            .zip(self.target_steps.line())
+            .filter(|_| self.cost_aware);
+        let others = self.candidates.len() - 1;
         for c in &self.candidates {
             let Some(tokens) = scheduler.get(c.id).map(|s| s.tokens()) else {
                 continue;
@@ -233,13 +307,21 @@ impl DraftModel {
             let seq = self.seqs.entry(c.id).or_default();
             seq.score_last_round(tokens);
             seq.drafts.clear();
-            // Until both times are measured, as many guesses as allowed.
-            let wanted = match cost {
+            let wanted = match costs {
                 None => c.max,
-                Some(cost) => match best_guess_count(c.max, seq.acceptance(), cost) {
-                    0 if seq.idle_rounds + 1 >= PROBE_EVERY => 1,
-                    k => k,
-                },
+                Some((draft, (base, per_token))) => {
+                    let step = |n: usize| base + per_token * n as f64;
+                    match best_guess_count(c.max, seq.acceptance(), others, draft, step) {
+                        // Its guesses do not pay; a probe may find they do now, unless even
+                        // certain ones would not (the steps' times alone can change that).
+                        0 if seq.idle_rounds + 1 >= PROBE_EVERY
+                            && best_guess_count(c.max, CERTAIN, others, draft, step) > 0 =>
+                        {
+                            1
+                        }
+                        k => k,
+                    }
+                }
             };
             seq.idle_rounds = if wanted == 0 { seq.idle_rounds + 1 } else { 0 };
             // The guesses the target kept are still valid in the cache; the rest are not.
@@ -351,7 +433,11 @@ impl DraftModel {
         self.model
             .forward(&self.batch, &mut self.output)
             .map_err(|e| DraftFailure(e.to_string()))?;
-        average(&mut self.draft_forward, start.elapsed());
+        // What a guess costs is a decode's time: a forward that also caught a sequence up on
+        // a prompt would make every later guess look dear.
+        if self.batch.num_tokens() <= 2 * rows.max(1) {
+            average(&mut self.draft_forward, start.elapsed());
+        }
         let vocab = self.model.vocab_size();
         let returned = if self.samples_rows {
             self.output.sampled.len()
@@ -386,14 +472,11 @@ impl DraftModel {
         Ok(())
     }
 
-    /// The target's forward of a step that verified guesses took `elapsed`.
-    pub fn observe_target_step(&mut self, elapsed: Duration) {
-        average(&mut self.target_step, elapsed);
-    }
-
-    /// Whether the last round made any guess.
-    pub fn guessed(&self) -> bool {
-        !self.guessing.is_empty()
+    /// The target's forward of a step of `tokens` tokens took `elapsed`.
+    pub fn observe_target_step(&mut self, tokens: usize, elapsed: Duration) {
+        if tokens <= FIT_MAX_TOKENS {
+            self.target_steps.observe(tokens, elapsed);
+        }
     }
 
     /// Frees the draft cache of every sequence that is no longer running.
@@ -436,17 +519,42 @@ mod tests {
 
     #[test]
     fn guesses_are_sized_by_what_they_cost_and_how_often_they_come_true() {
+        // A memory-bound target (a row more costs 1% of a step) and a draft at 0.3 of a step.
+        let flat = |n: usize| 1.0 + 0.01 * n as f64;
         // Free guesses: as many as allowed.
-        assert_eq!(best_guess_count(8, 0.5, 0.0), 8);
-        // A draft forward at 0.3 target steps: good guesses pay a few, poor ones none.
-        let k = best_guess_count(8, 0.9, 0.3);
+        assert_eq!(best_guess_count(8, 0.5, 0, 0.0, |_| 1.0), 8);
+        // Good guesses pay a few, poor ones none.
+        let k = best_guess_count(8, 0.9, 0, 0.3, flat);
         assert!((3..=6).contains(&k), "{k}");
-        assert_eq!(best_guess_count(8, 0.2, 0.3), 0);
-        // A draft as slow as the target never pays.
-        assert_eq!(best_guess_count(8, 0.99, 1.0), 0);
+        assert_eq!(best_guess_count(8, 0.2, 0, 0.3, flat), 0);
         // More acceptance, more guesses.
-        assert!(best_guess_count(16, 0.95, 0.1) > best_guess_count(16, 0.8, 0.1));
-        assert!((speedup(2, 0.5, 0.0) - 1.75).abs() < 1e-12);
+        assert!(best_guess_count(16, 0.95, 0, 0.1, flat) > best_guess_count(16, 0.8, 0, 0.1, flat));
+        // A target whose step grows by a third of a decode per row (a 1.5B model on two CPU
+        // cores) with a draft at half a decode: good guesses do not pay.
+        let steep = |n: usize| 0.67 + 0.33 * n as f64;
+        assert_eq!(best_guess_count(8, 0.8, 0, 0.5, steep), 0);
+        // Other sequences in the step share its cost: guesses pay less in a crowd.
+        assert!(best_guess_count(8, 0.9, 3, 0.3, flat) <= best_guess_count(8, 0.9, 0, 0.3, flat));
+        assert!((speedup(2, 0.5, 0, 0.0, |_| 1.0) - 1.75).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_step_time_line_is_fitted_or_proportional_until_it_can_be() {
+        let mut fit = StepTimeFit::default();
+        assert_eq!(fit.line(), None);
+        let ms = |m: f64| Duration::from_secs_f64(m / 1e3);
+        fit.observe(9, ms(120.0));
+        let (base, per) = fit.line().unwrap();
+        assert_eq!(base, 0.0);
+        assert!((per - 0.12 / 9.0).abs() < 1e-9);
+        for _ in 0..20 {
+            fit.observe(1, ms(33.0));
+            fit.observe(5, ms(77.0));
+            fit.observe(9, ms(121.0));
+        }
+        let (base, per) = fit.line().unwrap();
+        assert!((per - 0.011).abs() < 1e-4, "{per}");
+        assert!((base - 0.022).abs() < 1e-3, "{base}");
     }
 
     #[test]

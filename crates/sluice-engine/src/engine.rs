@@ -182,7 +182,13 @@ impl Engine {
         let metrics = EngineMetrics::register();
         metrics.blocks_total.set(num_blocks as f64);
         let drafter = draft.map(|draft| {
-            let drafter = DraftModel::new(draft, model.vocab_size(), config.max_num_batched_tokens);
+            let cost_aware = config.speculation.is_none_or(|s| s.cost_aware);
+            let drafter = DraftModel::new(
+                draft,
+                model.vocab_size(),
+                config.max_num_batched_tokens,
+                cost_aware,
+            );
             let (draft_blocks, draft_block_size) = (drafter.num_blocks(), drafter.block_size());
             shared
                 .stats

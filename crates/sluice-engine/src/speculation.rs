@@ -45,6 +45,10 @@ pub struct SpeculationConfig {
     /// Steps with more running sequences than this draft nothing: past a few sequences a
     /// step is compute-bound, and drafts only add work to it.
     pub max_running: usize,
+    /// A draft model sizes each round's guesses by what they cost and how often they come
+    /// true, and guesses nothing where that does not pay (the server's setting); `false`
+    /// guesses as many as allowed every round, which tests use to make every round draft.
+    pub cost_aware: bool,
 }
 
 impl SpeculationConfig {
@@ -56,6 +60,7 @@ impl SpeculationConfig {
             max_ngram: 4,
             min_ngram: 2,
             max_running: 4,
+            cost_aware: true,
         }
     }
 

@@ -540,3 +540,40 @@ fn sampled_tokens_follow_the_targets_distribution() {
         "drafts both kept and rejected: {s:?}"
     );
 }
+
+/// Guesses that do not pay are not made: a draft model slower than its target guesses in
+/// the first round (before anything is timed) and then, even guessing right every time,
+/// no more; with the cost model off (`cost_aware: false`) it guesses every round.
+#[test]
+fn a_draft_model_that_does_not_pay_soon_stops_guessing() {
+    let rs: Vec<Request> = (0..4).map(|i| request(90 + i, 20, 60)).collect();
+    let want = plain_outputs(&rs);
+    for cost_aware in [true, false] {
+        let config = EngineConfig {
+            speculation: Some(SpeculationConfig {
+                cost_aware,
+                ..SpeculationConfig::draft_model(8)
+            }),
+            ..EngineConfig::default()
+        };
+        // The target is the fast one here.
+        let engine = Engine::start_with_draft(
+            Box::new(target(256)),
+            Box::new(Slow(target(256))),
+            tiny_tokenizer(),
+            config,
+        )
+        .unwrap();
+        let h = engine.handle();
+        for (r, want) in rs.iter().zip(&want) {
+            assert_eq!(&run(&h, r), want);
+        }
+        let s = h.stats();
+        assert_eq!(s.spec_accepted_tokens, s.spec_draft_tokens, "{s:?}");
+        if cost_aware {
+            assert!(s.spec_draft_tokens <= 16, "{s:?}");
+        } else {
+            assert!(s.spec_draft_tokens >= 200, "{s:?}");
+        }
+    }
+}

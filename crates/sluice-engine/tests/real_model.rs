@@ -530,8 +530,10 @@ fn a_draft_model_changes_no_token_alone_or_in_a_crowd() {
             Box::new(PagedLlama::new(draft, 2048, 16).unwrap()),
             tok.clone(),
             EngineConfig {
+                // Every round guesses, paying or not.
                 speculation: Some(SpeculationConfig {
                     max_running: 16,
+                    cost_aware: false,
                     ..SpeculationConfig::draft_model(k)
                 }),
                 ..EngineConfig::default()

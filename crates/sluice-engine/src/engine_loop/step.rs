@@ -23,8 +23,8 @@ impl EngineLoop {
         let forward_start = Instant::now();
         let failure = self.forward();
         let forward_time = forward_start.elapsed();
-        if let Some(drafter) = self.drafter.as_mut().filter(|d| d.guessed()) {
-            drafter.observe_target_step(forward_time);
+        if let Some(drafter) = &mut self.drafter {
+            drafter.observe_target_step(num_tokens, forward_time);
         }
         let mut timing = StepTiming {
             start: step_start,
