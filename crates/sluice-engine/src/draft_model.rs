@@ -77,8 +77,8 @@ pub(crate) struct DraftModel {
     guessing: Vec<Guessing>,
     /// Sequences computing a catch-up chunk without guessing, with its length.
     catching_up: Vec<(SeqId, usize)>,
-    /// Per logits row of the forward in flight: its sequence's index in `guessing`.
-    row_owners: Vec<usize>,
+    /// Per logits row of the forward in flight: its sequence.
+    row_owners: Vec<SeqId>,
     batch: StepBatch,
     output: StepOutput,
 }
@@ -214,8 +214,6 @@ struct Guessing {
     id: SeqId,
     /// The most guesses it may make this round.
     max: usize,
-    /// The sequence's length before this round's guesses.
-    len: usize,
 }
 
 /// Why a round of drafts was dropped; the step goes on without them.
@@ -256,10 +254,6 @@ impl DraftModel {
 
     pub fn num_blocks(&self) -> usize {
         self.blocks.num_blocks()
-    }
-
-    pub fn block_size(&self) -> usize {
-        self.blocks.block_size()
     }
 
     /// Runs a round of guesses for the scheduler's draft candidates and hands each its
@@ -381,12 +375,8 @@ impl DraftModel {
             );
             budget -= todo;
             seq.round_len = tokens.len();
-            self.row_owners.push(self.guessing.len());
-            self.guessing.push(Guessing {
-                id: c.id,
-                max,
-                len: tokens.len(),
-            });
+            self.row_owners.push(c.id);
+            self.guessing.push(Guessing { id: c.id, max });
         }
         if self.batch.is_empty() {
             return Ok(());
@@ -399,14 +389,14 @@ impl DraftModel {
         }
         for g in &self.guessing {
             if let Some(seq) = self.seqs.get_mut(&g.id) {
-                seq.confirmed = g.len;
+                seq.confirmed = seq.round_len;
             }
         }
         // Each further forward computes every still-guessing sequence's latest guess.
         for round in 1.. {
             self.batch.clear();
             self.row_owners.clear();
-            for (i, g) in self.guessing.iter().enumerate() {
+            for g in &self.guessing {
                 let seq = self
                     .seqs
                     .get_mut(&g.id)
@@ -417,9 +407,10 @@ impl DraftModel {
                 }
                 let last = seq.drafts[round - 1];
                 seq.guessed.push(last);
+                let position = seq.round_len + round - 1;
                 self.batch
-                    .push_sequence_rows(&[last], g.len + round - 1, seq.table.blocks(), 1);
-                self.row_owners.push(i);
+                    .push_sequence_rows(&[last], position, seq.table.blocks(), 1);
+                self.row_owners.push(g.id);
             }
             if self.batch.is_empty() {
                 break;
@@ -465,17 +456,16 @@ impl DraftModel {
                 "{returned} values back for {rows} rows"
             )));
         }
-        for (row, &owner) in self.row_owners.iter().enumerate() {
+        for (row, id) in self.row_owners.iter().enumerate() {
             let token = if self.samples_rows {
                 self.output.sampled[row].token
             } else {
                 argmax(&self.output.logits[row * vocab..(row + 1) * vocab])
             };
             if (token as usize) < self.target_vocab {
-                let id = self.guessing[owner].id;
                 let seq = self
                     .seqs
-                    .get_mut(&id)
+                    .get_mut(id)
                     .expect("a guessing sequence has a record");
                 seq.drafts.push(token);
             }

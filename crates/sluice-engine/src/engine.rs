@@ -100,7 +100,7 @@ impl Engine {
     /// [`Engine::start`] with a draft model for speculation (the `draft_model` module):
     /// `config.speculation` must ask for one ([`SpeculationConfig::draft_model`]). The draft
     /// model must share the target's tokenizer (the caller checks: the engine only sees ids);
-    /// its own KV cache is its own geometry. Logs that cache's size beside the target's.
+    /// its own KV cache is its own geometry.
     pub fn start_with_draft(
         model: Box<dyn Model>,
         draft: Box<dyn Model>,
@@ -189,18 +189,11 @@ impl Engine {
                 config.max_num_batched_tokens,
                 cost_aware,
             );
-            let (draft_blocks, draft_block_size) = (drafter.num_blocks(), drafter.block_size());
+            // Its size is logged by whoever built it (the server, with its bytes).
             shared
                 .stats
                 .draft_blocks_total
-                .store(draft_blocks, Ordering::Release);
-            tracing::info!(
-                num_blocks = draft_blocks,
-                block_size = draft_block_size,
-                kv_cache_tokens = draft_blocks * draft_block_size,
-                "the draft model's KV cache holds {} tokens",
-                draft_blocks * draft_block_size
-            );
+                .store(drafter.num_blocks(), Ordering::Release);
             drafter
         });
         let engine_loop = EngineLoop::new(

@@ -404,13 +404,13 @@ impl<R, S> Scheduler<R, S> {
         // A draft model sizes its own guesses by what they cost and how often they come true
         // (`crate::draft_model`); n-gram lookup's cost nothing, so its length follows
         // acceptance alone.
-        let adapted = match config.proposer {
-            Proposer::Ngram => seq.draft_len,
+        let most = match config.proposer {
+            Proposer::Ngram => seq.draft_len.min(config.num_tokens),
             Proposer::DraftModel => config.num_tokens,
         };
         let room = (seq.max_tokens() - seq.num_generated() - 1)
             .min(budget - 1)
-            .min(adapted.min(config.num_tokens));
+            .min(most);
         (room > 0).then_some(room)
     }
 

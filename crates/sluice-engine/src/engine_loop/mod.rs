@@ -189,7 +189,6 @@ impl EngineLoop {
                     // Submissions that raced with the drain get an abort, not silence.
                     return self.abort_everything();
                 }
-                self.release_draft_blocks();
                 self.telemetry.publish(&self.scheduler);
                 self.send_kv_events();
                 // Idle: block until there is something to do.
@@ -228,7 +227,9 @@ impl EngineLoop {
     }
 
     /// Frees the draft cache of the sequences that stopped running (finished, aborted,
-    /// cancelled, preempted) and publishes what it holds.
+    /// cancelled, preempted) and publishes what it holds. Called where sequences stop: the
+    /// end of each step (after its finishes, and after the plan's preemptions) and each
+    /// request ended outside a step.
     pub(super) fn release_draft_blocks(&mut self) {
         if let Some(drafter) = &mut self.drafter {
             drafter.release_stopped(&self.scheduler);

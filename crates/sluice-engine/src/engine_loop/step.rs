@@ -15,7 +15,6 @@ use crate::telemetry::StepTiming;
 impl EngineLoop {
     pub(super) fn step(&mut self) {
         let step_start = Instant::now();
-        self.release_draft_blocks();
         self.propose_drafts();
         let Some(num_tokens) = self.plan(step_start) else {
             return;
