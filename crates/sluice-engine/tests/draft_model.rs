@@ -4,8 +4,11 @@
 //! steps when the draft agrees with the target; and the draft cache's blocks come back when
 //! sequences finish, are aborted, are cancelled or are preempted.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::submit_all;
 use sluice_engine::testing::{byte_prompt, tiny_tokenizer, MockControl, MockModel, TINY_VOCAB};
 use sluice_engine::{
     Engine, EngineConfig, EngineError, EngineHandle, EngineStats, Event, Model, ModelFailure,
@@ -15,15 +18,40 @@ use sluice_model::{StepBatch, StepOutput};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// A draft model that agrees with the target (the same mock) except where the target's
-/// greedy token is a multiple of `every`: there it prefers the next token. A function of the
-/// context, as a real draft model's mistakes are.
-struct Noisy {
+/// The mock, changed two ways the tests need, each a function of the context as a real
+/// model's behaviour is:
+/// - as a draft model, it agrees with the target (the same mock) except where the target's
+///   greedy token is a multiple of `every` (0: never): there it prefers the next token;
+/// - as a target, its forwards take `delay`, as a real target's take much longer than its
+///   draft model's (the engine sizes guesses by what they cost, and against a target as fast
+///   as its draft no guess pays).
+struct Tweaked {
     inner: MockModel,
     every: u32,
+    delay: Duration,
 }
 
-impl Model for Noisy {
+const TARGET_STEP: Duration = Duration::from_micros(300);
+
+/// A draft model wrong wherever the target's greedy token is a multiple of `every`.
+fn noisy(inner: MockModel, every: u32) -> Box<Tweaked> {
+    Box::new(Tweaked {
+        inner,
+        every,
+        delay: Duration::ZERO,
+    })
+}
+
+/// A target that takes [`TARGET_STEP`] a forward.
+fn slow(inner: MockModel) -> Box<Tweaked> {
+    Box::new(Tweaked {
+        inner,
+        every: 0,
+        delay: TARGET_STEP,
+    })
+}
+
+impl Model for Tweaked {
     fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
     }
@@ -40,7 +68,11 @@ impl Model for Noisy {
         self.inner.hidden_size()
     }
     fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<(), ModelFailure> {
+        std::thread::sleep(self.delay);
         self.inner.forward(batch, out)?;
+        if self.every == 0 {
+            return Ok(());
+        }
         let v = self.inner.vocab_size();
         for row in out.logits.chunks_mut(v) {
             let best = (0..v).fold(0, |b, i| if row[i] > row[b] { i } else { b });
@@ -49,35 +81,6 @@ impl Model for Noisy {
             }
         }
         Ok(())
-    }
-}
-
-/// A target whose forwards take a while, as a real target's take much longer than its draft
-/// model's: the engine sizes guesses by what they cost, and against a target as fast as its
-/// draft no guess pays.
-struct Slow(MockModel);
-
-const TARGET_STEP: Duration = Duration::from_micros(300);
-
-impl Model for Slow {
-    fn vocab_size(&self) -> usize {
-        self.0.vocab_size()
-    }
-    fn max_model_len(&self) -> usize {
-        self.0.max_model_len()
-    }
-    fn block_size(&self) -> usize {
-        self.0.block_size()
-    }
-    fn num_blocks(&self) -> usize {
-        self.0.num_blocks()
-    }
-    fn hidden_size(&self) -> usize {
-        self.0.hidden_size()
-    }
-    fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<(), ModelFailure> {
-        std::thread::sleep(TARGET_STEP);
-        self.0.forward(batch, out)
     }
 }
 
@@ -116,8 +119,7 @@ fn start_drafted_with_control(
 ) -> (Engine, MockControl) {
     let target = target(num_blocks);
     let control = target.control();
-    let engine =
-        Engine::start_with_draft(Box::new(Slow(target)), draft, tiny_tokenizer(), config).unwrap();
+    let engine = Engine::start_with_draft(slow(target), draft, tiny_tokenizer(), config).unwrap();
     (engine, control)
 }
 
@@ -177,11 +179,7 @@ fn run(h: &EngineHandle, r: &Request) -> Vec<u32> {
 }
 
 fn run_all(h: &EngineHandle, rs: &[Request]) -> Vec<Vec<u32>> {
-    let streams: Vec<_> = rs
-        .iter()
-        .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
-        .collect();
-    streams
+    submit_all(h, rs)
         .into_iter()
         .map(|s| tokens(s.collect_blocking()))
         .collect()
@@ -211,11 +209,7 @@ fn tokens_are_plain_decodings_whatever_the_draft_model_guesses() {
     let want = plain_outputs(&rs);
     for k in [1, 2, 3, 5, 8] {
         for every in [1, 3, 1000] {
-            let draft = Noisy {
-                inner: target(256),
-                every,
-            };
-            let engine = start_drafted(256, Box::new(draft), spec_config(k));
+            let engine = start_drafted(256, noisy(target(256), every), spec_config(k));
             let h = engine.handle();
             let alone: Vec<Vec<u32>> = rs.iter().map(|r| run(&h, r)).collect();
             let crowd = run_all(&h, &rs);
@@ -282,22 +276,12 @@ fn a_draft_that_agrees_is_always_right() {
             ..EngineConfig::default()
         };
         // Every 0: the target itself.
-        let draft: Box<dyn Model> = match every {
-            0 => Box::new(target(256)),
-            every => Box::new(Noisy {
-                inner: target(256),
-                every,
-            }),
-        };
-        let engine = start_drafted(num_blocks, draft, config);
+        let engine = start_drafted(num_blocks, noisy(target(256), every), config);
         let h = engine.handle();
         let case = format!("every {every}, {num_blocks} blocks, k = {k}");
         // Three long requests draft; seven short ones join mid-way and drafting stops (more
         // than `max_running` sequences), then resumes on top of what the draft cache kept.
-        let streams: Vec<_> = long
-            .iter()
-            .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
-            .collect();
+        let streams = submit_all(&h, &long);
         wait_until(&h, "drafting", |s| s.spec_drafts > 3);
         assert_eq!(run_all(&h, &short), want_short, "{case}");
         for (s, want) in streams.into_iter().zip(&want_long) {
@@ -385,10 +369,7 @@ fn draft_blocks_come_back_after_aborts_cancellations_and_preemption() {
     // Abort some and drop the streams of others mid-way: a few steps in, with the target's
     // forwards held so that nothing finishes first.
     control.hold();
-    let streams: Vec<_> = rs
-        .iter()
-        .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
-        .collect();
+    let streams = submit_all(&h, &rs);
     control.release(5);
     assert!(control.wait_until_held(6, WAIT));
     assert!(h.stats().draft_kv_blocks_used > 0, "{:?}", h.stats());
@@ -462,13 +443,9 @@ fn sampled_tokens_follow_the_targets_distribution() {
     const VOCAB: usize = 8;
     const REQUESTS: usize = 6000;
     let prompt = vec![3u32, 1, 4, 1, 5];
-    let draft = Noisy {
-        inner: MockModel::new(VOCAB, 512, 256, 16),
-        every: 3,
-    };
     let engine = Engine::start_with_draft(
-        Box::new(Slow(MockModel::new(VOCAB, 512, 256, 16))),
-        Box::new(draft),
+        slow(MockModel::new(VOCAB, 512, 256, 16)),
+        noisy(MockModel::new(VOCAB, 512, 256, 16), 3),
         tiny_tokenizer(),
         spec_config(2),
     )
@@ -559,7 +536,7 @@ fn a_draft_model_that_does_not_pay_soon_stops_guessing() {
         // The target is the fast one here.
         let engine = Engine::start_with_draft(
             Box::new(target(256)),
-            Box::new(Slow(target(256))),
+            slow(target(256)),
             tiny_tokenizer(),
             config,
         )

@@ -4,6 +4,9 @@
 //! sampler (penalties, bias, `min_tokens` bans, grammars) stay with it in the same steps, and
 //! seeded rows are reproducible in any batch.
 
+mod common;
+
+use common::submit_all;
 use sluice_engine::testing::{byte_prompt, tiny_tokenizer, MockControl, MockModel, TINY_VOCAB};
 use sluice_engine::{
     ConstraintCompiler, Engine, EngineConfig, EngineHandle, Event, Grammar, Request,
@@ -37,11 +40,7 @@ type Logprobs = Option<(f32, Vec<(u32, f32)>)>;
 
 /// Each request's tokens and logprobs, all submitted at once so they share steps.
 fn run_together(h: &EngineHandle, requests: &[Request]) -> Vec<(Vec<u32>, Vec<Logprobs>)> {
-    let streams: Vec<_> = requests
-        .iter()
-        .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
-        .collect();
-    streams
+    submit_all(h, requests)
         .into_iter()
         .map(|s| {
             let mut tokens = Vec::new();

@@ -4,31 +4,23 @@
 //! once. Both files are optional (`scripts/fetch-qwen.sh`, `scripts/fetch-qwen-1.5b.sh`; CI
 //! fetches them): without them the test says why it skipped and passes.
 
-use std::path::PathBuf;
+mod common;
+
+use std::path::Path;
 use std::sync::Arc;
 
+use common::submit_all;
 use sluice_engine::{
     Engine, EngineConfig, EngineHandle, Event, FinishReason, Request, SpeculationConfig,
 };
+use sluice_model::testing::optional_model;
 use sluice_model::{LlamaModel, LoadOptions, ModelSource, PagedLlama};
 use sluice_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 const TARGET: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
 const DRAFT: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 
-fn optional_model(name: &str) -> Option<PathBuf> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(name);
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!("skipped: models/{name} missing, run scripts/fetch-qwen.sh and scripts/fetch-qwen-1.5b.sh");
-        None
-    }
-}
-
-fn paged(path: &PathBuf) -> Box<PagedLlama> {
+fn paged(path: &Path) -> Box<PagedLlama> {
     let model = LlamaModel::load(path, &LoadOptions::default()).unwrap();
     Box::new(PagedLlama::new(model, 512, 16).unwrap())
 }
@@ -49,11 +41,7 @@ fn run(h: &EngineHandle, r: &Request) -> Vec<u32> {
 }
 
 fn run_all(h: &EngineHandle, rs: &[Request]) -> Vec<Vec<u32>> {
-    let streams: Vec<_> = rs
-        .iter()
-        .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
-        .collect();
-    streams
+    submit_all(h, rs)
         .into_iter()
         .map(|s| {
             s.collect_blocking()
@@ -92,7 +80,10 @@ fn chat_prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
 
 #[test]
 fn speculation_on_qwen_1_5b_changes_no_token() {
-    let (Some(target), Some(draft)) = (optional_model(TARGET), optional_model(DRAFT)) else {
+    let (Some(target), Some(draft)) = (
+        optional_model(TARGET, "scripts/fetch-qwen-1.5b.sh"),
+        optional_model(DRAFT, "scripts/fetch-qwen.sh"),
+    ) else {
         return;
     };
     let tok = Arc::new(ModelSource::open(&target).unwrap().tokenizer().unwrap());

@@ -3,7 +3,7 @@
 //! turns a GGUF model into the Hugging Face directory it was converted from.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -385,5 +385,20 @@ impl TinyModelSpec {
         let gguf = dir.with_extension("gguf");
         self.write_gguf(&gguf)?;
         write_hf_from_gguf(&gguf, dir, export)
+    }
+}
+
+/// `models/<name>` at the workspace root, or `None` after printing that the test skipped and
+/// which script fetches the file: optional models are too large to require everywhere, and the
+/// line in the test output keeps a skipped test from passing for a run one.
+pub fn optional_model(name: &str, fetch_script: &str) -> Option<PathBuf> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models")
+        .join(name);
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!("skipped: models/{name} missing, run {fetch_script}");
+        None
     }
 }

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use common::decode::{assert_batching_changes_no_token, greedy_alone};
 use common::python::assert_fibonacci_body;
+use sluice_model::testing::optional_model;
 use sluice_model::{Architecture, LlamaModel, LoadOptions, ModelSource, WeightsKind};
 use sluice_tokenizer::Tokenizer;
 
@@ -18,7 +19,7 @@ const FETCH: &str = "scripts/fetch-qwen-1.5b.sh";
 
 fn tokenizer() -> Option<&'static Tokenizer> {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
-    let path = common::optional_model(GGUF, FETCH)?;
+    let path = optional_model(GGUF, FETCH)?;
     Some(TOKENIZER.get_or_init(|| ModelSource::open(&path).unwrap().tokenizer().unwrap()))
 }
 
@@ -40,7 +41,7 @@ fn resident() -> Option<WeightsKind> {
 
 /// Runs `f` on the model as `kind` holds it, loading it first unless it is already held so.
 fn with_model<R>(kind: WeightsKind, f: impl FnOnce(&LlamaModel) -> R) -> Option<R> {
-    let path = common::optional_model(GGUF, FETCH)?;
+    let path = optional_model(GGUF, FETCH)?;
     // A test that failed while holding the lock leaves a usable model behind.
     let mut slot = MODEL.lock().unwrap_or_else(|e| e.into_inner());
     if slot.as_ref().map(|(k, _)| *k) != Some(kind) {
@@ -60,7 +61,7 @@ fn with_model<R>(kind: WeightsKind, f: impl FnOnce(&LlamaModel) -> R) -> Option<
 
 #[test]
 fn hyper_parameters_and_tokenizer() {
-    let Some(path) = common::optional_model(GGUF, FETCH) else {
+    let Some(path) = optional_model(GGUF, FETCH) else {
         return;
     };
     let mut source = ModelSource::open(&path).unwrap();

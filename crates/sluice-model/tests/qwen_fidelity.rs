@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use common::decode::assert_batching_changes_no_token;
 use common::fidelity::compare_with_fixture;
+use sluice_model::testing::optional_model;
 use sluice_model::{LlamaModel, LoadOptions, ModelSource, WeightsKind};
 use sluice_tokenizer::Tokenizer;
 
@@ -22,7 +23,7 @@ fn model(kind: WeightsKind) -> Option<&'static LlamaModel> {
     static F32: OnceLock<LlamaModel> = OnceLock::new();
     static AUTO: OnceLock<LlamaModel> = OnceLock::new();
     static QUANTIZED: OnceLock<LlamaModel> = OnceLock::new();
-    let path = common::optional_model(GGUF, FETCH)?;
+    let path = optional_model(GGUF, FETCH)?;
     let cell = match kind {
         WeightsKind::F32 => &F32,
         WeightsKind::Auto => &AUTO,
@@ -43,7 +44,7 @@ fn model(kind: WeightsKind) -> Option<&'static LlamaModel> {
 
 fn tokenizer() -> Option<&'static Tokenizer> {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
-    let path = common::optional_model(GGUF, FETCH)?;
+    let path = optional_model(GGUF, FETCH)?;
     Some(TOKENIZER.get_or_init(|| ModelSource::open(&path).unwrap().tokenizer().unwrap()))
 }
 

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use sluice_engine::{Scheduler, SchedulerConfig, SeqId};
+use sluice_engine::{EngineHandle, Request, RequestStream, Scheduler, SchedulerConfig, SeqId};
 use sluice_model::StepBatch;
 
 pub const VOCAB: u32 = 1000;
@@ -236,5 +236,14 @@ impl Driver {
 pub fn tokens(seed: u64, len: usize) -> Vec<u32> {
     (0..len as u64)
         .map(|i| (mix(seed, i) % u64::from(VOCAB)) as u32)
+        .collect()
+}
+
+/// Validates and submits every request before reading any, so that they share steps (the
+/// requests here are valid).
+pub fn submit_all(h: &EngineHandle, requests: &[Request]) -> Vec<RequestStream> {
+    requests
+        .iter()
+        .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
         .collect()
 }

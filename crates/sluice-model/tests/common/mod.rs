@@ -1,6 +1,6 @@
 //! Where integration tests find the real model and the reference fixtures. Missing files fail
 //! the test with the command that fetches them: a silently skipped test proves nothing. The
-//! optional models ([`optional_model`]) are the exception, as not every machine can hold a
+//! optional models (`sluice_model::testing::optional_model`) are the exception, as not every machine can hold a
 //! gigabyte download; their tests say that they skipped, and CI fetches them.
 
 // Each test crate includes this module and uses only some of it.
@@ -73,19 +73,4 @@ pub fn ids(value: &serde_json::Value) -> Vec<u32> {
                 .unwrap_or_else(|| panic!("not a token id: {v}"))
         })
         .collect()
-}
-
-/// `models/<name>` at the workspace root, or `None` after printing that the test skipped and
-/// which script fetches the file: optional models are too large to require everywhere, and the
-/// line in the test output keeps a skipped test from passing for a run one.
-pub fn optional_model(name: &str, fetch_script: &str) -> Option<PathBuf> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(name);
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!("skipped: models/{name} missing, run {fetch_script}");
-        None
-    }
 }
