@@ -21,18 +21,14 @@ events_port=${EVENTS_PORT:-5557}
 per_client=${REQUESTS:-2}
 mkdir -p "$out"
 cargo build --release -p sluice-server -p sluice-bench >&2
+# shellcheck source=scripts/lib/server.sh
+. scripts/lib/server.sh
 
 run() {
     local label=$1
     shift
-    ./target/release/sluice serve --model "$model" --port "$port" --kv-cache-memory 1GiB "$@" \
-        >"$out/$label.log" 2>&1 &
-    local pid=$!
-    for _ in $(seq 1 600); do
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
-        kill -0 "$pid" 2>/dev/null || { cat "$out/$label.log" >&2; return 1; }
-        sleep 0.1
-    done
+    start_server "$out/$label.log" "$port" \
+        ./target/release/sluice serve --model "$model" --port "$port" --kv-cache-memory 1GiB "$@"
     local listener=""
     if [ "$label" = on ]; then
         .venv/bin/python scripts/kv-events-listen.py "tcp://127.0.0.1:$events_port" \
@@ -52,8 +48,7 @@ run() {
         wait "$listener" || true
         echo "listener: $(cat "$out/listener.$label.json")"
     fi
-    kill -TERM "$pid"
-    wait "$pid" || true
+    stop_server
 }
 
 : >"$out/results.txt"

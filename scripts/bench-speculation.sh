@@ -34,24 +34,14 @@ spec=${method%%:*}
 edit=${EDIT:-1}
 mkdir -p "$out"
 cargo build --release -p sluice-server -p sluice-bench >&2
+# shellcheck source=scripts/lib/server.sh
+. scripts/lib/server.sh
 
-# Starts a server (the command after LABEL) in the background, logging to $out/LABEL.log, and
-# waits for /health; sets $pid.
+# Starts a server (the command after LABEL), logging to $out/LABEL.log, and waits for /health.
 start() {
     local label=$1
     shift
-    "$@" >"$out/$label.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 600); do
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
-        kill -0 "$pid" 2>/dev/null || { cat "$out/$label.log" >&2; return 1; }
-        sleep 0.1
-    done
-}
-
-stop() {
-    kill -TERM "$pid"
-    wait "$pid" || true
+    start_server "$out/$label.log" "$port" "$@"
 }
 
 # The editing workload at 1 client against the server up now; appends
@@ -84,7 +74,7 @@ run() {
         echo "$label standard $c $(jq -r '.[0].output_throughput' "$out/$label.std.$c.json")" \
             | tee -a "$out/results.txt"
     done
-    stop
+    stop_server
 }
 
 # llama.cpp's server on the editing workload (its defaults: no speculation).
@@ -93,7 +83,7 @@ peer_run() {
     LD_LIBRARY_PATH=$peer start llama.cpp "$peer/llama-server" -m "$model" -t "$(nproc)" \
         -np 1 -c 4096 --host 127.0.0.1 --port "$port"
     edit_run llama.cpp --no-server-metrics
-    stop
+    stop_server
 }
 
 peer=""
@@ -101,7 +91,7 @@ if [ "${PEER:-0}" = 1 ]; then
     peer=$(./scripts/llama-server.sh)
 fi
 : >"$out/results.txt"
-for round in $(seq 1 "$rounds"); do
+for _ in $(seq 1 "$rounds"); do
     run plain
     run "$spec" --speculative "$method" --num-speculative-tokens "$spec_tokens"
     if [ -n "$peer" ]; then
