@@ -159,7 +159,7 @@ fn main() {
 
 /// Quantized matrices as the project's models hold them: Qwen2.5-1.5B's fused gate/up and down
 /// projection in Q4_K, a Q6_K down projection, the 0.5B's Q5_0 and Q8_0, SmolLM2's Q4_1; at 1,
-/// 16 and 64 rows.
+/// 16 and 64 rows (or `SLUICE_BENCH_ROWS`).
 fn quantized_table() {
     println!(
         "| format | shape [m,k]x[k,n] | exact panels ms | GB/s | GFLOP/s | int8 ms | GB/s | GFLOP/s | candle ms | GB/s | GFLOP/s |"
@@ -175,6 +175,12 @@ fn quantized_table() {
         (QuantFormat::Q8_0, 896, 4864),
         (QuantFormat::Q4_1, 576, 3072),
     ];
+    // `SLUICE_BENCH_ROWS=1,2,3,4` for the few-row steps of speculative decoding.
+    let rows: Vec<usize> = std::env::var("SLUICE_BENCH_ROWS")
+        .unwrap_or_else(|_| "1,16,64".into())
+        .split(',')
+        .map(|m| m.trim().parse().expect("SLUICE_BENCH_ROWS: row counts"))
+        .collect();
     for (format, k, n) in shapes {
         let (bytes, _) = random_blocks(n, k, format, 1);
         let panels = PackedMatrix::pack_quantized(format, &bytes, n, k).expect("a panel format");
@@ -188,7 +194,7 @@ fn quantized_table() {
         let qmatmul =
             candle_core::quantized::QMatMul::from_qtensor(QTensor::new(storage, (n, k)).unwrap())
                 .unwrap();
-        for m in [1usize, 16, 64] {
+        for &m in &rows {
             let x = random_values(m * k, 2);
             let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
             let mut out = vec![0f32; m * n];

@@ -4,7 +4,9 @@
 //!
 //! `SLUICE_BENCH_WEIGHTS=f32,auto` picks the weight kinds (`auto-amx`: auto with the legacy
 //! formats' steps from 16 rows on AMX tiles, `LoadOptions::amx_min_rows`; `auto/q8_0`: auto with an 8-bit KV cache instead of f16); `SLUICE_BENCH_BATCHES=1,64`
-//! the sizes; `SLUICE_BENCH_PREFILL=2048` the prompt's length (`0` skips the prefill).
+//! the sizes; `SLUICE_BENCH_PREFILL=2048` the prompt's length (`0` skips the prefill);
+//! `SLUICE_BENCH_VERIFY=1,2,5` steps of one sequence computing that many tokens with a logits
+//! row each (speculative decoding's verification of `n - 1` guesses; empty by default).
 //! Times are the median and the fastest run (the shared 2-core host is often busy).
 
 // getrusage through libc, for the CPU-time mode.
@@ -37,6 +39,7 @@ where
     std::env::var(var)
         .unwrap_or_else(|_| default.into())
         .split(',')
+        .filter(|s| !s.trim().is_empty())
         .map(|s| s.trim().parse().unwrap())
         .collect()
 }
@@ -83,6 +86,7 @@ fn main() {
     let kinds: Vec<String> = list("SLUICE_BENCH_WEIGHTS", "f32,quantized,auto");
     let batches: Vec<usize> = list("SLUICE_BENCH_BATCHES", "1,8,32,64");
     let prefill: usize = list("SLUICE_BENCH_PREFILL", "512")[0];
+    let verify: Vec<usize> = list("SLUICE_BENCH_VERIFY", "");
     println!("threads: {}", rayon::current_num_threads());
     println!("| weights | step | tokens | ms/step (median) | tokens/s | ms/step (fastest) | tokens/s | CPU ms/step |");
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
@@ -139,6 +143,25 @@ fn main() {
                 b as f64 / t.as_secs_f64(),
                 fastest.as_secs_f64() * 1e3,
                 b as f64 / fastest.as_secs_f64(),
+                *CPU_MS.lock().unwrap()
+            );
+        }
+        for &n in &verify {
+            batch.clear();
+            let tokens: Vec<u32> = (0..n as u32).map(|i| 100 + i).collect();
+            let table: Vec<u32> = (0..blocks_per_seq as u32).collect();
+            batch.push_sequence_rows(&tokens, CONTEXT - n, &table, n);
+            let (t, fastest) = time(|| {
+                model
+                    .forward_step_in(&batch, &mut kv, &mut scratch)
+                    .unwrap();
+            });
+            println!(
+                "| {kind} | verify {n} @ctx {CONTEXT} | {n} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} |",
+                t.as_secs_f64() * 1e3,
+                n as f64 / t.as_secs_f64(),
+                fastest.as_secs_f64() * 1e3,
+                n as f64 / fastest.as_secs_f64(),
                 *CPU_MS.lock().unwrap()
             );
         }

@@ -82,9 +82,10 @@ struct Blocks32 {
 
 /// Per super-block of 256 a scale (`amax / 127`), the integer sum of each 16 quants (Q6_K's
 /// `q - 32` subtracts 32 times them, exactly), and of each 32 (Q4_K's and Q5_K's integer
-/// minimums multiply them, exactly). For each whole tile of [`K_ACT_ROWS`] rows (the tiles a
-/// product takes, from row 0), the scales and the sums of 32 again, transposed, so that a
-/// kernel reads one super-block's values for the tile's rows side by side ([`SuperTile`]).
+/// minimums multiply them, exactly). For each tile of [`K_ACT_ROWS`] rows (the tiles a product
+/// takes, from row 0, the last one perhaps partial), the scales and the sums of 32 again,
+/// transposed, so that a kernel reads one super-block's values for the tile's rows side by side
+/// ([`SuperTile`]).
 #[derive(Default)]
 struct Blocks256 {
     quants: Vec<i8>,
@@ -130,7 +131,8 @@ impl QuantizedActivations {
         }
     }
 
-    /// Tile `tile` of [`K_ACT_ROWS`] rows (rows `8 * tile..8 * tile + 8`), transposed.
+    /// Tile `tile` of [`K_ACT_ROWS`] rows (rows `8 * tile..8 * tile + 8`, those past the last
+    /// row zero), transposed.
     fn super_tile(&self, tile: usize) -> SuperTile<'_> {
         let b = &self.of256;
         let nb = b.blocks_per_row;
@@ -228,11 +230,12 @@ impl Blocks256 {
         self.transpose_tiles();
     }
 
-    /// Fills [`SuperTile`]'s layout for the whole tiles: per tile and super-block, the 8 rows'
-    /// scales, then their sums of 32 by pairs `j = 2k, 2k + 1`: `[k][row][j - 2k]`.
+    /// Fills [`SuperTile`]'s layout for every tile, the last one's missing rows zero: per tile
+    /// and super-block, the 8 rows' scales, then their sums of 32 by pairs `j = 2k, 2k + 1`:
+    /// `[k][row][j - 2k]`.
     fn transpose_tiles(&mut self) {
         let nb = self.blocks_per_row;
-        let tiles = self.rows / K_ACT_ROWS;
+        let tiles = self.rows.div_ceil(K_ACT_ROWS);
         self.tile_scales.resize(tiles * nb * K_ACT_ROWS, 0.0);
         self.tile_sums32.resize(tiles * nb * K_ACT_ROWS * 8, 0);
         for tile in 0..tiles {
@@ -240,10 +243,20 @@ impl Blocks256 {
                 let at = tile * nb + sb;
                 for r in 0..K_ACT_ROWS {
                     let row = tile * K_ACT_ROWS + r;
-                    self.tile_scales[at * K_ACT_ROWS + r] = self.scales[row * nb + sb];
+                    // The last tile's missing rows read as zeros: their lanes are computed
+                    // and never stored.
+                    let present = row < self.rows;
+                    self.tile_scales[at * K_ACT_ROWS + r] = if present {
+                        self.scales[row * nb + sb]
+                    } else {
+                        0.0
+                    };
                     for j in 0..8 {
-                        self.tile_sums32[at * 64 + (j / 2) * 16 + 2 * r + j % 2] =
-                            self.sums32[(row * nb + sb) * 8 + j];
+                        self.tile_sums32[at * 64 + (j / 2) * 16 + 2 * r + j % 2] = if present {
+                            self.sums32[(row * nb + sb) * 8 + j]
+                        } else {
+                            0
+                        };
                     }
                 }
             }
@@ -263,6 +276,13 @@ const ACT_ROWS: usize = 4;
 /// registers for more rows, and the unpacking of each 32 weights (a shift, masks and the
 /// scales' shuffles) is shared by twice as many.
 const K_ACT_ROWS: usize = 8;
+
+/// The fewest activation rows the AVX-512 K-quant kernel takes as a tile, summing their
+/// registers in one tree and running the epilogue on 8 lanes (the missing rows' lanes wasted);
+/// fewer rows reduce each register and run [`k_super_block`] on their own. Both give the same
+/// bits; this is only the faster side of the crossing, measured with `benches/gemm.rs`
+/// (`SLUICE_BENCH_ROWS`).
+const K_TILE_MIN_ROWS: usize = 3;
 
 /// Which kernel multiplies a matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -442,8 +462,8 @@ impl QuantMatrix {
                         avx2_k::rows_dot(self.format, weights, self.row_bytes, a, dots)
                     };
                 }
-                // `matmul_into` takes whole tiles from row 0, then the rest.
-                let tile = (n == K_ACT_ROWS).then(|| {
+                // `matmul_into` takes tiles from row 0, the last perhaps partial.
+                let tile = (n >= K_TILE_MIN_ROWS).then(|| {
                     debug_assert_eq!(first % K_ACT_ROWS, 0);
                     acts.super_tile(first / K_ACT_ROWS)
                 });
@@ -500,7 +520,7 @@ struct SuperRow<'a> {
     sums32: &'a [i16],
 }
 
-/// A whole tile of [`K_ACT_ROWS`] activation rows' super-block values, transposed
+/// A tile of [`K_ACT_ROWS`] activation rows' super-block values (missing rows zero), transposed
 /// ([`Blocks256::transpose_tiles`]): `scales[8 * sb + r]`, and the sums of 32 of super-block
 /// `sb` as `sums32[64 * sb + 16 * k + 2 * r + e]` for `j = 2k + e`.
 struct SuperTile<'a> {
@@ -683,8 +703,12 @@ mod tests {
                 (7, 4, 12),
                 // 11 blocks: the legacy kernels' group of 8 and a tail of 3.
                 (9, 11, 3),
-                // 17 rows: two whole tiles of 8 (the K-quants' transposed epilogue) and one.
+                // 17 rows: two whole tiles of 8 (the K-quants' transposed epilogue) and one;
+                // 15, a tile and a partial one of 7 (the epilogue on 8 lanes, one unstored);
+                // 2, below the partial tiles' threshold.
                 (12, 2, 17),
+                (6, 2, 15),
+                (5, 1, 2),
             ] {
                 let cols = blocks * bw;
                 let (bytes, _) = random_blocks(rows, cols, format, 7 + rows as u64);

@@ -1,5 +1,5 @@
 //! The AVX-512 VNNI kernels of the K-quants (Q4_K, Q5_K, Q6_K) against super-block
-//! activations: one weight row against up to [`K_ACT_ROWS`] activation rows, in the K-quants'
+//! activations: one weight row against up to [`K_ACT_ROWS`](super::K_ACT_ROWS) activation rows, in the K-quants'
 //! one arithmetic (module docs of `int8_matmul`), with fewer instructions per weight than
 //! `avx2_k.rs`.
 //!
@@ -12,22 +12,23 @@
 //! `-32` times the scales. The super-block's 16 lanes then hold `isum` exactly (at most
 //! 256 * 63 * 127 * 128 < 2^31).
 //!
-//! A full tile of 8 rows sums its 8 registers in one tree of unpacks, takes Q4_K's and Q5_K's
-//! `imin` from the tile's transposed integer sums of each 32, and runs the float epilogue on 8
-//! lanes at once: per lane the two fused multiply-adds of [`k_super_block`] in its order, with
-//! the same roundings (a vector `fnmadd` by `dmin * xd` rounds as `fma` by `-(dmin * xd)`).
-//! Fewer rows call [`k_super_block`] itself. Either way each output is the scalar oracle's
+//! A tile of up to 8 rows (from `K_TILE_MIN_ROWS`; the missing ones zero) sums its registers in
+//! one tree of unpacks, takes Q4_K's and Q5_K's `imin` from the tile's transposed integer sums
+//! of each 32, and runs the float epilogue on 8 lanes at once: per lane the two fused
+//! multiply-adds of [`k_super_block`] in its order, with the same roundings (a vector `fnmadd`
+//! by `dmin * xd` rounds as `fma` by `-(dmin * xd)`). Fewer rows call [`k_super_block`] itself. Either way each output is the scalar oracle's
 //! float, bit for bit, whichever rows share its step.
 
 use std::arch::x86_64::*;
 
 use super::avx2::f16_at;
 use super::avx2_k::{dot8_i16, k_scales};
-use super::{k_super_block, QuantFormat, SuperRow, SuperTile, K_ACT_ROWS, SUPER};
+use super::{k_super_block, QuantFormat, SuperRow, SuperTile, SUPER};
 
 /// Each weight row of `weights` (rows of `row_bytes` bytes of `format`, a K-quant) against
 /// each of `rows`: `dots[i * rows.len() + a]` is weight row `i` times activation row `a`.
-/// `tile`, given with [`K_ACT_ROWS`] rows, is theirs transposed.
+/// `tile`, when given, is the tile of these rows transposed ([`K_ACT_ROWS`](super::K_ACT_ROWS) of them, those past
+/// `rows` zero).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI; `format` is Q4_K, Q5_K or
@@ -46,10 +47,17 @@ pub(super) unsafe fn rows_dot(
     // SAFETY: forwarded from the caller.
     unsafe {
         match (rows.len(), tile) {
-            (K_ACT_ROWS, Some(tile)) => {
-                by_format::<K_ACT_ROWS, true>(format, weights, row_bytes, rows, tile, dots)
-            }
-            (n, _) => {
+            (n, Some(tile)) => match n {
+                1 => by_format::<1, true>(format, weights, row_bytes, rows, tile, dots),
+                2 => by_format::<2, true>(format, weights, row_bytes, rows, tile, dots),
+                3 => by_format::<3, true>(format, weights, row_bytes, rows, tile, dots),
+                4 => by_format::<4, true>(format, weights, row_bytes, rows, tile, dots),
+                5 => by_format::<5, true>(format, weights, row_bytes, rows, tile, dots),
+                6 => by_format::<6, true>(format, weights, row_bytes, rows, tile, dots),
+                7 => by_format::<7, true>(format, weights, row_bytes, rows, tile, dots),
+                _ => by_format::<8, true>(format, weights, row_bytes, rows, tile, dots),
+            },
+            (n, None) => {
                 let tile = &SuperTile::EMPTY;
                 match n {
                     1 => by_format::<1, false>(format, weights, row_bytes, rows, tile, dots),
@@ -67,7 +75,7 @@ pub(super) unsafe fn rows_dot(
 }
 
 /// # Safety
-/// As [`rows_dot`], with `rows.len() == R`, and `tile` given when `TILE` (then `R` is 8).
+/// As [`rows_dot`], with `rows.len() == R`, and `tile` given when `TILE`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn by_format<const R: usize, const TILE: bool>(
     format: QuantFormat,
@@ -271,7 +279,7 @@ impl<const R: usize> Sums<R> {
     /// `lanes` and `imin` from `mins` (None for Q6_K).
     ///
     /// # Safety
-    /// The CPU has AVX2, FMA and AVX-512 F; with `TILE` `R` is 8 and `tile` holds super-block
+    /// The CPU has AVX2, FMA and AVX-512 F; with `TILE` `tile` holds super-block
     /// `sb` of the rows, otherwise every row does.
     #[inline(always)]
     unsafe fn add<const TILE: bool>(
@@ -286,10 +294,17 @@ impl<const R: usize> Sums<R> {
         // SAFETY: the caller's promise; reads of super-block `sb` of the tile or the rows.
         unsafe {
             if TILE {
-                let lanes: &[__m512i; 8] = lanes.as_slice().try_into().expect("a tile");
+                // A partial tile's missing rows sum zeros into lanes nobody stores.
+                let lanes: [__m512i; 8] = std::array::from_fn(|r| {
+                    if r < R {
+                        lanes[r]
+                    } else {
+                        _mm512_setzero_si512()
+                    }
+                });
                 debug_assert!(8 * sb + 8 <= tile.scales.len());
                 let xd = _mm256_loadu_ps(tile.scales.as_ptr().add(8 * sb));
-                let isum = _mm256_cvtepi32_ps(sum_lanes_of_8(lanes));
+                let isum = _mm256_cvtepi32_ps(sum_lanes_of_8(&lanes));
                 self.lanes =
                     _mm256_fmadd_ps(isum, _mm256_mul_ps(_mm256_set1_ps(d), xd), self.lanes);
                 if let Some(mins) = mins {
@@ -319,9 +334,11 @@ impl<const R: usize> Sums<R> {
     #[inline(always)]
     unsafe fn store<const TILE: bool>(&self, dots: &mut [f32]) {
         if TILE {
-            debug_assert_eq!(dots.len(), 8);
-            // SAFETY: the caller's promise: 8 floats.
-            unsafe { _mm256_storeu_ps(dots.as_mut_ptr(), self.lanes) }
+            debug_assert_eq!(dots.len(), R);
+            let mut lanes = [0f32; 8];
+            // SAFETY: AVX is the caller's promise; `lanes` holds 8 floats.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), self.lanes) };
+            dots.copy_from_slice(&lanes[..R]);
         } else {
             dots.copy_from_slice(&self.each);
         }
