@@ -80,7 +80,8 @@ struct Blocks32 {
     blocks_per_row: usize,
 }
 
-/// Per super-block of 256 a scale (`amax / 127`), the integer sum of each 16 quants (Q6_K's
+/// Per super-block of 256 the quants (in their order, and in [`by_sub_block_lanes`]'s), a scale
+/// (`amax / 127`), the integer sum of each 16 quants (Q6_K's
 /// `q - 32` subtracts 32 times them, exactly), and of each 32 (Q4_K's and Q5_K's integer
 /// minimums multiply them, exactly). For each tile of [`K_ACT_ROWS`] rows (the tiles a product
 /// takes, from row 0, the last one perhaps partial), the scales and the sums of 32 again,
@@ -89,6 +90,7 @@ struct Blocks32 {
 #[derive(Default)]
 struct Blocks256 {
     quants: Vec<i8>,
+    lane_quants: Vec<i8>,
     scales: Vec<f32>,
     sums16: Vec<i16>,
     sums32: Vec<i16>,
@@ -148,6 +150,7 @@ impl QuantizedActivations {
         let cols = nb * SUPER;
         SuperRow {
             quants: &b.quants[row * cols..][..cols],
+            lane_quants: &b.lane_quants[row * cols..][..cols],
             scales: &b.scales[row * nb..][..nb],
             sums16: &b.sums16[row * cols / 16..][..cols / 16],
             sums32: &b.sums32[row * cols / BLOCK..][..cols / BLOCK],
@@ -199,6 +202,7 @@ impl Blocks256 {
         self.rows = rows;
         self.blocks_per_row = nb;
         self.quants.resize(rows * cols, 0);
+        self.lane_quants.resize(rows * cols, 0);
         self.scales.resize(rows * nb, 0.0);
         self.sums16.resize(rows * cols / 16, 0);
         self.sums32.resize(rows * cols / BLOCK, 0);
@@ -225,6 +229,7 @@ impl Blocks256 {
             {
                 *s = pair[0] + pair[1];
             }
+            by_sub_block_lanes(qs, &mut self.lane_quants[b * SUPER..][..SUPER]);
             self.scales[b] = d;
         }
         self.transpose_tiles();
@@ -260,6 +265,18 @@ impl Blocks256 {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A super-block's 256 quants reordered for the AVX-512 kernel of Q4_K and Q5_K, which sums
+/// each sub-block of 32 in the same two 32-bit lanes of its registers: register `c` (bytes
+/// `64c..64c + 64`) holds, in lanes `2s` and `2s + 1`, quants `8c..8c + 8` of sub-block `s`.
+/// Byte `64c + 8s + 4m + e` is quant `32s + 8c + 4m + e`.
+fn by_sub_block_lanes(natural: &[i8], lanes: &mut [i8]) {
+    for (c, register) in lanes.chunks_exact_mut(64).enumerate() {
+        for (s, eight) in register.chunks_exact_mut(8).enumerate() {
+            eight.copy_from_slice(&natural[32 * s + 8 * c..][..8]);
         }
     }
 }
@@ -515,6 +532,8 @@ struct ActRow<'a> {
 /// One activation row's super-blocks of 256, as the K-quant kernels read them.
 struct SuperRow<'a> {
     quants: &'a [i8],
+    /// The same quants in [`by_sub_block_lanes`]'s order.
+    lane_quants: &'a [i8],
     scales: &'a [f32],
     sums16: &'a [i16],
     sums32: &'a [i16],
@@ -748,6 +767,51 @@ mod tests {
                             "{format:?} rows {rows} cols {cols} t {t}: VNNI differs from AVX2"
                         ),
                         Path::Scalar => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// The integer sums' largest values, where a 16-bit step of a SIMD path would saturate
+    /// first: every quant and scale at its maximum, against activations all +127 or all -127,
+    /// through every path, bit for bit against the scalar oracle.
+    #[test]
+    fn the_largest_sums_stay_exact() {
+        for format in [QuantFormat::Q4K, QuantFormat::Q5K, QuantFormat::Q6K] {
+            let (rows, cols) = (3, 2 * SUPER);
+            let mut bytes = vec![0xFF; rows * cols / SUPER * format.block_bytes()];
+            // Finite scales: `d` (and Q4_K's and Q5_K's `dmin`) 1.0; Q6_K's i8 scales 127.
+            let d_at: &[usize] = if format == QuantFormat::Q6K {
+                &[208]
+            } else {
+                &[0, 2]
+            };
+            for block in bytes.chunks_exact_mut(format.block_bytes()) {
+                for &at in d_at {
+                    block[at..at + 2].copy_from_slice(&half::f16::ONE.to_le_bytes());
+                }
+                if format == QuantFormat::Q6K {
+                    block[192..208].fill(127);
+                }
+            }
+            for sign in [1.0f32, -1.0] {
+                for t in [1, 2, 8] {
+                    let x = vec![sign; t * cols];
+                    let oracle =
+                        QuantMatrix::with_path(format, bytes.clone(), rows, cols, Path::Scalar)
+                            .unwrap();
+                    let want = product(&oracle, &x, t);
+                    for path in paths() {
+                        let m = QuantMatrix::with_path(format, bytes.clone(), rows, cols, path)
+                            .unwrap();
+                        let got = product(&m, &x, t);
+                        assert!(
+                            got.iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{format:?} {path:?} sign {sign} t {t}: {got:?} vs scalar {want:?}"
+                        );
                     }
                 }
             }

@@ -1,16 +1,19 @@
 //! The AVX-512 VNNI kernels of the K-quants (Q4_K, Q5_K, Q6_K) against super-block
-//! activations: one weight row against up to [`K_ACT_ROWS`](super::K_ACT_ROWS) activation rows, in the K-quants'
-//! one arithmetic (module docs of `int8_matmul`), with fewer instructions per weight than
-//! `avx2_k.rs`.
+//! activations: one weight row against up to [`K_ACT_ROWS`](super::K_ACT_ROWS) activation
+//! rows, in the K-quants' one arithmetic (module docs of `int8_matmul`), with fewer
+//! instructions per weight than `avx2_k.rs`.
 //!
-//! A super-block's weights are unpacked 64 at a time, in their natural order, into bytes
-//! (0..31, or 0..63 for Q6_K) once for every activation row. Against a row's 64 activations,
-//! `vpdpbusd` sums each 4 products into a 32-bit lane, unscaled: a lane is at most
-//! 4 * 63 * 127 = 32004, so two such registers pack into 16-bit lanes exactly (`packs`), and
-//! `vpdpwssd` multiplies each lane by its sub-block's integer scale and sums pairs into 32 bits.
-//! Q6_K's `q - 32` enters as one more `vpdpwssd`: the row's integer sums of each 16 against
-//! `-32` times the scales. The super-block's 16 lanes then hold `isum` exactly (at most
-//! 256 * 63 * 127 * 128 < 2^31).
+//! A super-block's weights are unpacked 64 at a time into bytes (0..31, or 0..63 for Q6_K)
+//! once for every activation row. Against a row's 64 activations, `vpdpbusd` sums each 4
+//! products into a 32-bit lane, unscaled; two such registers pack into 16-bit lanes exactly
+//! (`packs`), and `vpdpwssd` multiplies each lane by its sub-block's integer scale and sums
+//! pairs into 32 bits. Q6_K, unpacked in natural order, packs single `vpdpbusd`s (at most
+//! 4 * 63 * 127 = 32004 a lane); its `q - 32` enters as one more `vpdpwssd`: the row's integer
+//! sums of each 16 against `-32` times the scales. Q4_K and Q5_K are unpacked so that each lane
+//! holds one sub-block in every register, against the activations in the same order
+//! (`lane_quants`), and pack sums of two `vpdpbusd`s (at most 8 * 31 * 127 = 31496): six
+//! instructions a row and super-block instead of eight ([`k_nibbles`]). The super-block's 16
+//! lanes then hold `isum` exactly (at most 256 * 63 * 127 * 128 < 2^31).
 //!
 //! A tile of up to 8 rows (from `K_TILE_MIN_ROWS`; the missing ones zero) sums its registers in
 //! one tree of unpacks, takes Q4_K's and Q5_K's `imin` from the tile's transposed integer sums
@@ -121,10 +124,6 @@ const fn scale_picks(a: usize, b: usize, per_lane: bool) -> [i16; 32] {
     }
     out
 }
-
-/// Q4_K/Q5_K, sub-blocks `4u..4u + 4` of a super-block: `t_{2u}` holds sub-blocks `4u` and
-/// `4u + 1`, `t_{2u + 1}` sub-blocks `4u + 2` and `4u + 3`.
-static K_PICKS: [[i16; 32]; 2] = [scale_picks(0, 2, false), scale_picks(4, 6, false)];
 
 /// Q6_K, half `h` of a super-block: `t_{2h}` holds groups `8h..8h + 4` (one per 128 bits),
 /// `t_{2h + 1}` groups `8h + 4..8h + 8`.
@@ -346,9 +345,21 @@ impl<const R: usize> Sums<R> {
 }
 
 /// Q4_K and Q5_K: per super-block of 256, `w = (d * sc) * q - dmin * mn` per sub-block of 32.
-/// Each 32 bytes of nibbles hold two sub-blocks (low nibbles the first): broadcast to both
-/// halves of a register and shifted by 0 and 4, they are its 64 weights in order. Q5_K's fifth
-/// bit of weight `i` of sub-block `2c` is bit `2c` of `qh[i]`, of sub-block `2c + 1` bit `2c + 1`.
+///
+/// The weights are unpacked in the order of the activations' `lane_quants`
+/// (`by_sub_block_lanes`): register `c` holds weights `8c..8c + 8` of sub-block `s` in its
+/// 32-bit lanes `2s` and `2s + 1`. Sub-block `2p + h`'s weight `i` is nibble `h` of byte
+/// `32p + i` of the 128 bytes of nibbles: register `c` is their 8-byte words
+/// `c, c, 4 + c, 4 + c, 8 + c, 8 + c, 12 + c, 12 + c`, one two-table word permute
+/// (`vpermt2q`), then a shift by 0 or 4 per lane and a mask. Q5_K's fifth bit of weight `i` of
+/// sub-block `s` is bit `s` of `qh[i]`: word `c` of `qh` broadcast, and a rotation of each lane
+/// by `4 - s`, bring it to bit 4.
+///
+/// As each lane belongs to one sub-block in every register, a row's `vpdpbusd` of registers 0
+/// and 1 accumulate in one register and those of 2 and 3 in another: 8 products a lane, at
+/// most 8 * 31 * 127 = 31496, so the two still pack into 16-bit lanes exactly, and one
+/// `vpdpwssd` by the scales makes the row's 16 lanes. Six instructions a row and super-block
+/// where unpacking in natural order took eight.
 ///
 /// # Safety
 /// As [`rows_dot`], for one weight row `w` and `dots` of `R`.
@@ -361,17 +372,18 @@ unsafe fn k_nibbles<const R: usize, const FIVE: bool, const TILE: bool>(
 ) {
     let bb = if FIVE { 176 } else { 144 };
     let qs_at = if FIVE { 48 } else { 16 };
-    // SAFETY: reads inside super-block `sb` of `w` (the offsets are the format's) and inside
-    // super-block `sb` of each activation row and of the tile; the rest is the caller's promise.
+    // SAFETY: reads inside super-block `sb` of `w` (the offsets are the format's: 128 bytes of
+    // nibbles at `qs_at`, Q5_K's 32 bytes of `qh` at 16) and inside super-block `sb` of each
+    // activation row and of the tile; the tables are 64 bytes each; the rest is the caller's
+    // promise.
     unsafe {
         let low = _mm512_set1_epi8(0x0F);
         let bit4 = _mm512_set1_epi8(0x10);
-        let nibble_shift = halves(0, 4);
-        // Bits 2c and 2c + 1 of each byte of `qh` to bit 4, per register `c`: left for c < 2,
-        // right after (the 16-bit shifts carry bits across bytes, below or above bit 4 of the
-        // byte, which the mask drops).
-        let fifth = [halves(4, 3), halves(2, 1), halves(0, 1), halves(2, 3)];
-        let picks = [picks(&K_PICKS[0]), picks(&K_PICKS[1])];
+        let load = |table: &[u64; 8]| _mm512_loadu_si512(table.as_ptr() as *const __m512i);
+        let nibble_words: [__m512i; 4] = std::array::from_fn(|c| load(&NIBBLE_WORDS[c]));
+        let nibble_shift = _mm512_loadu_si512(NIBBLE_SHIFT.as_ptr() as *const __m512i);
+        let fifth_rotation = _mm512_loadu_si512(FIFTH_ROTATION.as_ptr() as *const __m512i);
+        let picks = picks(&LANE_PICKS);
         let mut sums = Sums::<R>::new();
         for sb in 0..w.len() / bb {
             let blk = &w[sb * bb..][..bb];
@@ -380,39 +392,80 @@ unsafe fn k_nibbles<const R: usize, const FIVE: bool, const TILE: bool>(
             let dmin = f16_at(p.add(2));
             let (sc, mn) = k_scales(blk[4..16].try_into().expect("12 scale bytes"));
             let sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-            let scales = [
-                _mm512_permutexvar_epi16(picks[0], sc),
-                _mm512_permutexvar_epi16(picks[1], sc),
-            ];
+            let scales = _mm512_permutexvar_epi16(picks, sc);
             let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
-            let qh = if FIVE {
-                _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(16) as *const __m256i))
-            } else {
-                _mm512_setzero_si512()
-            };
+            let qs = [
+                _mm512_loadu_si512(p.add(qs_at) as *const __m512i),
+                _mm512_loadu_si512(p.add(qs_at + 64) as *const __m512i),
+            ];
             let z: [__m512i; 4] = std::array::from_fn(|c| {
-                let qs = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                    p.add(qs_at + 32 * c) as *const __m256i
-                ));
-                let q = _mm512_and_si512(_mm512_srlv_epi16(qs, nibble_shift), low);
+                let bytes = _mm512_permutex2var_epi64(qs[0], nibble_words[c], qs[1]);
+                let q = _mm512_and_si512(_mm512_srlv_epi32(bytes, nibble_shift), low);
                 if FIVE {
-                    let moved = if c < 2 {
-                        _mm512_sllv_epi16(qh, fifth[c])
-                    } else {
-                        _mm512_srlv_epi16(qh, fifth[c])
-                    };
-                    or_masked(q, moved, bit4)
+                    let high =
+                        _mm512_set1_epi64((p.add(16 + 8 * c) as *const i64).read_unaligned());
+                    or_masked(q, _mm512_rolv_epi32(high, fifth_rotation), bit4)
                 } else {
                     q
                 }
             });
-            let lanes: [__m512i; R] =
-                std::array::from_fn(|r| super_block_lanes(&z, &scales, &rows[r], sb * SUPER));
+            let lanes: [__m512i; R] = std::array::from_fn(|r| {
+                let row = &rows[r];
+                let at = sb * SUPER;
+                debug_assert!(at + SUPER <= row.lane_quants.len());
+                let x = |c: usize| {
+                    _mm512_loadu_si512(row.lane_quants.as_ptr().add(at + 64 * c) as *const __m512i)
+                };
+                let zero = _mm512_setzero_si512();
+                let first = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, z[0], x(0)), z[1], x(1));
+                let last = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, z[2], x(2)), z[3], x(3));
+                _mm512_dpwssd_epi32(zero, _mm512_packs_epi32(first, last), scales)
+            });
             sums.add::<TILE>(&lanes, Some(mins), (d, dmin), rows, tile, sb);
         }
         sums.store::<TILE>(dots);
     }
 }
+
+/// For [`k_nibbles`]: register `c`'s 8-byte words from the 128 bytes of nibbles, by
+/// `vpermt2q` (indices 8.. read the second 64 bytes): word `s` (lanes `2s`, `2s + 1`) holds
+/// weights `8c..8c + 8` of sub-block `s`, bytes `32 * (s / 2) + 8c..` of the nibbles.
+const fn nibble_words(c: u64) -> [u64; 8] {
+    let mut out = [0u64; 8];
+    let mut s = 0;
+    while s < 8 {
+        out[s] = 4 * (s as u64 / 2) + c;
+        s += 1;
+    }
+    out
+}
+
+static NIBBLE_WORDS: [[u64; 8]; 4] = [
+    nibble_words(0),
+    nibble_words(1),
+    nibble_words(2),
+    nibble_words(3),
+];
+
+/// Per 32-bit lane `2s + m`: the shift that brings sub-block `s`'s nibble (high for odd `s`)
+/// down, and the left rotation that brings bit `s` of each byte to bit 4 (`4 - s`, mod 32).
+static NIBBLE_SHIFT: [u32; 16] = [0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4];
+static FIFTH_ROTATION: [u32; 16] = [4, 4, 3, 3, 2, 2, 1, 1, 0, 0, 31, 31, 30, 30, 29, 29];
+
+/// For [`k_nibbles`]: the scale of each 16-bit lane of `packs(first, last)`. In 128-bit lane
+/// `k`, 16-bit lanes `j < 4` hold `first`'s 32-bit lane `4k + j`, the others `last`'s lane
+/// `4k + j - 4`; 32-bit lane `l` sums sub-block `l / 2`.
+const fn lane_picks() -> [i16; 32] {
+    let mut out = [0i16; 32];
+    let mut i = 0;
+    while i < 32 {
+        out[i] = (2 * (i / 8) + (i % 4) / 2) as i16;
+        i += 1;
+    }
+    out
+}
+
+static LANE_PICKS: [i16; 32] = lane_picks();
 
 /// Q6_K: per super-block of 256, `w = (d * sc) * (q - 32)` with an i8 scale per 16 weights.
 /// Each half of 128 weights has 64 bytes of low nibbles `ql` and 32 of high bit pairs `qh`:
