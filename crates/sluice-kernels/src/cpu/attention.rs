@@ -155,13 +155,14 @@ enum Path {
     Portable,
 }
 
-/// The fastest path this CPU has for the shape.
+/// The fastest path this CPU has for the shape, within the kernel tier allowed
+/// ([`super::limit_kernels`]): the two vector kernels give the same bits.
 fn path(head_dim: usize, group: usize) -> Path {
     if !head_dim.is_multiple_of(LANES) || !(1..=MAX_GROUP).contains(&group) {
         return Path::Portable;
     }
     let (avx512, avx2) = cpu_features();
-    if avx512 {
+    if avx512 && super::allows(super::KernelTier::Avx512) {
         Path::Avx512
     } else if avx2 {
         Path::Avx2
@@ -690,7 +691,7 @@ mod x86 {
     use half::f16;
 
     use super::{Chunk, KvElem, RowState, LANES, MAX_GROUP};
-    use crate::cpu::simd::x86::{exp, exp_scalar};
+    use crate::cpu::simd::x86::{exp, exp_scalar, hsum8};
 
     /// How the cache's element type becomes 16 f32 lanes (the sealing trait of [`KvElem`]).
     pub trait Load {
@@ -781,24 +782,20 @@ mod x86 {
             };
             let kp = c.k.as_ptr();
 
-            // Scores: two FMA chains per head (even and odd dimensions) to cover FMA latency; one
-            // load of each key row serves every head of the group.
-            let mut even = [_mm512_setzero_ps(); G];
-            let mut odd = [_mm512_setzero_ps(); G];
-            let mut dim = 0;
-            while dim < d {
-                let k0 = E::load(kp.add(dim * c.k_stride), mask);
-                let k1 = E::load(kp.add((dim + 1) * c.k_stride), mask);
+            // Scores: one FMA chain per row along the dimensions in order, the AVX2 kernel's
+            // arithmetic lane for lane (a chain per row is what its registers allow), so the
+            // two kernels agree bit for bit; one load of each key row serves every row.
+            let mut scores = [_mm512_setzero_ps(); G];
+            for dim in 0..d {
+                let k = E::load(kp.add(dim * c.k_stride), mask);
                 for g in 0..G {
-                    even[g] = _mm512_fmadd_ps(_mm512_set1_ps(*rows[g].add(dim)), k0, even[g]);
-                    odd[g] = _mm512_fmadd_ps(_mm512_set1_ps(*rows[g].add(dim + 1)), k1, odd[g]);
+                    scores[g] = _mm512_fmadd_ps(_mm512_set1_ps(*rows[g].add(dim)), k, scores[g]);
                 }
-                dim += 2;
             }
 
             let mut probs = [[0f32; LANES]; G];
             for g in 0..G {
-                let scores = _mm512_mul_ps(_mm512_add_ps(even[g], odd[g]), _mm512_set1_ps(c.scale));
+                let scores = _mm512_mul_ps(scores[g], _mm512_set1_ps(c.scale));
                 let scores = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), mask, scores);
                 let new_max = s.maxes[g].max(_mm512_reduce_max_ps(scores));
                 if new_max > s.maxes[g] {
@@ -816,7 +813,11 @@ mod x86 {
                 }
                 let p =
                     _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
-                s.sums[g] += _mm512_reduce_add_ps(p);
+                // The AVX2 kernel's order: keys `t` and `t + 8` first, then its `hsum8`.
+                s.sums[g] += hsum8(_mm256_add_ps(
+                    _mm512_castps512_ps256(p),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(p))),
+                ));
                 _mm512_storeu_ps(probs[g].as_mut_ptr(), p);
             }
 
@@ -1003,7 +1004,7 @@ mod tests {
 
     /// Every vector path this CPU runs agrees with the portable one, on f32 and f16 caches,
     /// for every group size, block sizes that do and do not hold whole 16-key chunks, decode
-    /// rows and prefill runs.
+    /// rows and prefill runs; and the AVX-512 and AVX2 kernels, where both run, bit for bit.
     #[test]
     fn vector_paths_match_portable() {
         let Some(paths) = vector_paths() else {
@@ -1029,6 +1030,17 @@ mod tests {
                 let v16: Vec<f16> = s.v.iter().map(|&x| f16::from_f32(x)).collect();
                 let want32 = run(Path::Portable, &s, &s.k, &s.v);
                 let want16 = run(Path::Portable, &s, &k16, &v16);
+                // The AVX-512 and AVX2 kernels compute each lane alike: the same bits.
+                if let [first, second] = paths[..] {
+                    let same = |a: Vec<f32>, b: Vec<f32>| {
+                        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits())
+                    };
+                    assert!(
+                        same(run(first, &s, &s.k, &s.v), run(second, &s, &s.k, &s.v))
+                            && same(run(first, &s, &k16, &v16), run(second, &s, &k16, &v16)),
+                        "heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}: AVX-512 and AVX2 differ"
+                    );
+                }
                 for &path in &paths {
                     for (got, want) in [
                         (run(path, &s, &s.k, &s.v), &want32),

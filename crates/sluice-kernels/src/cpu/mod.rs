@@ -23,10 +23,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub enum KernelTier {
     /// AVX2, FMA and F16C (x86-64-v3): the packed and int8 kernels' floor.
     Avx2,
-    /// AVX-512 F and BW: the packed kernel's 16-lane microkernels and SwiGLU. (Paged
-    /// attention takes its width from the CPU, not from the tier: its AVX2 and AVX-512 kernels
-    /// sum a row's scores in different orders. One per CPU, never per step, so batching stays
-    /// invisible; making them agree is what would put attention under the tiers too.)
+    /// AVX-512 F and BW: the packed kernel's 16-lane microkernels and SwiGLU, and paged
+    /// attention's 16-lane kernel (whose lanes compute as the AVX2 kernel's do).
     Avx512,
     /// AVX-512 VNNI (and VL): the int8 dots by `vpdpbusd`, the legacy formats' and the K-quants'
     /// (`int8_matmul/avx512_k.rs`).
