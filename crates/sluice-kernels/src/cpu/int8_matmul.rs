@@ -241,28 +241,20 @@ impl Blocks256 {
     fn transpose_tiles(&mut self) {
         let nb = self.blocks_per_row;
         let tiles = self.rows.div_ceil(K_ACT_ROWS);
+        // Zeros first: the last tile's missing rows keep them (their lanes are computed and
+        // never stored).
+        self.tile_scales.clear();
         self.tile_scales.resize(tiles * nb * K_ACT_ROWS, 0.0);
+        self.tile_sums32.clear();
         self.tile_sums32.resize(tiles * nb * K_ACT_ROWS * 8, 0);
-        for tile in 0..tiles {
+        for row in 0..self.rows {
+            let (tile, r) = (row / K_ACT_ROWS, row % K_ACT_ROWS);
             for sb in 0..nb {
                 let at = tile * nb + sb;
-                for r in 0..K_ACT_ROWS {
-                    let row = tile * K_ACT_ROWS + r;
-                    // The last tile's missing rows read as zeros: their lanes are computed
-                    // and never stored.
-                    let present = row < self.rows;
-                    self.tile_scales[at * K_ACT_ROWS + r] = if present {
-                        self.scales[row * nb + sb]
-                    } else {
-                        0.0
-                    };
-                    for j in 0..8 {
-                        self.tile_sums32[at * 64 + (j / 2) * 16 + 2 * r + j % 2] = if present {
-                            self.sums32[(row * nb + sb) * 8 + j]
-                        } else {
-                            0
-                        };
-                    }
+                self.tile_scales[at * K_ACT_ROWS + r] = self.scales[row * nb + sb];
+                for j in 0..8 {
+                    self.tile_sums32[at * 64 + (j / 2) * 16 + 2 * r + j % 2] =
+                        self.sums32[(row * nb + sb) * 8 + j];
                 }
             }
         }

@@ -49,30 +49,37 @@ pub(super) unsafe fn rows_dot(
     debug_assert_eq!(weights.len() / row_bytes * rows.len(), dots.len());
     // SAFETY: forwarded from the caller.
     unsafe {
-        match (rows.len(), tile) {
-            (n, Some(tile)) => match n {
-                1 => by_format::<1, true>(format, weights, row_bytes, rows, tile, dots),
-                2 => by_format::<2, true>(format, weights, row_bytes, rows, tile, dots),
-                3 => by_format::<3, true>(format, weights, row_bytes, rows, tile, dots),
-                4 => by_format::<4, true>(format, weights, row_bytes, rows, tile, dots),
-                5 => by_format::<5, true>(format, weights, row_bytes, rows, tile, dots),
-                6 => by_format::<6, true>(format, weights, row_bytes, rows, tile, dots),
-                7 => by_format::<7, true>(format, weights, row_bytes, rows, tile, dots),
-                _ => by_format::<8, true>(format, weights, row_bytes, rows, tile, dots),
-            },
-            (n, None) => {
-                let tile = &SuperTile::EMPTY;
-                match n {
-                    1 => by_format::<1, false>(format, weights, row_bytes, rows, tile, dots),
-                    2 => by_format::<2, false>(format, weights, row_bytes, rows, tile, dots),
-                    3 => by_format::<3, false>(format, weights, row_bytes, rows, tile, dots),
-                    4 => by_format::<4, false>(format, weights, row_bytes, rows, tile, dots),
-                    5 => by_format::<5, false>(format, weights, row_bytes, rows, tile, dots),
-                    6 => by_format::<6, false>(format, weights, row_bytes, rows, tile, dots),
-                    7 => by_format::<7, false>(format, weights, row_bytes, rows, tile, dots),
-                    _ => by_format::<8, false>(format, weights, row_bytes, rows, tile, dots),
-                }
-            }
+        match tile {
+            Some(tile) => by_rows::<true>(format, weights, row_bytes, rows, tile, dots),
+            None => by_rows::<false>(format, weights, row_bytes, rows, &SuperTile::EMPTY, dots),
+        }
+    }
+}
+
+/// [`by_format`] for the call's row count.
+///
+/// # Safety
+/// As [`rows_dot`], with `tile` given when `TILE`.
+#[inline(always)]
+unsafe fn by_rows<const TILE: bool>(
+    format: QuantFormat,
+    weights: &[u8],
+    row_bytes: usize,
+    rows: &[SuperRow<'_>],
+    tile: &SuperTile<'_>,
+    dots: &mut [f32],
+) {
+    // SAFETY: forwarded from the caller, with `R` the length of `rows`.
+    unsafe {
+        match rows.len() {
+            1 => by_format::<1, TILE>(format, weights, row_bytes, rows, tile, dots),
+            2 => by_format::<2, TILE>(format, weights, row_bytes, rows, tile, dots),
+            3 => by_format::<3, TILE>(format, weights, row_bytes, rows, tile, dots),
+            4 => by_format::<4, TILE>(format, weights, row_bytes, rows, tile, dots),
+            5 => by_format::<5, TILE>(format, weights, row_bytes, rows, tile, dots),
+            6 => by_format::<6, TILE>(format, weights, row_bytes, rows, tile, dots),
+            7 => by_format::<7, TILE>(format, weights, row_bytes, rows, tile, dots),
+            _ => by_format::<8, TILE>(format, weights, row_bytes, rows, tile, dots),
         }
     }
 }
@@ -108,18 +115,16 @@ unsafe fn by_format<const R: usize, const TILE: bool>(
     }
 }
 
-/// A `permutexvar_epi16` control that gives each 16-bit lane of `packs(t_a, t_b)` its weights'
-/// scale: in each 128-bit lane `k`, lanes 0..4 hold sums of `t_a`, lanes 4..8 of `t_b`. Q4_K and
-/// Q5_K (`per_lane` false): each `t` covers two sub-blocks of 32, its low 256 bits the first,
-/// so the scale is `a + k / 2` (or `b + k / 2`); Q6_K (`per_lane`): four groups of 16, one per
-/// 128 bits, `a + k`.
-const fn scale_picks(a: usize, b: usize, per_lane: bool) -> [i16; 32] {
+/// A `permutexvar_epi16` control that gives each 16-bit lane of Q6_K's `packs(t_a, t_b)` its
+/// weights' scale: in each 128-bit lane `k`, lanes 0..4 hold sums of `t_a`, lanes 4..8 of
+/// `t_b`; each `t` covers four groups of 16, one per 128 bits, so the scale is `a + k` (or
+/// `b + k`). (Q4_K's and Q5_K's lanes take [`LANE_PICKS`].)
+const fn scale_picks(a: usize, b: usize) -> [i16; 32] {
     let mut out = [0i16; 32];
     let mut i = 0;
     while i < 32 {
-        let k = i / 8;
         let base = if i % 8 < 4 { a } else { b };
-        out[i] = (base + if per_lane { k } else { k / 2 }) as i16;
+        out[i] = (base + i / 8) as i16;
         i += 1;
     }
     out
@@ -127,9 +132,9 @@ const fn scale_picks(a: usize, b: usize, per_lane: bool) -> [i16; 32] {
 
 /// Q6_K, half `h` of a super-block: `t_{2h}` holds groups `8h..8h + 4` (one per 128 bits),
 /// `t_{2h + 1}` groups `8h + 4..8h + 8`.
-static Q6_PICKS: [[i16; 32]; 2] = [scale_picks(0, 4, true), scale_picks(8, 12, true)];
+static Q6_PICKS: [[i16; 32]; 2] = [scale_picks(0, 4), scale_picks(8, 12)];
 
-/// A [`K_PICKS`] or [`Q6_PICKS`] control in a register.
+/// A [`LANE_PICKS`] or [`Q6_PICKS`] control in a register.
 ///
 /// # Safety
 /// The CPU has AVX-512 F.
