@@ -15,7 +15,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use sluice_model::{KvDtype, LlamaModel, LoadOptions, StepBatch, StepScratch, WeightsKind};
+use sluice_model::{
+    KvCache, KvDtype, LlamaModel, LoadOptions, StepBatch, StepScratch, WeightsKind,
+};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -132,18 +134,14 @@ fn main() {
                     .collect();
                 batch.push_sequence(&[(100 + s) as u32], CONTEXT, &table, true);
             }
-            let (t, fastest) = time(|| {
-                model
-                    .forward_step_in(&batch, &mut kv, &mut scratch)
-                    .unwrap();
-            });
-            println!(
-                "| {kind} | decode B={b} @ctx {CONTEXT} | {b} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} |",
-                t.as_secs_f64() * 1e3,
-                b as f64 / t.as_secs_f64(),
-                fastest.as_secs_f64() * 1e3,
-                b as f64 / fastest.as_secs_f64(),
-                *CPU_MS.lock().unwrap()
+            time_step(
+                &model,
+                &batch,
+                &mut kv,
+                &mut scratch,
+                &kind,
+                &format!("decode B={b} @ctx {CONTEXT}"),
+                b,
             );
         }
         for &n in &verify {
@@ -151,18 +149,14 @@ fn main() {
             let tokens: Vec<u32> = (0..n as u32).map(|i| 100 + i).collect();
             let table: Vec<u32> = (0..blocks_per_seq as u32).collect();
             batch.push_sequence_rows(&tokens, CONTEXT - n, &table, n);
-            let (t, fastest) = time(|| {
-                model
-                    .forward_step_in(&batch, &mut kv, &mut scratch)
-                    .unwrap();
-            });
-            println!(
-                "| {kind} | verify {n} @ctx {CONTEXT} | {n} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} |",
-                t.as_secs_f64() * 1e3,
-                n as f64 / t.as_secs_f64(),
-                fastest.as_secs_f64() * 1e3,
-                n as f64 / fastest.as_secs_f64(),
-                *CPU_MS.lock().unwrap()
+            time_step(
+                &model,
+                &batch,
+                &mut kv,
+                &mut scratch,
+                &kind,
+                &format!("verify {n} @ctx {CONTEXT}"),
+                n,
             );
         }
         if prefill == 0 {
@@ -172,18 +166,37 @@ fn main() {
         let tokens: Vec<u32> = (0..prefill as u32).map(|i| 100 + i % 1000).collect();
         let table: Vec<u32> = (0..prefill.div_ceil(BLOCK) as u32).collect();
         batch.push_sequence(&tokens, 0, &table, true);
-        let (t, fastest) = time(|| {
-            model
-                .forward_step_in(&batch, &mut kv, &mut scratch)
-                .unwrap();
-        });
-        println!(
-            "| {kind} | prefill {prefill} | {prefill} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} |",
-            t.as_secs_f64() * 1e3,
-            prefill as f64 / t.as_secs_f64(),
-            fastest.as_secs_f64() * 1e3,
-            prefill as f64 / fastest.as_secs_f64(),
-            *CPU_MS.lock().unwrap()
+        time_step(
+            &model,
+            &batch,
+            &mut kv,
+            &mut scratch,
+            &kind,
+            &format!("prefill {prefill}"),
+            prefill,
         );
     }
+}
+
+/// Times `batch` (of `tokens` tokens) and prints its table row.
+fn time_step(
+    model: &LlamaModel,
+    batch: &StepBatch,
+    kv: &mut KvCache,
+    scratch: &mut StepScratch,
+    kind: &str,
+    step: &str,
+    tokens: usize,
+) {
+    let (t, fastest) = time(|| {
+        model.forward_step_in(batch, kv, scratch).unwrap();
+    });
+    println!(
+        "| {kind} | {step} | {tokens} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} |",
+        t.as_secs_f64() * 1e3,
+        tokens as f64 / t.as_secs_f64(),
+        fastest.as_secs_f64() * 1e3,
+        tokens as f64 / fastest.as_secs_f64(),
+        *CPU_MS.lock().unwrap()
+    );
 }
