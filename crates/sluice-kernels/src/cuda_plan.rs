@@ -13,9 +13,26 @@
 //!
 //! The grid is `(tiles, kv_heads, splits)`: prefill chunks and decode tokens share one launch, and
 //! a step's launches never depend on how many sequences it holds ([`StepLaunches`]); only the
-//! grid grows. When a step has too few tiles to fill the GPU and long contexts (decode of few
-//! sequences), keys are split across thread blocks (flash-decoding) and a second launch merges
-//! the partial results.
+//! grid grows.
+//!
+//! A tile's keys fall in partitions, each walked from a fresh softmax state and merged in order
+//! by one rule (`merge_partition` in `paged_attention.cu`):
+//! - a decode row (a sequence's one new token) takes partitions of about
+//!   [`DeviceLimits::decode_partition_keys`] keys by its context alone ([`decode_splits`]), in
+//!   every step. One block walking a row's keys 16 at a time is a chain of dependent loads;
+//!   partitions are what lets a step spread them over the GPU;
+//! - a prefill tile takes one partition, or partitions of at least [`MIN_PARTITION_KEYS`] keys
+//!   when the step's tiles are too few to fill the GPU.
+//!
+//! Who walks them is the plan's choice, by the step's size and workspace, never changing what a
+//! row computes: when any tile has several partitions, blocks walk them apart (flash-decoding,
+//! [`SplitK`]: block `z` of a tile takes partitions `z`, `z + grid_splits`, ...; enough blocks
+//! for about [`SPLIT_BLOCKS_PER_SM`] per SM) and write each one's state, and a second launch
+//! merges them; a mixed step whose workspace would pass [`SPLIT_WORKSPACE_ROWS`] has one block
+//! walk a tile's partitions and merge them as it goes (the walk kernel). So a row's result
+//! depends on its partitions alone (a decode row: its context), never on the step's size or
+//! the other rows. [`partition_keys`] gives a partition's length, which the kernel computes
+//! the same way.
 
 use crate::paged::{AttentionShape, SequenceSlice};
 
@@ -40,19 +57,83 @@ pub const SAMPLE_THREADS: u32 = 1024;
 
 /// Head dimensions the attention kernel is instantiated for.
 pub const HEAD_DIMS: [usize; 2] = [64, 128];
-/// Fewest keys one split-K partition takes: below it the combine costs more than it saves.
+/// Fewest keys one split-K partition of a prefill tile takes: below it the combine costs more
+/// than it saves.
 pub const MIN_PARTITION_KEYS: usize = 256;
+/// Keys a decode row's partition takes by default ([`DeviceLimits::decode_partition_keys`]).
+/// Measured on an H200 (BENCHMARKS.md, GPU): 32 beat 64 and 128 at one client; 16 was faster
+/// still at one client and slower at 256.
+pub const DECODE_PARTITION_KEYS: usize = 32;
+/// Most partitions a decode row splits into; longer contexts take longer partitions. It bounds
+/// a split step's workspace (`[rows, heads, splits, head_dim]` floats).
+pub const MAX_DECODE_SPLITS: usize = 32;
+/// A split step's grid aims at about this many attention blocks per SM: the kernel waits on
+/// its loads, so it wants many blocks in flight, far more than one per SM.
+pub const SPLIT_BLOCKS_PER_SM: usize = 8;
+/// Most (token, partition) rows of a split step's workspace; a mixed step past it has each
+/// block walk its tile's partitions instead. 256 rows of 32 partitions: every decode step
+/// of up to 256 sequences splits.
+pub const SPLIT_WORKSPACE_ROWS: usize = 8192;
 
-/// What a plan needs to know of the GPU.
+/// What a plan needs to know of the GPU, and how it splits decode rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceLimits {
-    /// Streaming multiprocessors: a step with fewer attention blocks than this splits keys.
+    /// Streaming multiprocessors: they size a split step's grid, and a step whose tiles are
+    /// fewer than this splits its prefill tiles' keys too.
     pub num_sms: usize,
+    /// Keys of a decode row's partition, a multiple of [`ATTN_KEYS`] (see [`decode_splits`]).
+    /// One value per process: a row's logits depend on it.
+    pub decode_partition_keys: usize,
+    /// Most (token, partition) rows a split step's workspace may take
+    /// ([`SPLIT_WORKSPACE_ROWS`]); past it, the walk kernel.
+    pub split_workspace_rows: usize,
 }
 
 impl DeviceLimits {
     /// H100 SXM and H200: 132 SMs.
-    pub const HOPPER: Self = Self { num_sms: 132 };
+    pub const HOPPER: Self = Self {
+        num_sms: 132,
+        decode_partition_keys: DECODE_PARTITION_KEYS,
+        split_workspace_rows: SPLIT_WORKSPACE_ROWS,
+    };
+}
+
+/// The environment variable a benchmark sets to try another decode partition length.
+pub const DECODE_PARTITION_VAR: &str = "SLUICE_CUDA_DECODE_PARTITION";
+
+/// The decode partition length: `value` (of [`DECODE_PARTITION_VAR`]) when set, a positive
+/// multiple of [`ATTN_KEYS`]; [`DECODE_PARTITION_KEYS`] when not.
+pub fn decode_partition_keys(value: Option<&str>) -> Result<usize, PlanError> {
+    let Some(value) = value else {
+        return Ok(DECODE_PARTITION_KEYS);
+    };
+    match value.trim().parse::<usize>() {
+        Ok(keys) if keys > 0 && keys.is_multiple_of(ATTN_KEYS) => Ok(keys),
+        _ => Err(PlanError::Knob(format!(
+            "{DECODE_PARTITION_VAR}={value}: a positive multiple of {ATTN_KEYS} keys, like 64"
+        ))),
+    }
+}
+
+/// Partitions of a decode row of `keys` keys: about one per `partition` keys (at most
+/// [`MAX_DECODE_SPLITS`]), then as few as [`partition_keys`] of them need, so that none is
+/// empty. A function of the row's context alone: the same row splits the same way in every
+/// step, eager or replayed, alone or in a crowd.
+pub fn decode_splits(keys: usize, partition: usize) -> usize {
+    let keys = keys.max(1);
+    let wanted = keys
+        .div_ceil(partition.max(ATTN_KEYS))
+        .clamp(1, MAX_DECODE_SPLITS);
+    keys.div_ceil(partition_keys(keys, wanted))
+}
+
+/// Keys of each partition of a tile that reads `tile_keys` keys in `splits` partitions: an
+/// equal share rounded up to whole chunks of [`ATTN_KEYS`]. The kernel computes the same.
+pub fn partition_keys(tile_keys: usize, splits: usize) -> usize {
+    tile_keys
+        .div_ceil(splits.max(1))
+        .max(1)
+        .next_multiple_of(ATTN_KEYS)
 }
 
 /// Why a step cannot run on the CUDA kernels.
@@ -67,6 +148,8 @@ pub enum PlanError {
     },
     #[error("the step does not fit its description: {0}")]
     Step(String),
+    #[error("{0}")]
+    Knob(String),
 }
 
 /// Grid, block and dynamic shared memory of one launch.
@@ -92,11 +175,27 @@ impl LaunchDims {
     }
 }
 
-/// Split-K: keys of a tile in partitions of `partition_keys`, at most `max_splits` of them.
+/// Split-K: a tile's partitions ([`partition_keys`], at most `max_splits`, the workspace's
+/// stride) walked by `grid_splits` blocks (the grid's third dimension), block `z` taking
+/// partitions `z`, `z + grid_splits`, ..., each written apart and merged by a second launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitK {
-    pub partition_keys: usize,
     pub max_splits: usize,
+    pub grid_splits: usize,
+}
+
+impl SplitK {
+    /// Split-K for tiles of up to `max_splits` partitions over `blocks` attention blocks: enough
+    /// blocks a tile for [`SPLIT_BLOCKS_PER_SM`] per SM, no more than its partitions.
+    fn new(max_splits: usize, blocks: usize, device: DeviceLimits) -> Self {
+        let grid_splits = (SPLIT_BLOCKS_PER_SM * device.num_sms)
+            .div_ceil(blocks.max(1))
+            .clamp(1, max_splits);
+        Self {
+            max_splits,
+            grid_splits,
+        }
+    }
 }
 
 /// Where each array starts in [`AttentionPlan::metadata`] (in `u32` words).
@@ -122,6 +221,8 @@ pub struct AttentionPlan {
     /// Softmax scale times log2(e): the kernel works in powers of two.
     pub scale_log2: f32,
     pub split: Option<SplitK>,
+    /// The most partitions a tile has: above 1 without `split`, the walk kernel runs.
+    pub partitions: usize,
     pub attention: LaunchDims,
     /// The split-K merge, when the step splits.
     pub combine: Option<LaunchDims>,
@@ -161,13 +262,27 @@ impl AttentionPlan {
                 tiles.push(([seq as u32, first as u32, queries as u32, 1], keys));
             }
         }
-        let max_keys = tiles.iter().map(|t| t.1).max().unwrap_or(0);
-        let split = split_k(tiles.len() * kvh, max_keys, device);
-        if let Some(s) = split {
-            for (tile, keys) in &mut tiles {
-                tile[3] = keys.div_ceil(s.partition_keys) as u32;
-            }
+        // Partitions: decode rows by their context; prefill tiles only when the step's tiles
+        // leave SMs idle (see the module docs).
+        let is_decode = |tile: &[u32; 4]| sequences[tile[0] as usize].query_len == 1;
+        let blocks = tiles.len() * kvh;
+        let prefill_keys = tiles
+            .iter()
+            .filter(|t| !is_decode(&t.0))
+            .map(|t| t.1)
+            .max()
+            .unwrap_or(0);
+        let prefill_partition = prefill_partition_keys(blocks, prefill_keys, device);
+        for (tile, keys) in &mut tiles {
+            tile[3] = if is_decode(tile) {
+                decode_splits(*keys, device.decode_partition_keys)
+            } else {
+                prefill_partition.map_or(1, |p| keys.div_ceil(p))
+            } as u32;
         }
+        let partitions = tiles.iter().map(|t| t.0[3] as usize).max().unwrap_or(1);
+        let split = (partitions > 1 && num_tokens * partitions <= device.split_workspace_rows)
+            .then(|| SplitK::new(partitions, blocks, device));
 
         let offsets = MetadataOffsets {
             tiles: 0,
@@ -195,7 +310,7 @@ impl AttentionPlan {
             grid: (
                 tiles.len() as u32,
                 kvh as u32,
-                split.map_or(1, |s| s.max_splits as u32),
+                split.map_or(1, |s| s.grid_splits as u32),
             ),
             block: (ATTN_THREADS, 1, 1),
             dynamic_shared_bytes: 0,
@@ -212,6 +327,7 @@ impl AttentionPlan {
             block_size,
             scale_log2: shape.scale * std::f32::consts::LOG2_E,
             split,
+            partitions,
             attention,
             combine,
         })
@@ -225,9 +341,9 @@ impl AttentionPlan {
     ///   (`bucket`), then the block tables, whose length alone varies;
     /// - one tile per row; a padding row is a sequence of one key in block 0, whose result
     ///   nobody reads (and whose slot, [`PAD_SLOT`], the K/V write skips);
-    /// - split-K fixed by the bucket: on when `bucket * kv_heads` blocks leave SMs idle, with
-    ///   partitions sized for `max_context`; a tile that needs fewer splits than the grid has
-    ///   leaves the rest idle.
+    /// - each row's partitions by its own context ([`decode_splits`]), as in an eager step,
+    ///   split across blocks whenever a row of `max_context` keys would take several: a
+    ///   workspace for the most partitions such a row takes, a grid sized by the bucket.
     pub fn for_decode_bucket(
         sequences: &[SequenceSlice],
         block_tables: &[u32],
@@ -277,9 +393,14 @@ impl AttentionPlan {
                 s.context_len
             )));
         }
-        // As a step of `bucket` sequences of `max_context` keys would split.
-        let split = split_k(bucket * kvh, max_context, device);
-        let splits_of = |keys: usize| split.map_or(1, |s| keys.div_ceil(s.partition_keys).max(1));
+        let partition = device.decode_partition_keys;
+        // The most partitions a row may take: `decode_splits` never passes this bound for a
+        // row of at most `max_context` keys.
+        let max_splits = max_context
+            .div_ceil(partition.max(ATTN_KEYS))
+            .clamp(1, MAX_DECODE_SPLITS);
+        let split = (max_splits > 1).then(|| SplitK::new(max_splits, bucket * kvh, device));
+        let splits_of = |keys: usize| decode_splits(keys, partition);
         let offsets = MetadataOffsets {
             tiles: 0,
             seqs: 4 * bucket,
@@ -314,7 +435,7 @@ impl AttentionPlan {
             grid: (
                 bucket as u32,
                 kvh as u32,
-                split.map_or(1, |s| s.max_splits as u32),
+                split.map_or(1, |s| s.grid_splits as u32),
             ),
             block: (ATTN_THREADS, 1, 1),
             dynamic_shared_bytes: 0,
@@ -330,6 +451,7 @@ impl AttentionPlan {
             block_size,
             scale_log2: shape.scale * std::f32::consts::LOG2_E,
             split,
+            partitions: max_splits,
             attention,
             combine: split.map(|_| LaunchDims::linear(bucket * h, COMBINE_THREADS)),
         })
@@ -379,23 +501,20 @@ pub fn decode_buckets(max_seqs: usize) -> Vec<usize> {
     buckets
 }
 
-/// Split-K for `blocks` attention blocks whose tiles read up to `max_keys` keys: when the
-/// blocks leave SMs idle and the keys are long enough, enough partitions for about two blocks
-/// per SM, none shorter than [`MIN_PARTITION_KEYS`].
-fn split_k(blocks: usize, max_keys: usize, device: DeviceLimits) -> Option<SplitK> {
-    if blocks >= device.num_sms || max_keys <= MIN_PARTITION_KEYS {
+/// Partition length of the prefill tiles of a step of `blocks` attention blocks whose prefill
+/// tiles read up to `max_keys` keys: when the blocks leave SMs idle and the keys are long
+/// enough, enough partitions for about two blocks per SM, none shorter than
+/// [`MIN_PARTITION_KEYS`]; `None`: one partition.
+fn prefill_partition_keys(blocks: usize, max_keys: usize, device: DeviceLimits) -> Option<usize> {
+    if blocks == 0 || blocks >= device.num_sms || max_keys <= MIN_PARTITION_KEYS {
         return None;
     }
-    let want = (2 * device.num_sms).div_ceil(blocks.max(1));
+    let want = (2 * device.num_sms).div_ceil(blocks);
     let partition_keys = max_keys
         .div_ceil(want)
         .max(MIN_PARTITION_KEYS)
         .next_multiple_of(ATTN_KEYS);
-    let max_splits = max_keys.div_ceil(partition_keys);
-    (max_splits > 1).then_some(SplitK {
-        partition_keys,
-        max_splits,
-    })
+    (max_keys > partition_keys).then_some(partition_keys)
 }
 
 /// Rejects a step whose slices do not tile `0..num_tokens` in order or whose block tables are

@@ -345,8 +345,12 @@ pub fn paged_attention_into(
     let stream = dev.cuda_stream();
     match (plan.split, plan.combine, workspace) {
         (None, _, _) => {
-            let func = Module::PagedAttention
-                .function(dev, &format!("paged_attention_{q_type}_{cache_type}_d{d}"))?;
+            // Tiles of several partitions walked by one block each, or of one partition.
+            let walk = if plan.partitions > 1 { "walk_" } else { "" };
+            let func = Module::PagedAttention.function(
+                dev,
+                &format!("paged_attention_{walk}{q_type}_{cache_type}_d{d}"),
+            )?;
             let mut b = stream.launch_builder(&func);
             q.push(&mut b);
             b.arg(&scalars.0);
@@ -360,9 +364,10 @@ pub fn paged_attention_into(
             b.arg(&scalars.3);
             b.arg(&scalars.4);
             b.arg(&scalars.5);
-            // SAFETY: `paged_attention_*`'s arguments in order and of its types. The plan's
-            // tiles cover each (token, head) row of `out` once; q rows and the cache hold what
-            // the metadata indexes (checked above and by `AttentionPlan`).
+            // SAFETY: `paged_attention_*`'s (and `paged_attention_walk_*`'s, the same)
+            // arguments in order and of its types. The plan's tiles cover each (token, head)
+            // row of `out` once; q rows and the cache hold what the metadata indexes (checked
+            // above and by `AttentionPlan`).
             unsafe { b.launch(config(plan.attention)) }.w()?;
         }
         (Some(split), Some(combine), Some((acc, ml))) => {
@@ -372,7 +377,7 @@ pub fn paged_attention_into(
             if !matches!((acc, ml), (View::F32(_), View::F32(_))) {
                 candle_core::bail!("the split-K workspace must be f32");
             }
-            let split_args = (split.partition_keys as i32, split.max_splits as i32);
+            let max_splits = split.max_splits as i32;
             let func = Module::PagedAttention.function(
                 dev,
                 &format!("paged_attention_split_{q_type}_{cache_type}_d{d}"),
@@ -389,8 +394,7 @@ pub fn paged_attention_into(
             b.arg(&scalars.3);
             b.arg(&scalars.4);
             b.arg(&scalars.5);
-            b.arg(&split_args.0);
-            b.arg(&split_args.1);
+            b.arg(&max_splits);
             acc.push(&mut b);
             ml.push(&mut b);
             // SAFETY: as the unsplit kernel; partials are indexed by (token, head, split) below

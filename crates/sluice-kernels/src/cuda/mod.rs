@@ -34,7 +34,9 @@ pub use sampling::{sample_rows, RowSampling, SampledToken};
 /// `ptxas -v` for every kernel, as the build saw it (registers, shared memory, spills).
 pub const PTXAS_REPORT: &str = include_str!(concat!(env!("OUT_DIR"), "/ptxas-report.txt"));
 
-/// The plan's view of `device`: its number of SMs, asked of the driver.
+/// The plan's view of `device`: its number of SMs, asked of the driver, and the decode
+/// partition length ([`crate::cuda_plan::DECODE_PARTITION_KEYS`], or
+/// `SLUICE_CUDA_DECODE_PARTITION` where a benchmark sets it; a bad value is an error).
 pub fn device_limits(
     device: &candle_core::Device,
 ) -> candle_core::Result<crate::cuda_plan::DeviceLimits> {
@@ -46,7 +48,12 @@ pub fn device_limits(
         .context()
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .w()?;
+    let knob = std::env::var(crate::cuda_plan::DECODE_PARTITION_VAR).ok();
+    let decode_partition_keys = crate::cuda_plan::decode_partition_keys(knob.as_deref())
+        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
     Ok(crate::cuda_plan::DeviceLimits {
         num_sms: sms.max(1) as usize,
+        decode_partition_keys,
+        split_workspace_rows: crate::cuda_plan::SPLIT_WORKSPACE_ROWS,
     })
 }

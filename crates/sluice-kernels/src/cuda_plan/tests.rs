@@ -91,16 +91,17 @@ fn step(rng: &mut Rng, seqs: &[(usize, usize)], block_size: usize, num_blocks: u
     }
 }
 
-/// What the device computes, from `plan.metadata` alone: the attention kernel's tiles, chunks
-/// and online softmax in log2 units, then the combine when the plan splits.
+/// What the device computes, from `plan.metadata` alone: the attention kernel's tiles,
+/// partitions, chunks and online softmax in log2 units, then the partitions merged in order
+/// (by the unsplit kernel as it goes, or by the combine after the split kernel: one rule).
 fn emulate(plan: &AttentionPlan, q: &[f32], k: &[f32], v: &[f32], layout: &KvLayout) -> Vec<f32> {
     let md = &plan.metadata;
     let o = plan.offsets;
     let (h, d, bs) = (plan.num_heads, plan.head_dim, plan.block_size);
     let group = h / plan.num_kv_heads;
-    let max_splits = plan.split.map_or(1, |s| s.max_splits);
-    let mut partial =
-        vec![(f32::NEG_INFINITY, 0f32, vec![0f32; d]); plan.num_tokens * h * max_splits];
+    // Each row's partition states, by partition.
+    type State = (f32, f32, Vec<f32>);
+    let mut partials: Vec<Vec<Option<State>>> = vec![Vec::new(); plan.num_tokens * h];
     let (gx, gy, gz) = plan.attention.grid;
     for (tile, kv_head, split) in (0..gx as usize)
         .flat_map(|x| (0..gy as usize).flat_map(move |y| (0..gz as usize).map(move |z| (x, y, z))))
@@ -108,79 +109,91 @@ fn emulate(plan: &AttentionPlan, q: &[f32], k: &[f32], v: &[f32], layout: &KvLay
         let t = &md[o.tiles + 4 * tile..][..4];
         let (seq, first, queries, splits) =
             (t[0] as usize, t[1] as usize, t[2] as usize, t[3] as usize);
-        if plan.split.is_some() && split >= splits {
-            continue;
-        }
+        // Block z of a split step walks partitions z, z + grid_splits, ...; otherwise the
+        // block walks them all.
+        let walked: Vec<usize> = match plan.split {
+            Some(sk) => (split..splits).step_by(sk.grid_splits).collect(),
+            None => (0..splits).collect(),
+        };
         let s = &md[o.seqs + 4 * seq..][..4];
         let (query_start, query_len, context_len) = (s[0] as usize, s[1] as usize, s[2] as usize);
         let table = &md[o.block_tables + s[3] as usize..];
         let first_pos = context_len - query_len + first;
         let tile_keys = first_pos + queries;
-        let (key_begin, key_end) = match plan.split {
-            Some(sk) => (
-                split * sk.partition_keys,
-                tile_keys.min((split + 1) * sk.partition_keys),
-            ),
-            None => (0, tile_keys),
-        };
-        for row in 0..queries * group {
-            let token = query_start + first + row / group;
-            let head = kv_head * group + row % group;
-            let last_key = first_pos + row / group;
-            let qrow: Vec<f32> = q[(token * h + head) * d..][..d]
-                .iter()
-                .map(|x| x * plan.scale_log2)
-                .collect();
-            let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0f32, vec![0f32; d]);
-            for chunk in (key_begin..key_end).step_by(ATTN_KEYS) {
-                let keys: Vec<usize> = (chunk..(chunk + ATTN_KEYS).min(key_end))
-                    .filter(|&j| j <= last_key)
-                    .collect();
-                let run = |j: usize| layout.block_head_offset(table[j / bs] as usize, kv_head);
-                let scores: Vec<f32> = keys
+        let partition = partition_keys(tile_keys, splits);
+        for part in walked {
+            let (key_begin, key_end) = (part * partition, tile_keys.min((part + 1) * partition));
+            for row in 0..queries * group {
+                let token = query_start + first + row / group;
+                let head = kv_head * group + row % group;
+                let last_key = first_pos + row / group;
+                let qrow: Vec<f32> = q[(token * h + head) * d..][..d]
                     .iter()
-                    .map(|&j| (0..d).map(|i| qrow[i] * k[run(j) + i * bs + j % bs]).sum())
+                    .map(|x| x * plan.scale_log2)
                     .collect();
-                let m_new = scores.iter().fold(m, |a, &b| a.max(b));
-                let alpha = if m == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    (m - m_new).exp2()
-                };
-                l *= alpha;
-                acc.iter_mut().for_each(|a| *a *= alpha);
-                for (&j, &sc) in keys.iter().zip(&scores) {
-                    let p = (sc - m_new).exp2();
-                    l += p;
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        *a += p * v[run(j) + (j % bs) * d + i];
+                let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0f32, vec![0f32; d]);
+                for chunk in (key_begin..key_end).step_by(ATTN_KEYS) {
+                    let keys: Vec<usize> = (chunk..(chunk + ATTN_KEYS).min(key_end))
+                        .filter(|&j| j <= last_key)
+                        .collect();
+                    let run = |j: usize| layout.block_head_offset(table[j / bs] as usize, kv_head);
+                    let scores: Vec<f32> = keys
+                        .iter()
+                        .map(|&j| (0..d).map(|i| qrow[i] * k[run(j) + i * bs + j % bs]).sum())
+                        .collect();
+                    let m_new = scores.iter().fold(m, |a, &b| a.max(b));
+                    let alpha = if m == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        (m - m_new).exp2()
+                    };
+                    l *= alpha;
+                    acc.iter_mut().for_each(|a| *a *= alpha);
+                    for (&j, &sc) in keys.iter().zip(&scores) {
+                        let p = (sc - m_new).exp2();
+                        l += p;
+                        for (i, a) in acc.iter_mut().enumerate() {
+                            *a += p * v[run(j) + (j % bs) * d + i];
+                        }
                     }
+                    m = m_new;
                 }
-                m = m_new;
+                let states = &mut partials[token * h + head];
+                states.resize(splits, None);
+                assert!(states[part].is_none(), "partition {part} walked twice");
+                states[part] = Some((m, l, acc));
             }
-            partial[(token * h + head) * max_splits + split] = (m, l, acc);
         }
     }
     let mut out = vec![0f32; plan.num_tokens * h * d];
-    for row in 0..plan.num_tokens * h {
-        let splits = if plan.split.is_some() {
-            md[o.token_splits + row / h] as usize
-        } else {
-            1
-        };
-        let parts = &partial[row * max_splits..][..splits];
-        let max = parts.iter().fold(f32::NEG_INFINITY, |a, p| a.max(p.0));
-        let weight = |p: &(f32, f32, Vec<f32>)| {
-            if p.0 == f32::NEG_INFINITY {
-                0.0
-            } else {
-                (p.0 - max).exp2()
+    for (row, states) in partials.iter().enumerate() {
+        if plan.split.is_some() {
+            assert_eq!(states.len(), md[o.token_splits + row / h] as usize);
+        }
+        let states = states
+            .iter()
+            .map(|s| s.as_ref().expect("every partition walked"));
+        // merge_partition, in order.
+        let (mut big_m, mut big_l, mut big_o) = (f32::NEG_INFINITY, 0f32, vec![0f32; d]);
+        for (m, l, acc) in states {
+            if *m == f32::NEG_INFINITY {
+                continue;
             }
-        };
-        let sum: f32 = parts.iter().map(|p| p.1 * weight(p)).sum();
-        for i in 0..d {
-            let o: f32 = parts.iter().map(|p| p.2[i] * weight(p)).sum();
-            out[row * d + i] = o / sum;
+            if big_m == f32::NEG_INFINITY {
+                (big_m, big_l, big_o) = (*m, *l, acc.clone());
+                continue;
+            }
+            let merged = big_m.max(*m);
+            let (a, b) = ((big_m - merged).exp2(), (m - merged).exp2());
+            big_l = big_l * a + l * b;
+            for (x, y) in big_o.iter_mut().zip(acc) {
+                *x = *x * a + y * b;
+            }
+            big_m = merged;
+        }
+        let inv = if big_l > 0.0 { 1.0 / big_l } else { 0.0 };
+        for (i, x) in big_o.iter().enumerate() {
+            out[row * d + i] = x * inv;
         }
     }
     out
@@ -259,10 +272,21 @@ fn mixed_steps_match_the_cpu_kernel() {
         (4, (16, 2), 64, 8),
         (5, (9, 9), 64, 32),
     ] {
+        // The 38-key row takes two partitions: walked by blocks apart and merged by the
+        // combine, or (no room for a workspace) by one block.
         let plan = check(seed, &mixed, heads, d, bs, DeviceLimits::HOPPER);
-        assert!(plan.split.is_none(), "short contexts do not split");
+        assert!(plan.split.is_some());
+        let plan = check(seed, &mixed, heads, d, bs, WALK);
+        assert!(plan.split.is_none() && plan.partitions == 2);
     }
 }
+
+/// A GPU whose steps have no room for a split workspace: the walk kernel.
+const WALK: DeviceLimits = DeviceLimits {
+    num_sms: 132,
+    decode_partition_keys: DECODE_PARTITION_KEYS,
+    split_workspace_rows: 0,
+};
 
 #[test]
 fn split_k_matches_the_cpu_kernel() {
@@ -283,8 +307,7 @@ fn split_k_matches_the_cpu_kernel() {
             DeviceLimits::HOPPER,
         );
         let split = plan.split.expect("long contexts of few sequences split");
-        assert!(split.max_splits > 1 && split.partition_keys.is_multiple_of(ATTN_KEYS));
-        assert!(split.partition_keys >= MIN_PARTITION_KEYS);
+        assert!(split.max_splits > 1);
         assert_eq!(plan.combine.unwrap().grid.0 as usize, plan.num_tokens * 12);
     }
 }
@@ -364,28 +387,34 @@ fn launches_do_not_grow_with_the_sequences() {
         (StepLaunches::new(&plan, 8960), plan)
     };
     // Decode steps of 1 to 256 sequences of 128-token prompts, plus one prefill in the step:
-    // the same launches every time, only the attention grid grows.
-    let mut previous_tiles = 0;
+    // the same launches every time (the decode rows' partitions split, so the merge is one of
+    // them), only the grid grows, and the fewer the tiles the more blocks each takes.
+    let mut previous = (0, usize::MAX);
     let mut counts = Vec::new();
     for n in [1, 2, 8, 64, 256] {
         let mut seqs = vec![(128, 1); n];
         seqs.push((0, 128));
         let (l, plan) = launches(&seqs, &mut rng);
-        assert!(plan.split.is_none());
-        assert!(plan.num_tiles > previous_tiles);
-        previous_tiles = plan.num_tiles;
+        let split = plan.split.expect("129 keys take 5 partitions");
+        assert_eq!(split.max_splits, 5);
+        assert!(plan.num_tiles > previous.0 && split.grid_splits <= previous.1);
+        previous = (plan.num_tiles, split.grid_splits);
         counts.push(l.launches_per_layer());
     }
     assert!(counts.iter().all(|&c| c == counts[0]), "{counts:?}");
-    assert_eq!(counts[0], 6);
-    // A long context of one sequence splits keys: one more launch (the merge), still bounded.
-    let (l, plan) = launches(&[(4000, 1)], &mut rng);
-    assert!(plan.split.is_some());
-    assert_eq!(l.launches_per_layer(), counts[0] + 1);
-    assert!(l
-        .per_layer
+    assert_eq!(counts[0], 7);
+    assert!(l_has_combine(&launches(&[(4000, 1)], &mut rng).0));
+    // Rows of one partition: no merge.
+    let (l, plan) = launches(&[(20, 1), (0, 30)], &mut rng);
+    assert!(plan.split.is_none() && plan.partitions == 1);
+    assert_eq!(l.launches_per_layer(), 6);
+    assert!(!l_has_combine(&l));
+}
+
+fn l_has_combine(l: &StepLaunches) -> bool {
+    l.per_layer
         .iter()
-        .any(|(k, _)| *k == Kernel::AttentionCombine));
+        .any(|(k, _)| *k == Kernel::AttentionCombine)
 }
 
 #[test]
@@ -510,10 +539,13 @@ fn decode_bucket_plans_match_the_cpu_kernel_with_a_fixed_layout() {
         assert_eq!(plan.combine, empty.combine);
         assert_eq!(plan.split, empty.split);
         assert_eq!(plan.workspace_floats(), empty.workspace_floats());
-        // Small buckets leave SMs idle: they split, by the bucket alone.
+        // Room for the most partitions a row of `max_context` keys takes; a grid by the bucket.
+        let most = MAX_DECODE_SPLITS.min(max_context.div_ceil(DECODE_PARTITION_KEYS));
+        let split = plan.split.unwrap();
+        assert_eq!(split.max_splits, most);
         assert_eq!(
-            plan.split.is_some(),
-            bucket * 2 < DeviceLimits::HOPPER.num_sms
+            split.grid_splits,
+            (8 * 132usize).div_ceil(2 * bucket).min(most)
         );
 
         let n = layout.values_per_layer();
@@ -573,4 +605,149 @@ fn decode_bucket_plans_match_the_cpu_kernel_with_a_fixed_layout() {
     ];
     assert!(bucket_plan(&two, 1).is_err());
     assert!(bucket_plan(&two, 2).is_ok());
+}
+
+/// A decode row's partitions, whatever the number of its keys and the partition length: each
+/// a whole number of chunks, none empty, together exactly its keys, none longer than asked
+/// unless the count is at its bound.
+#[test]
+fn decode_splits_cover_the_keys_without_empty_partitions() {
+    for partition in [16, 32, 64, 128, 256] {
+        for keys in 1..5000 {
+            let splits = decode_splits(keys, partition);
+            let length = partition_keys(keys, splits);
+            assert!(
+                (1..=MAX_DECODE_SPLITS).contains(&splits),
+                "{keys} keys, {partition}"
+            );
+            assert!(length.is_multiple_of(ATTN_KEYS));
+            assert!(splits * length >= keys, "{keys} keys: {splits} x {length}");
+            assert!(
+                (splits - 1) * length < keys,
+                "{keys} keys: an empty partition"
+            );
+            let clamped = keys.div_ceil(MAX_DECODE_SPLITS).next_multiple_of(ATTN_KEYS);
+            assert!(length <= partition.max(clamped), "{keys} keys: {length}");
+        }
+    }
+}
+
+/// Batch invariance of the plan: a decode row takes the same partitions, and its emulated
+/// attention is the same to the bit, alone in an eager step, in a crowd of other decode rows
+/// and prefill chunks, in a decode bucket of any size, with its partitions walked by a block
+/// each or by one block; the row's result depends on its context alone.
+#[test]
+fn a_decode_row_splits_by_its_context_alone() {
+    let shape = AttentionShape {
+        num_heads: 12,
+        num_kv_heads: 2,
+        head_dim: 128,
+        scale: 1.0 / (128f32).sqrt(),
+    };
+    let (bs, max_context) = (16, 4096);
+    let mut rng = Rng(57);
+    for context in [1usize, 15, 16, 17, 63, 64, 65, 200, 257, 1000, 3000] {
+        // The row of interest is sequence 0 of every step below, with the same blocks.
+        let crowds: [&[(usize, usize)]; 4] = [
+            &[],
+            &[(40, 1), (900, 1)],
+            &[(5, 1), (0, 70), (2000, 1)],
+            &[(128, 1); 20],
+        ];
+        let others: usize = crowds
+            .iter()
+            .flat_map(|c| c.iter())
+            .map(|s| (s.0 + s.1).div_ceil(bs))
+            .sum();
+        let layout = KvLayout {
+            num_blocks: context.div_ceil(bs) + others + 2,
+            block_size: bs,
+            num_kv_heads: 2,
+            head_dim: 128,
+        };
+        let n = layout.values_per_layer();
+        let k: Vec<f32> = (0..n).map(|_| rng.unit()).collect();
+        let v: Vec<f32> = (0..n).map(|_| rng.unit()).collect();
+        let q_row: Vec<f32> = (0..12 * 128).map(|_| 2.0 * rng.unit()).collect();
+        let mut results: Vec<(String, usize, Vec<f32>)> = Vec::new();
+        for (c, crowd) in crowds.iter().enumerate() {
+            let mut seqs = vec![(context - 1, 1)];
+            seqs.extend_from_slice(crowd);
+            let mut st = step(&mut rng, &seqs, bs, layout.num_blocks);
+            // The row's own blocks: the same in every step.
+            let own = context.div_ceil(bs);
+            st.block_tables[..own]
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, b)| *b = i as u32);
+            let others_start = own;
+            for (i, b) in st.block_tables[others_start..].iter_mut().enumerate() {
+                *b = (own + i) as u32;
+            }
+            let mut q: Vec<f32> = (0..st.num_tokens * 12 * 128)
+                .map(|_| 2.0 * rng.unit())
+                .collect();
+            q[..q_row.len()].copy_from_slice(&q_row);
+            for (kernel, limits) in [("split", DeviceLimits::HOPPER), ("walk", WALK)] {
+                let eager = AttentionPlan::new(
+                    &st.sequences,
+                    &st.block_tables,
+                    st.num_tokens,
+                    &shape,
+                    bs,
+                    limits,
+                )
+                .unwrap();
+                let out = emulate(&eager, &q, &k, &v, &layout);
+                results.push((
+                    format!("eager, {kernel} kernel, crowd {c}"),
+                    eager.metadata[3] as usize,
+                    out[..q_row.len()].to_vec(),
+                ));
+            }
+            if crowd.iter().all(|s| s.1 == 1) {
+                for bucket in decode_buckets(64).into_iter().filter(|&b| b >= seqs.len()) {
+                    let plan = AttentionPlan::for_decode_bucket(
+                        &st.sequences,
+                        &st.block_tables,
+                        bucket,
+                        max_context,
+                        &shape,
+                        bs,
+                        DeviceLimits::HOPPER,
+                    )
+                    .unwrap();
+                    let mut qb = q.clone();
+                    qb.resize(bucket * 12 * 128, 0.5);
+                    let out = emulate(&plan, &qb, &k, &v, &layout);
+                    results.push((
+                        format!("bucket {bucket}, crowd {c}"),
+                        plan.metadata[3] as usize,
+                        out[..q_row.len()].to_vec(),
+                    ));
+                }
+            }
+        }
+        let (_, splits, alone) = &results[0];
+        assert_eq!(*splits, decode_splits(context, DECODE_PARTITION_KEYS));
+        for (name, s, out) in &results[1..] {
+            assert_eq!(s, splits, "{context} keys, {name}");
+            let same = out
+                .iter()
+                .zip(alone)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{context} keys, {name}: not the row alone's bits");
+        }
+    }
+}
+
+#[test]
+fn the_decode_partition_knob_takes_whole_chunks_only() {
+    assert_eq!(decode_partition_keys(None), Ok(DECODE_PARTITION_KEYS));
+    assert_eq!(decode_partition_keys(Some("32")), Ok(32));
+    assert_eq!(decode_partition_keys(Some(" 256 ")), Ok(256));
+    for bad in ["0", "24", "-16", "sixty-four", ""] {
+        let err = decode_partition_keys(Some(bad)).unwrap_err().to_string();
+        assert!(err.contains(DECODE_PARTITION_VAR), "{bad}: {err}");
+    }
 }
