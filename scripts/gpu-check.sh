@@ -192,7 +192,8 @@ EOF
 
 # ncu_launches WORK OUT: the kernels of one decode step of the first model, counted by Nsight
 # Compute on `sluice generate` (SLUICE_GPU_NCU_ARGS: more flags for today's sluice, e.g.
-# `--cuda-graphs eager` to see the graph's kernels one by one), with each one's GPU time.
+# `--cuda-graphs eager` to see the graph's kernels one by one; SLUICE_GPU_NCU_PROMPT: the
+# prompt, whose length is the decode step's context), with each one's GPU time.
 ncu_launches() {
     local work=$1 out=$2 ncu spec shape format weights marks bin
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
@@ -208,7 +209,8 @@ ncu_launches() {
             --launch-count "${SLUICE_GPU_NCU_COUNT:-600}" --metrics gpu__time_duration.sum \
             --csv --page raw "$work/bin/$bin" generate "${extra[@]}" \
             --model "$work/models/$shape-$format.gguf" --weights "$weights" \
-            --prompt "hello there" --max-tokens 8 --temperature 0 >"$out/ncu-$bin.csv" 2>&1 || true
+            --prompt "${SLUICE_GPU_NCU_PROMPT:-hello there}" --max-tokens 8 --temperature 0 \
+            >"$out/ncu-$bin.csv" 2>&1 || true
         echo
         echo "ncu, $bin ${extra[*]}, $shape $format --weights $weights: kernels (count, mean GPU time)"
         python3 scripts/ncu-summary.py "$out/ncu-$bin.csv" | sed 's/^/    /'
