@@ -37,11 +37,19 @@ pub const PTXAS_REPORT: &str = include_str!(concat!(env!("OUT_DIR"), "/ptxas-rep
 /// The plan's view of `device`: its number of SMs, asked of the driver, and the decode
 /// partition length ([`crate::cuda_plan::DECODE_PARTITION_KEYS`], or
 /// `SLUICE_CUDA_DECODE_PARTITION` where a benchmark sets it; a bad value is an error).
+///
+/// Asked once per process and kept: the eager forward plans every step with it, and a row's
+/// partitions (so its logits) must not change while the process runs. One GPU per process
+/// (device 0), so one answer serves every call.
 pub fn device_limits(
     device: &candle_core::Device,
 ) -> candle_core::Result<crate::cuda_plan::DeviceLimits> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
     use candle_core::cuda_backend::WrapErr;
+    static LIMITS: std::sync::OnceLock<crate::cuda_plan::DeviceLimits> = std::sync::OnceLock::new();
+    if let Some(limits) = LIMITS.get() {
+        return Ok(*limits);
+    }
     let sms = device
         .as_cuda_device()?
         .cuda_stream()
@@ -51,9 +59,9 @@ pub fn device_limits(
     let knob = std::env::var(crate::cuda_plan::DECODE_PARTITION_VAR).ok();
     let decode_partition_keys = crate::cuda_plan::decode_partition_keys(knob.as_deref())
         .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-    Ok(crate::cuda_plan::DeviceLimits {
+    Ok(*LIMITS.get_or_init(|| crate::cuda_plan::DeviceLimits {
         num_sms: sms.max(1) as usize,
         decode_partition_keys,
         split_workspace_rows: crate::cuda_plan::SPLIT_WORKSPACE_ROWS,
-    })
+    }))
 }
