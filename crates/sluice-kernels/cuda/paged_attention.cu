@@ -285,25 +285,20 @@ __device__ __forceinline__ void attention_combine(const float* __restrict__ part
     }
 }
 
+// A kernel that writes its rows itself (every tile one partition, or walked by one block).
+#define ATTENTION_UNSPLIT(NAME, WALK, Q, CACHE, D)                                              \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS, ATTN_MIN_BLOCKS) NAME(           \
+        const Q* q, long q_token_stride, const CACHE* kv_cache, long v_offset, Q* out,          \
+        const uint32_t* tiles, const uint32_t* seqs, const uint32_t* block_tables,              \
+        int num_heads, int num_kv_heads, int block_size, float scale_log2) {                    \
+        paged_attention<Q, CACHE, D, WALK>(q, q_token_stride, kv_cache, v_offset, out, tiles,   \
+                                           seqs, block_tables, num_heads, num_kv_heads,         \
+                                           block_size, scale_log2, 1, nullptr, nullptr);        \
+    }
+
 #define ATTENTION(SUFFIX, Q, CACHE, D)                                                          \
-    extern "C" __global__ void __launch_bounds__(ATTN_THREADS, ATTN_MIN_BLOCKS)                 \
-        paged_attention_##SUFFIX##_d##D(                                                        \
-            const Q* q, long q_token_stride, const CACHE* kv_cache, long v_offset, Q* out,      \
-            const uint32_t* tiles, const uint32_t* seqs, const uint32_t* block_tables,          \
-            int num_heads, int num_kv_heads, int block_size, float scale_log2) {                \
-        paged_attention<Q, CACHE, D, ONE_PARTITION>(                                            \
-            q, q_token_stride, kv_cache, v_offset, out, tiles, seqs, block_tables, num_heads,   \
-            num_kv_heads, block_size, scale_log2, 1, nullptr, nullptr);                         \
-    }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(ATTN_THREADS, ATTN_MIN_BLOCKS)                 \
-        paged_attention_walk_##SUFFIX##_d##D(                                                   \
-            const Q* q, long q_token_stride, const CACHE* kv_cache, long v_offset, Q* out,      \
-            const uint32_t* tiles, const uint32_t* seqs, const uint32_t* block_tables,          \
-            int num_heads, int num_kv_heads, int block_size, float scale_log2) {                \
-        paged_attention<Q, CACHE, D, ALL_PARTITIONS>(                                           \
-            q, q_token_stride, kv_cache, v_offset, out, tiles, seqs, block_tables, num_heads,   \
-            num_kv_heads, block_size, scale_log2, 1, nullptr, nullptr);                         \
-    }                                                                                           \
+    ATTENTION_UNSPLIT(paged_attention_##SUFFIX##_d##D, ONE_PARTITION, Q, CACHE, D)              \
+    ATTENTION_UNSPLIT(paged_attention_walk_##SUFFIX##_d##D, ALL_PARTITIONS, Q, CACHE, D)        \
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS, ATTN_MIN_BLOCKS)                 \
         paged_attention_split_##SUFFIX##_d##D(                                                  \
             const Q* q, long q_token_stride, const CACHE* kv_cache, long v_offset,              \
