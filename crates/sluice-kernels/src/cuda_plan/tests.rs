@@ -471,6 +471,29 @@ fn decode_buckets_cover_every_batch_size_with_little_padding() {
     }
 }
 
+/// The plan of a decode bucket holding `st`'s sequences (none when `None`), on an H100/H200.
+fn bucket_plan(
+    st: Option<&Step>,
+    bucket: usize,
+    max_context: usize,
+    shape: &AttentionShape,
+    bs: usize,
+) -> AttentionPlan {
+    let (sequences, tables) = st.map_or((&[][..], &[][..]), |st| {
+        (&st.sequences[..], &st.block_tables[..])
+    });
+    AttentionPlan::for_decode_bucket(
+        sequences,
+        tables,
+        bucket,
+        max_context,
+        shape,
+        bs,
+        DeviceLimits::HOPPER,
+    )
+    .unwrap()
+}
+
 /// A decode bucket's plan, emulated, gives the CPU kernel's attention for its real rows; its
 /// layout and grid depend only on the bucket (what a captured graph bakes in), and its padding
 /// rows read block 0 alone.
@@ -501,26 +524,8 @@ fn decode_bucket_plans_match_the_cpu_kernel_with_a_fixed_layout() {
             head_dim: 128,
         };
         let st = step(&mut rng, &seqs, bs, layout.num_blocks);
-        let plan = AttentionPlan::for_decode_bucket(
-            &st.sequences,
-            &st.block_tables,
-            bucket,
-            max_context,
-            &shape,
-            bs,
-            DeviceLimits::HOPPER,
-        )
-        .unwrap();
-        let empty = AttentionPlan::for_decode_bucket(
-            &[],
-            &[],
-            bucket,
-            max_context,
-            &shape,
-            bs,
-            DeviceLimits::HOPPER,
-        )
-        .unwrap();
+        let plan = bucket_plan(Some(&st), bucket, max_context, &shape, bs);
+        let empty = bucket_plan(None, bucket, max_context, &shape, bs);
         // A step loop's plan refills the last one's words: the same plan.
         let refilled = AttentionPlan::for_decode_bucket_in(
             vec![7; 3 * plan.metadata.len()],
@@ -707,16 +712,7 @@ fn a_decode_row_splits_by_its_context_alone() {
             }
             if crowd.iter().all(|s| s.1 == 1) {
                 for bucket in decode_buckets(64).into_iter().filter(|&b| b >= seqs.len()) {
-                    let plan = AttentionPlan::for_decode_bucket(
-                        &st.sequences,
-                        &st.block_tables,
-                        bucket,
-                        max_context,
-                        &shape,
-                        bs,
-                        DeviceLimits::HOPPER,
-                    )
-                    .unwrap();
+                    let plan = bucket_plan(Some(&st), bucket, max_context, &shape, bs);
                     let mut qb = q.clone();
                     qb.resize(bucket * 12 * 128, 0.5);
                     let out = emulate(&plan, &qb, &k, &v, &layout);
