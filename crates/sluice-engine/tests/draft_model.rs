@@ -208,6 +208,9 @@ fn tokens_are_plain_decodings_whatever_the_draft_model_guesses() {
     let rs = requests();
     let want = plain_outputs(&rs);
     for k in [1, 2, 3, 5, 8] {
+        // (accepted, drafted) with a draft right two times in three, the yardstick for one
+        // right almost always.
+        let mut two_in_three = (0, 0);
         for every in [1, 3, 1000] {
             let engine = start_drafted(256, noisy(target(256), every), spec_config(k));
             let h = engine.handle();
@@ -235,15 +238,25 @@ fn tokens_are_plain_decodings_whatever_the_draft_model_guesses() {
                     "k = {k}: {s:?}"
                 ),
                 // ... some are right, ...
-                3 => assert!(
-                    s.spec_accepted_tokens > 0 && s.spec_accepted_tokens < s.spec_draft_tokens,
-                    "k = {k}: {s:?}"
-                ),
-                // ... and many more (a sampled row can still pick another token).
-                _ => assert!(
-                    s.spec_accepted_tokens * 3 >= s.spec_draft_tokens,
-                    "k = {k}: {s:?}"
-                ),
+                3 => {
+                    assert!(
+                        s.spec_accepted_tokens > 0 && s.spec_accepted_tokens < s.spec_draft_tokens,
+                        "k = {k}: {s:?}"
+                    );
+                    two_in_three = (s.spec_accepted_tokens, s.spec_draft_tokens);
+                }
+                // ... and many more. Not a fixed share: the sampled rows reject most guesses,
+                // and how many guesses they get depends on timing (the engine sizes them by
+                // what a step costs), so a share held near a third at k = 8 and fell under it
+                // on a loaded machine. Against the draft right two times in three, measured
+                // alike, the share is 1.5 (k = 1) to 2 (k = 8) times higher.
+                _ => {
+                    let (acc, drafted) = two_in_three;
+                    assert!(
+                        s.spec_accepted_tokens * drafted * 5 > acc * s.spec_draft_tokens * 6,
+                        "k = {k}: {s:?} against {acc} of {drafted} drafts kept two times in three"
+                    );
+                }
             }
         }
     }
