@@ -21,7 +21,8 @@
 //! Paths, picked once per process: AVX2 (`maddubs` + `madd`; `avx2.rs` the legacy formats,
 //! `avx2_k.rs` the K-quants), AVX-512 VNNI (`avx2.rs` again for the legacy formats, its integer
 //! dots by `vpdpbusd`; `avx512_k.rs` for the K-quants, 64 weights a register, `vpdpbusd` then
-//! `vpdpwssd` by the scales, and the epilogue of a tile of 8 rows on 8 lanes), and scalar loops
+//! `vpdpwssd` by the scales, and the epilogue of a tile of 8 rows on 8 lanes; against a lone
+//! row, Q4_K's and Q5_K's nibbles unpacked without permutes), and scalar loops
 //! with the same arithmetic that are the oracles the SIMD paths are tested against. Without
 //! AVX2 only the legacy layouts are taken ([`QuantMatrix::new`] declines the rest).
 //!
@@ -91,6 +92,7 @@ struct Blocks32 {
 struct Blocks256 {
     quants: Vec<i8>,
     lane_quants: Vec<i8>,
+    pair_quants: Vec<i8>,
     scales: Vec<f32>,
     sums16: Vec<i16>,
     sums32: Vec<i16>,
@@ -151,6 +153,7 @@ impl QuantizedActivations {
         SuperRow {
             quants: &b.quants[row * cols..][..cols],
             lane_quants: &b.lane_quants[row * cols..][..cols],
+            pair_quants: &b.pair_quants[row * cols..][..cols],
             scales: &b.scales[row * nb..][..nb],
             sums16: &b.sums16[row * cols / 16..][..cols / 16],
             sums32: &b.sums32[row * cols / BLOCK..][..cols / BLOCK],
@@ -203,6 +206,7 @@ impl Blocks256 {
         self.blocks_per_row = nb;
         self.quants.resize(rows * cols, 0);
         self.lane_quants.resize(rows * cols, 0);
+        self.pair_quants.resize(rows * cols, 0);
         self.scales.resize(rows * nb, 0.0);
         self.sums16.resize(rows * cols / 16, 0);
         self.sums32.resize(rows * cols / BLOCK, 0);
@@ -230,6 +234,7 @@ impl Blocks256 {
                 *s = pair[0] + pair[1];
             }
             by_sub_block_lanes(qs, &mut self.lane_quants[b * SUPER..][..SUPER]);
+            by_nibble_pairs(qs, &mut self.pair_quants[b * SUPER..][..SUPER]);
             self.scales[b] = d;
         }
         self.transpose_tiles();
@@ -270,6 +275,19 @@ fn by_sub_block_lanes(natural: &[i8], lanes: &mut [i8]) {
         for (s, eight) in register.chunks_exact_mut(8).enumerate() {
             eight.copy_from_slice(&natural[32 * s + 8 * c..][..8]);
         }
+    }
+}
+
+/// A super-block's 256 quants in the order of Q4_K's and Q5_K's nibbles, for the AVX-512
+/// kernel of one activation row: each 64 bytes of nibbles hold sub-blocks `2p` (low nibbles of
+/// bytes `0..32`), `2p + 1` (their high nibbles), `2p + 2` and `2p + 3` (the next 32 bytes), so
+/// masking them, and shifting then masking, gives registers of sub-blocks `[2p, 2p + 2]` and
+/// `[2p + 1, 2p + 3]` with no permutation: the sub-blocks come in the order 0, 2, 1, 3, 4, 6,
+/// 5, 7.
+fn by_nibble_pairs(natural: &[i8], pairs: &mut [i8]) {
+    const ORDER: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
+    for (s, sub_block) in ORDER.iter().zip(pairs.chunks_exact_mut(BLOCK)) {
+        sub_block.copy_from_slice(&natural[s * BLOCK..][..BLOCK]);
     }
 }
 
@@ -526,6 +544,8 @@ struct SuperRow<'a> {
     quants: &'a [i8],
     /// The same quants in [`by_sub_block_lanes`]'s order.
     lane_quants: &'a [i8],
+    /// And in [`by_nibble_pairs`]' order.
+    pair_quants: &'a [i8],
     scales: &'a [f32],
     sums16: &'a [i16],
     sums32: &'a [i16],
@@ -720,6 +740,8 @@ mod tests {
                 (12, 2, 17),
                 (6, 2, 15),
                 (5, 1, 2),
+                // One row over 19 blocks: the AVX-512 K-quant kernel's own path for one row.
+                (10, 19, 1),
             ] {
                 let cols = blocks * bw;
                 let (bytes, _) = random_blocks(rows, cols, format, 7 + rows as u64);

@@ -15,6 +15,12 @@
 //! instructions a row and super-block instead of eight ([`k_nibbles`]). The super-block's 16
 //! lanes then hold `isum` exactly (at most 256 * 63 * 127 * 128 < 2^31).
 //!
+//! One activation row (a decode step of one sequence) would pay those permutes for one row's
+//! products: Q4_K and Q5_K are then unpacked in the nibbles' own order (a mask, a shift) against
+//! the activations in that order (`pair_quants`), each register two sub-blocks side by side,
+//! four `vpdpbusd`s packed by twos ([`one_row`]). The same integers, so the same bits; measured
+//! with `benches/gemm.rs` (`SLUICE_BENCH_ROWS=1`), fewer shuffles per super-block on one row.
+//!
 //! A tile of up to 8 rows (from `K_TILE_MIN_ROWS`; the missing ones zero) sums its registers in
 //! one tree of unpacks, takes Q4_K's and Q5_K's `imin` from the tile's transposed integer sums
 //! of each 32, and runs the float epilogue on 8 lanes at once: per lane the two fused
@@ -49,9 +55,13 @@ pub(super) unsafe fn rows_dot(
     debug_assert_eq!(weights.len() / row_bytes * rows.len(), dots.len());
     // SAFETY: forwarded from the caller.
     unsafe {
-        match tile {
-            Some(tile) => by_rows::<true>(format, weights, row_bytes, rows, tile, dots),
-            None => by_rows::<false>(format, weights, row_bytes, rows, &SuperTile::EMPTY, dots),
+        match (tile, rows, format) {
+            (Some(tile), _, _) => by_rows::<true>(format, weights, row_bytes, rows, tile, dots),
+            (None, [row], QuantFormat::Q4K) => one_row::<false>(weights, row_bytes, row, dots),
+            (None, [row], QuantFormat::Q5K) => one_row::<true>(weights, row_bytes, row, dots),
+            (None, _, _) => {
+                by_rows::<false>(format, weights, row_bytes, rows, &SuperTile::EMPTY, dots)
+            }
         }
     }
 }
@@ -112,6 +122,186 @@ unsafe fn by_format<const R: usize, const TILE: bool>(
             QuantFormat::Q6K => each.for_each(|(w, d)| q6_k::<R, TILE>(w, rows, tile, d)),
             _ => unreachable!("{format:?} is not a K-quant"),
         }
+    }
+}
+
+/// Q4_K (Q5_K when `FIVE`) against one activation row: the weights unpacked in
+/// [`PairUnpack`]'s order, then per super-block the row's 16 lanes summed and
+/// [`k_super_block`], as [`k_nibbles`] does for one row.
+///
+/// # Safety
+/// As [`rows_dot`], for the one activation row `row` and `dots` of one per weight row.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn one_row<const FIVE: bool>(
+    weights: &[u8],
+    row_bytes: usize,
+    row: &SuperRow<'_>,
+    dots: &mut [f32],
+) {
+    let bb = if FIVE { 176 } else { 144 };
+    // SAFETY: the caller's promise (each weight row is whole super-blocks, and the row holds as
+    // many); reads inside super-block `sb` of the weight row and of the activation row; the
+    // features are enabled on this function.
+    unsafe {
+        let unpack = PairUnpack::new();
+        for (w, dot) in weights.chunks_exact(row_bytes).zip(dots.iter_mut()) {
+            let mut acc = 0f32;
+            for (sb, blk) in w.chunks_exact(bb).enumerate() {
+                let (z, scales, mn) = unpack.super_block::<FIVE>(blk);
+                let isum = _mm512_reduce_add_epi32(pair_lanes(&z, &scales, row, sb * SUPER));
+                debug_assert!(8 * sb + 8 <= row.sums32.len());
+                let sums32 = _mm_loadu_si128(row.sums32.as_ptr().add(8 * sb) as *const __m128i);
+                let imin = dot8_i16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64)), sums32);
+                let p = blk.as_ptr();
+                let xd = *row.scales.get_unchecked(sb);
+                acc = k_super_block(acc, isum, Some(imin), f16_at(p), f16_at(p.add(2)), xd);
+            }
+            *dot = acc;
+        }
+    }
+}
+
+/// The constants of Q4_K's and Q5_K's unpacking for one activation row, loaded once per call.
+/// Each 64 bytes of nibbles, masked, are sub-blocks `[2p, 2p + 2]` (32 weights each, in
+/// order), and shifted by 4 then masked `[2p + 1, 2p + 3]`: no permutation, against the
+/// activations in [`by_nibble_pairs`](super::by_nibble_pairs)' order. Against one row this
+/// costs fewer shuffles than [`NibbleUnpack`]'s order, whose permutes serve many rows.
+struct PairUnpack {
+    low: __m512i,
+    bit4: __m512i,
+    /// Per register: the left rotation of each 32-bit lane that brings bit `s` of each byte of
+    /// Q5_K's `qh` to bit 4, `s` the lane's sub-block.
+    rotations: [__m512i; 4],
+    /// The scale of each 16-bit lane of `packs(t0, t1)` and `packs(t2, t3)`.
+    picks: [__m512i; 2],
+}
+
+/// The sub-blocks of pair register `c`'s low and high 256 bits.
+const fn pair_sub_blocks(c: usize) -> (usize, usize) {
+    let lo = 4 * (c / 2) + c % 2;
+    (lo, lo + 2)
+}
+
+const fn pair_rotations(c: usize) -> [u32; 16] {
+    let (lo, hi) = pair_sub_blocks(c);
+    let mut out = [0u32; 16];
+    let mut i = 0;
+    while i < 16 {
+        let s = if i < 8 { lo } else { hi };
+        out[i] = ((36 - s) % 32) as u32;
+        i += 1;
+    }
+    out
+}
+
+static PAIR_ROTATIONS: [[u32; 16]; 4] = [
+    pair_rotations(0),
+    pair_rotations(1),
+    pair_rotations(2),
+    pair_rotations(3),
+];
+
+/// In 128-bit lane `k` of `packs(a, b)`, 16-bit lanes `j < 4` hold `a`'s 32-bit lanes
+/// `4k..4k + 4`, the others `b`'s: register `c`'s 32-bit lane `l` sums sub-block `lo` for
+/// `l < 8`, `hi` after ([`pair_sub_blocks`]).
+const fn pair_picks(a: usize, b: usize) -> [i16; 32] {
+    let mut out = [0i16; 32];
+    let mut i = 0;
+    while i < 32 {
+        let (k, j) = (i / 8, i % 8);
+        let (lo, hi) = pair_sub_blocks(if j < 4 { a } else { b });
+        out[i] = (if k < 2 { lo } else { hi }) as i16;
+        i += 1;
+    }
+    out
+}
+
+static PAIR_PICKS: [[i16; 32]; 2] = [pair_picks(0, 1), pair_picks(2, 3)];
+
+impl PairUnpack {
+    /// # Safety
+    /// The CPU has AVX-512 F.
+    #[inline(always)]
+    unsafe fn new() -> Self {
+        // SAFETY: AVX-512 F is the caller's promise; each load reads a 64-byte table.
+        unsafe {
+            Self {
+                low: _mm512_set1_epi8(0x0F),
+                bit4: _mm512_set1_epi8(0x10),
+                rotations: std::array::from_fn(|c| {
+                    _mm512_loadu_si512(PAIR_ROTATIONS[c].as_ptr() as *const __m512i)
+                }),
+                picks: [picks(&PAIR_PICKS[0]), picks(&PAIR_PICKS[1])],
+            }
+        }
+    }
+
+    /// The super-block `blk` (Q5_K's when `FIVE`, else Q4_K's): its four registers of weights,
+    /// the scales of `packs(t0, t1)` and `packs(t2, t3)`, and its 8 minimums as bytes.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and AVX-512 F and BW; `blk` is one whole super-block of the format.
+    #[inline(always)]
+    unsafe fn super_block<const FIVE: bool>(
+        &self,
+        blk: &[u8],
+    ) -> ([__m512i; 4], [__m512i; 2], u64) {
+        let qs_at = if FIVE { 48 } else { 16 };
+        debug_assert_eq!(blk.len(), qs_at + 128);
+        // SAFETY: the caller's promise; reads inside the super-block's bytes: 128 bytes of
+        // nibbles at `qs_at`, Q5_K's 32 bytes of `qh` at 16.
+        unsafe {
+            let p = blk.as_ptr();
+            let (sc, mn) = k_scales(blk[4..16].try_into().expect("12 scale bytes"));
+            let sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+            let scales = [
+                _mm512_permutexvar_epi16(self.picks[0], sc),
+                _mm512_permutexvar_epi16(self.picks[1], sc),
+            ];
+            let qs = [
+                _mm512_loadu_si512(p.add(qs_at) as *const __m512i),
+                _mm512_loadu_si512(p.add(qs_at + 64) as *const __m512i),
+            ];
+            let mut z = [
+                _mm512_and_si512(qs[0], self.low),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(qs[0]), self.low),
+                _mm512_and_si512(qs[1], self.low),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(qs[1]), self.low),
+            ];
+            if FIVE {
+                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(16) as *const __m256i));
+                for (z, rotation) in z.iter_mut().zip(&self.rotations) {
+                    *z = or_masked(*z, _mm512_rolv_epi32(qh, *rotation), self.bit4);
+                }
+            }
+            (z, scales, mn)
+        }
+    }
+}
+
+/// A row's 16 lanes of one Q4_K or Q5_K super-block (at `at` of the row), against its
+/// weights `z` and scales from [`PairUnpack::super_block`]: four `vpdpbusd`s (4 products a
+/// lane), packed by twos, times the scales.
+///
+/// # Safety
+/// The CPU has AVX-512 BW and VNNI; `at + 256 <= row.pair_quants.len()`.
+#[inline(always)]
+unsafe fn pair_lanes(
+    z: &[__m512i; 4],
+    scales: &[__m512i; 2],
+    row: &SuperRow<'_>,
+    at: usize,
+) -> __m512i {
+    debug_assert!(at + SUPER <= row.pair_quants.len());
+    // SAFETY: the caller's promise; loads inside `at..at + 256` of the row.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let t: [__m512i; 4] = std::array::from_fn(|c| {
+            let x = _mm512_loadu_si512(row.pair_quants.as_ptr().add(at + 64 * c) as *const __m512i);
+            _mm512_dpbusd_epi32(zero, z[c], x)
+        });
+        let acc = _mm512_dpwssd_epi32(zero, _mm512_packs_epi32(t[0], t[1]), scales[0]);
+        _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(t[2], t[3]), scales[1])
     }
 }
 
