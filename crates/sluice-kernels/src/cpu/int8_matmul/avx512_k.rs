@@ -126,8 +126,8 @@ unsafe fn by_format<const R: usize, const TILE: bool>(
 }
 
 /// Q4_K (Q5_K when `FIVE`) against one activation row: the weights unpacked in
-/// [`PairUnpack`]'s order, then per super-block the row's 16 lanes summed and
-/// [`k_super_block`], as [`k_nibbles`] does for one row.
+/// [`PairUnpack`]'s order, then per super-block the epilogue of [`k_nibbles`] for one row
+/// ([`Sums::add`]).
 ///
 /// # Safety
 /// As [`rows_dot`], for the one activation row `row` and `dots` of one per weight row.
@@ -144,19 +144,21 @@ unsafe fn one_row<const FIVE: bool>(
     // features are enabled on this function.
     unsafe {
         let unpack = PairUnpack::new();
-        for (w, dot) in weights.chunks_exact(row_bytes).zip(dots.iter_mut()) {
-            let mut acc = 0f32;
+        let rows = std::slice::from_ref(row).try_into().expect("one row");
+        for (w, dot) in weights
+            .chunks_exact(row_bytes)
+            .zip(dots.chunks_exact_mut(1))
+        {
+            let mut sums = Sums::<1>::new();
             for (sb, blk) in w.chunks_exact(bb).enumerate() {
                 let (z, scales, mn) = unpack.super_block::<FIVE>(blk);
-                let isum = _mm512_reduce_add_epi32(pair_lanes(&z, &scales, row, sb * SUPER));
-                debug_assert!(8 * sb + 8 <= row.sums32.len());
-                let sums32 = _mm_loadu_si128(row.sums32.as_ptr().add(8 * sb) as *const __m128i);
-                let imin = dot8_i16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64)), sums32);
+                let lanes = [pair_lanes(&z, &scales, row, sb * SUPER)];
+                let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
                 let p = blk.as_ptr();
-                let xd = *row.scales.get_unchecked(sb);
-                acc = k_super_block(acc, isum, Some(imin), f16_at(p), f16_at(p.add(2)), xd);
+                let d = (f16_at(p), f16_at(p.add(2)));
+                sums.add::<false>(&lanes, Some(mins), d, rows, &SuperTile::EMPTY, sb);
             }
-            *dot = acc;
+            sums.store::<false>(dot);
         }
     }
 }
