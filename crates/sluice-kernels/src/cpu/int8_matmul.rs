@@ -153,7 +153,11 @@ impl QuantizedActivations {
         SuperRow {
             quants: &b.quants[row * cols..][..cols],
             lane_quants: &b.lane_quants[row * cols..][..cols],
-            pair_quants: &b.pair_quants[row * cols..][..cols],
+            pair_quants: if row + 1 == b.rows && b.pair_quants.len() == cols {
+                &b.pair_quants
+            } else {
+                &[]
+            },
             scales: &b.scales[row * nb..][..nb],
             sums16: &b.sums16[row * cols / 16..][..cols / 16],
             sums32: &b.sums32[row * cols / BLOCK..][..cols / BLOCK],
@@ -206,7 +210,10 @@ impl Blocks256 {
         self.blocks_per_row = nb;
         self.quants.resize(rows * cols, 0);
         self.lane_quants.resize(rows * cols, 0);
-        self.pair_quants.resize(rows * cols, 0);
+        // The pair order serves only a product's lone row: the last one, when the tiles of
+        // `K_ACT_ROWS` from row 0 leave one (`matmul_into`). The other rows never read it.
+        let lone = rows % K_ACT_ROWS == 1;
+        self.pair_quants.resize(if lone { cols } else { 0 }, 0);
         self.scales.resize(rows * nb, 0.0);
         self.sums16.resize(rows * cols / 16, 0);
         self.sums32.resize(rows * cols / BLOCK, 0);
@@ -234,7 +241,10 @@ impl Blocks256 {
                 *s = pair[0] + pair[1];
             }
             by_sub_block_lanes(qs, &mut self.lane_quants[b * SUPER..][..SUPER]);
-            by_nibble_pairs(qs, &mut self.pair_quants[b * SUPER..][..SUPER]);
+            if lone && b >= (rows - 1) * nb {
+                let at = (b - (rows - 1) * nb) * SUPER;
+                by_nibble_pairs(qs, &mut self.pair_quants[at..][..SUPER]);
+            }
             self.scales[b] = d;
         }
         self.transpose_tiles();
@@ -544,7 +554,7 @@ struct SuperRow<'a> {
     quants: &'a [i8],
     /// The same quants in [`by_sub_block_lanes`]'s order.
     lane_quants: &'a [i8],
-    /// And in [`by_nibble_pairs`]' order.
+    /// And in [`by_nibble_pairs`]' order, for a product's lone row only (empty otherwise).
     pair_quants: &'a [i8],
     scales: &'a [f32],
     sums16: &'a [i16],

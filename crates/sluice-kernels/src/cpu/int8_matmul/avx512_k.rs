@@ -57,8 +57,14 @@ pub(super) unsafe fn rows_dot(
     unsafe {
         match (tile, rows, format) {
             (Some(tile), _, _) => by_rows::<true>(format, weights, row_bytes, rows, tile, dots),
-            (None, [row], QuantFormat::Q4K) => one_row::<false>(weights, row_bytes, row, dots),
-            (None, [row], QuantFormat::Q5K) => one_row::<true>(weights, row_bytes, row, dots),
+            // A lone row whose activations hold the pair order (the quantizer writes it for
+            // the row a product takes alone, `Blocks256::quantize`).
+            (None, [row], QuantFormat::Q4K) if row.pair_quants.len() == row.quants.len() => {
+                one_row::<false>(weights, row_bytes, row, dots)
+            }
+            (None, [row], QuantFormat::Q5K) if row.pair_quants.len() == row.quants.len() => {
+                one_row::<true>(weights, row_bytes, row, dots)
+            }
             (None, _, _) => {
                 by_rows::<false>(format, weights, row_bytes, rows, &SuperTile::EMPTY, dots)
             }
@@ -130,7 +136,8 @@ unsafe fn by_format<const R: usize, const TILE: bool>(
 /// ([`Sums::add`]).
 ///
 /// # Safety
-/// As [`rows_dot`], for the one activation row `row` and `dots` of one per weight row.
+/// As [`rows_dot`], for the one activation row `row`, which holds its quants in
+/// [`by_nibble_pairs`](super::by_nibble_pairs)' order too, and `dots` of one per weight row.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn one_row<const FIVE: bool>(
     weights: &[u8],
