@@ -494,17 +494,23 @@ fn bucket_plan(
     .unwrap()
 }
 
+/// Qwen2.5-1.5B's heads (12 query heads over 2 KV heads of 128), the shape of the decode
+/// bucket and partition tests.
+fn qwen_1_5b_shape() -> AttentionShape {
+    AttentionShape {
+        num_heads: 12,
+        num_kv_heads: 2,
+        head_dim: 128,
+        scale: 1.0 / (128f32).sqrt(),
+    }
+}
+
 /// A decode bucket's plan, emulated, gives the CPU kernel's attention for its real rows; its
 /// layout and grid depend only on the bucket (what a captured graph bakes in), and its padding
 /// rows read block 0 alone.
 #[test]
 fn decode_bucket_plans_match_the_cpu_kernel_with_a_fixed_layout() {
-    let shape = AttentionShape {
-        num_heads: 12,
-        num_kv_heads: 2,
-        head_dim: 128,
-        scale: 1.0 / (128f32).sqrt(),
-    };
+    let shape = qwen_1_5b_shape();
     let (bs, max_context) = (16, 4096);
     let mut rng = Rng(31);
     for (seqs, bucket) in [
@@ -643,12 +649,7 @@ fn decode_splits_cover_the_keys_without_empty_partitions() {
 /// each or by one block; the row's result depends on its context alone.
 #[test]
 fn a_decode_row_splits_by_its_context_alone() {
-    let shape = AttentionShape {
-        num_heads: 12,
-        num_kv_heads: 2,
-        head_dim: 128,
-        scale: 1.0 / (128f32).sqrt(),
-    };
+    let shape = qwen_1_5b_shape();
     let (bs, max_context) = (16, 4096);
     let mut rng = Rng(57);
     for context in [1usize, 15, 16, 17, 63, 64, 65, 200, 257, 1000, 3000] {
