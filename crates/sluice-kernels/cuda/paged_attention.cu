@@ -67,6 +67,18 @@ __device__ __forceinline__ void merge_partition(float& M, float& L, float (&O)[N
     M = merged;
 }
 
+// An empty softmax state for each of a warp's R rows: no key seen (m = -inf), nothing summed.
+template <int R, int N>
+__device__ __forceinline__ void clear_states(float (&m)[R], float (&l)[R], float (&acc)[R][N]) {
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+        m[j] = -INFINITY;
+        l[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < N; ++i) acc[j][i] = 0.0f;
+    }
+}
+
 // Who walks a tile's partitions (see the top of the file).
 enum Walk { ONE_PARTITION, ALL_PARTITIONS, SPLIT_PARTITIONS };
 
@@ -122,13 +134,7 @@ __device__ __forceinline__ void paged_attention(
     // (M, L, O): the partitions merged so far (ALL_PARTITIONS only).
     float m[ROWS_PER_WARP], l[ROWS_PER_WARP], acc[ROWS_PER_WARP][DL];
     float M[ROWS_PER_WARP], L[ROWS_PER_WARP], O[ROWS_PER_WARP][DL];
-#pragma unroll
-    for (int j = 0; j < ROWS_PER_WARP; ++j) {
-        M[j] = -INFINITY;
-        L[j] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DL; ++i) O[j][i] = 0.0f;
-    }
+    clear_states(M, L, O);
 
     const Cache* v_cache = kv_cache + v_offset;
     const size_t head_run = (size_t)D * block_size;
@@ -136,13 +142,7 @@ __device__ __forceinline__ void paged_attention(
     for (int partition = first_partition; partition < num_splits; partition += stride) {
         const int key_begin = partition * partition_keys;
         const int key_end = min(tile_keys, key_begin + partition_keys);
-#pragma unroll
-        for (int j = 0; j < ROWS_PER_WARP; ++j) {
-            m[j] = -INFINITY;
-            l[j] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < DL; ++i) acc[j][i] = 0.0f;
-        }
+        clear_states(m, l, acc);
         for (int chunk = key_begin; chunk < key_end; chunk += ATTN_KEYS) {
             __syncthreads();  // the previous chunk is consumed (first time: q_s is staged)
             // Keys fastest: neighbouring threads read neighbouring slots of a block.
