@@ -21,13 +21,15 @@
 # rust image has it), then the Dockerfile's image with RUST_IMAGE and RUNTIME_IMAGE pointed at
 # them. The first two are kept for the next run, and so are the Dockerfile's cargo cache mounts
 # (/var/tmp/buildah-cache); `clean all` removes them. Every step runs under `timeout`; every check
-# is curl from the host, on the port the container's 8000 is published on.
+# is curl from the host, on the port the container's 8000 is published on. Builds take a lock,
+# remove what killed or failed builds left, and check for free disk first (docs/testing.md).
 #
 # Settings (environment): SLUICE_IMAGE (localhost/sluice:test), BAKE_MODEL (1), TARGET_CPU
 # (the Dockerfile's default), KEEP_IMAGE=1 keeps $SLUICE_IMAGE after the default run,
 # SLUICE_TEST_PORT (18000), SLUICE_PUBLISH_ADDR (127.0.0.1), SLUICE_NETWORK=host (the host's
 # network, each container on its own SLUICE_PORT, instead of published ports), BUILD_TIMEOUT
-# (seconds for the image build, 5400).
+# (seconds for the image build, 5400), IMAGE_MIN_FREE_GB (8: the free space the build checks
+# for first).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,6 +37,7 @@ SLUICE_IMAGE=${SLUICE_IMAGE:-localhost/sluice:test}
 BAKE_MODEL=${BAKE_MODEL:-1}
 SLUICE_TEST_PORT=${SLUICE_TEST_PORT:-18000}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-5400}
+IMAGE_MIN_FREE_GB=${IMAGE_MIN_FREE_GB:-8}
 SLUICE_NETWORK=${SLUICE_NETWORK:-bridge}
 SLUICE_PUBLISH_ADDR=${SLUICE_PUBLISH_ADDR:-127.0.0.1}
 STATE=${SLUICE_IMAGE_STATE:-/var/tmp/sluice-image}
@@ -183,16 +186,58 @@ COPY rustup /usr/local/rustup
 COPY cargo /usr/local/cargo
 RUN rustc --version && cargo --version
 EOF
-    tpm 1200 build --network host --layers=false -t "$image" -f "$ctx/Containerfile" "$ctx" \
+    tpm 1200 build --network host --layers=false --force-rm -t "$image" -f "$ctx/Containerfile" "$ctx" \
         >"$STATE/rust-image.log" 2>&1 \
         || die "building $image failed: see $STATE/rust-image.log"
     tail -n 3 "$STATE/rust-image.log" >&2
     rm -rf "$ctx"
 }
 
+# Builds of this script run one at a time (a lock in $STATE), so that while one holds the
+# lock, a build container of ours that exists is one a dead build left behind.
+build_lock() {
+    exec {BUILD_LOCK_FD}>"$STATE/build.lock"
+    flock -w "$BUILD_TIMEOUT" "$BUILD_LOCK_FD" || die "another image build held $STATE/build.lock for ${BUILD_TIMEOUT}s"
+}
+
+# What earlier builds left that nothing uses: the stage containers of a build that failed or
+# was killed by its timeout (under vfs each is a full copy of its image, over a GB for the
+# Rust image's) and untagged images. Only containers of this script's images are removed.
+reclaim() {
+    local id image name ours=" $BASE_IMAGE localhost/rust:$(rust_version)-$DEBIAN_SUITE $SLUICE_IMAGE "
+    while read -r id image name; do
+        [ -n "$id" ] || continue
+        case "$ours" in *" $image "*) ;; *) continue ;; esac
+        log "removing $name ($image), left by an earlier build"
+        tpm 300 rm -f "$id" >/dev/null || log "podman rm $name failed"
+    done < <(tpm 60 ps --all --external --format '{{.ID}} {{.Image}} {{.Names}}' | grep -- '-working-container$' || true)
+    tpm 300 image prune -f >/dev/null || true
+}
+
+# The build needs room where podman stores images and containers (vfs: a full copy per stage
+# container and per image) and under /var/tmp (the Dockerfile's cargo caches): about 5 GB on a
+# cold build, measured (docs/testing.md). A disk that cannot hold it fails here, saying so,
+# rather than halfway through the build.
+check_space() {
+    local root dir free need_kb=$((IMAGE_MIN_FREE_GB * 1024 * 1024))
+    root=$(tpm 60 info --format '{{.Store.GraphRoot}}' 2>/dev/null || echo /var/lib/containers/storage)
+    for dir in "$root" /var/tmp; do
+        mkdir -p "$dir"
+        free=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
+        if [ "$free" -lt "$need_kb" ]; then
+            df -h "$dir" >&2
+            tpm 60 system df >&2 || true
+            die "$dir has $((free / 1024 / 1024)) GB free; the image build needs ${IMAGE_MIN_FREE_GB} GB (IMAGE_MIN_FREE_GB): free some, e.g. with '$ROOT/scripts/test-image.sh clean all'"
+        fi
+    done
+}
+
 # The Dockerfile's image, as the README builds it, with the local base images.
 image_build() {
     ensure_tools
+    build_lock
+    reclaim
+    check_space
     base_image
     rust_image
     local args=(--build-arg "RUST_IMAGE=$RUST_IMAGE" --build-arg "RUNTIME_IMAGE=$BASE_IMAGE"
@@ -201,9 +246,11 @@ image_build() {
     log "building $SLUICE_IMAGE from $ROOT/Dockerfile (log: $STATE/build.log)"
     # --format docker: OCI image configs have no HEALTHCHECK, which podman would drop.
     # --layers=false: one container per stage instead of one vfs copy of the image per
-    # instruction. The cargo registry and target directory are the Dockerfile's cache mounts,
-    # which podman keeps between builds.
-    if ! tpm "$BUILD_TIMEOUT" build --format docker --network host --layers=false -t "$SLUICE_IMAGE" \
+    # instruction; --force-rm: those containers are removed when the build fails too. The
+    # cargo registry and target directory are the Dockerfile's cache mounts, which podman keeps
+    # between builds.
+    if ! tpm "$BUILD_TIMEOUT" build --format docker --network host --layers=false --force-rm \
+        -t "$SLUICE_IMAGE" \
         "${args[@]}" -f "$ROOT/Dockerfile" "$ROOT" >"$STATE/build.log" 2>&1; then
         tail -n 40 "$STATE/build.log" >&2
         die "building $SLUICE_IMAGE failed (or ran past ${BUILD_TIMEOUT}s): see $STATE/build.log"
