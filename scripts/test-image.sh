@@ -204,7 +204,8 @@ build_lock() {
 # was killed by its timeout (under vfs each is a full copy of its image, over a GB for the
 # Rust image's) and untagged images. Only containers of this script's images are removed.
 reclaim() {
-    local id image name ours=" $BASE_IMAGE localhost/rust:$(rust_version)-$DEBIAN_SUITE $SLUICE_IMAGE "
+    local id image name ours
+    ours=" $BASE_IMAGE localhost/rust:$(rust_version)-$DEBIAN_SUITE $SLUICE_IMAGE "
     while read -r id image name; do
         [ -n "$id" ] || continue
         case "$ours" in *" $image "*) ;; *) continue ;; esac
