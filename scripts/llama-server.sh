@@ -28,9 +28,9 @@ cd llama_cpp_python-$V/vendor/llama.cpp
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
 has() { grep -qw "$1" <<<"$flags" && echo ON || echo OFF; }
 cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-  -DGGML_NATIVE=OFF -DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML_BMI2=$(has bmi2) \
-  -DGGML_FMA=$(has fma) -DGGML_F16C=$(has f16c) -DGGML_AVX_VNNI=$(has avx_vnni) \
-  -DGGML_AVX512=$(has avx512f) -DGGML_AVX512_VBMI=$(has avx512vbmi) \
-  -DGGML_AVX512_VNNI=$(has avx512_vnni) -DGGML_AVX512_BF16=$(has avx512_bf16) >&2
+  -DGGML_NATIVE=OFF -DGGML_AVX="$(has avx)" -DGGML_AVX2="$(has avx2)" -DGGML_BMI2="$(has bmi2)" \
+  -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)" -DGGML_AVX_VNNI="$(has avx_vnni)" \
+  -DGGML_AVX512="$(has avx512f)" -DGGML_AVX512_VBMI="$(has avx512vbmi)" \
+  -DGGML_AVX512_VNNI="$(has avx512_vnni)" -DGGML_AVX512_BF16="$(has avx512_bf16)" >&2
 cmake --build build -j2 --target llama-server llama-bench llama-batched-bench llama-quantize >&2
 echo "$BIN"
