@@ -18,7 +18,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::f16_at;
+use super::avx2::{f16_at, prefetch_ahead};
 use super::{k_super_block, QuantFormat, SuperRow, SUPER};
 
 /// Each weight row of `weights` (rows of `row_bytes` bytes of `format`, a K-quant) against
@@ -217,6 +217,7 @@ unsafe fn k_nibbles<const R: usize, const FIVE: bool>(
         let mut facc = [0f32; R];
         for sb in 0..w.len() / bb {
             let blk = &w[sb * bb..][..bb];
+            prefetch_ahead(blk);
             let p = blk.as_ptr();
             let d = f16_at(p);
             let dmin = f16_at(p.add(2));
@@ -305,6 +306,7 @@ unsafe fn q6_k<const R: usize>(w: &[u8], rows: &[SuperRow<'_>; R], dots: &mut [f
         let high = _mm256_set1_epi8(0x30);
         let mut facc = [0f32; R];
         for sb in 0..w.len() / bb {
+            prefetch_ahead(&w[sb * bb..][..bb]);
             let p = w.as_ptr().add(sb * bb);
             let d = f16_at(p.add(208));
             let sc = _mm_loadu_si128(p.add(192) as *const __m128i);

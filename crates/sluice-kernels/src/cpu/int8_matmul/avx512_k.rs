@@ -30,7 +30,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::f16_at;
+use super::avx2::{f16_at, prefetch_ahead};
 use super::avx2_k::{dot8_i16, k_scales};
 use super::{k_super_block, QuantFormat, SuperRow, SuperTile, SUPER};
 
@@ -158,6 +158,7 @@ unsafe fn one_row<const FIVE: bool>(
         {
             let mut sums = Sums::<1>::new();
             for (sb, blk) in w.chunks_exact(bb).enumerate() {
+                prefetch_ahead(blk);
                 let (z, scales, mn) = unpack.super_block::<FIVE>(blk);
                 let lanes = [pair_lanes(&z, &scales, row, sb * SUPER)];
                 let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
@@ -591,6 +592,7 @@ unsafe fn k_nibbles<const R: usize, const FIVE: bool, const TILE: bool>(
         let mut sums = Sums::<R>::new();
         for sb in 0..w.len() / bb {
             let blk = &w[sb * bb..][..bb];
+            prefetch_ahead(blk);
             let p = blk.as_ptr();
             let d = f16_at(p);
             let dmin = f16_at(p.add(2));
@@ -701,6 +703,7 @@ unsafe fn q6_k<const R: usize, const TILE: bool>(
         let mut sums = Sums::<R>::new();
         for sb in 0..w.len() / bb {
             let p = w.as_ptr().add(sb * bb);
+            prefetch_ahead(&w[sb * bb..][..bb]);
             let d = f16_at(p.add(208));
             let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
             let scz = _mm512_castsi256_si512(sc);
