@@ -317,8 +317,10 @@ fn a_draft_that_agrees_is_always_right() {
     }
 }
 
-/// A draft model that agrees with the target saves steps: k + 1 tokens a step for greedy
-/// requests.
+/// A draft model that agrees with the target saves steps: up to k + 1 tokens a step for
+/// greedy requests. How many guesses a round makes follows the engine's timing of its steps,
+/// which a loaded machine moves (21 steps against 60 with two other processes spinning on
+/// both cores), so the check is that steps at least halve.
 #[test]
 fn a_draft_that_agrees_saves_steps() {
     let r = request(3, 20, 60);
@@ -331,7 +333,7 @@ fn a_draft_that_agrees_saves_steps() {
     let s = h.stats();
     assert_eq!(s.spec_accepted_tokens, s.spec_draft_tokens, "{s:?}");
     assert!(
-        s.steps * 3 < plain_steps,
+        s.steps * 2 < plain_steps,
         "{} steps with drafts, {plain_steps} without",
         s.steps
     );
@@ -379,12 +381,22 @@ fn draft_blocks_come_back_after_aborts_cancellations_and_preemption() {
     wait_until(&h, "the caches are empty", |s| {
         s.kv_blocks_used == 0 && s.draft_kv_blocks_used == 0
     });
-    // Abort some and drop the streams of others mid-way: a few steps in, with the target's
-    // forwards held so that nothing finishes first.
+    // Abort some and drop the streams of others mid-way: a few steps in, once the draft cache
+    // holds blocks, with the target's forwards held so that nothing finishes first. Whether a
+    // step drafts depends on what the engine has timed its steps at (held ones included), so
+    // the steps go one at a time until one has (at most 16 past the first 5: far fewer than
+    // the 30 tokens each request writes at least).
     control.hold();
     let streams = submit_all(&h, &rs);
+    // (The gate counts arrivals while it holds, from the model's start: none before here.)
     control.release(5);
-    assert!(control.wait_until_held(6, WAIT));
+    let mut arrived = 6;
+    assert!(control.wait_until_held(arrived, WAIT));
+    while h.stats().draft_kv_blocks_used == 0 && arrived < 6 + 16 {
+        control.release(1);
+        arrived += 1;
+        assert!(control.wait_until_held(arrived, WAIT));
+    }
     assert!(h.stats().draft_kv_blocks_used > 0, "{:?}", h.stats());
     let mut finishing = Vec::new();
     for (i, s) in streams.into_iter().enumerate() {
