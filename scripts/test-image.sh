@@ -193,7 +193,8 @@ EOF
     rm -rf "$ctx"
 }
 
-# Builds of this script run one at a time (a lock in $STATE), so that while one holds the
+# Builds of this script run one at a time (a lock in $STATE, held until the image is built;
+# a `podman build` orphaned by a killed script inherits it), so that while one holds the
 # lock, a build container of ours that exists is one a dead build left behind.
 build_lock() {
     exec {BUILD_LOCK_FD}>"$STATE/build.lock"
@@ -216,8 +217,8 @@ reclaim() {
 }
 
 # The build needs room where podman stores images and containers (vfs: a full copy per stage
-# container and per image) and under /var/tmp (the Dockerfile's cargo caches): about 5 GB on a
-# cold build, measured (docs/testing.md). A disk that cannot hold it fails here, saying so,
+# container and per image) and under /var/tmp (the Dockerfile's cargo caches): 5.6 GB at the
+# peak of a cold build, measured (docs/testing.md). A disk that cannot hold it fails here, saying so,
 # rather than halfway through the build.
 check_space() {
     local root dir free need_kb=$((IMAGE_MIN_FREE_GB * 1024 * 1024))
@@ -258,6 +259,9 @@ image_build() {
     fi
     tail -n 3 "$STATE/build.log" >&2
     log "built $SLUICE_IMAGE ($(tpm 60 image inspect --format '{{.Size}}' "$SLUICE_IMAGE" | numfmt --to=iec))"
+    # Closed once built: the containers started next (their conmon) would inherit the
+    # descriptor and hold the lock for as long as they run.
+    exec {BUILD_LOCK_FD}>&-
 }
 
 # containers_start N PORT [ARGS..]: N containers of $SLUICE_IMAGE, sluice-test-0 on host port
