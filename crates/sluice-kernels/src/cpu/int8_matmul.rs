@@ -20,9 +20,11 @@
 //!
 //! Paths, picked once per process: AVX2 (`maddubs` + `madd`; `avx2.rs` the legacy formats,
 //! `avx2_k.rs` the K-quants), AVX-512 VNNI (`avx2.rs` again for the legacy formats, its integer
-//! dots by `vpdpbusd`; `avx512_k.rs` for the K-quants, 64 weights a register, `vpdpbusd` then
+//! dots by `vpdpbusd`; Q4_K and Q6_K repacked at load into panels of 16 weight rows,
+//! `avx512_panel.rs`, each `vpdpbusd` 4 weights of 16 rows against 4 broadcast activations;
+//! `avx512_k.rs` for Q5_K, 64 weights a register, `vpdpbusd` then
 //! `vpdpwssd` by the scales, and the epilogue of a tile of 8 rows on 8 lanes; against a lone
-//! row, Q4_K's and Q5_K's nibbles unpacked without permutes), and scalar loops
+//! row, Q5_K's nibbles unpacked without permutes), and scalar loops
 //! with the same arithmetic that are the oracles the SIMD paths are tested against. Without
 //! AVX2 only the legacy layouts are taken ([`QuantMatrix::new`] declines the rest).
 //!
@@ -42,6 +44,8 @@ mod avx2;
 mod avx2_k;
 #[cfg(target_arch = "x86_64")]
 mod avx512_k;
+#[cfg(target_arch = "x86_64")]
+mod avx512_panel;
 
 /// A `[rows, cols]` weight matrix in GGUF blocks, rows being output features.
 pub struct QuantMatrix {
@@ -51,6 +55,9 @@ pub struct QuantMatrix {
     data: Vec<u8>,
     row_bytes: usize,
     path: Path,
+    /// Where `data` holds [`avx512_panel`]'s panels instead of GGUF rows: the offset of the
+    /// first (64-byte aligned).
+    panels_at: Option<usize>,
 }
 
 /// The activation blocks a matrix's kernel reads ([`QuantMatrix::activation_blocks`]).
@@ -304,6 +311,8 @@ fn by_nibble_pairs(natural: &[i8], pairs: &mut [i8]) {
 /// Output rows computed together by one task: big enough to amortise scheduling, small enough
 /// to balance 2..N cores on the smallest matrices (128 rows).
 const ROWS_PER_TASK: usize = 32;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(ROWS_PER_TASK.is_multiple_of(avx512_panel::PANEL_ROWS));
 
 /// Activation rows one pass over a weight row serves: each weight block is loaded and
 /// unpacked once for all of them.
@@ -361,6 +370,19 @@ impl QuantMatrix {
         if data.len() != rows * row_bytes {
             return None;
         }
+        #[cfg(target_arch = "x86_64")]
+        if path == Path::Vnni && avx512_panel::supports(format) {
+            let (data, at) = avx512_panel::repack(format, &data, rows, row_bytes);
+            return Some(Self {
+                format,
+                rows,
+                cols,
+                data,
+                row_bytes,
+                path,
+                panels_at: Some(at),
+            });
+        }
         Some(Self {
             format,
             rows,
@@ -368,6 +390,7 @@ impl QuantMatrix {
             data,
             row_bytes,
             path,
+            panels_at: None,
         })
     }
 
@@ -375,7 +398,7 @@ impl QuantMatrix {
         self.format
     }
 
-    /// Bytes the blocks take.
+    /// Bytes the weights take (their blocks, or the panels they were repacked into).
     pub fn bytes(&self) -> usize {
         self.data.len()
     }
@@ -386,10 +409,6 @@ impl QuantMatrix {
 
     pub fn cols(&self) -> usize {
         self.cols
-    }
-
-    fn weight_row(&self, r: usize) -> &[u8] {
-        &self.data[r * self.row_bytes..][..self.row_bytes]
     }
 
     /// The activation form this matrix's kernel reads.
@@ -492,6 +511,25 @@ impl QuantMatrix {
                 let a: [SuperRow<'_>; K_ACT_ROWS] =
                     std::array::from_fn(|i| acts.super_row(first + i.min(n - 1)));
                 let a = &a[..n];
+                if let Some(at) = self.panels_at {
+                    debug_assert_eq!(rows.start % avx512_panel::PANEL_ROWS, 0);
+                    let bytes = avx512_panel::panel_bytes(self.format, self.cols);
+                    let first = at + rows.start / avx512_panel::PANEL_ROWS * bytes;
+                    let panels = rows.len().div_ceil(avx512_panel::PANEL_ROWS);
+                    // SAFETY: panels are only made on `Path::Vnni` (the features above) for a
+                    // format `avx512_panel` takes; these are whole panels of `self.cols`
+                    // weights holding the task's rows, and the activation rows hold as many.
+                    return unsafe {
+                        avx512_panel::rows_dot(
+                            self.format,
+                            &self.data[first..first + panels * bytes],
+                            self.cols,
+                            rows.len(),
+                            a,
+                            dots,
+                        )
+                    };
+                }
                 if self.path == Path::Avx2 {
                     // SAFETY: as above, for a K-quant format whose activation rows hold as
                     // many super-blocks as a weight row (asserted by `matmul_into`).
@@ -529,15 +567,6 @@ impl QuantMatrix {
         match self.activation_blocks() {
             ActivationBlocks::Of32 => scalar_row_dot(self.format, w, &acts.row(a)),
             ActivationBlocks::Of256 => scalar_super_row_dot(self.format, w, &acts.super_row(a)),
-        }
-    }
-
-    /// The same product through the scalar path, for tests of the SIMD ones.
-    pub fn matmul_scalar(&self, acts: &QuantizedActivations, out: &mut [f32]) {
-        for row in 0..acts.rows(self.activation_blocks()) {
-            for r in 0..self.rows {
-                out[row * self.rows + r] = self.scalar_dot(self.weight_row(r), acts, row);
-            }
         }
     }
 }
