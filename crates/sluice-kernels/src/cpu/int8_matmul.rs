@@ -447,6 +447,10 @@ impl QuantMatrix {
             ActivationBlocks::Of256 => K_ACT_ROWS,
         };
         let out = DisjointSlice::new(out);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(at) = self.panels_at {
+            return self.panels_into(at, acts, &out, ldo, col0);
+        }
         (0..self.rows.div_ceil(ROWS_PER_TASK))
             .into_par_iter()
             .for_each(|task| {
@@ -464,6 +468,69 @@ impl QuantMatrix {
                             // weight rows).
                             unsafe { out.slice_mut((first + i) * ldo + col0 + r, 1)[0] = v };
                         }
+                    }
+                    first += n;
+                }
+            });
+    }
+
+    /// [`matmul_into`](Self::matmul_into) from [`avx512_panel`]'s panels (at byte `at` of
+    /// `data`): each task's weight rows against every tile of activation rows, written as
+    /// contiguous runs of each activation row's output.
+    #[cfg(target_arch = "x86_64")]
+    fn panels_into(
+        &self,
+        at: usize,
+        acts: &QuantizedActivations,
+        out: &DisjointSlice<'_, f32>,
+        ldo: usize,
+        col0: usize,
+    ) {
+        use avx512_panel::{PANEL_ACT_ROWS, PANEL_ROWS};
+        let t = acts.rows(ActivationBlocks::Of256);
+        let bytes = avx512_panel::panel_bytes(self.format, self.cols);
+        let b = &acts.of256;
+        let all = avx512_panel::PanelActs {
+            quants: &b.quants,
+            scales: &b.scales,
+            sums16: &b.sums16,
+            sums32: &b.sums32,
+            cols: self.cols,
+        };
+        (0..self.rows.div_ceil(ROWS_PER_TASK))
+            .into_par_iter()
+            .for_each(|task| {
+                let rows = task * ROWS_PER_TASK..self.rows.min((task + 1) * ROWS_PER_TASK);
+                let panels = &self.data[at + rows.start / PANEL_ROWS * bytes..]
+                    [..rows.len().div_ceil(PANEL_ROWS) * bytes];
+                let mut dots = [0f32; ROWS_PER_TASK * PANEL_ACT_ROWS];
+                let mut first = 0;
+                while first < t {
+                    let n = PANEL_ACT_ROWS.min(t - first);
+                    let dots = &mut dots[..rows.len() * n];
+                    // SAFETY: panels are only made on `Path::Vnni`, chosen when the CPU has
+                    // AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI, for a format
+                    // `avx512_panel` takes; `panels` are whole panels of `self.cols` weights
+                    // holding the task's rows, and `rows` holds every activation row, of as
+                    // many weights (asserted by `matmul_into`).
+                    unsafe {
+                        avx512_panel::rows_dot(
+                            self.format,
+                            panels,
+                            rows.len(),
+                            &all,
+                            first..first + n,
+                            dots,
+                        )
+                    };
+                    for (i, run) in dots.chunks_exact(rows.len()).enumerate() {
+                        // SAFETY: in bounds by `matmul_into`'s asserts; columns `col0 + rows`
+                        // of every activation row are written by this task alone (tasks own
+                        // disjoint weight rows).
+                        let to = unsafe {
+                            out.slice_mut((first + i) * ldo + col0 + rows.start, run.len())
+                        };
+                        to.copy_from_slice(run);
                     }
                     first += n;
                 }
@@ -511,25 +578,6 @@ impl QuantMatrix {
                 let a: [SuperRow<'_>; K_ACT_ROWS] =
                     std::array::from_fn(|i| acts.super_row(first + i.min(n - 1)));
                 let a = &a[..n];
-                if let Some(at) = self.panels_at {
-                    debug_assert_eq!(rows.start % avx512_panel::PANEL_ROWS, 0);
-                    let bytes = avx512_panel::panel_bytes(self.format, self.cols);
-                    let first = at + rows.start / avx512_panel::PANEL_ROWS * bytes;
-                    let panels = rows.len().div_ceil(avx512_panel::PANEL_ROWS);
-                    // SAFETY: panels are only made on `Path::Vnni` (the features above) for a
-                    // format `avx512_panel` takes; these are whole panels of `self.cols`
-                    // weights holding the task's rows, and the activation rows hold as many.
-                    return unsafe {
-                        avx512_panel::rows_dot(
-                            self.format,
-                            &self.data[first..first + panels * bytes],
-                            self.cols,
-                            rows.len(),
-                            a,
-                            dots,
-                        )
-                    };
-                }
                 if self.path == Path::Avx2 {
                     // SAFETY: as above, for a K-quant format whose activation rows hold as
                     // many super-blocks as a weight row (asserted by `matmul_into`).

@@ -35,10 +35,14 @@ use std::arch::x86_64::*;
 use rayon::prelude::*;
 
 use super::avx2::prefetch_ahead;
-use super::{QuantFormat, SuperRow, SUPER};
+use super::{QuantFormat, SUPER};
 
 /// Weight rows per panel: one per 32-bit lane of a 512-bit register.
 pub(super) const PANEL_ROWS: usize = 16;
+
+/// Activation rows one pass over a panel serves (at most 8: [`rows_dot`] instantiates its
+/// kernels for 1 to 8). Measured with `benches/gemm.rs`: 12 and 16 were no faster.
+pub(super) const PANEL_ACT_ROWS: usize = 8;
 
 const Q4K_BYTES: usize = 2368;
 const Q4K_SCALES: usize = 64;
@@ -153,68 +157,106 @@ fn put_nibbles(q: &[i8; SUPER], r: usize, dst: &mut [u8]) {
     }
 }
 
+/// Every activation row of a product, quantized in super-blocks (`Blocks256`): row `r`'s
+/// quants at `r * cols`, its scales at `r * cols / 256`, its sums of 16 and of 32 at
+/// `r * cols / 16` and `r * cols / 32`.
+pub(super) struct PanelActs<'a> {
+    pub quants: &'a [i8],
+    pub scales: &'a [f32],
+    pub sums16: &'a [i16],
+    pub sums32: &'a [i16],
+    pub cols: usize,
+}
+
+/// One activation row's values, where the kernels read them.
+#[derive(Clone, Copy)]
+struct RowAt {
+    quants: *const i8,
+    scales: *const f32,
+    sums16: *const i16,
+    sums32: *const i16,
+}
+
 /// Each weight row of `panels` (whole panels of `format`, [`panel_bytes`] each, 64-byte
-/// aligned, holding `weight_rows` rows) against each of `rows`:
-/// `dots[i * rows.len() + a]` is weight row `i` times activation row `a`.
+/// aligned, holding `weight_rows` rows) against activation rows `rows` of `acts`:
+/// `dots[a * weight_rows + i]` is weight row `i` times activation row `rows.start + a`.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI; `format` [`supports`];
-/// `panels` are [`repack`]'s, of `cols` weights; every row of `rows` holds `cols` quants with
-/// their scales and sums; `rows.len()` is 1 to 8 and `dots` holds `rows.len()` per weight row.
+/// `panels` are [`repack`]'s, of `acts.cols` weights; `acts` holds every row of `rows`, each of
+/// `acts.cols` quants with their scales and sums; `rows` has 1 to [`PANEL_ACT_ROWS`] rows and
+/// `dots` holds `rows.len()` per weight row.
 pub(super) unsafe fn rows_dot(
     format: QuantFormat,
     panels: &[u8],
-    cols: usize,
     weight_rows: usize,
-    rows: &[SuperRow<'_>],
+    acts: &PanelActs<'_>,
+    rows: std::ops::Range<usize>,
     dots: &mut [f32],
 ) {
     debug_assert_eq!(weight_rows * rows.len(), dots.len());
     // SAFETY: forwarded from the caller, with `M` the length of `rows`.
     unsafe {
         match rows.len() {
-            1 => by_format::<1>(format, panels, cols, weight_rows, rows, dots),
-            2 => by_format::<2>(format, panels, cols, weight_rows, rows, dots),
-            3 => by_format::<3>(format, panels, cols, weight_rows, rows, dots),
-            4 => by_format::<4>(format, panels, cols, weight_rows, rows, dots),
-            5 => by_format::<5>(format, panels, cols, weight_rows, rows, dots),
-            6 => by_format::<6>(format, panels, cols, weight_rows, rows, dots),
-            7 => by_format::<7>(format, panels, cols, weight_rows, rows, dots),
-            _ => by_format::<8>(format, panels, cols, weight_rows, rows, dots),
+            1 => by_format::<1>(format, panels, weight_rows, acts, rows.start, dots),
+            2 => by_format::<2>(format, panels, weight_rows, acts, rows.start, dots),
+            3 => by_format::<3>(format, panels, weight_rows, acts, rows.start, dots),
+            4 => by_format::<4>(format, panels, weight_rows, acts, rows.start, dots),
+            5 => by_format::<5>(format, panels, weight_rows, acts, rows.start, dots),
+            6 => by_format::<6>(format, panels, weight_rows, acts, rows.start, dots),
+            7 => by_format::<7>(format, panels, weight_rows, acts, rows.start, dots),
+            _ => by_format::<8>(format, panels, weight_rows, acts, rows.start, dots),
         }
     }
 }
 
 /// # Safety
-/// As [`rows_dot`], with `rows.len() == M`.
+/// As [`rows_dot`], for rows `first..first + M`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn by_format<const M: usize>(
     format: QuantFormat,
     panels: &[u8],
-    cols: usize,
     weight_rows: usize,
-    rows: &[SuperRow<'_>],
+    acts: &PanelActs<'_>,
+    first: usize,
     dots: &mut [f32],
 ) {
-    let rows: &[SuperRow<'_>; M] = rows.try_into().expect("M activation rows");
+    let cols = acts.cols;
+    debug_assert!((first + M) * cols <= acts.quants.len());
+    debug_assert!((first + M) * cols / 16 <= acts.sums16.len());
+    debug_assert!((first + M) * cols / 32 <= acts.sums32.len());
+    debug_assert!((first + M) * cols / SUPER <= acts.scales.len());
+    // SAFETY: inside `acts` for rows `first..first + M` (the caller's promise).
+    let rows: [RowAt; M] = std::array::from_fn(|m| unsafe {
+        let r = first + m;
+        RowAt {
+            quants: acts.quants.as_ptr().add(r * cols),
+            scales: acts.scales.as_ptr().add(r * cols / SUPER),
+            sums16: acts.sums16.as_ptr().add(r * cols / 16),
+            sums32: acts.sums32.as_ptr().add(r * cols / 32),
+        }
+    });
     let bytes = panel_bytes(format, cols);
     for (p, panel) in panels.chunks_exact(bytes).enumerate() {
         // SAFETY: forwarded from the caller; the features are enabled on this function.
         let acc = unsafe {
             match format {
-                QuantFormat::Q4K => q4_k::<M>(panel, rows),
-                _ => q6_k::<M>(panel, rows),
+                QuantFormat::Q4K => q4_k::<M>(panel, &rows),
+                _ => q6_k::<M>(panel, &rows),
             }
         };
         let first = p * PANEL_ROWS;
         let valid = PANEL_ROWS.min(weight_rows - first);
+        let mask: __mmask16 = if valid == PANEL_ROWS {
+            !0
+        } else {
+            (1 << valid) - 1
+        };
         for (m, acc) in acc.iter().enumerate() {
-            let mut lanes = [0f32; PANEL_ROWS];
-            // SAFETY: AVX-512 F is enabled on this function; `lanes` holds 16 floats.
-            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *acc) };
-            for (r, &v) in lanes[..valid].iter().enumerate() {
-                dots[(first + r) * M + m] = v;
-            }
+            let to = &mut dots[m * weight_rows + first..][..valid];
+            // SAFETY: AVX-512 F is enabled on this function; the mask writes `valid` floats,
+            // the length of `to`.
+            unsafe { _mm512_mask_storeu_ps(to.as_mut_ptr(), mask, *acc) };
         }
     }
 }
@@ -222,23 +264,21 @@ unsafe fn by_format<const M: usize>(
 /// The 4 activations at `at` of `row` in every 32-bit lane.
 ///
 /// # Safety
-/// The CPU has AVX-512 F; `at + 4 <= row.quants.len()`.
+/// The CPU has AVX-512 F; `at + 4` is within the row's quants.
 #[inline(always)]
-unsafe fn four(row: &SuperRow<'_>, at: usize) -> __m512i {
-    debug_assert!(at + 4 <= row.quants.len());
+unsafe fn four(row: &RowAt, at: usize) -> __m512i {
     // SAFETY: the caller's promise; unaligned read of 4 bytes.
-    unsafe { _mm512_set1_epi32((row.quants.as_ptr().add(at) as *const i32).read_unaligned()) }
+    unsafe { _mm512_set1_epi32((row.quants.add(at) as *const i32).read_unaligned()) }
 }
 
 /// The 16-bit values at `at` and `at + 1` of `sums` in every 32-bit lane.
 ///
 /// # Safety
-/// The CPU has AVX-512 F; `at + 2 <= sums.len()`.
+/// The CPU has AVX-512 F; `sums + at..sums + at + 2` is readable.
 #[inline(always)]
-unsafe fn pair(sums: &[i16], at: usize) -> __m512i {
-    debug_assert!(at + 2 <= sums.len());
+unsafe fn pair(sums: *const i16, at: usize) -> __m512i {
     // SAFETY: the caller's promise; unaligned read of 4 bytes.
-    unsafe { _mm512_set1_epi32((sums.as_ptr().add(at) as *const i32).read_unaligned()) }
+    unsafe { _mm512_set1_epi32((sums.add(at) as *const i32).read_unaligned()) }
 }
 
 /// The 64 bytes at `at` of `p`.
@@ -276,7 +316,7 @@ unsafe fn or_masked(a: __m512i, b: __m512i, c: __m512i) -> __m512i {
 /// # Safety
 /// As [`rows_dot`], for one panel.
 #[inline(always)]
-unsafe fn q4_k<const M: usize>(panel: &[u8], rows: &[SuperRow<'_>; M]) -> [__m512; M] {
+unsafe fn q4_k<const M: usize>(panel: &[u8], rows: &[RowAt; M]) -> [__m512; M] {
     // SAFETY: reads inside super-block `sb` of the panel at the layout's offsets (module docs)
     // and inside super-block `sb` of each row; the rest is the caller's promise.
     unsafe {
@@ -303,16 +343,19 @@ unsafe fn q4_k<const M: usize>(panel: &[u8], rows: &[SuperRow<'_>; M]) -> [__m51
                     ];
                     let lo = nib.map(|n| _mm512_and_si512(n, low));
                     let hi = nib.map(|n| _mm512_and_si512(_mm512_srli_epi16::<4>(n), low));
-                    for (row, isum) in rows.iter().zip(isum.iter_mut()) {
-                        let x = x0 + 64 * p + 16 * h;
-                        let mut t = zero;
-                        let mut u = zero;
-                        for i in 0..4 {
-                            t = _mm512_dpbusd_epi32(t, lo[i], four(row, x + 4 * i));
-                            u = _mm512_dpbusd_epi32(u, hi[i], four(row, x + 32 + 4 * i));
+                    let x = x0 + 64 * p + 16 * h;
+                    // Row after row at each step, so that neighbouring instructions are
+                    // independent.
+                    for (half, weights, scale) in [(0, &lo, sc_lo), (32, &hi, sc_hi)] {
+                        let mut t = [zero; M];
+                        for (i, w) in weights.iter().enumerate() {
+                            for (row, t) in rows.iter().zip(t.iter_mut()) {
+                                *t = _mm512_dpbusd_epi32(*t, *w, four(row, x + half + 4 * i));
+                            }
                         }
-                        *isum = _mm512_dpwssd_epi32(*isum, t, sc_lo);
-                        *isum = _mm512_dpwssd_epi32(*isum, u, sc_hi);
+                        for (isum, t) in isum.iter_mut().zip(t) {
+                            *isum = _mm512_dpwssd_epi32(*isum, t, scale);
+                        }
                     }
                 }
             }
@@ -326,7 +369,7 @@ unsafe fn q4_k<const M: usize>(panel: &[u8], rows: &[SuperRow<'_>; M]) -> [__m51
                 for (k, mins) in mins.iter().enumerate() {
                     imin = _mm512_dpwssd_epi32(imin, *mins, pair(row.sums32, 8 * sb + 2 * k));
                 }
-                let xd = _mm512_set1_ps(*row.scales.get_unchecked(sb));
+                let xd = _mm512_set1_ps(*row.scales.add(sb));
                 *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, xd), *acc);
                 *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dmin, xd), *acc);
             }
@@ -340,7 +383,7 @@ unsafe fn q4_k<const M: usize>(panel: &[u8], rows: &[SuperRow<'_>; M]) -> [__m51
 /// # Safety
 /// As [`rows_dot`], for one panel.
 #[inline(always)]
-unsafe fn q6_k<const M: usize>(panel: &[u8], rows: &[SuperRow<'_>; M]) -> [__m512; M] {
+unsafe fn q6_k<const M: usize>(panel: &[u8], rows: &[RowAt; M]) -> [__m512; M] {
     // SAFETY: reads inside super-block `sb` of the panel at the layout's offsets (module docs)
     // and inside super-block `sb` of each row; the rest is the caller's promise.
     unsafe {
@@ -417,7 +460,7 @@ unsafe fn q6_k<const M: usize>(panel: &[u8], rows: &[SuperRow<'_>; M]) -> [__m51
                         _mm512_dpwssd_epi32(offset, *pair_k, pair(row.sums16, 16 * sb + 2 * k));
                 }
                 let isum = _mm512_sub_epi32(isum, _mm512_slli_epi32::<5>(offset));
-                let xd = _mm512_set1_ps(*row.scales.get_unchecked(sb));
+                let xd = _mm512_set1_ps(*row.scales.add(sb));
                 *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, xd), *acc);
             }
         }
