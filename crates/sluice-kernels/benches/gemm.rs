@@ -158,7 +158,8 @@ fn main() {
 }
 
 /// Quantized matrices as the project's models hold them: Qwen2.5-1.5B's fused gate/up and down
-/// projection in Q4_K, a Q6_K down projection, the 0.5B's Q5_0 and Q8_0, SmolLM2's Q4_1; at 1,
+/// projection in Q4_K, a Q6_K down projection (and the same shape in Q5_K, as Q5_K_M files hold
+/// it), the 0.5B's Q5_0 and Q8_0, SmolLM2's Q4_1; at 1,
 /// 16 and 64 rows (or `SLUICE_BENCH_ROWS`).
 fn quantized_table() {
     println!(
@@ -169,6 +170,7 @@ fn quantized_table() {
         (QuantFormat::Q4K, 1536usize, 17920usize),
         (QuantFormat::Q4K, 8960, 1536),
         (QuantFormat::Q6K, 8960, 1536),
+        (QuantFormat::Q5K, 8960, 1536),
         // Qwen2.5-0.5B's Q5_0 and Q8_0 matrices (896 columns are no whole super-block), and
         // SmolLM2's Q4_1 gate/up.
         (QuantFormat::Q5_0, 896, 1152),

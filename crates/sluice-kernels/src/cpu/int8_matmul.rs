@@ -20,17 +20,15 @@
 //!
 //! Paths, picked once per process: AVX2 (`maddubs` + `madd`; `avx2.rs` the legacy formats,
 //! `avx2_k.rs` the K-quants), AVX-512 VNNI (`avx2.rs` again for the legacy formats, its integer
-//! dots by `vpdpbusd`; Q4_K and Q6_K repacked at load into panels of 16 weight rows,
-//! `avx512_panel.rs`, each `vpdpbusd` 4 weights of 16 rows against 4 broadcast activations;
-//! `avx512_k.rs` for Q5_K, 64 weights a register, `vpdpbusd` then
-//! `vpdpwssd` by the scales, and the epilogue of a tile of 8 rows on 8 lanes; against a lone
-//! row, Q5_K's nibbles unpacked without permutes), and scalar loops
-//! with the same arithmetic that are the oracles the SIMD paths are tested against. Without
-//! AVX2 only the legacy layouts are taken ([`QuantMatrix::new`] declines the rest).
+//! dots by `vpdpbusd`; the K-quants repacked at load into panels of 16 weight rows,
+//! `avx512_panel.rs`, each `vpdpbusd` 4 weights of each of the 16 rows against 4 broadcast
+//! activations, so that a lane is one output for the whole product), and scalar loops with the
+//! same arithmetic that are the oracles the SIMD paths are tested against. Without AVX2 only
+//! the legacy layouts are taken ([`QuantMatrix::new`] declines the rest).
 //!
 //! A row's result never depends on the other rows of its step: the integer sums are exact, and
-//! each output's float steps come in the same order whether its row is alone or in a tile of
-//! rows (4 for the legacy formats, 8 for the K-quants).
+//! each output's float steps come in the same order whether its row is alone or among others
+//! (4 a pass for the legacy formats, 8 for the K-quants).
 
 use half::f16;
 use rayon::prelude::*;
@@ -42,8 +40,6 @@ use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as BLOCK, K_BLOCK_WEIGHTS a
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_k;
-#[cfg(target_arch = "x86_64")]
-mod avx512_k;
 #[cfg(target_arch = "x86_64")]
 mod avx512_panel;
 
@@ -88,23 +84,15 @@ struct Blocks32 {
     blocks_per_row: usize,
 }
 
-/// Per super-block of 256 the quants (in their order, and in [`by_sub_block_lanes`]'s), a scale
-/// (`amax / 127`), the integer sum of each 16 quants (Q6_K's
-/// `q - 32` subtracts 32 times them, exactly), and of each 32 (Q4_K's and Q5_K's integer
-/// minimums multiply them, exactly). For each tile of [`K_ACT_ROWS`] rows (the tiles a product
-/// takes, from row 0, the last one perhaps partial), the scales and the sums of 32 again,
-/// transposed, so that a kernel reads one super-block's values for the tile's rows side by side
-/// ([`SuperTile`]).
+/// Per super-block of 256 the quants, a scale (`amax / 127`), the integer sum of each 16 quants
+/// (Q6_K's `q - 32` subtracts 32 times them, exactly), and of each 32 (Q4_K's and Q5_K's
+/// integer minimums multiply them, exactly).
 #[derive(Default)]
 struct Blocks256 {
     quants: Vec<i8>,
-    lane_quants: Vec<i8>,
-    pair_quants: Vec<i8>,
     scales: Vec<f32>,
     sums16: Vec<i16>,
     sums32: Vec<i16>,
-    tile_scales: Vec<f32>,
-    tile_sums32: Vec<i16>,
     rows: usize,
     blocks_per_row: usize,
 }
@@ -142,29 +130,12 @@ impl QuantizedActivations {
         }
     }
 
-    /// Tile `tile` of [`K_ACT_ROWS`] rows (rows `8 * tile..8 * tile + 8`, those past the last
-    /// row zero), transposed.
-    fn super_tile(&self, tile: usize) -> SuperTile<'_> {
-        let b = &self.of256;
-        let nb = b.blocks_per_row;
-        SuperTile {
-            scales: &b.tile_scales[tile * nb * K_ACT_ROWS..][..nb * K_ACT_ROWS],
-            sums32: &b.tile_sums32[tile * nb * 64..][..nb * 64],
-        }
-    }
-
     fn super_row(&self, row: usize) -> SuperRow<'_> {
         let b = &self.of256;
         let nb = b.blocks_per_row;
         let cols = nb * SUPER;
         SuperRow {
             quants: &b.quants[row * cols..][..cols],
-            lane_quants: &b.lane_quants[row * cols..][..cols],
-            pair_quants: if row + 1 == b.rows && b.pair_quants.len() == cols {
-                &b.pair_quants
-            } else {
-                &[]
-            },
             scales: &b.scales[row * nb..][..nb],
             sums16: &b.sums16[row * cols / 16..][..cols / 16],
             sums32: &b.sums32[row * cols / BLOCK..][..cols / BLOCK],
@@ -216,11 +187,6 @@ impl Blocks256 {
         self.rows = rows;
         self.blocks_per_row = nb;
         self.quants.resize(rows * cols, 0);
-        self.lane_quants.resize(rows * cols, 0);
-        // The pair order serves only a product's lone row: the last one, when the tiles of
-        // `K_ACT_ROWS` from row 0 leave one (`matmul_into`). The other rows never read it.
-        let lone = rows % K_ACT_ROWS == 1;
-        self.pair_quants.resize(if lone { cols } else { 0 }, 0);
         self.scales.resize(rows * nb, 0.0);
         self.sums16.resize(rows * cols / 16, 0);
         self.sums32.resize(rows * cols / BLOCK, 0);
@@ -247,64 +213,8 @@ impl Blocks256 {
             {
                 *s = pair[0] + pair[1];
             }
-            by_sub_block_lanes(qs, &mut self.lane_quants[b * SUPER..][..SUPER]);
-            if lone && b >= (rows - 1) * nb {
-                let at = (b - (rows - 1) * nb) * SUPER;
-                by_nibble_pairs(qs, &mut self.pair_quants[at..][..SUPER]);
-            }
             self.scales[b] = d;
         }
-        self.transpose_tiles();
-    }
-
-    /// Fills [`SuperTile`]'s layout for every tile, the last one's missing rows zero: per tile
-    /// and super-block, the 8 rows' scales, then their sums of 32 by pairs `j = 2k, 2k + 1`:
-    /// `[k][row][j - 2k]`.
-    fn transpose_tiles(&mut self) {
-        let nb = self.blocks_per_row;
-        let tiles = self.rows.div_ceil(K_ACT_ROWS);
-        // Zeros first: the last tile's missing rows keep them (their lanes are computed and
-        // never stored).
-        self.tile_scales.clear();
-        self.tile_scales.resize(tiles * nb * K_ACT_ROWS, 0.0);
-        self.tile_sums32.clear();
-        self.tile_sums32.resize(tiles * nb * K_ACT_ROWS * 8, 0);
-        for row in 0..self.rows {
-            let (tile, r) = (row / K_ACT_ROWS, row % K_ACT_ROWS);
-            for sb in 0..nb {
-                let at = tile * nb + sb;
-                self.tile_scales[at * K_ACT_ROWS + r] = self.scales[row * nb + sb];
-                for j in 0..8 {
-                    self.tile_sums32[at * 64 + (j / 2) * 16 + 2 * r + j % 2] =
-                        self.sums32[(row * nb + sb) * 8 + j];
-                }
-            }
-        }
-    }
-}
-
-/// A super-block's 256 quants reordered for the AVX-512 kernel of Q4_K and Q5_K, which sums
-/// each sub-block of 32 in the same two 32-bit lanes of its registers: register `c` (bytes
-/// `64c..64c + 64`) holds, in lanes `2s` and `2s + 1`, quants `8c..8c + 8` of sub-block `s`.
-/// Byte `64c + 8s + 4m + e` is quant `32s + 8c + 4m + e`.
-fn by_sub_block_lanes(natural: &[i8], lanes: &mut [i8]) {
-    for (c, register) in lanes.chunks_exact_mut(64).enumerate() {
-        for (s, eight) in register.chunks_exact_mut(8).enumerate() {
-            eight.copy_from_slice(&natural[32 * s + 8 * c..][..8]);
-        }
-    }
-}
-
-/// A super-block's 256 quants in the order of Q4_K's and Q5_K's nibbles, for the AVX-512
-/// kernel of one activation row: each 64 bytes of nibbles hold sub-blocks `2p` (low nibbles of
-/// bytes `0..32`), `2p + 1` (their high nibbles), `2p + 2` and `2p + 3` (the next 32 bytes), so
-/// masking them, and shifting then masking, gives registers of sub-blocks `[2p, 2p + 2]` and
-/// `[2p + 1, 2p + 3]` with no permutation: the sub-blocks come in the order 0, 2, 1, 3, 4, 6,
-/// 5, 7.
-fn by_nibble_pairs(natural: &[i8], pairs: &mut [i8]) {
-    const ORDER: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
-    for (s, sub_block) in ORDER.iter().zip(pairs.chunks_exact_mut(BLOCK)) {
-        sub_block.copy_from_slice(&natural[s * BLOCK..][..BLOCK]);
     }
 }
 
@@ -322,13 +232,6 @@ const ACT_ROWS: usize = 4;
 /// registers for more rows, and the unpacking of each 32 weights (a shift, masks and the
 /// scales' shuffles) is shared by twice as many.
 const K_ACT_ROWS: usize = 8;
-
-/// The fewest activation rows the AVX-512 K-quant kernel takes as a tile, summing their
-/// registers in one tree and running the epilogue on 8 lanes (the missing rows' lanes wasted);
-/// fewer rows reduce each register and run [`k_super_block`] on their own. Both give the same
-/// bits; this is only the faster side of the crossing, measured with `benches/gemm.rs`
-/// (`SLUICE_BENCH_ROWS`).
-const K_TILE_MIN_ROWS: usize = 3;
 
 /// Which kernel multiplies a matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -572,30 +475,15 @@ impl QuantMatrix {
                     )
                 }
             }
+            // The K-quants on AVX-512 VNNI are panels (`panels_into`).
             #[cfg(target_arch = "x86_64")]
-            Path::Avx2 | Path::Vnni => {
+            Path::Avx2 => {
                 let first = act_rows.start;
                 let a: [SuperRow<'_>; K_ACT_ROWS] =
                     std::array::from_fn(|i| acts.super_row(first + i.min(n - 1)));
-                let a = &a[..n];
-                if self.path == Path::Avx2 {
-                    // SAFETY: as above, for a K-quant format whose activation rows hold as
-                    // many super-blocks as a weight row (asserted by `matmul_into`).
-                    return unsafe {
-                        avx2_k::rows_dot(self.format, weights, self.row_bytes, a, dots)
-                    };
-                }
-                // `matmul_into` takes tiles from row 0, the last perhaps partial.
-                let tile = (n >= K_TILE_MIN_ROWS).then(|| {
-                    debug_assert_eq!(first % K_ACT_ROWS, 0);
-                    acts.super_tile(first / K_ACT_ROWS)
-                });
-                // SAFETY: `Path::Vnni` is only chosen when the CPU has AVX2, FMA, F16C and
-                // AVX-512 F, BW, VL and VNNI; the activation rows (and the tile of the same
-                // rows) hold as many super-blocks as a weight row (asserted by `matmul_into`).
-                unsafe {
-                    avx512_k::rows_dot(self.format, weights, self.row_bytes, a, tile.as_ref(), dots)
-                }
+                // SAFETY: as above, for a K-quant format whose activation rows hold as many
+                // super-blocks as a weight row (asserted by `matmul_into`).
+                unsafe { avx2_k::rows_dot(self.format, weights, self.row_bytes, &a[..n], dots) }
             }
             _ => {
                 for (w, row_dots) in weights
@@ -629,30 +517,9 @@ struct ActRow<'a> {
 /// One activation row's super-blocks of 256, as the K-quant kernels read them.
 struct SuperRow<'a> {
     quants: &'a [i8],
-    /// The same quants in [`by_sub_block_lanes`]'s order.
-    lane_quants: &'a [i8],
-    /// And in [`by_nibble_pairs`]' order, for a product's lone row only (empty otherwise).
-    pair_quants: &'a [i8],
     scales: &'a [f32],
     sums16: &'a [i16],
     sums32: &'a [i16],
-}
-
-/// A tile of [`K_ACT_ROWS`] activation rows' super-block values (missing rows zero), transposed
-/// ([`Blocks256::transpose_tiles`]): `scales[8 * sb + r]`, and the sums of 32 of super-block
-/// `sb` as `sums32[64 * sb + 16 * k + 2 * r + e]` for `j = 2k + e`.
-struct SuperTile<'a> {
-    scales: &'a [f32],
-    sums32: &'a [i16],
-}
-
-impl SuperTile<'static> {
-    /// No tile: for kernels of fewer rows, which read the rows themselves.
-    #[cfg(target_arch = "x86_64")]
-    const EMPTY: Self = Self {
-        scales: &[],
-        sums32: &[],
-    };
 }
 
 /// Adds one K-quant super-block to a row's running float sum `acc`: the one float epilogue of
@@ -814,6 +681,8 @@ mod tests {
     fn simd_paths_equal_the_scalar_oracle_on_random_blocks() {
         for format in QuantFormat::ALL {
             let bw = format.block_weights();
+            // Weight rows 40, 33, 65, 7...: whole and partial panels of 16 (AVX-512 VNNI's
+            // K-quants; a partial panel's missing rows are computed and not stored).
             for &(rows, blocks, t) in &[
                 (40usize, 2usize, 1usize),
                 (33, 3, 5),
@@ -821,13 +690,11 @@ mod tests {
                 (7, 4, 12),
                 // 11 blocks: the legacy kernels' group of 8 and a tail of 3.
                 (9, 11, 3),
-                // 17 rows: two whole tiles of 8 (the K-quants' transposed epilogue) and one;
-                // 15, a tile and a partial one of 7 (the epilogue on 8 lanes, one unstored);
-                // 2, below the partial tiles' threshold.
+                // 17 rows: two whole passes of 8 and one; 15, a pass and a partial one of 7.
                 (12, 2, 17),
                 (6, 2, 15),
                 (5, 1, 2),
-                // One row over 19 blocks: the AVX-512 K-quant kernel's own path for one row.
+                // One row over 19 blocks: a decode step's product.
                 (10, 19, 1),
             ] {
                 let cols = blocks * bw;

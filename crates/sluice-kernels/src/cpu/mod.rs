@@ -27,7 +27,7 @@ pub enum KernelTier {
     /// attention's 16-lane kernel (whose lanes compute as the AVX2 kernel's do).
     Avx512,
     /// AVX-512 VNNI (and VL): the int8 dots by `vpdpbusd`, the legacy formats' and the K-quants'
-    /// (`int8_matmul/avx512_k.rs`).
+    /// (`int8_matmul/avx512_panel.rs`).
     Avx512Vnni,
     /// AMX tiles (where a weight kind asks for them).
     Amx,

@@ -45,6 +45,8 @@ pub(super) const PANEL_ROWS: usize = 16;
 pub(super) const PANEL_ACT_ROWS: usize = 8;
 
 const Q4K_BYTES: usize = 2368;
+const Q5K_BYTES: usize = 2880;
+const Q5K_HIGH: usize = 2368;
 const Q4K_SCALES: usize = 64;
 const Q4K_MINS: usize = 192;
 const Q4K_NIBBLES: usize = 320;
@@ -56,13 +58,17 @@ const Q6K_SCALES: usize = 3104;
 
 /// Whether [`repack`] and [`rows_dot`] take `format`.
 pub(super) fn supports(format: QuantFormat) -> bool {
-    matches!(format, QuantFormat::Q4K | QuantFormat::Q6K)
+    matches!(
+        format,
+        QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K
+    )
 }
 
 /// Bytes of one panel's super-block of `format` (one [`supports`]).
 fn super_block_bytes(format: QuantFormat) -> usize {
     match format {
         QuantFormat::Q4K => Q4K_BYTES,
+        QuantFormat::Q5K => Q5K_BYTES,
         _ => Q6K_BYTES,
     }
 }
@@ -98,7 +104,7 @@ pub(super) fn repack(
                     let blk =
                         format.decode(&row[sb * format.block_bytes()..][..format.block_bytes()]);
                     match format {
-                        QuantFormat::Q4K => put_q4_k(&blk, r, dst),
+                        QuantFormat::Q4K | QuantFormat::Q5K => put_q4_k(&blk, r, dst),
                         _ => put_q6_k(&blk, r, dst),
                     }
                 }
@@ -107,7 +113,7 @@ pub(super) fn repack(
     (out, at)
 }
 
-/// Row `r` of a Q4_K panel super-block `dst`.
+/// Row `r` of a Q4_K (or Q5_K, by the length of `dst`) panel super-block `dst`.
 fn put_q4_k(blk: &crate::quant_format::DecodedBlock, r: usize, dst: &mut [u8]) {
     dst[2 * r..][..2].copy_from_slice(&blk.d.to_le_bytes());
     dst[32 + 2 * r..][..2].copy_from_slice(&blk.m.to_le_bytes());
@@ -115,7 +121,23 @@ fn put_q4_k(blk: &crate::quant_format::DecodedBlock, r: usize, dst: &mut [u8]) {
         dst[Q4K_SCALES + 16 * j + r] = blk.sc[j] as u8;
         dst[Q4K_MINS + 32 * (j / 2) + 2 * r + j % 2] = blk.mn[j] as u8;
     }
-    put_nibbles(&blk.q, r, &mut dst[Q4K_NIBBLES..][..2048]);
+    let low: [i8; SUPER] = std::array::from_fn(|i| blk.q[i] & 0x0F);
+    put_nibbles(&low, r, &mut dst[Q4K_NIBBLES..][..2048]);
+    if dst.len() == Q5K_BYTES {
+        for p in 0..4 {
+            for h in 0..2 {
+                for e in 0..4 {
+                    let mut byte = 0u8;
+                    for i in 0..4 {
+                        // Step 4h + i of sub-blocks 2p (bit 2i) and 2p + 1 (bit 2i + 1).
+                        let at = |s: usize| (blk.q[32 * s + 4 * (4 * h + i) + e] as u8 >> 4) & 1;
+                        byte |= at(2 * p) << (2 * i) | at(2 * p + 1) << (2 * i + 1);
+                    }
+                    dst[Q5K_HIGH + 128 * p + 64 * h + 4 * r + e] = byte;
+                }
+            }
+        }
+    }
 }
 
 /// Row `r` of a Q6_K panel super-block `dst` (the decoded `q` is `q - 32`).
@@ -241,7 +263,8 @@ unsafe fn by_format<const M: usize>(
         // SAFETY: forwarded from the caller; the features are enabled on this function.
         let acc = unsafe {
             match format {
-                QuantFormat::Q4K => q4_k::<M>(panel, &rows),
+                QuantFormat::Q4K => q4_k::<M, false>(panel, &rows),
+                QuantFormat::Q5K => q4_k::<M, true>(panel, &rows),
                 _ => q6_k::<M>(panel, &rows),
             }
         };
@@ -311,19 +334,21 @@ unsafe fn or_masked(a: __m512i, b: __m512i, c: __m512i) -> __m512i {
     unsafe { _mm512_ternarylogic_epi32::<0xF8>(a, b, c) }
 }
 
-/// One Q4_K panel against `M` rows: per row, the 16 weight rows' sums.
+/// One Q4_K panel (Q5_K when `FIVE`) against `M` rows: per row, the 16 weight rows' sums.
 ///
 /// # Safety
 /// As [`rows_dot`], for one panel.
 #[inline(always)]
-unsafe fn q4_k<const M: usize>(panel: &[u8], rows: &[RowAt; M]) -> [__m512; M] {
+unsafe fn q4_k<const M: usize, const FIVE: bool>(panel: &[u8], rows: &[RowAt; M]) -> [__m512; M] {
     // SAFETY: reads inside super-block `sb` of the panel at the layout's offsets (module docs)
     // and inside super-block `sb` of each row; the rest is the caller's promise.
     unsafe {
         let low = _mm512_set1_epi8(0x0F);
+        let bit4 = _mm512_set1_epi8(0x10);
         let zero = _mm512_setzero_si512();
         let mut acc = [_mm512_setzero_ps(); M];
-        for (sb, blk) in panel.chunks_exact(Q4K_BYTES).enumerate() {
+        let bytes = if FIVE { Q5K_BYTES } else { Q4K_BYTES };
+        for (sb, blk) in panel.chunks_exact(bytes).enumerate() {
             prefetch_ahead(blk);
             let b = blk.as_ptr();
             let x0 = sb * SUPER;
@@ -341,20 +366,40 @@ unsafe fn q4_k<const M: usize>(panel: &[u8], rows: &[RowAt; M]) -> [__m512; M] {
                         load(b, at + 128),
                         load(b, at + 192),
                     ];
-                    let lo = nib.map(|n| _mm512_and_si512(n, low));
-                    let hi = nib.map(|n| _mm512_and_si512(_mm512_srli_epi16::<4>(n), low));
+                    let mut lo = nib.map(|n| _mm512_and_si512(n, low));
+                    let mut hi = nib.map(|n| _mm512_and_si512(_mm512_srli_epi16::<4>(n), low));
+                    if FIVE {
+                        // Bits 2i and 2i + 1 of each byte to bit 4 of step i's weights.
+                        let q = load(b, Q5K_HIGH + 128 * p + 64 * h);
+                        let up = |z: __m512i, bits: __m512i| or_masked(z, bits, bit4);
+                        lo[0] = up(lo[0], _mm512_slli_epi16::<4>(q));
+                        hi[0] = up(hi[0], _mm512_slli_epi16::<3>(q));
+                        lo[1] = up(lo[1], _mm512_slli_epi16::<2>(q));
+                        hi[1] = up(hi[1], _mm512_slli_epi16::<1>(q));
+                        lo[2] = up(lo[2], q);
+                        hi[2] = up(hi[2], _mm512_srli_epi16::<1>(q));
+                        lo[3] = up(lo[3], _mm512_srli_epi16::<2>(q));
+                        hi[3] = up(hi[3], _mm512_srli_epi16::<3>(q));
+                    }
                     let x = x0 + 64 * p + 16 * h;
+                    // Q4_K sums 4 steps (16 weights) a lane before the scale, Q5_K 2: at most
+                    // 16 * 15 * 127 = 30480 and 8 * 31 * 127 = 31496, the low 16 bits exactly.
+                    let run = if FIVE { 2 } else { 4 };
                     // Row after row at each step, so that neighbouring instructions are
                     // independent.
                     for (half, weights, scale) in [(0, &lo, sc_lo), (32, &hi, sc_hi)] {
-                        let mut t = [zero; M];
-                        for (i, w) in weights.iter().enumerate() {
-                            for (row, t) in rows.iter().zip(t.iter_mut()) {
-                                *t = _mm512_dpbusd_epi32(*t, *w, four(row, x + half + 4 * i));
+                        for steps in weights.chunks_exact(run).enumerate() {
+                            let (c, steps) = steps;
+                            let mut t = [zero; M];
+                            for (i, w) in steps.iter().enumerate() {
+                                let at = x + half + 4 * (run * c + i);
+                                for (row, t) in rows.iter().zip(t.iter_mut()) {
+                                    *t = _mm512_dpbusd_epi32(*t, *w, four(row, at));
+                                }
                             }
-                        }
-                        for (isum, t) in isum.iter_mut().zip(t) {
-                            *isum = _mm512_dpwssd_epi32(*isum, t, scale);
+                            for (isum, t) in isum.iter_mut().zip(t) {
+                                *isum = _mm512_dpwssd_epi32(*isum, t, scale);
+                            }
                         }
                     }
                 }
