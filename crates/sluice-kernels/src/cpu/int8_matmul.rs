@@ -190,32 +190,70 @@ impl Blocks256 {
         self.scales.resize(rows * nb, 0.0);
         self.sums16.resize(rows * cols / 16, 0);
         self.sums32.resize(rows * cols / BLOCK, 0);
-        for (b, (xs, qs)) in x
-            .chunks_exact(SUPER)
-            .zip(self.quants.chunks_exact_mut(SUPER))
-            .enumerate()
-        {
-            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            // |v * inv| <= 127 (up to rounding), so the cast never saturates; ties to even, as
-            // the SIMD conversion would round.
-            for (q, v) in qs.iter_mut().zip(xs) {
-                *q = (v * inv).round_ties_even() as i8;
-            }
-            let sums16 = &mut self.sums16[b * 16..][..16];
-            for (s, g) in sums16.iter_mut().zip(qs.chunks_exact(16)) {
-                *s = g.iter().map(|&q| q as i16).sum();
-            }
-            for (s, pair) in self.sums32[b * 8..][..8]
-                .iter_mut()
-                .zip(sums16.chunks_exact(2))
-            {
-                *s = pair[0] + pair[1];
-            }
-            self.scales[b] = d;
+        let one = |((((xs, qs), scale), sums16), sums32): SuperBlockParts<'_>| {
+            super_block(
+                xs,
+                qs,
+                scale,
+                sums16.try_into().expect("16 sums"),
+                sums32.try_into().expect("8 sums"),
+            )
+        };
+        // A step of a few rows (a decode step's) quantizes in less time than handing work to
+        // the pool's threads takes.
+        if rows < QUANTIZE_PARALLEL_ROWS {
+            x.chunks_exact(SUPER)
+                .zip(self.quants.chunks_exact_mut(SUPER))
+                .zip(self.scales.iter_mut())
+                .zip(self.sums16.chunks_exact_mut(16))
+                .zip(self.sums32.chunks_exact_mut(8))
+                .for_each(one);
+        } else {
+            x.par_chunks_exact(SUPER)
+                .zip(self.quants.par_chunks_exact_mut(SUPER))
+                .zip(self.scales.par_iter_mut())
+                .zip(self.sums16.par_chunks_exact_mut(16))
+                .zip(self.sums32.par_chunks_exact_mut(8))
+                .with_min_len(nb)
+                .for_each(one);
         }
     }
+}
+
+/// One super-block's activations and the places of its quants, scale and sums, as the
+/// quantizer's zipped iterators hand them over.
+type SuperBlockParts<'a> = (
+    (((&'a [f32], &'a mut [i8]), &'a mut f32), &'a mut [i16]),
+    &'a mut [i16],
+);
+
+/// The fewest activation rows whose quantization runs on every thread (measured: a
+/// 64-row decode step of Qwen2.5-Coder-1.5B spent about 3% of its samples quantizing on one).
+const QUANTIZE_PARALLEL_ROWS: usize = 4;
+
+/// One super-block of activations `xs`: its quants, scale and integer sums of 16 and of 32.
+fn super_block(
+    xs: &[f32],
+    qs: &mut [i8],
+    scale: &mut f32,
+    sums16: &mut [i16; 16],
+    sums32: &mut [i16; 8],
+) {
+    let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    // |v * inv| <= 127 (up to rounding), so the cast never saturates; ties to even, as the
+    // SIMD conversion would round.
+    for (q, v) in qs.iter_mut().zip(xs) {
+        *q = (v * inv).round_ties_even() as i8;
+    }
+    for (s, g) in sums16.iter_mut().zip(qs.chunks_exact(16)) {
+        *s = g.iter().map(|&q| q as i16).sum();
+    }
+    for (s, pair) in sums32.iter_mut().zip(sums16.chunks_exact(2)) {
+        *s = pair[0] + pair[1];
+    }
+    *scale = d;
 }
 
 /// Output rows computed together by one task: big enough to amortise scheduling, small enough
