@@ -348,13 +348,19 @@ impl Linear {
     fn int8_matrix(group: &[GgufMatrix<'_>]) -> Option<QuantMatrix> {
         let format = kernel_format(group[0].dtype)?;
         let rows: usize = group.iter().map(|p| p.rows).sum();
-        let mut data = Vec::with_capacity(group.iter().map(|p| p.data.len()).sum());
-        for part in group {
-            for r in 0..part.rows {
-                data.extend_from_slice(part.row(r));
+        // Row `r` of the run, read in the file's map: no copy of the run is held while the
+        // kernel's layout is made.
+        let row = |mut r: usize| {
+            let mut parts = group.iter();
+            loop {
+                let part = parts.next().expect("a row of the run");
+                if r < part.rows {
+                    return part.row(r);
+                }
+                r -= part.rows;
             }
-        }
-        QuantMatrix::new(format, data, rows, group[0].cols)
+        };
+        QuantMatrix::from_rows(format, rows, group[0].cols, row)
     }
 
     /// `parts` as [`WeightsKind::Auto`] holds them (consecutive matrices of one format are one

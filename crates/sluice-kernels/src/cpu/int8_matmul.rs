@@ -285,16 +285,52 @@ impl QuantMatrix {
     /// wrong size, or no kernel of this CPU reads the format (without AVX2 only the legacy
     /// Q4_0, Q4_1 and Q8_0 are read).
     pub fn new(format: QuantFormat, data: Vec<u8>, rows: usize, cols: usize) -> Option<Self> {
-        let path = if vnni_available() {
-            Path::Vnni
-        } else if avx2_available() {
-            Path::Avx2
-        } else if format.is_legacy_layout() {
-            Path::Scalar
-        } else {
+        Self::with_path(format, data, rows, cols, Self::path_for(format)?)
+    }
+
+    /// As [`new`](Self::new), the matrix's row `r` being `row(r)`: the rows are read where
+    /// they lie (a model file's map, in any order), copied once into the layout the kernel
+    /// reads. `None` also when a row is not a weight row's length.
+    pub fn from_rows<'a>(
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        row: impl Fn(usize) -> &'a [u8] + Sync,
+    ) -> Option<Self> {
+        let path = Self::path_for(format)?;
+        let row_bytes = Self::row_bytes_of(format, cols)?;
+        if (0..rows).any(|r| row(r).len() != row_bytes) {
             return None;
-        };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if path == Path::Vnni && avx512_panel::supports(format) {
+            return Some(Self::panels(format, rows, cols, row_bytes, &row));
+        }
+        let mut data = Vec::with_capacity(rows * row_bytes);
+        for r in 0..rows {
+            data.extend_from_slice(row(r));
+        }
         Self::with_path(format, data, rows, cols, path)
+    }
+
+    /// The kernel this CPU multiplies `format` with, or `None` when it has none.
+    fn path_for(format: QuantFormat) -> Option<Path> {
+        if vnni_available() {
+            Some(Path::Vnni)
+        } else if avx2_available() {
+            Some(Path::Avx2)
+        } else if format.is_legacy_layout() {
+            Some(Path::Scalar)
+        } else {
+            None
+        }
+    }
+
+    /// Bytes of a row of `cols` weights of `format`, or `None` when `cols` is not a whole
+    /// number of blocks.
+    fn row_bytes_of(format: QuantFormat, cols: usize) -> Option<usize> {
+        cols.is_multiple_of(format.block_weights())
+            .then(|| cols / format.block_weights() * format.block_bytes())
     }
 
     fn with_path(
@@ -304,25 +340,14 @@ impl QuantMatrix {
         cols: usize,
         path: Path,
     ) -> Option<Self> {
-        if !cols.is_multiple_of(format.block_weights()) {
-            return None;
-        }
-        let row_bytes = cols / format.block_weights() * format.block_bytes();
+        let row_bytes = Self::row_bytes_of(format, cols)?;
         if data.len() != rows * row_bytes {
             return None;
         }
         #[cfg(target_arch = "x86_64")]
         if path == Path::Vnni && avx512_panel::supports(format) {
-            let (data, at) = avx512_panel::repack(format, &data, rows, row_bytes);
-            return Some(Self {
-                format,
-                rows,
-                cols,
-                data,
-                row_bytes,
-                path,
-                panels_at: Some(at),
-            });
+            let row = |r: usize| &data[r * row_bytes..][..row_bytes];
+            return Some(Self::panels(format, rows, cols, row_bytes, &row));
         }
         Some(Self {
             format,
@@ -333,6 +358,27 @@ impl QuantMatrix {
             path,
             panels_at: None,
         })
+    }
+
+    /// The rows `row(0..rows)` repacked into [`avx512_panel`]'s panels.
+    #[cfg(target_arch = "x86_64")]
+    fn panels<'a>(
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        row_bytes: usize,
+        row: &(dyn Fn(usize) -> &'a [u8] + Sync),
+    ) -> Self {
+        let (data, at) = avx512_panel::repack(format, row, rows, row_bytes);
+        Self {
+            format,
+            rows,
+            cols,
+            data,
+            row_bytes,
+            path: Path::Vnni,
+            panels_at: Some(at),
+        }
     }
 
     pub fn format(&self) -> QuantFormat {
@@ -901,5 +947,33 @@ mod tests {
         assert!(QuantMatrix::new(QuantFormat::Q4K, bytes.clone(), 32, 256).is_none());
         // Q4_K rows are whole super-blocks of 256.
         assert!(QuantMatrix::new(QuantFormat::Q4K, bytes, 64, 128).is_none());
+        let (bytes, _) = quantized_matrix(32, 256, QuantFormat::Q4K, 1);
+        let short = |r: usize| &bytes[r * 144..][..if r == 5 { 100 } else { 144 }];
+        assert!(QuantMatrix::from_rows(QuantFormat::Q4K, 32, 256, short).is_none());
+    }
+
+    /// Rows read where they lie, in any order, make the matrix of those rows copied in that
+    /// order: every format, every path of this CPU, bit for bit.
+    #[test]
+    fn rows_read_in_place_equal_rows_copied() {
+        for format in QuantFormat::ALL {
+            let (rows, cols, t) = (37, 2 * format.block_weights(), 9);
+            let (bytes, _) = random_blocks(rows, cols, format, 3);
+            let rb = bytes.len() / rows;
+            let reversed: Vec<u8> = (0..rows)
+                .rev()
+                .flat_map(|r| bytes[r * rb..][..rb].iter().copied())
+                .collect();
+            let x = random_values(t * cols, 5);
+            let copied = QuantMatrix::new(format, reversed, rows, cols).unwrap();
+            let in_place =
+                QuantMatrix::from_rows(format, rows, cols, |r| &bytes[(rows - 1 - r) * rb..][..rb])
+                    .unwrap();
+            let (a, b) = (product(&copied, &x, t), product(&in_place, &x, t));
+            assert!(
+                a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{format:?}"
+            );
+        }
     }
 }

@@ -78,12 +78,13 @@ pub(super) fn panel_bytes(format: QuantFormat, cols: usize) -> usize {
     cols / SUPER * super_block_bytes(format)
 }
 
-/// `data` (`rows` rows of `row_bytes` bytes of GGUF `format` blocks, a format [`supports`]
-/// takes) as panels of [`PANEL_ROWS`] rows, the last one's missing rows zero, written from
-/// byte `at` of the result, where `at` makes the panels 64-byte aligned.
-pub(super) fn repack(
+/// The weight rows `row(0..rows)` (each `row_bytes` bytes of GGUF `format` blocks, a format
+/// [`supports`] takes) as panels of [`PANEL_ROWS`] rows, the last one's missing rows zero,
+/// written from byte `at` of the result, where `at` makes the panels 64-byte aligned. The rows
+/// are read where they lie (a model file's map), so loading holds no second copy of them.
+pub(super) fn repack<'a>(
     format: QuantFormat,
-    data: &[u8],
+    row: &(dyn Fn(usize) -> &'a [u8] + Sync),
     rows: usize,
     row_bytes: usize,
 ) -> (Vec<u8>, usize) {
@@ -100,7 +101,8 @@ pub(super) fn repack(
         .for_each(|(p, dst)| {
             for (sb, dst) in dst.chunks_exact_mut(sb_bytes).enumerate() {
                 for r in 0..PANEL_ROWS.min(rows - p * PANEL_ROWS) {
-                    let row = &data[(p * PANEL_ROWS + r) * row_bytes..][..row_bytes];
+                    let row = row(p * PANEL_ROWS + r);
+                    debug_assert_eq!(row.len(), row_bytes);
                     let blk =
                         format.decode(&row[sb * format.block_bytes()..][..format.block_bytes()]);
                     match format {
