@@ -1,8 +1,8 @@
-//! Q4_K and Q6_K on AVX-512 VNNI from weight panels: 16 weight rows interleaved so that one
+//! The K-quants (Q4_K, Q5_K, Q6_K) on AVX-512 VNNI from weight panels: 16 weight rows interleaved so that one
 //! `vpdpbusd` multiplies 4 weights of each of the 16 rows by the same 4 activations, broadcast.
 //! Each 32-bit lane then belongs to one weight row for the whole product: no horizontal sums,
 //! no permutes of the activations, and the float epilogue runs on 16 outputs at once. The
-//! unpacked weights serve up to [`K_ACT_ROWS`](super::K_ACT_ROWS) activation rows.
+//! unpacked weights serve up to [`PANEL_ACT_ROWS`] activation rows.
 //!
 //! The arithmetic is the K-quants' one (module docs of `int8_matmul`): per super-block the
 //! exact integers `isum` and `imin`, then [`k_super_block`](super::k_super_block)'s two fused
@@ -15,6 +15,8 @@
 //!   and its high 16 bits its sign. `vpdpwssd` against the sub-block's scale in the low 16 bits
 //!   (zero above) adds exactly `scale * sum`. `imin` is four `vpdpwssd`s of the minimums, by
 //!   pairs of sub-blocks, against the row's sums of each 32, broadcast.
+//! - Q5_K: as Q4_K, with the scale applied after every two `vpdpbusd`s: 8 weights (0..31),
+//!   at most 8 * 31 * 127 = 31496.
 //! - Q6_K: four `vpdpbusd`s sum a group of 16 weights (0..63) into a lane (at most 128016),
 //!   `vpmulld` by the group's signed scale. `q - 32` is eight `vpdpwssd`s of the scales, by
 //!   pairs of groups, against the row's sums of each 16, times 32, subtracted.
@@ -24,6 +26,9 @@
 //!   minimums by pairs (`[k][row][e]` for sub-block `2k + e`), then 2048 bytes of nibbles:
 //!   per pair of sub-blocks `p` and 4-weight step `j`, 64 bytes `[row][e]` whose low nibble is
 //!   weight `4j + e` of sub-block `2p` and high nibble the same weight of sub-block `2p + 1`.
+//! - Q5_K, 2880 bytes: Q4_K's, then 512 bytes of fifth bits: per `p` and half `h` (steps
+//!   `4h..4h + 4`), 64 bytes `[row][e]` whose bit `2i` is the fifth bit of step `4h + i`'s
+//!   weight of sub-block `2p` and bit `2i + 1` of sub-block `2p + 1`.
 //! - Q6_K, 3392 bytes (3360 in GGUF, and 32 of padding): 2048 bytes of low nibbles as Q4_K's
 //!   (sub-blocks of 32 weights, each two groups of 16), 1024 of high bit pairs (per `p` and
 //!   pair of steps `2i, 2i + 1`, bits 0-1, 2-3, 4-5, 6-7 of byte `[row][e]` above the nibbles
