@@ -78,6 +78,7 @@ LD_LIBRARY_PATH=$peer measure llama.cpp "$peer/llama-server" -m "$model" -t "$(n
 if [ "${COMPARE_F32:-0}" = 1 ]; then
     f32=${LLAMA_DIR:-$HOME/.cache/sluice-peer}/$name.F32.gguf
     if [ ! -f "$f32" ]; then
+        mkdir -p "$(dirname "$f32")"
         LD_LIBRARY_PATH=$peer "$peer/llama-quantize" --allow-requantize "$model" "$f32.part" F32 >&2
         mv "$f32.part" "$f32"
     fi

@@ -327,9 +327,9 @@ impl QuantMatrix {
     }
 
     /// Bytes of a row of `cols` weights of `format`, or `None` when `cols` is not a whole
-    /// number of blocks.
+    /// number of blocks, or none.
     fn row_bytes_of(format: QuantFormat, cols: usize) -> Option<usize> {
-        cols.is_multiple_of(format.block_weights())
+        (cols > 0 && cols.is_multiple_of(format.block_weights()))
             .then(|| cols / format.block_weights() * format.block_bytes())
     }
 
@@ -947,6 +947,7 @@ mod tests {
         assert!(QuantMatrix::new(QuantFormat::Q4K, bytes.clone(), 32, 256).is_none());
         // Q4_K rows are whole super-blocks of 256.
         assert!(QuantMatrix::new(QuantFormat::Q4K, bytes, 64, 128).is_none());
+        assert!(QuantMatrix::new(QuantFormat::Q4K, Vec::new(), 64, 0).is_none());
         let (bytes, _) = quantized_matrix(32, 256, QuantFormat::Q4K, 1);
         let short = |r: usize| &bytes[r * 144..][..if r == 5 { 100 } else { 144 }];
         assert!(QuantMatrix::from_rows(QuantFormat::Q4K, 32, 256, short).is_none());
