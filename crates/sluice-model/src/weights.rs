@@ -151,6 +151,17 @@ impl<'a> GgufMatrix<'a> {
     }
 }
 
+/// Row `r` of a run of matrices stacked along their rows, in model order, where it lies.
+fn run_row<'a>(group: &[GgufMatrix<'a>], mut r: usize) -> &'a [u8] {
+    for part in group {
+        if r < part.rows {
+            return part.row(r);
+        }
+        r -= part.rows;
+    }
+    panic!("row past the run's {} matrices", group.len())
+}
+
 /// Consecutive matrices of one format stacked along their rows, their blocks copied as they
 /// are (rows in model order) onto `device`.
 fn stacked_blocks_on(group: &[GgufMatrix<'_>], device: &Device) -> Result<QTensor> {
@@ -348,19 +359,8 @@ impl Linear {
     fn int8_matrix(group: &[GgufMatrix<'_>]) -> Option<QuantMatrix> {
         let format = kernel_format(group[0].dtype)?;
         let rows: usize = group.iter().map(|p| p.rows).sum();
-        // Row `r` of the run, read in the file's map: no copy of the run is held while the
-        // kernel's layout is made.
-        let row = |mut r: usize| {
-            let mut parts = group.iter();
-            loop {
-                let part = parts.next().expect("a row of the run");
-                if r < part.rows {
-                    return part.row(r);
-                }
-                r -= part.rows;
-            }
-        };
-        QuantMatrix::from_rows(format, rows, group[0].cols, row)
+        // Read in the file's map: no copy of the run is held while the kernel's layout is made.
+        QuantMatrix::from_rows(format, rows, group[0].cols, |r| run_row(group, r))
     }
 
     /// `parts` as [`WeightsKind::Auto`] holds them (consecutive matrices of one format are one
@@ -389,16 +389,7 @@ impl Linear {
                     Some(PackedMatrix::pack(&dequantized_rows(group)?, rows, k))
                 }
                 _ => kernel_format(dtype).and_then(|format| {
-                    let row = |r: usize| {
-                        let mut r = r;
-                        let mut i = 0;
-                        while r >= group[i].rows {
-                            r -= group[i].rows;
-                            i += 1;
-                        }
-                        group[i].row(r)
-                    };
-                    PackedMatrix::pack_quantized_rows(format, rows, k, row)
+                    PackedMatrix::pack_quantized_rows(format, rows, k, |r| run_row(group, r))
                 }),
             };
             let Some(mut m) = m else {
