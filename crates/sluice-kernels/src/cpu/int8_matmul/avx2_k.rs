@@ -18,7 +18,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{f16_at, prefetch_ahead};
+use super::x86::{f16_at, prefetch_ahead};
 use super::{k_super_block, QuantFormat, SuperRow, SUPER};
 
 /// Each weight row of `weights` (rows of `row_bytes` bytes of `format`, a K-quant) against

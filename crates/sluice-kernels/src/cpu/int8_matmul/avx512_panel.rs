@@ -39,7 +39,7 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
-use super::avx2::prefetch_ahead;
+use super::x86::prefetch_ahead;
 use super::{QuantFormat, SUPER};
 
 /// Weight rows per panel: one per 32-bit lane of a 512-bit register.

@@ -1,0 +1,544 @@
+//! The legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) from weight panels: 16 weight rows
+//! interleaved so that 4 weights of each row sit side by side, 64 bytes a step of 4 weights.
+//! On AVX-512 VNNI one `vpdpbusd` multiplies a step's 64 bytes by the same 4 activations,
+//! broadcast; on AVX2 each half of 8 rows takes `vpmaddubsw` and `vpmaddwd`. Either way a
+//! 32-bit lane belongs to one weight row for the whole product: no horizontal sums, and the
+//! float epilogue runs on 16 (8) outputs at once. The unpacked weights serve up to
+//! [`act_rows`] activation rows.
+//!
+//! The arithmetic is the legacy formats' one (module docs of `int8_matmul`): per block of 32
+//! the exact integer `isum = sum((q - offset) * xq)`, then
+//! [`legacy_block`](super::legacy_block)'s fused multiply-adds, lane by lane, and
+//! [`legacy_total`](super::legacy_total). Each output is the scalar oracle's float, bit for
+//! bit, on both instruction sets.
+//!
+//! The panels hold every weight unsigned, `u = q + offset` (Q4_0's nibble as it is, offset 8;
+//! Q5_0's five bits, 16; Q8_0's byte plus 128; Q4_1's and Q5_1's as they are, offset 0), since
+//! `vpdpbusd` multiplies unsigned bytes by signed ones. How the integers stay exact:
+//! - AVX-512 VNNI: `isum = dot(u, xq) - offset * sum(xq)`, the second term the row's integer
+//!   sum of the block's activations; `|isum| <= 32 * 128 * 127`.
+//! - AVX2: `vpmaddubsw` adds two products into 16 bits, at most 2 * 31 * 127 for the nibble
+//!   formats; Q8_0's `u` would reach 2 * 255 * 127, past 16 bits, so Q8_0 takes the signed
+//!   `q = u - 128` as `|q|` with its sign moved onto the activation (at most 2 * 128 * 127),
+//!   which needs no offset.
+//!
+//! The layout ([`repack`]) keeps a panel's blocks in order, each a whole number of cache lines.
+//! Step `j` (weights `4j..4j + 4` of the block) is 64 bytes `[row][e]`:
+//! - Q4_0, Q4_1, 320 bytes: 256 bytes of nibbles, byte `[row][e]` of step `j < 4` holding
+//!   weight `4j + e` low and weight `16 + 4j + e` (step `j + 4`) high, as GGUF byte `4j + e`
+//!   does; the 16 rows' `d` (f16) at 256; Q4_1's minimums `m` at 288.
+//! - Q5_0, Q5_1, 384 bytes: Q4's nibbles, then at 256 64 bytes `[row][e]` whose bit `j` is the
+//!   fifth bit of step `j`'s weight; `d` at 320; Q5_1's `m` at 352.
+//! - Q8_0, 576 bytes: 8 steps of 64 bytes `u`, then `d` at 512 (and 32 bytes of padding).
+
+use std::arch::x86_64::*;
+
+use rayon::prelude::*;
+
+use super::avx512_panel::PANEL_ROWS;
+use super::x86::prefetch_ahead;
+use super::{QuantFormat, BLOCK};
+
+/// Activation rows one pass over a panel serves: 8 on AVX-512 (32 registers), 4 on AVX2 (16).
+pub(super) fn act_rows(vnni: bool) -> usize {
+    if vnni {
+        8
+    } else {
+        4
+    }
+}
+
+/// Whether [`repack`] and [`rows_dot`] take `format`: every legacy format.
+pub(super) fn supports(format: QuantFormat) -> bool {
+    !format.is_k_quant()
+}
+
+/// Bytes of one panel block of `format`.
+fn block_bytes(format: QuantFormat) -> usize {
+    match format {
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 => 320,
+        QuantFormat::Q5_0 | QuantFormat::Q5_1 => 384,
+        _ => 576,
+    }
+}
+
+/// Where a panel block of `format` keeps its 16 scales `d`; the minimums follow, 32 bytes on.
+fn scales_at(format: QuantFormat) -> usize {
+    match format {
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 => 256,
+        QuantFormat::Q5_0 | QuantFormat::Q5_1 => 320,
+        _ => 512,
+    }
+}
+
+/// The bytes of the fifth bits in a Q5_0 or Q5_1 panel block.
+const FIFTH_BITS: usize = 256;
+
+/// `offset` of the module docs: what the panels add to the signed weight `q`.
+fn offset(format: QuantFormat) -> i32 {
+    match format {
+        QuantFormat::Q4_0 => 8,
+        QuantFormat::Q5_0 => 16,
+        QuantFormat::Q8_0 => 128,
+        _ => 0,
+    }
+}
+
+/// Bytes of one panel of `format` over `cols` weights.
+pub(super) fn panel_bytes(format: QuantFormat, cols: usize) -> usize {
+    cols / BLOCK * block_bytes(format)
+}
+
+/// The weight rows `row(0..rows)` (each `row_bytes` bytes of GGUF `format` blocks, a format
+/// [`supports`] takes) as panels of [`PANEL_ROWS`] rows, the last one's missing rows zero,
+/// written from byte `at` of the result, where `at` makes the panels 64-byte aligned. The rows
+/// are read where they lie (a model file's map), so loading holds no second copy of them.
+pub(super) fn repack<'a>(
+    format: QuantFormat,
+    row: &(dyn Fn(usize) -> &'a [u8] + Sync),
+    rows: usize,
+    row_bytes: usize,
+) -> (Vec<u8>, usize) {
+    debug_assert!(supports(format));
+    let blocks = row_bytes / format.block_bytes();
+    let bb = block_bytes(format);
+    let panel = blocks * bb;
+    let panels = rows.div_ceil(PANEL_ROWS);
+    let mut out = vec![0u8; panels * panel + 63];
+    let at = out.as_ptr().align_offset(64).min(63);
+    out[at..at + panels * panel]
+        .par_chunks_mut(panel)
+        .enumerate()
+        .for_each(|(p, dst)| {
+            for (b, dst) in dst.chunks_exact_mut(bb).enumerate() {
+                for r in 0..PANEL_ROWS.min(rows - p * PANEL_ROWS) {
+                    let row = row(p * PANEL_ROWS + r);
+                    debug_assert_eq!(row.len(), row_bytes);
+                    let gguf = &row[b * format.block_bytes()..][..format.block_bytes()];
+                    put_block(format, &format.decode(gguf), r, dst);
+                }
+            }
+        });
+    (out, at)
+}
+
+/// Row `r` of a panel block `dst` of `format`.
+fn put_block(
+    format: QuantFormat,
+    blk: &crate::quant_format::DecodedBlock,
+    r: usize,
+    dst: &mut [u8],
+) {
+    // The decoded `q` is Q4_0's nibble, Q5_0's and Q8_0's signed value, Q4_1's and Q5_1's
+    // unsigned one: `u` adds what `offset` takes away.
+    let add = match format {
+        QuantFormat::Q5_0 => 16,
+        QuantFormat::Q8_0 => 128,
+        _ => 0,
+    };
+    let u: [u8; BLOCK] = std::array::from_fn(|i| (blk.q[i] as i32 + add) as u8);
+    if format == QuantFormat::Q8_0 {
+        for j in 0..8 {
+            dst[64 * j + 4 * r..][..4].copy_from_slice(&u[4 * j..][..4]);
+        }
+    } else {
+        for j in 0..4 {
+            for e in 0..4 {
+                dst[64 * j + 4 * r + e] = (u[4 * j + e] & 0x0F) | (u[16 + 4 * j + e] & 0x0F) << 4;
+            }
+        }
+        if matches!(format, QuantFormat::Q5_0 | QuantFormat::Q5_1) {
+            for e in 0..4 {
+                dst[FIFTH_BITS + 4 * r + e] =
+                    (0..8).fold(0u8, |byte, j| byte | ((u[4 * j + e] >> 4) & 1) << j);
+            }
+        }
+    }
+    let s = scales_at(format);
+    dst[s + 2 * r..][..2].copy_from_slice(&blk.d.to_le_bytes());
+    if super::legacy_has_min(format) {
+        dst[s + 32 + 2 * r..][..2].copy_from_slice(&blk.m.to_le_bytes());
+    }
+}
+
+/// Every activation row of a product, quantized in blocks of 32 (`Blocks32`): row `r`'s
+/// quants at `r * cols`, its scales and sums at `r * cols / 32`.
+pub(super) struct PanelActs<'a> {
+    pub quants: &'a [i8],
+    pub scales: &'a [f32],
+    pub isums: &'a [i32],
+    pub sums: &'a [f32],
+    pub cols: usize,
+}
+
+/// One activation row's values, where the kernels read them.
+#[derive(Clone, Copy)]
+struct RowAt {
+    quants: *const i8,
+    scales: *const f32,
+    isums: *const i32,
+    sums: *const f32,
+}
+
+impl PanelActs<'_> {
+    /// Rows `first..first + M`.
+    ///
+    /// # Safety
+    /// `self` holds rows `first..first + M`, each of `cols` quants with a scale and two sums
+    /// per 32.
+    #[inline(always)]
+    unsafe fn rows<const M: usize>(&self, first: usize) -> [RowAt; M] {
+        let cols = self.cols;
+        debug_assert!((first + M) * cols <= self.quants.len());
+        debug_assert!((first + M) * cols / BLOCK <= self.scales.len());
+        debug_assert!((first + M) * cols / BLOCK <= self.isums.len());
+        debug_assert!((first + M) * cols / BLOCK <= self.sums.len());
+        // SAFETY: inside the slices for rows `first..first + M` (the caller's promise).
+        std::array::from_fn(|m| unsafe {
+            let r = first + m;
+            RowAt {
+                quants: self.quants.as_ptr().add(r * cols),
+                scales: self.scales.as_ptr().add(r * cols / BLOCK),
+                isums: self.isums.as_ptr().add(r * cols / BLOCK),
+                sums: self.sums.as_ptr().add(r * cols / BLOCK),
+            }
+        })
+    }
+}
+
+/// Each weight row of `panels` (whole panels of `format`, [`panel_bytes`] each, 64-byte
+/// aligned, holding `weight_rows` rows) against activation rows `rows` of `acts`:
+/// `dots[a * weight_rows + i]` is weight row `i` times activation row `rows.start + a`. On
+/// AVX-512 VNNI when `vnni`, else on AVX2.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C, and AVX-512 F, BW, VL and VNNI if `vnni`; `format`
+/// [`supports`]; `panels` are [`repack`]'s, of `acts.cols` weights; `acts` holds every row of
+/// `rows`; `rows` has 1 to [`act_rows`]`(vnni)` rows and `dots` holds `rows.len()` per weight
+/// row.
+pub(super) unsafe fn rows_dot(
+    format: QuantFormat,
+    panels: &[u8],
+    weight_rows: usize,
+    acts: &PanelActs<'_>,
+    rows: std::ops::Range<usize>,
+    dots: &mut [f32],
+    vnni: bool,
+) {
+    debug_assert_eq!(weight_rows * rows.len(), dots.len());
+    debug_assert!(rows.len() <= act_rows(vnni));
+    let (first, n) = (rows.start, rows.len());
+    // SAFETY: forwarded from the caller, with `M` the length of `rows`.
+    unsafe {
+        match (n, vnni) {
+            (1, true) => by_format_vnni::<1>(format, panels, weight_rows, acts, first, dots),
+            (2, true) => by_format_vnni::<2>(format, panels, weight_rows, acts, first, dots),
+            (3, true) => by_format_vnni::<3>(format, panels, weight_rows, acts, first, dots),
+            (4, true) => by_format_vnni::<4>(format, panels, weight_rows, acts, first, dots),
+            (5, true) => by_format_vnni::<5>(format, panels, weight_rows, acts, first, dots),
+            (6, true) => by_format_vnni::<6>(format, panels, weight_rows, acts, first, dots),
+            (7, true) => by_format_vnni::<7>(format, panels, weight_rows, acts, first, dots),
+            (_, true) => by_format_vnni::<8>(format, panels, weight_rows, acts, first, dots),
+            (1, false) => by_format_avx2::<1>(format, panels, weight_rows, acts, first, dots),
+            (2, false) => by_format_avx2::<2>(format, panels, weight_rows, acts, first, dots),
+            (3, false) => by_format_avx2::<3>(format, panels, weight_rows, acts, first, dots),
+            (_, false) => by_format_avx2::<4>(format, panels, weight_rows, acts, first, dots),
+        }
+    }
+}
+
+/// The constants of a format's kernel: whether its weights have a fifth bit, a minimum, or
+/// are whole bytes (Q8_0).
+macro_rules! by_format {
+    ($format:expr, $kernel:ident, $($args:expr),*) => {
+        match $format {
+            QuantFormat::Q4_0 => $kernel::<M, false, false, false>($($args),*),
+            QuantFormat::Q4_1 => $kernel::<M, false, true, false>($($args),*),
+            QuantFormat::Q5_0 => $kernel::<M, true, false, false>($($args),*),
+            QuantFormat::Q5_1 => $kernel::<M, true, true, false>($($args),*),
+            _ => $kernel::<M, false, false, true>($($args),*),
+        }
+    };
+}
+
+/// # Safety
+/// As [`rows_dot`] with `vnni`, for rows `first..first + M`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn by_format_vnni<const M: usize>(
+    format: QuantFormat,
+    panels: &[u8],
+    weight_rows: usize,
+    acts: &PanelActs<'_>,
+    first: usize,
+    dots: &mut [f32],
+) {
+    // SAFETY: rows `first..first + M` are in `acts` (the caller's promise).
+    let rows = unsafe { acts.rows::<M>(first) };
+    let bytes = panel_bytes(format, acts.cols);
+    let (off, s_at) = (offset(format), scales_at(format));
+    for (p, panel) in panels.chunks_exact(bytes).enumerate() {
+        // SAFETY: forwarded from the caller; the features are enabled on this function.
+        let acc = unsafe { by_format!(format, vnni_panel, panel, &rows, off, s_at) };
+        let first = p * PANEL_ROWS;
+        let valid = PANEL_ROWS.min(weight_rows - first);
+        let mask: __mmask16 = if valid == PANEL_ROWS {
+            !0
+        } else {
+            (1 << valid) - 1
+        };
+        for (m, acc) in acc.iter().enumerate() {
+            let to = &mut dots[m * weight_rows + first..][..valid];
+            // SAFETY: AVX-512 F is enabled on this function; the mask writes `valid` floats,
+            // the length of `to`.
+            unsafe { _mm512_mask_storeu_ps(to.as_mut_ptr(), mask, *acc) };
+        }
+    }
+}
+
+/// # Safety
+/// As [`rows_dot`] without `vnni`, for rows `first..first + M`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn by_format_avx2<const M: usize>(
+    format: QuantFormat,
+    panels: &[u8],
+    weight_rows: usize,
+    acts: &PanelActs<'_>,
+    first: usize,
+    dots: &mut [f32],
+) {
+    // SAFETY: rows `first..first + M` are in `acts` (the caller's promise).
+    let rows = unsafe { acts.rows::<M>(first) };
+    let bytes = panel_bytes(format, acts.cols);
+    let (off, s_at) = (offset(format), scales_at(format));
+    for (p, panel) in panels.chunks_exact(bytes).enumerate() {
+        let first = p * PANEL_ROWS;
+        let valid = PANEL_ROWS.min(weight_rows - first);
+        let mut out = [[0f32; PANEL_ROWS]; M];
+        for half in 0..2 {
+            // SAFETY: forwarded from the caller; the features are enabled on this function.
+            let acc = unsafe { by_format!(format, avx2_half, panel, &rows, off, s_at, half) };
+            for (out, acc) in out.iter_mut().zip(acc) {
+                // SAFETY: AVX is enabled on this function; 8 floats from `8 * half`, inside 16.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * half), acc) };
+            }
+        }
+        for (m, out) in out.iter().enumerate() {
+            dots[m * weight_rows + first..][..valid].copy_from_slice(&out[..valid]);
+        }
+    }
+}
+
+/// The 4 activations at `at` of `row` in every 32-bit lane.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `at + 4` is within the row's quants.
+#[inline(always)]
+unsafe fn four(row: &RowAt, at: usize) -> __m512i {
+    // SAFETY: the caller's promise; unaligned read of 4 bytes.
+    unsafe { _mm512_set1_epi32((row.quants.add(at) as *const i32).read_unaligned()) }
+}
+
+/// As [`four`], in every 32-bit lane of 256 bits.
+///
+/// # Safety
+/// The CPU has AVX; `at + 4` is within the row's quants.
+#[inline(always)]
+unsafe fn four8(row: &RowAt, at: usize) -> __m256i {
+    // SAFETY: the caller's promise; unaligned read of 4 bytes.
+    unsafe { _mm256_set1_epi32((row.quants.add(at) as *const i32).read_unaligned()) }
+}
+
+/// `a | (b & c)` in one instruction.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[inline(always)]
+unsafe fn or_masked(a: __m512i, b: __m512i, c: __m512i) -> __m512i {
+    // SAFETY: AVX-512 F is the caller's promise; register operations only.
+    unsafe { _mm512_ternarylogic_epi32::<0xF8>(a, b, c) }
+}
+
+/// One panel against `M` rows on AVX-512 VNNI: per row, the 16 weight rows' results. `FIVE`:
+/// the weights have a fifth bit; `MIN`: a minimum; `EIGHT`: they are Q8_0's bytes. `off` is
+/// the format's [`offset`], `s_at` its [`scales_at`].
+///
+/// # Safety
+/// As [`rows_dot`] with `vnni`, for one panel.
+#[inline(always)]
+unsafe fn vnni_panel<const M: usize, const FIVE: bool, const MIN: bool, const EIGHT: bool>(
+    panel: &[u8],
+    rows: &[RowAt; M],
+    off: i32,
+    s_at: usize,
+) -> [__m512; M] {
+    let bb = if EIGHT {
+        576
+    } else if FIVE {
+        384
+    } else {
+        320
+    };
+    // SAFETY: reads inside block `b` of the panel at the layout's offsets (module docs) and
+    // inside block `b` of each row; the rest is the caller's promise.
+    unsafe {
+        let low = _mm512_set1_epi8(0x0F);
+        let bit4 = _mm512_set1_epi8(0x10);
+        let zero = _mm512_setzero_si512();
+        let load = |p: *const u8, at: usize| _mm512_loadu_si512(p.add(at) as *const __m512i);
+        let mut main = [_mm512_setzero_ps(); M];
+        let mut mins = [_mm512_setzero_ps(); M];
+        for (b, blk) in panel.chunks_exact(bb).enumerate() {
+            prefetch_ahead(blk);
+            let p = blk.as_ptr();
+            let w: [__m512i; 8] = if EIGHT {
+                std::array::from_fn(|j| load(p, 64 * j))
+            } else {
+                let nib = [load(p, 0), load(p, 64), load(p, 128), load(p, 192)];
+                let mut w = [zero; 8];
+                for j in 0..4 {
+                    w[j] = _mm512_and_si512(nib[j], low);
+                    w[j + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(nib[j]), low);
+                }
+                if FIVE {
+                    // Bit j of each byte to bit 4 of step j's weight.
+                    let h = load(p, FIFTH_BITS);
+                    w[0] = or_masked(w[0], _mm512_slli_epi16::<4>(h), bit4);
+                    w[1] = or_masked(w[1], _mm512_slli_epi16::<3>(h), bit4);
+                    w[2] = or_masked(w[2], _mm512_slli_epi16::<2>(h), bit4);
+                    w[3] = or_masked(w[3], _mm512_slli_epi16::<1>(h), bit4);
+                    w[4] = or_masked(w[4], h, bit4);
+                    w[5] = or_masked(w[5], _mm512_srli_epi16::<1>(h), bit4);
+                    w[6] = or_masked(w[6], _mm512_srli_epi16::<2>(h), bit4);
+                    w[7] = or_masked(w[7], _mm512_srli_epi16::<3>(h), bit4);
+                }
+                w
+            };
+            let x0 = b * BLOCK;
+            // `- offset * sum(xq)` first, then the 8 steps, row after row at each step so
+            // that neighbouring instructions are independent.
+            let mut t: [__m512i; M] = std::array::from_fn(|m| {
+                if off == 0 {
+                    zero
+                } else {
+                    _mm512_set1_epi32(-off * *rows[m].isums.add(b))
+                }
+            });
+            for (j, w) in w.iter().enumerate() {
+                for (row, t) in rows.iter().zip(t.iter_mut()) {
+                    *t = _mm512_dpbusd_epi32(*t, *w, four(row, x0 + 4 * j));
+                }
+            }
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(s_at) as *const __m256i));
+            for ((row, t), main) in rows.iter().zip(t).zip(main.iter_mut()) {
+                let xd = _mm512_set1_ps(*row.scales.add(b));
+                *main = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(d, xd), *main);
+            }
+            if MIN {
+                let m = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(s_at + 32) as *const __m256i));
+                for (row, mins) in rows.iter().zip(mins.iter_mut()) {
+                    *mins = _mm512_fmadd_ps(m, _mm512_set1_ps(*row.sums.add(b)), *mins);
+                }
+            }
+        }
+        std::array::from_fn(|m| _mm512_add_ps(main[m], mins[m]))
+    }
+}
+
+/// Half `half` of one panel (its rows `8 * half..8 * half + 8`) against `M` rows on AVX2, as
+/// [`vnni_panel`] computes them.
+///
+/// # Safety
+/// As [`rows_dot`] without `vnni`, for one panel; `half` is 0 or 1.
+#[inline(always)]
+unsafe fn avx2_half<const M: usize, const FIVE: bool, const MIN: bool, const EIGHT: bool>(
+    panel: &[u8],
+    rows: &[RowAt; M],
+    off: i32,
+    s_at: usize,
+    half: usize,
+) -> [__m256; M] {
+    let bb = if EIGHT {
+        576
+    } else if FIVE {
+        384
+    } else {
+        320
+    };
+    // SAFETY: reads inside block `b` of the panel at the layout's offsets (module docs), the
+    // half's 32 bytes of each 64, and inside block `b` of each row; the rest is the caller's
+    // promise.
+    unsafe {
+        let low = _mm256_set1_epi8(0x0F);
+        let bit4 = _mm256_set1_epi8(0x10);
+        let flip = _mm256_set1_epi8(-128);
+        let ones = _mm256_set1_epi16(1);
+        let zero = _mm256_setzero_si256();
+        let h0 = 32 * half;
+        let load = |p: *const u8, at: usize| _mm256_loadu_si256(p.add(at + h0) as *const __m256i);
+        let mut main = [_mm256_setzero_ps(); M];
+        let mut mins = [_mm256_setzero_ps(); M];
+        for (b, blk) in panel.chunks_exact(bb).enumerate() {
+            if half == 0 {
+                prefetch_ahead(blk);
+            }
+            let p = blk.as_ptr();
+            let x0 = b * BLOCK;
+            // Q8_0 goes signed (no offset); the others `- offset * sum(xq)` first.
+            let mut t: [__m256i; M] = std::array::from_fn(|m| {
+                if EIGHT || off == 0 {
+                    zero
+                } else {
+                    _mm256_set1_epi32(-off * *rows[m].isums.add(b))
+                }
+            });
+            let fifth = if FIVE { load(p, FIFTH_BITS) } else { zero };
+            for j in 0..8 {
+                let w = if EIGHT {
+                    _mm256_xor_si256(load(p, 64 * j), flip)
+                } else {
+                    let nib = load(p, 64 * (j % 4));
+                    let mut w = if j < 4 {
+                        _mm256_and_si256(nib, low)
+                    } else {
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(nib), low)
+                    };
+                    if FIVE {
+                        let bit = match j {
+                            0 => _mm256_slli_epi16::<4>(fifth),
+                            1 => _mm256_slli_epi16::<3>(fifth),
+                            2 => _mm256_slli_epi16::<2>(fifth),
+                            3 => _mm256_slli_epi16::<1>(fifth),
+                            4 => fifth,
+                            5 => _mm256_srli_epi16::<1>(fifth),
+                            6 => _mm256_srli_epi16::<2>(fifth),
+                            _ => _mm256_srli_epi16::<3>(fifth),
+                        };
+                        w = _mm256_or_si256(w, _mm256_and_si256(bit, bit4));
+                    }
+                    w
+                };
+                let magnitude = if EIGHT { _mm256_sign_epi8(w, w) } else { w };
+                for (row, t) in rows.iter().zip(t.iter_mut()) {
+                    let x = four8(row, x0 + 4 * j);
+                    let x = if EIGHT { _mm256_sign_epi8(x, w) } else { x };
+                    let pairs = _mm256_maddubs_epi16(magnitude, x);
+                    *t = _mm256_add_epi32(*t, _mm256_madd_epi16(pairs, ones));
+                }
+            }
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(s_at + 16 * half) as *const __m128i));
+            for ((row, t), main) in rows.iter().zip(t).zip(main.iter_mut()) {
+                let xd = _mm256_set1_ps(*row.scales.add(b));
+                *main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(d, xd), *main);
+            }
+            if MIN {
+                let m = _mm256_cvtph_ps(_mm_loadu_si128(
+                    p.add(s_at + 32 + 16 * half) as *const __m128i
+                ));
+                for (row, mins) in rows.iter().zip(mins.iter_mut()) {
+                    *mins = _mm256_fmadd_ps(m, _mm256_set1_ps(*row.sums.add(b)), *mins);
+                }
+            }
+        }
+        std::array::from_fn(|m| _mm256_add_ps(main[m], mins[m]))
+    }
+}
