@@ -6,7 +6,9 @@
 //! formats' steps from 16 rows on AMX tiles, `LoadOptions::amx_min_rows`; `auto/q8_0`: auto with an 8-bit KV cache instead of f16); `SLUICE_BENCH_BATCHES=1,64`
 //! the sizes; `SLUICE_BENCH_PREFILL=2048` the prompt's length (`0` skips the prefill);
 //! `SLUICE_BENCH_VERIFY=1,2,5` steps of one sequence computing that many tokens with a logits
-//! row each (speculative decoding's verification of `n - 1` guesses; empty by default).
+//! row each (speculative decoding's verification of `n - 1` guesses; empty by default);
+//! `SLUICE_BENCH_TIER=avx2` (`avx512`, `vnni`, `amx`) keeps every kernel at or below that tier,
+//! to time what a CPU with only those instructions runs.
 //! Times are the median and the fastest run (the shared 2-core host is often busy).
 
 // getrusage through libc, for the CPU-time mode.
@@ -15,6 +17,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use sluice_kernels::cpu::KernelTier;
 use sluice_model::{
     KvCache, KvDtype, LlamaModel, LoadOptions, StepBatch, StepScratch, WeightsKind,
 };
@@ -89,6 +92,19 @@ fn main() {
     let batches: Vec<usize> = list("SLUICE_BENCH_BATCHES", "1,8,32,64");
     let prefill: usize = list("SLUICE_BENCH_PREFILL", "512")[0];
     let verify: Vec<usize> = list("SLUICE_BENCH_VERIFY", "");
+    // Every kernel at or below a tier, chosen before any model loads (matrices pick their
+    // kernel at load): what a CPU with only those instructions runs.
+    if let Some(tier) = std::env::var("SLUICE_BENCH_TIER").ok().filter(|t| !t.is_empty()) {
+        let tier = match tier.as_str() {
+            "avx2" => KernelTier::Avx2,
+            "avx512" => KernelTier::Avx512,
+            "vnni" => KernelTier::Avx512Vnni,
+            "amx" => KernelTier::Amx,
+            other => panic!("SLUICE_BENCH_TIER: unknown tier {other} (avx2, avx512, vnni, amx)"),
+        };
+        sluice_kernels::cpu::limit_kernels(tier);
+        println!("kernels limited to {tier:?}");
+    }
     println!("threads: {}", rayon::current_num_threads());
     println!("| weights | step | tokens | ms/step (median) | tokens/s | ms/step (fastest) | tokens/s | CPU ms/step |");
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");

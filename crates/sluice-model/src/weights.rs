@@ -26,13 +26,11 @@ pub enum WeightsKind {
     Quantized,
     /// One arithmetic per format, at every step size (the rule of docs/design.md: a row's
     /// result never depends on the step's size, the other rows or which kernel ran):
-    /// - the K-quants (Q4_K, Q5_K, Q6_K): llama.cpp's integer arithmetic, as
-    ///   [`WeightsKind::Quantized`] (the file's blocks in place, activations rounded to int8
-    ///   per 256; measured faster than the exact panels at every step size);
-    /// - the legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the file's blocks regrouped into
-    ///   panels and dequantized in registers with the reference arithmetic, the results of
-    ///   `f32` at the memory of the file (measured faster than int8 from 16 rows and in
-    ///   prefill);
+    /// - the K-quants (Q4_K, Q5_K, Q6_K) and the legacy formats (Q4_0, Q4_1, Q5_0, Q5_1,
+    ///   Q8_0): llama.cpp's integer arithmetic, as [`WeightsKind::Quantized`] (the file's
+    ///   blocks regrouped into panels of 16 rows, activations rounded to int8 per 256 for the
+    ///   K-quants and per 32 for the legacy formats; measured faster than the exact f32 panels
+    ///   at every step size);
     /// - f32/f16/bf16 matrices: f32 panels (AMX's split-bf16 tiles, about 2^-16 from them,
     ///   only when [`LoadOptions::amx_min_rows`](crate::LoadOptions) asks);
     /// - other formats (Q2_K, Q3_K): candle's quantized matmul.
@@ -364,7 +362,8 @@ impl Linear {
     }
 
     /// `parts` as [`WeightsKind::Auto`] holds them (consecutive matrices of one format are one
-    /// matrix): the K-quants on our int8 kernels, the rest as panels; or `None` when a part's
+    /// matrix): every quantized format our kernels read on our int8 kernels, unquantized
+    /// matrices (and quantized ones this CPU has no int8 kernel for) as f32 panels; or `None` when a part's
     /// format has no kernel: then candle's quantized matmul runs the whole layer, said in the
     /// log, never a silent f32 copy.
     fn auto_parts(
@@ -376,7 +375,7 @@ impl Linear {
         let mut out = Vec::new();
         for (col0, group) in format_groups(parts) {
             let dtype = group[0].dtype;
-            if kernel_format(dtype).is_some_and(QuantFormat::is_k_quant) {
+            if kernel_format(dtype).is_some() {
                 if let Some(m) = Self::int8_matrix(group) {
                     out.push((col0, Part::Int8(m)));
                     continue;

@@ -39,27 +39,22 @@ fn greedy_matches_llama_cpp_f32() {
     eprintln!("f32: {agreed}/{total} greedy tokens identical to llama.cpp before any divergence");
 }
 
-/// `auto` with every step on AMX tiles (split-bf16 products, where the CPU has them; the exact
-/// f32 kernel elsewhere): the same agreement with llama.cpp as f32.
+/// `auto` as it serves: the Q4_1 file's matrices in llama.cpp's integer arithmetic (int8
+/// activations per 32, as llama.cpp computes this file), exactly as `quantized`, while the
+/// fixtures come from llama.cpp's f32 run: `quantized`'s bound (below).
 #[test]
-fn greedy_matches_llama_cpp_auto_on_amx_tiles() {
-    if !sluice_kernels::cpu::amx::available() {
-        eprintln!("AMX-BF16 is missing on this CPU: this checks auto's f32 kernels only");
-    }
-    let model = load_with(LoadOptions {
-        weights: WeightsKind::Auto,
-        amx_min_rows: Some(1),
-        ..LoadOptions::default()
-    });
-    let rows = fixture_rows();
-    let mut agreed = 0;
-    let mut total = 0;
-    for row in &rows {
-        agreed += compare_with_fixture(&model, row, 1e-2).agreed;
+fn greedy_matches_llama_cpp_auto() {
+    let model = load(WeightsKind::Auto);
+    let (mut agreed, mut total, mut worst) = (0, 0, 0f32);
+    for row in &fixture_rows() {
+        let a = compare_with_fixture(&model, row, QUANTIZED_LOGPROB_TOLERANCE);
+        agreed += a.agreed;
+        worst = worst.max(a.max_logprob_diff);
         total += row["ids"].as_array().unwrap().len();
     }
-    eprintln!("auto on tiles: {agreed}/{total} greedy tokens identical to llama.cpp");
-    assert_eq!(agreed, total, "auto on tiles diverged from llama.cpp");
+    eprintln!(
+        "auto: {agreed}/{total} greedy tokens identical to llama.cpp before any divergence, largest logprob difference {worst}"
+    );
 }
 
 /// The quantized path multiplies Q4_1 weights with Q8_1-quantized activations (as llama.cpp
@@ -69,12 +64,20 @@ fn greedy_matches_llama_cpp_auto_on_amx_tiles() {
 #[test]
 fn greedy_matches_llama_cpp_quantized() {
     let model = load(WeightsKind::Quantized);
+    let (mut agreed, mut total) = (0, 0);
     for row in &fixture_rows() {
-        compare_with_fixture(&model, row, 0.35);
+        agreed += compare_with_fixture(&model, row, QUANTIZED_LOGPROB_TOLERANCE).agreed;
+        total += row["ids"].as_array().unwrap().len();
     }
+    eprintln!(
+        "quantized: {agreed}/{total} greedy tokens identical to llama.cpp before any divergence"
+    );
 }
 
-/// The 8-bit KV cache (`--kv-cache-dtype q8_0`) with the default weights: keys and values
+/// The bound on agreeing tokens' logprobs where activations are rounded to int8.
+const QUANTIZED_LOGPROB_TOLERANCE: f32 = 0.35;
+
+/// The 8-bit KV cache (`--kv-cache-dtype q8_0`) with f32 weights (the fixtures' own): keys and values
 /// rounded to int8 per 32 values move the logprobs further from llama.cpp's f32 run than f16
 /// does: measured 324 of 408 tokens identical before the first divergence (f16: all 408),
 /// largest logprob difference 0.13 (bound 0.2); a divergence must be within both top-5 lists.
@@ -82,6 +85,7 @@ fn greedy_matches_llama_cpp_quantized() {
 fn greedy_matches_llama_cpp_with_q8_kv_cache() {
     let model = load_with(LoadOptions {
         kv_dtype: KvDtype::Q8_0,
+        weights: WeightsKind::F32,
         ..LoadOptions::default()
     });
     let (mut agreed, mut total, mut worst) = (0, 0, 0f32);
@@ -101,14 +105,11 @@ fn batching_is_invisible_on_the_real_model() {
     batching_is_invisible(&load(WeightsKind::F32));
 }
 
-/// On AMX tiles a row's products do not depend on the other rows either.
+/// With the default weights (int8 arithmetic) a row's products do not depend on the other
+/// rows either.
 #[test]
-fn batching_is_invisible_on_amx_tiles() {
-    batching_is_invisible(&load_with(LoadOptions {
-        weights: WeightsKind::Auto,
-        amx_min_rows: Some(1),
-        ..LoadOptions::default()
-    }));
+fn batching_is_invisible_with_auto_weights() {
+    batching_is_invisible(&load(WeightsKind::Auto));
 }
 
 fn batching_is_invisible(model: &LlamaModel) {

@@ -523,35 +523,28 @@ fn spec_in(dtype: GgmlDType) -> TinyModelSpec {
     }
 }
 
-/// `auto` reads the legacy formats' quantized panels, dequantized in registers for small steps
-/// and once per call for large ones; both must give the f32 path's numbers exactly, or a
-/// sequence's tokens would depend on its batch. The K-quants compute in int8 under `auto`:
-/// exactly as `quantized`.
+/// `auto` computes every format our kernels read in llama.cpp's integer arithmetic, exactly as
+/// `quantized` does: the K-quants per 256 activations, the legacy formats per 32, prefill and
+/// decode alike.
 #[test]
 fn auto_weights_equal_their_formats_reference_bit_for_bit() {
     for dtype in KERNEL_FORMATS {
         let path = tiny_path(&spec_in(dtype), &format!("auto-{dtype:?}.gguf"));
-        let reference = if matches!(dtype, GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K) {
-            WeightsKind::Quantized
-        } else {
-            WeightsKind::F32
-        };
-        let f32_model = load(&path, reference, serving_backend(&TinyModelSpec::default()));
+        let reference = WeightsKind::Quantized;
+        let reference_model = load(&path, reference, serving_backend(&TinyModelSpec::default()));
         let auto_model = load(
             &path,
             WeightsKind::Auto,
             serving_backend(&TinyModelSpec::default()),
         );
-        // A prefill long enough to dequantize each panel once (12 rows and more) and short
-        // enough to stay off the AMX tiles, whose products are not f32's.
+        // A prefill of more rows than a kernel's pass takes (8), then decode steps of one.
         let prefill = 14;
-        assert!(prefill < sluice_model::weights::AUTO_AMX_MIN_ROWS);
         let tokens: Vec<u32> = (0..prefill + 2).map(|i| (i * 13 % 250) as u32).collect();
         let steps = |model: &LlamaModel| -> Vec<Vec<f32>> {
             let mut kv = model.new_kv_cache(3, 16).unwrap();
             let mut out = Vec::new();
             let mut b = StepBatch::new(16);
-            b.push_sequence(&tokens[..prefill], 0, &[2, 0], true); // prefill: the f32 panels
+            b.push_sequence(&tokens[..prefill], 0, &[2, 0], true);
             out.push(
                 model
                     .forward(&b, &mut kv)
@@ -563,7 +556,7 @@ fn auto_weights_equal_their_formats_reference_bit_for_bit() {
             );
             for pos in prefill..prefill + 2 {
                 b.clear();
-                b.push_sequence(&tokens[pos..pos + 1], pos, &[2, 0], true); // decode: quantized
+                b.push_sequence(&tokens[pos..pos + 1], pos, &[2, 0], true);
                 out.push(
                     model
                         .forward(&b, &mut kv)
@@ -576,7 +569,7 @@ fn auto_weights_equal_their_formats_reference_bit_for_bit() {
             }
             out
         };
-        let (a, b) = (steps(&f32_model), steps(&auto_model));
+        let (a, b) = (steps(&reference_model), steps(&auto_model));
         for (step, (x, y)) in a.iter().zip(&b).enumerate() {
             assert!(
                 x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
@@ -586,8 +579,7 @@ fn auto_weights_equal_their_formats_reference_bit_for_bit() {
     }
 }
 
-/// `quantized` (int8 activations: our kernels for the legacy formats, candle's for the
-/// K-quants) stays close to the f32 path in every format, prefill and decode alike, and a
+/// `quantized` (int8 activations, our kernels) stays close to the f32 path in every format, prefill and decode alike, and a
 /// sequence's logits do not depend on the rows beside it where our kernels run.
 #[test]
 fn quantized_weights_track_f32_in_every_format() {
