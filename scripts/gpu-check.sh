@@ -13,6 +13,8 @@
 # What it runs:
 # - the GPU tests (the CUDA forward against the CPU's, graphs replayed against their eager
 #   launches bit for bit, GGUF blocks on the device, device sampling);
+# - on the machine's own processor, the CPU batch-invariance test and the kernels' unit tests,
+#   each kernel tier that CPU has (AMX where it has it) forced in turn;
 # - for each model of SLUICE_GPU_MODELS (SHAPE:FORMAT:WEIGHTS[:baseline], default below),
 #   `sluice serve` and a sluice-bench sweep of SLUICE_GPU_LEVELS clients (128-token prompts and
 #   outputs, ignore_eos): output tok/s, TTFT p50 and the server's mean step;
@@ -28,6 +30,18 @@ cd "$(dirname "$0")/.."
 mode=${1:-run}
 bundle=${2:-gpu-bundle}
 
+# test_binary NAME CARGO-TEST-ARGS...: builds one test target and prints its executable's path.
+test_binary() {
+    local name=$1
+    shift
+    cargo test --release "$@" --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
+        print(m["executable"])' "$name"
+}
+
 build() {
     env_file=$(./scripts/setup-cuda.sh --link | tail -n 1)
     # shellcheck disable=SC1090
@@ -41,15 +55,18 @@ build() {
     export RUSTFLAGS=${RUSTFLAGS:--C target-cpu=x86-64-v3}
     mkdir -p "$bundle"
     cargo build --release --features sluice-server/cuda -p sluice-server -p sluice-bench
-    test_bin=$(cargo test --release -p sluice-model --features cuda --test gpu --no-run \
-        --message-format=json 2>/dev/null |
-        python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "gpu" and m.get("executable"):
-        print(m["executable"])')
+    # The GPU tests, and two CPU test binaries for the GPU machine's own processor (another
+    # CPU than ours, often with AMX): the batch-invariance test and the kernels' unit tests,
+    # each forcing every kernel tier that CPU has. Built with the cuda feature, so that they
+    # share the GPU tests' dependencies instead of a second build of candle.
+    local gpu_tests cpu_invariance cpu_kernels
+    gpu_tests=$(test_binary gpu -p sluice-model --features cuda --test gpu)
+    cpu_invariance=$(test_binary batch_invariance -p sluice-model --features cuda \
+        --test batch_invariance)
+    cpu_kernels=$(test_binary sluice_kernels -p sluice-kernels --features cuda --lib)
     for pair in "sluice:$CARGO_TARGET_DIR/release/sluice" \
-        "sluice-bench:$CARGO_TARGET_DIR/release/sluice-bench" "gpu-tests:$test_bin"; do
+        "sluice-bench:$CARGO_TARGET_DIR/release/sluice-bench" "gpu-tests:$gpu_tests" \
+        "cpu-invariance:$cpu_invariance" "cpu-kernels:$cpu_kernels"; do
         strip --strip-debug -o "$bundle/${pair%%:*}" "${pair#*:}"
         xz -6 -T2 -f "$bundle/${pair%%:*}"
     done
@@ -79,7 +96,7 @@ run() {
     work=${SLUICE_GPU_WORK:-/tmp/sluice-gpu}
     out=${SLUICE_GPU_OUT:-$work/results}
     mkdir -p "$work/bin" "$work/models" "$out"
-    for bin in sluice sluice-bench gpu-tests; do
+    for bin in sluice sluice-bench gpu-tests cpu-invariance cpu-kernels; do
         [ -f "$bundle/$bin.xz" ] && xz -dc "$bundle/$bin.xz" >"$work/bin/$bin"
     done
     chmod +x "$work/bin/"*
@@ -104,6 +121,8 @@ run() {
         grep -E "^test |test result|gap|bitwise|graphs|agreed" "$out/gpu-tests.log" | sed 's/^/    /'
         echo
     fi
+
+    cpu_tests "$work" "$out" || tests=FAIL
 
     echo "| model | weights | server | clients | output tok/s | TTFT p50 ms | mean step ms |"
     echo "| --- | --- | --- | ---: | ---: | ---: | ---: |"
@@ -146,6 +165,34 @@ run() {
     echo "sweep: sluice-bench --sweep ${SLUICE_GPU_LEVELS:-1,16,64,256} --num-requests 4x --prompt-tokens 128 --output-tokens 128, ignore_eos"
     echo "serve: --kv-cache-memory ${SLUICE_GPU_KV:-40GiB} --max-num-seqs 256 --max-num-batched-tokens 8192"
     [ "$tests" != FAIL ]
+}
+
+# cpu_tests WORK OUT: batch invariance on this machine's own processor (the GPU machines' CPUs
+# are not ours: AMX, other vector widths), each kernel tier it has forced in turn: the
+# bundle's batch-invariance test and the kernels' unit tests. SLUICE_GPU_CPU_TESTS=0 skips.
+cpu_tests() {
+    local work=$1 out=$2 status=0 cpu flags
+    [ -x "$work/bin/cpu-invariance" ] && [ "${SLUICE_GPU_CPU_TESTS:-1}" != 0 ] || return 0
+    cpu=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+    flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
+        grep -x -E 'avx2|fma|f16c|avx512f|avx512bw|avx512vl|avx512_vnni|avx512_bf16|amx_tile|amx_int8|amx_bf16' |
+        tr '\n' ' ')
+    echo "CPU: $cpu, $(nproc) threads; flags: $flags"
+    # The invariance test writes its models under the temporary directory.
+    if ! (cd "$work" && timeout "${SLUICE_GPU_CPU_TIMEOUT:-300}" "$work/bin/cpu-invariance" \
+        --nocapture) >"$out/cpu-invariance.log" 2>&1; then
+        status=1
+    fi
+    echo "CPU batch invariance: $([ $status = 0 ] && echo pass || echo FAIL)"
+    grep -E "kernel tiers|invariant on|panicked|differ|test result" "$out/cpu-invariance.log" |
+        sed 's/^/    /'
+    local kernels=pass
+    timeout "${SLUICE_GPU_CPU_TIMEOUT:-300}" "$work/bin/cpu-kernels" --nocapture >"$out/cpu-kernels.log" 2>&1 ||
+        { kernels=FAIL; status=1; }
+    echo "CPU kernel tests: $kernels ($(grep -c skipped "$out/cpu-kernels.log" || true) lines saying skipped)"
+    grep -E "FAILED|panicked|test result|skipped" "$out/cpu-kernels.log" | sed 's/^/    /'
+    echo
+    return $status
 }
 
 # sweep PREFIX BINARY MODEL WEIGHTS LABEL [SERVE FLAGS...]: serves MODEL, runs sluice-bench
