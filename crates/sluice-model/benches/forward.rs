@@ -2,8 +2,8 @@
 //! and a prefill of one prompt (512 tokens unless told), for each weight kind. Prints a table;
 //! asserts nothing.
 //!
-//! `SLUICE_BENCH_WEIGHTS=f32,auto` picks the weight kinds (`auto-amx`: auto with the legacy
-//! formats' steps from 16 rows on AMX tiles, `LoadOptions::amx_min_rows`; `auto/q8_0`: auto with an 8-bit KV cache instead of f16); `SLUICE_BENCH_BATCHES=1,64`
+//! `SLUICE_BENCH_WEIGHTS=f32,auto` picks the weight kinds (`auto-amx`: auto with its f32
+//! panels' steps from 16 rows on AMX tiles, `LoadOptions::amx_min_rows`; `auto/q8_0`: auto with an 8-bit KV cache instead of f16); `SLUICE_BENCH_BATCHES=1,64`
 //! the sizes; `SLUICE_BENCH_PREFILL=2048` the prompt's length (`0` skips the prefill);
 //! `SLUICE_BENCH_VERIFY=1,2,5` steps of one sequence computing that many tokens with a logits
 //! row each (speculative decoding's verification of `n - 1` guesses; empty by default);

@@ -62,9 +62,10 @@ pub struct LoadOptions {
     /// llama.cpp) or F32.
     pub kv_dtype: KvDtype,
     /// With [`WeightsKind::Auto`] on a CPU with AMX, steps of at least this many rows of the
-    /// legacy formats' panels multiply on AMX tiles (`sluice_kernels::cpu::amx`, split-bf16
-    /// products; e.g. [`AUTO_AMX_MIN_ROWS`](crate::weights::AUTO_AMX_MIN_ROWS)), smaller ones
-    /// on the exact f32 kernels. Default `None`, every step exact: with a threshold, a step's
+    /// f32 panels (f32/f16 matrices; quantized formats run on the int8 kernels, which AMX
+    /// CPUs all have) multiply on AMX tiles (`sluice_kernels::cpu::amx`, split-bf16 products;
+    /// e.g. [`AUTO_AMX_MIN_ROWS`](crate::weights::AUTO_AMX_MIN_ROWS)), smaller ones on the
+    /// exact f32 kernels. Default `None`, every step exact: with a threshold, a step's
     /// size chooses its rows' arithmetic, and batching shows in the results. For benches and
     /// tests of the tiles (`Some(1)`: every step on them).
     pub amx_min_rows: Option<usize>,

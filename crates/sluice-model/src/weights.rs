@@ -253,12 +253,12 @@ impl Part {
     }
 }
 
-/// Rows from which, when asked ([`LoadOptions::amx_min_rows`](crate::LoadOptions)), the
-/// legacy formats' panels multiply on AMX tiles (`sluice_kernels::cpu::amx`: split-bf16
-/// products, relative error about 2^-16; Q5_0 and Q5_1 steps of up to 64 rows on the
-/// weights' integers, scaled per 32 k). Not by default: a step's size would then choose the
-/// arithmetic of its rows. Measured on an AMX Xeon (forward bench, paired): from 16 rows the
-/// tiles are faster (SmolLM2 Q4_1 24 rows 45.3 -> 40.5 ms), at 8 and 12 rows slower.
+/// Rows from which, when asked ([`LoadOptions::amx_min_rows`](crate::LoadOptions)), `auto`'s
+/// f32 panels multiply on AMX tiles (`sluice_kernels::cpu::amx`: split-bf16 products,
+/// relative error about 2^-16). Not by default: a step's size would then choose the
+/// arithmetic of its rows. Measured on an AMX Xeon (forward bench, paired) when SmolLM2's
+/// Q4_1 still ran on exact panels under `auto`: from 16 rows the tiles were faster (24 rows
+/// 45.3 -> 40.5 ms), at 8 and 12 rows slower.
 pub const AUTO_AMX_MIN_ROWS: usize = 16;
 
 thread_local! {
