@@ -94,7 +94,10 @@ fn main() {
     let verify: Vec<usize> = list("SLUICE_BENCH_VERIFY", "");
     // Every kernel at or below a tier, chosen before any model loads (matrices pick their
     // kernel at load): what a CPU with only those instructions runs.
-    if let Some(tier) = std::env::var("SLUICE_BENCH_TIER").ok().filter(|t| !t.is_empty()) {
+    if let Some(tier) = std::env::var("SLUICE_BENCH_TIER")
+        .ok()
+        .filter(|t| !t.is_empty())
+    {
         let tier = match tier.as_str() {
             "avx2" => KernelTier::Avx2,
             "avx512" => KernelTier::Avx512,

@@ -86,11 +86,13 @@ impl Default for LoadOptions {
 impl LoadOptions {
     /// The weights' kind on this device: `auto` on a GPU is bf16, which measured faster than
     /// the file's blocks there (`--weights quantized`) at 1 and at 256 clients on the
-    /// Qwen2.5-1.5B shape, and at 256 on the 7B shape (BENCHMARKS.md, GPU section); elsewhere
-    /// the kind asked for.
+    /// Qwen2.5-1.5B shape, and at 256 on the 7B shape (BENCHMARKS.md, GPU section); `exact`
+    /// is f32 there; elsewhere the kind asked for.
     pub fn effective_weights(&self) -> WeightsKind {
         match (self.weights, self.device.is_cuda()) {
             (WeightsKind::Auto, true) => WeightsKind::Bf16,
+            // No exact panels on a GPU: f32's own arithmetic there.
+            (WeightsKind::Exact, true) => WeightsKind::F32,
             (kind, _) => kind,
         }
     }

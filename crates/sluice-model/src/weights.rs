@@ -37,10 +37,17 @@ pub enum WeightsKind {
     ///
     /// On a GPU, [`WeightsKind::Bf16`] ([`crate::LoadOptions::effective_weights`]).
     Auto,
+    /// `f32`'s results, bit for bit, at about the file's memory: every quantized format our
+    /// kernels read regrouped at load into 16-column panels and dequantized in registers with
+    /// the reference arithmetic (the f32 kernel's FMA chain); f32/f16 matrices as f32 panels;
+    /// other formats (Q2_K, Q3_K) on candle's quantized matmul. Slower than `auto`'s int8. On
+    /// a GPU, [`WeightsKind::F32`].
+    Exact,
 }
 
 impl WeightsKind {
-    pub const NAMES: &'static [&'static str] = &["f32", "f16", "bf16", "quantized", "auto"];
+    pub const NAMES: &'static [&'static str] =
+        &["f32", "f16", "bf16", "quantized", "auto", "exact"];
 }
 
 impl FromStr for WeightsKind {
@@ -52,6 +59,7 @@ impl FromStr for WeightsKind {
             "bf16" => Ok(Self::Bf16),
             "quantized" | "q" => Ok(Self::Quantized),
             "auto" => Ok(Self::Auto),
+            "exact" => Ok(Self::Exact),
             _ => Err(format!(
                 "unknown weights kind `{s}` (expected one of {})",
                 Self::NAMES.join(", ")
@@ -68,6 +76,7 @@ impl std::fmt::Display for WeightsKind {
             Self::Bf16 => "bf16",
             Self::Quantized => "quantized",
             Self::Auto => "auto",
+            Self::Exact => "exact",
         })
     }
 }
@@ -228,11 +237,11 @@ enum Weights {
 /// One matrix of a [`Weights::Parts`] layer.
 enum Part {
     /// Packed panels: f32 ([`WeightsKind::F32`], or files' f32/f16 matrices), or a file's
-    /// legacy blocks regrouped and dequantized in registers with the f32 kernel's exact
-    /// arithmetic ([`WeightsKind::Auto`]).
+    /// quantized blocks regrouped and dequantized in registers with the f32 kernel's exact
+    /// arithmetic ([`WeightsKind::Exact`]).
     Panels(Arc<PackedMatrix>),
-    /// Our int8-dot kernels, the file's blocks read in place: every format of [`QuantFormat`]
-    /// under [`WeightsKind::Quantized`], the K-quants under [`WeightsKind::Auto`].
+    /// Our int8-dot kernels on the file's blocks' integers: every format of [`QuantFormat`]
+    /// under [`WeightsKind::Auto`] and [`WeightsKind::Quantized`].
     Int8(QuantMatrix),
     /// candle's quantized matmul: the formats we have no kernel for (Q2_K, Q3_K, ...); and the
     /// bytes of its blocks.
@@ -281,11 +290,13 @@ impl Linear {
         let k = parts[0].cols;
         let packed = device.is_cpu() && gemm::available();
         let weights = match kind {
-            WeightsKind::Auto if packed => match Self::auto_parts(parts, n, k, options)? {
-                Some(parts) => Weights::Parts(parts),
-                None => Self::candle_quantized(parts)?,
-            },
-            WeightsKind::F32 | WeightsKind::Auto => {
+            WeightsKind::Auto | WeightsKind::Exact if packed => {
+                match Self::auto_parts(parts, n, k, options)? {
+                    Some(parts) => Weights::Parts(parts),
+                    None => Self::candle_quantized(parts)?,
+                }
+            }
+            WeightsKind::F32 | WeightsKind::Auto | WeightsKind::Exact => {
                 let dense = parts
                     .iter()
                     .map(|p| p.qtensor()?.dequantize(&Device::Cpu).map_err(Into::into))
@@ -361,9 +372,10 @@ impl Linear {
         QuantMatrix::from_rows(format, rows, group[0].cols, |r| run_row(group, r))
     }
 
-    /// `parts` as [`WeightsKind::Auto`] holds them (consecutive matrices of one format are one
-    /// matrix): every quantized format our kernels read on our int8 kernels, unquantized
-    /// matrices (and quantized ones this CPU has no int8 kernel for) as f32 panels; or `None` when a part's
+    /// `parts` as [`WeightsKind::Auto`] (or [`WeightsKind::Exact`]) holds them (consecutive
+    /// matrices of one format are one matrix): every quantized format our kernels read on our
+    /// int8 kernels (on exact panels), unquantized matrices (and quantized ones this CPU has no
+    /// int8 kernel for) as f32 panels; or `None` when a part's
     /// format has no kernel: then candle's quantized matmul runs the whole layer, said in the
     /// log, never a silent f32 copy.
     fn auto_parts(
@@ -375,7 +387,7 @@ impl Linear {
         let mut out = Vec::new();
         for (col0, group) in format_groups(parts) {
             let dtype = group[0].dtype;
-            if kernel_format(dtype).is_some() {
+            if options.kind == WeightsKind::Auto && kernel_format(dtype).is_some() {
                 if let Some(m) = Self::int8_matrix(group) {
                     out.push((col0, Part::Int8(m)));
                     continue;
@@ -399,7 +411,7 @@ impl Linear {
                 );
                 return Ok(None);
             };
-            if let Some(min_rows) = options.amx_min_rows {
+            if let (WeightsKind::Auto, Some(min_rows)) = (options.kind, options.amx_min_rows) {
                 // Asked for (benches, tests of the tiles): large steps on AMX tiles.
                 if m.format().is_some() {
                     m.use_amx_dequantizing_from(min_rows);
@@ -459,7 +471,9 @@ impl Linear {
         let bias = activation_bias(bias, options)?;
         let (n, k) = w.dims2()?;
         let weights = match kind {
-            WeightsKind::F32 | WeightsKind::Auto if device.is_cpu() && gemm::available() => {
+            WeightsKind::F32 | WeightsKind::Auto | WeightsKind::Exact
+                if device.is_cpu() && gemm::available() =>
+            {
                 let data = w
                     .to_device(&Device::Cpu)?
                     .to_dtype(DType::F32)?
@@ -472,7 +486,7 @@ impl Linear {
                 }
                 Weights::Parts(vec![(0, Part::Panels(Arc::new(packed)))])
             }
-            WeightsKind::F32 | WeightsKind::Auto => {
+            WeightsKind::F32 | WeightsKind::Auto | WeightsKind::Exact => {
                 Weights::Tensor(w.to_dtype(DType::F32)?.to_device(device)?)
             }
             WeightsKind::F16 | WeightsKind::Bf16 => {

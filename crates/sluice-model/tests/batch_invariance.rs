@@ -172,8 +172,9 @@ const FORMATS: [GgmlDType; 10] = [
     GgmlDType::Q6K,
 ];
 
-const KINDS: [WeightsKind; 5] = [
+const KINDS: [WeightsKind; 6] = [
     WeightsKind::Auto,
+    WeightsKind::Exact,
     WeightsKind::F32,
     WeightsKind::Quantized,
     WeightsKind::F16,

@@ -57,6 +57,21 @@ fn greedy_matches_llama_cpp_auto() {
     );
 }
 
+/// `exact`: the Q4_1 blocks dequantized in registers with the reference arithmetic, f32's
+/// results at the file's memory: every fixture token, as f32.
+#[test]
+fn greedy_matches_llama_cpp_exact() {
+    let model = load(WeightsKind::Exact);
+    let rows = fixture_rows();
+    let (mut agreed, mut total) = (0, 0);
+    for row in &rows {
+        agreed += compare_with_fixture(&model, row, 1e-2).agreed;
+        total += row["ids"].as_array().unwrap().len();
+    }
+    eprintln!("exact: {agreed}/{total} greedy tokens identical to llama.cpp before any divergence");
+    assert_eq!(agreed, total, "exact diverged from llama.cpp's f32 run");
+}
+
 /// The quantized path multiplies Q4_1 weights with Q8_1-quantized activations (as llama.cpp
 /// does with the Q4_1 file), so its logprobs sit further from the f32 reference: measured
 /// median 0.03, p95 0.13, max 0.28 over the fixtures; the bound is 0.35, and a divergence must

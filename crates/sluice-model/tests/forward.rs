@@ -579,6 +579,42 @@ fn auto_weights_equal_their_formats_reference_bit_for_bit() {
     }
 }
 
+/// `exact` regroups every format's blocks into panels dequantized in registers for small
+/// steps and once per call for large ones; both must give the f32 path's numbers exactly.
+#[test]
+fn exact_weights_equal_f32_bit_for_bit() {
+    for dtype in KERNEL_FORMATS {
+        let path = tiny_path(&spec_in(dtype), &format!("exact-{dtype:?}.gguf"));
+        let backend = serving_backend(&TinyModelSpec::default());
+        let (f32_model, exact) = (
+            load(&path, WeightsKind::F32, backend),
+            load(&path, WeightsKind::Exact, backend),
+        );
+        // A prefill long enough to dequantize each panel once (12 rows and more), then decode
+        // steps of one row (in registers).
+        let tokens: Vec<u32> = (0..16).map(|i| (i * 13 % 250) as u32).collect();
+        let steps = |model: &LlamaModel| -> Vec<Vec<f32>> {
+            let mut kv = model.new_kv_cache(3, 16).unwrap();
+            let mut b = StepBatch::new(16);
+            let mut out = Vec::new();
+            for (pos, len) in [(0, 14), (14, 1), (15, 1)] {
+                b.clear();
+                b.push_sequence(&tokens[pos..pos + len], pos, &[2, 0], true);
+                let logits = model.forward(&b, &mut kv).unwrap();
+                out.push(logits.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+            }
+            out
+        };
+        let (a, b) = (steps(&f32_model), steps(&exact));
+        for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "{dtype:?} step {step}: exact differs from f32"
+            );
+        }
+    }
+}
+
 /// `quantized` (int8 activations, our kernels) stays close to the f32 path in every format, prefill and decode alike, and a
 /// sequence's logits do not depend on the rows beside it where our kernels run.
 #[test]

@@ -99,7 +99,7 @@ config_keys! {
     port: u16 = 8000;
     flag u16, #[arg(long, env = "SLUICE_PORT", value_name = "N")]
 
-    /// Weight representation: auto, f32, f16, bf16 or quantized [default: auto].
+    /// Weight representation: auto, exact, f32, f16, bf16 or quantized [default: auto].
     weights: Named<WeightsKind> = Named(WeightsKind::Auto);
     flag Named<WeightsKind>, #[arg(long, env = "SLUICE_WEIGHTS", value_name = "KIND")]
 
@@ -711,6 +711,8 @@ mod tests {
             .unwrap();
         let bf16 = Config::from_layers(None, &args(&["--weights", "bf16"])).unwrap();
         assert_eq!(*bf16.weights, WeightsKind::Bf16);
+        let exact = Config::from_layers(None, &args(&["--weights", "exact"])).unwrap();
+        assert_eq!(*exact.weights, WeightsKind::Exact);
         assert_eq!(c.port, 9100);
         assert_eq!(c.host, "127.0.0.1");
         assert_eq!(*c.weights, WeightsKind::Quantized);

@@ -49,7 +49,7 @@ pub struct GenerateArgs {
     /// Seed for sampling (with --temperature > 0).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Weight representation: auto, f32, f16, bf16 or quantized.
+    /// Weight representation: auto, exact, f32, f16, bf16 or quantized.
     #[arg(long, default_value = "auto")]
     weights: WeightsKind,
     /// On a GPU: decode steps replayed from a CUDA graph (on), op by op (off), or the graph's
