@@ -49,6 +49,8 @@ mod avx512_panel;
 #[cfg(target_arch = "x86_64")]
 mod legacy_panel;
 #[cfg(target_arch = "x86_64")]
+mod panels;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 
 /// A `[rows, cols]` weight matrix in GGUF blocks, rows being output features.
@@ -291,7 +293,7 @@ fn super_block(
 /// to balance 2..N cores on the smallest matrices (128 rows).
 const ROWS_PER_TASK: usize = 32;
 #[cfg(target_arch = "x86_64")]
-const _: () = assert!(ROWS_PER_TASK.is_multiple_of(avx512_panel::PANEL_ROWS));
+const _: () = assert!(ROWS_PER_TASK.is_multiple_of(panels::PANEL_ROWS));
 
 /// Activation rows one pass over a weight row serves (the scalar path's legacy formats): each
 /// weight block is decoded once for all of them.
@@ -526,7 +528,7 @@ impl QuantMatrix {
         ldo: usize,
         col0: usize,
     ) {
-        use avx512_panel::PANEL_ROWS;
+        use panels::PANEL_ROWS;
         let blocks = self.activation_blocks();
         let t = acts.rows(blocks);
         let vnni = self.path == Path::Vnni;

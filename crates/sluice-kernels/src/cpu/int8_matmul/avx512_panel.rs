@@ -37,13 +37,10 @@
 
 use std::arch::x86_64::*;
 
-use rayon::prelude::*;
-
-use super::x86::prefetch_ahead;
+use super::panels;
+use super::x86::{for_rows, four, or_masked, prefetch_ahead, store_panel};
 use super::{QuantFormat, SUPER};
-
-/// Weight rows per panel: one per 32-bit lane of a 512-bit register.
-pub(super) const PANEL_ROWS: usize = 16;
+use crate::quant_format::DecodedBlock;
 
 /// Activation rows one pass over a panel serves (at most 8: [`rows_dot`] instantiates its
 /// kernels for 1 to 8). Measured with `benches/gemm.rs`: 12 and 16 were no faster.
@@ -84,9 +81,7 @@ pub(super) fn panel_bytes(format: QuantFormat, cols: usize) -> usize {
 }
 
 /// The weight rows `row(0..rows)` (each `row_bytes` bytes of GGUF `format` blocks, a format
-/// [`supports`] takes) as panels of [`PANEL_ROWS`] rows, the last one's missing rows zero,
-/// written from byte `at` of the result, where `at` makes the panels 64-byte aligned. The rows
-/// are read where they lie (a model file's map), so loading holds no second copy of them.
+/// [`supports`] takes) as panels ([`panels::repack`]).
 pub(super) fn repack<'a>(
     format: QuantFormat,
     row: &(dyn Fn(usize) -> &'a [u8] + Sync),
@@ -94,34 +89,16 @@ pub(super) fn repack<'a>(
     row_bytes: usize,
 ) -> (Vec<u8>, usize) {
     debug_assert!(supports(format));
-    let blocks = row_bytes / format.block_bytes();
-    let sb_bytes = super_block_bytes(format);
-    let panel = blocks * sb_bytes;
-    let panels = rows.div_ceil(PANEL_ROWS);
-    let mut out = vec![0u8; panels * panel + 63];
-    let at = out.as_ptr().align_offset(64).min(63);
-    out[at..at + panels * panel]
-        .par_chunks_mut(panel)
-        .enumerate()
-        .for_each(|(p, dst)| {
-            for (sb, dst) in dst.chunks_exact_mut(sb_bytes).enumerate() {
-                for r in 0..PANEL_ROWS.min(rows - p * PANEL_ROWS) {
-                    let row = row(p * PANEL_ROWS + r);
-                    debug_assert_eq!(row.len(), row_bytes);
-                    let blk =
-                        format.decode(&row[sb * format.block_bytes()..][..format.block_bytes()]);
-                    match format {
-                        QuantFormat::Q4K | QuantFormat::Q5K => put_q4_k(&blk, r, dst),
-                        _ => put_q6_k(&blk, r, dst),
-                    }
-                }
-            }
-        });
-    (out, at)
+    let put = |blk: &DecodedBlock, r: usize, dst: &mut [u8]| match format {
+        QuantFormat::Q4K | QuantFormat::Q5K => put_q4_k(blk, r, dst),
+        _ => put_q6_k(blk, r, dst),
+    };
+    let out_block = super_block_bytes(format);
+    panels::repack(format, row, rows, row_bytes, out_block, &put)
 }
 
 /// Row `r` of a Q4_K (or Q5_K, by the length of `dst`) panel super-block `dst`.
-fn put_q4_k(blk: &crate::quant_format::DecodedBlock, r: usize, dst: &mut [u8]) {
+fn put_q4_k(blk: &DecodedBlock, r: usize, dst: &mut [u8]) {
     dst[2 * r..][..2].copy_from_slice(&blk.d.to_le_bytes());
     dst[32 + 2 * r..][..2].copy_from_slice(&blk.m.to_le_bytes());
     for j in 0..8 {
@@ -148,7 +125,7 @@ fn put_q4_k(blk: &crate::quant_format::DecodedBlock, r: usize, dst: &mut [u8]) {
 }
 
 /// Row `r` of a Q6_K panel super-block `dst` (the decoded `q` is `q - 32`).
-fn put_q6_k(blk: &crate::quant_format::DecodedBlock, r: usize, dst: &mut [u8]) {
+fn put_q6_k(blk: &DecodedBlock, r: usize, dst: &mut [u8]) {
     let q: [u8; SUPER] = std::array::from_fn(|i| (blk.q[i] + 32) as u8);
     let low: [i8; SUPER] = std::array::from_fn(|i| (q[i] & 0x0F) as i8);
     put_nibbles(&low, r, &mut dst[..Q6K_HIGH]);
@@ -226,16 +203,8 @@ pub(super) unsafe fn rows_dot(
     debug_assert_eq!(weight_rows * rows.len(), dots.len());
     // SAFETY: forwarded from the caller, with `M` the length of `rows`.
     unsafe {
-        match rows.len() {
-            1 => by_format::<1>(format, panels, weight_rows, acts, rows.start, dots),
-            2 => by_format::<2>(format, panels, weight_rows, acts, rows.start, dots),
-            3 => by_format::<3>(format, panels, weight_rows, acts, rows.start, dots),
-            4 => by_format::<4>(format, panels, weight_rows, acts, rows.start, dots),
-            5 => by_format::<5>(format, panels, weight_rows, acts, rows.start, dots),
-            6 => by_format::<6>(format, panels, weight_rows, acts, rows.start, dots),
-            7 => by_format::<7>(format, panels, weight_rows, acts, rows.start, dots),
-            _ => by_format::<8>(format, panels, weight_rows, acts, rows.start, dots),
-        }
+        let args = (format, panels, weight_rows, acts, rows.start, dots);
+        for_rows!(rows.len(), by_format, [1, 2, 3, 4, 5, 6, 7], 8, args)
     }
 }
 
@@ -275,30 +244,9 @@ unsafe fn by_format<const M: usize>(
                 _ => q6_k::<M>(panel, &rows),
             }
         };
-        let first = p * PANEL_ROWS;
-        let valid = PANEL_ROWS.min(weight_rows - first);
-        let mask: __mmask16 = if valid == PANEL_ROWS {
-            !0
-        } else {
-            (1 << valid) - 1
-        };
-        for (m, acc) in acc.iter().enumerate() {
-            let to = &mut dots[m * weight_rows + first..][..valid];
-            // SAFETY: AVX-512 F is enabled on this function; the mask writes `valid` floats,
-            // the length of `to`.
-            unsafe { _mm512_mask_storeu_ps(to.as_mut_ptr(), mask, *acc) };
-        }
+        // SAFETY: AVX-512 F is enabled on this function.
+        unsafe { store_panel(&acc, p, weight_rows, dots) };
     }
-}
-
-/// The 4 activations at `at` of `row` in every 32-bit lane.
-///
-/// # Safety
-/// The CPU has AVX-512 F; `at + 4` is within the row's quants.
-#[inline(always)]
-unsafe fn four(row: &RowAt, at: usize) -> __m512i {
-    // SAFETY: the caller's promise; unaligned read of 4 bytes.
-    unsafe { _mm512_set1_epi32((row.quants.add(at) as *const i32).read_unaligned()) }
 }
 
 /// The 16-bit values at `at` and `at + 1` of `sums` in every 32-bit lane.
@@ -329,16 +277,6 @@ unsafe fn load(p: *const u8, at: usize) -> __m512i {
 unsafe fn halves(p: *const u8, at: usize) -> __m512 {
     // SAFETY: the caller's promise.
     unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at) as *const __m256i)) }
-}
-
-/// `a | (b & c)` in one instruction.
-///
-/// # Safety
-/// The CPU has AVX-512 F.
-#[inline(always)]
-unsafe fn or_masked(a: __m512i, b: __m512i, c: __m512i) -> __m512i {
-    // SAFETY: AVX-512 F is the caller's promise; register operations only.
-    unsafe { _mm512_ternarylogic_epi32::<0xF8>(a, b, c) }
 }
 
 /// One Q4_K panel (Q5_K when `FIVE`) against `M` rows: per row, the 16 weight rows' sums.
@@ -401,7 +339,7 @@ unsafe fn q4_k<const M: usize, const FIVE: bool>(panel: &[u8], rows: &[RowAt; M]
                             for (i, w) in steps.iter().enumerate() {
                                 let at = x + half + 4 * (run * c + i);
                                 for (row, t) in rows.iter().zip(t.iter_mut()) {
-                                    *t = _mm512_dpbusd_epi32(*t, *w, four(row, at));
+                                    *t = _mm512_dpbusd_epi32(*t, *w, four(row.quants, at));
                                 }
                             }
                             for (isum, t) in isum.iter_mut().zip(t) {
@@ -496,8 +434,8 @@ unsafe fn q6_k<const M: usize>(panel: &[u8], rows: &[RowAt; M]) -> [__m512; M] {
                         let mut t = zero;
                         let mut u = zero;
                         for i in 0..4 {
-                            t = _mm512_dpbusd_epi32(t, lo[i], four(row, x + 4 * i));
-                            u = _mm512_dpbusd_epi32(u, hi[i], four(row, x + 32 + 4 * i));
+                            t = _mm512_dpbusd_epi32(t, lo[i], four(row.quants, x + 4 * i));
+                            u = _mm512_dpbusd_epi32(u, hi[i], four(row.quants, x + 32 + 4 * i));
                         }
                         *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(t, sc_lo));
                         *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(u, sc_hi));

@@ -33,11 +33,10 @@
 
 use std::arch::x86_64::*;
 
-use rayon::prelude::*;
-
-use super::avx512_panel::PANEL_ROWS;
-use super::x86::prefetch_ahead;
+use super::panels::{self, PANEL_ROWS};
+use super::x86::{for_rows, four, or_masked, prefetch_ahead, store_panel};
 use super::{QuantFormat, BLOCK};
+use crate::quant_format::DecodedBlock;
 
 /// Activation rows one pass over a panel serves: 8 on AVX-512 (32 registers), 4 on AVX2 (16).
 pub(super) fn act_rows(vnni: bool) -> usize {
@@ -90,9 +89,7 @@ pub(super) fn panel_bytes(format: QuantFormat, cols: usize) -> usize {
 }
 
 /// The weight rows `row(0..rows)` (each `row_bytes` bytes of GGUF `format` blocks, a format
-/// [`supports`] takes) as panels of [`PANEL_ROWS`] rows, the last one's missing rows zero,
-/// written from byte `at` of the result, where `at` makes the panels 64-byte aligned. The rows
-/// are read where they lie (a model file's map), so loading holds no second copy of them.
+/// [`supports`] takes) as panels ([`panels::repack`]).
 pub(super) fn repack<'a>(
     format: QuantFormat,
     row: &(dyn Fn(usize) -> &'a [u8] + Sync),
@@ -100,26 +97,8 @@ pub(super) fn repack<'a>(
     row_bytes: usize,
 ) -> (Vec<u8>, usize) {
     debug_assert!(supports(format));
-    let blocks = row_bytes / format.block_bytes();
-    let bb = block_bytes(format);
-    let panel = blocks * bb;
-    let panels = rows.div_ceil(PANEL_ROWS);
-    let mut out = vec![0u8; panels * panel + 63];
-    let at = out.as_ptr().align_offset(64).min(63);
-    out[at..at + panels * panel]
-        .par_chunks_mut(panel)
-        .enumerate()
-        .for_each(|(p, dst)| {
-            for (b, dst) in dst.chunks_exact_mut(bb).enumerate() {
-                for r in 0..PANEL_ROWS.min(rows - p * PANEL_ROWS) {
-                    let row = row(p * PANEL_ROWS + r);
-                    debug_assert_eq!(row.len(), row_bytes);
-                    let gguf = &row[b * format.block_bytes()..][..format.block_bytes()];
-                    put_block(format, &format.decode(gguf), r, dst);
-                }
-            }
-        });
-    (out, at)
+    let put = |blk: &DecodedBlock, r: usize, dst: &mut [u8]| put_block(format, blk, r, dst);
+    panels::repack(format, row, rows, row_bytes, block_bytes(format), &put)
 }
 
 /// Row `r` of a panel block `dst` of `format`.
@@ -230,19 +209,11 @@ pub(super) unsafe fn rows_dot(
     let (first, n) = (rows.start, rows.len());
     // SAFETY: forwarded from the caller, with `M` the length of `rows`.
     unsafe {
-        match (n, vnni) {
-            (1, true) => by_format_vnni::<1>(format, panels, weight_rows, acts, first, dots),
-            (2, true) => by_format_vnni::<2>(format, panels, weight_rows, acts, first, dots),
-            (3, true) => by_format_vnni::<3>(format, panels, weight_rows, acts, first, dots),
-            (4, true) => by_format_vnni::<4>(format, panels, weight_rows, acts, first, dots),
-            (5, true) => by_format_vnni::<5>(format, panels, weight_rows, acts, first, dots),
-            (6, true) => by_format_vnni::<6>(format, panels, weight_rows, acts, first, dots),
-            (7, true) => by_format_vnni::<7>(format, panels, weight_rows, acts, first, dots),
-            (_, true) => by_format_vnni::<8>(format, panels, weight_rows, acts, first, dots),
-            (1, false) => by_format_avx2::<1>(format, panels, weight_rows, acts, first, dots),
-            (2, false) => by_format_avx2::<2>(format, panels, weight_rows, acts, first, dots),
-            (3, false) => by_format_avx2::<3>(format, panels, weight_rows, acts, first, dots),
-            (_, false) => by_format_avx2::<4>(format, panels, weight_rows, acts, first, dots),
+        let args = (format, panels, weight_rows, acts, first, dots);
+        if vnni {
+            for_rows!(n, by_format_vnni, [1, 2, 3, 4, 5, 6, 7], 8, args)
+        } else {
+            for_rows!(n, by_format_avx2, [1, 2, 3], 4, args)
         }
     }
 }
@@ -275,23 +246,12 @@ unsafe fn by_format_vnni<const M: usize>(
     // SAFETY: rows `first..first + M` are in `acts` (the caller's promise).
     let rows = unsafe { acts.rows::<M>(first) };
     let bytes = panel_bytes(format, acts.cols);
-    let (off, s_at) = (offset(format), scales_at(format));
+    let (off, s_at, bb) = (offset(format), scales_at(format), block_bytes(format));
     for (p, panel) in panels.chunks_exact(bytes).enumerate() {
         // SAFETY: forwarded from the caller; the features are enabled on this function.
-        let acc = unsafe { by_format!(format, vnni_panel, panel, &rows, off, s_at) };
-        let first = p * PANEL_ROWS;
-        let valid = PANEL_ROWS.min(weight_rows - first);
-        let mask: __mmask16 = if valid == PANEL_ROWS {
-            !0
-        } else {
-            (1 << valid) - 1
-        };
-        for (m, acc) in acc.iter().enumerate() {
-            let to = &mut dots[m * weight_rows + first..][..valid];
-            // SAFETY: AVX-512 F is enabled on this function; the mask writes `valid` floats,
-            // the length of `to`.
-            unsafe { _mm512_mask_storeu_ps(to.as_mut_ptr(), mask, *acc) };
-        }
+        let acc = unsafe { by_format!(format, vnni_panel, panel, &rows, off, s_at, bb) };
+        // SAFETY: AVX-512 F is enabled on this function.
+        unsafe { store_panel(&acc, p, weight_rows, dots) };
     }
 }
 
@@ -309,14 +269,14 @@ unsafe fn by_format_avx2<const M: usize>(
     // SAFETY: rows `first..first + M` are in `acts` (the caller's promise).
     let rows = unsafe { acts.rows::<M>(first) };
     let bytes = panel_bytes(format, acts.cols);
-    let (off, s_at) = (offset(format), scales_at(format));
+    let (off, s_at, bb) = (offset(format), scales_at(format), block_bytes(format));
     for (p, panel) in panels.chunks_exact(bytes).enumerate() {
         let first = p * PANEL_ROWS;
         let valid = PANEL_ROWS.min(weight_rows - first);
         let mut out = [[0f32; PANEL_ROWS]; M];
         for half in 0..2 {
             // SAFETY: forwarded from the caller; the features are enabled on this function.
-            let acc = unsafe { by_format!(format, avx2_half, panel, &rows, off, s_at, half) };
+            let acc = unsafe { by_format!(format, avx2_half, panel, &rows, off, s_at, bb, half) };
             for (out, acc) in out.iter_mut().zip(acc) {
                 // SAFETY: AVX is enabled on this function; 8 floats from `8 * half`, inside 16.
                 unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * half), acc) };
@@ -326,16 +286,6 @@ unsafe fn by_format_avx2<const M: usize>(
             dots[m * weight_rows + first..][..valid].copy_from_slice(&out[..valid]);
         }
     }
-}
-
-/// The 4 activations at `at` of `row` in every 32-bit lane.
-///
-/// # Safety
-/// The CPU has AVX-512 F; `at + 4` is within the row's quants.
-#[inline(always)]
-unsafe fn four(row: &RowAt, at: usize) -> __m512i {
-    // SAFETY: the caller's promise; unaligned read of 4 bytes.
-    unsafe { _mm512_set1_epi32((row.quants.add(at) as *const i32).read_unaligned()) }
 }
 
 /// As [`four`], in every 32-bit lane of 256 bits.
@@ -348,19 +298,9 @@ unsafe fn four8(row: &RowAt, at: usize) -> __m256i {
     unsafe { _mm256_set1_epi32((row.quants.add(at) as *const i32).read_unaligned()) }
 }
 
-/// `a | (b & c)` in one instruction.
-///
-/// # Safety
-/// The CPU has AVX-512 F.
-#[inline(always)]
-unsafe fn or_masked(a: __m512i, b: __m512i, c: __m512i) -> __m512i {
-    // SAFETY: AVX-512 F is the caller's promise; register operations only.
-    unsafe { _mm512_ternarylogic_epi32::<0xF8>(a, b, c) }
-}
-
 /// One panel against `M` rows on AVX-512 VNNI: per row, the 16 weight rows' results. `FIVE`:
 /// the weights have a fifth bit; `MIN`: a minimum; `EIGHT`: they are Q8_0's bytes. `off` is
-/// the format's [`offset`], `s_at` its [`scales_at`].
+/// the format's [`offset`], `s_at` its [`scales_at`], `bb` its [`block_bytes`].
 ///
 /// # Safety
 /// As [`rows_dot`] with `vnni`, for one panel.
@@ -370,14 +310,8 @@ unsafe fn vnni_panel<const M: usize, const FIVE: bool, const MIN: bool, const EI
     rows: &[RowAt; M],
     off: i32,
     s_at: usize,
+    bb: usize,
 ) -> [__m512; M] {
-    let bb = if EIGHT {
-        576
-    } else if FIVE {
-        384
-    } else {
-        320
-    };
     // SAFETY: reads inside block `b` of the panel at the layout's offsets (module docs) and
     // inside block `b` of each row; the rest is the caller's promise.
     unsafe {
@@ -425,7 +359,7 @@ unsafe fn vnni_panel<const M: usize, const FIVE: bool, const MIN: bool, const EI
             });
             for (j, w) in w.iter().enumerate() {
                 for (row, t) in rows.iter().zip(t.iter_mut()) {
-                    *t = _mm512_dpbusd_epi32(*t, *w, four(row, x0 + 4 * j));
+                    *t = _mm512_dpbusd_epi32(*t, *w, four(row.quants, x0 + 4 * j));
                 }
             }
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(s_at) as *const __m256i));
@@ -455,15 +389,9 @@ unsafe fn avx2_half<const M: usize, const FIVE: bool, const MIN: bool, const EIG
     rows: &[RowAt; M],
     off: i32,
     s_at: usize,
+    bb: usize,
     half: usize,
 ) -> [__m256; M] {
-    let bb = if EIGHT {
-        576
-    } else if FIVE {
-        384
-    } else {
-        320
-    };
     // SAFETY: reads inside block `b` of the panel at the layout's offsets (module docs), the
     // half's 32 bytes of each 64, and inside block `b` of each row; the rest is the caller's
     // promise.

@@ -1,7 +1,21 @@
-//! What every x86 kernel of `int8_matmul` reads its weights with: one f16 scale as a float,
-//! and prefetches ahead of a weight row streaming from memory.
+//! What the x86 kernels of `int8_matmul` share: one f16 scale as a float, prefetches ahead of
+//! a weight row streaming from memory, and the panel kernels' masked ternary and stores.
 
 use std::arch::x86_64::*;
+
+/// `$kernel::<M>(args...)` for `M` the number of activation rows `$n`, one of `$m` or else
+/// `$last`: the panel kernels are instantiated per row count, so that a pass keeps each row's
+/// accumulators in registers.
+macro_rules! for_rows {
+    ($n:expr, $kernel:ident, [$($m:literal),*], $last:literal, $args:expr) => {{
+        let (a, b, c, d, e, f) = $args;
+        match $n {
+            $($m => $kernel::<$m>(a, b, c, d, e, f),)*
+            _ => $kernel::<$last>(a, b, c, d, e, f),
+        }
+    }};
+}
+pub(super) use for_rows;
 
 /// Loads an f16 at `p` as f32 (one F16C conversion).
 ///
@@ -35,4 +49,55 @@ pub(in crate::cpu::int8_matmul) fn prefetch_ahead(weights: &[u8]) {
         unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8) };
         off += 64;
     }
+}
+
+/// `a | (b & c)` in one instruction.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[inline(always)]
+pub(in crate::cpu::int8_matmul) unsafe fn or_masked(a: __m512i, b: __m512i, c: __m512i) -> __m512i {
+    // SAFETY: AVX-512 F is the caller's promise; register operations only.
+    unsafe { _mm512_ternarylogic_epi32::<0xF8>(a, b, c) }
+}
+
+/// Panel `p`'s results (`acc[m]`: its 16 weight rows against activation row `m`) into
+/// `dots[m * weight_rows + 16 * p..]`, only the rows the matrix has (the last panel's may be
+/// fewer than 16).
+///
+/// # Safety
+/// The CPU has AVX-512 F; panel `p` holds weight rows below `weight_rows`, and `dots` holds
+/// `M * weight_rows` floats.
+#[inline(always)]
+pub(in crate::cpu::int8_matmul) unsafe fn store_panel<const M: usize>(
+    acc: &[__m512; M],
+    p: usize,
+    weight_rows: usize,
+    dots: &mut [f32],
+) {
+    use super::panels::PANEL_ROWS;
+    let first = p * PANEL_ROWS;
+    let valid = PANEL_ROWS.min(weight_rows - first);
+    let mask: __mmask16 = if valid == PANEL_ROWS {
+        !0
+    } else {
+        (1 << valid) - 1
+    };
+    for (m, acc) in acc.iter().enumerate() {
+        let to = &mut dots[m * weight_rows + first..][..valid];
+        // SAFETY: AVX-512 F is the caller's promise; the mask writes `valid` floats, the length
+        // of `to`.
+        unsafe { _mm512_mask_storeu_ps(to.as_mut_ptr(), mask, *acc) };
+    }
+}
+
+/// The 4 activations at `at` of the quants `row` in every 32-bit lane: what a panel kernel's
+/// `vpdpbusd` multiplies 4 weights of each of its 16 rows by.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `row + at..row + at + 4` is readable.
+#[inline(always)]
+pub(in crate::cpu::int8_matmul) unsafe fn four(row: *const i8, at: usize) -> __m512i {
+    // SAFETY: the caller's promise; unaligned read of 4 bytes.
+    unsafe { _mm512_set1_epi32((row.add(at) as *const i32).read_unaligned()) }
 }
