@@ -372,12 +372,12 @@ impl Linear {
         QuantMatrix::from_rows(format, rows, group[0].cols, |r| run_row(group, r))
     }
 
-    /// `parts` as [`WeightsKind::Auto`] (or [`WeightsKind::Exact`]) holds them (consecutive
+    /// `parts` as [`WeightsKind::Auto`] or [`WeightsKind::Exact`] holds them (consecutive
     /// matrices of one format are one matrix): every quantized format our kernels read on our
-    /// int8 kernels (on exact panels), unquantized matrices (and quantized ones this CPU has no
-    /// int8 kernel for) as f32 panels; or `None` when a part's
-    /// format has no kernel: then candle's quantized matmul runs the whole layer, said in the
-    /// log, never a silent f32 copy.
+    /// int8 kernels under `auto`, on exact quantized panels under `exact` (and under `auto`
+    /// where this CPU has no int8 kernel for it); unquantized matrices as f32 panels; or `None`
+    /// when a part's format has no kernel: then candle's quantized matmul runs the whole layer,
+    /// said in the log, never a silent f32 copy.
     fn auto_parts(
         parts: &[GgufMatrix<'_>],
         n: usize,
