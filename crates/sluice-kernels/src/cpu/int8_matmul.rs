@@ -295,6 +295,21 @@ const ROWS_PER_TASK: usize = 32;
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(ROWS_PER_TASK.is_multiple_of(panels::PANEL_ROWS));
 
+/// A panel module's writer of row `r` of a block (`avx512_panel::put`, `legacy_panel::put`).
+#[cfg(target_arch = "x86_64")]
+type PanelWriter = fn(QuantFormat, &crate::quant_format::DecodedBlock, usize, &mut [u8]);
+
+/// How `format`'s panel module lays out a block ([`QuantMatrix::panelled`]): the bytes a GGUF
+/// block of 16 rows takes there, and its writer.
+#[cfg(target_arch = "x86_64")]
+fn panel_layout(format: QuantFormat) -> (usize, PanelWriter) {
+    if format.is_k_quant() {
+        (avx512_panel::block_bytes(format), avx512_panel::put)
+    } else {
+        (legacy_panel::block_bytes(format), legacy_panel::put)
+    }
+}
+
 /// Activation rows one pass over a weight row serves (the scalar path's legacy formats): each
 /// weight block is decoded once for all of them.
 const ACT_ROWS: usize = 4;
@@ -420,11 +435,9 @@ impl QuantMatrix {
         row: &(dyn Fn(usize) -> &'a [u8] + Sync),
         path: Path,
     ) -> Self {
-        let (data, at) = if format.is_k_quant() {
-            avx512_panel::repack(format, row, rows, row_bytes)
-        } else {
-            legacy_panel::repack(format, row, rows, row_bytes)
-        };
+        let (out_block, put) = panel_layout(format);
+        let put = |blk: &_, r, dst: &mut _| put(format, blk, r, dst);
+        let (data, at) = panels::repack(format, row, rows, row_bytes, out_block, &put);
         Self {
             format,
             rows,
@@ -532,15 +545,10 @@ impl QuantMatrix {
         let blocks = self.activation_blocks();
         let t = acts.rows(blocks);
         let vnni = self.path == Path::Vnni;
-        let (bytes, act_rows) = match blocks {
-            ActivationBlocks::Of32 => (
-                legacy_panel::panel_bytes(self.format, self.cols),
-                legacy_panel::act_rows(vnni),
-            ),
-            ActivationBlocks::Of256 => (
-                avx512_panel::panel_bytes(self.format, self.cols),
-                avx512_panel::PANEL_ACT_ROWS,
-            ),
+        let bytes = panels::panel_bytes(self.format, self.cols, panel_layout(self.format).0);
+        let act_rows = match blocks {
+            ActivationBlocks::Of32 => legacy_panel::act_rows(vnni),
+            ActivationBlocks::Of256 => avx512_panel::PANEL_ACT_ROWS,
         };
         let (b32, b256) = (&acts.of32, &acts.of256);
         let legacy = legacy_panel::PanelActs {

@@ -21,7 +21,7 @@
 //!   `vpmulld` by the group's signed scale. `q - 32` is eight `vpdpwssd`s of the scales, by
 //!   pairs of groups, against the row's sums of each 16, times 32, subtracted.
 //!
-//! The layout ([`repack`]) keeps a panel's super-blocks in order, each one cache-line aligned:
+//! The layout ([`put`]) keeps a panel's super-blocks in order, each one cache-line aligned:
 //! - Q4_K, 2368 bytes: `d` and `dmin` (f16, one per row), the 8 scales (`[j][row]`), the 8
 //!   minimums by pairs (`[k][row][e]` for sub-block `2k + e`), then 2048 bytes of nibbles:
 //!   per pair of sub-blocks `p` and 4-weight step `j`, 64 bytes `[row][e]` whose low nibble is
@@ -58,7 +58,7 @@ const Q6K_HIGH: usize = 2048;
 const Q6K_D: usize = 3072;
 const Q6K_SCALES: usize = 3104;
 
-/// Whether [`repack`] and [`rows_dot`] take `format`.
+/// Whether [`put`] and [`rows_dot`] take `format`.
 pub(super) fn supports(format: QuantFormat) -> bool {
     matches!(
         format,
@@ -67,7 +67,7 @@ pub(super) fn supports(format: QuantFormat) -> bool {
 }
 
 /// Bytes of one panel's super-block of `format` (one [`supports`]).
-fn super_block_bytes(format: QuantFormat) -> usize {
+pub(super) fn block_bytes(format: QuantFormat) -> usize {
     match format {
         QuantFormat::Q4K => Q4K_BYTES,
         QuantFormat::Q5K => Q5K_BYTES,
@@ -75,26 +75,14 @@ fn super_block_bytes(format: QuantFormat) -> usize {
     }
 }
 
-/// Bytes of one panel of `format` over `cols` weights.
-pub(super) fn panel_bytes(format: QuantFormat, cols: usize) -> usize {
-    cols / SUPER * super_block_bytes(format)
-}
-
-/// The weight rows `row(0..rows)` (each `row_bytes` bytes of GGUF `format` blocks, a format
-/// [`supports`] takes) as panels ([`panels::repack`]).
-pub(super) fn repack<'a>(
-    format: QuantFormat,
-    row: &(dyn Fn(usize) -> &'a [u8] + Sync),
-    rows: usize,
-    row_bytes: usize,
-) -> (Vec<u8>, usize) {
+/// Row `r` of the panel super-block `dst` of `format` (one [`supports`]): what
+/// [`panels::repack`] writes each block with.
+pub(super) fn put(format: QuantFormat, blk: &DecodedBlock, r: usize, dst: &mut [u8]) {
     debug_assert!(supports(format));
-    let put = |blk: &DecodedBlock, r: usize, dst: &mut [u8]| match format {
+    match format {
         QuantFormat::Q4K | QuantFormat::Q5K => put_q4_k(blk, r, dst),
         _ => put_q6_k(blk, r, dst),
-    };
-    let out_block = super_block_bytes(format);
-    panels::repack(format, row, rows, row_bytes, out_block, &put)
+    }
 }
 
 /// Row `r` of a Q4_K (or Q5_K, by the length of `dst`) panel super-block `dst`.
@@ -189,7 +177,7 @@ struct RowAt {
 ///
 /// # Safety
 /// The CPU has AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI; `format` [`supports`];
-/// `panels` are [`repack`]'s, of `acts.cols` weights; `acts` holds every row of `rows`, each of
+/// `panels` are [`panels::repack`]'s by [`put`], of `acts.cols` weights; `acts` holds every row of `rows`, each of
 /// `acts.cols` quants with their scales and sums; `rows` has 1 to [`PANEL_ACT_ROWS`] rows and
 /// `dots` holds `rows.len()` per weight row.
 pub(super) unsafe fn rows_dot(
@@ -234,7 +222,7 @@ unsafe fn by_format<const M: usize>(
             sums32: acts.sums32.as_ptr().add(r * cols / 32),
         }
     });
-    let bytes = panel_bytes(format, cols);
+    let bytes = panels::panel_bytes(format, cols, block_bytes(format));
     for (p, panel) in panels.chunks_exact(bytes).enumerate() {
         // SAFETY: forwarded from the caller; the features are enabled on this function.
         let acc = unsafe {

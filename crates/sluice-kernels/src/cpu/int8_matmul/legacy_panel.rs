@@ -22,7 +22,7 @@
 //!   `q = u - 128` as `|q|` with its sign moved onto the activation (at most 2 * 128 * 127),
 //!   which needs no offset.
 //!
-//! The layout ([`repack`]) keeps a panel's blocks in order, each a whole number of cache lines.
+//! The layout ([`put`]) keeps a panel's blocks in order, each a whole number of cache lines.
 //! Step `j` (weights `4j..4j + 4` of the block) is 64 bytes `[row][e]`:
 //! - Q4_0, Q4_1, 320 bytes: 256 bytes of nibbles, byte `[row][e]` of step `j < 4` holding
 //!   weight `4j + e` low and weight `16 + 4j + e` (step `j + 4`) high, as GGUF byte `4j + e`
@@ -47,13 +47,13 @@ pub(super) fn act_rows(vnni: bool) -> usize {
     }
 }
 
-/// Whether [`repack`] and [`rows_dot`] take `format`: every legacy format.
+/// Whether [`put`] and [`rows_dot`] take `format`: every legacy format.
 pub(super) fn supports(format: QuantFormat) -> bool {
     !format.is_k_quant()
 }
 
 /// Bytes of one panel block of `format`.
-fn block_bytes(format: QuantFormat) -> usize {
+pub(super) fn block_bytes(format: QuantFormat) -> usize {
     match format {
         QuantFormat::Q4_0 | QuantFormat::Q4_1 => 320,
         QuantFormat::Q5_0 | QuantFormat::Q5_1 => 384,
@@ -83,31 +83,9 @@ fn offset(format: QuantFormat) -> i32 {
     }
 }
 
-/// Bytes of one panel of `format` over `cols` weights.
-pub(super) fn panel_bytes(format: QuantFormat, cols: usize) -> usize {
-    cols / BLOCK * block_bytes(format)
-}
-
-/// The weight rows `row(0..rows)` (each `row_bytes` bytes of GGUF `format` blocks, a format
-/// [`supports`] takes) as panels ([`panels::repack`]).
-pub(super) fn repack<'a>(
-    format: QuantFormat,
-    row: &(dyn Fn(usize) -> &'a [u8] + Sync),
-    rows: usize,
-    row_bytes: usize,
-) -> (Vec<u8>, usize) {
-    debug_assert!(supports(format));
-    let put = |blk: &DecodedBlock, r: usize, dst: &mut [u8]| put_block(format, blk, r, dst);
-    panels::repack(format, row, rows, row_bytes, block_bytes(format), &put)
-}
-
-/// Row `r` of a panel block `dst` of `format`.
-fn put_block(
-    format: QuantFormat,
-    blk: &crate::quant_format::DecodedBlock,
-    r: usize,
-    dst: &mut [u8],
-) {
+/// Row `r` of the panel block `dst` of `format` (one [`supports`]): what [`panels::repack`]
+/// writes each block with.
+pub(super) fn put(format: QuantFormat, blk: &DecodedBlock, r: usize, dst: &mut [u8]) {
     // The decoded `q` is Q4_0's nibble, Q5_0's and Q8_0's signed value, Q4_1's and Q5_1's
     // unsigned one: `u` adds what `offset` takes away.
     let add = match format {
@@ -192,7 +170,7 @@ impl PanelActs<'_> {
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C, and AVX-512 F, BW, VL and VNNI if `vnni`; `format`
-/// [`supports`]; `panels` are [`repack`]'s, of `acts.cols` weights; `acts` holds every row of
+/// [`supports`]; `panels` are [`panels::repack`]'s by [`put`], of `acts.cols` weights; `acts` holds every row of
 /// `rows`; `rows` has 1 to [`act_rows`]`(vnni)` rows and `dots` holds `rows.len()` per weight
 /// row.
 pub(super) unsafe fn rows_dot(
@@ -245,7 +223,7 @@ unsafe fn by_format_vnni<const M: usize>(
 ) {
     // SAFETY: rows `first..first + M` are in `acts` (the caller's promise).
     let rows = unsafe { acts.rows::<M>(first) };
-    let bytes = panel_bytes(format, acts.cols);
+    let bytes = panels::panel_bytes(format, acts.cols, block_bytes(format));
     let (off, s_at, bb) = (offset(format), scales_at(format), block_bytes(format));
     for (p, panel) in panels.chunks_exact(bytes).enumerate() {
         // SAFETY: forwarded from the caller; the features are enabled on this function.
@@ -268,7 +246,7 @@ unsafe fn by_format_avx2<const M: usize>(
 ) {
     // SAFETY: rows `first..first + M` are in `acts` (the caller's promise).
     let rows = unsafe { acts.rows::<M>(first) };
-    let bytes = panel_bytes(format, acts.cols);
+    let bytes = panels::panel_bytes(format, acts.cols, block_bytes(format));
     let (off, s_at, bb) = (offset(format), scales_at(format), block_bytes(format));
     for (p, panel) in panels.chunks_exact(bytes).enumerate() {
         let first = p * PANEL_ROWS;

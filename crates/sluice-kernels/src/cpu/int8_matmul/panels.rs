@@ -42,3 +42,9 @@ pub(super) fn repack<'a>(
         });
     (out, at)
 }
+
+/// Bytes of one panel over `cols` weights of `format`, `out_block` bytes a GGUF block of its
+/// 16 rows.
+pub(super) fn panel_bytes(format: QuantFormat, cols: usize, out_block: usize) -> usize {
+    cols / format.block_weights() * out_block
+}
