@@ -267,6 +267,28 @@ unsafe fn halves(p: *const u8, at: usize) -> __m512 {
     unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at) as *const __m256i)) }
 }
 
+/// `v` shifted left by `by` bits in each 16-bit lane (right for negative `by`), `by` in -3..=4:
+/// what moves a packed fifth bit to bit 4 of its byte.
+///
+/// # Safety
+/// The CPU has AVX-512 BW.
+#[inline(always)]
+unsafe fn shift(v: __m512i, by: i32) -> __m512i {
+    // SAFETY: AVX-512 BW is the caller's promise; register operations only.
+    unsafe {
+        match by {
+            4 => _mm512_slli_epi16::<4>(v),
+            3 => _mm512_slli_epi16::<3>(v),
+            2 => _mm512_slli_epi16::<2>(v),
+            1 => _mm512_slli_epi16::<1>(v),
+            0 => v,
+            -1 => _mm512_srli_epi16::<1>(v),
+            -2 => _mm512_srli_epi16::<2>(v),
+            _ => _mm512_srli_epi16::<3>(v),
+        }
+    }
+}
+
 /// One Q4_K panel (Q5_K when `FIVE`) against `M` rows: per row, the 16 weight rows' sums.
 ///
 /// # Safety
@@ -291,47 +313,39 @@ unsafe fn q4_k<const M: usize, const FIVE: bool>(panel: &[u8], rows: &[RowAt; M]
                     _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(Q4K_SCALES + 16 * s) as _))
                 };
                 let (sc_lo, sc_hi) = (scale(2 * p), scale(2 * p + 1));
+                // Sub-blocks 2p (`lo`, the low nibbles) and 2p + 1 (`hi`) side by side: 2 * M
+                // independent sums in flight.
+                let mut lo_sum = [zero; M];
+                let mut hi_sum = [zero; M];
                 for h in 0..2 {
-                    let at = Q4K_NIBBLES + 512 * p + 256 * h;
-                    let nib = [
-                        load(b, at),
-                        load(b, at + 64),
-                        load(b, at + 128),
-                        load(b, at + 192),
-                    ];
-                    let mut lo = nib.map(|n| _mm512_and_si512(n, low));
-                    let mut hi = nib.map(|n| _mm512_and_si512(_mm512_srli_epi16::<4>(n), low));
-                    if FIVE {
-                        // Bits 2i and 2i + 1 of each byte to bit 4 of step i's weights.
-                        let q = load(b, Q5K_HIGH + 128 * p + 64 * h);
-                        let up = |z: __m512i, bits: __m512i| or_masked(z, bits, bit4);
-                        lo[0] = up(lo[0], _mm512_slli_epi16::<4>(q));
-                        hi[0] = up(hi[0], _mm512_slli_epi16::<3>(q));
-                        lo[1] = up(lo[1], _mm512_slli_epi16::<2>(q));
-                        hi[1] = up(hi[1], _mm512_slli_epi16::<1>(q));
-                        lo[2] = up(lo[2], q);
-                        hi[2] = up(hi[2], _mm512_srli_epi16::<1>(q));
-                        lo[3] = up(lo[3], _mm512_srli_epi16::<2>(q));
-                        hi[3] = up(hi[3], _mm512_srli_epi16::<3>(q));
-                    }
-                    let x = x0 + 64 * p + 16 * h;
-                    // Q4_K sums 4 steps (16 weights) a lane before the scale, Q5_K 2: at most
-                    // 16 * 15 * 127 = 30480 and 8 * 31 * 127 = 31496, the low 16 bits exactly.
-                    let run = if FIVE { 2 } else { 4 };
-                    // Row after row at each step, so that neighbouring instructions are
-                    // independent.
-                    for (half, weights, scale) in [(0, &lo, sc_lo), (32, &hi, sc_hi)] {
-                        for steps in weights.chunks_exact(run).enumerate() {
-                            let (c, steps) = steps;
-                            let mut t = [zero; M];
-                            for (i, w) in steps.iter().enumerate() {
-                                let at = x + half + 4 * (run * c + i);
-                                for (row, t) in rows.iter().zip(t.iter_mut()) {
-                                    *t = _mm512_dpbusd_epi32(*t, *w, four(row.quants, at));
-                                }
-                            }
-                            for (isum, t) in isum.iter_mut().zip(t) {
-                                *isum = _mm512_dpwssd_epi32(*isum, t, scale);
+                    let q = if FIVE {
+                        load(b, Q5K_HIGH + 128 * p + 64 * h)
+                    } else {
+                        zero
+                    };
+                    for i in 0..4 {
+                        let n = load(b, Q4K_NIBBLES + 512 * p + 256 * h + 64 * i);
+                        let mut lo = _mm512_and_si512(n, low);
+                        let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(n), low);
+                        if FIVE {
+                            // Bits 2i and 2i + 1 of each byte to bit 4 of step i's weights.
+                            lo = or_masked(lo, shift(q, 4 - 2 * i as i32), bit4);
+                            hi = or_masked(hi, shift(q, 3 - 2 * i as i32), bit4);
+                        }
+                        let at = x0 + 64 * p + 16 * h + 4 * i;
+                        for ((row, l), u) in rows.iter().zip(&mut lo_sum).zip(&mut hi_sum) {
+                            *l = _mm512_dpbusd_epi32(*l, lo, four(row.quants, at));
+                            *u = _mm512_dpbusd_epi32(*u, hi, four(row.quants, at + 32));
+                        }
+                        // Q4_K sums 4 steps (16 weights) a lane before the scale, Q5_K 2:
+                        // at most 16 * 15 * 127 = 30480 and 8 * 31 * 127 = 31496 in
+                        // magnitude, the low 16 bits exactly.
+                        if i == 3 || (FIVE && i == 1) {
+                            let sums = isum.iter_mut().zip(&mut lo_sum).zip(&mut hi_sum);
+                            for ((isum, l), u) in sums {
+                                *isum = _mm512_dpwssd_epi32(*isum, *l, sc_lo);
+                                *isum = _mm512_dpwssd_epi32(*isum, *u, sc_hi);
+                                (*l, *u) = (zero, zero);
                             }
                         }
                     }
