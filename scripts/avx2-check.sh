@@ -37,8 +37,8 @@ for l in sys.stdin:
 kernels=$(binary -p sluice-kernels --lib)
 invariance=$(binary -p sluice-model --test batch_invariance)
 # The kernels' tests of the CPU (`cpu::`; the CUDA plan's host-side tests are the same on every
-# CPU), then the invariance test.
-for run in "$kernels cpu::" "$invariance"; do
+# CPU), then the invariance test, printing this CPU's kernel tiers and each case it ran.
+for run in "$kernels cpu::" "$invariance --nocapture"; do
     echo "== $(basename "${run%% *}") on an emulated Haswell (AVX2, no AVX-512)"
     # QEMU warns once per thread about CPUID bits it does not emulate (pcid, x2apic...).
     # shellcheck disable=SC2086 # the binary and its filter
