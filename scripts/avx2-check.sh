@@ -23,19 +23,12 @@ fi
 export SLUICE_INVARIANCE_CASES=${SLUICE_INVARIANCE_CASES:-F32:auto,Q4_1:auto,Q5_0:auto,Q8_0:auto,Q4K:auto,Q6K:auto}
 limit=${AVX2_CHECK_TIMEOUT:-3600}
 
-# binary ARGS...: builds one test target for x86-64-v3 and prints its executable's path.
-binary() {
-    RUSTFLAGS="-C target-cpu=x86-64-v3" CARGO_TARGET_DIR=target/x86-64-v3 \
-        cargo test --release "$@" --no-run --message-format=json 2>/dev/null |
-        python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["executable"])' | tail -n 1
-}
+# shellcheck source=scripts/lib/test-binary.sh
+. scripts/lib/test-binary.sh
+export RUSTFLAGS="-C target-cpu=x86-64-v3" CARGO_TARGET_DIR=target/x86-64-v3
 
-kernels=$(binary -p sluice-kernels --lib)
-invariance=$(binary -p sluice-model --test batch_invariance)
+kernels=$(test_binary sluice_kernels -p sluice-kernels --lib)
+invariance=$(test_binary batch_invariance -p sluice-model --test batch_invariance)
 # The kernels' tests of the CPU (`cpu::`; the CUDA plan's host-side tests are the same on every
 # CPU), then the invariance test, printing this CPU's kernel tiers and each case it ran.
 for run in "$kernels cpu::" "$invariance --nocapture"; do

@@ -30,17 +30,8 @@ cd "$(dirname "$0")/.."
 mode=${1:-run}
 bundle=${2:-gpu-bundle}
 
-# test_binary NAME CARGO-TEST-ARGS...: builds one test target and prints its executable's path.
-test_binary() {
-    local name=$1
-    shift
-    cargo test --release "$@" --no-run --message-format=json 2>/dev/null |
-        python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
-        print(m["executable"])' "$name"
-}
+# shellcheck source=scripts/lib/test-binary.sh
+. scripts/lib/test-binary.sh
 
 build() {
     env_file=$(./scripts/setup-cuda.sh --link | tail -n 1)
