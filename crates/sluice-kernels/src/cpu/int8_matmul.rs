@@ -75,7 +75,11 @@ pub enum ActivationBlocks {
     Of256,
 }
 
-/// Activation rows quantized for [`QuantMatrix::matmul`], in the forms asked for: a layer whose
+/// Activation rows quantized for [`QuantMatrix::matmul`], in the forms asked for, number for
+/// number as llama.cpp rounds them (its Q8_0/Q8_1 blocks for the legacy formats: quants from
+/// `127 / amax` rounded to even, the scale and Q8_1's sum kept as f16; its Q8_K blocks for the
+/// K-quants: scale `1 / (127 / amax)`), so that a quantized file computes what llama.cpp
+/// computes from it up to the order of float sums. A layer whose
 /// parts differ in format (Q4_K_M's V in Q6_K beside a Q4_K Q and K need one form; a Q5_0
 /// matrix beside a Q4_K one, both) quantizes each form once.
 #[derive(Default)]
@@ -174,19 +178,22 @@ impl Blocks32 {
         self.scales.resize(rows * nb, 0.0);
         self.isums.resize(rows * nb, 0);
         self.sums.resize(rows * nb, 0.0);
+        // llama.cpp's Q8_0 and Q8_1 blocks, number for number: the quants from `127 / amax`
+        // (ties to even), the scale `amax / 127` kept as f16, and Q8_1's sum `d * sum(q)` as
+        // f16, which is what every dot product of those blocks reads.
         let one = |(((xs, qs), scale), (isum, sum)): Block32Parts<'_>| {
             let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             let mut total = 0i32;
             for (q, v) in qs.iter_mut().zip(xs) {
-                let r = (v * inv).round() as i32;
+                let r = (v * inv).round_ties_even() as i32;
                 *q = r as i8;
                 total += r;
             }
-            *scale = d;
+            *scale = f16::from_f32(d).to_f32();
             *isum = total;
-            *sum = d * total as f32;
+            *sum = f16::from_f32(d * total as f32).to_f32();
         };
         // As `Blocks256::quantize`: a decode step's few rows on the caller's thread.
         if rows < QUANTIZE_PARALLEL_ROWS {
@@ -273,10 +280,12 @@ fn super_block(
     sums32: &mut [i16; 8],
 ) {
     let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-    // |v * inv| <= 127 (up to rounding), so the cast never saturates; ties to even, as the
-    // SIMD conversion would round.
+    // llama.cpp's Q8_K, number for number: `iscale = 127 / amax` (it divides by the signed
+    // maximum and negates, which flips the quants' and the scale's signs together: the same
+    // products), the quants `iscale * x` rounded to even, the scale `1 / iscale`. |v * inv| <=
+    // 127, so the cast never saturates.
+    let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let d = if amax != 0.0 { 1.0 / inv } else { 0.0 };
     for (q, v) in qs.iter_mut().zip(xs) {
         *q = (v * inv).round_ties_even() as i8;
     }
