@@ -9,7 +9,9 @@
 //! row each (speculative decoding's verification of `n - 1` guesses; empty by default);
 //! `SLUICE_BENCH_TIER=avx2` (`avx512`, `vnni`, `amx`) keeps every kernel at or below that tier,
 //! to time what a CPU with only those instructions runs.
-//! Times are the median and the fastest run (the shared 2-core host is often busy).
+//! Times are the median and the fastest run (the shared 2-core host is often busy). For a
+//! mixture of experts the last column is the share of the experts' weights a step read (experts
+//! at least one row chose, over every layer's experts); `-` for a dense model.
 
 // getrusage through libc, for the CPU-time mode.
 #![allow(unsafe_code)]
@@ -109,8 +111,8 @@ fn main() {
         println!("kernels limited to {tier:?}");
     }
     println!("threads: {}", rayon::current_num_threads());
-    println!("| weights | step | tokens | ms/step (median) | tokens/s | ms/step (fastest) | tokens/s | CPU ms/step |");
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| weights | step | tokens | ms/step (median) | tokens/s | ms/step (fastest) | tokens/s | CPU ms/step | experts read |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for kind in kinds {
         // `KIND/q8_0`: the weight kind with an 8-bit KV cache (f16 otherwise).
         let (weights_name, kv_dtype) = match kind.split_once('/') {
@@ -210,8 +212,11 @@ fn time_step(
     let (t, fastest) = time(|| {
         model.forward_step_in(batch, kv, scratch).unwrap();
     });
+    let share = scratch
+        .expert_share()
+        .map_or_else(|| "-".to_string(), |s| format!("{:.1}%", s * 100.0));
     println!(
-        "| {kind} | {step} | {tokens} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} |",
+        "| {kind} | {step} | {tokens} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} | {share} |",
         t.as_secs_f64() * 1e3,
         tokens as f64 / t.as_secs_f64(),
         fastest.as_secs_f64() * 1e3,

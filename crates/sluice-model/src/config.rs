@@ -1,47 +1,149 @@
 //! Hyper-parameters of a llama-family transformer, independent of the file they came from.
 
 /// The architectures whose forward we implement. They share one code path; the differences are
-/// data (biases, QK-norm) rather than structure.
+/// data (biases, QK-norm, a mixture of experts in place of the MLP) rather than structure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
-    /// llama, SmolLM, Mistral: no biases.
+    /// llama, SmolLM, Mistral: no biases. With `expert_count` in a GGUF file (or HF
+    /// `MixtralForCausalLM`), Mixtral: a mixture of experts in every layer.
     Llama,
     /// qwen2: biases on the Q, K and V projections.
     Qwen2,
     /// qwen3: no biases; an RMSNorm over each head of Q and K before the rotary embedding, and
     /// a head size of its own (not necessarily hidden / heads).
     Qwen3,
+    /// qwen2moe: qwen2's attention; a mixture of experts beside one shared expert whose output
+    /// a sigmoid gate scales.
+    Qwen2Moe,
+    /// qwen3moe (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): qwen3's attention; a mixture of experts.
+    Qwen3Moe,
 }
 
 impl Architecture {
     /// Names as GGUF `general.architecture` and Hugging Face `model_type` spell them.
-    pub const NAMES: &'static [&'static str] = &["llama", "mistral", "qwen2", "qwen3"];
+    pub const NAMES: &'static [&'static str] = &[
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "qwen2moe",
+        "qwen2_moe",
+        "qwen3moe",
+        "qwen3_moe",
+    ];
 
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
-            "llama" | "mistral" => Some(Self::Llama),
+            // Mixtral is llama with experts: GGUF files say `llama`, HF configs `mixtral`.
+            "llama" | "mistral" | "mixtral" => Some(Self::Llama),
             "qwen2" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
+            "qwen2moe" | "qwen2_moe" => Some(Self::Qwen2Moe),
+            "qwen3moe" | "qwen3_moe" => Some(Self::Qwen3Moe),
             _ => None,
         }
     }
 
+    /// The name GGUF files give the architecture (`general.architecture`).
     pub fn name(self) -> &'static str {
         match self {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Qwen2Moe => "qwen2moe",
+            Self::Qwen3Moe => "qwen3moe",
         }
     }
 
     pub fn has_qkv_bias(self) -> bool {
-        matches!(self, Self::Qwen2)
+        matches!(self, Self::Qwen2 | Self::Qwen2Moe)
     }
 
     /// Per-head RMSNorm of Q and K (weights of `head_dim`) before the rotary embedding.
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Self::Qwen3)
+        matches!(self, Self::Qwen3 | Self::Qwen3Moe)
     }
+
+    /// Whether every file of this architecture holds a mixture of experts (llama holds one
+    /// only when it says so: Mixtral).
+    pub fn requires_experts(self) -> bool {
+        matches!(self, Self::Qwen2Moe | Self::Qwen3Moe)
+    }
+
+    /// Whether the chosen experts' weights are divided by their sum, where a file does not say
+    /// (llama.cpp's choice for each architecture: Mixtral and qwen3moe renormalise, qwen2moe
+    /// does not).
+    pub fn default_norm_topk(self) -> bool {
+        !matches!(self, Self::Qwen2Moe)
+    }
+
+    /// Whether the architecture has a shared expert beside the routed ones.
+    pub fn has_shared_expert(self) -> bool {
+        matches!(self, Self::Qwen2Moe)
+    }
+}
+
+/// A mixture of experts in place of a layer's MLP: a router picks `num_experts_used` of
+/// `num_experts` SwiGLU experts for every token and sums their outputs, weighted by the
+/// router's probabilities.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    /// k: the experts each token runs.
+    pub num_experts_used: usize,
+    /// Each expert's intermediate size.
+    pub expert_intermediate_size: usize,
+    /// The k chosen probabilities divided by their sum (Mixtral, qwen3moe's `norm_topk_prob`).
+    pub norm_topk_prob: bool,
+    /// A factor on the k weights (GGUF `expert_weights_scale`); 1 for none.
+    pub weights_scale: f32,
+    /// qwen2moe's shared expert: its intermediate size.
+    pub shared_expert_intermediate_size: Option<usize>,
+    /// Layers that hold a dense MLP of `intermediate_size` instead of experts (HF qwen MoE
+    /// configs' `mlp_only_layers` and `decoder_sparse_step`); empty for every GGUF file.
+    pub dense_layers: Vec<usize>,
+}
+
+impl MoeConfig {
+    /// Whether layer `i` holds experts.
+    pub fn is_sparse(&self, layer: usize) -> bool {
+        !self.dense_layers.contains(&layer)
+    }
+
+    /// Checks the counts: at least one expert, and 1 <= k <= experts. `Err` says which count
+    /// is wrong, for the loader to name the key it came from.
+    pub fn check(&self) -> Result<(), MoeConfigError> {
+        if self.num_experts == 0 {
+            return Err(MoeConfigError::NoExperts);
+        }
+        if self.num_experts_used == 0 || self.num_experts_used > self.num_experts {
+            return Err(MoeConfigError::ExpertsUsed {
+                used: self.num_experts_used,
+                experts: self.num_experts,
+            });
+        }
+        if self.expert_intermediate_size == 0 {
+            return Err(MoeConfigError::IntermediateSize);
+        }
+        if !(self.weights_scale.is_finite() && self.weights_scale > 0.0) {
+            return Err(MoeConfigError::Scale(self.weights_scale));
+        }
+        Ok(())
+    }
+}
+
+/// What is wrong with a [`MoeConfig`]'s counts.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MoeConfigError {
+    #[error("a mixture of experts needs at least one expert, found 0")]
+    NoExperts,
+    #[error("{used} experts used per token must be between 1 and the {experts} experts")]
+    ExpertsUsed { used: usize, experts: usize },
+    #[error("the experts' intermediate size must be positive")]
+    IntermediateSize,
+    #[error("the experts' weight scale must be positive and finite, found {0}")]
+    Scale(f32),
 }
 
 /// How rotary frequencies are stretched for contexts longer than the model was trained on.
@@ -124,6 +226,9 @@ pub struct ModelConfig {
     /// The pooling the file declares for embeddings (GGUF `{arch}.pooling_type`); `None` when
     /// it declares none (a model made for generation).
     pub pooling: Option<Pooling>,
+    /// A mixture of experts in place of the MLP (Mixtral, qwen2moe, qwen3moe); `None` for a
+    /// dense model.
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -137,13 +242,41 @@ impl ModelConfig {
         2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
     }
 
-    /// Parameters of the transformer (embedding counted once when tied), for FLOP estimates.
+    /// Parameters of the transformer (embedding counted once when tied), for FLOP estimates;
+    /// every expert of a mixture counted.
     pub fn num_parameters(&self) -> usize {
-        let attn = self.hidden_size * self.num_heads * self.head_dim * 2
-            + self.hidden_size * self.num_kv_heads * self.head_dim * 2;
-        let mlp = 3 * self.hidden_size * self.intermediate_size;
-        let embed = self.vocab_size * self.hidden_size;
+        self.parameters(false)
+    }
+
+    /// Parameters one token's forward multiplies by: a mixture's k chosen experts only (and
+    /// its router and shared expert); [`Self::num_parameters`] for a dense model.
+    pub fn active_parameters(&self) -> usize {
+        self.parameters(true)
+    }
+
+    fn parameters(&self, active: bool) -> usize {
+        let h = self.hidden_size;
+        let attn =
+            h * self.num_heads * self.head_dim * 2 + h * self.num_kv_heads * self.head_dim * 2;
+        let dense_mlp = 3 * h * self.intermediate_size;
+        let embed = self.vocab_size * h;
         let head = if self.tie_word_embeddings { 0 } else { embed };
-        self.num_layers * (attn + mlp + 2 * self.hidden_size) + embed + head + self.hidden_size
+        let mlps: usize = (0..self.num_layers)
+            .map(|i| match &self.moe {
+                Some(moe) if moe.is_sparse(i) => {
+                    let experts = if active {
+                        moe.num_experts_used
+                    } else {
+                        moe.num_experts
+                    };
+                    let shared = moe
+                        .shared_expert_intermediate_size
+                        .map_or(0, |inter| 3 * h * inter + h);
+                    experts * 3 * h * moe.expert_intermediate_size + moe.num_experts * h + shared
+                }
+                _ => dense_mlp,
+            })
+            .sum();
+        self.num_layers * (attn + 2 * h) + mlps + embed + head + h
     }
 }

@@ -16,7 +16,8 @@ use crate::batch::StepBatch;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::last_layer::last_layer_rows;
-use crate::layer::ModelWeights;
+use crate::layer::{Mlp, ModelWeights};
+use crate::moe::MoeScratch;
 use crate::ops;
 
 /// The buffers of a CPU step, kept between steps so that a step allocates none once the
@@ -36,6 +37,16 @@ pub struct StepScratch {
     proj: Vec<f32>,
     gate_up: Vec<f32>,
     act: Vec<f32>,
+    /// A mixture of experts' buffers (Mixtral, qwen MoE), and what its last step read.
+    pub(crate) moe: MoeScratch,
+}
+
+impl StepScratch {
+    /// The share of the experts' weights the last step read, for a mixture of experts: the
+    /// experts at least one row chose over every layer's experts. `None` for a dense model.
+    pub fn expert_share(&self) -> Option<f64> {
+        self.moe.expert_share()
+    }
 }
 
 /// Sets `buf` to `len` values, keeping its allocation. Every value is overwritten before it
@@ -137,8 +148,16 @@ fn forward_on_pool(
     let v = sized(&mut s.v, t * kvh * d);
     let attn = sized(&mut s.attn, t * h * d);
     let proj = sized(&mut s.proj, t * hidden);
-    let gate_up = sized(&mut s.gate_up, t * 2 * inter);
-    let act = sized(&mut s.act, t * inter);
+    let moe = &mut s.moe;
+    moe.start_step();
+    // A dense MLP's buffers; a model whose every layer is a mixture needs none.
+    let dense_rows = if w.layers.iter().any(|l| matches!(l.mlp, Mlp::Dense { .. })) {
+        t
+    } else {
+        0
+    };
+    let gate_up = sized(&mut s.gate_up, dense_rows * 2 * inter);
+    let act = sized(&mut s.act, dense_rows * inter);
     let (cos, sin) = w.rope.tables();
     let (cos, sin) = (
         HostValues::new(cos, "rope cos")?,
@@ -189,14 +208,22 @@ fn forward_on_pool(
         layer.o.forward_into(attn, t, proj)?;
         let ffn_norm = HostValues::new(&layer.ffn_norm, "ffn_norm")?;
         rows::add_rms_norm(x, proj, ffn_norm.get()?, eps, normed);
-        layer.gate_up.forward_into(normed, t, gate_up)?;
-        if swiglu::available() {
-            swiglu::swiglu_rows(gate_up, inter, act);
-        } else {
-            let g = Tensor::from_slice(gate_up, (t, 2 * inter), &dev)?;
-            act.copy_from_slice(&ops::swiglu(&g, inter)?.flatten_all()?.to_vec1::<f32>()?);
+        match &layer.mlp {
+            Mlp::Dense {
+                gate_up: w_gate_up,
+                down,
+            } => {
+                w_gate_up.forward_into(normed, t, gate_up)?;
+                if swiglu::available() {
+                    swiglu::swiglu_rows(gate_up, inter, act);
+                } else {
+                    let g = Tensor::from_slice(gate_up, (t, 2 * inter), &dev)?;
+                    act.copy_from_slice(&ops::swiglu(&g, inter)?.flatten_all()?.to_vec1::<f32>()?);
+                }
+                down.forward_into(act, t, proj)?;
+            }
+            Mlp::Experts(experts) => experts.forward_into(normed, t, moe, proj)?,
         }
-        layer.down.forward_into(act, t, proj)?;
     }
     rows::add(x, proj);
     let x = Tensor::from_slice(x, (t, hidden), &dev)?;

@@ -117,11 +117,12 @@ pub(crate) fn forward(
         let (resid, normed) = cuda::add_rms_norm(&resid, Some(&o), &layer.ffn_norm, eps)?;
         x = resid;
         timer.mark(Phase::Norm);
-        let gate_up = layer.gate_up.forward(&normed)?;
+        let (gate_up_w, down_w) = layer.dense_mlp()?;
+        let gate_up = gate_up_w.forward(&normed)?;
         timer.mark(Phase::GateUp);
         let act = cuda::swiglu(&gate_up, cfg.intermediate_size)?;
         timer.mark(Phase::Swiglu);
-        pending = Some(layer.down.forward(&act)?);
+        pending = Some(down_w.forward(&act)?);
         timer.mark(Phase::Down);
     }
     if let Some(delta) = pending {

@@ -111,12 +111,13 @@ impl DecodeSteps {
         if mode == CudaGraphs::Off || !device.is_cuda() {
             return Ok(None);
         }
-        let dense = w
-            .layers
-            .iter()
-            .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
-            .chain([w.lm_head])
-            .all(|l| l.dense_weight().is_some());
+        let mut matrices = Vec::with_capacity(4 * w.layers.len() + 1);
+        for l in w.layers {
+            let (gate_up, down) = l.dense_mlp()?;
+            matrices.extend([&l.qkv, &l.o, gate_up, down]);
+        }
+        matrices.push(w.lm_head);
+        let dense = matrices.iter().all(|l| l.dense_weight().is_some());
         if !dense {
             tracing::info!(
                 "CUDA graphs: off for this model (its matrices are GGUF blocks on the device, \
@@ -500,9 +501,11 @@ impl DecodeSteps {
                             eps,
                         )
                     })?;
-                    mm(&normed_b, &layer.gate_up, &gate_up).map_err(candle_core::Error::wrap)?;
+                    let (gate_up_w, down_w) =
+                        layer.dense_mlp().map_err(candle_core::Error::wrap)?;
+                    mm(&normed_b, gate_up_w, &gate_up).map_err(candle_core::Error::wrap)?;
                     direct::swiglu_into(dev, &gate_up, &act, rows, inter)?;
-                    mm(&act, &layer.down, &delta).map_err(candle_core::Error::wrap)?;
+                    mm(&act, down_w, &delta).map_err(candle_core::Error::wrap)?;
                 }
                 Ok(())
             })

@@ -14,10 +14,10 @@ use memmap2::Mmap;
 use candle_core::Tensor;
 use sluice_tokenizer::{GgufMetadata, Tokenizer};
 
-use crate::config::{Architecture, ModelConfig, Pooling, RopeScaling};
+use crate::config::{Architecture, ModelConfig, MoeConfig, MoeConfigError, Pooling, RopeScaling};
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
-use crate::load::{check_shape, LoadOptions, Weight, WeightSource};
+use crate::load::{check_shape, ExpertMatrices, LoadOptions, Weight, WeightSource};
 use crate::model::LlamaModel;
 use crate::weights::{GgufMatrix, Linear, LinearOptions, WeightsKind};
 
@@ -195,10 +195,12 @@ impl GgufFile {
         };
         let rope_scaling = self.rope_scaling(&arch, head_dim)?;
         let tie_word_embeddings = !self.has_tensor("output.weight");
+        let intermediate_size = self.get_usize(&key("feed_forward_length"))?;
+        let moe = self.moe_config(&arch, architecture, intermediate_size)?;
         Ok(ModelConfig {
             architecture,
             hidden_size,
-            intermediate_size: self.get_usize(&key("feed_forward_length"))?,
+            intermediate_size,
             num_layers: self.get_usize(&key("block_count"))?,
             num_heads,
             num_kv_heads,
@@ -223,7 +225,114 @@ impl GgufFile {
                 Some(3) => Some(Pooling::Last),
                 _ => None,
             },
+            moe,
         })
+    }
+
+    /// The mixture of experts `{arch}.expert_*` describes, as llama.cpp reads it: `None` for a
+    /// llama file without experts (`expert_count` absent or 0); required of qwen2moe and
+    /// qwen3moe. Each expert's size is `expert_feed_forward_length`, else the dense
+    /// `feed_forward_length` (`dense_ff`; divided by k for the qwen MoEs, as llama.cpp does).
+    fn moe_config(
+        &self,
+        arch: &str,
+        architecture: Architecture,
+        dense_ff: usize,
+    ) -> Result<Option<MoeConfig>> {
+        let key = |k: &str| format!("{arch}.{k}");
+        let num_experts = match self.opt(&key("expert_count"), Self::get_usize)? {
+            Some(n) if n > 0 || architecture.requires_experts() => n,
+            None if architecture.requires_experts() => {
+                return Err(self.meta_err(
+                    &key("expert_count"),
+                    format!("not present: a {arch} model is a mixture of experts"),
+                ))
+            }
+            _ => return Ok(None),
+        };
+        let num_experts_used = self.get_usize(&key("expert_used_count"))?;
+        let expert_ff = match self.metadata().get(&key("expert_feed_forward_length")) {
+            None => None,
+            // llama.cpp allows one size a layer; sluice runs one size for every layer.
+            Some(Value::Array(sizes)) => {
+                let sizes: Vec<i64> = sizes.iter().filter_map(int_value).collect();
+                match sizes.first() {
+                    Some(&first) if sizes.iter().all(|&s| s == first) && first > 0 => {
+                        Some(first as usize)
+                    }
+                    _ => {
+                        return Err(ModelError::Unsupported {
+                            path: self.path.clone(),
+                            what: format!(
+                                "`{}`: experts of different sizes in different layers ({sizes:?})",
+                                key("expert_feed_forward_length")
+                            ),
+                        })
+                    }
+                }
+            }
+            Some(_) => Some(self.get_usize(&key("expert_feed_forward_length"))?),
+        };
+        let expert_intermediate_size = match expert_ff {
+            Some(n) => n,
+            None if architecture.requires_experts() => dense_ff / num_experts_used.max(1),
+            None => dense_ff,
+        };
+        let norm_topk_prob = match self.metadata().get(&key("expert_weights_norm")) {
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                return Err(self.meta_err(
+                    &key("expert_weights_norm"),
+                    format!("expected a bool, found {other:?}"),
+                ))
+            }
+            None => architecture.default_norm_topk(),
+        };
+        // llama.cpp reads 0 (its default) as no scale.
+        let weights_scale = match self.opt(&key("expert_weights_scale"), Self::get_f32)? {
+            None | Some(0.0) => 1.0,
+            Some(x) => x,
+        };
+        // 1 is a softmax over the experts' logits, the only gating these architectures use.
+        if let Some(gating) = self.opt(&key("expert_gating_func"), Self::get_usize)? {
+            if gating != 1 {
+                return Err(ModelError::Unsupported {
+                    path: self.path.clone(),
+                    what: format!(
+                        "`{}` = {gating} (supported: 1, a softmax over the experts)",
+                        key("expert_gating_func")
+                    ),
+                });
+            }
+        }
+        let shared_expert_intermediate_size = if architecture.has_shared_expert() {
+            Some(
+                self.opt(&key("expert_shared_feed_forward_length"), Self::get_usize)?
+                    .filter(|&n| n > 0)
+                    .unwrap_or(dense_ff),
+            )
+        } else {
+            None
+        };
+        let moe = MoeConfig {
+            num_experts,
+            num_experts_used,
+            expert_intermediate_size,
+            norm_topk_prob,
+            weights_scale,
+            shared_expert_intermediate_size,
+            dense_layers: Vec::new(),
+        };
+        moe.check().map_err(|e| {
+            let k = match e {
+                MoeConfigError::NoExperts => "expert_count",
+                MoeConfigError::ExpertsUsed { .. } => "expert_used_count",
+                MoeConfigError::IntermediateSize => "expert_feed_forward_length",
+                MoeConfigError::Scale(_) => "expert_weights_scale",
+            };
+            self.meta_err(&key(k), e.to_string())
+        })?;
+        Ok(Some(moe))
     }
 
     fn rope_scaling(&mut self, arch: &str, head_dim: usize) -> Result<Option<RopeScaling>> {
@@ -303,7 +412,11 @@ fn matrix<'a>(
 ) -> Result<GgufMatrix<'a>> {
     check_supported_dtype(file, name)?;
     let (dtype, dims, data) = file.tensor_bytes(name)?;
-    check_shape(&file.path, name, &dims, &[rows, cols])?;
+    // A vector of `cols` is a matrix of one row (llama.cpp writes qwen2moe's shared-expert
+    // gate `ffn_gate_inp_shexp` so).
+    if !(rows == 1 && dims == [cols]) {
+        check_shape(&file.path, name, &dims, &[rows, cols])?;
+    }
     Ok(GgufMatrix {
         name,
         dtype,
@@ -314,9 +427,83 @@ fn matrix<'a>(
     })
 }
 
+/// The `experts` matrices `[rows, cols]` of a 3-D expert tensor `[experts, rows, cols]`, each
+/// straight from the map.
+fn expert_matrices<'a>(
+    file: &'a GgufFile,
+    name: &'a str,
+    experts: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<GgufMatrix<'a>>> {
+    check_supported_dtype(file, name)?;
+    let (dtype, dims, data) = file.tensor_bytes(name)?;
+    check_shape(&file.path, name, &dims, &[experts, rows, cols])?;
+    let bytes = data.len() / experts;
+    Ok(data
+        .chunks_exact(bytes)
+        .map(|data| GgufMatrix {
+            name,
+            dtype,
+            rows,
+            cols,
+            data,
+            unpermute: None,
+        })
+        .collect())
+}
+
 impl WeightSource for GgufWeights<'_> {
     fn path(&self) -> &Path {
         &self.file.path
+    }
+
+    /// llama.cpp's 3-D tensors: `blk.N.ffn_gate_exps`, `ffn_up_exps` (each `[experts, inter,
+    /// hidden]`, or the two stacked as `ffn_gate_up_exps`, `[experts, 2 * inter, hidden]`) and
+    /// `ffn_down_exps` (`[experts, hidden, inter]`); each expert's rows read where they lie.
+    fn experts(
+        &mut self,
+        layer: usize,
+        shape: ExpertMatrices,
+        options: &LinearOptions,
+    ) -> Result<Vec<crate::moe::Expert>> {
+        let ExpertMatrices {
+            experts,
+            inter,
+            hidden,
+        } = shape;
+        let name = |t: &str| format!("blk.{layer}.{t}.weight");
+        let (gate, up, down) = (
+            name("ffn_gate_exps"),
+            name("ffn_up_exps"),
+            name("ffn_down_exps"),
+        );
+        let fused = name("ffn_gate_up_exps");
+        let downs = expert_matrices(self.file, &down, experts, hidden, inter)?;
+        let gate_ups: Vec<Vec<GgufMatrix<'_>>> = if self.file.has_tensor(&fused) {
+            expert_matrices(self.file, &fused, experts, 2 * inter, hidden)?
+                .into_iter()
+                .map(|m| vec![m])
+                .collect()
+        } else {
+            let gates = expert_matrices(self.file, &gate, experts, inter, hidden)?;
+            let ups = expert_matrices(self.file, &up, experts, inter, hidden)?;
+            gates
+                .into_iter()
+                .zip(ups)
+                .map(|(g, u)| vec![g, u])
+                .collect()
+        };
+        gate_ups
+            .iter()
+            .zip(downs)
+            .map(|(gate_up, down)| {
+                Ok(crate::moe::Expert {
+                    gate_up: Linear::from_gguf(gate_up, None, options)?,
+                    down: Linear::from_gguf(&[down], None, options)?,
+                })
+            })
+            .collect()
     }
 
     fn has(&self, w: Weight) -> bool {

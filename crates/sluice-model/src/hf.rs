@@ -19,8 +19,9 @@ use sluice_tokenizer::Tokenizer;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::hf_config::parse_config;
-use crate::load::{check_shape, LoadOptions, Weight, WeightSource};
+use crate::load::{check_shape, ExpertMatrices, LoadOptions, Weight, WeightSource};
 use crate::model::LlamaModel;
+use crate::moe::Expert;
 use crate::weights::{Linear, LinearOptions};
 
 pub const CONFIG_FILE: &str = "config.json";
@@ -218,9 +219,26 @@ struct HfWeights<'a> {
 }
 
 impl HfWeights<'_> {
+    /// The name `w` has in this checkpoint: transformers' current one, or for a router the
+    /// `block_sparse_moe.gate` of Mixtral checkpoints written before transformers 5.
+    fn name(&self, w: Weight) -> String {
+        let name = w.hf_name();
+        if let Weight::Router(i) = w {
+            let legacy = format!("model.layers.{i}.block_sparse_moe.gate.weight");
+            if !self.dir.shards.contains(&name) && self.dir.shards.contains(&legacy) {
+                return legacy;
+            }
+        }
+        name
+    }
+
     /// `w` on the CPU in the file's element type, checked to have `shape`.
     fn read(&self, w: Weight, shape: &[usize]) -> Result<Tensor> {
-        let name = w.hf_name();
+        self.read_named(self.name(w), shape)
+    }
+
+    /// Tensor `name` on the CPU in the file's element type, checked to have `shape`.
+    fn read_named(&self, name: String, shape: &[usize]) -> Result<Tensor> {
         let shards = &self.dir.shards;
         let Some(&i) = shards.routing.get(&name) else {
             return Err(ModelError::MissingTensor {
@@ -255,7 +273,70 @@ impl WeightSource for HfWeights<'_> {
     }
 
     fn has(&self, w: Weight) -> bool {
-        self.dir.shards.contains(&w.hf_name())
+        self.dir.shards.contains(&self.name(w))
+    }
+
+    /// The three layouts transformers has written: every expert's own matrices
+    /// (`mlp.experts.E.{gate,up,down}_proj.weight`; Mixtral's `block_sparse_moe.experts.E.
+    /// {w1,w3,w2}.weight`), or since transformers 5 one 3-D tensor for all gate and up
+    /// matrices and one for the downs (`mlp.experts.gate_up_proj` `[experts, 2 * inter,
+    /// hidden]`, gate rows first, and `mlp.experts.down_proj` `[experts, hidden, inter]`).
+    fn experts(
+        &mut self,
+        layer: usize,
+        shape: ExpertMatrices,
+        options: &LinearOptions,
+    ) -> Result<Vec<Expert>> {
+        let ExpertMatrices {
+            experts,
+            inter,
+            hidden,
+        } = shape;
+        let at = |t: &str| format!("model.layers.{layer}.{t}");
+        let fused = at("mlp.experts.gate_up_proj");
+        let shards = &self.dir.shards;
+        if shards.contains(&fused) {
+            let gate_up = self
+                .read_named(fused, &[experts, 2 * inter, hidden])?
+                .to_dtype(DType::F32)?;
+            let down = self
+                .read_named(at("mlp.experts.down_proj"), &[experts, hidden, inter])?
+                .to_dtype(DType::F32)?;
+            return (0..experts)
+                .map(|e| {
+                    Ok(Expert {
+                        gate_up: Linear::from_tensor(gate_up.get(e)?, None, options)?,
+                        down: Linear::from_tensor(down.get(e)?, None, options)?,
+                    })
+                })
+                .collect();
+        }
+        let mixtral = shards.contains(&at("block_sparse_moe.experts.0.w1.weight"));
+        let names = |e: usize| {
+            if mixtral {
+                let p = |w: &str| at(&format!("block_sparse_moe.experts.{e}.{w}.weight"));
+                (p("w1"), p("w3"), p("w2"))
+            } else {
+                let p = |w: &str| at(&format!("mlp.experts.{e}.{w}_proj.weight"));
+                (p("gate"), p("up"), p("down"))
+            }
+        };
+        (0..experts)
+            .map(|e| {
+                let (gate, up, down) = names(e);
+                let gate = self
+                    .read_named(gate, &[inter, hidden])?
+                    .to_dtype(DType::F32)?;
+                let up = self
+                    .read_named(up, &[inter, hidden])?
+                    .to_dtype(DType::F32)?;
+                let down = self.read_named(down, &[hidden, inter])?;
+                Ok(Expert {
+                    gate_up: Linear::from_tensor(Tensor::cat(&[gate, up], 0)?, None, options)?,
+                    down: Linear::from_tensor(down, None, options)?,
+                })
+            })
+            .collect()
     }
 
     fn dense(&mut self, w: Weight, shape: &[usize], device: &Device) -> Result<Tensor> {

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use crate::config::{Architecture, ModelConfig, RopeScaling};
+use crate::config::{Architecture, ModelConfig, MoeConfig, MoeConfigError, RopeScaling};
 use crate::error::{ModelError, Result};
 
 /// The fields of `config.json` sluice reads; absent and `null` are both `None`. Unknown fields
@@ -31,6 +31,16 @@ struct ConfigJson {
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
     tie_word_embeddings: Option<bool>,
+    /// Mixtral's expert count.
+    num_local_experts: Option<usize>,
+    /// qwen2_moe's and qwen3_moe's expert count.
+    num_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    shared_expert_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
 }
 
 /// `rope_scaling`; newer configs say `rope_type`, older ones `type`.
@@ -142,8 +152,14 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
     // `use_sliding_window`.
     let windowed = match architecture {
         Architecture::Llama => true,
-        Architecture::Qwen2 | Architecture::Qwen3 => c.use_sliding_window.unwrap_or(false),
+        Architecture::Qwen2
+        | Architecture::Qwen3
+        | Architecture::Qwen2Moe
+        | Architecture::Qwen3Moe => c.use_sliding_window.unwrap_or(false),
     };
+    let num_layers = f.required("num_hidden_layers", c.num_hidden_layers)?;
+    let intermediate_size = f.required("intermediate_size", c.intermediate_size)?;
+    let moe = moe_config(&f, &c, architecture, num_layers, intermediate_size)?;
     if let Some(window) = c.sliding_window.filter(|_| windowed) {
         if window < max_position_embeddings {
             tracing::warn!(
@@ -158,8 +174,8 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
     Ok(ModelConfig {
         architecture,
         hidden_size,
-        intermediate_size: f.required("intermediate_size", c.intermediate_size)?,
-        num_layers: f.required("num_hidden_layers", c.num_hidden_layers)?,
+        intermediate_size,
+        num_layers,
         num_heads,
         num_kv_heads,
         head_dim,
@@ -172,7 +188,90 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         // config.json declares none; a sentence-transformers directory's pooling lives in
         // `1_Pooling/config.json`, which sluice does not read (`--pooling` sets it).
         pooling: None,
+        moe,
     })
+}
+
+/// The mixture of experts a config.json describes, as transformers builds it: Mixtral
+/// (`num_local_experts`, experts of `intermediate_size`, the chosen weights always divided by
+/// their sum), qwen2_moe and qwen3_moe (`num_experts`, `moe_intermediate_size`,
+/// `norm_topk_prob` (default false), dense layers by `mlp_only_layers` and
+/// `decoder_sparse_step`; qwen2_moe's shared expert of `shared_expert_intermediate_size`).
+fn moe_config(
+    f: &Fields<'_>,
+    c: &ConfigJson,
+    architecture: Architecture,
+    num_layers: usize,
+    intermediate_size: usize,
+) -> Result<Option<MoeConfig>> {
+    let named_mixtral = c.model_type.as_deref() == Some("mixtral")
+        || c.architectures
+            .as_ref()
+            .and_then(|a| a.first())
+            .is_some_and(|class| class == "MixtralForCausalLM");
+    let (count_key, count) = match (c.num_local_experts, c.num_experts) {
+        (Some(n), _) => ("num_local_experts", n),
+        (None, Some(n)) => ("num_experts", n),
+        (None, None) if named_mixtral => {
+            return Err(f.err(
+                "num_local_experts",
+                "not present: Mixtral is a mixture of experts",
+            ))
+        }
+        (None, None) if architecture.requires_experts() => {
+            return Err(f.err(
+                "num_experts",
+                format!(
+                    "not present: a {} model is a mixture of experts",
+                    architecture.name()
+                ),
+            ))
+        }
+        (None, None) => return Ok(None),
+    };
+    if count == 0 && !architecture.requires_experts() && !named_mixtral {
+        return Ok(None);
+    }
+    let mixtral = architecture == Architecture::Llama;
+    let step = c.decoder_sparse_step.unwrap_or(1);
+    if step == 0 {
+        return Err(f.err("decoder_sparse_step", "must be at least 1"));
+    }
+    let only_dense = c.mlp_only_layers.clone().unwrap_or_default();
+    let dense_layers = (0..num_layers)
+        .filter(|&i| only_dense.contains(&i) || !(i + 1).is_multiple_of(step))
+        .collect();
+    let shared_expert_intermediate_size = if architecture.has_shared_expert() {
+        Some(f.required(
+            "shared_expert_intermediate_size",
+            c.shared_expert_intermediate_size,
+        )?)
+    } else {
+        None
+    };
+    let moe = MoeConfig {
+        num_experts: count,
+        num_experts_used: f.required("num_experts_per_tok", c.num_experts_per_tok)?,
+        expert_intermediate_size: if mixtral {
+            intermediate_size
+        } else {
+            f.required("moe_intermediate_size", c.moe_intermediate_size)?
+        },
+        norm_topk_prob: mixtral || c.norm_topk_prob.unwrap_or(false),
+        weights_scale: 1.0,
+        shared_expert_intermediate_size,
+        dense_layers,
+    };
+    moe.check().map_err(|e| {
+        let key = match e {
+            MoeConfigError::NoExperts => count_key,
+            MoeConfigError::ExpertsUsed { .. } => "num_experts_per_tok",
+            MoeConfigError::IntermediateSize if mixtral => "intermediate_size",
+            MoeConfigError::IntermediateSize | MoeConfigError::Scale(_) => "moe_intermediate_size",
+        };
+        f.err(key, e.to_string())
+    })?;
+    Ok(Some(moe))
 }
 
 /// `rope_scaling`: `default` for none; `linear` (`factor`); `llama3` (`factor`,
@@ -350,6 +449,70 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(c.max_position_embeddings, 32768);
+    }
+
+    #[test]
+    fn mixture_of_experts_configs() {
+        let c = config(&format!(
+            r#"{{"model_type": "mixtral", {BASE}, "num_local_experts": 8,
+                "num_experts_per_tok": 2}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.architecture, Architecture::Llama);
+        let moe = c.moe.unwrap();
+        assert_eq!((moe.num_experts, moe.num_experts_used), (8, 2));
+        assert_eq!(moe.expert_intermediate_size, 128);
+        assert!(moe.norm_topk_prob && moe.dense_layers.is_empty());
+
+        let c = config(&format!(
+            r#"{{"architectures": ["Qwen3MoeForCausalLM"], {BASE}, "num_experts": 16,
+                "num_experts_per_tok": 4, "moe_intermediate_size": 32, "norm_topk_prob": true,
+                "decoder_sparse_step": 1, "mlp_only_layers": [1]}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.architecture, Architecture::Qwen3Moe);
+        let moe = c.moe.unwrap();
+        assert_eq!(moe.expert_intermediate_size, 32);
+        assert_eq!(moe.dense_layers, [1]);
+        assert!(moe.norm_topk_prob && !moe.is_sparse(1) && moe.is_sparse(0));
+
+        let c = config(&format!(
+            r#"{{"model_type": "qwen2_moe", {BASE}, "num_experts": 4,
+                "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                "shared_expert_intermediate_size": 64, "decoder_sparse_step": 2}}"#
+        ))
+        .unwrap();
+        let moe = c.moe.unwrap();
+        assert_eq!(moe.shared_expert_intermediate_size, Some(64));
+        assert!(!moe.norm_topk_prob);
+        // Every second layer sparse: layer 1 of 0..2.
+        assert_eq!(moe.dense_layers, [0]);
+        assert!(config(&format!(r#"{{"model_type": "llama", {BASE}}}"#))
+            .unwrap()
+            .moe
+            .is_none());
+    }
+
+    #[test]
+    fn bad_expert_counts_name_the_key() {
+        let msg = |json: String| config(&json).unwrap_err().to_string();
+        let m = msg(format!(
+            r#"{{"model_type": "qwen3_moe", {BASE}, "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32}}"#
+        ));
+        assert!(m.contains("num_experts"), "{m}");
+        for k in [0, 9] {
+            let m = msg(format!(
+                r#"{{"model_type": "mixtral", {BASE}, "num_local_experts": 8,
+                    "num_experts_per_tok": {k}}}"#
+            ));
+            assert!(m.contains("num_experts_per_tok"), "{m}");
+        }
+        let m = msg(format!(
+            r#"{{"model_type": "qwen2_moe", {BASE}, "num_experts": 4,
+                "num_experts_per_tok": 2, "moe_intermediate_size": 32}}"#
+        ));
+        assert!(m.contains("shared_expert_intermediate_size"), "{m}");
     }
 
     #[test]

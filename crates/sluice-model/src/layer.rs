@@ -5,6 +5,8 @@ use candle_core::Tensor;
 
 use crate::config::ModelConfig;
 use crate::embedding::Embedding;
+use crate::error::{ModelError, Result};
+use crate::moe::MoeLayer;
 use crate::rope::RotaryTables;
 use crate::weights::Linear;
 
@@ -26,7 +28,41 @@ pub(crate) struct Layer {
     pub qk_norm: Option<(Tensor, Tensor)>,
     pub o: Linear,
     pub ffn_norm: Tensor,
-    /// Gate and up stacked.
-    pub gate_up: Linear,
-    pub down: Linear,
+    pub mlp: Mlp,
+}
+
+/// What follows a layer's FFN norm.
+pub(crate) enum Mlp {
+    /// One SwiGLU MLP.
+    Dense {
+        /// Gate and up stacked.
+        gate_up: Linear,
+        down: Linear,
+    },
+    /// A mixture of experts (the CPU forward runs it; a GPU model refuses it at load).
+    Experts(MoeLayer),
+}
+
+impl Mlp {
+    pub fn weight_bytes(&self) -> usize {
+        match self {
+            Mlp::Dense { gate_up, down } => gate_up.weight_bytes() + down.weight_bytes(),
+            Mlp::Experts(moe) => moe.weight_bytes(),
+        }
+    }
+}
+
+impl Layer {
+    /// The dense MLP's gate/up and down, for the forwards that run no mixture of experts (the
+    /// CUDA ones: [`crate::LlamaModel`] refuses a mixture on a GPU at load, so this is never
+    /// an error there).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn dense_mlp(&self) -> Result<(&Linear, &Linear)> {
+        match &self.mlp {
+            Mlp::Dense { gate_up, down } => Ok((gate_up, down)),
+            Mlp::Experts(_) => Err(ModelError::InvalidStep(
+                "a mixture-of-experts layer on a forward that runs only dense MLPs".into(),
+            )),
+        }
+    }
 }

@@ -32,6 +32,7 @@ mod layer;
 pub mod load;
 pub mod model;
 mod model_sampling;
+mod moe;
 pub mod ops;
 pub mod paged;
 pub mod rope;
@@ -43,7 +44,7 @@ pub mod weights;
 
 pub use attention::AttentionBackend;
 pub use batch::{RowSampling, SampledToken, SequenceSlice, StepBatch, StepOutput};
-pub use config::{Architecture, ModelConfig, Pooling, RopeScaling};
+pub use config::{Architecture, ModelConfig, MoeConfig, Pooling, RopeScaling};
 pub use cpu_forward::StepScratch;
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;

@@ -128,6 +128,13 @@ pub enum Weight {
     Gate(usize),
     Up(usize),
     Down(usize),
+    /// A mixture of experts' router `[experts, hidden]`.
+    Router(usize),
+    /// qwen2moe's shared expert: its MLP, and its gate `[1, hidden]` (GGUF: `[hidden]`).
+    SharedGate(usize),
+    SharedUp(usize),
+    SharedDown(usize),
+    SharedRouter(usize),
 }
 
 impl Weight {
@@ -152,6 +159,11 @@ impl Weight {
             Self::Gate(i) => blk(i, "ffn_gate.weight"),
             Self::Up(i) => blk(i, "ffn_up.weight"),
             Self::Down(i) => blk(i, "ffn_down.weight"),
+            Self::Router(i) => blk(i, "ffn_gate_inp.weight"),
+            Self::SharedGate(i) => blk(i, "ffn_gate_shexp.weight"),
+            Self::SharedUp(i) => blk(i, "ffn_up_shexp.weight"),
+            Self::SharedDown(i) => blk(i, "ffn_down_shexp.weight"),
+            Self::SharedRouter(i) => blk(i, "ffn_gate_inp_shexp.weight"),
         }
     }
 
@@ -176,8 +188,23 @@ impl Weight {
             Self::Gate(i) => layer(i, "mlp.gate_proj.weight"),
             Self::Up(i) => layer(i, "mlp.up_proj.weight"),
             Self::Down(i) => layer(i, "mlp.down_proj.weight"),
+            // Qwen's names, and transformers' since v5 for Mixtral too (older Mixtral
+            // checkpoints say `block_sparse_moe.gate`: `hf.rs` looks for both).
+            Self::Router(i) => layer(i, "mlp.gate.weight"),
+            Self::SharedGate(i) => layer(i, "mlp.shared_expert.gate_proj.weight"),
+            Self::SharedUp(i) => layer(i, "mlp.shared_expert.up_proj.weight"),
+            Self::SharedDown(i) => layer(i, "mlp.shared_expert.down_proj.weight"),
+            Self::SharedRouter(i) => layer(i, "mlp.shared_expert_gate.weight"),
         }
     }
+}
+
+/// The sizes of a layer's experts: `experts` SwiGLU MLPs of `inter` over `hidden`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ExpertMatrices {
+    pub experts: usize,
+    pub inter: usize,
+    pub hidden: usize,
 }
 
 /// What the layer builder needs from a file format.
@@ -204,6 +231,15 @@ pub(crate) trait WeightSource {
         bias: Option<Tensor>,
         options: &LinearOptions,
     ) -> Result<Linear>;
+    /// Layer `layer`'s experts, each its gate and up stacked (`[2 * inter, hidden]`) and its
+    /// down (`[hidden, inter]`), in expert order; an error naming the tensor when one is
+    /// missing or mis-shaped.
+    fn experts(
+        &mut self,
+        layer: usize,
+        shape: ExpertMatrices,
+        options: &LinearOptions,
+    ) -> Result<Vec<crate::moe::Expert>>;
     /// The output projection `[vocab, hidden]`: the embedding itself when `tied`.
     fn lm_head(&mut self, tied: bool, shape: [usize; 2], options: &LinearOptions)
         -> Result<Linear>;

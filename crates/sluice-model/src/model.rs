@@ -12,8 +12,9 @@ use crate::cuda_forward;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCache, KvDtype};
-use crate::layer::{Layer, ModelWeights};
-use crate::load::{LoadOptions, Weight, WeightSource};
+use crate::layer::{Layer, Mlp, ModelWeights};
+use crate::load::{ExpertMatrices, LoadOptions, Weight, WeightSource};
+use crate::moe::{routing::RoutingRule, MoeLayer, SharedExpert};
 use crate::rope::RotaryTables;
 use crate::weights::{Linear, WeightsKind};
 
@@ -38,6 +39,19 @@ impl LlamaModel {
         options: &LoadOptions,
     ) -> Result<Self> {
         let device = options.device.clone();
+        if let (Some(moe), false) = (&config.moe, device.is_cpu()) {
+            // Before any weight moves: the CUDA forwards run dense MLPs only, and running the
+            // experts row by row there would be a silent slowdown, not a feature.
+            return Err(ModelError::Unsupported {
+                path: src.path().to_path_buf(),
+                what: format!(
+                    "mixture-of-experts model ({} experts, {} a token) on a GPU: sluice's CUDA \
+                     forward has no grouped expert matmul yet; serve it with a build without \
+                     the `cuda` feature, whose CPU forward runs it",
+                    moe.num_experts, moe.num_experts_used
+                ),
+            });
+        }
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = &device {
             sluice_kernels::cuda::graph::single_stream(dev);
@@ -83,13 +97,20 @@ impl LlamaModel {
                 linear,
             )?;
             let o = src.linear(&[(Weight::O(i), hidden)], heads * d, None, linear)?;
-            let gate_up = src.linear(
-                &[(Weight::Gate(i), inter), (Weight::Up(i), inter)],
-                hidden,
-                None,
-                linear,
-            )?;
-            let down = src.linear(&[(Weight::Down(i), hidden)], inter, None, linear)?;
+            let mlp = match &config.moe {
+                Some(moe) if moe.is_sparse(i) => {
+                    Mlp::Experts(Self::build_moe(src, i, moe, hidden, linear)?)
+                }
+                _ => Mlp::Dense {
+                    gate_up: src.linear(
+                        &[(Weight::Gate(i), inter), (Weight::Up(i), inter)],
+                        hidden,
+                        None,
+                        linear,
+                    )?,
+                    down: src.linear(&[(Weight::Down(i), hidden)], inter, None, linear)?,
+                },
+            };
             let qk_norm = if arch.has_qk_norm() {
                 Some((
                     src.dense(Weight::QNorm(i), &[d], &device)?.to_dtype(act)?,
@@ -108,8 +129,7 @@ impl LlamaModel {
                 ffn_norm: src
                     .dense(Weight::FfnNorm(i), &[hidden], &device)?
                     .to_dtype(act)?,
-                gate_up,
-                down,
+                mlp,
             });
         }
         let norm = src
@@ -130,12 +150,7 @@ impl LlamaModel {
             + lm_head.weight_bytes()
             + layers
                 .iter()
-                .map(|l| {
-                    l.qkv.weight_bytes()
-                        + l.o.weight_bytes()
-                        + l.gate_up.weight_bytes()
-                        + l.down.weight_bytes()
-                })
+                .map(|l| l.qkv.weight_bytes() + l.o.weight_bytes() + l.mlp.weight_bytes())
                 .sum::<usize>();
         let rope = RotaryTables::new(&config, &device)?;
         let attention = options
@@ -155,6 +170,8 @@ impl LlamaModel {
         tracing::info!(
             path = %src.path().display(),
             architecture = config.architecture.name(),
+            experts = config.moe.as_ref().map_or(0, |m| m.num_experts),
+            experts_per_token = config.moe.as_ref().map_or(0, |m| m.num_experts_used),
             layers = config.num_layers,
             hidden = config.hidden_size,
             weights = %kind,
@@ -173,6 +190,53 @@ impl LlamaModel {
             attention,
             weights: kind,
             kv_dtype: options.kv_dtype,
+        })
+    }
+
+    /// Layer `i`'s mixture of experts: its router, each expert's MLP, and qwen2moe's shared
+    /// expert.
+    fn build_moe(
+        src: &mut dyn WeightSource,
+        i: usize,
+        moe: &crate::config::MoeConfig,
+        hidden: usize,
+        linear: &crate::weights::LinearOptions,
+    ) -> Result<MoeLayer> {
+        let n = moe.num_experts;
+        let router = src.linear(&[(Weight::Router(i), n)], hidden, None, linear)?;
+        let inter = moe.expert_intermediate_size;
+        let shape = ExpertMatrices {
+            experts: n,
+            inter,
+            hidden,
+        };
+        let experts = src.experts(i, shape, linear)?;
+        let shared = match moe.shared_expert_intermediate_size {
+            Some(sh) => Some(SharedExpert {
+                mlp: crate::moe::Expert {
+                    gate_up: src.linear(
+                        &[(Weight::SharedGate(i), sh), (Weight::SharedUp(i), sh)],
+                        hidden,
+                        None,
+                        linear,
+                    )?,
+                    down: src.linear(&[(Weight::SharedDown(i), hidden)], sh, None, linear)?,
+                },
+                intermediate_size: sh,
+                gate: src.linear(&[(Weight::SharedRouter(i), 1)], hidden, None, linear)?,
+            }),
+            None => None,
+        };
+        Ok(MoeLayer {
+            router,
+            experts,
+            rule: RoutingRule {
+                k: moe.num_experts_used,
+                norm_topk: moe.norm_topk_prob,
+                scale: moe.weights_scale,
+            },
+            intermediate_size: inter,
+            shared,
         })
     }
 

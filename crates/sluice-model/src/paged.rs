@@ -107,6 +107,12 @@ impl PagedLlama {
         self.model.device().is_cuda()
     }
 
+    /// A mixture of experts: the share of its experts' weights the last step read (experts at
+    /// least one row chose, over every layer's experts); `None` for a dense model.
+    pub fn expert_share(&self) -> Option<f64> {
+        self.scratch.expert_share()
+    }
+
     /// Computes every token of `batch`, writing their K/V into the cache, and replaces
     /// `out.logits` with the `[rows, vocab_size]` logits of the sampling rows it does not
     /// sample itself (`None` in [`StepBatch::model_sampling`]), `out.sampled` with the tokens of those it

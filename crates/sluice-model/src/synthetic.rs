@@ -30,14 +30,37 @@ pub struct ModelShape {
     pub num_layers: usize,
     pub num_heads: usize,
     pub num_kv_heads: usize,
+    /// `None`: hidden / heads (Qwen3's is its own).
+    pub head_dim: Option<usize>,
     pub vocab_size: usize,
     pub context_length: usize,
     pub rope_theta: f32,
     pub tie_word_embeddings: bool,
+    /// A mixture of experts in every layer.
+    pub experts: Option<ShapeExperts>,
+}
+
+/// A shape's mixture of experts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShapeExperts {
+    pub count: usize,
+    pub used: usize,
+    pub intermediate_size: usize,
+}
+
+impl ModelShape {
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden_size / self.num_heads)
+    }
+
+    /// Experts a layer holds (0 for a dense model).
+    fn expert_count(&self) -> usize {
+        self.experts.map_or(0, |e| e.count)
+    }
 }
 
 /// The shapes `sluice synth --shape` knows, from each model's published config.
-pub const SHAPES: [ModelShape; 5] = [
+pub const SHAPES: [ModelShape; 7] = [
     ModelShape {
         name: "smollm2-135m",
         architecture: Architecture::Llama,
@@ -50,6 +73,8 @@ pub const SHAPES: [ModelShape; 5] = [
         context_length: 8192,
         rope_theta: 100_000.0,
         tie_word_embeddings: true,
+        head_dim: None,
+        experts: None,
     },
     ModelShape {
         name: "qwen2.5-0.5b",
@@ -63,6 +88,8 @@ pub const SHAPES: [ModelShape; 5] = [
         context_length: 32768,
         rope_theta: 1_000_000.0,
         tie_word_embeddings: true,
+        head_dim: None,
+        experts: None,
     },
     ModelShape {
         name: "qwen2.5-1.5b",
@@ -76,6 +103,8 @@ pub const SHAPES: [ModelShape; 5] = [
         context_length: 32768,
         rope_theta: 1_000_000.0,
         tie_word_embeddings: true,
+        head_dim: None,
+        experts: None,
     },
     ModelShape {
         name: "qwen2.5-7b",
@@ -89,6 +118,8 @@ pub const SHAPES: [ModelShape; 5] = [
         context_length: 32768,
         rope_theta: 1_000_000.0,
         tie_word_embeddings: false,
+        head_dim: None,
+        experts: None,
     },
     ModelShape {
         name: "llama-3.1-8b",
@@ -104,6 +135,49 @@ pub const SHAPES: [ModelShape; 5] = [
         context_length: 8192,
         rope_theta: 500_000.0,
         tie_word_embeddings: false,
+        head_dim: None,
+        experts: None,
+    },
+    // Qwen3-30B-A3B (and Qwen3-Coder-30B-A3B, the same shape): 128 experts of 768, 8 a token,
+    // heads of 128 over a hidden size of 2048, QK-norm.
+    ModelShape {
+        name: "qwen3-30b-a3b",
+        architecture: Architecture::Qwen3Moe,
+        hidden_size: 2048,
+        intermediate_size: 6144,
+        num_layers: 48,
+        num_heads: 32,
+        num_kv_heads: 4,
+        head_dim: Some(128),
+        vocab_size: 151_936,
+        context_length: 40960,
+        rope_theta: 1_000_000.0,
+        tie_word_embeddings: false,
+        experts: Some(ShapeExperts {
+            count: 128,
+            used: 8,
+            intermediate_size: 768,
+        }),
+    },
+    // Mixtral-8x7B: llama with 8 experts of 14336, 2 a token.
+    ModelShape {
+        name: "mixtral-8x7b",
+        architecture: Architecture::Llama,
+        hidden_size: 4096,
+        intermediate_size: 14336,
+        num_layers: 32,
+        num_heads: 32,
+        num_kv_heads: 8,
+        head_dim: None,
+        vocab_size: 32000,
+        context_length: 32768,
+        rope_theta: 1_000_000.0,
+        tie_word_embeddings: false,
+        experts: Some(ShapeExperts {
+            count: 8,
+            used: 2,
+            intermediate_size: 14336,
+        }),
     },
 ];
 
@@ -169,15 +243,18 @@ impl FromStr for SyntheticFormat {
 enum Role {
     Embedding,
     Output,
+    AttnK,
     AttnV,
+    AttnOutput,
+    /// `ffn_down`, or a mixture's `ffn_down_exps`.
     FfnDown,
     Other,
 }
 
 impl SyntheticFormat {
-    /// The format of a matrix of `role` in layer `layer` of `layers`, before the fallback for
-    /// rows that do not split into its blocks.
-    fn dtype(self, role: Role, layer: usize, layers: usize) -> GgmlDType {
+    /// The format of a matrix of `role` in layer `layer` of `layers` of a model of `experts`
+    /// experts (0: dense), before the fallback for rows that do not split into its blocks.
+    fn dtype(self, role: Role, layer: usize, layers: usize, experts: usize) -> GgmlDType {
         let (base, more) = match self {
             Self::Uniform(dtype) => return dtype,
             Self::Q4KM => (GgmlDType::Q4K, GgmlDType::Q6K),
@@ -189,6 +266,10 @@ impl SyntheticFormat {
             layer < layers / 8 || layer >= 7 * layers / 8 || (layer - layers / 8) % 3 == 2;
         match role {
             Role::Output => more,
+            // llama.cpp's rules for 8-expert models (Mixtral): K and V in Q8_0, the attention
+            // output in Q5_K under Q4_K_M.
+            Role::AttnK | Role::AttnV if experts == 8 => GgmlDType::Q8_0,
+            Role::AttnOutput if experts == 8 && self == Self::Q4KM => GgmlDType::Q5K,
             Role::AttnV | Role::FfnDown if more_bits => more,
             _ => base,
         }
@@ -287,7 +368,8 @@ impl SyntheticSpec {
     pub fn write_gguf(&self, path: &Path) -> Result<usize> {
         let s = &self.shape;
         let layers = self.num_layers();
-        let head_dim = s.hidden_size / s.num_heads;
+        let head_dim = s.head_dim();
+        let n_experts = s.expert_count();
         let (h, kvh, inter, vocab) = (
             s.hidden_size,
             s.num_kv_heads,
@@ -296,38 +378,77 @@ impl SyntheticSpec {
         );
         let mut rng = Rng(self.seed);
         let mut tensors: Vec<(String, QTensor)> = Vec::new();
-        let mut matrix =
-            |name: String, rows: usize, cols: usize, role: Role, layer: usize| -> Result<()> {
-                let dtype = fit(self.format.dtype(role, layer, layers), cols);
-                let t = pooled_matrix(&mut rng, rows, cols, dtype)?;
-                tensors.push((name, t));
-                Ok(())
+        // `experts` matrices of `[rows, cols]` (`[experts, rows, cols]`); 1: a plain matrix.
+        let mut matrices = |name: String,
+                            experts: usize,
+                            rows: usize,
+                            cols: usize,
+                            role: Role,
+                            layer: usize|
+         -> Result<()> {
+            let dtype = fit(self.format.dtype(role, layer, layers, n_experts), cols);
+            let t = pooled_matrix(&mut rng, experts * rows, cols, dtype)?;
+            let t = if experts > 1 {
+                let bytes = t.data()?.into_owned();
+                let storage =
+                    QStorage::from_data(std::borrow::Cow::Owned(bytes), &Device::Cpu, dtype)?;
+                QTensor::new(storage, (experts, rows, cols))?
+            } else {
+                t
             };
-        matrix("token_embd.weight".into(), vocab, h, Role::Embedding, 0)?;
+            tensors.push((name, t));
+            Ok(())
+        };
+        matrices("token_embd.weight".into(), 1, vocab, h, Role::Embedding, 0)?;
         for i in 0..layers {
             let p = |t: &str| format!("blk.{i}.{t}");
-            matrix(
+            matrices(
                 p("attn_q.weight"),
+                1,
                 s.num_heads * head_dim,
                 h,
                 Role::Other,
                 i,
             )?;
-            matrix(p("attn_k.weight"), kvh * head_dim, h, Role::Other, i)?;
-            matrix(p("attn_v.weight"), kvh * head_dim, h, Role::AttnV, i)?;
-            matrix(
+            matrices(p("attn_k.weight"), 1, kvh * head_dim, h, Role::AttnK, i)?;
+            matrices(p("attn_v.weight"), 1, kvh * head_dim, h, Role::AttnV, i)?;
+            matrices(
                 p("attn_output.weight"),
+                1,
                 h,
                 s.num_heads * head_dim,
-                Role::Other,
+                Role::AttnOutput,
                 i,
             )?;
-            matrix(p("ffn_gate.weight"), inter, h, Role::Other, i)?;
-            matrix(p("ffn_up.weight"), inter, h, Role::Other, i)?;
-            matrix(p("ffn_down.weight"), h, inter, Role::FfnDown, i)?;
+            match s.experts {
+                None => {
+                    matrices(p("ffn_gate.weight"), 1, inter, h, Role::Other, i)?;
+                    matrices(p("ffn_up.weight"), 1, inter, h, Role::Other, i)?;
+                    matrices(p("ffn_down.weight"), 1, h, inter, Role::FfnDown, i)?;
+                }
+                Some(e) => {
+                    let (n, ei) = (e.count, e.intermediate_size);
+                    matrices(p("ffn_gate_exps.weight"), n, ei, h, Role::Other, i)?;
+                    matrices(p("ffn_up_exps.weight"), n, ei, h, Role::Other, i)?;
+                    matrices(p("ffn_down_exps.weight"), n, h, ei, Role::FfnDown, i)?;
+                }
+            }
         }
         if !s.tie_word_embeddings {
-            matrix("output.weight".into(), vocab, h, Role::Output, layers)?;
+            matrices("output.weight".into(), 1, vocab, h, Role::Output, layers)?;
+        }
+        // The routers stay f32, as llama.cpp's quantizer leaves them; scaled up, so that a
+        // token's experts differ as a trained router's do rather than all tie near 0.
+        if let Some(e) = s.experts {
+            for i in 0..layers {
+                let scale = 4.0 / (h as f32).sqrt();
+                let data: Vec<f32> = (0..e.count * h).map(|_| scale * rng.next_f32()).collect();
+                let t = Tensor::from_vec(data, (e.count, h), &Device::Cpu)?;
+                tensors.push((
+                    format!("blk.{i}.ffn_gate_inp.weight"),
+                    QTensor::quantize(&t, GgmlDType::F32)?,
+                ));
+            }
         }
         // Norms and biases stay f32, as in real files.
         let mut vector = |name: String, n: usize, base: f32, spread: f32| -> Result<()> {
@@ -344,6 +465,10 @@ impl SyntheticSpec {
                 vector(p("attn_q.bias"), s.num_heads * head_dim, 0.0, 0.1)?;
                 vector(p("attn_k.bias"), kvh * head_dim, 0.0, 0.1)?;
                 vector(p("attn_v.bias"), kvh * head_dim, 0.0, 0.1)?;
+            }
+            if s.architecture.has_qk_norm() {
+                vector(p("attn_q_norm.weight"), head_dim, 1.0, 0.1)?;
+                vector(p("attn_k_norm.weight"), head_dim, 1.0, 0.1)?;
             }
         }
         vector("output_norm.weight".into(), h, 1.0, 0.1)?;
@@ -368,6 +493,18 @@ impl SyntheticSpec {
             (k("rope.freq_base"), Value::F32(s.rope_theta)),
             (k("vocab_size"), Value::U32(vocab as u32)),
         ];
+        if let Some(d) = s.head_dim {
+            meta.push((k("attention.key_length"), Value::U32(d as u32)));
+            meta.push((k("attention.value_length"), Value::U32(d as u32)));
+        }
+        if let Some(e) = s.experts {
+            meta.push((k("expert_count"), Value::U32(e.count as u32)));
+            meta.push((k("expert_used_count"), Value::U32(e.used as u32)));
+            meta.push((
+                k("expert_feed_forward_length"),
+                Value::U32(e.intermediate_size as u32),
+            ));
+        }
         meta.extend(tokenizer_metadata(
             vocabulary(vocab),
             Vec::new(),
@@ -452,11 +589,16 @@ mod tests {
         let f = SyntheticFormat::Q4KM;
         // 28 layers: 0..3 and 24.. get more bits, and 3 + 3j + 2 between.
         let more: Vec<usize> = (0..28)
-            .filter(|&i| f.dtype(Role::FfnDown, i, 28) == GgmlDType::Q6K)
+            .filter(|&i| f.dtype(Role::FfnDown, i, 28, 0) == GgmlDType::Q6K)
             .collect();
         assert_eq!(more, [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27]);
-        assert_eq!(f.dtype(Role::Other, 0, 28), GgmlDType::Q4K);
-        assert_eq!(f.dtype(Role::Output, 28, 28), GgmlDType::Q6K);
+        assert_eq!(f.dtype(Role::Other, 0, 28, 0), GgmlDType::Q4K);
+        assert_eq!(f.dtype(Role::Output, 28, 28, 0), GgmlDType::Q6K);
+        // 8 experts (Mixtral): K and V in Q8_0, the attention output in Q5_K.
+        assert_eq!(f.dtype(Role::AttnK, 3, 32, 8), GgmlDType::Q8_0);
+        assert_eq!(f.dtype(Role::AttnV, 3, 32, 8), GgmlDType::Q8_0);
+        assert_eq!(f.dtype(Role::AttnOutput, 3, 32, 8), GgmlDType::Q5K);
+        assert_eq!(f.dtype(Role::AttnOutput, 3, 48, 128), GgmlDType::Q4K);
         assert_eq!(fit(GgmlDType::Q4K, 576), GgmlDType::Q8_0);
         assert_eq!(fit(GgmlDType::Q4_1, 576), GgmlDType::Q4_1);
     }

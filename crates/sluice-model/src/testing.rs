@@ -18,6 +18,32 @@ use crate::synthetic::{tokenizer_metadata, Rng};
 use crate::weights::unpermute_qk;
 use sluice_tokenizer::{ByteLevelAlphabet, Tokenizer};
 
+/// A tiny model's mixture of experts (written as llama.cpp writes one: a router
+/// `ffn_gate_inp` kept in f32, and 3-D `ffn_{gate,up,down}_exps` tensors of the model's format).
+#[derive(Debug, Clone)]
+pub struct TinyMoe {
+    pub experts: usize,
+    pub experts_used: usize,
+    pub expert_intermediate_size: usize,
+    /// qwen2moe's shared expert's size (`Some` for that architecture).
+    pub shared_expert_intermediate_size: Option<usize>,
+    /// Scale of the router's weights: large enough that a row's top k stand apart.
+    pub router_scale: f32,
+}
+
+impl TinyMoe {
+    /// `experts` experts of `inter`, `k` a token; a shared expert of `inter` for qwen2moe.
+    pub fn new(architecture: Architecture, experts: usize, k: usize, inter: usize) -> Self {
+        Self {
+            experts,
+            experts_used: k,
+            expert_intermediate_size: inter,
+            shared_expert_intermediate_size: architecture.has_shared_expert().then_some(inter),
+            router_scale: 4.0,
+        }
+    }
+}
+
 /// The shape of a tiny model. Defaults give GQA (4 query heads over 2 KV heads).
 #[derive(Debug, Clone)]
 pub struct TinyModelSpec {
@@ -33,6 +59,9 @@ pub struct TinyModelSpec {
     /// Q8_0 keeps the quantized path honest; F32 makes every weight kind agree exactly.
     pub dtype: GgmlDType,
     pub seed: u64,
+    /// A mixture of experts in place of every layer's MLP (Mixtral with [`Architecture::Llama`],
+    /// or qwen2moe/qwen3moe).
+    pub moe: Option<TinyMoe>,
 }
 
 impl Default for TinyModelSpec {
@@ -48,6 +77,7 @@ impl Default for TinyModelSpec {
             context_length: 512,
             dtype: GgmlDType::F32,
             seed: 7,
+            moe: None,
         }
     }
 }
@@ -89,6 +119,23 @@ impl RandomTensors {
             .map(|_| self.rng.next_f32() * scale)
             .collect();
         let t = Tensor::from_vec(data, shape, &Device::Cpu)?;
+        self.tensors
+            .push((name.to_string(), QTensor::quantize(&t, dtype)?));
+        Ok(())
+    }
+
+    /// `[n, rows, cols]`: one `[rows, cols]` matrix for each of `n` experts.
+    fn experts(
+        &mut self,
+        name: &str,
+        (n, rows, cols): (usize, usize, usize),
+        scale: f32,
+        dtype: GgmlDType,
+    ) -> Result<()> {
+        let data: Vec<f32> = (0..n * rows * cols)
+            .map(|_| self.rng.next_f32() * scale)
+            .collect();
+        let t = Tensor::from_vec(data, (n, rows, cols), &Device::Cpu)?;
         self.tensors
             .push((name.to_string(), QTensor::quantize(&t, dtype)?));
         Ok(())
@@ -147,14 +194,47 @@ impl TinyModelSpec {
                 scale,
                 self.dtype,
             )?;
-            w.matrix(&p("ffn_gate.weight"), (inter, h), scale, self.dtype)?;
-            w.matrix(&p("ffn_up.weight"), (inter, h), scale, self.dtype)?;
-            w.matrix(
-                &p("ffn_down.weight"),
-                (h, inter),
-                1.0 / (inter as f32).sqrt(),
-                self.dtype,
-            )?;
+            match &self.moe {
+                None => {
+                    w.matrix(&p("ffn_gate.weight"), (inter, h), scale, self.dtype)?;
+                    w.matrix(&p("ffn_up.weight"), (inter, h), scale, self.dtype)?;
+                    w.matrix(
+                        &p("ffn_down.weight"),
+                        (h, inter),
+                        1.0 / (inter as f32).sqrt(),
+                        self.dtype,
+                    )?;
+                }
+                Some(moe) => {
+                    let (n, ei) = (moe.experts, moe.expert_intermediate_size);
+                    // The router stays f32, as llama.cpp's quantizer leaves it.
+                    w.matrix(
+                        &p("ffn_gate_inp.weight"),
+                        (n, h),
+                        scale * moe.router_scale,
+                        GgmlDType::F32,
+                    )?;
+                    w.experts(&p("ffn_gate_exps.weight"), (n, ei, h), scale, self.dtype)?;
+                    w.experts(&p("ffn_up_exps.weight"), (n, ei, h), scale, self.dtype)?;
+                    w.experts(
+                        &p("ffn_down_exps.weight"),
+                        (n, h, ei),
+                        1.0 / (ei as f32).sqrt(),
+                        self.dtype,
+                    )?;
+                    if let Some(si) = moe.shared_expert_intermediate_size {
+                        w.matrix(&p("ffn_gate_shexp.weight"), (si, h), scale, self.dtype)?;
+                        w.matrix(&p("ffn_up_shexp.weight"), (si, h), scale, self.dtype)?;
+                        w.matrix(
+                            &p("ffn_down_shexp.weight"),
+                            (h, si),
+                            1.0 / (si as f32).sqrt(),
+                            self.dtype,
+                        )?;
+                        w.vector(&p("ffn_gate_inp_shexp.weight"), h, 0.0, scale * 4.0)?;
+                    }
+                }
+            }
             w.vector(&p("attn_norm.weight"), h, 1.0, 0.1)?;
             w.vector(&p("ffn_norm.weight"), h, 1.0, 0.1)?;
             if self.architecture.has_qkv_bias() {
@@ -195,6 +275,20 @@ impl TinyModelSpec {
             meta.push((k("attention.key_length"), Value::U32(d as u32)));
             meta.push((k("attention.value_length"), Value::U32(d as u32)));
         }
+        if let Some(moe) = &self.moe {
+            meta.push((k("expert_count"), Value::U32(moe.experts as u32)));
+            meta.push((k("expert_used_count"), Value::U32(moe.experts_used as u32)));
+            meta.push((
+                k("expert_feed_forward_length"),
+                Value::U32(moe.expert_intermediate_size as u32),
+            ));
+            if let Some(si) = moe.shared_expert_intermediate_size {
+                meta.push((
+                    k("expert_shared_feed_forward_length"),
+                    Value::U32(si as u32),
+                ));
+            }
+        }
         let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let tensor_refs: Vec<(&str, &QTensor)> =
             tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
@@ -214,6 +308,19 @@ pub struct HfExport {
     pub dtype: DType,
     /// 1: `model.safetensors`; more: that many shards and `model.safetensors.index.json`.
     pub shards: usize,
+    /// How a mixture's experts are laid out.
+    pub experts: HfExperts,
+}
+
+/// The two layouts transformers writes a mixture's experts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HfExperts {
+    /// Each expert's own matrices: `mlp.experts.E.{gate,up,down}_proj.weight` (Mixtral:
+    /// `block_sparse_moe.experts.E.{w1,w3,w2}.weight`, with its router `block_sparse_moe.gate`).
+    PerExpert,
+    /// transformers 5's `mlp.experts.gate_up_proj` `[experts, 2 * inter, hidden]` and
+    /// `mlp.experts.down_proj` `[experts, hidden, inter]`.
+    Fused,
 }
 
 impl Default for HfExport {
@@ -221,6 +328,7 @@ impl Default for HfExport {
         Self {
             dtype: DType::F32,
             shards: 1,
+            experts: HfExperts::PerExpert,
         }
     }
 }
@@ -261,8 +369,17 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             Weight::Gate(i),
             Weight::Up(i),
             Weight::Down(i),
+            Weight::Router(i),
+            Weight::SharedGate(i),
+            Weight::SharedUp(i),
+            Weight::SharedDown(i),
+            Weight::SharedRouter(i),
         ]);
     }
+    // Mixtral's own names, in the per-expert layout it was published in.
+    let mixtral_names = config.moe.is_some()
+        && arch == Architecture::Llama
+        && export.experts == HfExperts::PerExpert;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     for role in roles {
         let name = role.gguf_name();
@@ -275,8 +392,56 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
                 t = unpermute_qk(&t, t.shape().dims()[0] / d, d)?;
             }
         }
-        let dense = t.dequantize(&Device::Cpu)?.to_dtype(export.dtype)?;
-        tensors.push((role.hf_name(), dense));
+        let mut dense = t.dequantize(&Device::Cpu)?.to_dtype(export.dtype)?;
+        let hf_name = match role {
+            // `[hidden]` in GGUF, a one-output linear layer in transformers.
+            Weight::SharedRouter(_) => {
+                dense = dense.unsqueeze(0)?;
+                role.hf_name()
+            }
+            Weight::Router(i) if mixtral_names => {
+                format!("model.layers.{i}.block_sparse_moe.gate.weight")
+            }
+            _ => role.hf_name(),
+        };
+        tensors.push((hf_name, dense));
+    }
+    for i in 0..config.num_layers {
+        let exps = |t: &str| format!("blk.{i}.ffn_{t}_exps.weight");
+        if !file.has_tensor(&exps("down")) {
+            continue;
+        }
+        let mut read = |name: String| -> Result<Tensor> {
+            Ok(file
+                .tensor(&name, &Device::Cpu)?
+                .dequantize(&Device::Cpu)?
+                .to_dtype(export.dtype)?)
+        };
+        let (gate, up, down) = (read(exps("gate"))?, read(exps("up"))?, read(exps("down"))?);
+        let at = |t: String| format!("model.layers.{i}.{t}");
+        match export.experts {
+            HfExperts::Fused => {
+                tensors.push((
+                    at("mlp.experts.gate_up_proj".into()),
+                    Tensor::cat(&[gate, up], 1)?,
+                ));
+                tensors.push((at("mlp.experts.down_proj".into()), down));
+            }
+            HfExperts::PerExpert => {
+                for e in 0..gate.dim(0)? {
+                    let names = if mixtral_names {
+                        ["w1", "w3", "w2"]
+                            .map(|w| at(format!("block_sparse_moe.experts.{e}.{w}.weight")))
+                    } else {
+                        ["gate", "up", "down"]
+                            .map(|w| at(format!("mlp.experts.{e}.{w}_proj.weight")))
+                    };
+                    for (name, t) in names.into_iter().zip([&gate, &up, &down]) {
+                        tensors.push((name, t.get(e)?.contiguous()?));
+                    }
+                }
+            }
+        }
     }
 
     // Shards of consecutive tensors, as transformers writes them.
@@ -321,10 +486,13 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             })
         }
     };
-    let class = match arch {
-        Architecture::Llama => "LlamaForCausalLM",
-        Architecture::Qwen2 => "Qwen2ForCausalLM",
-        Architecture::Qwen3 => "Qwen3ForCausalLM",
+    let (class, model_type) = match (arch, &config.moe) {
+        (Architecture::Llama, Some(_)) => ("MixtralForCausalLM", "mixtral"),
+        (Architecture::Llama, None) => ("LlamaForCausalLM", "llama"),
+        (Architecture::Qwen2, _) => ("Qwen2ForCausalLM", "qwen2"),
+        (Architecture::Qwen3, _) => ("Qwen3ForCausalLM", "qwen3"),
+        (Architecture::Qwen2Moe, _) => ("Qwen2MoeForCausalLM", "qwen2_moe"),
+        (Architecture::Qwen3Moe, _) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
     };
     let torch_dtype = match export.dtype {
         DType::BF16 => "bfloat16",
@@ -332,11 +500,9 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
         _ => "float32",
     };
     let eos_ids = tokenizer.eos_token_ids().to_vec();
-    write_json(
-        hf::CONFIG_FILE,
-        serde_json::json!({
+    let mut config_json = serde_json::json!({
             "architectures": [class],
-            "model_type": arch.name(),
+            "model_type": model_type,
             "hidden_size": config.hidden_size,
             "intermediate_size": config.intermediate_size,
             "num_hidden_layers": config.num_layers,
@@ -357,8 +523,36 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             "torch_dtype": torch_dtype,
             "bos_token_id": tokenizer.bos_token_id(),
             "eos_token_id": tokenizer.eos_token_id(),
-        }),
-    )?;
+    });
+    if let Some(moe) = &config.moe {
+        if moe.weights_scale != 1.0 || !moe.dense_layers.is_empty() {
+            return Err(ModelError::Unsupported {
+                path: gguf.to_path_buf(),
+                what: "export of a scaled or partly dense mixture of experts to config.json".into(),
+            });
+        }
+        let fields = match arch {
+            // Mixtral's experts are its `intermediate_size`; it always renormalises.
+            Architecture::Llama => serde_json::json!({
+                "num_local_experts": moe.num_experts,
+                "num_experts_per_tok": moe.num_experts_used,
+                "intermediate_size": moe.expert_intermediate_size,
+            }),
+            _ => serde_json::json!({
+                "num_experts": moe.num_experts,
+                "num_experts_per_tok": moe.num_experts_used,
+                "moe_intermediate_size": moe.expert_intermediate_size,
+                "shared_expert_intermediate_size": moe.shared_expert_intermediate_size,
+                "norm_topk_prob": moe.norm_topk_prob,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+            }),
+        };
+        for (key, value) in fields.as_object().expect("an object") {
+            config_json[key] = value.clone();
+        }
+    }
+    write_json(hf::CONFIG_FILE, config_json)?;
     let tokenizer_json = Tokenizer::hf_json_from_gguf(&file, gguf)?;
     let path = dir.join(hf::TOKENIZER_FILE);
     std::fs::write(&path, tokenizer_json).map_err(io(&path))?;

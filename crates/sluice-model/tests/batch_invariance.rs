@@ -5,7 +5,9 @@
 //! through.
 //!
 //! For every GGUF format our kernels read and every weight kind, on a model wide enough for
-//! the K-quants' 256-input super-blocks:
+//! the K-quants' 256-input super-blocks, and on mixtures of experts (qwen3moe in five formats
+//! under every kind; qwen2moe with its shared expert and Mixtral in Q4_K), whose experts each
+//! multiply however many rows of the step chose them:
 //! - a sequence's decode row alone equals it inside steps of 1 to 128 rows, which cross every
 //!   row threshold a kernel has (the int8 kernels' tiles of 4 and 8 rows, the packed kernel's
 //!   6-row tiles and its dequantize-once path from 12 rows, AMX's 16);
@@ -18,8 +20,8 @@
 
 use candle_core::quantized::GgmlDType;
 use sluice_kernels::cpu::KernelTier;
-use sluice_model::testing::TinyModelSpec;
-use sluice_model::{LlamaModel, LoadOptions, StepBatch, WeightsKind};
+use sluice_model::testing::{TinyModelSpec, TinyMoe};
+use sluice_model::{Architecture, LlamaModel, LoadOptions, StepBatch, WeightsKind};
 
 const BLOCK: usize = 16;
 /// Step sizes around every kernel's row threshold.
@@ -41,6 +43,52 @@ fn spec(dtype: GgmlDType) -> TinyModelSpec {
         dtype,
         ..TinyModelSpec::default()
     }
+}
+
+/// A mixture of 8 experts of 256, 2 a token (so a step of 128 rows spreads over every expert
+/// in uneven groups), in place of the MLP.
+fn moe_spec(architecture: Architecture, dtype: GgmlDType) -> TinyModelSpec {
+    TinyModelSpec {
+        architecture,
+        moe: Some(TinyMoe::new(architecture, 8, 2, 256)),
+        ..spec(dtype)
+    }
+}
+
+/// One model of the test: a name for `SLUICE_INVARIANCE_CASES`, its file's spec, its kinds.
+struct Case {
+    name: String,
+    spec: TinyModelSpec,
+    kinds: &'static [WeightsKind],
+}
+
+fn cases() -> Vec<Case> {
+    let mut cases: Vec<Case> = FORMATS
+        .into_iter()
+        .map(|dtype| Case {
+            name: format!("{dtype:?}"),
+            spec: spec(dtype),
+            kinds: &KINDS,
+        })
+        .collect();
+    for dtype in MOE_FORMATS {
+        cases.push(Case {
+            name: format!("qwen3moe-{dtype:?}"),
+            spec: moe_spec(Architecture::Qwen3Moe, dtype),
+            kinds: &KINDS,
+        });
+    }
+    for (arch, name) in [
+        (Architecture::Qwen2Moe, "qwen2moe"),
+        (Architecture::Llama, "mixtral"),
+    ] {
+        cases.push(Case {
+            name: format!("{name}-Q4K"),
+            spec: moe_spec(arch, GgmlDType::Q4K),
+            kinds: &[WeightsKind::Auto],
+        });
+    }
+    cases
 }
 
 fn tokens(n: usize, seed: u64, vocab: usize) -> Vec<u32> {
@@ -172,6 +220,16 @@ const FORMATS: [GgmlDType; 10] = [
     GgmlDType::Q6K,
 ];
 
+/// The mixtures' formats: both forms of the int8 arithmetic (legacy blocks of 32, K-quant
+/// super-blocks of 256), each in two formats, and f32.
+const MOE_FORMATS: [GgmlDType; 5] = [
+    GgmlDType::F32,
+    GgmlDType::Q4_0,
+    GgmlDType::Q8_0,
+    GgmlDType::Q4K,
+    GgmlDType::Q6K,
+];
+
 const KINDS: [WeightsKind; 6] = [
     WeightsKind::Auto,
     WeightsKind::Exact,
@@ -192,17 +250,17 @@ fn load(path: &std::path::Path, weights: WeightsKind) -> LlamaModel {
     .unwrap()
 }
 
-/// Whether `SLUICE_INVARIANCE_CASES` (unset: every case) names this format and kind:
-/// `Q4K:auto,Q4_1` is Q4_K under `auto` and Q4_1 under every kind. For a slow CPU, such as the
-/// emulated AVX2-only one of `scripts/avx2-check.sh`.
-fn wanted(dtype: GgmlDType, kind: WeightsKind) -> bool {
+/// Whether `SLUICE_INVARIANCE_CASES` (unset: every case) names this case and kind:
+/// `Q4K:auto,Q4_1,qwen3moe-Q8_0` is Q4_K under `auto`, Q4_1 under every kind and the qwen3moe
+/// mixture in Q8_0 under every kind. For a slow CPU, such as the emulated AVX2-only one of
+/// `scripts/avx2-check.sh`.
+fn wanted(case: &str, kind: WeightsKind) -> bool {
     let Ok(cases) = std::env::var("SLUICE_INVARIANCE_CASES") else {
         return true;
     };
-    cases.split(',').any(|case| {
-        let mut parts = case.trim().splitn(2, ':');
-        parts.next() == Some(format!("{dtype:?}").as_str())
-            && parts.next().is_none_or(|k| k == kind.to_string())
+    cases.split(',').any(|wanted| {
+        let mut parts = wanted.trim().splitn(2, ':');
+        parts.next() == Some(case) && parts.next().is_none_or(|k| k == kind.to_string())
     })
 }
 
@@ -214,20 +272,21 @@ fn a_rows_logits_never_depend_on_its_step_or_kernel() {
     std::fs::create_dir_all(&dir).unwrap();
     let tiers = KernelTier::available();
     eprintln!("kernel tiers on this CPU: {tiers:?}");
-    let mut cases = 0;
-    for dtype in FORMATS {
-        if !KINDS.iter().any(|&kind| wanted(dtype, kind)) {
+    let mut ran = 0;
+    for case in cases() {
+        let name = &case.name;
+        if !case.kinds.iter().any(|&kind| wanted(name, kind)) {
             continue;
         }
-        let path = dir.join(format!("{dtype:?}.gguf"));
-        spec(dtype).write_gguf(&path).unwrap();
-        for kind in KINDS.into_iter().filter(|&kind| wanted(dtype, kind)) {
-            cases += 1;
+        let path = dir.join(format!("{name}.gguf"));
+        case.spec.write_gguf(&path).unwrap();
+        for &kind in case.kinds.iter().filter(|&&kind| wanted(name, kind)) {
+            ran += 1;
             let mut first: Option<(KernelTier, Logits)> = None;
             for &tier in &tiers {
                 sluice_kernels::cpu::limit_kernels(tier);
                 let model = load(&path, kind);
-                let what = format!("{dtype:?} weights as {kind} on {tier:?} kernels");
+                let what = format!("{name} weights as {kind} on {tier:?} kernels");
                 let got = check(&model, &what);
                 match &first {
                     None => first = Some((tier, got)),
@@ -237,12 +296,12 @@ fn a_rows_logits_never_depend_on_its_step_or_kernel() {
                 }
             }
             sluice_kernels::cpu::limit_kernels(*tiers.last().expect("one tier at least"));
-            eprintln!("{dtype:?} as {kind}: invariant on {} tier(s)", tiers.len());
+            eprintln!("{name} as {kind}: invariant on {} tier(s)", tiers.len());
         }
     }
     std::fs::remove_dir_all(&dir).ok();
     assert!(
-        cases > 0,
+        ran > 0,
         "SLUICE_INVARIANCE_CASES names no format and kind of this test"
     );
 }

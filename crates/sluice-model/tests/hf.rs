@@ -263,6 +263,7 @@ fn bf16_weights_load_as_f32() {
         let export = HfExport {
             dtype: DType::BF16,
             shards: 2,
+            ..HfExport::default()
         };
         let (_tmp, dir) = tiny_dir(&spec, &export);
         let ours = last_logits(&load(&dir, WeightsKind::F32), &PROMPT);
@@ -280,6 +281,7 @@ fn bf16_weights_load_as_f32() {
         let export = HfExport {
             dtype: DType::F16,
             shards: 1,
+            ..HfExport::default()
         };
         let (_tmp, dir) = tiny_dir(&spec, &export);
         assert!(dir.join(WEIGHTS_FILE).is_file());
@@ -551,6 +553,7 @@ fn smollm2_hf_export_generates_the_gguf_tokens() {
         &HfExport {
             dtype: DType::F32,
             shards: 2,
+            ..HfExport::default()
         },
     )
     .unwrap();

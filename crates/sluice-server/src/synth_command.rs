@@ -10,7 +10,8 @@ use sluice_model::synthetic::{ModelShape, SyntheticFormat, SyntheticSpec};
 
 #[derive(clap::Args)]
 pub struct SynthArgs {
-    /// The shape: smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b or llama-3.1-8b.
+    /// The shape: smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, llama-3.1-8b, or the
+    /// mixtures of experts qwen3-30b-a3b and mixtral-8x7b.
     #[arg(long)]
     shape: ModelShape,
     /// The weights' format: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k .. q6_k, or
@@ -21,7 +22,8 @@ pub struct SynthArgs {
     /// The GGUF file to write.
     #[arg(long)]
     out: PathBuf,
-    /// Fewer layers than the shape has (a quick file for tests).
+    /// Fewer layers than the shape has: a quick file for tests, or as much of a model as fits
+    /// a machine's memory for a benchmark (Qwen3-30B-A3B's 48 layers are 17 GiB in Q4_K_M).
     #[arg(long)]
     layers: Option<usize>,
     /// Seed of the random weights.

@@ -1,0 +1,199 @@
+//! Mixtures of experts (Mixtral, qwen2moe, qwen3moe) on tiny random-weight files written here:
+//! the Hugging Face layouts (each expert's own matrices, and transformers 5's fused 3-D
+//! tensors) give exactly what the GGUF file gives; the experts do change the output; bad
+//! files are errors naming the key or tensor. Batching (`batch_invariance.rs`) and llama.cpp's
+//! numbers (`moe_fidelity.rs`) are checked elsewhere.
+
+use std::path::PathBuf;
+
+use candle_core::quantized::gguf_file::Value;
+use candle_core::quantized::GgmlDType;
+use candle_core::Shape;
+use sluice_model::testing::{write_hf_from_gguf, HfExperts, HfExport, TinyModelSpec, TinyMoe};
+use sluice_model::{Architecture, GgufFile, HfModelDir, LlamaModel, LoadOptions, StepBatch};
+
+const BLOCK: usize = 16;
+
+fn dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-moe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn spec(architecture: Architecture, dtype: GgmlDType) -> TinyModelSpec {
+    TinyModelSpec {
+        architecture,
+        hidden_size: 64,
+        intermediate_size: 96,
+        num_layers: 2,
+        dtype,
+        moe: Some(TinyMoe::new(architecture, 6, 2, 32)),
+        ..TinyModelSpec::default()
+    }
+}
+
+const ARCHS: [(Architecture, &str); 3] = [
+    (Architecture::Llama, "mixtral"),
+    (Architecture::Qwen2Moe, "qwen2moe"),
+    (Architecture::Qwen3Moe, "qwen3moe"),
+];
+
+fn write(spec: &TinyModelSpec, name: &str) -> PathBuf {
+    let path = dir().join(format!("{name}.gguf"));
+    spec.write_gguf(&path).unwrap();
+    path
+}
+
+/// Logits of every position of `tokens` (one prefill step, each row sampled).
+fn all_logits(model: &LlamaModel, tokens: &[u32]) -> Vec<Vec<u32>> {
+    let blocks = tokens.len().div_ceil(BLOCK);
+    let mut kv = model.new_kv_cache(blocks, BLOCK).unwrap();
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut batch = StepBatch::new(BLOCK);
+    batch.push_sequence(tokens, 0, &table, true);
+    batch.logits_indices = (0..tokens.len() as u32).collect();
+    model
+        .forward(&batch, &mut kv)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.into_iter().map(f32::to_bits).collect())
+        .collect()
+}
+
+fn prompt(vocab: usize) -> Vec<u32> {
+    (0..23)
+        .map(|i| (i * 37 + 11) as u32 % vocab as u32)
+        .collect()
+}
+
+#[test]
+fn hugging_face_layouts_give_the_gguf_files_logits() {
+    for (arch, name) in ARCHS {
+        let spec = spec(arch, GgmlDType::F32);
+        let gguf = write(&spec, name);
+        let want = all_logits(
+            &LlamaModel::load(&gguf, &LoadOptions::default()).unwrap(),
+            &prompt(spec.vocab_size()),
+        );
+        for experts in [HfExperts::PerExpert, HfExperts::Fused] {
+            let hf = dir().join(format!("{name}-{experts:?}"));
+            let export = HfExport {
+                experts,
+                ..HfExport::default()
+            };
+            write_hf_from_gguf(&gguf, &hf, &export).unwrap();
+            let opened = HfModelDir::open(&hf).unwrap();
+            assert_eq!(opened.config().architecture, arch);
+            assert_eq!(
+                opened.config().moe,
+                GgufFile::open(&gguf).unwrap().model_config().unwrap().moe,
+                "{name} {experts:?}: the HF config's mixture"
+            );
+            let model = LlamaModel::from_hf(&opened, &LoadOptions::default()).unwrap();
+            assert!(
+                all_logits(&model, &prompt(spec.vocab_size())) == want,
+                "{name} in the {experts:?} layout: logits differ from the GGUF file's"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_experts_change_the_output() {
+    // The same file with the experts' down matrices zeroed: the logits move, so the mixture
+    // is not a no-op the other checks could pass with.
+    for (arch, name) in ARCHS {
+        let spec = spec(arch, GgmlDType::F32);
+        let gguf = write(&spec, &format!("{name}-live"));
+        let model = LlamaModel::load(&gguf, &LoadOptions::default()).unwrap();
+        let config = model.config().clone();
+        let moe = config.moe.as_ref().unwrap();
+        assert_eq!((moe.num_experts, moe.num_experts_used), (6, 2));
+        assert!(config.active_parameters() < config.num_parameters());
+        let base = all_logits(&model, &prompt(spec.vocab_size()));
+
+        let mut file = GgufFile::open(&gguf).unwrap();
+        let meta = &mut file.content.metadata;
+        // k = every expert: other weights, other logits.
+        meta.insert(format!("{}.expert_used_count", arch.name()), Value::U32(6));
+        let all = LlamaModel::from_gguf(&mut file, &LoadOptions::default()).unwrap();
+        assert!(
+            all_logits(&all, &prompt(spec.vocab_size())) != base,
+            "{name}: running every expert gave the logits of running two"
+        );
+    }
+}
+
+/// The error of loading `file` after `edit`, as text.
+fn error_after(path: &PathBuf, edit: impl FnOnce(&mut GgufFile)) -> String {
+    let mut file = GgufFile::open(path).unwrap();
+    edit(&mut file);
+    match LlamaModel::from_gguf(&mut file, &LoadOptions::default()) {
+        Ok(_) => panic!("{}: the edited file loaded", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_mixtures_are_errors_naming_the_key_or_tensor() {
+    let path = write(&spec(Architecture::Qwen3Moe, GgmlDType::Q8_0), "bad-src");
+    let set = |key: &'static str, v: Value| {
+        move |f: &mut GgufFile| {
+            f.content.metadata.insert(key.into(), v);
+        }
+    };
+    for (edit, names) in [
+        (
+            Box::new(set("qwen3moe.expert_used_count", Value::U32(0))) as Box<dyn FnOnce(&mut _)>,
+            &["qwen3moe.expert_used_count", "between 1 and"][..],
+        ),
+        (
+            Box::new(set("qwen3moe.expert_used_count", Value::U32(7))),
+            &["qwen3moe.expert_used_count", "6 experts"],
+        ),
+        (
+            Box::new(set("qwen3moe.expert_count", Value::U32(0))),
+            &["qwen3moe.expert_count"],
+        ),
+        (
+            Box::new(|f: &mut GgufFile| {
+                f.content.metadata.remove("qwen3moe.expert_count");
+            }),
+            &["qwen3moe.expert_count", "mixture of experts"],
+        ),
+        (
+            Box::new(set("qwen3moe.expert_gating_func", Value::U32(2))),
+            &["qwen3moe.expert_gating_func"],
+        ),
+        (
+            // The file holds 6 experts; the header says 8.
+            Box::new(set("qwen3moe.expert_count", Value::U32(8))),
+            &["blk.0.ffn_gate_inp.weight", "[8, 64]"],
+        ),
+        (
+            Box::new(|f: &mut GgufFile| {
+                f.content.tensor_infos.remove("blk.1.ffn_up_exps.weight");
+            }),
+            &["blk.1.ffn_up_exps.weight", "missing"],
+        ),
+        (
+            // Five experts' worth of rows where the header says six.
+            Box::new(|f: &mut GgufFile| {
+                let info = f
+                    .content
+                    .tensor_infos
+                    .get_mut("blk.0.ffn_down_exps.weight")
+                    .unwrap();
+                info.shape = Shape::from_dims(&[5, 64, 32]);
+            }),
+            &["blk.0.ffn_down_exps.weight", "[6, 64, 32]", "[5, 64, 32]"],
+        ),
+    ] {
+        let msg = error_after(&path, edit);
+        for part in names {
+            assert!(msg.contains(part), "the error should name {part}: {msg}");
+        }
+    }
+}
