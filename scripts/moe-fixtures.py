@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Record the MoE fixtures (tests/fixtures/moe/ARCH-FORMAT-greedy.jsonl) with llama.cpp's
+server as the oracle, on the tiny models of scripts/make-moe-models.sh. Standard library only.
+
+    scripts/moe-fixtures.sh     # = the three steps:
+    MODELS=$(scripts/make-moe-models.sh)
+    BIN=$(LLAMA_TARGETS="llama-server llama-quantize" scripts/llama-server.sh)
+    python3 scripts/moe-fixtures.py --bin "$BIN" --models "$MODELS" --out tests/fixtures/moe
+
+For each model file: one llama-server (-t 2, one slot; KV cache f32 and flash attention off, so
+that F32 files run in exact f32 arithmetic), and for each prompt: /tokenize (no BOS,
+add_special false) for prompt_ids, then /completion on those ids, greedy (temperature 0), 32
+tokens, n_probs 5 with post_sampling_probs false (so logprobs are log-softmax of the raw logits,
+before any sampler), cache_prompt false. A row per prompt, in the format of
+tests/fixtures/README.md. Steps whose probabilities the server leaves out (a token that ends in
+an incomplete UTF-8 sequence) are taken from a one-token request on the same prefix (`alone`).
+Prints a summary per file (distinct tokens, top-1 margins) on stderr.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+ARCHS = ["qwen3moe", "qwen2moe", "mixtral"]
+FORMATS = ["f32", "q8_0", "q4_k_m", "q4_k_m-f32"]
+N_PREDICT = 32
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, there was a little",
+    "def fibonacci(n):",
+    "1, 2, 3, 4, 5, 6,",
+    "<|im_start|>user\nWhat is a mixture of experts?<|im_end|>\n<|im_start|>assistant\n",
+    # Longer prompts (100-300 tokens): attention over many positions, and many routing choices.
+    "The river left its banks in the spring of that year, and the people of the valley moved "
+    "their animals to the high pastures. For three weeks the water stood in the fields. When it "
+    "went down, it left a layer of fine grey silt over everything: the roads, the walls of the "
+    "houses, the floors of the barns. The old men said that the silt would make the ground rich, "
+    "and that the harvest would be the best in twenty years. The young men did not believe them, "
+    "but they planted anyway, because there was nothing else to do. By August the wheat stood "
+    "taller than anyone could remember, and the",
+    "import json\nimport sys\n\n\ndef load_rows(path):\n    \"\"\"Read a JSON-lines file and "
+    "return its rows as a list of dicts.\"\"\"\n    rows = []\n    with open(path) as f:\n"
+    "        for n, line in enumerate(f, 1):\n            line = line.strip()\n"
+    "            if not line:\n                continue\n            try:\n"
+    "                rows.append(json.loads(line))\n            except json.JSONDecodeError as e:\n"
+    "                print(f\"{path}:{n}: {e}\", file=sys.stderr)\n                raise\n"
+    "    return rows\n\n\ndef main():\n    rows = load_rows(sys.argv[1])\n"
+    "    by_key = {}\n    for row in rows:\n        by_key.setdefault(row[\"key\"], []).append(row)\n"
+    "    for key in sorted(by_key):\n",
+    "Inventory report, warehouse 7, week 32. Item A-1043 (steel brackets, 40 mm): 1,250 units in "
+    "stock, 310 shipped, 95 returned, reorder point 500. Item A-1044 (steel brackets, 60 mm): 870 "
+    "units in stock, 402 shipped, 12 returned, reorder point 600. Item B-2210 (hex bolts, M8 x 30): "
+    "14,400 units in stock, 3,120 shipped, 0 returned, reorder point 5,000. Item B-2211 (hex bolts, "
+    "M10 x 40): 9,830 units in stock, 2,245 shipped, 40 returned, reorder point 4,000. Item C-0007 "
+    "(washers, 8 mm): 52,000 units in stock, 11,600 shipped, 150 returned, reorder point 20,000. "
+    "Notes: the 60 mm brackets fell below the reorder point on Thursday; an order for 1,000 "
+    "units was placed with the usual supplier, delivery expected in week 34. Summary:",
+]
+
+
+def post(port, path, body, timeout=600):
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_ready(port, proc, log):
+    for _ in range(600):
+        if proc.poll() is not None:
+            sys.exit(f"llama-server exited ({proc.returncode}); see {log}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if json.loads(r.read()).get("status") == "ok":
+                    return
+        except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
+            pass
+        time.sleep(0.5)
+    sys.exit(f"llama-server did not become ready; see {log}")
+
+
+def complete(port, ids, n, ban=()):
+    return post(port, "/completion", {
+        "prompt": ids,
+        "n_predict": n,
+        "temperature": 0,
+        "n_probs": 5,
+        "post_sampling_probs": False,
+        "cache_prompt": False,
+        "return_tokens": True,
+        "stream": False,
+        "logit_bias": [[t, False] for t in ban],
+    })
+
+
+def step_of(top):
+    return {
+        "id": top[0]["id"],
+        "logprob": top[0]["logprob"],
+        "top": [[t["id"], t["logprob"]] for t in top],
+        "top_pieces": [t["token"] for t in top],
+    }
+
+
+def alone(port, prefix, tok):
+    """The raw top-5 after `prefix`, whose greedy token is `tok`, from a one-token request.
+
+    llama-server leaves a token out of completion_probabilities when the text generated so far
+    ends in an incomplete UTF-8 sequence (byte tokens, common in a random model). The same
+    request for one token with that token banned (logit_bias false) samples another one, whose
+    probabilities are returned; they are the raw logits' (post_sampling_probs false), which
+    the ban does not touch, so top[0] is still `tok`."""
+    ban = [tok]
+    for _ in range(8):
+        r = complete(port, prefix, 1, ban)
+        if r["completion_probabilities"]:
+            top = r["completion_probabilities"][0]["top_logprobs"]
+            assert top[0]["id"] == tok, (tok, top)
+            return step_of(top)
+        ban.append(r["tokens"][0])
+    sys.exit(f"no probabilities for the step after {prefix}")
+
+
+def record(port, prompt):
+    ids = post(port, "/tokenize", {"content": prompt, "add_special": False, "parse_special": True})["tokens"]
+    res = complete(port, ids, N_PREDICT)
+    toks, probs = res["tokens"], res["completion_probabilities"]
+    # Pair the returned probabilities with the tokens (a subsequence: see `alone`).
+    steps, j = [], 0
+    for i, t in enumerate(toks):
+        if j < len(probs) and probs[j]["id"] == t:
+            top = probs[j]["top_logprobs"]
+            assert len(top) == 5 and top[0]["id"] == t, probs[j]  # greedy: the chosen one is top-1
+            steps.append(step_of(top))
+            j += 1
+        else:
+            steps.append(None)
+    assert j == len(probs), (toks, [p["id"] for p in probs])
+    dropped = {t for t, s in zip(toks, steps) if s is None}
+    if any(s is not None and t in dropped for t, s in zip(toks, steps)):
+        # A left-out token's id also appears among the returned ones: the pairing above could be
+        # off, so take every step alone.
+        steps = [None] * len(toks)
+    for i, t in enumerate(toks):
+        if steps[i] is None:
+            steps[i] = alone(port, ids + toks[:i], t)
+    return {"prompt": prompt, "prompt_ids": ids, "text": res["content"], "ids": toks, "steps": steps}, len(dropped)
+
+
+def summary(rows):
+    toks = [t for r in rows for t in r["ids"]]
+    margins = sorted(s["top"][0][1] - s["top"][1][1] for r in rows for s in r["steps"])
+    small = sum(m < 0.1 for m in margins)
+    return (f"{len(rows)} rows, {len(toks)} tokens, {len(set(toks))} distinct; "
+            f"longest run of one token {longest_run(rows)}; top1-top2 logprob margin median "
+            f"{margins[len(margins) // 2]:.2f}, < 0.1 in {small}/{len(margins)}; prompt lengths "
+            f"{[len(r['prompt_ids']) for r in rows]}")
+
+
+def longest_run(rows):
+    best = 0
+    for r in rows:
+        run, prev = 0, None
+        for t in r["ids"]:
+            run = run + 1 if t == prev else 1
+            prev = t
+            best = max(best, run)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True, help="folder with llama-server (scripts/llama-server.sh)")
+    ap.add_argument("--models", required=True, help="folder with the tiny MoE GGUF files")
+    ap.add_argument("--out", required=True, help="fixtures folder (tests/fixtures/moe)")
+    ap.add_argument("--port", type=int, default=18291)
+    ap.add_argument("--arch", action="append", choices=ARCHS)
+    ap.add_argument("--format", action="append", choices=FORMATS)
+    ap.add_argument("--server-args", default="", help="more llama-server arguments (for experiments)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    env = dict(os.environ, LD_LIBRARY_PATH=args.bin)
+    for arch in args.arch or ARCHS:
+        for fmt in args.format or FORMATS:
+            model = os.path.join(args.models, f"{arch}-{fmt}.gguf")
+            log = os.path.join(args.models, f"{arch}-{fmt}.server.log")
+            cmd = [os.path.join(args.bin, "llama-server"), "-m", model, "-t", "2", "-tb", "2",
+                   "-np", "1", "-c", "4096", "--port", str(args.port), "--host", "127.0.0.1",
+                   "--no-warmup", "-ctk", "f32", "-ctv", "f32", "-fa", "off"] + args.server_args.split()
+            with open(log, "w") as lf:
+                proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env)
+            try:
+                wait_ready(args.port, proc, log)
+                rows, filled = zip(*[record(args.port, p) for p in PROMPTS])
+            finally:
+                proc.terminate()
+                proc.wait()
+            path = os.path.join(args.out, f"{arch}-{fmt}-greedy.jsonl")
+            with open(path, "w") as f:
+                for r in rows:
+                    f.write(json.dumps(r) + "\n")
+            print(f"{path}: {summary(rows)}; steps taken alone: {sum(filled)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
