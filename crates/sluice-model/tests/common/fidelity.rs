@@ -75,9 +75,18 @@ pub fn compare_with_fixture(model: &LlamaModel, row: &serde_json::Value, tol: f3
                 fixture_top5.contains(&our_tok) && our_top5.contains(&fixture_tok),
                 "{name:?} step {i}: we chose {our_tok} (top5 {our_top5:?}), llama.cpp {fixture_tok} (top5 {fixture_top5:?})"
             );
+            let fixture_lp = |k: usize| {
+                want["top"]
+                    .as_array()
+                    .or(want["top_logprobs"].as_array())
+                    .unwrap()[k][1]
+                    .as_f64()
+                    .unwrap() as f32
+            };
             return Agreement {
                 agreed: i,
                 max_logprob_diff,
+                divergence_margin: Some(fixture_lp(0) - fixture_lp(1)),
             };
         }
         let want_lp = want["logprob"].as_f64().unwrap() as f32;
@@ -91,6 +100,7 @@ pub fn compare_with_fixture(model: &LlamaModel, row: &serde_json::Value, tol: f3
     Agreement {
         agreed: expected.len(),
         max_logprob_diff,
+        divergence_margin: None,
     }
 }
 
@@ -100,4 +110,7 @@ pub struct Agreement {
     pub agreed: usize,
     /// The largest difference between our logprob and llama.cpp's over those tokens.
     pub max_logprob_diff: f32,
+    /// Where the two diverged: how far llama.cpp's own first choice stood above its second
+    /// (a small margin is a genuine near-tie, which summation order may decide either way).
+    pub divergence_margin: Option<f32>,
 }

@@ -1,0 +1,144 @@
+//! Mixtures of experts against llama.cpp (an independent implementation) on the same files:
+//! the tiny random-weight qwen3moe, qwen2moe and Mixtral models that
+//! `scripts/make-moe-models.sh` writes with the PyPI `gguf` package (F32 and Q8_0) and
+//! llama.cpp's `llama-quantize` (Q4_K_M, and that file dequantized back to F32), whose greedy
+//! tokens and top-5 logprobs llama.cpp's server recorded in `tests/fixtures/moe/`
+//! (`scripts/moe-fixtures.sh`, with an f32 KV cache and flash attention off: its attention is
+//! then f32 throughout, as sluice's is with an f32 cache, which these tests load).
+//!
+//! Compared by the fixtures' rule (`tests/fixtures/README.md`): equal tokens until the first
+//! disagreement, where each side's choice is in the other's top five. Where both sides compute
+//! in f32 (the F32 files; `exact` on the Q4_K_M file against llama.cpp's F32 run of its
+//! dequantized copy) the rule is tighter: every token, logprobs within [`F32_TOLERANCE`], a
+//! disagreement only at a near-tie of llama.cpp's own top two ([`NEAR_TIE`]). On quantized
+//! files both sides round activations to int8 (llama.cpp's Q8_0/Q8_K blocks, number for
+//! number), and these random models amplify a rounding that differs by one ulp (summation
+//! order) into tenths of a nat later on: there the rule alone holds, and every row's first
+//! token must agree. Without the files the tests say that they skipped and which script makes
+//! them (scripts/test.sh runs it, so CI does).
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::fidelity::compare_with_fixture;
+use sluice_model::{KvDtype, LlamaModel, LoadOptions, WeightsKind};
+
+/// Largest logprob difference of an agreeing token where both sides compute in f32.
+const F32_TOLERANCE: f32 = 1e-3;
+/// There, a divergence is allowed only where llama.cpp's top two logprobs were this close.
+const NEAR_TIE: f32 = 1e-2;
+/// Largest logprob difference of an agreeing token on quantized files (measured up to 0.25).
+const QUANTIZED_TOLERANCE: f32 = 0.35;
+
+const ARCHS: [&str; 3] = ["qwen3moe", "qwen2moe", "mixtral"];
+
+fn model(name: &str) -> Option<PathBuf> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/tiny-moe")
+        .join(name);
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!("skipped: models/tiny-moe/{name} missing, run scripts/make-moe-models.sh");
+        None
+    }
+}
+
+/// Every row of `fixture` against `file` served with `weights`.
+fn check(file: &str, fixture: &str, weights: WeightsKind, in_f32: bool) {
+    let Some(path) = model(file) else { return };
+    let model = LlamaModel::load(
+        &path,
+        &LoadOptions {
+            weights,
+            kv_dtype: KvDtype::F32,
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(model.config().moe.is_some(), "{file}: not a mixture");
+    let tol = if in_f32 {
+        F32_TOLERANCE
+    } else {
+        QUANTIZED_TOLERANCE
+    };
+    let (mut agreed, mut total, mut worst) = (0, 0, 0f32);
+    for row in common::read_jsonl(&format!("moe/{fixture}")) {
+        let a = compare_with_fixture(&model, &row, tol);
+        let what = format!("{file} as {weights}, {}", row["prompt"]);
+        match a.divergence_margin {
+            Some(margin) if in_f32 => assert!(
+                margin < NEAR_TIE,
+                "{what}: diverged at step {} where llama.cpp's top two were {margin} apart",
+                a.agreed
+            ),
+            Some(_) => assert!(a.agreed > 0, "{what}: the first token differs"),
+            None => {}
+        }
+        agreed += a.agreed;
+        total += row["ids"].as_array().unwrap().len();
+        worst = worst.max(a.max_logprob_diff);
+    }
+    eprintln!(
+        "{file} as {weights}: {agreed}/{total} greedy tokens identical to llama.cpp before any \
+         divergence, largest logprob difference {worst}"
+    );
+}
+
+/// F32 files: f32's arithmetic on both sides, `auto` (f32 panels) and `exact` alike.
+#[test]
+fn f32_files_match_llama_cpp() {
+    for arch in ARCHS {
+        for weights in [WeightsKind::Auto, WeightsKind::Exact] {
+            let fixture = format!("{arch}-f32-greedy.jsonl");
+            check(&format!("{arch}-f32.gguf"), &fixture, weights, true);
+        }
+    }
+}
+
+/// The Q4_K_M file under `exact` (its K-quant experts dequantized in registers, f32's
+/// arithmetic) against llama.cpp's F32 run of the file llama-quantize dequantized from it:
+/// the experts' blocks are read as llama.cpp reads them.
+#[test]
+fn q4_k_m_files_in_f32_match_llama_cpp_on_their_dequantized_copy() {
+    for arch in ARCHS {
+        let fixture = format!("{arch}-q4_k_m-f32-greedy.jsonl");
+        check(
+            &format!("{arch}-q4_k_m.gguf"),
+            &fixture,
+            WeightsKind::Exact,
+            true,
+        );
+    }
+}
+
+/// Q8_0 files: llama.cpp's integer arithmetic (activations in Q8_0 blocks) on both sides
+/// under `auto`.
+#[test]
+fn q8_0_files_match_llama_cpp() {
+    for arch in ARCHS {
+        let fixture = format!("{arch}-q8_0-greedy.jsonl");
+        check(
+            &format!("{arch}-q8_0.gguf"),
+            &fixture,
+            WeightsKind::Auto,
+            false,
+        );
+    }
+}
+
+/// Q4_K_M files as llama-quantize wrote them (Q4_K experts, Q6_K where it gives more bits):
+/// the K-quants' integer arithmetic (activations in Q8_K blocks) under `auto`.
+#[test]
+fn q4_k_m_files_match_llama_cpp() {
+    for arch in ARCHS {
+        let fixture = format!("{arch}-q4_k_m-greedy.jsonl");
+        check(
+            &format!("{arch}-q4_k_m.gguf"),
+            &fixture,
+            WeightsKind::Auto,
+            false,
+        );
+    }
+}
