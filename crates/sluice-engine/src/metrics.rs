@@ -31,6 +31,7 @@
 //! | `sluice_draft_kv_cache_blocks_used` | gauge | blocks of the draft model's own KV cache held by sequences (`--speculative draft:PATH`) |
 //! | `sluice_kv_events_batches_total` | counter | batches of KV-cache events made (`--kv-events`), one per step that changed the prefix cache |
 //! | `sluice_kv_events_dropped_total{reason}` | counter | batches lost: `queue` (the publisher fell behind the engine), `subscriber` (one subscriber's send queue was full, counted per subscriber) |
+//! | `sluice_moe_expert_weights_read_ratio` | histogram | a mixture of experts' step: the share of its experts' weights it read (experts at least one row chose, over every layer's experts) |
 
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
@@ -65,6 +66,7 @@ pub const SPEC_DRAFT_MODEL_FAILURES: &str = "sluice_spec_decode_draft_model_fail
 pub const DRAFT_KV_CACHE_BLOCKS_USED: &str = "sluice_draft_kv_cache_blocks_used";
 pub const KV_EVENT_BATCHES: &str = "sluice_kv_events_batches_total";
 pub const KV_EVENTS_DROPPED: &str = "sluice_kv_events_dropped_total";
+pub const MOE_EXPERT_SHARE: &str = "sluice_moe_expert_weights_read_ratio";
 
 /// Every name above, for exporters that want to pre-declare buckets or check coverage.
 pub const ALL: [&str; 26] = [
@@ -96,6 +98,9 @@ pub const ALL: [&str; 26] = [
     KV_EVENTS_DROPPED,
 ];
 
+/// Metrics only a mixture of experts records (beside [`ALL`]).
+pub const MOE: [&str; 1] = [MOE_EXPERT_SHARE];
+
 /// Registered handles, held by the engine thread.
 pub(crate) struct EngineMetrics {
     pub running: Gauge,
@@ -126,6 +131,7 @@ pub(crate) struct EngineMetrics {
     pub kv_event_batches: Counter,
     /// `reason="queue"`; the publisher counts `reason="subscriber"`.
     pub kv_events_dropped: Counter,
+    pub expert_share: Histogram,
 }
 
 impl EngineMetrics {
@@ -211,6 +217,10 @@ impl EngineMetrics {
             Unit::Count,
             "Batches of KV-cache events lost, by where."
         );
+        describe_histogram!(
+            MOE_EXPERT_SHARE,
+            "A mixture-of-experts step's share of the experts' weights it read."
+        );
         Self {
             running: gauge!(REQUESTS_RUNNING),
             waiting: gauge!(REQUESTS_WAITING),
@@ -239,6 +249,7 @@ impl EngineMetrics {
             draft_blocks_used: gauge!(DRAFT_KV_CACHE_BLOCKS_USED),
             kv_event_batches: counter!(KV_EVENT_BATCHES),
             kv_events_dropped: counter!(KV_EVENTS_DROPPED, "reason" => "queue"),
+            expert_share: histogram!(MOE_EXPERT_SHARE),
         }
     }
 

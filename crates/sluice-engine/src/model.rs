@@ -48,6 +48,11 @@ pub trait Model: Send {
     /// `[batch.hidden_indices.len(), hidden_size]` final hidden states of the pooled rows,
     /// row-major, in index order.
     fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<(), ModelFailure>;
+    /// A mixture of experts: the share of its experts' weights the last forward read (experts
+    /// that at least one row chose, over every layer's experts). `None` for a dense model.
+    fn expert_share(&self) -> Option<f64> {
+        None
+    }
 }
 
 impl Model for PagedLlama {
@@ -77,5 +82,9 @@ impl Model for PagedLlama {
 
     fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<(), ModelFailure> {
         Ok(PagedLlama::forward(self, batch, out)?)
+    }
+
+    fn expert_share(&self) -> Option<f64> {
+        PagedLlama::expert_share(self)
     }
 }

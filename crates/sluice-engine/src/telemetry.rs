@@ -96,6 +96,11 @@ impl Telemetry {
         self.publish(scheduler);
     }
 
+    /// A mixture of experts' step read this share of its experts' weights.
+    pub fn expert_share(&self, share: f64) {
+        self.metrics.expert_share.record(share);
+    }
+
     pub fn failed_step(&self) {
         self.metrics.step_failures.increment(1);
         self.shared

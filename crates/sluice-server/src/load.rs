@@ -17,7 +17,7 @@ use sluice_model::{
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::config::{Config, KvCacheDtype, Speculative};
-use crate::state::ServedModel;
+use crate::state::{ModelFacts, ServedModel};
 
 /// What [`load`] needs from the configuration.
 #[derive(Debug, Clone)]
@@ -136,6 +136,8 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
         chat_template,
     } = load_model(&settings.model, settings.weights, settings.kv_cache_dtype)?;
     let context_length = model.config().max_position_embeddings;
+    let facts = ModelFacts::of(model.config());
+    crate::metrics::record_model(&facts);
     if let Some(len) = settings
         .engine
         .max_model_len
@@ -212,6 +214,7 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     );
     model.tool_call_format = settings.tool_call_parser;
     model.root = source_name(&settings.model);
+    model.facts = Some(facts);
     Ok(Loaded { engine, model })
 }
 

@@ -5,6 +5,8 @@
 //! | --- | --- | --- |
 //! | `sluice_http_requests_total{route,status}` | counter | responses, by matched route (`unmatched` for unknown paths) and status code |
 //! | `sluice_http_request_duration_seconds{route}` | histogram | time until the response head is ready (for a stream: until it starts) |
+//! | `sluice_model_parameters{kind}` | gauge | the served model's parameters: `total` (every expert of a mixture counted) and `active` (what one token multiplies by) |
+//! | `sluice_model_experts{kind}` | gauge | a mixture of experts: experts a layer holds (`total`) and a token runs (`per_token`); absent for a dense model |
 //!
 //! plus the engine's `sluice_*` metrics (see `sluice_engine::metrics`), and vLLM's names of the
 //! engine's counts for the routers that read them ([`crate::vllm_metrics`]).
@@ -15,11 +17,15 @@ use std::time::{Duration, Instant};
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;
-use metrics::{counter, describe_counter, describe_histogram, histogram, Unit};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
 pub const HTTP_REQUESTS: &str = "sluice_http_requests_total";
 pub const HTTP_REQUEST_DURATION: &str = "sluice_http_request_duration_seconds";
+pub const MODEL_PARAMETERS: &str = "sluice_model_parameters";
+pub const MODEL_EXPERTS: &str = "sluice_model_experts";
 
 /// Seconds: from sub-millisecond HTTP answers and decode steps to multi-minute generations.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -29,6 +35,11 @@ const LATENCY_BUCKETS: &[f64] = &[
 /// Tokens per engine step: single decodes up to full prefill budgets.
 const TOKEN_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+];
+
+/// Shares (0 to 1): a mixture of experts' share of expert weights read per step.
+const SHARE_BUCKETS: &[f64] = &[
+    0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0,
 ];
 
 /// How often histogram samples are folded into their buckets between scrapes.
@@ -72,7 +83,31 @@ fn builder() -> Result<PrometheusBuilder, BuildError> {
         .set_buckets_for_metric(
             Matcher::Full(sluice_engine::metrics::TOKENS_PER_STEP.into()),
             TOKEN_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full(sluice_engine::metrics::MOE_EXPERT_SHARE.into()),
+            SHARE_BUCKETS,
         )
+}
+
+/// The served model's shape as gauges: its parameters, and a mixture's experts.
+pub fn record_model(facts: &crate::state::ModelFacts) {
+    describe_gauge!(
+        MODEL_PARAMETERS,
+        Unit::Count,
+        "Parameters of the served model: total, and active (what one token multiplies by)."
+    );
+    gauge!(MODEL_PARAMETERS, "kind" => "total").set(facts.parameters as f64);
+    gauge!(MODEL_PARAMETERS, "kind" => "active").set(facts.active_parameters as f64);
+    if let Some((experts, per_token)) = facts.experts {
+        describe_gauge!(
+            MODEL_EXPERTS,
+            Unit::Count,
+            "A mixture of experts: experts a layer holds (total) and a token runs (per_token)."
+        );
+        gauge!(MODEL_EXPERTS, "kind" => "total").set(experts as f64);
+        gauge!(MODEL_EXPERTS, "kind" => "per_token").set(per_token as f64);
+    }
 }
 
 /// Middleware: counts every response by route and status and times it.

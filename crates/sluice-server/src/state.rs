@@ -33,6 +33,35 @@ pub struct ServedModel {
     pub root: String,
     /// vLLM's metric names for this model, refreshed at each scrape of `/metrics`.
     pub vllm_metrics: VllmMetrics,
+    /// What the loader read of the model (architecture, parameters, experts), for
+    /// `/v1/models`; `None` where a test serves a model without loading one.
+    pub facts: Option<ModelFacts>,
+}
+
+/// What `/v1/models` and `/metrics` say of the served model's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelFacts {
+    /// GGUF's name of the architecture (`llama` for Mixtral too).
+    pub architecture: &'static str,
+    pub parameters: usize,
+    /// Parameters one token multiplies by: a mixture's chosen experts only.
+    pub active_parameters: usize,
+    /// A mixture of experts: (experts a layer holds, experts a token runs).
+    pub experts: Option<(usize, usize)>,
+}
+
+impl ModelFacts {
+    pub fn of(config: &sluice_model::ModelConfig) -> Self {
+        Self {
+            architecture: config.architecture.name(),
+            parameters: config.num_parameters(),
+            active_parameters: config.active_parameters(),
+            experts: config
+                .moe
+                .as_ref()
+                .map(|m| (m.num_experts, m.num_experts_used)),
+        }
+    }
 }
 
 impl ServedModel {
@@ -49,6 +78,7 @@ impl ServedModel {
             constraints: OnceLock::new(),
             tool_call_format: None,
             vllm_metrics,
+            facts: None,
         }
     }
 

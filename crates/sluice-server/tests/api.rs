@@ -313,6 +313,11 @@ async fn models_health_version_and_metrics() {
     // (an adapter would name its base).
     assert_eq!(card["root"], "tiny.gguf");
     assert_eq!(card["parent"], Value::Null);
+    // sluice's: what it serves, a dense model (every parameter active, no experts).
+    assert_eq!(card["architecture"], "llama");
+    assert!(card["parameters"].as_u64().unwrap() > 0);
+    assert_eq!(card["active_parameters"], card["parameters"]);
+    assert_eq!(card["mixture_of_experts"], Value::Null);
     let (status, _, _) = t.get("/v1/models/tiny").await;
     assert_eq!(status, StatusCode::OK);
 

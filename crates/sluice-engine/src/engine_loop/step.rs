@@ -99,6 +99,9 @@ impl EngineLoop {
                     && self.output.sampled.len() == num_model_sampled
                     && self.output.hidden.len() == num_pooled * self.hidden_size =>
             {
+                if let Some(share) = self.model.expert_share() {
+                    self.telemetry.expert_share(share);
+                }
                 None
             }
             Ok(Ok(())) => Some(format!(

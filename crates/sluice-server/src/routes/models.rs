@@ -19,6 +19,26 @@ pub struct ModelCard {
     /// sluice serves is.
     pub parent: Option<String>,
     pub max_model_len: usize,
+    /// sluice's own: the architecture as GGUF names it (`qwen3moe`; `llama` for Mixtral).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<&'static str>,
+    /// Every parameter, each expert of a mixture counted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<usize>,
+    /// The parameters one token multiplies by: a mixture's router, shared expert and its k
+    /// chosen experts; the same as `parameters` for a dense model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_parameters: Option<usize>,
+    /// A mixture of experts: how many experts a layer holds and a token runs; null for a
+    /// dense model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mixture_of_experts: Option<Option<MixtureOfExperts>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MixtureOfExperts {
+    pub experts: usize,
+    pub experts_per_token: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -36,6 +56,16 @@ fn card(model: &ServedModel) -> ModelCard {
         root: model.root.clone(),
         parent: None,
         max_model_len: model.capacity(),
+        architecture: model.facts.as_ref().map(|f| f.architecture),
+        parameters: model.facts.as_ref().map(|f| f.parameters),
+        active_parameters: model.facts.as_ref().map(|f| f.active_parameters),
+        mixture_of_experts: model.facts.as_ref().map(|f| {
+            f.experts
+                .map(|(experts, experts_per_token)| MixtureOfExperts {
+                    experts,
+                    experts_per_token,
+                })
+        }),
     }
 }
 

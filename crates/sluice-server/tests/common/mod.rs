@@ -86,9 +86,20 @@ impl TestApp {
 
 /// The router over the tiny GGUF model, loaded the way `sluice serve` loads a model.
 pub fn tiny_app(http: HttpSettings) -> TestApp {
+    tiny_app_from(http, tiny_model_path())
+}
+
+/// [`tiny_app`] over the model of `spec`, written to `dir` (which must outlive the app).
+pub fn tiny_app_of(http: HttpSettings, spec: &TinyModelSpec, dir: &std::path::Path) -> TestApp {
+    let path = dir.join("tiny.gguf");
+    spec.write_gguf(&path).expect("write the tiny model");
+    tiny_app_from(http, path)
+}
+
+fn tiny_app_from(http: HttpSettings, model: PathBuf) -> TestApp {
     let metrics = sluice_server::metrics::install();
     let loaded = load::load(&ModelSettings {
-        model: tiny_model_path(),
+        model,
         served_model_name: TINY_NAME.into(),
         weights: WeightsKind::F32,
         cuda_graphs: sluice_model::CudaGraphs::On,
