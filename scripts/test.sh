@@ -9,6 +9,11 @@ cd "$(dirname "$0")/.."
 ./scripts/fetch-qwen.sh
 # The optional larger model (Qwen2.5-Coder-1.5B, 1.1 GB): its tests skip without it, CI runs them.
 ./scripts/fetch-qwen-1.5b.sh
+# The tiny mixture-of-experts models llama.cpp's fixtures in tests/fixtures/moe were made on
+# (the PyPI gguf package writes them; llama.cpp's llama-quantize, built once by
+# scripts/llama-server.sh, makes the Q4_K_M ones), checked against their sha256: their tests
+# skip without them, CI runs them.
+./scripts/make-moe-models.sh >/dev/null
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 # The CUDA build, compiled and linted without a GPU: the pinned CUDA 13.0 toolkit from PyPI

@@ -145,7 +145,11 @@ def draft_server():
 
 @pytest.mark.parametrize("which", ["server", "speculative_server", "draft_server"])
 def test_cancellation_storm(request, which):
-    server = request.getfixturevalue(which)
+    storm(request.getfixturevalue(which))
+
+
+def storm(server) -> None:
+    """The storm on `server` (also run on a mixture of experts by test_moe.py)."""
     rng = random.Random(SEED)
     idle_used = wait_idle(server)[0]
 
