@@ -279,6 +279,9 @@ impl SyntheticFormat {
 /// Rows quantized per matrix; each output row is one of them, drawn at random.
 pub const POOL_ROWS: usize = 64;
 
+/// Rows of a mixture's embedding pool (see [`SyntheticSpec::write_gguf`]).
+const EMBEDDING_POOL_ROWS: usize = 4096;
+
 /// What to write.
 #[derive(Debug, Clone)]
 pub struct SyntheticSpec {
@@ -387,7 +390,15 @@ impl SyntheticSpec {
                             layer: usize|
          -> Result<()> {
             let dtype = fit(self.format.dtype(role, layer, layers, n_experts), cols);
-            let t = pooled_matrix(&mut rng, experts * rows, cols, dtype)?;
+            // The embedding of a mixture from a larger pool: tokens that share an embedding
+            // row share their first layer's experts, which 64 rows would make unlike a real
+            // model's routing.
+            let pool = if role == Role::Embedding && n_experts > 0 {
+                EMBEDDING_POOL_ROWS
+            } else {
+                POOL_ROWS
+            };
+            let t = pooled_matrix(&mut rng, experts * rows, cols, dtype, pool)?;
             let t = if experts > 1 {
                 let bytes = t.data()?.into_owned();
                 let storage =
@@ -507,7 +518,10 @@ impl SyntheticSpec {
         }
         meta.extend(tokenizer_metadata(
             vocabulary(vocab),
-            Vec::new(),
+            // One merge (`t` + `0` = the first filler): llama.cpp refuses an empty merges
+            // array (its GGUF writer types the array by its elements), and so could not run
+            // the file beside sluice.
+            vec!["t 0".to_string()],
             SPECIAL_TOKENS.len(),
             (endoftext, im_end),
         ));
@@ -538,10 +552,16 @@ fn fit(dtype: GgmlDType, cols: usize) -> GgmlDType {
     }
 }
 
-/// A `[rows, cols]` matrix of `dtype` whose rows are drawn from [`POOL_ROWS`] random rows
-/// (values uniform in +-1/sqrt(cols)) quantized once.
-fn pooled_matrix(rng: &mut Rng, rows: usize, cols: usize, dtype: GgmlDType) -> Result<QTensor> {
-    let pool_rows = POOL_ROWS.min(rows);
+/// A `[rows, cols]` matrix of `dtype` whose rows are drawn from `pool` random rows (values
+/// uniform in +-1/sqrt(cols)) quantized once.
+fn pooled_matrix(
+    rng: &mut Rng,
+    rows: usize,
+    cols: usize,
+    dtype: GgmlDType,
+    pool: usize,
+) -> Result<QTensor> {
+    let pool_rows = pool.min(rows);
     let scale = 1.0 / (cols as f32).sqrt();
     let values: Vec<f32> = (0..pool_rows * cols)
         .map(|_| rng.next_f32() * scale)
