@@ -28,6 +28,8 @@ pub struct GgufFile {
     pub path: PathBuf,
     pub content: Content,
     map: Mmap,
+    /// Kept to map the file afresh ([`GgufFile::release_pages`]).
+    file: File,
 }
 
 impl GgufFile {
@@ -60,7 +62,28 @@ impl GgufFile {
         // on nobody truncating or rewriting the file while it is loaded.
         #[allow(unsafe_code)]
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Ok(Self { path, content, map })
+        Ok(Self {
+            path,
+            content,
+            map,
+            file,
+        })
+    }
+
+    /// Maps the file afresh and drops the old map: the pages read so far leave this process's
+    /// resident memory (they stay in the page cache). Called after each layer, loading holds
+    /// at most one layer's weights twice (read from the map, and repacked), not the whole file
+    /// (a 9 GB mixture of experts peaked at 19 GB of RSS without).
+    pub(crate) fn release_pages(&mut self) -> Result<()> {
+        // SAFETY: as for the first map (`open`): read only, within the extents checked there,
+        // the file not truncated or rewritten while it loads.
+        #[allow(unsafe_code)]
+        let map = unsafe { Mmap::map(&self.file) }.map_err(|source| ModelError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        self.map = map;
+        Ok(())
     }
 
     /// The bytes of tensor `name`, its type and its shape (rows first), from the map.
@@ -508,6 +531,10 @@ impl WeightSource for GgufWeights<'_> {
 
     fn has(&self, w: Weight) -> bool {
         self.file.has_tensor(&w.gguf_name())
+    }
+
+    fn layer_done(&mut self) -> Result<()> {
+        self.file.release_pages()
     }
 
     fn dense(&mut self, w: Weight, shape: &[usize], device: &Device) -> Result<Tensor> {

@@ -240,6 +240,10 @@ pub(crate) trait WeightSource {
         shape: ExpertMatrices,
         options: &LinearOptions,
     ) -> Result<Vec<crate::moe::Expert>>;
+    /// A layer's weights are all built: what was read for them need not stay resident.
+    fn layer_done(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// The output projection `[vocab, hidden]`: the embedding itself when `tied`.
     fn lm_head(&mut self, tied: bool, shape: [usize; 2], options: &LinearOptions)
         -> Result<Linear>;

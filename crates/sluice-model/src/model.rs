@@ -131,6 +131,7 @@ impl LlamaModel {
                     .to_dtype(act)?,
                 mlp,
             });
+            src.layer_done()?;
         }
         let norm = src
             .dense(Weight::OutputNorm, &[hidden], &device)?
