@@ -21,8 +21,10 @@
 # - the same sweep with a baseline bundle's sluice, for the models marked `:baseline`, where
 #   SLUICE_GPU_BASELINE names that bundle (paired: same machine, same run), and with
 #   `--cuda-graphs off` where SLUICE_GPU_COMPARE_GRAPHS=1;
-# - SLUICE_CUDA_PROFILE=200 at 1 client, graphs on and off, where SLUICE_GPU_PROFILE=1: where
-#   a step's time goes; SLUICE_GPU_NCU=1 counts one decode step's kernels with Nsight Compute.
+# - SLUICE_CUDA_PROFILE=200 at SLUICE_GPU_PROFILE_LEVEL clients (default 1), graphs on and off,
+#   where SLUICE_GPU_PROFILE=1: where a step's time goes; SLUICE_GPU_NCU=1 counts one decode
+#   step's kernels with Nsight Compute (`sluice generate`, one row); SLUICE_GPU_NCU_LEVEL=N
+#   counts them on the first model's server while N clients decode (a full step's kernels).
 # SLUICE_GPU_TESTS=0 skips the tests, SLUICE_GPU_SWEEP=0 the sweeps (the models are still made).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -141,7 +143,7 @@ run() {
         if [ "${SLUICE_GPU_PROFILE:-0}" = 1 ]; then
             local graphs
             for graphs in on off; do
-                SLUICE_CUDA_PROFILE=200 SLUICE_GPU_LEVELS_ONE=1 sweep "$out/$tag-profile-$graphs" \
+                SLUICE_CUDA_PROFILE=200 SLUICE_GPU_LEVELS_ONE=${SLUICE_GPU_PROFILE_LEVEL:-1} sweep "$out/$tag-profile-$graphs" \
                     "$work/bin/sluice" "$model" "$weights" \
                     "$shape ($format) | $weights | profiled, graphs $graphs" --cuda-graphs "$graphs"
                 grep -h "cuda step profile" "$out/$tag-profile-$graphs.serve.log" | tail -n 1 |
@@ -151,6 +153,9 @@ run() {
     done
     if [ "${SLUICE_GPU_NCU:-0}" = 1 ]; then
         ncu_launches "$work" "$out"
+    fi
+    if [ -n "${SLUICE_GPU_NCU_LEVEL:-}" ]; then
+        ncu_serve "$work" "$out" "$SLUICE_GPU_NCU_LEVEL"
     fi
     echo
     echo "sweep: sluice-bench --sweep ${SLUICE_GPU_LEVELS:-1,16,64,256} --num-requests 4x --prompt-tokens 128 --output-tokens 128, ignore_eos"
@@ -192,7 +197,7 @@ sweep() {
     local prefix=$1 bin=$2 model=$3 weights=$4 label=$5
     shift 5
     local levels=${SLUICE_GPU_LEVELS:-1,16,64,256}
-    [ -n "${SLUICE_GPU_LEVELS_ONE:-}" ] && levels=1
+    [ -n "${SLUICE_GPU_LEVELS_ONE:-}" ] && levels=$SLUICE_GPU_LEVELS_ONE
     local port=8497
     # From the models' directory: no config/sluice.toml there, so every binary (a baseline
     # too, which may not know today's keys) runs on its defaults and these flags.
@@ -253,6 +258,44 @@ ncu_launches() {
         echo "ncu, $bin ${extra[*]}, $shape $format --weights $weights: kernels (count, mean GPU time)"
         python3 scripts/ncu-summary.py "$out/ncu-$bin.csv" | sed 's/^/    /'
     done
+}
+
+# ncu_serve WORK OUT CLIENTS: the kernels of full decode steps, counted by Nsight Compute on the
+# first model's `sluice serve` while CLIENTS clients decode (`--graph-profiling node`: each
+# kernel of a replayed graph is its own record). The first SLUICE_GPU_NCU_SKIP launches
+# (default 12000: start-up, the prompts' prefill, the first decode steps) are skipped and the
+# next SLUICE_GPU_NCU_COUNT (default 800, two steps of a 28-layer model) counted; the server is
+# stopped when the sweep ends, which makes ncu write its records.
+ncu_serve() {
+    local work=$1 out=$2 clients=$3 ncu spec shape format weights marks
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
+    [ -n "$ncu" ] || { echo "ncu: not found"; return; }
+    spec=${SLUICE_GPU_MODELS:-smollm2-135m:q4_1:f16}
+    IFS=: read -r shape format weights marks <<<"${spec%% *}"
+    local model="$work/models/$shape-$format.gguf" port=8498
+    (cd "$work/models" && exec timeout 400 "$ncu" --target-processes all --graph-profiling node \
+        --launch-skip "${SLUICE_GPU_NCU_SKIP:-12000}" --launch-count "${SLUICE_GPU_NCU_COUNT:-800}" \
+        --metrics gpu__time_duration.sum --csv --page raw "$work/bin/sluice" serve \
+        --model "$model" --host 127.0.0.1 --port "$port" --weights "$weights" \
+        --kv-cache-memory "${SLUICE_GPU_KV:-40GiB}" --max-num-seqs 256 \
+        --max-num-batched-tokens 8192) >"$out/ncu-serve.csv" 2>"$out/ncu-serve.err" &
+    local server=$! ready=0
+    for _ in $(seq 1 360); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && { ready=1; break; }
+        kill -0 "$server" 2>/dev/null || break
+        sleep 0.5
+    done
+    if [ "$ready" = 1 ]; then
+        timeout "${SLUICE_GPU_SWEEP_TIMEOUT:-240}" "$work/bin/sluice-bench" \
+            --base-url "http://127.0.0.1:$port" --sweep "$clients" --num-requests 1x \
+            --prompt-tokens 128 --output-tokens 128 --quiet >"$out/ncu-serve.md" 2>&1 || true
+    fi
+    # SIGTERM to the server alone (ncu's child): it drains and exits, then ncu prints.
+    pkill -TERM -f "^$work/bin/sluice serve" || true
+    wait "$server" 2>/dev/null || true
+    echo
+    echo "ncu, sluice serve at $clients clients, $shape $format --weights $weights: kernels of decode steps (count, mean GPU time)"
+    python3 scripts/ncu-summary.py "$out/ncu-serve.csv" | sed 's/^/    /'
 }
 
 case $mode in
