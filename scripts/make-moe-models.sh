@@ -52,7 +52,7 @@ for arch in $archs; do
 done
 
 if [ "$kquants" != 0 ]; then
-  bin=$(LLAMA_TARGETS="llama-server llama-quantize" "$root/scripts/llama-server.sh")
+  bin=$(LLAMA_TARGETS="llama-quantize" "$root/scripts/llama-server.sh")
   for arch in $archs; do
     f=$arch-q4_k_m.gguf
     files+=("$f")
