@@ -440,14 +440,7 @@ fn matrix<'a>(
     if !(rows == 1 && dims == [cols]) {
         check_shape(&file.path, name, &dims, &[rows, cols])?;
     }
-    Ok(GgufMatrix {
-        name,
-        dtype,
-        rows,
-        cols,
-        data,
-        unpermute: None,
-    })
+    Ok(GgufMatrix::new(name, dtype, rows, cols, data))
 }
 
 /// The `experts` matrices `[rows, cols]` of a 3-D expert tensor `[experts, rows, cols]`, each
@@ -465,14 +458,7 @@ fn expert_matrices<'a>(
     let bytes = data.len() / experts;
     Ok(data
         .chunks_exact(bytes)
-        .map(|data| GgufMatrix {
-            name,
-            dtype,
-            rows,
-            cols,
-            data,
-            unpermute: None,
-        })
+        .map(|data| GgufMatrix::new(name, dtype, rows, cols, data))
         .collect())
 }
 

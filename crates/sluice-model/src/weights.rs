@@ -132,6 +132,18 @@ pub(crate) struct GgufMatrix<'a> {
 }
 
 impl<'a> GgufMatrix<'a> {
+    /// `[rows, cols]` weights of `dtype` in `data`, read in their own row order.
+    pub fn new(name: &'a str, dtype: GgmlDType, rows: usize, cols: usize, data: &'a [u8]) -> Self {
+        Self {
+            name,
+            dtype,
+            rows,
+            cols,
+            data,
+            unpermute: None,
+        }
+    }
+
     fn row_bytes(&self) -> usize {
         self.data.len() / self.rows
     }
