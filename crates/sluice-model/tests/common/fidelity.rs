@@ -114,3 +114,31 @@ pub struct Agreement {
     /// (a small margin is a genuine near-tie, which summation order may decide either way).
     pub divergence_margin: Option<f32>,
 }
+
+/// What a row's comparison must reach, derived from the fixtures' rule.
+#[derive(Debug, Clone, Copy)]
+pub enum Expect {
+    /// Both sides compute in f32 from the same weights: every token, unless llama.cpp's own top
+    /// two stood within `near_tie` where the two diverged (a tie summation order decides).
+    F32 { near_tie: f32 },
+    /// One side rounds what the other does not (int8 activations against llama.cpp's f32 run,
+    /// an 8-bit cache): the rule alone (each side's choice in the other's top five, which
+    /// [`compare_with_fixture`] asserts), and the prompt's own next token equal.
+    Rounded,
+}
+
+/// Asserts that `a`, the comparison of the fixture row named `what`, meets `expect`.
+pub fn check_agreement(a: &Agreement, expect: Expect, what: &str) {
+    match (a.divergence_margin, expect) {
+        (None, _) => {}
+        (Some(margin), Expect::F32 { near_tie }) => assert!(
+            margin < near_tie,
+            "{what}: diverged at step {} where llama.cpp's top two were {margin} apart (not a \
+             near-tie, under {near_tie})",
+            a.agreed
+        ),
+        (Some(_), Expect::Rounded) => {
+            assert!(a.agreed > 0, "{what}: the prompt's next token differs")
+        }
+    }
+}
