@@ -29,6 +29,8 @@ cuda_env=$(./scripts/setup-cuda.sh | tail -n 1)
 )
 # No module of a crate imports a module that imports it back (ARCHITECTURE.md, invariants).
 python3 scripts/check-module-cycles.py
+# Every file ARCHITECTURE.md, README.md and docs/ name exists.
+python3 scripts/check-doc-paths.py
 cargo test --release --workspace
 
 # End-to-end tests (tests/e2e): the real `sluice serve` binary against the official OpenAI Python
