@@ -15,7 +15,7 @@ NODE_DIR = Path(__file__).parent / "node"
 def test_node_sdk_completion_and_streaming_chat(server, model_name):
     node = shutil.which("node")
     if node is None:
-        pytest.skip("node is not installed")
+        pytest.skip("skipped: node is not installed, run scripts/setup-e2e.sh")
     if not (NODE_DIR / "node_modules" / "openai").is_dir():
         pytest.fail("the openai npm package is missing: run ./scripts/setup-e2e.sh")
     out = subprocess.run(

@@ -22,6 +22,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::fidelity::{check_agreement, compare_with_fixture, Expect};
+use sluice_model::testing::optional_model;
 use sluice_model::{KvDtype, LlamaModel, LoadOptions, WeightsKind};
 
 /// Largest logprob difference of an agreeing token where both sides compute in f32.
@@ -34,15 +35,7 @@ const QUANTIZED_TOLERANCE: f32 = 0.35;
 const ARCHS: [&str; 3] = ["qwen3moe", "qwen2moe", "mixtral"];
 
 fn model(name: &str) -> Option<PathBuf> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/tiny-moe")
-        .join(name);
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!("skipped: models/tiny-moe/{name} missing, run scripts/make-moe-models.sh");
-        None
-    }
+    optional_model(&format!("tiny-moe/{name}"), "scripts/make-moe-models.sh")
 }
 
 /// Every row of `fixture` against `file` served with `weights`.

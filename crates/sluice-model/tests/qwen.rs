@@ -15,19 +15,9 @@ const GGUF: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 const TOKENIZER_JSON: &str = "qwen2.5-coder-0.5b-instruct.tokenizer.json";
 const BLOCK: usize = 16;
 
-fn models_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models")
-}
-
-/// `models/<name>`, or `None` after saying the test skipped.
+/// `models/<name>`, or `None` after saying the test skipped (a failure under `CI=true`).
 fn optional_file(name: &str) -> Option<PathBuf> {
-    let path = models_dir().join(name);
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!("skipped: models/{name} missing, run scripts/fetch-qwen.sh");
-        None
-    }
+    sluice_model::testing::optional_model(name, "scripts/fetch-qwen.sh")
 }
 
 /// The model with the server's defaults (`auto` weights: Q4_K/Q6_K have no quantized panels,
