@@ -34,6 +34,17 @@ IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 MISSING_INPUT = "skipped:"
 
 
+def served(*args: str, name: str, model: Path | None = None):
+    """A module fixture's body: `yield from served(...)` starts a server of the module's own,
+    yields it, and stops it after the module's tests."""
+    srv = SluiceServer(*args, name=name, model=model)
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.close()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

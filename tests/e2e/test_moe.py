@@ -14,7 +14,7 @@ import openai
 import pytest
 import requests
 
-from harness import ROOT, SluiceServer, metric_value, parse_metrics, run_together
+from harness import ROOT, metric_value, parse_metrics, run_together, served
 from test_storm import storm
 
 MOE = ROOT / "models" / "tiny-moe" / "qwen3moe-q8_0.gguf"
@@ -27,12 +27,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def moe_server():
-    srv = SluiceServer("--kv-cache-memory", "64MiB", name="moe", model=MOE)
-    try:
-        srv.start()
-        yield srv
-    finally:
-        srv.close()
+    yield from served("--kv-cache-memory", "64MiB", name="moe", model=MOE)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from harness import ROOT, SluiceServer, run_together
+from harness import ROOT, SluiceServer, run_together, served
 
 QWEN = ROOT / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
@@ -19,12 +19,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def qwen():
-    srv = SluiceServer("--kv-cache-memory", "256MiB", name="qwen", model=QWEN)
-    try:
-        srv.start()
-        yield srv
-    finally:
-        srv.close()
+    yield from served("--kv-cache-memory", "256MiB", name="qwen", model=QWEN)
 
 
 @pytest.fixture(scope="module")

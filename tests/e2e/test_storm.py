@@ -17,7 +17,7 @@ import time
 import pytest
 import requests
 
-from harness import MODEL, SluiceServer, metric_value, parse_metrics
+from harness import MODEL, metric_value, parse_metrics, served
 
 COMPLETERS = 100
 HANGUPS_BEFORE_FIRST_TOKEN = 34
@@ -125,22 +125,12 @@ class RawStream:
 
 @pytest.fixture(scope="module")
 def speculative_server():
-    srv = SluiceServer("--speculative", "ngram", name="speculative")
-    try:
-        srv.start()
-        yield srv
-    finally:
-        srv.close()
+    yield from served("--speculative", "ngram", name="speculative")
 
 
 @pytest.fixture(scope="module")
 def draft_server():
-    srv = SluiceServer("--speculative", f"draft:{MODEL}", name="draft")
-    try:
-        srv.start()
-        yield srv
-    finally:
-        srv.close()
+    yield from served("--speculative", f"draft:{MODEL}", name="draft")
 
 
 @pytest.mark.parametrize("which", ["server", "speculative_server", "draft_server"])
