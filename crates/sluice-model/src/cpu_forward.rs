@@ -8,7 +8,6 @@ use std::ops::Deref;
 
 use candle_core::{DType, Storage, Tensor};
 use sluice_kernels::cpu::rows::{self, QkNorm, QkvShape};
-use sluice_kernels::cpu::swiglu;
 use sluice_kernels::AttentionShape;
 
 use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend};
@@ -18,7 +17,7 @@ use crate::kv_cache::KvCache;
 use crate::last_layer::last_layer_rows;
 use crate::layer::{Mlp, ModelWeights};
 use crate::moe::MoeScratch;
-use crate::ops;
+use crate::ops::{self, sized};
 
 /// The buffers of a CPU step, kept between steps so that a step allocates none once the
 /// largest step has been seen (a 64-row decode step made about 120 MB of allocations).
@@ -47,13 +46,6 @@ impl StepScratch {
     pub fn expert_share(&self) -> Option<f64> {
         self.moe.expert_share()
     }
-}
-
-/// Sets `buf` to `len` values, keeping its allocation. Every value is overwritten before it
-/// is read, so old values may stay.
-fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    buf.resize(len, 0.0);
-    &mut buf[..len]
 }
 
 /// A contiguous f32 CPU tensor (a norm's weights, a RoPE table) held for reading as a slice:
@@ -214,12 +206,7 @@ fn forward_on_pool(
                 down,
             } => {
                 w_gate_up.forward_into(normed, t, gate_up)?;
-                if swiglu::available() {
-                    swiglu::swiglu_rows(gate_up, inter, act);
-                } else {
-                    let g = Tensor::from_slice(gate_up, (t, 2 * inter), &dev)?;
-                    act.copy_from_slice(&ops::swiglu(&g, inter)?.flatten_all()?.to_vec1::<f32>()?);
-                }
+                ops::swiglu_rows_into(gate_up, inter, act)?;
                 down.forward_into(act, t, proj)?;
             }
             Mlp::Experts(experts) => experts.forward_into(normed, t, moe, proj)?,

@@ -24,6 +24,27 @@ pub fn swiglu(gate_up: &Tensor, inter: usize) -> Result<Tensor> {
     Ok((candle_nn::ops::silu(&gate)? * up)?)
 }
 
+/// [`swiglu`] on plain rows, for the CPU forward's buffers: `gate_up: [T, 2 * inter]` into
+/// `act: [T, inter]`, the fused pass where the CPU has it, candle's ops through a tensor
+/// elsewhere. Dense MLPs and a mixture's experts both call it.
+pub(crate) fn swiglu_rows_into(gate_up: &[f32], inter: usize, act: &mut [f32]) -> Result<()> {
+    if swiglu::available() {
+        swiglu::swiglu_rows(gate_up, inter, act);
+        return Ok(());
+    }
+    let rows = gate_up.len() / (2 * inter);
+    let g = Tensor::from_slice(gate_up, (rows, 2 * inter), &Device::Cpu)?;
+    act.copy_from_slice(&swiglu(&g, inter)?.flatten_all()?.to_vec1::<f32>()?);
+    Ok(())
+}
+
+/// Sets `buf` to `len` values, keeping its allocation (the CPU forward's buffers live across
+/// steps). Every value is overwritten before it is read, so old values may stay.
+pub(crate) fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buf.resize(len, 0.0);
+    &mut buf[..len]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,10 +10,8 @@
 
 pub(crate) mod routing;
 
-use sluice_kernels::cpu::swiglu;
-
 use crate::error::Result;
-use crate::ops;
+use crate::ops::{sized, swiglu_rows_into};
 use crate::weights::Linear;
 use routing::{ExpertGroups, Routes, RoutingRule};
 
@@ -80,24 +78,6 @@ impl MoeScratch {
     }
 }
 
-/// Sets `buf` to `len` values, keeping its allocation; values are overwritten before read.
-fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    buf.resize(len, 0.0);
-    &mut buf[..len]
-}
-
-/// `silu(gate) * up` of rows holding gate then up, into `act`.
-fn swiglu_into(gate_up: &[f32], inter: usize, act: &mut [f32]) -> Result<()> {
-    if swiglu::available() {
-        swiglu::swiglu_rows(gate_up, inter, act);
-        return Ok(());
-    }
-    let rows = gate_up.len() / (2 * inter);
-    let g = candle_core::Tensor::from_slice(gate_up, (rows, 2 * inter), &candle_core::Device::Cpu)?;
-    act.copy_from_slice(&ops::swiglu(&g, inter)?.flatten_all()?.to_vec1::<f32>()?);
-    Ok(())
-}
-
 impl Expert {
     /// The MLP of `x: [rows, hidden]` into `out: [rows, hidden]`, through `gate_up`/`act`.
     fn forward_into(
@@ -112,7 +92,7 @@ impl Expert {
         let gate_up = sized(gate_up, rows * 2 * inter);
         self.gate_up.forward_into(x, rows, gate_up)?;
         let act = sized(act, rows * inter);
-        swiglu_into(gate_up, inter, act)?;
+        swiglu_rows_into(gate_up, inter, act)?;
         self.down.forward_into(act, rows, out)
     }
 }
