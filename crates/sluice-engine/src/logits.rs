@@ -91,6 +91,24 @@ pub fn argmax(x: &[f32]) -> usize {
     }
 }
 
+/// The standard deviation of the row's finite logits (banned and masked tokens, at -inf, are
+/// not part of the distribution), in f64 and in index order: top-nσ's spread. 0 for fewer
+/// than two finite logits.
+pub fn std_dev(x: &[f32]) -> f32 {
+    let (mut n, mut sum, mut sum_sq) = (0usize, 0.0f64, 0.0f64);
+    for &v in x.iter().filter(|v| v.is_finite()) {
+        let v = f64::from(v);
+        n += 1;
+        sum += v;
+        sum_sq += v * v;
+    }
+    if n < 2 {
+        return 0.0;
+    }
+    let mean = sum / n as f64;
+    ((sum_sq / n as f64 - mean * mean).max(0.0)).sqrt() as f32
+}
+
 /// `sum of e^((x_i - shift) * scale)` over the elements with `x_i >= lo`.
 pub fn sum_exp(x: &[f32], shift: f32, scale: f32, lo: f32) -> f64 {
     let mut acc = [0f32; LANES];

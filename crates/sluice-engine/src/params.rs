@@ -19,7 +19,7 @@ pub const MAX_STOP_STRING_BYTES: usize = 256;
 
 /// How each token is chosen from the model's logits. Processing order (vLLM's): `logit_bias`,
 /// then the repetition, frequency and presence penalties, then `temperature`, then the
-/// `min_p`, `top_k` and `top_p` filters, then one draw from what is left.
+/// `min_p`, `top_n_sigma`, `top_k` and `top_p` filters, then one draw from what is left.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// 0 (below [`GREEDY_TEMPERATURE`]) is greedy: the argmax, no randomness. In `[0, 2]`
@@ -32,6 +32,10 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// Drop tokens less likely than `min_p` times the most likely one. In `[0, 1]`.
     pub min_p: f32,
+    /// Top-nσ (Tang et al., 2024; llama.cpp's `top_n_sigma`): keep the tokens whose logit is
+    /// within this many standard deviations of the row's logits below the largest; 0 keeps
+    /// everything. In `[0, 100]`.
+    pub top_n_sigma: f32,
     /// Subtracted once from the logit of every token already generated. In `[-2, 2]`.
     pub presence_penalty: f32,
     /// Subtracted from each token's logit once per time it was generated. In `[-2, 2]`.
@@ -56,6 +60,7 @@ impl Default for SamplingParams {
             top_p: 1.0,
             top_k: 0,
             min_p: 0.0,
+            top_n_sigma: 0.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
@@ -104,6 +109,12 @@ impl SamplingParams {
             self.min_p,
             (0.0..=1.0).contains(&self.min_p),
             "[0, 1]",
+        )?;
+        in_range(
+            "top_n_sigma",
+            self.top_n_sigma,
+            (0.0..=100.0).contains(&self.top_n_sigma),
+            "[0, 100]",
         )?;
         for (param, value) in [
             ("presence_penalty", self.presence_penalty),
@@ -242,7 +253,8 @@ pub struct Request {
     /// Independent sequences to generate from the prompt (they share its KV blocks).
     pub n: usize,
     /// Most tokens each sequence generates; `None`: up to the model's context length (or the
-    /// whole KV cache, when that is smaller).
+    /// whole KV cache, when that is smaller). [`ValidRequest::new`] resolves it: in a valid
+    /// request it is always `Some`.
     pub max_tokens: Option<usize>,
     pub sampling: SamplingParams,
     pub stop: StopParams,
@@ -270,9 +282,8 @@ impl Request {
 /// here and nowhere else; the engine, the scheduler included, trusts the type.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidRequest {
+    /// Its `max_tokens` resolved: what each sequence may generate.
     request: Request,
-    /// What each sequence may generate: `max_tokens`, or what is left of the context.
-    max_tokens: usize,
     /// What it was checked against: the engine refuses a request checked for another one.
     limits: ModelLimits,
     /// An embedding: the prompt is computed, pooled and returned, nothing is generated.
@@ -281,7 +292,7 @@ pub struct ValidRequest {
 
 impl ValidRequest {
     /// Checks every field of `request` against `limits`; the error names the parameter.
-    pub fn new(request: Request, limits: &ModelLimits) -> Result<Self, InvalidRequest> {
+    pub fn new(mut request: Request, limits: &ModelLimits) -> Result<Self, InvalidRequest> {
         limits.check_prompt(&request.prompt)?;
         if !(1..=limits.max_n).contains(&request.n) {
             return Err(InvalidRequest::InvalidN {
@@ -301,9 +312,9 @@ impl ValidRequest {
                 ),
             });
         }
+        request.max_tokens = Some(max_tokens);
         Ok(Self {
             request,
-            max_tokens,
             limits: *limits,
             embedding: false,
         })
@@ -330,7 +341,6 @@ impl ValidRequest {
                 stop: StopParams::default(),
                 constraint: None,
             },
-            max_tokens: 0,
             limits: *limits,
             embedding: true,
         })
@@ -347,7 +357,8 @@ impl ValidRequest {
 
     /// Most tokens each sequence generates (resolved: never more than the context allows).
     pub fn max_tokens(&self) -> usize {
-        self.max_tokens
+        // Always `Some` once validated (`new` and `embedding` set it).
+        self.request.max_tokens.unwrap_or(0)
     }
 
     pub fn n(&self) -> usize {
@@ -362,9 +373,9 @@ impl ValidRequest {
         &self.limits
     }
 
-    /// The checked request and its resolved `max_tokens`, for the engine thread.
-    pub(crate) fn into_parts(self) -> (Request, usize) {
-        (self.request, self.max_tokens)
+    /// The checked request, for the engine thread.
+    pub(crate) fn into_request(self) -> Request {
+        self.request
     }
 }
 
@@ -590,6 +601,16 @@ mod tests {
                     ..ok.clone()
                 },
                 "temperature",
+            ),
+            (
+                Request {
+                    sampling: SamplingParams {
+                        top_n_sigma: -0.5,
+                        ..SamplingParams::default()
+                    },
+                    ..ok.clone()
+                },
+                "top_n_sigma",
             ),
             (
                 Request {

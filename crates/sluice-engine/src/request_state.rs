@@ -51,15 +51,13 @@ pub(crate) struct RequestState {
 
 impl RequestState {
     /// The state of a request the engine thread takes in and of its sequences, none of them
-    /// started; hands the prompt back for the scheduler. `max_tokens` is the validated, resolved one;
-    /// `embedding_size` is set for an embedding (the length of its vector).
+    /// started; hands the prompt back for the scheduler (which keeps `max_tokens` with the
+    /// sequences). `embedding_size` is set for an embedding (the length of its vector).
     pub fn admit(
         request: Request,
-        max_tokens: usize,
         events: UnboundedSender<Event>,
         arrival: Instant,
         tokenizer: &Tokenizer,
-        max_model_len: usize,
         embedding_size: Option<usize>,
     ) -> (Self, Vec<SeqState>, Vec<u32>) {
         let Request {
@@ -78,7 +76,7 @@ impl RequestState {
         } else {
             Vec::new()
         };
-        let stop = StopSpec::new(stop, tokenizer, max_tokens, max_model_len);
+        let stop = StopSpec::new(stop, tokenizer);
         let seed = sampling.seed.unwrap_or_else(rand::random);
         let has_penalties = sampling.has_penalties();
         let seqs = (0..n as u32)

@@ -5,8 +5,8 @@
 //! the raw model output, as vLLM reports by default), then `logit_bias`, the repetition,
 //! frequency and presence penalties and the min-tokens ban edit the few logits they touch in
 //! place, then the row is either reduced to its argmax (greedy) or sampled: temperature,
-//! `min_p`, `top_k` and `top_p` become one logit threshold plus, for `top_p` only, a sort of the
-//! few candidates near the top. Nothing sorts the whole vocabulary.
+//! `min_p`, `top_n_sigma`, `top_k` and `top_p` become one logit threshold plus, for `top_p`
+//! only, a sort of the few candidates near the top. Nothing sorts the whole vocabulary.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -127,13 +127,17 @@ pub fn draws_per_row(p: &SamplingParams) -> usize {
 }
 
 /// The rule by which a model may sample a row itself ([`RowSampling`]), or `None` when the
-/// row needs what only this sampler does: penalties or `logit_bias`. Bans and grammar masks
+/// row needs what only this sampler does: penalties, `logit_bias` or `top_n_sigma`. Bans and grammar masks
 /// are the caller's to rule out. Draws the row's random number from `rng` exactly when
 /// [`Sampler::sample`] would (not for a greedy row), so a seeded sequence uses its generator
 /// the same way on either path.
 pub fn model_rule(p: &SamplingParams, rng: &mut SeqRng) -> Option<RowSampling> {
     let top_logprobs = p.logprobs.unwrap_or(0);
-    if p.has_penalties() || !p.logit_bias.is_empty() || top_logprobs > MAX_TOP_LOGPROBS {
+    if p.has_penalties()
+        || !p.logit_bias.is_empty()
+        || p.top_n_sigma > 0.0
+        || top_logprobs > MAX_TOP_LOGPROBS
+    {
         return None;
     }
     let top_logprobs = top_logprobs as u32;
@@ -257,7 +261,7 @@ const SHORTLIST_TOP_K: usize = 256;
 const SORT_LIMIT: usize = 2048;
 const BUCKETS: usize = 1024;
 
-/// A draw from the tempered, filtered distribution. `min_p` and a large `top_k` are lower
+/// A draw from the tempered, filtered distribution. `min_p`, `top_n_sigma` and a large `top_k` are lower
 /// bounds on the logit (`lo`); a small `top_k` is a shortlist; `top_p` then needs the
 /// candidates in order, but only as far as they reach `top_p` of the mass.
 fn sample_random(x: &[f32], p: &SamplingParams, rng: &mut SeqRng, scratch: &mut Scratch) -> usize {
@@ -274,6 +278,11 @@ fn sample_random(x: &[f32], p: &SamplingParams, rng: &mut SeqRng, scratch: &mut 
     if p.min_p > 0.0 {
         // p_i >= min_p * p_max  <=>  (x_i - m) / t >= ln(min_p)
         lo = m + t * p.min_p.ln();
+    }
+    if p.top_n_sigma > 0.0 {
+        // Top-nσ on the raw logits: temperature scales the largest logit and the spread alike,
+        // so the cut keeps the same tokens either way.
+        lo = lo.max(m - p.top_n_sigma * logits::std_dev(x));
     }
     if p.top_k > 0 && p.top_k < x.len() {
         if p.top_k <= SHORTLIST_TOP_K {
@@ -679,6 +688,23 @@ mod tests {
         for (i, &c) in counts.iter().enumerate() {
             assert_eq!(c > 0, [0, 1].contains(&i), "{counts:?}");
         }
+    }
+
+    #[test]
+    fn top_n_sigma_keeps_the_logits_within_n_deviations_of_the_best() {
+        let x = [3.0, 2.8, 2.6, 1.0, 0.9, 0.5, -5.0, -5.0];
+        // Mean 0.1, standard deviation 3.074: at n = 0.5 the cut is 3 - 1.537 = 1.463.
+        let p = SamplingParams {
+            top_n_sigma: 0.5,
+            ..SamplingParams::default()
+        };
+        let counts = histogram(&x, &p, 9, 5_000);
+        for (i, &c) in counts.iter().enumerate() {
+            assert_eq!(c > 0, i < 3, "{counts:?}");
+        }
+        // Off, the tokens below the cut are drawn too.
+        let off = histogram(&x, &SamplingParams::default(), 9, 5_000);
+        assert!(off[3] > 0 && off[4] > 0, "{off:?}");
     }
 
     #[test]

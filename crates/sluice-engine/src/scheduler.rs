@@ -114,6 +114,9 @@ pub struct ScheduledSeq {
     /// After [`Scheduler::commit`]: how many of its sampling rows' tokens the sequence kept,
     /// from the first (the drafts that matched, then the token after them). Zero before.
     pub accepted: usize,
+    /// After [`Scheduler::commit`]: the last kept token was the sequence's `max_tokens`-th, the
+    /// last it may generate.
+    pub reached_length: bool,
     slot: usize,
     serial: u64,
 }
@@ -183,6 +186,7 @@ impl SchedulerOutput {
             sample,
             draft: seq.num_draft,
             accepted: 0,
+            reached_length: false,
             slot,
             serial: seq.serial,
         };
@@ -663,6 +667,7 @@ impl<R, S> Scheduler<R, S> {
             if let Some(&token) = rows.get(kept) {
                 seq.tokens.push(token);
                 s.accepted = kept + 1;
+                s.reached_length = seq.reached_max_tokens();
             }
             if seq.num_draft > 0 {
                 seq.draft_len = next_draft_len(seq.draft_len, seq.num_draft, kept, most_drafts);

@@ -7,7 +7,8 @@
 //! sequence ends for another reason, the held text is released: it was not a stop string.
 //!
 //! Order of checks for each token: EOS and stop token ids (their own text is never output),
-//! then stop strings in the text, then `max_tokens` and the context length. Before
+//! then stop strings in the text, then the sequence's length (its `max_tokens`, which the
+//! scheduler, holding it, reports: validation keeps it within the context). Before
 //! `min_tokens` no stop applies (the sampler also bans EOS and stop ids until then).
 
 use sluice_tokenizer::{IncrementalDecoder, Tokenizer};
@@ -59,7 +60,7 @@ pub enum StopReason {
 }
 
 /// The stop conditions of a request, resolved once: its [`StopParams`] plus the tokenizer's EOS
-/// ids and the token budget.
+/// ids. The token budget is not here: the scheduler's sequence holds it, once.
 #[derive(Debug, Clone)]
 pub struct StopSpec {
     pub params: StopParams,
@@ -67,18 +68,10 @@ pub struct StopSpec {
     pub eos_ids: Vec<u32>,
     /// Tokens the sampler bans before `min_tokens`: `eos_ids` and the stop token ids.
     pub banned_early: Vec<u32>,
-    pub max_tokens: usize,
-    /// Longest sequence, prompt included.
-    pub max_model_len: usize,
 }
 
 impl StopSpec {
-    pub fn new(
-        params: StopParams,
-        tokenizer: &Tokenizer,
-        max_tokens: usize,
-        max_model_len: usize,
-    ) -> Self {
+    pub fn new(params: StopParams, tokenizer: &Tokenizer) -> Self {
         let eos_ids = if params.ignore_eos {
             Vec::new()
         } else {
@@ -92,8 +85,6 @@ impl StopSpec {
             params,
             eos_ids,
             banned_early,
-            max_tokens,
-            max_model_len,
         }
     }
 
@@ -130,16 +121,17 @@ impl TextStream {
         }
     }
 
-    /// Takes the sequence's newest token; `generated` counts it, `seq_len` is prompt plus
-    /// generated. Appends the text that is now safe to show to `delta`, and returns how the
-    /// sequence ended if this token ended it.
+    /// Takes the sequence's newest token; `generated` counts it, `at_length` says it is the
+    /// last the sequence may generate ([`crate::ScheduledSeq::reached_length`]). Appends the
+    /// text that is now safe to show to `delta`, and returns how the sequence ended if this
+    /// token ended it.
     pub fn push(
         &mut self,
         tokenizer: &Tokenizer,
         spec: &StopSpec,
         token: u32,
         generated: usize,
-        seq_len: usize,
+        at_length: bool,
         delta: &mut String,
     ) -> Option<Stopped> {
         let p = &spec.params;
@@ -177,7 +169,7 @@ impl TextStream {
                 });
             }
         }
-        if generated >= spec.max_tokens || seq_len >= spec.max_model_len {
+        if at_length {
             self.flush(delta);
             return Some(Stopped {
                 reason: FinishReason::Length,
@@ -252,13 +244,14 @@ mod tests {
         tokens_used: usize,
     }
 
-    fn run(spec: &StopSpec, tokens: &[u32]) -> Run {
+    fn run((spec, max_tokens): &(StopSpec, usize), tokens: &[u32]) -> Run {
         let tok = tiny_tokenizer();
         let mut text = TextStream::new(spec.params.skip_special_tokens);
         let mut deltas = Vec::new();
         for (i, &t) in tokens.iter().enumerate() {
             let mut delta = String::new();
-            let stopped = text.push(&tok, spec, t, i + 1, 10 + i + 1, &mut delta);
+            let at_length = i + 1 >= *max_tokens;
+            let stopped = text.push(&tok, spec, t, i + 1, at_length, &mut delta);
             deltas.push(delta);
             if stopped.is_some() {
                 return Run {
@@ -275,8 +268,8 @@ mod tests {
         }
     }
 
-    fn spec(params: StopParams, max_tokens: usize) -> StopSpec {
-        StopSpec::new(params, &tiny_tokenizer(), max_tokens, 1000)
+    fn spec(params: StopParams, max_tokens: usize) -> (StopSpec, usize) {
+        (StopSpec::new(params, &tiny_tokenizer()), max_tokens)
     }
 
     fn stops(list: &[&str]) -> StopParams {
@@ -371,8 +364,8 @@ mod tests {
             ..stops(&["a"])
         };
         let s = spec(p, 100);
-        assert_eq!(s.banned(3), s.banned_early.as_slice());
-        assert!(s.banned(4).is_empty());
+        assert_eq!(s.0.banned(3), s.0.banned_early.as_slice());
+        assert!(s.0.banned(4).is_empty());
         let r = run(
             &s,
             &[
@@ -399,16 +392,16 @@ mod tests {
     }
 
     #[test]
-    fn the_context_length_ends_a_sequence() {
+    fn the_last_allowed_token_ends_a_sequence_with_length() {
         let tok = tiny_tokenizer();
-        let s = StopSpec::new(StopParams::default(), &tok, 100, 12);
+        let s = StopSpec::new(StopParams::default(), &tok);
         let mut text = TextStream::new(true);
         let mut delta = String::new();
         assert_eq!(
-            text.push(&tok, &s, u32::from(b'a'), 1, 11, &mut delta),
+            text.push(&tok, &s, u32::from(b'a'), 1, false, &mut delta),
             None
         );
-        let stopped = text.push(&tok, &s, u32::from(b'b'), 2, 12, &mut delta);
+        let stopped = text.push(&tok, &s, u32::from(b'b'), 2, true, &mut delta);
         assert_eq!(stopped.unwrap().reason, FinishReason::Length);
         assert_eq!(delta, "ab");
     }

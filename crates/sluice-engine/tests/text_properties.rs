@@ -245,7 +245,7 @@ fn check_stop_stream(
     params: StopParams,
 ) -> Result<(), TestCaseError> {
     let max_tokens = ids.len().max(1);
-    let spec = StopSpec::new(params.clone(), tok, max_tokens, 1 << 20);
+    let spec = StopSpec::new(params.clone(), tok);
     let longest_stop = params.stop.iter().map(String::len).max().unwrap_or(0);
     let mut stream = TextStream::new(params.skip_special_tokens);
     let mut streamed = String::new();
@@ -253,7 +253,7 @@ fn check_stop_stream(
     let mut used = 0;
     for (i, &id) in ids.iter().enumerate() {
         let mut delta = String::new();
-        stopped = stream.push(tok, &spec, id, i + 1, i + 1, &mut delta);
+        stopped = stream.push(tok, &spec, id, i + 1, i + 1 >= max_tokens, &mut delta);
         streamed.push_str(&delta);
         used = i + 1;
         if stopped.is_some() {

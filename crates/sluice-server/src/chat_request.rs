@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{Map, Value};
-use sluice_engine::{FinishEvent, FinishReason, SamplingParams, StopParams, TokenEvent};
+use sluice_engine::{FinishEvent, FinishReason, Request, TokenEvent};
 use sluice_tokenizer::tool_parser::ToolCallFormat;
 use sluice_tokenizer::ChatTemplate;
 
 use crate::blocking::tokenize_blocking;
 use crate::chat_output::{ChoiceOutput, OutputFormat};
-use crate::engine_request::{self, Generation, GenerationParams, Item};
+use crate::engine_request::{self, Generation, Item};
 use crate::error::{ApiError, ParamNames};
 use crate::openai::chat::ChatMessageIn;
 use crate::openai::structured::{ToolCallOut, ToolChoice};
@@ -34,10 +34,9 @@ pub struct ChatJob {
     /// The output format the request's own field asks for.
     pub requested: Option<RequestedGrammar>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
-    pub n: usize,
-    pub max_tokens: Option<usize>,
-    pub sampling: SamplingParams,
-    pub stop: StopParams,
+    /// The engine's request as the endpoint's fields set it ([`request_fields::request`]);
+    /// [`prepare`] gives it its prompt and constraint.
+    pub request: Request,
     /// What the endpoint calls the fields the engine's errors name.
     pub names: ParamNames,
 }
@@ -60,12 +59,12 @@ pub async fn start(
     started: Instant,
 ) -> Result<ChatRun, ApiError> {
     let PreparedChat {
-        prompt,
+        request,
         output,
-        params,
+        names,
         ..
     } = prepare(&model, job).await?;
-    let generation = Generation::start(state, model, id, endpoint, started, vec![prompt], params)?;
+    let generation = Generation::start(state, model, id, endpoint, started, vec![request], &names)?;
     Ok(ChatRun { generation, output })
 }
 
@@ -76,11 +75,11 @@ pub struct PreparedChat {
     /// The template's text: the conversation, the tools as the template shows them, and the
     /// opening of the assistant's turn.
     pub text: String,
-    /// Its tokens, the prompt the engine is given.
-    pub prompt: Vec<u32>,
+    /// The engine's request: its prompt the text's tokens, its constraint the output grammar.
+    pub request: Request,
     /// How the output is to be read (reasoning, tool calls).
     pub output: OutputFormat,
-    pub params: GenerationParams,
+    pub names: ParamNames,
 }
 
 /// Plans the tools, chooses the one output grammar and compiles it, renders the template and
@@ -93,10 +92,7 @@ pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedC
         parallel_tool_calls,
         requested,
         chat_template_kwargs,
-        n,
-        max_tokens,
-        sampling,
-        mut stop,
+        mut request,
         names,
     } = job;
     let plan = plan_tools(model, tools, tool_choice, parallel_tool_calls)?;
@@ -118,7 +114,7 @@ pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedC
     ) {
         // These formats open calls with control tokens (`<|python_tag|>`, `[TOOL_CALLS]`),
         // which the parser must see.
-        stop.skip_special_tokens = false;
+        request.stop.skip_special_tokens = false;
     }
     let thinks = model.chat_template.as_ref().is_some_and(|t| t.thinks());
 
@@ -138,22 +134,17 @@ pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedC
         Ok((text, prompt, opens_thinking, constraint))
     })
     .await?;
+    request.prompt = prompt;
+    request.constraint = constraint;
     Ok(PreparedChat {
         text,
-        prompt,
+        request,
         output: OutputFormat {
             reasoning: thinks.then_some(opens_thinking),
             tools: plan.format,
             single_call: plan.single_call,
         },
-        params: GenerationParams {
-            n,
-            max_tokens,
-            sampling,
-            stop,
-            constraint,
-            names,
-        },
+        names,
     })
 }
 

@@ -11,9 +11,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::stream::{self, SelectAll, Stream, StreamExt};
-use sluice_engine::SamplingParams;
-use sluice_engine::{Constraint, Event, FinishEvent, FinishReason, Request, RequestStream};
-use sluice_engine::{ErrorCause, StopParams, StopReason, TokenEvent, ValidRequest};
+use sluice_engine::{ErrorCause, StopReason, TokenEvent, ValidRequest};
+use sluice_engine::{Event, FinishEvent, FinishReason, Request, RequestStream};
 
 use crate::error::{ApiError, ParamNames};
 use crate::ids::random_id;
@@ -22,18 +21,6 @@ use crate::state::{AppState, InFlight, ServedModel};
 /// `cmpl-…`, `chatcmpl-…`: a prefix and 24 random hex digits.
 pub fn request_id(prefix: &str) -> String {
     random_id(prefix, '-')
-}
-
-/// What every sequence of a request is asked for.
-pub struct GenerationParams {
-    pub n: usize,
-    pub max_tokens: Option<usize>,
-    pub sampling: SamplingParams,
-    pub stop: StopParams,
-    /// The grammar every sequence's output must follow.
-    pub constraint: Option<Constraint>,
-    /// What this endpoint calls the fields an invalid request is refused for.
-    pub names: ParamNames,
 }
 
 /// An event of one choice (`prompt index * n + sequence index`).
@@ -51,38 +38,22 @@ pub enum Item {
     Lost,
 }
 
-/// One engine request per prompt, each checked against the engine's limits
-/// ([`ValidRequest::new`]); the first invalid one refuses them all with a 400 naming the field
-/// as the endpoint calls it. What [`Generation::start`] submits, and what the render routes
-/// show without submitting.
+/// The engine's requests (one per prompt, as the endpoint built them), each checked against
+/// the engine's limits ([`ValidRequest::new`]); the first invalid one refuses them all with a
+/// 400 naming the field as the endpoint calls it (`names`). What [`Generation::start`]
+/// submits, and what the render routes show without submitting.
 pub fn validate(
     model: &ServedModel,
-    prompts: Vec<Vec<u32>>,
-    params: GenerationParams,
+    requests: Vec<Request>,
+    names: &ParamNames,
 ) -> Result<Vec<ValidRequest>, ApiError> {
-    let GenerationParams {
-        n,
-        max_tokens,
-        sampling,
-        stop,
-        constraint,
-        names,
-    } = params;
-    prompts
+    requests
         .into_iter()
-        .map(|prompt| {
-            let request = Request {
-                prompt,
-                n,
-                max_tokens,
-                sampling: sampling.clone(),
-                stop: stop.clone(),
-                constraint: constraint.clone(),
-            };
+        .map(|request| {
             model
                 .engine
                 .validate(request)
-                .map_err(|e| ApiError::from_invalid(e, &names))
+                .map_err(|e| ApiError::from_invalid(e, names))
         })
         .collect()
 }
@@ -114,11 +85,11 @@ impl Generation {
         id: String,
         endpoint: &'static str,
         started: Instant,
-        prompts: Vec<Vec<u32>>,
-        params: GenerationParams,
+        requests: Vec<Request>,
+        names: &ParamNames,
     ) -> Result<Self, ApiError> {
-        let skip_special_tokens = params.stop.skip_special_tokens;
-        let requests = validate(&model, prompts, params)?;
+        let skip_special_tokens = requests.first().is_none_or(|r| r.stop.skip_special_tokens);
+        let requests = validate(&model, requests, names)?;
         Self::submit(
             state,
             model,

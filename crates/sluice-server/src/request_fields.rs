@@ -1,11 +1,11 @@
-//! Turns OpenAI request fields into the engine's [`SamplingParams`] and [`StopParams`], and
-//! checks what only the wire format can get wrong (the `model` name, `top_k`'s spelling of
-//! "no limit", `logit_bias` keys, chat roles). Ranges are not checked here: the engine's
-//! [`sluice_engine::ValidRequest::new`] checks every one, once, when
-//! [`crate::engine_request::Generation::start`] builds the requests it submits.
+//! Turns OpenAI request fields into the engine's [`Request`], the one record a request is
+//! from here to the sampler, and checks what only the wire format can get wrong (the `model`
+//! name, `top_k`'s spelling of "no limit", `logit_bias` keys, chat roles). Ranges are not
+//! checked here: the engine's [`sluice_engine::ValidRequest::new`] checks every one, once,
+//! when [`crate::engine_request::validate`] is given the request with its prompt.
 
 use serde_json::{Map, Value};
-use sluice_engine::{SamplingParams, StopParams};
+use sluice_engine::{Request, SamplingParams, StopParams};
 use sluice_tokenizer::{ChatMessage, ChatTemplate, ChatToolCall, RenderOptions};
 
 use crate::error::ApiError;
@@ -21,12 +21,16 @@ pub fn check_model(requested: Option<&str>, served: &ServedModel) -> Result<(), 
     }
 }
 
-/// How many sequences per prompt, and how each is sampled and stopped. `logprobs` is the
-/// number of alternatives asked for (under the endpoint's own field name).
-pub fn sampling(
+/// The engine's request as the endpoint's fields set it: how many sequences, how many tokens
+/// each may generate (`None`: the rest of the context, which [`sluice_engine::ValidRequest`]
+/// resolves once the prompt is known), how each is sampled and stopped. `logprobs` is the
+/// number of alternatives asked for (under the endpoint's own field name). Its prompt is
+/// empty, and its constraint unset, until the endpoint has tokenized and compiled them.
+pub fn request(
     f: &SamplingFields,
+    max_tokens: Option<usize>,
     logprobs: Option<usize>,
-) -> Result<(usize, SamplingParams, StopParams), ApiError> {
+) -> Result<Request, ApiError> {
     let defaults = SamplingParams::default();
     // JSON numbers are f64; the engine samples in f32. A value out of f32's range becomes
     // infinite, which no range accepts.
@@ -41,6 +45,11 @@ pub fn sampling(
                 format!("top_k = {k} is invalid: use -1 (or 0) for no limit, or a positive count."),
             ))
         }
+    };
+    // llama.cpp spells "no top-n-sigma" as -1; 0 means the same to the engine.
+    let top_n_sigma = match f.top_n_sigma {
+        Some(-1.0) => 0.0,
+        v => narrow(v, defaults.top_n_sigma),
     };
     let mut logit_bias = Vec::new();
     for (key, &bias) in f.logit_bias.iter().flatten() {
@@ -58,6 +67,7 @@ pub fn sampling(
         top_p: narrow(f.top_p, defaults.top_p),
         top_k,
         min_p: narrow(f.min_p, defaults.min_p),
+        top_n_sigma,
         presence_penalty: narrow(f.presence_penalty, defaults.presence_penalty),
         frequency_penalty: narrow(f.frequency_penalty, defaults.frequency_penalty),
         repetition_penalty: narrow(f.repetition_penalty, defaults.repetition_penalty),
@@ -78,7 +88,14 @@ pub fn sampling(
             .skip_special_tokens
             .unwrap_or(stop_defaults.skip_special_tokens),
     };
-    Ok((f.n.unwrap_or(1), sampling, stop))
+    Ok(Request {
+        prompt: Vec::new(),
+        n: f.n.unwrap_or(1),
+        max_tokens,
+        sampling,
+        stop,
+        constraint: None,
+    })
 }
 
 /// The conversation as the chat template sees it: roles checked, a `tool` message's call id
@@ -182,7 +199,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn param(r: Result<(usize, SamplingParams, StopParams), ApiError>) -> Option<String> {
+    fn param(r: Result<Request, ApiError>) -> Option<String> {
         r.err().and_then(|e| e.param)
     }
 
@@ -192,7 +209,7 @@ mod tests {
         let f = |edit: &dyn Fn(&mut SamplingFields)| {
             let mut f = SamplingFields::default();
             edit(&mut f);
-            param(sampling(&f, None))
+            param(request(&f, None, None))
         };
         assert_eq!(f(&|_| ()), None);
         assert_eq!(f(&|f| f.top_k = Some(-2)).as_deref(), Some("top_k"));
@@ -214,8 +231,9 @@ mod tests {
             ignore_eos: Some(true),
             ..SamplingFields::default()
         };
-        let (n, s, stop) = sampling(&f, Some(2)).unwrap();
-        assert_eq!(n, 3);
+        let r = request(&f, Some(9), Some(2)).unwrap();
+        let (s, stop) = (&r.sampling, &r.stop);
+        assert_eq!((r.n, r.max_tokens), (3, Some(9)));
         assert!(s.is_greedy());
         assert_eq!(s.top_k, 0);
         assert_eq!(s.logit_bias, vec![(7, -100.0)]);

@@ -414,6 +414,14 @@ async fn render_routes_show_the_prompt_a_generation_runs() {
     assert_eq!(two[0]["prompt"], "the theme");
     assert_eq!(two[1]["token_ids"], json!([5, 6, 7]));
     assert_eq!(two[1]["sampling_params"]["max_tokens"], 16);
+    assert_eq!(two[1]["sampling_params"]["top_n_sigma"], 0.0);
+    // llama.cpp's top_n_sigma reaches the engine's parameters (-1 is llama.cpp's "off").
+    for (given, run) in [(json!(1.5), 1.5), (json!(-1), 0.0)] {
+        let body = json!({"prompt": "x", "top_n_sigma": given});
+        let (status, r) = t.post_json("/v1/completions/render", &body).await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        assert_eq!(r[0]["sampling_params"]["top_n_sigma"], run, "{given}");
+    }
 
     let chat = json!({"messages": [{"role": "user", "content": "hi"}], "stream": true});
     let (status, rendered) = t.post_json("/v1/chat/completions/render", &chat).await;

@@ -85,6 +85,16 @@ async fn invalid_parameters_are_400_naming_the_param() {
         ),
         (
             "/v1/completions",
+            completion(json!({"top_n_sigma": -0.5})),
+            Some("top_n_sigma"),
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"top_n_sigma": 101})),
+            Some("top_n_sigma"),
+        ),
+        (
+            "/v1/completions",
             completion(json!({"presence_penalty": 9})),
             Some("presence_penalty"),
         ),

@@ -57,6 +57,7 @@ const FIELDS: &[&str] = &[
     "user",
     "top_k",
     "min_p",
+    "top_n_sigma",
     "repetition_penalty",
     "ignore_eos",
     "min_tokens",

@@ -26,14 +26,12 @@ impl EngineLoop {
             return;
         }
         let embedding = request.is_embedding();
-        let (request, max_tokens) = request.into_parts();
+        let max_tokens = request.max_tokens();
         let (state, seqs, prompt) = RequestState::admit(
-            request,
-            max_tokens,
+            request.into_request(),
             events,
             arrival,
             &self.tokenizer,
-            self.shared.limits.max_model_len,
             embedding.then_some(self.hidden_size),
         );
         // Validated against this engine's limits (the handle checked they are its own), so

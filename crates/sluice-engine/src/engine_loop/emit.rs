@@ -43,7 +43,8 @@ impl EngineLoop {
             let mut open = records.is_some();
             for (i, (sampled, &rng)) in rows.enumerate() {
                 if let (true, Some((r, seq))) = (open && i < s.accepted, records.as_mut()) {
-                    open = sink.keep(s, r, seq, sampled, rng);
+                    let at_length = s.reached_length && i + 1 == s.accepted;
+                    open = sink.keep(s, r, seq, sampled, rng, at_length);
                 }
             }
             if s.draft > 0 {
@@ -79,8 +80,9 @@ struct Sink<'a> {
 }
 
 impl Sink<'_> {
-    /// Streams one kept token of `s`'s sequence; returns whether the sequence takes more this
-    /// step (false once it stopped, or its grammar or client failed).
+    /// Streams one kept token of `s`'s sequence (`at_length`: the last it may generate);
+    /// returns whether the sequence takes more this step (false once it stopped, or its
+    /// grammar or client failed).
     fn keep(
         &mut self,
         s: &ScheduledSeq,
@@ -88,6 +90,7 @@ impl Sink<'_> {
         seq: &mut SeqState,
         sampled: &mut Sampled,
         rng: SeqRng,
+        at_length: bool,
     ) -> bool {
         let grammar_done = match seq
             .constraint
@@ -105,7 +108,14 @@ impl Sink<'_> {
         self.generated += 1;
         let now = self.now;
         record_token(r, seq, sampled.token, rng, now, &self.telemetry.metrics);
-        let (text, stopped) = next_text(r, seq, sampled.token, grammar_done, self.tokenizer);
+        let (text, stopped) = next_text(
+            r,
+            seq,
+            sampled.token,
+            at_length,
+            grammar_done,
+            self.tokenizer,
+        );
         let event = Event::Token(TokenEvent {
             index: s.seq_id.index,
             token: sampled.token,
@@ -168,6 +178,7 @@ fn next_text(
     r: &RequestState,
     seq: &mut SeqState,
     token: u32,
+    at_length: bool,
     grammar_done: bool,
     tokenizer: &Tokenizer,
 ) -> (String, Option<Stopped>) {
@@ -177,7 +188,7 @@ fn next_text(
         &r.stop,
         token,
         seq.generated,
-        r.prompt_len + seq.generated,
+        at_length,
         &mut text,
     );
     if grammar_done && stopped.is_none() {

@@ -11,8 +11,8 @@ use super::structured::{
     ConstraintFields, ExtraFields, ResponseFormat, StructuredOutputs, ToolCallDelta, ToolCallIn,
     ToolCallOut, ToolChoice,
 };
-use super::SamplingFields;
 
+with_sampling_fields!(generation_request! {
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
     pub model: Option<String>,
@@ -21,28 +21,11 @@ pub struct ChatRequest {
     pub max_tokens: Option<usize>,
     /// OpenAI's newer name for `max_tokens`; wins when both are given.
     pub max_completion_tokens: Option<usize>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub n: Option<usize>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
-    pub stop: Option<StopList>,
-    pub seed: Option<Seed>,
-    pub presence_penalty: Option<f64>,
-    pub frequency_penalty: Option<f64>,
-    pub logit_bias: Option<HashMap<String, f64>>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<usize>,
     pub user: Option<String>,
-    // vLLM's extensions.
-    pub top_k: Option<i64>,
-    pub min_p: Option<f64>,
-    pub repetition_penalty: Option<f64>,
-    pub ignore_eos: Option<bool>,
-    pub min_tokens: Option<usize>,
-    pub stop_token_ids: Option<Vec<u32>>,
-    pub skip_special_tokens: Option<bool>,
-    pub include_stop_str_in_output: Option<bool>,
     // Structured outputs: OpenAI's, then vLLM's.
     pub response_format: Option<ResponseFormat>,
     pub structured_outputs: Option<StructuredOutputs>,
@@ -62,6 +45,7 @@ pub struct ChatRequest {
     #[serde(flatten)]
     pub extra: ExtraFields,
 }
+});
 
 impl ChatRequest {
     /// The fields that constrain the output (moved out: a schema can be large).
@@ -73,27 +57,6 @@ impl ChatRequest {
             guided_regex: self.guided_regex.take(),
             guided_choice: self.guided_choice.take(),
             guided_grammar: self.guided_grammar.take(),
-        }
-    }
-
-    pub fn sampling(&self) -> SamplingFields {
-        SamplingFields {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            n: self.n,
-            stop: self.stop.clone(),
-            seed: self.seed,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            logit_bias: self.logit_bias.clone(),
-            top_k: self.top_k,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
-            ignore_eos: self.ignore_eos,
-            min_tokens: self.min_tokens,
-            stop_token_ids: self.stop_token_ids.clone(),
-            skip_special_tokens: self.skip_special_tokens,
-            include_stop_str_in_output: self.include_stop_str_in_output,
         }
     }
 }

@@ -9,39 +9,22 @@ use serde_json::Value;
 
 use super::common::{Prompt, Seed, StopList, StreamOptions, Usage};
 use super::structured::{ConstraintFields, ExtraFields, ResponseFormat, StructuredOutputs};
-use super::SamplingFields;
 
+with_sampling_fields!(generation_request! {
 #[derive(Debug, Clone, Deserialize)]
 pub struct CompletionRequest {
     pub model: Option<String>,
     pub prompt: Prompt,
     /// Defaults to 16, as OpenAI's.
     pub max_tokens: Option<usize>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub n: Option<usize>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
-    pub stop: Option<StopList>,
-    pub seed: Option<Seed>,
-    pub presence_penalty: Option<f64>,
-    pub frequency_penalty: Option<f64>,
-    pub logit_bias: Option<HashMap<String, f64>>,
     /// Log-probabilities of each token and of this many alternatives.
     pub logprobs: Option<usize>,
     pub echo: Option<bool>,
     pub suffix: Option<String>,
     pub best_of: Option<usize>,
     pub user: Option<String>,
-    // vLLM's extensions.
-    pub top_k: Option<i64>,
-    pub min_p: Option<f64>,
-    pub repetition_penalty: Option<f64>,
-    pub ignore_eos: Option<bool>,
-    pub min_tokens: Option<usize>,
-    pub stop_token_ids: Option<Vec<u32>>,
-    pub skip_special_tokens: Option<bool>,
-    pub include_stop_str_in_output: Option<bool>,
     // Structured outputs: OpenAI's, then vLLM's.
     pub response_format: Option<ResponseFormat>,
     pub structured_outputs: Option<StructuredOutputs>,
@@ -54,6 +37,7 @@ pub struct CompletionRequest {
     #[serde(flatten)]
     pub extra: ExtraFields,
 }
+});
 
 impl CompletionRequest {
     /// The fields that constrain the output (moved out: a schema can be large).
@@ -65,27 +49,6 @@ impl CompletionRequest {
             guided_regex: self.guided_regex.take(),
             guided_choice: self.guided_choice.take(),
             guided_grammar: self.guided_grammar.take(),
-        }
-    }
-
-    pub fn sampling(&self) -> SamplingFields {
-        SamplingFields {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            n: self.n,
-            stop: self.stop.clone(),
-            seed: self.seed,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            logit_bias: self.logit_bias.clone(),
-            top_k: self.top_k,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
-            ignore_eos: self.ignore_eos,
-            min_tokens: self.min_tokens,
-            stop_token_ids: self.stop_token_ids.clone(),
-            skip_special_tokens: self.skip_special_tokens,
-            include_stop_str_in_output: self.include_stop_str_in_output,
         }
     }
 }

@@ -39,6 +39,7 @@ pub struct RenderedSampling {
     /// 0: no limit.
     pub top_k: usize,
     pub min_p: f32,
+    pub top_n_sigma: f32,
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
     pub repetition_penalty: f32,

@@ -77,9 +77,9 @@ pub fn job(model: &ServedModel, mut req: ChatRequest) -> Result<(ChatJob, Delive
         ));
     }
     let logprobs = want_logprobs.then(|| top.unwrap_or(0));
-    let (n, sampling, stop) = request_fields::sampling(&req.sampling(), logprobs)?;
-    let names = ParamNames::chat(req.max_completion_tokens.is_some());
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
+    let request = request_fields::request(&req.sampling(), max_tokens, logprobs)?;
+    let names = ParamNames::chat(req.max_completion_tokens.is_some());
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream
         && req
@@ -97,10 +97,7 @@ pub fn job(model: &ServedModel, mut req: ChatRequest) -> Result<(ChatJob, Delive
         requested,
         chat_template_kwargs: req.chat_template_kwargs.take(),
         messages: req.messages,
-        n,
-        max_tokens,
-        sampling,
-        stop,
+        request,
         names,
     };
     Ok((

@@ -5,10 +5,10 @@ use std::time::Instant;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use sluice_engine::FinishEvent;
+use sluice_engine::{FinishEvent, Request};
 
 use crate::blocking::tokenize_blocking;
-use crate::engine_request::{self, Generation, GenerationParams, Item};
+use crate::engine_request::{self, Generation, Item};
 use crate::error::{ApiError, ParamNames};
 use crate::json::ApiJson;
 use crate::logprobs;
@@ -32,26 +32,22 @@ pub async fn handler(
     let started = Instant::now();
     let model = state.model()?;
     let PreparedCompletion {
-        prompts,
-        params,
+        texts,
+        requests,
         stream,
         include_usage,
         echo,
         with_logprobs,
     } = prepare(&model, req).await?;
-    let echoes: Vec<String> = if echo {
-        prompts.iter().map(|(_, text)| text.clone()).collect()
-    } else {
-        Vec::new()
-    };
+    let echoes: Vec<String> = if echo { texts } else { Vec::new() };
     let generation = Generation::start(
         &state,
         model,
         engine_request::request_id("cmpl"),
         "completions",
         started,
-        prompts.into_iter().map(|(ids, _)| ids).collect(),
-        params,
+        requests,
+        &ParamNames::COMPLETIONS,
     )?;
     if stream {
         Ok(sse::response(stream_chunks(
@@ -71,9 +67,10 @@ pub async fn handler(
 /// ([`engine_request::validate`] does that): what [`handler`] submits, and what
 /// `POST /v1/completions/render` shows.
 pub struct PreparedCompletion {
-    /// Each prompt's token ids, and its text (as given, or the given ids decoded).
-    pub prompts: Vec<(Vec<u32>, String)>,
-    pub params: GenerationParams,
+    /// Each prompt's text (as given, or the given ids decoded).
+    pub texts: Vec<String>,
+    /// The engine's request for each prompt, in order.
+    pub requests: Vec<Request>,
     pub stream: bool,
     /// `stream_options.include_usage` (only with `stream`).
     pub include_usage: bool,
@@ -103,14 +100,14 @@ pub async fn prepare(
              server does not compute; drop one of them.",
         ));
     }
-    let (n, sampling, stop) = request_fields::sampling(&req.sampling(), logprobs)?;
-    if let Some(best_of) = req.best_of.filter(|&b| b != n) {
+    let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    let mut request = request_fields::request(&req.sampling(), Some(max_tokens), logprobs)?;
+    if let Some(best_of) = req.best_of.filter(|&b| b != request.n) {
         return Err(ApiError::invalid(
             "best_of",
             format!("best_of = {best_of} is not supported; only best_of = n."),
         ));
     }
-    let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream
         && req
@@ -131,16 +128,20 @@ pub async fn prepare(
         Ok((prompt_tokens(&tokenize_model, prompt)?, constraint))
     })
     .await?;
+    request.constraint = constraint;
+    let (requests, texts) = prompts
+        .into_iter()
+        .map(|(prompt, text)| {
+            let request = Request {
+                prompt,
+                ..request.clone()
+            };
+            (request, text)
+        })
+        .unzip();
     Ok(PreparedCompletion {
-        prompts,
-        params: GenerationParams {
-            n,
-            max_tokens: Some(max_tokens),
-            sampling,
-            stop,
-            constraint,
-            names: ParamNames::COMPLETIONS,
-        },
+        texts,
+        requests,
         stream,
         include_usage,
         echo,

@@ -64,7 +64,7 @@ pub async fn handler(
         stop: req.stop_sequences.map(StopList),
         ..SamplingFields::default()
     };
-    let (n, sampling, stop) = request_fields::sampling(&fields, None)?;
+    let request = request_fields::request(&fields, Some(req.max_tokens), None)?;
     let (tool_choice, parallel_tool_calls) = translate::tool_choice(req.tool_choice);
     let job = ChatJob {
         messages: translate::messages(req.system, req.messages)?,
@@ -73,10 +73,7 @@ pub async fn handler(
         parallel_tool_calls,
         requested: translate::output_grammar(req.output_config)?,
         chat_template_kwargs,
-        n,
-        max_tokens: Some(req.max_tokens),
-        sampling,
-        stop,
+        request,
         names: NAMES,
     };
     let id = crate::ids::random_id("msg", '_');

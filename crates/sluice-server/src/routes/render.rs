@@ -11,7 +11,7 @@ use sluice_engine::ValidRequest;
 
 use crate::chat_request;
 use crate::engine_request;
-use crate::error::ApiError;
+use crate::error::{ApiError, ParamNames};
 use crate::json::ApiJson;
 use crate::openai::chat::ChatRequest;
 use crate::openai::completions::CompletionRequest;
@@ -27,12 +27,11 @@ pub async fn completions(
     let model = state.model()?;
     let prepared = completions::prepare(&model, req).await?;
     let options = stream_options(prepared.stream, prepared.include_usage);
-    let (ids, texts): (Vec<Vec<u32>>, Vec<String>) = prepared.prompts.into_iter().unzip();
-    let requests = engine_request::validate(&model, ids, prepared.params)?;
+    let requests = engine_request::validate(&model, prepared.requests, &ParamNames::COMPLETIONS)?;
     Ok(Json(
         requests
             .iter()
-            .zip(texts)
+            .zip(prepared.texts)
             .map(|(request, text)| rendered(&model, "cmpl", request, text, options))
             .collect(),
     ))
@@ -47,7 +46,7 @@ pub async fn chat(
     let (job, delivery) = chat::job(&model, req)?;
     let prepared = chat_request::prepare(&model, job).await?;
     let options = stream_options(delivery.stream, delivery.include_usage);
-    let request = engine_request::validate(&model, vec![prepared.prompt], prepared.params)?
+    let request = engine_request::validate(&model, vec![prepared.request], &prepared.names)?
         .into_iter()
         .next()
         .ok_or_else(|| ApiError::internal("A conversation rendered to no request."))?;
@@ -90,6 +89,7 @@ fn rendered(
             top_p: s.top_p,
             top_k: s.top_k,
             min_p: s.min_p,
+            top_n_sigma: s.top_n_sigma,
             presence_penalty: s.presence_penalty,
             frequency_penalty: s.frequency_penalty,
             repetition_penalty: s.repetition_penalty,

@@ -189,7 +189,7 @@ pub async fn create(
         top_p: req.top_p,
         ..SamplingFields::default()
     };
-    let (n, sampling, stop) = request_fields::sampling(&fields, None)?;
+    let request = request_fields::request(&fields, req.max_output_tokens, None)?;
     let echo = Echo {
         instructions: req.instructions.clone(),
         max_output_tokens: req.max_output_tokens,
@@ -222,10 +222,7 @@ pub async fn create(
         parallel_tool_calls: req.parallel_tool_calls,
         requested: translate::text_grammar(req.text.as_ref())?,
         chat_template_kwargs,
-        n,
-        max_tokens: req.max_output_tokens,
-        sampling,
-        stop,
+        request,
         names: NAMES,
     };
     let id = crate::ids::random_id("resp", '_');
