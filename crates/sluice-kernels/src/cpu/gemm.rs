@@ -8,15 +8,16 @@
 //! and 6 broadcasts feed 24 FMAs. Work is split over column groups, so each thread streams its
 //! own share of the weights once per 6 rows of activations, from L2.
 //!
-//! CPUs with AVX2 and FMA but not AVX-512 run the same panels through 8-lane kernels
-//! ([`avx2`]). The AVX-512 kernels here read the f32 panels and the legacy layouts (Q4_0, Q4_1,
-//! Q8_0); [`avx512`] reads every other layout. All compute every output column as the same
-//! chain of FMAs, so which kernel runs never changes a result.
+//! This file packs the weights and picks the kernels; the microkernels are by instruction set:
+//! [`avx512`] (the f32 panels, the legacy layouts Q4_0, Q4_1 and Q8_0 on their own kernel, and
+//! every other layout), and [`avx2`], 8-lane kernels that run the same panels on CPUs with AVX2
+//! and FMA but not AVX-512. All compute every output column as the same chain of FMAs, so
+//! which kernel runs never changes a result.
 
 use rayon::prelude::*;
 
 use crate::disjoint::DisjointSlice;
-use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as QBLOCK, PANEL_COLUMNS as PANEL};
+use crate::quant_format::{QuantFormat, PANEL_COLUMNS as PANEL};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -146,6 +147,21 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Where one register tile reads its activations and writes its outputs: what the
+/// microkernels of every instruction set ([`avx2`], [`avx512`]) are handed.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Tile {
+    /// Row 0 of the tile's activations; row `r` starts at `x + r * k`.
+    pub x: *const f32,
+    pub k: usize,
+    /// Output of row 0, first column of the tile; row `r` at `out + r * ldo`.
+    pub out: *mut f32,
+    pub ldo: usize,
+    /// Columns of the tile that exist (the rest is padding of the last panel).
+    pub valid: usize,
+}
+
 /// Calls the microkernel specialised for `rows` (1..=MR) and `count` panels (4, 2 or 1; a
 /// group cut short at the matrix edge goes one panel at a time).
 macro_rules! tiles {
@@ -157,7 +173,7 @@ macro_rules! tiles {
               ($mr, 1) => $module::$kernel::<$mr, 1, $fmt>(&$t, $w, $stride),)*
             (_, c) => {
                 for p in 0..c {
-                    let t = x86::Tile {
+                    let t = Tile {
                         out: $t.out.add(p * PANEL),
                         valid: $t.valid.saturating_sub(p * PANEL).min(PANEL),
                         ..$t
@@ -177,7 +193,7 @@ macro_rules! tiles {
               ($mr, 1) => $module::$kernel::<$mr, 1>(&$t, $w, $stride),)*
             (_, c) => {
                 for p in 0..c {
-                    let t = x86::Tile {
+                    let t = Tile {
                         out: $t.out.add(p * PANEL),
                         valid: $t.valid.saturating_sub(p * PANEL).min(PANEL),
                         ..$t
@@ -572,7 +588,7 @@ impl PackedMatrix {
             let col = first * PANEL;
             let valid = (self.n - col).min(count * PANEL);
             // The tile of this task's columns from activation row `row`.
-            let tile_at = |row: usize| x86::Tile {
+            let tile_at = |row: usize| Tile {
                 x: x.as_ptr().add(row * self.k),
                 k: self.k,
                 out: out.as_mut_ptr().add(row * ldo + col0 + col),
@@ -618,12 +634,12 @@ impl PackedMatrix {
                         while row < m {
                             let rows = MR.min(m - row);
                             let t = tile_at(row);
-                            let t = x86::Tile {
+                            let t = Tile {
                                 out: t.out.add(pass * PANEL),
                                 valid: t.valid.saturating_sub(pass * PANEL),
                                 ..t
                             };
-                            tiles!(t, rows, panels, stride, w, x86::tile, [1 2 3 4 5 6]);
+                            tiles!(t, rows, panels, stride, w, avx512::tile, [1 2 3 4 5 6]);
                             row += rows;
                         }
                     }
@@ -636,7 +652,7 @@ impl PackedMatrix {
                 match &self.panels {
                     Panels::F32(p) => {
                         let w = p.as_ptr().add(first * self.k * PANEL);
-                        tiles!(t, rows, count, self.k * PANEL, w, x86::tile, [1 2 3 4 5 6]);
+                        tiles!(t, rows, count, self.k * PANEL, w, avx512::tile, [1 2 3 4 5 6]);
                     }
                     Panels::Quant {
                         format,
@@ -647,19 +663,19 @@ impl PackedMatrix {
                         let stride = *panel_bytes;
                         // The legacy layouts on their own kernel, the others by their layout.
                         macro_rules! quant {
-                            ($module:ident, $id:ident) => {
-                                tiles!(t, rows, count, stride, w, $module::qtile::<{ QuantFormat::$id }>, [1 2 3 4 5 6])
+                            ($kernel:ident, $id:ident) => {
+                                tiles!(t, rows, count, stride, w, avx512::$kernel::<{ QuantFormat::$id }>, [1 2 3 4 5 6])
                             };
                         }
                         match *format {
-                            QuantFormat::Q4_0 => quant!(x86, Q4_0_ID),
-                            QuantFormat::Q4_1 => quant!(x86, Q4_1_ID),
-                            QuantFormat::Q8_0 => quant!(x86, Q8_0_ID),
-                            QuantFormat::Q5_0 => quant!(avx512, Q5_0_ID),
-                            QuantFormat::Q5_1 => quant!(avx512, Q5_1_ID),
-                            QuantFormat::Q4K => quant!(avx512, Q4K_ID),
-                            QuantFormat::Q5K => quant!(avx512, Q5K_ID),
-                            QuantFormat::Q6K => quant!(avx512, Q6K_ID),
+                            QuantFormat::Q4_0 => quant!(legacy_qtile, Q4_0_ID),
+                            QuantFormat::Q4_1 => quant!(legacy_qtile, Q4_1_ID),
+                            QuantFormat::Q8_0 => quant!(legacy_qtile, Q8_0_ID),
+                            QuantFormat::Q5_0 => quant!(qtile, Q5_0_ID),
+                            QuantFormat::Q5_1 => quant!(qtile, Q5_1_ID),
+                            QuantFormat::Q4K => quant!(qtile, Q4K_ID),
+                            QuantFormat::Q5K => quant!(qtile, Q5K_ID),
+                            QuantFormat::Q6K => quant!(qtile, Q6K_ID),
                         }
                     }
                 }
@@ -685,7 +701,7 @@ impl PackedMatrix {
         ldo: usize,
         col0: usize,
     ) {
-        type Kernel = unsafe fn(&x86::Tile, *const u8, usize);
+        type Kernel = unsafe fn(&Tile, *const u8, usize);
         macro_rules! quant {
             ($id:expr, $rows:expr, $nr:expr) => {
                 match ($rows, $nr) {
@@ -706,7 +722,7 @@ impl PackedMatrix {
         /// # Safety
         /// As [`avx2::tile`], with `w` the panels' first float and `stride` in bytes.
         unsafe fn f32_tile<const MR: usize, const NR: usize>(
-            t: &x86::Tile,
+            t: &Tile,
             w: *const u8,
             stride: usize,
         ) {
@@ -761,7 +777,7 @@ impl PackedMatrix {
                         let mut row = 0;
                         while row < m {
                             let rows = MR.min(m - row);
-                            let t = x86::Tile {
+                            let t = Tile {
                                 x: x.as_ptr().add(row * self.k),
                                 k: self.k,
                                 out: out.as_mut_ptr().add(row * ldo + col0 + col),
@@ -794,7 +810,7 @@ impl PackedMatrix {
                         1
                     };
                     let col = p * PANEL;
-                    let t = x86::Tile {
+                    let t = Tile {
                         x: x.as_ptr().add(row * self.k),
                         k: self.k,
                         out: out.as_mut_ptr().add(row * ldo + col0 + col),
@@ -824,172 +840,6 @@ impl PackedMatrix {
         _: usize,
     ) {
         unreachable!("available() is false off x86_64")
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    use super::{QuantFormat, PANEL, QBLOCK};
-
-    /// Where one register tile reads its activations and writes its outputs.
-    #[derive(Clone, Copy)]
-    pub(super) struct Tile {
-        /// Row 0 of the tile's activations; row `r` starts at `x + r * k`.
-        pub x: *const f32,
-        pub k: usize,
-        /// Output of row 0, first column of the tile; row `r` at `out + r * ldo`.
-        pub out: *mut f32,
-        pub ldo: usize,
-        /// Columns of the tile that exist (the rest is padding of the last panel).
-        pub valid: usize,
-    }
-
-    /// # Safety
-    /// The CPU has AVX-512F; `t` addresses MR rows of `t.valid` writable columns (NR panels at
-    /// most).
-    #[inline(always)]
-    pub(super) unsafe fn store<const MR: usize, const NR: usize>(
-        t: &Tile,
-        acc: &[[__m512; NR]; MR],
-    ) {
-        // SAFETY: the caller's promise: every store is inside the tile's rows and valid columns.
-        unsafe {
-            for (r, row) in acc.iter().enumerate() {
-                for (j, a) in row.iter().enumerate() {
-                    let cols = t.valid.saturating_sub(j * PANEL).min(PANEL);
-                    let dst = t.out.add(r * t.ldo + j * PANEL);
-                    if cols == PANEL {
-                        _mm512_storeu_ps(dst, *a);
-                    } else if cols > 0 {
-                        _mm512_mask_storeu_ps(dst, ((1u32 << cols) - 1) as u16, *a);
-                    }
-                }
-            }
-        }
-    }
-
-    /// `out[r][c] = sum_k x[r][k] * panel[c / 16][k][c % 16]` over f32 panels `w`, `stride`
-    /// floats apart: per k, NR panel loads and MR broadcasts feed MR x NR FMAs.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F; `t` addresses MR rows of `t.k` activations and MR rows of
-    /// `t.valid` writable outputs; `w` holds NR panels of `t.k * 16` floats, `stride` floats apart.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile<const MR: usize, const NR: usize>(
-        t: &Tile,
-        w: *const f32,
-        stride: usize,
-    ) {
-        // SAFETY: AVX-512F and every read and write in bounds are the caller's promise.
-        unsafe {
-            let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-            for kk in 0..t.k {
-                let mut wv = [_mm512_setzero_ps(); NR];
-                for (j, v) in wv.iter_mut().enumerate() {
-                    *v = _mm512_loadu_ps(w.add(j * stride + kk * PANEL));
-                }
-                fma_rows(t, kk, &wv, &mut acc);
-            }
-            store(t, &acc);
-        }
-    }
-
-    /// # Safety
-    /// The CPU has AVX-512F; `t.x` holds MR rows of `t.k > kk` activations.
-    #[inline(always)]
-    pub(super) unsafe fn fma_rows<const MR: usize, const NR: usize>(
-        t: &Tile,
-        kk: usize,
-        wv: &[__m512; NR],
-        acc: &mut [[__m512; NR]; MR],
-    ) {
-        // SAFETY: the caller's promise: the reads are rows of `t.x` below `t.k`.
-        unsafe {
-            for (r, row) in acc.iter_mut().enumerate() {
-                let xb = _mm512_set1_ps(*t.x.add(r * t.k + kk));
-                for (j, a) in row.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(xb, wv[j], *a);
-                }
-            }
-        }
-    }
-
-    /// The same product over quantized panels `stride` bytes apart. Each k-row of 16 weights
-    /// is dequantized as candle does it (one multiply, then one add for Q4_1) and fed to the
-    /// same FMA sequence as [`tile`], so the outputs are identical to the f32 panels'.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F, BW and F16C; `t` addresses MR rows of `t.k` activations (a multiple
-    /// of 32) and MR rows of `t.valid` writable outputs; `w` holds NR quantized panels of `FMT`,
-    /// `stride` bytes apart, each covering `t.k`.
-    #[target_feature(enable = "avx512f,avx512bw,f16c")]
-    pub(super) unsafe fn qtile<const MR: usize, const NR: usize, const FMT: u8>(
-        t: &Tile,
-        w: *const u8,
-        stride: usize,
-    ) {
-        // SAFETY: the CPU features and the bounds of every load and store are the caller's promise.
-        unsafe {
-            let block = super::panel_block_bytes(FMT);
-            let quants_at = if FMT == QuantFormat::Q4_1_ID { 64 } else { 32 };
-            let low = _mm_set1_epi8(0x0F);
-            let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-            for kb in 0..t.k / QBLOCK {
-                let mut d = [_mm512_setzero_ps(); NR];
-                let mut m = [_mm512_setzero_ps(); NR];
-                for j in 0..NR {
-                    let blk = w.add(j * stride + kb * block);
-                    d[j] = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
-                    if FMT == QuantFormat::Q4_1_ID {
-                        m[j] = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
-                    }
-                }
-                let k0 = kb * QBLOCK;
-                if FMT == QuantFormat::Q8_0_ID {
-                    for kk in 0..QBLOCK {
-                        let mut wv = [_mm512_setzero_ps(); NR];
-                        for j in 0..NR {
-                            let q = _mm_loadu_si128(
-                                w.add(j * stride + kb * block + quants_at + kk * PANEL)
-                                    as *const __m128i,
-                            );
-                            wv[j] =
-                                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d[j]);
-                        }
-                        fma_rows(t, k0 + kk, &wv, &mut acc);
-                    }
-                } else {
-                    for pair in 0..QBLOCK / 2 {
-                        let mut even = [_mm512_setzero_ps(); NR];
-                        let mut odd = [_mm512_setzero_ps(); NR];
-                        for j in 0..NR {
-                            let q = _mm_loadu_si128(
-                                w.add(j * stride + kb * block + quants_at + pair * PANEL)
-                                    as *const __m128i,
-                            );
-                            let mut lo = _mm512_cvtepu8_epi32(_mm_and_si128(q, low));
-                            let mut hi =
-                                _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), low));
-                            if FMT == QuantFormat::Q4_0_ID {
-                                lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(8));
-                                hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(8));
-                            }
-                            even[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d[j]);
-                            odd[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d[j]);
-                            if FMT == QuantFormat::Q4_1_ID {
-                                even[j] = _mm512_add_ps(even[j], m[j]);
-                                odd[j] = _mm512_add_ps(odd[j], m[j]);
-                            }
-                        }
-                        fma_rows(t, k0 + 2 * pair, &even, &mut acc);
-                        fma_rows(t, k0 + 2 * pair + 1, &odd, &mut acc);
-                    }
-                }
-            }
-            store(t, &acc);
-        }
     }
 }
 
