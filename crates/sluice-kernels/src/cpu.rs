@@ -5,10 +5,10 @@
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod dequant_avx512;
 pub mod gemm;
 pub mod int8_matmul;
-#[cfg(target_arch = "x86_64")]
-mod panel_avx512;
 pub mod rows;
 mod simd;
 pub mod swiglu;
@@ -27,7 +27,7 @@ pub enum KernelTier {
     /// attention's 16-lane kernel (whose lanes compute as the AVX2 kernel's do).
     Avx512,
     /// AVX-512 VNNI (and VL): the int8 dots by `vpdpbusd`, the legacy formats' and the K-quants'
-    /// (`int8_matmul/avx512_panel.rs`).
+    /// (`int8_matmul/legacy_panel.rs`, `int8_matmul/kquant_vnni.rs`).
     Avx512Vnni,
     /// AMX tiles (where a weight kind asks for them).
     Amx,

@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::Tile;
-use crate::cpu::panel_avx512::{f16x16, i8x16, sub_scales, weight};
+use crate::cpu::dequant_avx512::{f16x16, i8x16, sub_scales, weight};
 use crate::quant_format::{MinKind, QuantFormat, BLOCK_WEIGHTS as QBLOCK, PANEL_COLUMNS as PANEL};
 
 /// # Safety
