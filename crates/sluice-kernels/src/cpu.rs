@@ -1,6 +1,16 @@
 //! Kernels for the CPU. Each checks at run time that the CPU has the instructions it needs
 //! (`available`/`supports`) and is compiled with `#[target_feature]`, so a portable build still
 //! runs its AVX-512 and AMX paths where the CPU has them.
+//!
+//! Each kernel family is a file with its dispatch and portable code, beside a folder of its
+//! kernels named by instruction set, or by format where that is the split: [`gemm`] (f32 and
+//! quantized weights packed in panels: `gemm/avx2.rs`, `gemm/avx512.rs`), [`int8_matmul`]
+//! (int8 dots against GGUF blocks: `int8_matmul/legacy_panel.rs` the legacy formats on AVX2
+//! and AVX-512 VNNI, `int8_matmul/kquant_avx2.rs` and `int8_matmul/kquant_vnni.rs` the
+//! K-quants), [`amx`] (split-bf16 tiles; the integer and int8 tiles in `amx/integer.rs`,
+//! `amx/int8.rs`) and [`attention`] (`attention/avx2.rs`, `attention/avx512.rs`,
+//! `attention/portable.rs`, and the 8-bit cache in `attention/q8.rs`). `dequant_avx512.rs`
+//! forms f32 weights from quantized panels on AVX-512 for both `gemm` and `amx`.
 
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
