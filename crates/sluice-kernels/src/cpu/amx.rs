@@ -36,7 +36,7 @@ mod integer;
 #[cfg(test)]
 pub(crate) use integer::supports as multiplies_integers;
 
-use crate::cpu::panel_avx512::{f16x16, sub_scales, weight};
+use crate::cpu::dequant_avx512::{f16x16, sub_scales, weight};
 use crate::cpu::{scratch, CacheLine};
 use crate::disjoint::DisjointSlice;
 use crate::quant_format::{MinKind, QuantFormat};

@@ -8,15 +8,16 @@
 //! and 6 broadcasts feed 24 FMAs. Work is split over column groups, so each thread streams its
 //! own share of the weights once per 6 rows of activations, from L2.
 //!
-//! CPUs with AVX2 and FMA but not AVX-512 run the same panels through 8-lane kernels
-//! ([`avx2`]). The AVX-512 kernels here read the f32 panels and the legacy layouts (Q4_0, Q4_1,
-//! Q8_0); [`avx512`] reads every other layout. All compute every output column as the same
-//! chain of FMAs, so which kernel runs never changes a result.
+//! This file packs the weights and picks the kernels; the microkernels are by instruction set:
+//! [`avx512`] (the f32 panels, the legacy layouts Q4_0, Q4_1 and Q8_0 on their own kernel, and
+//! every other layout), and [`avx2`], 8-lane kernels that run the same panels on CPUs with AVX2
+//! and FMA but not AVX-512. All compute every output column as the same chain of FMAs, so
+//! which kernel runs never changes a result.
 
 use rayon::prelude::*;
 
 use crate::disjoint::DisjointSlice;
-use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as QBLOCK, PANEL_COLUMNS as PANEL};
+use crate::quant_format::{QuantFormat, PANEL_COLUMNS as PANEL};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -146,6 +147,21 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Where one register tile reads its activations and writes its outputs: what the
+/// microkernels of every instruction set ([`avx2`], [`avx512`]) are handed.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Tile {
+    /// Row 0 of the tile's activations; row `r` starts at `x + r * k`.
+    pub x: *const f32,
+    pub k: usize,
+    /// Output of row 0, first column of the tile; row `r` at `out + r * ldo`.
+    pub out: *mut f32,
+    pub ldo: usize,
+    /// Columns of the tile that exist (the rest is padding of the last panel).
+    pub valid: usize,
+}
+
 /// Calls the microkernel specialised for `rows` (1..=MR) and `count` panels (4, 2 or 1; a
 /// group cut short at the matrix edge goes one panel at a time).
 macro_rules! tiles {
@@ -157,7 +173,7 @@ macro_rules! tiles {
               ($mr, 1) => $module::$kernel::<$mr, 1, $fmt>(&$t, $w, $stride),)*
             (_, c) => {
                 for p in 0..c {
-                    let t = x86::Tile {
+                    let t = Tile {
                         out: $t.out.add(p * PANEL),
                         valid: $t.valid.saturating_sub(p * PANEL).min(PANEL),
                         ..$t
@@ -177,7 +193,7 @@ macro_rules! tiles {
               ($mr, 1) => $module::$kernel::<$mr, 1>(&$t, $w, $stride),)*
             (_, c) => {
                 for p in 0..c {
-                    let t = x86::Tile {
+                    let t = Tile {
                         out: $t.out.add(p * PANEL),
                         valid: $t.valid.saturating_sub(p * PANEL).min(PANEL),
                         ..$t
@@ -572,7 +588,7 @@ impl PackedMatrix {
             let col = first * PANEL;
             let valid = (self.n - col).min(count * PANEL);
             // The tile of this task's columns from activation row `row`.
-            let tile_at = |row: usize| x86::Tile {
+            let tile_at = |row: usize| Tile {
                 x: x.as_ptr().add(row * self.k),
                 k: self.k,
                 out: out.as_mut_ptr().add(row * ldo + col0 + col),
@@ -618,12 +634,12 @@ impl PackedMatrix {
                         while row < m {
                             let rows = MR.min(m - row);
                             let t = tile_at(row);
-                            let t = x86::Tile {
+                            let t = Tile {
                                 out: t.out.add(pass * PANEL),
                                 valid: t.valid.saturating_sub(pass * PANEL),
                                 ..t
                             };
-                            tiles!(t, rows, panels, stride, w, x86::tile, [1 2 3 4 5 6]);
+                            tiles!(t, rows, panels, stride, w, avx512::tile, [1 2 3 4 5 6]);
                             row += rows;
                         }
                     }
@@ -636,7 +652,7 @@ impl PackedMatrix {
                 match &self.panels {
                     Panels::F32(p) => {
                         let w = p.as_ptr().add(first * self.k * PANEL);
-                        tiles!(t, rows, count, self.k * PANEL, w, x86::tile, [1 2 3 4 5 6]);
+                        tiles!(t, rows, count, self.k * PANEL, w, avx512::tile, [1 2 3 4 5 6]);
                     }
                     Panels::Quant {
                         format,
@@ -647,19 +663,19 @@ impl PackedMatrix {
                         let stride = *panel_bytes;
                         // The legacy layouts on their own kernel, the others by their layout.
                         macro_rules! quant {
-                            ($module:ident, $id:ident) => {
-                                tiles!(t, rows, count, stride, w, $module::qtile::<{ QuantFormat::$id }>, [1 2 3 4 5 6])
+                            ($kernel:ident, $id:ident) => {
+                                tiles!(t, rows, count, stride, w, avx512::$kernel::<{ QuantFormat::$id }>, [1 2 3 4 5 6])
                             };
                         }
                         match *format {
-                            QuantFormat::Q4_0 => quant!(x86, Q4_0_ID),
-                            QuantFormat::Q4_1 => quant!(x86, Q4_1_ID),
-                            QuantFormat::Q8_0 => quant!(x86, Q8_0_ID),
-                            QuantFormat::Q5_0 => quant!(avx512, Q5_0_ID),
-                            QuantFormat::Q5_1 => quant!(avx512, Q5_1_ID),
-                            QuantFormat::Q4K => quant!(avx512, Q4K_ID),
-                            QuantFormat::Q5K => quant!(avx512, Q5K_ID),
-                            QuantFormat::Q6K => quant!(avx512, Q6K_ID),
+                            QuantFormat::Q4_0 => quant!(legacy_qtile, Q4_0_ID),
+                            QuantFormat::Q4_1 => quant!(legacy_qtile, Q4_1_ID),
+                            QuantFormat::Q8_0 => quant!(legacy_qtile, Q8_0_ID),
+                            QuantFormat::Q5_0 => quant!(qtile, Q5_0_ID),
+                            QuantFormat::Q5_1 => quant!(qtile, Q5_1_ID),
+                            QuantFormat::Q4K => quant!(qtile, Q4K_ID),
+                            QuantFormat::Q5K => quant!(qtile, Q5K_ID),
+                            QuantFormat::Q6K => quant!(qtile, Q6K_ID),
                         }
                     }
                 }
@@ -685,7 +701,7 @@ impl PackedMatrix {
         ldo: usize,
         col0: usize,
     ) {
-        type Kernel = unsafe fn(&x86::Tile, *const u8, usize);
+        type Kernel = unsafe fn(&Tile, *const u8, usize);
         macro_rules! quant {
             ($id:expr, $rows:expr, $nr:expr) => {
                 match ($rows, $nr) {
@@ -706,7 +722,7 @@ impl PackedMatrix {
         /// # Safety
         /// As [`avx2::tile`], with `w` the panels' first float and `stride` in bytes.
         unsafe fn f32_tile<const MR: usize, const NR: usize>(
-            t: &x86::Tile,
+            t: &Tile,
             w: *const u8,
             stride: usize,
         ) {
@@ -761,7 +777,7 @@ impl PackedMatrix {
                         let mut row = 0;
                         while row < m {
                             let rows = MR.min(m - row);
-                            let t = x86::Tile {
+                            let t = Tile {
                                 x: x.as_ptr().add(row * self.k),
                                 k: self.k,
                                 out: out.as_mut_ptr().add(row * ldo + col0 + col),
@@ -794,7 +810,7 @@ impl PackedMatrix {
                         1
                     };
                     let col = p * PANEL;
-                    let t = x86::Tile {
+                    let t = Tile {
                         x: x.as_ptr().add(row * self.k),
                         k: self.k,
                         out: out.as_mut_ptr().add(row * ldo + col0 + col),
@@ -827,726 +843,5 @@ impl PackedMatrix {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    use super::{QuantFormat, PANEL, QBLOCK};
-
-    /// Where one register tile reads its activations and writes its outputs.
-    #[derive(Clone, Copy)]
-    pub(super) struct Tile {
-        /// Row 0 of the tile's activations; row `r` starts at `x + r * k`.
-        pub x: *const f32,
-        pub k: usize,
-        /// Output of row 0, first column of the tile; row `r` at `out + r * ldo`.
-        pub out: *mut f32,
-        pub ldo: usize,
-        /// Columns of the tile that exist (the rest is padding of the last panel).
-        pub valid: usize,
-    }
-
-    /// # Safety
-    /// The CPU has AVX-512F; `t` addresses MR rows of `t.valid` writable columns (NR panels at
-    /// most).
-    #[inline(always)]
-    pub(super) unsafe fn store<const MR: usize, const NR: usize>(
-        t: &Tile,
-        acc: &[[__m512; NR]; MR],
-    ) {
-        // SAFETY: the caller's promise: every store is inside the tile's rows and valid columns.
-        unsafe {
-            for (r, row) in acc.iter().enumerate() {
-                for (j, a) in row.iter().enumerate() {
-                    let cols = t.valid.saturating_sub(j * PANEL).min(PANEL);
-                    let dst = t.out.add(r * t.ldo + j * PANEL);
-                    if cols == PANEL {
-                        _mm512_storeu_ps(dst, *a);
-                    } else if cols > 0 {
-                        _mm512_mask_storeu_ps(dst, ((1u32 << cols) - 1) as u16, *a);
-                    }
-                }
-            }
-        }
-    }
-
-    /// `out[r][c] = sum_k x[r][k] * panel[c / 16][k][c % 16]` over f32 panels `w`, `stride`
-    /// floats apart: per k, NR panel loads and MR broadcasts feed MR x NR FMAs.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F; `t` addresses MR rows of `t.k` activations and MR rows of
-    /// `t.valid` writable outputs; `w` holds NR panels of `t.k * 16` floats, `stride` floats apart.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile<const MR: usize, const NR: usize>(
-        t: &Tile,
-        w: *const f32,
-        stride: usize,
-    ) {
-        // SAFETY: AVX-512F and every read and write in bounds are the caller's promise.
-        unsafe {
-            let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-            for kk in 0..t.k {
-                let mut wv = [_mm512_setzero_ps(); NR];
-                for (j, v) in wv.iter_mut().enumerate() {
-                    *v = _mm512_loadu_ps(w.add(j * stride + kk * PANEL));
-                }
-                fma_rows(t, kk, &wv, &mut acc);
-            }
-            store(t, &acc);
-        }
-    }
-
-    /// # Safety
-    /// The CPU has AVX-512F; `t.x` holds MR rows of `t.k > kk` activations.
-    #[inline(always)]
-    pub(super) unsafe fn fma_rows<const MR: usize, const NR: usize>(
-        t: &Tile,
-        kk: usize,
-        wv: &[__m512; NR],
-        acc: &mut [[__m512; NR]; MR],
-    ) {
-        // SAFETY: the caller's promise: the reads are rows of `t.x` below `t.k`.
-        unsafe {
-            for (r, row) in acc.iter_mut().enumerate() {
-                let xb = _mm512_set1_ps(*t.x.add(r * t.k + kk));
-                for (j, a) in row.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(xb, wv[j], *a);
-                }
-            }
-        }
-    }
-
-    /// The same product over quantized panels `stride` bytes apart. Each k-row of 16 weights
-    /// is dequantized as candle does it (one multiply, then one add for Q4_1) and fed to the
-    /// same FMA sequence as [`tile`], so the outputs are identical to the f32 panels'.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F, BW and F16C; `t` addresses MR rows of `t.k` activations (a multiple
-    /// of 32) and MR rows of `t.valid` writable outputs; `w` holds NR quantized panels of `FMT`,
-    /// `stride` bytes apart, each covering `t.k`.
-    #[target_feature(enable = "avx512f,avx512bw,f16c")]
-    pub(super) unsafe fn qtile<const MR: usize, const NR: usize, const FMT: u8>(
-        t: &Tile,
-        w: *const u8,
-        stride: usize,
-    ) {
-        // SAFETY: the CPU features and the bounds of every load and store are the caller's promise.
-        unsafe {
-            let block = super::panel_block_bytes(FMT);
-            let quants_at = if FMT == QuantFormat::Q4_1_ID { 64 } else { 32 };
-            let low = _mm_set1_epi8(0x0F);
-            let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-            for kb in 0..t.k / QBLOCK {
-                let mut d = [_mm512_setzero_ps(); NR];
-                let mut m = [_mm512_setzero_ps(); NR];
-                for j in 0..NR {
-                    let blk = w.add(j * stride + kb * block);
-                    d[j] = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
-                    if FMT == QuantFormat::Q4_1_ID {
-                        m[j] = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i));
-                    }
-                }
-                let k0 = kb * QBLOCK;
-                if FMT == QuantFormat::Q8_0_ID {
-                    for kk in 0..QBLOCK {
-                        let mut wv = [_mm512_setzero_ps(); NR];
-                        for j in 0..NR {
-                            let q = _mm_loadu_si128(
-                                w.add(j * stride + kb * block + quants_at + kk * PANEL)
-                                    as *const __m128i,
-                            );
-                            wv[j] =
-                                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d[j]);
-                        }
-                        fma_rows(t, k0 + kk, &wv, &mut acc);
-                    }
-                } else {
-                    for pair in 0..QBLOCK / 2 {
-                        let mut even = [_mm512_setzero_ps(); NR];
-                        let mut odd = [_mm512_setzero_ps(); NR];
-                        for j in 0..NR {
-                            let q = _mm_loadu_si128(
-                                w.add(j * stride + kb * block + quants_at + pair * PANEL)
-                                    as *const __m128i,
-                            );
-                            let mut lo = _mm512_cvtepu8_epi32(_mm_and_si128(q, low));
-                            let mut hi =
-                                _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), low));
-                            if FMT == QuantFormat::Q4_0_ID {
-                                lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(8));
-                                hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(8));
-                            }
-                            even[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d[j]);
-                            odd[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d[j]);
-                            if FMT == QuantFormat::Q4_1_ID {
-                                even[j] = _mm512_add_ps(even[j], m[j]);
-                                odd[j] = _mm512_add_ps(odd[j], m[j]);
-                            }
-                        }
-                        fma_rows(t, k0 + 2 * pair, &even, &mut acc);
-                        fma_rows(t, k0 + 2 * pair + 1, &odd, &mut acc);
-                    }
-                }
-            }
-            store(t, &acc);
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testing::{quantized_matrix, random_values};
-
-    fn amx_available() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        return crate::cpu::amx::available();
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    }
-
-    // The AMX path of `PackedMatrix::matmul`.
-    /// `|got - want| <= 1e-4 * sum_k |x w|`: three split products leave about 3 * 2^-18 of
-    /// each product's magnitude.
-    fn assert_close(got: &[f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usize, what: &str) {
-        for r in 0..m {
-            for c in 0..n {
-                let xr = &x[r * k..][..k];
-                let wc = &w[c * k..][..k];
-                let want: f64 = xr.iter().zip(wc).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let scale: f64 = xr.iter().zip(wc).map(|(&a, &b)| (a * b).abs() as f64).sum();
-                let err = (got[r * n + c] as f64 - want).abs();
-                assert!(
-                    err <= 1e-4 * scale + 1e-30,
-                    "{what} m{m} n{n} k{k} [{r},{c}]: {} vs {want} (scale {scale})",
-                    got[r * n + c]
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn columns_read_back_until_amx_frees_the_panels() {
-        let (n, k) = (40, 64);
-        let w = random_values(n * k, 3);
-        let mut m = PackedMatrix::pack(&w, n, k);
-        assert!(m.holds_panels());
-        let mut column = vec![f32::NAN; k];
-        m.dequantize_column(37, &mut column);
-        assert_eq!(column, w[37 * k..][..k]);
-        // Where the CPU has AMX the f32 panels are freed and no column can be read back.
-        let tiles_only = m.use_amx_only();
-        assert_eq!(m.holds_panels(), !tiles_only);
-    }
-
-    #[test]
-    fn split_bf16_tiles_match_f64_products() {
-        if !amx_available() {
-            eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
-            return;
-        }
-        // Edges: rows past a 32-row block and past a 16 MiB chunk (512 rows of 8192), columns
-        // past a 32-column group and past the last panel.
-        for &(m, n, k) in &[
-            (1usize, 40usize, 64usize),
-            (33, 70, 96),
-            (64, 960, 576),
-            (200, 33, 1536),
-            (550, 20, 8192),
-            // Tasks of several column groups (the last one short) over several passes of k.
-            (33, 1000, 576),
-            (31, 16, 32),
-        ] {
-            let w = random_values(n * k, 11);
-            let x = random_values(m * k, 12);
-            let mut packed = PackedMatrix::pack(&w, n, k);
-            assert!(packed.use_amx_from(1));
-            let mut out = vec![f32::NAN; m * n];
-            packed.matmul(&x, m, &mut out);
-            assert_close(&out, &x, &w, m, n, k, "f32 panels");
-        }
-    }
-
-    #[test]
-    fn quantized_panels_on_tiles_match_their_dequantized_values() {
-        if !amx_available() {
-            eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
-            return;
-        }
-        // The legacy layouts are dequantized in the tile kernel by code of their own, the
-        // others (k a multiple of their 256-weight super-blocks) through their panel layout.
-        for format in QuantFormat::ALL {
-            let shapes: &[(usize, usize, usize)] = if format.is_legacy_layout() {
-                &[(40, 72, 576), (64, 16, 64), (40, 520, 576)]
-            } else {
-                &[(40, 72, 768), (64, 16, 256), (40, 520, 512)]
-            };
-            for &(m, n, k) in shapes {
-                let (q, dense) = quantized_matrix(n, k, format, 5);
-                let x = random_values(m * k, 6);
-                // Tiled at load (split), and dequantized at every call: split as at load, or
-                // as their integers with each 32-k block's product scaled (steps of up to 64
-                // rows of the formats `multiplies_integers` takes).
-                let mut tiled = PackedMatrix::pack_quantized(format, &q, n, k).unwrap();
-                assert!(tiled.use_amx_from(1));
-                let mut per_call = PackedMatrix::pack_quantized(format, &q, n, k).unwrap();
-                assert!(per_call.use_amx_dequantizing_from(1));
-                let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
-                tiled.matmul(&x, m, &mut a);
-                per_call.matmul(&x, m, &mut b);
-                assert_close(&a, &x, &dense, m, n, k, &format!("{format:?} tiled"));
-                assert_close(&b, &x, &dense, m, n, k, &format!("{format:?} per call"));
-                if !crate::cpu::amx::multiplies_integers(format) {
-                    assert!(
-                        a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
-                        "{format:?}: tiles made per call differ from tiles made at load"
-                    );
-                }
-                // The weights are formed exactly (as the reference dequantizer forms them), so
-                // the tiles equal those of the dequantized f32 matrix and so do the products.
-                let mut f32_tiles = PackedMatrix::pack(&dense, n, k);
-                assert!(f32_tiles.use_amx_from(1));
-                let mut c = vec![f32::NAN; m * n];
-                f32_tiles.matmul(&x, m, &mut c);
-                assert!(
-                    a.iter().zip(&c).all(|(p, q)| p.to_bits() == q.to_bits()),
-                    "{format:?}: quantized tiles differ from the tiles of their f32 weights"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn integer_tiles_of_decode_steps_match_and_keep_rows_apart() {
-        if !amx_available() {
-            eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
-            return;
-        }
-        // Steps of up to 64 rows multiply the integers of the formats scaled per 32 k and
-        // scale each block's product. k = 2304 and 2560: the minimums' product takes three
-        // steps of 32 blocks; 1540 columns: tasks of 8 groups, whose 80 steps take two
-        // passes, and a last panel cut short.
-        for format in QuantFormat::ALL
-            .into_iter()
-            .filter(|&f| crate::cpu::amx::multiplies_integers(f))
-        {
-            for (n, k) in [(40usize, 2304usize), (1540, 2560)] {
-                let (q, dense) = quantized_matrix(n, k, format, 7);
-                let mut packed = PackedMatrix::pack_quantized(format, &q, n, k).unwrap();
-                assert!(packed.use_amx_dequantizing_from(1));
-                let m = 64;
-                let x = random_values(m * k, 8);
-                let mut batch = vec![f32::NAN; m * n];
-                packed.matmul(&x, m, &mut batch);
-                let mut worst = 0f64;
-                for r in 0..m {
-                    for c in 0..n {
-                        let (xr, wc) = (&x[r * k..][..k], &dense[c * k..][..k]);
-                        let want: f64 = xr.iter().zip(wc).map(|(&a, &b)| a as f64 * b as f64).sum();
-                        let scale: f64 = xr
-                            .iter()
-                            .zip(wc)
-                            .map(|(&a, &b)| (a as f64 * b as f64).abs())
-                            .sum();
-                        worst = worst.max((batch[r * n + c] as f64 - want).abs() / scale);
-                    }
-                }
-                eprintln!("{format:?} n{n} k{k}: worst error {worst:e} of sum |x w|");
-                // x carried to about 2^-17 and q exact: below the split products' 2^-16
-                // (1.5e-5); about 1e-6 measured.
-                assert!(
-                    worst < 4e-6,
-                    "{format:?} n{n} k{k}: error {worst:e} of sum |x w|"
-                );
-                assert_rows_alone_equal(&packed, &x, &batch, &[0, 17, 63], &format!("{format:?}"));
-            }
-        }
-    }
-
-    /// The int8 tiles compute what they promise: each super-block's integer product of the
-    /// activations' int8 rounding by `sc * q` is exact and scaled by `xd * d`, the minimums
-    /// take the exact activations. Checked against that arithmetic in f64 (the activations
-    /// rounded as the kernel rounds them), over row counts that pad a tile (17), fill blocks
-    /// (64) and take more than two blocks (100, passes of one super-block), k of 9 super-blocks
-    /// (the minimums' product in three steps) and a last column group cut short.
-    #[test]
-    fn int8_tiles_compute_the_quantized_arithmetic_and_keep_rows_apart() {
-        #[cfg(target_arch = "x86_64")]
-        if !crate::cpu::amx::int8_supports(QuantFormat::Q4K) {
-            eprintln!("skipped: no AMX-INT8 on this CPU, the int8 tile kernel is never used here");
-            return;
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        return;
-        for format in [QuantFormat::Q4K, QuantFormat::Q5K, QuantFormat::Q6K] {
-            let (n, k) = (200, 2304);
-            let (q, dense) = quantized_matrix(n, k, format, 11);
-            // Each weight as `d * w'` plus its minimum's part, from the GGUF blocks.
-            let (mut scaled, mut minimum) = (vec![0f64; n * k], vec![0f64; n * k]);
-            let row_bytes = k / 256 * format.block_bytes();
-            for c in 0..n {
-                let blocks = q[c * row_bytes..][..row_bytes].chunks_exact(format.block_bytes());
-                for (b, blk) in blocks.enumerate() {
-                    let dec = format.decode(blk);
-                    let d = half::f16::from_bits(dec.d).to_f64();
-                    let dmin = half::f16::from_bits(dec.m).to_f64();
-                    for i in 0..256 {
-                        let at = c * k + b * 256 + i;
-                        let qi = dec.q[i] as f64;
-                        if format == QuantFormat::Q6K {
-                            scaled[at] = d * dec.sc[i / 16] as f64 * qi;
-                        } else {
-                            scaled[at] = d * dec.sc[i / 32] as u8 as f64 * qi;
-                            minimum[at] = -dmin * dec.mn[i / 32] as u8 as f64;
-                        }
-                        let w = scaled[at] + minimum[at];
-                        assert!((w - dense[at] as f64).abs() <= 1e-6 * (1.0 + w.abs()));
-                    }
-                }
-            }
-            let mut packed = PackedMatrix::pack_quantized(format, &q, n, k).unwrap();
-            assert!(packed.use_amx_dequantizing_from(1) && packed.use_amx_int8(1));
-            for m in [17, 64, 100] {
-                let x = random_values(m * k, 12 + m as u64);
-                let mut got = vec![f32::NAN; m * n];
-                packed.matmul(&x, m, &mut got);
-                let mut worst = 0f64;
-                for r in 0..m {
-                    let xr = &x[r * k..][..k];
-                    // The kernel's rounding: f32 `d = max / 127`, `x * (1 / d)` to nearest even.
-                    let xq: Vec<(f64, f64)> = xr
-                        .chunks_exact(256)
-                        .flat_map(|sb| {
-                            let d = sb.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
-                            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-                            sb.iter()
-                                .map(move |v| (d as f64, (v * inv).round_ties_even() as f64))
-                        })
-                        .collect();
-                    for c in 0..n {
-                        let (mut want, mut size) = (0f64, 0f64);
-                        for i in 0..k {
-                            let (e, o) = (scaled[c * k + i], minimum[c * k + i]);
-                            let (xd, xq) = xq[i];
-                            want += xd * xq * e + xr[i] as f64 * o;
-                            size += (xr[i] as f64).abs() * (e.abs() + o.abs());
-                        }
-                        worst = worst.max((got[r * n + c] as f64 - want).abs() / size);
-                    }
-                }
-                eprintln!("{format:?} m{m}: worst error {worst:e} of sum |x| (|d w'| + |min|)");
-                // Integer sums exact; f32 scaling and sums (2^-24 a step) and the minimums'
-                // split product (2^-16) remain.
-                assert!(worst < 4e-6, "{format:?} m{m}: error {worst:e}");
-                assert_rows_alone_equal(&packed, &x, &got, &[0, 16, m - 1], &format!("{format:?}"));
-            }
-        }
-    }
-
-    /// Products started from jobs of the pool, as when two threads each run a step on it: a
-    /// worker waiting inside one product runs another job, and so another product, on the same
-    /// thread. Each gets its own buffers (before, the second borrowed the first's twice and
-    /// panicked) and its own result.
-    #[test]
-    fn products_nested_in_the_pool_keep_their_buffers_apart() {
-        if !amx_available() {
-            eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
-            return;
-        }
-        let (n, k) = (200, 512);
-        let (q, _) = quantized_matrix(n, k, QuantFormat::Q4K, 3);
-        let mut split = PackedMatrix::pack_quantized(QuantFormat::Q4K, &q, n, k).unwrap();
-        assert!(split.use_amx_dequantizing_from(1));
-        let mut int8 = PackedMatrix::pack_quantized(QuantFormat::Q4K, &q, n, k).unwrap();
-        assert!(int8.use_amx_dequantizing_from(1));
-        let int8 = int8.use_amx_int8(1).then_some(int8);
-        for packed in std::iter::once(&split).chain(&int8) {
-            // Different row counts, so a mixed-up buffer shows.
-            let xs: Vec<(usize, Vec<f32>)> = (0..4)
-                .map(|i| {
-                    let m = 16 + 7 * i;
-                    (m, random_values(m * k, 40 + i as u64))
-                })
-                .collect();
-            let want: Vec<Vec<f32>> = xs
-                .iter()
-                .map(|(m, x)| {
-                    let mut out = vec![f32::NAN; m * n];
-                    packed.matmul(x, *m, &mut out);
-                    out
-                })
-                .collect();
-            // Each thread enters the pool as a step does (the product runs on a worker); a
-            // worker waiting inside one product picks up another thread's entry. Whether it does
-            // is up to the scheduling: many rounds.
-            std::thread::scope(|threads| {
-                for ((m, x), want) in xs.iter().zip(&want) {
-                    threads.spawn(move || {
-                        for _ in 0..50 {
-                            let mut out = vec![f32::NAN; m * n];
-                            rayon::scope(|_| packed.matmul(x, *m, &mut out));
-                            assert!(
-                                out == *want,
-                                "a nested product differs from the same product alone"
-                            );
-                        }
-                    });
-                }
-            });
-        }
-    }
-
-    #[test]
-    fn a_rows_result_does_not_depend_on_the_other_rows() {
-        if !amx_available() {
-            eprintln!("skipped: no AMX-BF16 on this CPU, the tile kernel is never used here");
-            return;
-        }
-        let (n, k) = (96, 576);
-        let w = random_values(n * k, 21);
-        let x = random_values(77 * k, 22);
-        let mut packed = PackedMatrix::pack(&w, n, k);
-        assert!(packed.use_amx_from(1));
-        let mut batch = vec![0f32; 77 * n];
-        packed.matmul(&x, 77, &mut batch);
-        assert_rows_alone_equal(&packed, &x, &batch, &[0, 31, 32, 76], "f32 tiles");
-    }
-
-    /// Each of `rows` multiplied alone gives its row of `batch` (all of `x` multiplied at
-    /// once) bit for bit.
-    fn assert_rows_alone_equal(
-        packed: &PackedMatrix,
-        x: &[f32],
-        batch: &[f32],
-        rows: &[usize],
-        what: &str,
-    ) {
-        let (n, k) = (packed.out_features(), packed.in_features());
-        let m = x.len() / k;
-        for &r in rows {
-            let mut alone = vec![f32::NAN; n];
-            packed.matmul(&x[r * k..][..k], 1, &mut alone);
-            assert!(
-                alone
-                    .iter()
-                    .zip(&batch[r * n..][..n])
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{what}: row {r} differs alone and in a batch of {m}"
-            );
-        }
-    }
-
-    /// Shapes at panel edges (n not a multiple of 16, one panel, several) and block edges (one
-    /// super-block, several), with every row count of the microkernels.
-    fn edge_shapes(format: QuantFormat) -> Vec<(usize, usize, usize)> {
-        let sb = format.block_weights();
-        vec![
-            (1, 40, sb),
-            (2, 16, 2 * sb),
-            (3, 200, 3 * sb),
-            (6, 16, sb),
-            (7, 33, 2 * sb),
-            (13, 70, sb),
-            (40, 48, 2 * sb),
-            // Enough panels for tasks of two and of four (on two threads): the AVX-512 path
-            // dequantizes a task's panels together from 12 rows.
-            (20, 256, 2 * sb),
-            (13, 512, sb),
-        ]
-    }
-
-    #[test]
-    fn quantized_panels_equal_dequantized_f32_panels_bit_for_bit() {
-        if !available() {
-            eprintln!(
-                "skipped: no AVX2/FMA/F16C on this CPU, the packed kernel is never used here"
-            );
-            return;
-        }
-        for format in QuantFormat::ALL {
-            for (m, n, k) in edge_shapes(format) {
-                // Blocks from candle's quantizer, and random bytes in every field.
-                for (seed, (q, dense)) in [
-                    quantized_matrix(n, k, format, 5),
-                    crate::testing::random_blocks(n, k, format, 7),
-                ]
-                .into_iter()
-                .enumerate()
-                {
-                    let f32_panels = PackedMatrix::pack(&dense, n, k);
-                    let q_panels = PackedMatrix::pack_quantized(format, &q, n, k).unwrap();
-                    let x = random_values(m * k, 6);
-                    let (mut a, mut b) = (vec![0f32; m * n], vec![0f32; m * n]);
-                    f32_panels.matmul(&x, m, &mut a);
-                    q_panels.matmul(&x, m, &mut b);
-                    assert!(
-                        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "{format:?} m{m} n{n} k{k} input {seed}: not bit-identical"
-                    );
-                    let mut column = vec![0f32; k];
-                    for c in [0, n / 2, n - 1] {
-                        q_panels.dequantize_column(c, &mut column);
-                        assert!(
-                            column
-                                .iter()
-                                .zip(&dense[c * k..][..k])
-                                .all(|(x, y)| x.to_bits() == y.to_bits()),
-                            "{format:?} n{n} k{k} input {seed}: column {c} differs from candle's"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    /// On AVX-512 CPUs every format runs the wide kernels, so the AVX2 ones (what CPUs without
-    /// AVX-512 run) are checked against them here directly: same chain of FMAs, same bits.
-    #[test]
-    #[cfg(target_arch = "x86_64")]
-    fn avx2_kernels_equal_the_avx512_ones_bit_for_bit() {
-        if !avx512() {
-            eprintln!("skipped: no AVX-512 on this CPU, the AVX2 kernels are the only ones here");
-            return;
-        }
-        for format in QuantFormat::ALL {
-            for (m, n, k) in edge_shapes(format) {
-                let (q, _) = crate::testing::random_blocks(n, k, format, 31);
-                let packed = PackedMatrix::pack_quantized(format, &q, n, k).unwrap();
-                let x = random_values(m * k, 32);
-                let mut wide = vec![0f32; m * n];
-                packed.matmul(&x, m, &mut wide);
-                let mut narrow = vec![f32::NAN; m * n];
-                // SAFETY: `available()` above (AVX-512 implies it here); all of `x`, every panel
-                // and all of `narrow` (n columns a row) in one task.
-                unsafe {
-                    packed.columns_avx2(
-                        &x,
-                        m,
-                        0,
-                        n.div_ceil(PANEL),
-                        DisjointSlice::new(&mut narrow),
-                        n,
-                        0,
-                    )
-                };
-                assert!(
-                    wide.iter()
-                        .zip(&narrow)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{format:?} m{m} n{n} k{k}: the AVX2 and AVX-512 kernels differ"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn columns_written_into_a_wider_output_equal_a_matrix_of_their_own() {
-        if !available() {
-            eprintln!(
-                "skipped: no AVX2/FMA/F16C on this CPU, the packed kernel is never used here"
-            );
-            return;
-        }
-        // Below AMX's rows, and on AMX tiles (a 32-row block and a partial one; v's columns
-        // start mid-group and end past its last full group).
-        let runs: &[(usize, bool)] = if amx_available() {
-            &[(5, false), (45, true)]
-        } else {
-            &[(5, false)]
-        };
-        let k = 512;
-        let (q, _) = quantized_matrix(40, k, QuantFormat::Q4K, 3);
-        let (v, _) = quantized_matrix(72, k, QuantFormat::Q6K, 4);
-        for &(m, amx) in runs {
-            let mut q = PackedMatrix::pack_quantized(QuantFormat::Q4K, &q, 40, k).unwrap();
-            let mut v = PackedMatrix::pack_quantized(QuantFormat::Q6K, &v, 72, k).unwrap();
-            if amx {
-                assert!(q.use_amx_dequantizing_from(1) && v.use_amx_dequantizing_from(1));
-            }
-            let x = random_values(m * k, 9);
-            let mut fused = vec![f32::NAN; m * 112];
-            q.matmul_into(&x, m, &mut fused, 112, 0);
-            v.matmul_into(&x, m, &mut fused, 112, 40);
-            let (mut a, mut b) = (vec![0f32; m * 40], vec![0f32; m * 72]);
-            q.matmul(&x, m, &mut a);
-            v.matmul(&x, m, &mut b);
-            for r in 0..m {
-                assert_eq!(&fused[r * 112..][..40], &a[r * 40..][..40], "amx {amx}");
-                assert_eq!(
-                    &fused[r * 112 + 40..][..72],
-                    &b[r * 72..][..72],
-                    "amx {amx}"
-                );
-            }
-        }
-    }
-
-    /// A decode step's row and the same row inside a prefill or a large batch must come out
-    /// identical, or a sequence's tokens would depend on what it is batched with.
-    #[test]
-    fn a_rows_result_does_not_depend_on_the_row_count() {
-        if !available() {
-            eprintln!(
-                "skipped: no AVX2/FMA/F16C on this CPU, the packed kernel is never used here"
-            );
-            return;
-        }
-        let (n, k) = (200, 512);
-        let x = random_values(77 * k, 22);
-        let (q, dense) = quantized_matrix(n, k, QuantFormat::Q4K, 23);
-        let matrices = [
-            PackedMatrix::pack(&dense, n, k),
-            PackedMatrix::pack_quantized(QuantFormat::Q4K, &q, n, k).unwrap(),
-        ];
-        for m in &matrices {
-            let mut batch = vec![0f32; 77 * n];
-            m.matmul(&x, 77, &mut batch);
-            for rows in [1, 2, 3, 5, 6, 7, 13] {
-                let mut some = vec![0f32; rows * n];
-                m.matmul(&x[..rows * k], rows, &mut some);
-                assert!(
-                    some.iter()
-                        .zip(&batch)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{:?}: the first {rows} rows differ alone and in a batch of 77",
-                    m.format()
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn packed_product_equals_naive() {
-        if !available() {
-            eprintln!(
-                "skipped: no AVX2/FMA/F16C on this CPU, the packed kernel is never used here"
-            );
-            return;
-        }
-        for &(m, n, k) in &[
-            (1, 16, 8),
-            (7, 40, 33),
-            (13, 200, 64),
-            (64, 960, 576),
-            (3, 1, 5),
-            (6, 48, 17),
-            (19, 80, 129),
-        ] {
-            let w = random_values(n * k, 1);
-            let x = random_values(m * k, 2);
-            let packed = PackedMatrix::pack(&w, n, k);
-            let mut out = vec![f32::NAN; m * n];
-            packed.matmul(&x, m, &mut out);
-            for r in 0..m {
-                for c in 0..n {
-                    let want: f32 = (0..k).map(|i| x[r * k + i] * w[c * k + i]).sum();
-                    let got = out[r * n + c];
-                    assert!(
-                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                        "m{m} n{n} k{k} [{r},{c}]: {got} vs {want}"
-                    );
-                }
-            }
-        }
-    }
-}
+mod tests;

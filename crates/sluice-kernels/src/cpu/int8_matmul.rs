@@ -29,10 +29,10 @@
 //! Paths, picked once per process:
 //! - AVX-512 VNNI: every format repacked at load into panels of 16 weight rows, each
 //!   `vpdpbusd` 4 weights of each of the 16 rows against 4 broadcast activations, so that a
-//!   lane is one output for the whole product (`avx512_panel.rs` the K-quants,
+//!   lane is one output for the whole product (`kquant_vnni.rs` the K-quants,
 //!   `legacy_panel.rs` the legacy formats);
 //! - AVX2: the legacy formats from the same panels, each half of 8 rows by `maddubs` + `madd`
-//!   (`legacy_panel.rs`); the K-quants in their GGUF blocks (`avx2_k.rs`);
+//!   (`legacy_panel.rs`); the K-quants in their GGUF blocks (`kquant_avx2.rs`);
 //! - scalar loops with the same arithmetic, the oracles the SIMD paths are tested against.
 //!   Without AVX2 only the legacy layouts are taken ([`QuantMatrix::new`] declines the rest).
 
@@ -43,9 +43,9 @@ use crate::disjoint::DisjointSlice;
 use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as BLOCK, K_BLOCK_WEIGHTS as SUPER};
 
 #[cfg(target_arch = "x86_64")]
-mod avx2_k;
+mod kquant_avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512_panel;
+mod kquant_vnni;
 #[cfg(target_arch = "x86_64")]
 mod legacy_panel;
 #[cfg(target_arch = "x86_64")]
@@ -61,7 +61,7 @@ pub struct QuantMatrix {
     data: Vec<u8>,
     row_bytes: usize,
     path: Path,
-    /// Where `data` holds [`avx512_panel`]'s panels instead of GGUF rows: the offset of the
+    /// Where `data` holds [`kquant_vnni`]'s panels instead of GGUF rows: the offset of the
     /// first (64-byte aligned).
     panels_at: Option<usize>,
 }
@@ -304,7 +304,7 @@ const ROWS_PER_TASK: usize = 32;
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(ROWS_PER_TASK.is_multiple_of(panels::PANEL_ROWS));
 
-/// A panel module's writer of row `r` of a block (`avx512_panel::put`, `legacy_panel::put`).
+/// A panel module's writer of row `r` of a block (`kquant_vnni::put`, `legacy_panel::put`).
 #[cfg(target_arch = "x86_64")]
 type PanelWriter = fn(QuantFormat, &crate::quant_format::DecodedBlock, usize, &mut [u8]);
 
@@ -313,7 +313,7 @@ type PanelWriter = fn(QuantFormat, &crate::quant_format::DecodedBlock, usize, &m
 #[cfg(target_arch = "x86_64")]
 fn panel_layout(format: QuantFormat) -> (usize, PanelWriter) {
     if format.is_k_quant() {
-        (avx512_panel::block_bytes(format), avx512_panel::put)
+        (kquant_vnni::block_bytes(format), kquant_vnni::put)
     } else {
         (legacy_panel::block_bytes(format), legacy_panel::put)
     }
@@ -327,7 +327,7 @@ const ACT_ROWS: usize = 4;
 #[cfg(target_arch = "x86_64")]
 const MAX_PANEL_ACT_ROWS: usize = 8;
 #[cfg(target_arch = "x86_64")]
-const _: () = assert!(avx512_panel::PANEL_ACT_ROWS <= MAX_PANEL_ACT_ROWS);
+const _: () = assert!(kquant_vnni::PANEL_ACT_ROWS <= MAX_PANEL_ACT_ROWS);
 
 /// As [`ACT_ROWS`] for the K-quants: their activations need no float step per 32, which leaves
 /// registers for more rows, and the unpacking of each 32 weights (a shift, masks and the
@@ -424,7 +424,7 @@ impl QuantMatrix {
     }
 
     /// Whether `path` reads `format` from panels: the legacy formats on AVX2 and AVX-512 VNNI
-    /// ([`legacy_panel`]), the K-quants on AVX-512 VNNI ([`avx512_panel`]).
+    /// ([`legacy_panel`]), the K-quants on AVX-512 VNNI ([`kquant_vnni`]).
     #[cfg(target_arch = "x86_64")]
     fn panelled(format: QuantFormat, path: Path) -> bool {
         match path {
@@ -557,7 +557,7 @@ impl QuantMatrix {
         let bytes = panels::panel_bytes(self.format, self.cols, panel_layout(self.format).0);
         let act_rows = match blocks {
             ActivationBlocks::Of32 => legacy_panel::act_rows(vnni),
-            ActivationBlocks::Of256 => avx512_panel::PANEL_ACT_ROWS,
+            ActivationBlocks::Of256 => kquant_vnni::PANEL_ACT_ROWS,
         };
         let (b32, b256) = (&acts.of32, &acts.of256);
         let legacy = legacy_panel::PanelActs {
@@ -567,7 +567,7 @@ impl QuantMatrix {
             sums: &b32.sums,
             cols: self.cols,
         };
-        let k = avx512_panel::PanelActs {
+        let k = kquant_vnni::PanelActs {
             quants: &b256.quants,
             scales: &b256.scales,
             sums16: &b256.sums16,
@@ -603,7 +603,7 @@ impl QuantMatrix {
                                 dots,
                                 vnni,
                             ),
-                            ActivationBlocks::Of256 => avx512_panel::rows_dot(
+                            ActivationBlocks::Of256 => kquant_vnni::rows_dot(
                                 self.format,
                                 panels,
                                 rows.len(),
@@ -650,7 +650,9 @@ impl QuantMatrix {
                     std::array::from_fn(|i| acts.super_row(first + i.min(n - 1)));
                 // SAFETY: as above, for a K-quant format whose activation rows hold as many
                 // super-blocks as a weight row (asserted by `matmul_into`).
-                unsafe { avx2_k::rows_dot(self.format, weights, self.row_bytes, &a[..n], dots) }
+                unsafe {
+                    kquant_avx2::rows_dot(self.format, weights, self.row_bytes, &a[..n], dots)
+                }
             }
             _ => {
                 for (w, row_dots) in weights

@@ -39,7 +39,7 @@ use super::{
     block_sums_rows, for_each_chunk, run_tasks, BLOCK_M, GROUP_N, PASS_TILE_BYTES, STEP_BYTES,
     TILE_BYTES, TILE_K, TILE_M, TILE_N,
 };
-use crate::cpu::panel_avx512::f16x16;
+use crate::cpu::dequant_avx512::f16x16;
 use crate::cpu::{scratch, CacheLine};
 use crate::disjoint::DisjointSlice;
 use crate::quant_format::{MinKind, QuantFormat};

@@ -34,7 +34,7 @@ use super::{
     accumulate_rows, emit_pair, interleave, pair_integers, store, zero_sums, Chunk, A_STEP_BYTES,
     BLOCK_M, GROUP_N, PASS_STEPS, PASS_TILE_BYTES, STEP_BYTES, TILE_BYTES, TILE_K, TILE_M, TILE_N,
 };
-use crate::cpu::panel_avx512::{f16x16, sub_scales};
+use crate::cpu::dequant_avx512::{f16x16, sub_scales};
 use crate::cpu::{scratch, CacheLine};
 use crate::disjoint::DisjointSlice;
 use crate::quant_format::{MinKind, PanelLayout, QuantFormat};

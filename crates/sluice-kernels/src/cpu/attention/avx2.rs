@@ -1,5 +1,5 @@
 //! The chunk kernel for x86 CPUs with AVX2, FMA and F16C but no AVX-512: the same work as the
-//! AVX-512 kernel in `attention.rs` (a chunk of 16 keys scored for every query head of a group
+//! AVX-512 kernel of `avx512.rs` (a chunk of 16 keys scored for every query head of a group
 //! while it is in L1, one online-softmax update, the values accumulated), with each 16-key
 //! chunk held as two 8-lane registers.
 //!

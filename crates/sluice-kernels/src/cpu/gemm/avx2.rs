@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::Tile;
+use super::Tile;
 use crate::quant_format::{MinKind, QuantFormat, PANEL_COLUMNS as PANEL};
 
 /// Accumulators of a tile: MR rows x NR panels x two 8-column halves.
@@ -62,7 +62,7 @@ unsafe fn fma_rows<const MR: usize, const NR: usize>(
     }
 }
 
-/// The f32 panels' product: see `super::x86::tile`.
+/// The f32 panels' product: see `super::avx512::tile`.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `t` addresses MR rows of `t.k` activations and MR rows of

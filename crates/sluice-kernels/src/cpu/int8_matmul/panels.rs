@@ -1,5 +1,5 @@
 //! What the panel kernels share: how many weight rows a panel holds and how a matrix is
-//! repacked into panels. Each panel module (`avx512_panel.rs`, `legacy_panel.rs`) lays out a
+//! repacked into panels. Each panel module (`kquant_vnni.rs`, `legacy_panel.rs`) lays out a
 //! block of its formats; this driver walks the rows and blocks.
 
 use rayon::prelude::*;

@@ -1,8 +1,9 @@
-//! AVX-512 forms of a [`PanelLayout`](crate::quant_format::PanelLayout)'s parts: its f16
-//! scales, its i8 sub-block scales, the scale and minimum of a sub-block, and a weight from its
-//! integer, each with the reference dequantizer's arithmetic. The AVX-512 panel kernels
-//! (`gemm::avx512`) and the AMX tile dequantizer (`amx`) both form weights with these, so
-//! their weights are the same floats.
+//! Quantized panels dequantized to f32 on AVX-512: the forms of a
+//! [`PanelLayout`](crate::quant_format::PanelLayout)'s parts, its f16 scales, its i8 sub-block
+//! scales, the scale and minimum of a sub-block, and a weight from its integer, each with the
+//! reference dequantizer's arithmetic. The AVX-512 panel kernels (`gemm::avx512`) and the AMX
+//! tile dequantizer (`amx`) both form weights with these, so their weights are the same
+//! floats. (The int8 kernels of `int8_matmul` never dequantize: they multiply integers.)
 
 use std::arch::x86_64::*;
 

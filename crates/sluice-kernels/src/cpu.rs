@@ -1,14 +1,24 @@
 //! Kernels for the CPU. Each checks at run time that the CPU has the instructions it needs
 //! (`available`/`supports`) and is compiled with `#[target_feature]`, so a portable build still
 //! runs its AVX-512 and AMX paths where the CPU has them.
+//!
+//! Each kernel family is a file with its dispatch and portable code, beside a folder of its
+//! kernels named by instruction set, or by format where that is the split: [`gemm`] (f32 and
+//! quantized weights packed in panels: `gemm/avx2.rs`, `gemm/avx512.rs`), [`int8_matmul`]
+//! (int8 dots against GGUF blocks: `int8_matmul/legacy_panel.rs` the legacy formats on AVX2
+//! and AVX-512 VNNI, `int8_matmul/kquant_avx2.rs` and `int8_matmul/kquant_vnni.rs` the
+//! K-quants), [`amx`] (split-bf16 tiles; the integer and int8 tiles in `amx/integer.rs`,
+//! `amx/int8.rs`) and [`attention`] (`attention/avx2.rs`, `attention/avx512.rs`,
+//! `attention/portable.rs`, and the 8-bit cache in `attention/q8.rs`). `dequant_avx512.rs`
+//! forms f32 weights from quantized panels on AVX-512 for both `gemm` and `amx`.
 
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod dequant_avx512;
 pub mod gemm;
 pub mod int8_matmul;
-#[cfg(target_arch = "x86_64")]
-mod panel_avx512;
 pub mod rows;
 mod simd;
 pub mod swiglu;
@@ -27,7 +37,7 @@ pub enum KernelTier {
     /// attention's 16-lane kernel (whose lanes compute as the AVX2 kernel's do).
     Avx512,
     /// AVX-512 VNNI (and VL): the int8 dots by `vpdpbusd`, the legacy formats' and the K-quants'
-    /// (`int8_matmul/avx512_panel.rs`).
+    /// (`int8_matmul/legacy_panel.rs`, `int8_matmul/kquant_vnni.rs`).
     Avx512Vnni,
     /// AMX tiles (where a weight kind asks for them).
     Amx,
