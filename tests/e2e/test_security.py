@@ -15,7 +15,7 @@ import requests
 from harness import MODEL_NAME, ROOT, SluiceServer, free_port
 
 KEY = "sk-e2e-security"
-DOCUMENT = json.loads((ROOT / "crates/sluice-server/src/routes/openapi.json").read_text())
+DOCUMENT = json.loads((ROOT / "crates/sluice-server/src/routes/service/openapi.json").read_text())
 # A body each POST route accepts.
 BODIES = {
     "/v1/completions": {"prompt": "Hello", "max_tokens": 2},

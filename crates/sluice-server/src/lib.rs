@@ -4,37 +4,16 @@
 //! events; they never touch tensors.
 
 pub mod anthropic;
-pub mod auth;
-pub mod blocking;
-pub mod chat_output;
-pub mod chat_request;
-pub mod config;
-pub mod engine_request;
-pub mod error;
-pub mod field_policy;
-pub mod http;
-pub mod ids;
-pub mod json;
-pub mod kv_events;
-pub mod load;
-pub mod logging;
-pub mod logprobs;
-pub mod metrics;
+pub mod chat;
+pub mod commands;
+pub mod edge;
+pub mod engine;
+pub mod observe;
 pub mod openai;
-pub mod output_blocks;
-pub mod request_fields;
 pub mod responses;
 pub mod routes;
-pub mod serve;
-pub mod shutdown;
-pub mod sse;
-pub mod state;
-pub mod structured;
-pub mod thinking;
-pub mod tool_calls;
-pub mod vllm_metrics;
 
-pub use config::{Config, ServeArgs};
-pub use error::ApiError;
+pub use commands::config::{Config, ServeArgs};
+pub use edge::error::ApiError;
+pub use engine::state::{AppState, ServedModel};
 pub use routes::{router, HttpSettings};
-pub use state::{AppState, ServedModel};

@@ -2,10 +2,9 @@
 //! runs one prompt through the model.
 
 mod allocator;
-mod generate_command;
-mod synth_command;
 
 use clap::{Parser, Subcommand};
+use sluice_server::commands::{generate, synth};
 
 #[derive(Parser)]
 #[command(
@@ -24,17 +23,17 @@ enum Command {
     /// config/sluice.toml).
     Serve(Box<sluice_server::ServeArgs>),
     /// Generate a continuation of one prompt and print it as it is produced.
-    Generate(generate_command::GenerateArgs),
+    Generate(generate::GenerateArgs),
     /// Write a random-weight GGUF model of a real model's shape, in any format, for benchmarks
     /// on machines that can download nothing.
-    Synth(synth_command::SynthArgs),
+    Synth(synth::SynthArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     allocator::keep_working_set();
     match Cli::parse().command {
         // The server sets up its own logging from its configuration.
-        Command::Serve(args) => sluice_server::serve::run(*args),
+        Command::Serve(args) => sluice_server::commands::serve::run(*args),
         Command::Generate(args) => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -43,8 +42,8 @@ fn main() -> anyhow::Result<()> {
                 )
                 .with_writer(std::io::stderr)
                 .init();
-            generate_command::run(args)
+            generate::run(args)
         }
-        Command::Synth(args) => synth_command::run(args),
+        Command::Synth(args) => synth::run(args),
     }
 }

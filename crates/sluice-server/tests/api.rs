@@ -359,7 +359,7 @@ async fn models_health_version_and_metrics() {
         assert!(text.contains(name), "{name} missing from:\n{text}");
     }
     // vLLM's names for the routers, colons kept, labelled with the served model's name.
-    for name in sluice_server::vllm_metrics::ALL {
+    for name in sluice_server::observe::vllm_metrics::ALL {
         assert!(
             text.contains(&format!("# TYPE {name} "))
                 && text.contains(&format!("{name}{{model_name=\"{TINY_NAME}\",engine=\"0\"")),

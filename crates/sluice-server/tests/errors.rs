@@ -666,7 +666,7 @@ async fn cors_is_off_by_default_and_answers_allowed_origins_when_on() {
 
 #[tokio::test]
 async fn while_loading_health_and_the_api_are_503() {
-    let metrics = sluice_server::metrics::install();
+    let metrics = sluice_server::observe::metrics::install();
     let state = sluice_server::AppState::new(Duration::from_secs(5), metrics);
     let app = sluice_server::router(state, &settings());
     let (status, _, _) = call(&app, Method::GET, "/health", Body::empty(), &[]).await;

@@ -1,4 +1,4 @@
-//! The hand-kept OpenAPI document (`src/routes/openapi.json`, served at `/openapi.json`)
+//! The hand-kept OpenAPI document (`src/routes/service/openapi.json`, served at `/openapi.json`)
 //! against the real router: the same operations both ways, every `$ref` resolving, real
 //! requests answered with documented statuses, and the documented security being what the
 //! router enforces. (Response bodies are validated against its schemas end to end, in
@@ -12,8 +12,8 @@ use axum::body::Body;
 use axum::http::{Method, StatusCode};
 use common::*;
 use serde_json::{json, Value};
-use sluice_server::routes::openapi::DOCUMENT;
 use sluice_server::routes::route_table;
+use sluice_server::routes::service::openapi::DOCUMENT;
 use sluice_server::HttpSettings;
 
 fn document() -> Value {

@@ -12,7 +12,7 @@ use axum::response::sse::Event;
 use axum::response::Response;
 use serde::Serialize;
 
-use crate::error::ApiError;
+use crate::edge::error::ApiError;
 
 /// Routes that answer in Anthropic's shape.
 pub fn is_anthropic_route(path: &str) -> bool {

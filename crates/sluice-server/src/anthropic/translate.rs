@@ -1,7 +1,7 @@
 //! A Messages request as the chat pipeline runs it, and a finished choice as Anthropic's
 //! content blocks: system and messages to chat messages (`tool_use` blocks become the
 //! assistant's tool calls, `tool_result` blocks `tool` messages), Anthropic's tools and
-//! `tool_choice` to chat completions' (checked by [`crate::tool_calls::plan`]), and the
+//! `tool_choice` to chat completions' (checked by [`crate::chat::tools::plan`]), and the
 //! engine's finish to `stop_reason`.
 
 use serde_json::{json, Map, Value};
@@ -12,12 +12,12 @@ use super::types::{
     ContentBlockIn, ContentBlockOut, ContextManagementIn, MessageContentIn, MessageIn,
     OutputConfig, OutputFormat, TextContent, ThinkingIn, ToolChoiceIn, ToolIn,
 };
-use crate::error::ApiError;
-use crate::field_policy;
+use crate::chat::grammar::RequestedGrammar;
+use crate::chat::thinking::{self, Effort, ThinkingRequest};
+use crate::edge::error::ApiError;
+use crate::edge::field_policy;
 use crate::openai::chat::{ChatMessageIn, MessageContent};
 use crate::openai::structured::{ExtraFields, FunctionCallIn, ToolCallIn, ToolCallOut, ToolChoice};
-use crate::structured::RequestedGrammar;
-use crate::thinking::{self, Effort, ThinkingRequest};
 
 /// Checks what Anthropic's API checks of `thinking` (a budget of at least 1024 tokens, below
 /// `max_tokens` when given), and the fields no typed field took
@@ -56,7 +56,7 @@ const MIN_THINKING_BUDGET: usize = 1024;
 /// What both Messages routes (`/v1/messages`, `count_tokens`) check beyond the conversation
 /// (`thinking` against `max_tokens` when there is one, `context_management`, the fields no
 /// typed field took), and the chat template's thinking switches that `thinking` and
-/// `output_config.effort` set ([`crate::thinking`]).
+/// `output_config.effort` set ([`crate::chat::thinking`]).
 pub fn template_switches(
     template: Option<&ChatTemplate>,
     extra: &ExtraFields,
@@ -74,7 +74,7 @@ pub fn template_switches(
     ))
 }
 
-/// What `thinking` and `output_config.effort` ask of the template ([`crate::thinking`]).
+/// What `thinking` and `output_config.effort` ask of the template ([`crate::chat::thinking`]).
 fn thinking_request(thinking: Option<&ThinkingIn>, effort: Option<Effort>) -> ThinkingRequest {
     ThinkingRequest {
         enabled: thinking.map(|t| !matches!(t, ThinkingIn::Disabled)),

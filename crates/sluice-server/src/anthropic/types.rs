@@ -22,14 +22,14 @@ pub struct MessagesRequest {
     pub tool_choice: Option<ToolChoiceIn>,
     pub stream: Option<bool>,
     /// Structured output (`format`) and `effort`, the template's thinking switch where it has
-    /// one ([`crate::thinking`]).
+    /// one ([`crate::chat::thinking`]).
     pub output_config: Option<OutputConfig>,
     /// Whether the model may think: the template's switch where it has one, else nothing
     /// (a model that does not think honours it by not thinking).
     pub thinking: Option<ThinkingIn>,
     /// Edits of the conversation before it is rendered ([`super::translate::context_edits`]).
     pub context_management: Option<ContextManagementIn>,
-    /// Every other field, by [`crate::field_policy::MESSAGES`]: accepted with its local
+    /// Every other field, by [`crate::edge::field_policy::MESSAGES`]: accepted with its local
     /// meaning, or refused by name.
     #[serde(flatten)]
     pub extra: ExtraFields,
@@ -59,7 +59,7 @@ pub struct CountTokensResponse {
 #[derive(Debug, Clone, Deserialize)]
 pub struct OutputConfig {
     pub format: Option<OutputFormat>,
-    pub effort: Option<crate::thinking::Effort>,
+    pub effort: Option<crate::chat::thinking::Effort>,
 }
 
 /// `thinking`: `{"type": "enabled", "budget_tokens"}`, `{"type": "adaptive"}` (the model

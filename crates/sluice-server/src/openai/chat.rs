@@ -34,14 +34,14 @@ pub struct ChatRequest {
     pub guided_choice: Option<Vec<String>>,
     pub guided_grammar: Option<String>,
     // Function calling.
-    /// As sent: the template prints them verbatim; [`crate::tool_calls::plan`] checks them.
+    /// As sent: the template prints them verbatim; [`crate::chat::tools::plan`] checks them.
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<ToolChoice>,
     pub parallel_tool_calls: Option<bool>,
     /// Extra variables for the chat template (`enable_thinking`, ...).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// Every other field: refused when it is an OpenAI feature sluice does not serve, else
-    /// named in a debug log line ([`crate::structured::check_extra_fields`]).
+    /// named in a debug log line ([`crate::edge::field_policy::check_extra_fields`]).
     #[serde(flatten)]
     pub extra: ExtraFields,
 }

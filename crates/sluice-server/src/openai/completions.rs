@@ -33,7 +33,7 @@ pub struct CompletionRequest {
     pub guided_choice: Option<Vec<String>>,
     pub guided_grammar: Option<String>,
     /// Every other field: refused when it is an OpenAI feature sluice does not serve, else
-    /// named in a debug log line ([`crate::structured::check_extra_fields`]).
+    /// named in a debug log line ([`crate::edge::field_policy::check_extra_fields`]).
     #[serde(flatten)]
     pub extra: ExtraFields,
 }

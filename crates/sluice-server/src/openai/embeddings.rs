@@ -17,7 +17,7 @@ pub struct EmbeddingRequest {
     pub dimensions: Option<usize>,
     pub user: Option<String>,
     /// Every other field: named in a debug log line, or refused
-    /// ([`crate::structured::check_extra_fields`]).
+    /// ([`crate::edge::field_policy::check_extra_fields`]).
     #[serde(flatten)]
     pub extra: ExtraFields,
 }

@@ -1,5 +1,5 @@
 //! OpenAI API bodies: what clients send and what they get back. Plain data; the mapping onto
-//! engine requests lives in [`crate::request_fields`], the validation in the engine.
+//! engine requests lives in [`crate::engine::fields`], the validation in the engine.
 
 use std::collections::HashMap;
 
@@ -7,7 +7,7 @@ pub use common::{Prompt, Seed, StopList, StreamOptions, Usage};
 
 /// Hands the sampling and stopping fields the two generation endpoints share, listed once
 /// here, to the macro `$m` after its own tokens `$args`. Adding such a field means one line
-/// here (then the engine's parameter in [`crate::request_fields::request`]).
+/// here (then the engine's parameter in [`crate::engine::fields::request`]).
 macro_rules! with_sampling_fields {
     ($m:ident! $args:tt) => {
         $m! { $args
@@ -47,7 +47,7 @@ macro_rules! generation_request {
         }
 
         impl $name {
-            /// The sampling and stopping fields, for [`crate::request_fields::request`].
+            /// The sampling and stopping fields, for [`crate::engine::fields::request`].
             pub fn sampling(&self) -> $crate::openai::SamplingFields {
                 $crate::openai::SamplingFields {
                     $($field: self.$field.clone(),)*

@@ -1,6 +1,6 @@
 //! The request fields that constrain what a model may write: OpenAI's `response_format`,
 //! vLLM's `structured_outputs` object and its older `guided_*` fields, and function `tools`
-//! with `tool_choice`. Plain data; [`crate::structured`] turns them into a grammar.
+//! with `tool_choice`. Plain data; [`crate::chat::grammar`] turns them into a grammar.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

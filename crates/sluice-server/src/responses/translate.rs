@@ -1,7 +1,7 @@
 //! A Responses request as the chat pipeline runs it, and a finished choice as output items:
 //! `instructions` and `input` items to chat messages (a `function_call` item becomes an
 //! assistant's tool call, a `function_call_output` a `tool` message), flat function tools and
-//! `tool_choice` to chat completions' (checked by [`crate::tool_calls::plan`]), `text.format`
+//! `tool_choice` to chat completions' (checked by [`crate::chat::tools::plan`]), `text.format`
 //! to the structured-output grammar, and the engine's finish to the response's status.
 
 use serde_json::{json, Map, Value};
@@ -11,14 +11,14 @@ use super::types::{
     ContentPart, IncompleteDetails, OutputItem, ReasoningConfig, ResponseInput, TextConfig,
     TextFormat,
 };
-use crate::error::ApiError;
-use crate::ids::random_id;
+use crate::chat::grammar::{self, ConstraintFields, RequestedGrammar};
+use crate::chat::thinking::ThinkingRequest;
+use crate::edge::error::ApiError;
+use crate::edge::ids::random_id;
 use crate::openai::chat::{ChatMessageIn, MessageContent};
 use crate::openai::structured::{
     FunctionCallIn, JsonSchemaFormat, ResponseFormat, ToolCallIn, ToolCallOut, ToolChoice,
 };
-use crate::structured::{self, ConstraintFields, RequestedGrammar};
-use crate::thinking::ThinkingRequest;
 
 /// `include`'s extra output: `reasoning.encrypted_content` is served (reasoning items carry an
 /// opaque token of themselves); the rest asks for output sluice does not make, refused by
@@ -48,7 +48,7 @@ pub fn check_include(include: Option<&[String]>) -> Result<bool, ApiError> {
     Ok(encrypted)
 }
 
-/// What `reasoning` asks of the template ([`crate::thinking`]): its `effort`. A summary is
+/// What `reasoning` asks of the template ([`crate::chat::thinking`]): its `effort`. A summary is
 /// not written: a thinking model's reasoning comes back whole as the item's content.
 pub fn thinking_request(reasoning: Option<&ReasoningConfig>) -> ThinkingRequest {
     ThinkingRequest {
@@ -420,7 +420,7 @@ pub fn text_grammar(text: Option<&TextConfig>) -> Result<Option<RequestedGrammar
         }
         e
     };
-    let requested = structured::requested_grammar(ConstraintFields {
+    let requested = grammar::requested_grammar(ConstraintFields {
         response_format: Some(format),
         ..ConstraintFields::default()
     })
@@ -607,7 +607,7 @@ pub fn aborted() -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::field_policy;
+    use crate::edge::field_policy;
 
     fn items(v: Value) -> ResponseInput {
         serde_json::from_value(v).unwrap()

@@ -33,13 +33,13 @@ pub struct ResponsesRequest {
     pub user: Option<String>,
     /// `disabled` (the default) only: sluice never drops input to fit the context.
     pub truncation: Option<String>,
-    /// `effort`: the template's thinking switch where it has one ([`crate::thinking`]);
+    /// `effort`: the template's thinking switch where it has one ([`crate::chat::thinking`]);
     /// `summary`: accepted, no summary is written (a thinking model's reasoning comes back
     /// whole, as the item's content).
     pub reasoning: Option<ReasoningConfig>,
     /// Extra output: `reasoning.encrypted_content` only ([`super::translate::check_include`]).
     pub include: Option<Vec<String>>,
-    /// Every other field, by [`crate::field_policy::RESPONSES`]: accepted with its local
+    /// Every other field, by [`crate::edge::field_policy::RESPONSES`]: accepted with its local
     /// meaning, or refused by name.
     #[serde(flatten)]
     pub extra: ExtraFields,
@@ -47,7 +47,7 @@ pub struct ResponsesRequest {
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct ReasoningConfig {
-    pub effort: Option<crate::thinking::Effort>,
+    pub effort: Option<crate::chat::thinking::Effort>,
     pub summary: Option<ReasoningSummary>,
     /// The deprecated name of `summary`.
     pub generate_summary: Option<ReasoningSummary>,

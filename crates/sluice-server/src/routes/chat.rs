@@ -7,20 +7,21 @@ use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use sluice_engine::{FinishReason, TokenEvent};
 
-use crate::chat_output::{ChoiceOutput, Delta, OutputFormat};
-use crate::chat_request::{self, ChatJob, ChatRun};
-use crate::engine_request::{self, Generation, Item};
-use crate::error::{ApiError, ParamNames};
-use crate::json::ApiJson;
-use crate::logprobs;
+use crate::chat::grammar;
+use crate::chat::output::{ChoiceOutput, Delta, OutputFormat};
+use crate::chat::pipeline::{self, ChatJob, ChatRun};
+use crate::edge::error::{ApiError, ParamNames};
+use crate::edge::field_policy;
+use crate::edge::json::ApiJson;
+use crate::edge::sse;
+use crate::engine::fields;
+use crate::engine::generation::{self, Generation, Item};
+use crate::engine::logprobs;
+use crate::engine::state::{AppState, ServedModel};
 use crate::openai::chat::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs, ChatMessageOut, ChatRequest,
     ChatResponse,
 };
-use crate::request_fields;
-use crate::sse;
-use crate::state::{AppState, ServedModel};
-use crate::structured;
 
 const ROLE: &str = "assistant";
 
@@ -31,11 +32,11 @@ pub async fn handler(
     let started = Instant::now();
     let model = state.model()?;
     let (job, delivery) = job(&model, req)?;
-    let ChatRun { generation, output } = chat_request::start(
+    let ChatRun { generation, output } = pipeline::start(
         &state,
         model,
         job,
-        engine_request::request_id("chatcmpl"),
+        generation::request_id("chatcmpl"),
         "chat",
         started,
     )
@@ -67,7 +68,7 @@ pub struct Delivery {
 /// logprobs, sampling and output-format fields), and the conversation the chat pipeline is to
 /// run: what [`handler`] generates from and `POST /v1/chat/completions/render` renders.
 pub fn job(model: &ServedModel, mut req: ChatRequest) -> Result<(ChatJob, Delivery), ApiError> {
-    request_fields::check_model(req.model.as_deref(), model)?;
+    fields::check_model(req.model.as_deref(), model)?;
     let want_logprobs = req.logprobs.unwrap_or(false);
     let top = req.top_logprobs;
     if top.is_some_and(|k| k > 0) && !want_logprobs {
@@ -78,7 +79,7 @@ pub fn job(model: &ServedModel, mut req: ChatRequest) -> Result<(ChatJob, Delive
     }
     let logprobs = want_logprobs.then(|| top.unwrap_or(0));
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
-    let request = request_fields::request(&req.sampling(), max_tokens, logprobs)?;
+    let request = fields::request(&req.sampling(), max_tokens, logprobs)?;
     let names = ParamNames::chat(req.max_completion_tokens.is_some());
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream
@@ -88,8 +89,8 @@ pub fn job(model: &ServedModel, mut req: ChatRequest) -> Result<(ChatJob, Delive
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
 
-    structured::check_extra_fields(&req.extra)?;
-    let requested = structured::requested_grammar(req.constraint_fields())?;
+    field_policy::check_extra_fields(&req.extra)?;
+    let requested = grammar::requested_grammar(req.constraint_fields())?;
     let job = ChatJob {
         tools: req.tools.take(),
         tool_choice: req.tool_choice.take(),
@@ -127,7 +128,7 @@ async fn collect(
         .collect();
     let tokenizer = generation.model.tokenizer().clone();
     let mut run = ChatRun { generation, output };
-    let choices = chat_request::collect(&mut run, |choice, event| {
+    let choices = pipeline::collect(&mut run, |choice, event| {
         if let (Some(Some(all)), Some(lp)) = (logprobs.get_mut(choice), &event.logprobs) {
             all.content.push(logprobs::chat_entry(&tokenizer, lp));
         }
@@ -153,7 +154,7 @@ async fn collect(
                 finish_reason: c
                     .reason()
                     .map(|reason| finish_reason(reason, !c.calls.is_empty())),
-                stop_reason: c.finish.as_ref().and_then(engine_request::stop_reason),
+                stop_reason: c.finish.as_ref().and_then(generation::stop_reason),
                 message: ChatMessageOut {
                     role: ROLE,
                     // OpenAI's message of only calls has null content.
@@ -174,7 +175,7 @@ fn finish_reason(reason: FinishReason, called: bool) -> &'static str {
     if called && reason == FinishReason::Stop {
         "tool_calls"
     } else {
-        engine_request::finish_reason(reason)
+        generation::finish_reason(reason)
     }
 }
 
@@ -251,7 +252,7 @@ fn stream_chunks(
                     yield chunk(&generation, c, include_usage);
                 }
                 Item::Finished { event, .. } if event.reason == FinishReason::Error => {
-                    yield sse::error(&engine_request::engine_failure(&event));
+                    yield sse::error(&generation::engine_failure(&event));
                     yield sse::done();
                     return;
                 }
@@ -275,12 +276,12 @@ fn stream_chunks(
                         delta: ChatDelta::default(),
                         logprobs: None,
                         finish_reason: Some(finish_reason(event.reason, parser.has_calls())),
-                        stop_reason: engine_request::stop_reason(&event),
+                        stop_reason: generation::stop_reason(&event),
                     };
                     yield chunk(&generation, c, include_usage);
                 }
                 Item::Lost => {
-                    yield sse::error(&engine_request::engine_lost());
+                    yield sse::error(&generation::engine_lost());
                     yield sse::done();
                     return;
                 }

@@ -7,19 +7,20 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use sluice_engine::{FinishEvent, Request};
 
-use crate::blocking::tokenize_blocking;
-use crate::engine_request::{self, Generation, Item};
-use crate::error::{ApiError, ParamNames};
-use crate::json::ApiJson;
-use crate::logprobs;
+use crate::chat::grammar;
+use crate::edge::error::{ApiError, ParamNames};
+use crate::edge::field_policy;
+use crate::edge::json::ApiJson;
+use crate::edge::sse;
+use crate::engine::blocking::tokenize_blocking;
+use crate::engine::fields;
+use crate::engine::generation::{self, Generation, Item};
+use crate::engine::logprobs;
+use crate::engine::state::{AppState, ServedModel};
 use crate::openai::completions::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
 };
 use crate::openai::Prompt;
-use crate::request_fields;
-use crate::sse;
-use crate::state::{AppState, ServedModel};
-use crate::structured;
 
 /// OpenAI's default for this endpoint.
 const DEFAULT_MAX_TOKENS: usize = 16;
@@ -43,7 +44,7 @@ pub async fn handler(
     let generation = Generation::start(
         &state,
         model,
-        engine_request::request_id("cmpl"),
+        generation::request_id("cmpl"),
         "completions",
         started,
         requests,
@@ -64,7 +65,7 @@ pub async fn handler(
 }
 
 /// A completions request checked and tokenized, not yet validated against the engine's limits
-/// ([`engine_request::validate`] does that): what [`handler`] submits, and what
+/// ([`generation::validate`] does that): what [`handler`] submits, and what
 /// `POST /v1/completions/render` shows.
 pub struct PreparedCompletion {
     /// Each prompt's text (as given, or the given ids decoded).
@@ -84,7 +85,7 @@ pub async fn prepare(
     model: &Arc<ServedModel>,
     mut req: CompletionRequest,
 ) -> Result<PreparedCompletion, ApiError> {
-    request_fields::check_model(req.model.as_deref(), model)?;
+    fields::check_model(req.model.as_deref(), model)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(
             "suffix",
@@ -101,7 +102,7 @@ pub async fn prepare(
         ));
     }
     let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-    let mut request = request_fields::request(&req.sampling(), Some(max_tokens), logprobs)?;
+    let mut request = fields::request(&req.sampling(), Some(max_tokens), logprobs)?;
     if let Some(best_of) = req.best_of.filter(|&b| b != request.n) {
         return Err(ApiError::invalid(
             "best_of",
@@ -116,8 +117,8 @@ pub async fn prepare(
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
 
-    structured::check_extra_fields(&req.extra)?;
-    let requested = structured::requested_grammar(req.constraint_fields())?;
+    field_policy::check_extra_fields(&req.extra)?;
+    let requested = grammar::requested_grammar(req.constraint_fields())?;
 
     let tokenize_model = model.clone();
     let prompt = req.prompt;
@@ -240,14 +241,14 @@ async fn collect(
                 }
             }
             Item::Finished { event, .. } if event.reason == sluice_engine::FinishReason::Error => {
-                return Err(engine_request::engine_failure(&event))
+                return Err(generation::engine_failure(&event))
             }
             Item::Finished { choice, event } => {
                 if let Some(state) = choices.get_mut(choice) {
                     state.finish = Some(event);
                 }
             }
-            Item::Lost => return Err(engine_request::engine_lost()),
+            Item::Lost => return Err(generation::engine_lost()),
         }
     }
     let usage = generation.usage();
@@ -266,8 +267,8 @@ async fn collect(
                 finish_reason: c
                     .finish
                     .as_ref()
-                    .map(|f| engine_request::finish_reason(f.reason)),
-                stop_reason: c.finish.as_ref().and_then(engine_request::stop_reason),
+                    .map(|f| generation::finish_reason(f.reason)),
+                stop_reason: c.finish.as_ref().and_then(generation::stop_reason),
             })
             .collect(),
         usage: Some(Some(usage)),
@@ -337,7 +338,7 @@ fn stream_chunks(
                     yield sse::json(&usage_field(chunk(&generation, vec![c])));
                 }
                 Item::Finished { event, .. } if event.reason == sluice_engine::FinishReason::Error => {
-                    yield sse::error(&engine_request::engine_failure(&event));
+                    yield sse::error(&generation::engine_failure(&event));
                     yield sse::done();
                     return;
                 }
@@ -346,13 +347,13 @@ fn stream_chunks(
                         index: choice,
                         text: String::new(),
                         logprobs: None,
-                        finish_reason: Some(engine_request::finish_reason(event.reason)),
-                        stop_reason: engine_request::stop_reason(&event),
+                        finish_reason: Some(generation::finish_reason(event.reason)),
+                        stop_reason: generation::stop_reason(&event),
                     };
                     yield sse::json(&usage_field(chunk(&generation, vec![c])));
                 }
                 Item::Lost => {
-                    yield sse::error(&engine_request::engine_lost());
+                    yield sse::error(&generation::engine_lost());
                     yield sse::done();
                     return;
                 }

@@ -10,17 +10,17 @@ use axum::Json;
 use base64::Engine as _;
 use sluice_engine::{l2_normalize, FinishReason, ValidRequest};
 
-use crate::blocking::tokenize_blocking;
-use crate::engine_request::{self, Generation, Item};
-use crate::error::{ApiError, ParamNames};
-use crate::json::ApiJson;
+use crate::edge::error::{ApiError, ParamNames};
+use crate::edge::field_policy;
+use crate::edge::json::ApiJson;
+use crate::engine::blocking::tokenize_blocking;
+use crate::engine::fields;
+use crate::engine::generation::{self, Generation, Item};
+use crate::engine::state::{AppState, ServedModel};
 use crate::openai::embeddings::{
     Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, EmbeddingVector, EncodingFormat,
 };
 use crate::openai::Prompt;
-use crate::request_fields;
-use crate::state::{AppState, ServedModel};
-use crate::structured;
 
 pub async fn handler(
     State(state): State<AppState>,
@@ -28,8 +28,8 @@ pub async fn handler(
 ) -> Result<Json<EmbeddingResponse>, ApiError> {
     let started = Instant::now();
     let model = state.model()?;
-    request_fields::check_model(req.model.as_deref(), &model)?;
-    structured::check_extra_fields(&req.extra)?;
+    fields::check_model(req.model.as_deref(), &model)?;
+    field_policy::check_extra_fields(&req.extra)?;
     let size = model.engine.embedding_size();
     if let Some(d) = req.dimensions.filter(|&d| d == 0 || d > size) {
         return Err(ApiError::invalid(
@@ -43,7 +43,7 @@ pub async fn handler(
     let mut generation = Generation::submit(
         &state,
         model,
-        engine_request::request_id("embd"),
+        generation::request_id("embd"),
         "embeddings",
         started,
         requests,
@@ -53,7 +53,7 @@ pub async fn handler(
     while let Some(item) = generation.next().await {
         match item {
             Item::Finished { event, .. } if event.reason == FinishReason::Error => {
-                return Err(engine_request::engine_failure(&event))
+                return Err(generation::engine_failure(&event))
             }
             Item::Finished { choice, event } => match (event.reason, event.embedding) {
                 (FinishReason::Stop, Some(vector)) => {
@@ -69,7 +69,7 @@ pub async fn handler(
             },
             // An embedding generates nothing.
             Item::Token { .. } => {}
-            Item::Lost => return Err(engine_request::engine_lost()),
+            Item::Lost => return Err(generation::engine_lost()),
         }
     }
     let format = req.encoding_format.unwrap_or_default();
@@ -77,7 +77,7 @@ pub async fn handler(
         .into_iter()
         .enumerate()
         .map(|(index, vector)| {
-            let mut vector = vector.ok_or_else(engine_request::engine_lost)?;
+            let mut vector = vector.ok_or_else(generation::engine_lost)?;
             if let Some(d) = req.dimensions {
                 vector.truncate(d);
                 l2_normalize(&mut vector);

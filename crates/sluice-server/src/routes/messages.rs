@@ -1,5 +1,5 @@
 //! `POST /v1/messages`: Anthropic's Messages API, run through the chat pipeline
-//! ([`crate::chat_request`]) and answered as Anthropic's message or its event stream. Errors
+//! ([`crate::chat::pipeline`]) and answered as Anthropic's message or its event stream. Errors
 //! take Anthropic's shape at the edge ([`crate::anthropic::errors::reshape`]).
 
 use std::time::Instant;
@@ -15,17 +15,17 @@ use crate::anthropic::types::{
     BlockDelta, ContentBlockOut, CountTokensRequest, CountTokensResponse, MessageDeltaBody,
     MessagesRequest, MessagesResponse, MessagesUsage, OutputUsage, StreamEvent,
 };
-use crate::chat_output::ChoiceOutput;
-use crate::chat_request::{self, ChatJob, ChatRun};
-use crate::engine_request::{self, Item};
-use crate::error::{ApiError, ParamNames, Wording};
-use crate::json::ApiJson;
+use crate::chat::blocks::{BlockEvent, BlockKind, BlockStream};
+use crate::chat::output::ChoiceOutput;
+use crate::chat::pipeline::{self, ChatJob, ChatRun};
+use crate::chat::tools;
+use crate::edge::error::{ApiError, ParamNames, Wording};
+use crate::edge::json::ApiJson;
+use crate::edge::sse;
+use crate::engine::fields;
+use crate::engine::generation::{self, Item};
+use crate::engine::state::AppState;
 use crate::openai::{SamplingFields, StopList};
-use crate::output_blocks::{BlockEvent, BlockKind, BlockStream};
-use crate::request_fields;
-use crate::sse;
-use crate::state::AppState;
-use crate::tool_calls;
 
 const NAMES: ParamNames = ParamNames {
     prompt: "messages",
@@ -40,7 +40,7 @@ pub async fn handler(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model()?;
-    request_fields::check_model(Some(&req.model), &model)?;
+    fields::check_model(Some(&req.model), &model)?;
     let chat_template_kwargs = translate::template_switches(
         model.chat_template.as_ref(),
         &req.extra,
@@ -64,7 +64,7 @@ pub async fn handler(
         stop: req.stop_sequences.map(StopList),
         ..SamplingFields::default()
     };
-    let request = request_fields::request(&fields, Some(req.max_tokens), None)?;
+    let request = fields::request(&fields, Some(req.max_tokens), None)?;
     let (tool_choice, parallel_tool_calls) = translate::tool_choice(req.tool_choice);
     let job = ChatJob {
         messages: translate::messages(req.system, req.messages)?,
@@ -76,10 +76,10 @@ pub async fn handler(
         request,
         names: NAMES,
     };
-    let id = crate::ids::random_id("msg", '_');
-    let run = chat_request::start(&state, model, job, id, "messages", started)
+    let id = crate::edge::ids::random_id("msg", '_');
+    let run = pipeline::start(&state, model, job, id, "messages", started)
         .await
-        .map_err(|e| tool_calls::flat_tool_param(e, "input_schema"))?;
+        .map_err(|e| tools::flat_tool_param(e, "input_schema"))?;
     if req.stream.unwrap_or(false) {
         Ok(sse::response(stream_events(run, omit_thinking)))
     } else {
@@ -95,7 +95,7 @@ pub async fn count_tokens(
     ApiJson(req): ApiJson<CountTokensRequest>,
 ) -> Result<axum::Json<CountTokensResponse>, ApiError> {
     let model = state.model()?;
-    request_fields::check_model(Some(&req.model), &model)?;
+    fields::check_model(Some(&req.model), &model)?;
     let chat_template_kwargs = translate::template_switches(
         model.chat_template.as_ref(),
         &req.extra,
@@ -105,7 +105,7 @@ pub async fn count_tokens(
         None,
     )?;
     let (tool_choice, parallel_tool_calls) = translate::tool_choice(req.tool_choice);
-    let input_tokens = chat_request::count_prompt_tokens(
+    let input_tokens = pipeline::count_prompt_tokens(
         model,
         translate::messages(req.system, req.messages)?,
         translate::tools(req.tools)?,
@@ -114,7 +114,7 @@ pub async fn count_tokens(
         chat_template_kwargs,
     )
     .await
-    .map_err(|e| tool_calls::flat_tool_param(e, "input_schema"))?;
+    .map_err(|e| tools::flat_tool_param(e, "input_schema"))?;
     Ok(axum::Json(CountTokensResponse { input_tokens }))
 }
 
@@ -136,12 +136,9 @@ fn message(run: &ChatRun, content: Vec<ContentBlockOut>) -> MessagesResponse {
 }
 
 async fn collect(mut run: ChatRun, omit_thinking: bool) -> Result<MessagesResponse, ApiError> {
-    let mut choices = chat_request::collect(&mut run, |_, _| {}).await?;
-    let choice = choices.pop().ok_or_else(engine_request::engine_lost)?;
-    let finish = choice
-        .finish
-        .as_ref()
-        .ok_or_else(engine_request::engine_lost)?;
+    let mut choices = pipeline::collect(&mut run, |_, _| {}).await?;
+    let choice = choices.pop().ok_or_else(generation::engine_lost)?;
+    let finish = choice.finish.as_ref().ok_or_else(generation::engine_lost)?;
     let (reason, sequence) =
         translate::stop_reason(finish, !choice.calls.is_empty()).ok_or_else(translate::aborted)?;
     let content = translate::content_blocks(
@@ -231,7 +228,7 @@ fn stream_events(
                     blocks.push(parser.push(&event.text), &mut block_events);
                 }
                 Item::Finished { event, .. } if event.reason == FinishReason::Error => {
-                    yield stream_error(&engine_request::engine_failure(&event));
+                    yield stream_error(&generation::engine_failure(&event));
                     return;
                 }
                 Item::Finished { event, .. } => {
@@ -258,7 +255,7 @@ fn stream_events(
                     events.push(StreamEvent::MessageStop);
                 }
                 Item::Lost => {
-                    yield stream_error(&engine_request::engine_lost());
+                    yield stream_error(&generation::engine_lost());
                     return;
                 }
             }

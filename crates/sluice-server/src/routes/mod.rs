@@ -11,16 +11,11 @@
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
-pub mod health;
-pub mod kv_cache;
 pub mod messages;
-pub mod metrics;
-pub mod models;
-pub mod openapi;
 pub mod render;
 pub mod responses;
+pub mod service;
 pub mod tokenize;
-pub mod version;
 
 use std::any::Any;
 use std::time::Duration;
@@ -43,9 +38,10 @@ use tower_http::trace::{
 };
 use tracing::Level;
 
-use crate::auth::{self, ApiKey};
-use crate::error::ApiError;
-use crate::state::AppState;
+use self::service::{health, kv_cache, metrics, models, openapi, version};
+use crate::edge::auth::{self, ApiKey};
+use crate::edge::error::ApiError;
+use crate::engine::state::AppState;
 
 /// The HTTP-level settings of [`router`].
 #[derive(Debug, Clone)]
@@ -62,7 +58,7 @@ pub struct HttpSettings {
 }
 
 impl HttpSettings {
-    pub fn from_config(config: &crate::config::Config) -> Self {
+    pub fn from_config(config: &crate::commands::config::Config) -> Self {
         Self {
             api_key: config.api_key.as_ref().map(|k| k.0.clone()),
             metrics_require_key: config.metrics_require_key,
@@ -190,7 +186,7 @@ pub fn router(state: AppState, settings: &HttpSettings) -> Router {
     if let Some(cors) = cors(&settings.cors_origins) {
         app = app.layer(cors);
     }
-    app.layer(from_fn(crate::metrics::track_http))
+    app.layer(from_fn(crate::observe::metrics::track_http))
         .layer(trace())
 }
 

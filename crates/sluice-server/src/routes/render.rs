@@ -9,15 +9,15 @@ use axum::extract::State;
 use axum::Json;
 use sluice_engine::ValidRequest;
 
-use crate::chat_request;
-use crate::engine_request;
-use crate::error::{ApiError, ParamNames};
-use crate::json::ApiJson;
+use crate::chat::pipeline;
+use crate::edge::error::{ApiError, ParamNames};
+use crate::edge::json::ApiJson;
+use crate::engine::generation;
+use crate::engine::state::{AppState, ServedModel};
 use crate::openai::chat::ChatRequest;
 use crate::openai::completions::CompletionRequest;
 use crate::openai::render::{RenderedRequest, RenderedSampling, RenderedStreamOptions};
 use crate::routes::{chat, completions};
-use crate::state::{AppState, ServedModel};
 
 /// One rendered request per prompt, in the order given.
 pub async fn completions(
@@ -27,7 +27,7 @@ pub async fn completions(
     let model = state.model()?;
     let prepared = completions::prepare(&model, req).await?;
     let options = stream_options(prepared.stream, prepared.include_usage);
-    let requests = engine_request::validate(&model, prepared.requests, &ParamNames::COMPLETIONS)?;
+    let requests = generation::validate(&model, prepared.requests, &ParamNames::COMPLETIONS)?;
     Ok(Json(
         requests
             .iter()
@@ -44,9 +44,9 @@ pub async fn chat(
 ) -> Result<Json<RenderedRequest>, ApiError> {
     let model = state.model()?;
     let (job, delivery) = chat::job(&model, req)?;
-    let prepared = chat_request::prepare(&model, job).await?;
+    let prepared = pipeline::prepare(&model, job).await?;
     let options = stream_options(delivery.stream, delivery.include_usage);
-    let request = engine_request::validate(&model, vec![prepared.request], &prepared.names)?
+    let request = generation::validate(&model, vec![prepared.request], &prepared.names)?
         .into_iter()
         .next()
         .ok_or_else(|| ApiError::internal("A conversation rendered to no request."))?;
@@ -78,7 +78,7 @@ fn rendered(
     let r = request.request();
     let s = &r.sampling;
     RenderedRequest {
-        request_id: engine_request::request_id(id_prefix),
+        request_id: generation::request_id(id_prefix),
         token_ids: r.prompt.clone(),
         prompt: text,
         features: None,

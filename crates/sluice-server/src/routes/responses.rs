@@ -1,5 +1,5 @@
 //! `POST /v1/responses` and `GET /v1/responses/{response_id}`: OpenAI's Responses API, run
-//! through the chat pipeline ([`crate::chat_request`]) and answered as a response object or
+//! through the chat pipeline ([`crate::chat::pipeline`]) and answered as a response object or
 //! its event stream. With `store` (the default, as OpenAI's) the response is kept in the
 //! bounded in-memory [`ResponseStore`], so `previous_response_id` can continue it and GET
 //! can read it back.
@@ -13,26 +13,26 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use sluice_engine::FinishReason;
 
-use crate::chat_output::ChoiceOutput;
-use crate::chat_request::{self, ChatJob, ChatRun};
-use crate::engine_request::{self, Item};
-use crate::error::{ApiError, ParamNames, Wording};
-use crate::field_policy;
-use crate::json::ApiJson;
+use crate::chat::blocks::{BlockEvent, BlockKind, BlockStream};
+use crate::chat::output::ChoiceOutput;
+use crate::chat::pipeline::{self, ChatJob, ChatRun};
+use crate::chat::thinking;
+use crate::chat::tools;
+use crate::edge::error::{ApiError, ParamNames, Wording};
+use crate::edge::field_policy;
+use crate::edge::json::ApiJson;
+use crate::edge::sse;
+use crate::engine::fields;
+use crate::engine::generation::{self, Item};
+use crate::engine::state::AppState;
 use crate::openai::chat::{ChatMessageIn, MessageContent};
 use crate::openai::SamplingFields;
-use crate::output_blocks::{BlockEvent, BlockKind, BlockStream};
-use crate::request_fields;
 use crate::responses::store::{ResponseStore, StoredResponse};
 use crate::responses::translate::{self, ItemKind, ItemStyle};
 use crate::responses::types::{
     ContentPart, Echo, InputTokensDetails, OutputItem, OutputTokensDetails, ResponseError,
     ResponseObject, ResponseUsage, ResponsesRequest, StreamEvent,
 };
-use crate::sse;
-use crate::state::AppState;
-use crate::thinking;
-use crate::tool_calls;
 
 const NAMES: ParamNames = ParamNames {
     prompt: "input",
@@ -128,7 +128,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model()?;
-    request_fields::check_model(req.model.as_deref(), &model)?;
+    fields::check_model(req.model.as_deref(), &model)?;
     field_policy::RESPONSES.check(&req.extra)?;
     let encrypted_reasoning = translate::check_include(req.include.as_deref())?;
     let chat_template_kwargs = thinking::template_kwargs(
@@ -189,7 +189,7 @@ pub async fn create(
         top_p: req.top_p,
         ..SamplingFields::default()
     };
-    let request = request_fields::request(&fields, req.max_output_tokens, None)?;
+    let request = fields::request(&fields, req.max_output_tokens, None)?;
     let echo = Echo {
         instructions: req.instructions.clone(),
         max_output_tokens: req.max_output_tokens,
@@ -225,19 +225,19 @@ pub async fn create(
         request,
         names: NAMES,
     };
-    let id = crate::ids::random_id("resp", '_');
+    let id = crate::edge::ids::random_id("resp", '_');
     let context = Context {
         id: id.clone(),
-        created_at: crate::state::unix_now(),
+        created_at: crate::engine::state::unix_now(),
         model: model.name.clone(),
         echo,
         conversation,
         store: store.then(|| state.responses().clone()),
         style,
     };
-    let run = chat_request::start(&state, model, job, id, "responses", started)
+    let run = pipeline::start(&state, model, job, id, "responses", started)
         .await
-        .map_err(|e| tool_calls::flat_tool_param(e, "parameters"))?;
+        .map_err(|e| tools::flat_tool_param(e, "parameters"))?;
     let mut response = if req.stream.unwrap_or(false) {
         sse::response(stream_events(run, context))
     } else {
@@ -283,9 +283,9 @@ fn usage(run: &ChatRun, reasoning_tokens: usize) -> ResponseUsage {
 }
 
 async fn collect(mut run: ChatRun, context: Context) -> Result<ResponseObject, ApiError> {
-    let mut choices = chat_request::collect(&mut run, |_, _| {}).await?;
-    let choice = choices.pop().ok_or_else(engine_request::engine_lost)?;
-    let reason = choice.reason().ok_or_else(engine_request::engine_lost)?;
+    let mut choices = pipeline::collect(&mut run, |_, _| {}).await?;
+    let choice = choices.pop().ok_or_else(generation::engine_lost)?;
+    let reason = choice.reason().ok_or_else(generation::engine_lost)?;
     let (status, incomplete) = translate::status(reason).ok_or_else(translate::aborted)?;
     let output = translate::output_items(
         choice.reasoning,
@@ -529,7 +529,7 @@ fn stream_events(
                     None
                 }
                 Item::Finished { event, .. } if event.reason == FinishReason::Error => {
-                    Some(engine_request::engine_failure(&event))
+                    Some(generation::engine_failure(&event))
                 }
                 Item::Finished { event, .. } => match translate::status(event.reason) {
                     None => Some(translate::aborted()),
@@ -556,7 +556,7 @@ fn stream_events(
                         return;
                     }
                 },
-                Item::Lost => Some(engine_request::engine_lost()),
+                Item::Lost => Some(generation::engine_lost()),
             };
             for e in events.drain(..) {
                 yield sse_event(&e, &mut sequence);

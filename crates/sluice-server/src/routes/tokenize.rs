@@ -4,21 +4,22 @@
 use axum::extract::State;
 use axum::Json;
 
-use crate::blocking::tokenize_blocking;
-use crate::error::ApiError;
-use crate::json::ApiJson;
+use crate::chat::template;
+use crate::edge::error::ApiError;
+use crate::edge::json::ApiJson;
+use crate::engine::blocking::tokenize_blocking;
+use crate::engine::fields;
+use crate::engine::state::AppState;
 use crate::openai::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
-use crate::request_fields;
-use crate::state::AppState;
 
 pub async fn tokenize(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<TokenizeRequest>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     let model = state.model()?;
-    request_fields::check_model(req.model.as_deref(), &model)?;
+    fields::check_model(req.model.as_deref(), &model)?;
     let max_model_len = model.capacity();
     let tokens = tokenize_blocking(move || {
         let tokenizer = model.tokenizer();
@@ -32,7 +33,7 @@ pub async fn tokenize(
                 ids.map_err(|e| ApiError::invalid("prompt", e.to_string()))
             }
             (None, Some(messages)) => {
-                let text = request_fields::render_chat(
+                let text = template::render_chat(
                     model.chat_template.as_ref(),
                     &messages,
                     req.add_generation_prompt.unwrap_or(true),
@@ -66,7 +67,7 @@ pub async fn detokenize(
     ApiJson(req): ApiJson<DetokenizeRequest>,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let model = state.model()?;
-    request_fields::check_model(req.model.as_deref(), &model)?;
+    fields::check_model(req.model.as_deref(), &model)?;
     let vocab = model.limits().vocab_size;
     if let Some((i, bad)) = req
         .tokens

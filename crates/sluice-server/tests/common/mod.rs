@@ -18,8 +18,8 @@ use sluice_engine::testing::{tiny_tokenizer, MockControl, MockModel, TINY_VOCAB}
 use sluice_engine::{Engine, EngineConfig};
 use sluice_model::testing::TinyModelSpec;
 use sluice_model::WeightsKind;
-use sluice_server::config::KvCacheDtype;
-use sluice_server::load::{self, ModelSettings};
+use sluice_server::commands::config::KvCacheDtype;
+use sluice_server::engine::load::{self, ModelSettings};
 use sluice_server::{router, AppState, HttpSettings, ServedModel};
 use sluice_tokenizer::ChatTemplate;
 use tower::ServiceExt;
@@ -97,7 +97,7 @@ pub fn tiny_app_of(http: HttpSettings, spec: &TinyModelSpec, dir: &std::path::Pa
 }
 
 fn tiny_app_from(http: HttpSettings, model: PathBuf) -> TestApp {
-    let metrics = sluice_server::metrics::install();
+    let metrics = sluice_server::observe::metrics::install();
     let loaded = load::load(&ModelSettings {
         model,
         served_model_name: TINY_NAME.into(),
@@ -157,7 +157,7 @@ fn mock_app_with(
     template: ChatTemplate,
     max_model_len: usize,
 ) -> TestApp {
-    let metrics = sluice_server::metrics::install();
+    let metrics = sluice_server::observe::metrics::install();
     let model = MockModel::new(TINY_VOCAB, max_model_len, 256, 16);
     let control = model.control();
     let engine = Engine::start(Box::new(model), tiny_tokenizer(), config).expect("start engine");

@@ -3,7 +3,7 @@
 //! Responses API's output items are both this sequence; each API names the events its own
 //! way (`routes/messages.rs`, `routes/responses.rs`).
 
-use crate::chat_output::Delta;
+use crate::chat::output::Delta;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockKind {

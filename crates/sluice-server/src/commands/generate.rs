@@ -7,13 +7,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::commands::config::KvCacheDtype;
+use crate::engine::load::{load_model, LoadedModel};
 use anyhow::{bail, Context};
 use sluice_engine::{
     Engine, EngineConfig, Event, FinishReason, Request, SamplingParams, StopParams,
 };
 use sluice_model::{CudaGraphs, PagedLlama, WeightsKind};
-use sluice_server::config::KvCacheDtype;
-use sluice_server::load::{load_model, LoadedModel};
 use sluice_tokenizer::ChatMessage;
 
 const BLOCK_SIZE: usize = 16;

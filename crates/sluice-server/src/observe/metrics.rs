@@ -9,7 +9,7 @@
 //! | `sluice_model_experts{kind}` | gauge | a mixture of experts: experts a layer holds (`total`) and a token runs (`per_token`); absent for a dense model |
 //!
 //! plus the engine's `sluice_*` metrics (see `sluice_engine::metrics`), and vLLM's names of the
-//! engine's counts for the routers that read them ([`crate::vllm_metrics`]).
+//! engine's counts for the routers that read them ([`crate::observe::vllm_metrics`]).
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -91,7 +91,7 @@ fn builder() -> Result<PrometheusBuilder, BuildError> {
 }
 
 /// The served model's shape as gauges: its parameters, and a mixture's experts.
-pub fn record_model(facts: &crate::state::ModelFacts) {
+pub fn record_model(facts: &crate::engine::state::ModelFacts) {
     describe_gauge!(
         MODEL_PARAMETERS,
         Unit::Count,

@@ -10,9 +10,9 @@ use sluice_engine::{Constraint, ConstraintCompiler, EngineHandle, Grammar, Model
 use sluice_tokenizer::tool_parser::ToolCallFormat;
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
-use crate::error::ApiError;
+use crate::edge::error::ApiError;
+use crate::observe::vllm_metrics::{CacheShape, VllmMetrics};
 use crate::responses::store::ResponseStore;
-use crate::vllm_metrics::{CacheShape, VllmMetrics};
 
 /// The model being served, as handlers see it.
 pub struct ServedModel {

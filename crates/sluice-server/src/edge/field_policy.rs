@@ -15,7 +15,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::error::ApiError;
+use crate::edge::error::ApiError;
 
 /// A request's fields that no typed field took.
 pub type ExtraFields = Map<String, Value>;
@@ -215,6 +215,23 @@ impl Api {
     }
 }
 
+/// Checks the fields no typed field took ([`CHAT`]); `modalities` may only ask
+/// for text.
+pub fn check_extra_fields(extra: &ExtraFields) -> Result<(), ApiError> {
+    if let Some(modalities) = extra.get("modalities").filter(|m| !m.is_null()) {
+        let text_only = modalities
+            .as_array()
+            .is_some_and(|m| m.iter().all(|v| v.as_str() == Some("text")));
+        if !text_only {
+            return Err(ApiError::invalid(
+                "modalities",
+                "only the `text` modality is supported.",
+            ));
+        }
+    }
+    CHAT.check(extra)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,7 +279,7 @@ mod tests {
     /// docs/api-fields.md lists every field of the tables with its policy's word.
     #[test]
     fn the_docs_list_every_field() {
-        let doc = include_str!("../../../docs/api-fields.md");
+        let doc = include_str!("../../../../docs/api-fields.md");
         for api in [&MESSAGES, &RESPONSES, &CHAT] {
             for (name, policy) in api.fields {
                 let word = match policy {
@@ -277,5 +294,21 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn unsupported_openai_fields_are_refused_by_name() {
+        let extra = |v: Value| v.as_object().unwrap().clone();
+        for field in ["audio", "prediction", "web_search_options", "functions"] {
+            let e = check_extra_fields(&extra(json!({ field: {} }))).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field));
+        }
+        let e = check_extra_fields(&extra(json!({"modalities": ["text", "audio"]}))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("modalities"));
+        check_extra_fields(&extra(
+            json!({"modalities": ["text"], "store": false, "metadata": {},
+            "service_tier": "auto", "some_other_server_field": 1, "audio": null}),
+        ))
+        .unwrap();
     }
 }

@@ -107,7 +107,7 @@ pub struct VllmMetrics {
 
 impl VllmMetrics {
     /// Registers every series with the installed recorder (install it first:
-    /// [`crate::metrics::install`]) and sets `vllm:cache_config_info`, which never changes.
+    /// [`crate::observe::metrics::install`]) and sets `vllm:cache_config_info`, which never changes.
     pub fn register(model_name: &str, cache: CacheShape) -> Self {
         describe_gauge!(
             NUM_REQUESTS_RUNNING,

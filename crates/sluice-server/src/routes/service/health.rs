@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::state::AppState;
+use crate::engine::state::AppState;
 
 pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     let status = if state.is_draining() {

@@ -4,8 +4,8 @@ use axum::extract::{Path, State};
 use axum::Json;
 use serde::Serialize;
 
-use crate::error::ApiError;
-use crate::state::{AppState, ServedModel};
+use crate::edge::error::ApiError;
+use crate::engine::state::{AppState, ServedModel};
 
 #[derive(Debug, Serialize)]
 pub struct ModelCard {

@@ -11,8 +11,8 @@ use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::edge::error::ApiError;
+use crate::engine::state::AppState;
 
 pub struct ApiJson<T>(pub T);
 

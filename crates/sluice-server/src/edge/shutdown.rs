@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::state::AppState;
+use crate::engine::state::AppState;
 
 /// SIGTERM or ctrl-c (SIGINT).
 pub struct Signals {

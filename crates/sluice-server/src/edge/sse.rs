@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
 use serde::Serialize;
 
-use crate::error::ApiError;
+use crate::edge::error::ApiError;
 
 /// Often enough for proxies with a 30-60 s idle timeout.
 const KEEP_ALIVE: Duration = Duration::from_secs(10);

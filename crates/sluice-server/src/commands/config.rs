@@ -26,7 +26,7 @@ use figment::Figment;
 use serde::{Deserialize, Serialize, Serializer};
 use sluice_model::{CudaGraphs, KvDtype, Pooling, WeightsKind};
 
-use crate::kv_events::{EndpointMode, ZmqEndpoint};
+use crate::observe::kv_events::{EndpointMode, ZmqEndpoint};
 
 /// The config file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_PATH: &str = "config/sluice.toml";

@@ -6,10 +6,9 @@
 use serde_json::Value;
 use sluice_engine::Grammar;
 
-use crate::error::ApiError;
-use crate::field_policy;
+use crate::edge::error::ApiError;
 pub use crate::openai::structured::ConstraintFields;
-use crate::openai::structured::{ExtraFields, ResponseFormat, StructuredOutputs};
+use crate::openai::structured::{ResponseFormat, StructuredOutputs};
 
 /// A grammar and the request field it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -162,23 +161,6 @@ fn grammar_text(text: String, param: &'static str) -> Result<Grammar, ApiError> 
         .map_err(|e| ApiError::invalid(param, format!("invalid GBNF grammar: {e}")))
 }
 
-/// Checks the fields no typed field took ([`field_policy::CHAT`]); `modalities` may only ask
-/// for text.
-pub fn check_extra_fields(extra: &ExtraFields) -> Result<(), ApiError> {
-    if let Some(modalities) = extra.get("modalities").filter(|m| !m.is_null()) {
-        let text_only = modalities
-            .as_array()
-            .is_some_and(|m| m.iter().all(|v| v.as_str() == Some("text")));
-        if !text_only {
-            return Err(ApiError::invalid(
-                "modalities",
-                "only the `text` modality is supported.",
-            ));
-        }
-    }
-    field_policy::CHAT.check(extra)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,21 +261,5 @@ mod tests {
             })),
             Some("guided_grammar".into())
         );
-    }
-
-    #[test]
-    fn unsupported_openai_fields_are_refused_by_name() {
-        let extra = |v: Value| v.as_object().unwrap().clone();
-        for field in ["audio", "prediction", "web_search_options", "functions"] {
-            let e = check_extra_fields(&extra(json!({ field: {} }))).unwrap_err();
-            assert_eq!(e.param.as_deref(), Some(field));
-        }
-        let e = check_extra_fields(&extra(json!({"modalities": ["text", "audio"]}))).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("modalities"));
-        check_extra_fields(&extra(
-            json!({"modalities": ["text"], "store": false, "metadata": {},
-            "service_tier": "auto", "some_other_server_field": 1, "audio": null}),
-        ))
-        .unwrap();
     }
 }

@@ -8,7 +8,7 @@ use sluice_engine::{FunctionSpec, Grammar};
 use sluice_tokenizer::tool_parser::ToolCallFormat;
 use sluice_tokenizer::ChatTemplate;
 
-use crate::error::ApiError;
+use crate::edge::error::ApiError;
 use crate::openai::structured::{Tool, ToolChoice};
 
 /// Longest function name, as OpenAI's.

@@ -14,8 +14,8 @@ use axum::Json;
 use serde::Serialize;
 use sluice_engine::EngineHandle;
 
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::edge::error::ApiError;
+use crate::engine::state::AppState;
 
 #[derive(Debug, Serialize)]
 pub struct KvCacheResponse {

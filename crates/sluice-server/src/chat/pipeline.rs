@@ -1,8 +1,8 @@
 //! One conversation through the chat pipeline, whichever API it came in by (chat completions,
-//! Anthropic's Messages, the Responses API): the tools planned ([`crate::tool_calls`]), the one
-//! output grammar chosen (a forced call's or the request's format, [`crate::structured`]),
+//! Anthropic's Messages, the Responses API): the tools planned ([`crate::chat::tools`]), the one
+//! output grammar chosen (a forced call's or the request's format, [`crate::chat::grammar`]),
 //! the template rendered and tokenized off the async workers, and the sequences submitted.
-//! What comes back is read by [`crate::chat_output`], as a stream or collected here whole.
+//! What comes back is read by [`crate::chat::output`], as a stream or collected here whole.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,29 +12,29 @@ use sluice_engine::{FinishEvent, FinishReason, Request, TokenEvent};
 use sluice_tokenizer::tool_parser::ToolCallFormat;
 use sluice_tokenizer::ChatTemplate;
 
-use crate::blocking::tokenize_blocking;
-use crate::chat_output::{ChoiceOutput, OutputFormat};
-use crate::engine_request::{self, Generation, Item};
-use crate::error::{ApiError, ParamNames};
+use crate::chat::grammar::RequestedGrammar;
+use crate::chat::output::{ChoiceOutput, OutputFormat};
+use crate::chat::template;
+use crate::chat::tools::{self, ToolPlan};
+use crate::edge::error::{ApiError, ParamNames};
+use crate::engine::blocking::tokenize_blocking;
+use crate::engine::generation::{self, Generation, Item};
+use crate::engine::state::{AppState, ServedModel};
 use crate::openai::chat::ChatMessageIn;
 use crate::openai::structured::{ToolCallOut, ToolChoice};
-use crate::request_fields;
-use crate::state::{AppState, ServedModel};
-use crate::structured::RequestedGrammar;
-use crate::tool_calls::{self, ToolPlan};
 
 /// A conversation and how to continue it, in chat completions' terms (the other APIs
 /// translate theirs into this).
 pub struct ChatJob {
     pub messages: Vec<ChatMessageIn>,
-    /// As the client sent them (chat completions' shape); checked by [`tool_calls::plan`].
+    /// As the client sent them (chat completions' shape); checked by [`tools::plan`].
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<ToolChoice>,
     pub parallel_tool_calls: Option<bool>,
     /// The output format the request's own field asks for.
     pub requested: Option<RequestedGrammar>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
-    /// The engine's request as the endpoint's fields set it ([`request_fields::request`]);
+    /// The engine's request as the endpoint's fields set it ([`crate::engine::fields::request`]);
     /// [`prepare`] gives it its prompt and constraint.
     pub request: Request,
     /// What the endpoint calls the fields the engine's errors name.
@@ -69,7 +69,7 @@ pub async fn start(
 }
 
 /// A conversation planned, rendered and tokenized, not yet checked against the engine's
-/// limits ([`crate::engine_request::validate`] does that): what [`start`] submits, and what
+/// limits ([`crate::engine::generation::validate`] does that): what [`start`] submits, and what
 /// `POST /v1/chat/completions/render` shows.
 pub struct PreparedChat {
     /// The template's text: the conversation, the tools as the template shows them, and the
@@ -148,7 +148,7 @@ pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedC
     })
 }
 
-/// The tools planned for `model` ([`tool_calls::plan`]); none without a chat template, whose
+/// The tools planned for `model` ([`tools::plan`]); none without a chat template, whose
 /// rendering refuses the request, naming `messages`.
 fn plan_tools(
     model: &ServedModel,
@@ -157,7 +157,7 @@ fn plan_tools(
     parallel_tool_calls: Option<bool>,
 ) -> Result<ToolPlan, ApiError> {
     match model.chat_template.as_ref() {
-        Some(template) => tool_calls::plan(
+        Some(template) => tools::plan(
             tools,
             tool_choice,
             parallel_tool_calls,
@@ -176,7 +176,7 @@ fn render_prompt(
     template_tools: Option<&[Value]>,
     kwargs: Option<&Map<String, Value>>,
 ) -> Result<(String, Vec<u32>), ApiError> {
-    let text = request_fields::render_chat(
+    let text = template::render_chat(
         model.chat_template.as_ref(),
         messages,
         true,
@@ -263,7 +263,7 @@ pub async fn collect(
                 on_token(choice, &event);
             }
             Item::Finished { event, .. } if event.reason == FinishReason::Error => {
-                return Err(engine_request::engine_failure(&event))
+                return Err(generation::engine_failure(&event))
             }
             Item::Finished { choice, event } => {
                 let (Some(parser), Some(result)) =
@@ -276,7 +276,7 @@ pub async fn collect(
                 result.reasoning.push_str(&delta.reasoning);
                 result.finish = Some(event);
             }
-            Item::Lost => return Err(engine_request::engine_lost()),
+            Item::Lost => return Err(generation::engine_lost()),
         }
     }
     for (result, parser) in results.iter_mut().zip(&parsed) {

@@ -178,7 +178,7 @@ impl ChoiceOutput {
 
 /// `call_` and 24 random hex digits, as OpenAI's ids look.
 fn call_id() -> String {
-    crate::ids::random_id("call", '_')
+    crate::edge::ids::random_id("call", '_')
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
-use crate::error::ApiError;
+use crate::edge::error::ApiError;
 
 #[derive(Clone)]
 pub struct ApiKey(Arc<str>);

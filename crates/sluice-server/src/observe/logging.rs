@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use anyhow::Context;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+use crate::commands::config::LogFormat;
 
 pub fn init(format: LogFormat, level: &str) -> anyhow::Result<()> {
     let filter =

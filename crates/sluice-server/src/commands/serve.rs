@@ -5,20 +5,20 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
-use crate::config::{Config, ServeArgs};
-use crate::http::HttpServer;
-use crate::kv_events::{KvEventPublisher, Medium, PublisherSettings};
-use crate::load::{self, ModelSettings};
+use crate::commands::config::{Config, ServeArgs};
+use crate::edge::http::HttpServer;
+use crate::edge::shutdown::{self, Drained, Signals};
+use crate::engine::load::{self, ModelSettings};
+use crate::engine::state::AppState;
+use crate::observe::kv_events::{KvEventPublisher, Medium, PublisherSettings};
 use crate::routes::{self, HttpSettings};
-use crate::shutdown::{self, Drained, Signals};
-use crate::state::AppState;
 
 /// How long connections get to close after the drain, before the process exits anyway.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::resolve(&args)?;
-    crate::logging::init(config.log_format, &config.log_level)?;
+    crate::observe::logging::init(config.log_format, &config.log_level)?;
     tracing::debug!(?config, "configuration");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -33,7 +33,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     // Before the engine starts: it registers its metrics with whatever recorder is installed.
-    let metrics = crate::metrics::install();
+    let metrics = crate::observe::metrics::install();
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
@@ -46,7 +46,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         "listening; /health answers 503 until the model has loaded"
     );
     let upkeep = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(crate::metrics::UPKEEP_INTERVAL);
+        let mut tick = tokio::time::interval(crate::observe::metrics::UPKEEP_INTERVAL);
         loop {
             tick.tick().await;
             metrics.run_upkeep();

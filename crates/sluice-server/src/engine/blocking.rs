@@ -1,6 +1,6 @@
 //! Work a request needs that must not run on the async workers.
 
-use crate::error::ApiError;
+use crate::edge::error::ApiError;
 
 /// Runs tokenization (or template rendering, or detokenization) off the async workers: a
 /// prompt of a few MiB takes long enough to stall every other connection on a worker.

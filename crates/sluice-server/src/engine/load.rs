@@ -16,8 +16,8 @@ use sluice_model::{
 };
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
-use crate::config::{Config, KvCacheDtype, Speculative};
-use crate::state::{ModelFacts, ServedModel};
+use crate::commands::config::{Config, KvCacheDtype, Speculative};
+use crate::engine::state::{ModelFacts, ServedModel};
 
 /// What [`load`] needs from the configuration.
 #[derive(Debug, Clone)]
@@ -128,7 +128,7 @@ pub fn load_model(
 }
 
 /// Loads the model and starts the engine. Install the metrics recorder first
-/// ([`crate::metrics::install`]): the engine registers its metrics when it starts.
+/// ([`crate::observe::metrics::install`]): the engine registers its metrics when it starts.
 pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     let LoadedModel {
         model,
@@ -137,7 +137,7 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     } = load_model(&settings.model, settings.weights, settings.kv_cache_dtype)?;
     let context_length = model.config().max_position_embeddings;
     let facts = ModelFacts::of(model.config());
-    crate::metrics::record_model(&facts);
+    crate::observe::metrics::record_model(&facts);
     if let Some(len) = settings
         .engine
         .max_model_len

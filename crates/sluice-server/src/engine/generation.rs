@@ -14,9 +14,9 @@ use futures_util::stream::{self, SelectAll, Stream, StreamExt};
 use sluice_engine::{ErrorCause, StopReason, TokenEvent, ValidRequest};
 use sluice_engine::{Event, FinishEvent, FinishReason, Request, RequestStream};
 
-use crate::error::{ApiError, ParamNames};
-use crate::ids::random_id;
-use crate::state::{AppState, InFlight, ServedModel};
+use crate::edge::error::{ApiError, ParamNames};
+use crate::edge::ids::random_id;
+use crate::engine::state::{AppState, InFlight, ServedModel};
 
 /// `cmpl-…`, `chatcmpl-…`: a prefix and 24 random hex digits.
 pub fn request_id(prefix: &str) -> String {
@@ -146,7 +146,7 @@ impl Generation {
         };
         Ok(Self {
             id,
-            created: crate::state::unix_now(),
+            created: crate::engine::state::unix_now(),
             model,
             n,
             prompt_tokens,

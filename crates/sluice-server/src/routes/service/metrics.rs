@@ -4,7 +4,7 @@ use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 
-use crate::state::AppState;
+use crate::engine::state::AppState;
 
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     // vLLM's names are copies of the engine's published counts, taken now so that they are
