@@ -32,7 +32,7 @@ impl EngineLoop {
             events,
             arrival,
             &self.tokenizer,
-            embedding.then_some(self.hidden_size),
+            embedding.then_some(self.embedding.hidden_size),
         );
         // Validated against this engine's limits (the handle checked they are its own), so
         // the scheduler can always run it.
@@ -115,10 +115,10 @@ impl EngineLoop {
     pub(super) fn reap_closed(&mut self) {
         for (id, r) in self.scheduler.request_records() {
             if r.events.is_closed() {
-                self.closed.push(id);
+                self.outcomes.closed.push(id);
             }
         }
-        while let Some(id) = self.closed.pop() {
+        while let Some(id) = self.outcomes.closed.pop() {
             self.abort_request(id);
         }
     }

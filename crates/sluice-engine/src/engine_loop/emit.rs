@@ -20,23 +20,24 @@ use crate::stop::Stopped;
 use crate::telemetry::Telemetry;
 
 impl EngineLoop {
-    /// Streams each kept token and decides which sequences stopped (into `self.finished`,
-    /// their finish events into `self.finish_events`). A sequence that verified drafts keeps
-    /// the tokens of its first [`crate::ScheduledSeq::accepted`] rows, in order, up to a stop.
+    /// Streams each kept token and decides which sequences stopped (into
+    /// `self.outcomes.finished`, their finish events into `self.outcomes.finish_events`). A
+    /// sequence that verified drafts keeps the tokens of its first
+    /// [`crate::ScheduledSeq::accepted`] rows, in order, up to a stop.
     pub(super) fn emit(&mut self, now: Instant) {
-        self.finished.clear();
+        self.outcomes.finished.clear();
         let mut sink = Sink {
             telemetry: &self.telemetry,
             tokenizer: &self.tokenizer,
-            finished: &mut self.finished,
-            finish_events: &mut self.finish_events,
-            closed: &mut self.closed,
-            failures: &mut self.constraint_failures,
+            finished: &mut self.outcomes.finished,
+            finish_events: &mut self.outcomes.finish_events,
+            closed: &mut self.outcomes.closed,
+            failures: &mut self.outcomes.constraint_failures,
             generated: 0,
             drafted: (0, 0, 0),
             now,
         };
-        let mut results = self.sampled.iter_mut().zip(&self.rngs);
+        let mut results = self.sampling.sampled.iter_mut().zip(&self.sampling.rngs);
         self.scheduler.for_each_scheduled_mut(|s, mut records| {
             // One result per sampling row, in order, whatever became of the row's sequence.
             let rows = results.by_ref().take(s.num_rows());

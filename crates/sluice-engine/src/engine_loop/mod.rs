@@ -64,7 +64,6 @@ pub(crate) struct EngineLoop {
     tokenizer: Arc<Tokenizer>,
     /// Holds every request's and sequence's records beside its own.
     scheduler: Scheduler<RequestState, SeqState>,
-    sampler: Sampler,
     shared: Arc<Shared>,
     commands: Receiver<Command>,
     telemetry: Telemetry,
@@ -73,6 +72,17 @@ pub(crate) struct EngineLoop {
     batch: StepBatch,
     /// The forward's logits and pooled hidden states.
     output: StepOutput,
+    sampling: StepSampling,
+    outcomes: StepOutcomes,
+    /// What kinds of request the scheduler holds.
+    kinds: RequestKinds,
+    embedding: EmbeddingShape,
+    kv_events: KvEventOutlet,
+}
+
+/// The step's sampling: the sampler, and the buffers it fills and reads every step.
+struct StepSampling {
+    sampler: Sampler,
     /// The sampler's rows; empty between steps (they borrow the step's request states).
     rows: Vec<SampleRow<'static>>,
     sampled: Vec<Sampled>,
@@ -85,22 +95,33 @@ pub(crate) struct EngineLoop {
     host_sampled: Vec<Sampled>,
     tokens: Vec<u32>,
     rngs: Vec<SeqRng>,
+    /// The step's constrained sequences, whose masks are computed in parallel; empty between
+    /// steps (it borrows the request states).
+    mask_jobs: Vec<&'static mut SeqConstraint>,
+}
+
+/// What became of the step's sequences and requests, gathered while it streams and handled
+/// at its end.
+#[derive(Default)]
+struct StepOutcomes {
     finished: Vec<SeqId>,
     /// Finish events held until the step has freed the finished sequences' blocks.
     finish_events: Vec<(UnboundedSender<Event>, Event)>,
     closed: Vec<RequestId>,
-    /// What kinds of request the scheduler holds.
-    kinds: RequestKinds,
-    pooling: Pooling,
-    hidden_size: usize,
     /// Requests whose grammar failed this step, with why; they end with an error.
     constraint_failures: Vec<(RequestId, String)>,
-    /// The step's constrained sequences, whose masks are computed in parallel; empty between
-    /// steps (it borrows the request states).
-    mask_jobs: Vec<&'static mut SeqConstraint>,
-    /// Where the KV-cache events go (`--kv-events`), and the buffer that gathers one batch.
-    kv_events: Option<KvEventSender>,
-    kv_event_buffer: Vec<KvCacheEvent>,
+}
+
+/// How the loop's embeddings pool, and the width of the hidden states they pool.
+struct EmbeddingShape {
+    pooling: Pooling,
+    hidden_size: usize,
+}
+
+/// Where the KV-cache events go (`--kv-events`), and the buffer that gathers one batch.
+struct KvEventOutlet {
+    sender: Option<KvEventSender>,
+    buffer: Vec<KvCacheEvent>,
 }
 
 /// How many requests of the loop carry a grammar, and how many are embeddings: while there
@@ -149,11 +170,22 @@ impl EngineLoop {
         kv_events: Option<KvEventSender>,
     ) -> Self {
         Self {
-            sampler: Sampler::new(model.vocab_size()),
-            model_samples_rows: model.samples_rows(),
+            sampling: StepSampling {
+                sampler: Sampler::new(model.vocab_size()),
+                rows: Vec::new(),
+                sampled: Vec::new(),
+                model_samples_rows: model.samples_rows(),
+                model_rows: Vec::new(),
+                host_sampled: Vec::new(),
+                tokens: Vec::new(),
+                rngs: Vec::new(),
+                mask_jobs: Vec::new(),
+            },
             batch: StepBatch::new(model.block_size()),
-            pooling: shared.pooling,
-            hidden_size: model.hidden_size(),
+            embedding: EmbeddingShape {
+                pooling: shared.pooling,
+                hidden_size: model.hidden_size(),
+            },
             model,
             drafter,
             tokenizer,
@@ -163,20 +195,12 @@ impl EngineLoop {
             telemetry,
             draining: false,
             output: StepOutput::default(),
-            rows: Vec::new(),
-            sampled: Vec::new(),
-            model_rows: Vec::new(),
-            host_sampled: Vec::new(),
-            tokens: Vec::new(),
-            rngs: Vec::new(),
-            finished: Vec::new(),
-            finish_events: Vec::new(),
-            closed: Vec::new(),
+            outcomes: StepOutcomes::default(),
             kinds: RequestKinds::default(),
-            constraint_failures: Vec::new(),
-            mask_jobs: Vec::new(),
-            kv_events,
-            kv_event_buffer: Vec::new(),
+            kv_events: KvEventOutlet {
+                sender: kv_events,
+                buffer: Vec::new(),
+            },
         }
     }
 
@@ -213,15 +237,15 @@ impl EngineLoop {
     /// Sends the prefix cache's changes since the last call as one batch, if there are any:
     /// at the end of each step, before idling and before a snapshot.
     pub(super) fn send_kv_events(&mut self) {
-        let Some(sender) = &mut self.kv_events else {
+        let Some(sender) = &mut self.kv_events.sender else {
             return;
         };
-        self.scheduler.drain_kv_events(&mut self.kv_event_buffer);
-        if self.kv_event_buffer.is_empty() {
+        self.scheduler.drain_kv_events(&mut self.kv_events.buffer);
+        if self.kv_events.buffer.is_empty() {
             return;
         }
         self.telemetry.metrics.kv_event_batches.increment(1);
-        if sender.send(&mut self.kv_event_buffer) {
+        if sender.send(&mut self.kv_events.buffer) {
             self.telemetry.metrics.kv_events_dropped.increment(1);
         }
     }
@@ -257,7 +281,11 @@ impl EngineLoop {
         self.send_kv_events();
         let blocks = self.scheduler.block_manager();
         KvCacheSnapshot {
-            last_seq: self.kv_events.as_ref().and_then(KvEventSender::last_seq),
+            last_seq: self
+                .kv_events
+                .sender
+                .as_ref()
+                .and_then(KvEventSender::last_seq),
             block_size: blocks.block_size(),
             blocks: blocks.cached_blocks(),
         }

@@ -21,7 +21,7 @@ impl EngineLoop {
         for (s, records) in self.scheduler.scheduled_records() {
             if let Some((r, _)) = records {
                 if r.pooled.is_some() {
-                    let rows = pooled_rows(self.pooling, s.start, s.len, r.prompt_len);
+                    let rows = pooled_rows(self.embedding.pooling, s.start, s.len, r.prompt_len);
                     self.batch
                         .hidden_indices
                         .extend(rows.map(|i| (row + i) as u32));
@@ -39,8 +39,8 @@ impl EngineLoop {
         if self.kinds.embeddings == 0 {
             return;
         }
-        let pooling = self.pooling;
-        let mut rows = self.output.hidden.chunks_exact(self.hidden_size);
+        let pooling = self.embedding.pooling;
+        let mut rows = self.output.hidden.chunks_exact(self.embedding.hidden_size);
         self.scheduler.for_each_scheduled_mut(|s, records| {
             let Some((r, _)) = records else {
                 return;
@@ -63,15 +63,18 @@ impl EngineLoop {
     }
 
     /// Finishes the embeddings whose last chunk this step computed: their vectors go out
-    /// with their finish events, and their sequences join `self.finished` to free their
-    /// blocks.
+    /// with their finish events, and their sequences join `self.outcomes.finished` to free
+    /// their blocks.
     pub(super) fn finish_embeddings(&mut self, now: Instant) {
         if self.kinds.embeddings == 0 {
             return;
         }
-        let pooling = self.pooling;
+        let pooling = self.embedding.pooling;
         let telemetry = &self.telemetry;
-        let (finish_events, finished) = (&mut self.finish_events, &mut self.finished);
+        let (finish_events, finished) = (
+            &mut self.outcomes.finish_events,
+            &mut self.outcomes.finished,
+        );
         self.scheduler.for_each_scheduled_mut(|s, records| {
             let Some((r, seq)) = records else {
                 return;

@@ -22,8 +22,8 @@ impl EngineLoop {
     /// and that neither a grammar nor `min_tokens` restricts this step. Their random numbers
     /// are drawn here, from each sequence's generator, as the sampler would have drawn them.
     pub(super) fn mark_model_sampled_rows(&mut self) {
-        self.model_rows.clear();
-        if !self.model_samples_rows {
+        self.sampling.model_rows.clear();
+        if !self.sampling.model_samples_rows {
             return;
         }
         for (s, records) in self.scheduler.scheduled_records() {
@@ -41,7 +41,7 @@ impl EngineLoop {
                     Some((rule, ModelRow { rng, logprob }))
                 });
                 self.batch.model_sampling.push(row.map(|(rule, _)| rule));
-                self.model_rows.push(row.map(|(_, kept)| kept));
+                self.sampling.model_rows.push(row.map(|(_, kept)| kept));
             }
         }
     }
@@ -64,7 +64,7 @@ impl EngineLoop {
             return;
         }
         let start = Instant::now();
-        let mut jobs = emptied(std::mem::take(&mut self.mask_jobs));
+        let mut jobs = emptied(std::mem::take(&mut self.sampling.mask_jobs));
         jobs.extend(
             self.scheduler
                 .sequence_records_mut()
@@ -75,20 +75,21 @@ impl EngineLoop {
             c.due = false;
             c.compute_mask();
         });
-        self.mask_jobs = emptied(jobs);
+        self.sampling.mask_jobs = emptied(jobs);
         self.telemetry
             .metrics
             .mask_duration
             .record(start.elapsed().as_secs_f64());
     }
 
-    /// Samples every row of the step into `self.tokens` (and `self.sampled`): the rows the
-    /// model sampled come from its output, the others from the sampler.
+    /// Samples every row of the step into `self.sampling.tokens` (and
+    /// `self.sampling.sampled`): the rows the model sampled come from its output, the others
+    /// from the sampler.
     pub(super) fn sample(&mut self) {
         self.compute_masks();
-        let model_rows = &self.model_rows;
+        let model_rows = &self.sampling.model_rows;
         let by_model = |i: usize| matches!(model_rows.get(i), Some(Some(_)));
-        let mut rows = emptied(std::mem::take(&mut self.rows));
+        let mut rows = emptied(std::mem::take(&mut self.sampling.rows));
         rows.extend(
             self.scheduler
                 .scheduled_records()
@@ -115,18 +116,28 @@ impl EngineLoop {
                     },
                 }),
         );
-        self.rngs.clear();
-        if self.model_rows.is_empty() {
-            self.sampler
-                .sample(&mut self.output.logits, &mut rows, &mut self.sampled);
-            self.rngs.extend(rows.iter().map(|r| r.rng));
+        self.sampling.rngs.clear();
+        if self.sampling.model_rows.is_empty() {
+            self.sampling.sampler.sample(
+                &mut self.output.logits,
+                &mut rows,
+                &mut self.sampling.sampled,
+            );
+            self.sampling.rngs.extend(rows.iter().map(|r| r.rng));
         } else {
-            self.sampler
-                .sample(&mut self.output.logits, &mut rows, &mut self.host_sampled);
-            self.sampled.clear();
-            let mut host = self.host_sampled.drain(..).zip(rows.iter().map(|r| r.rng));
+            self.sampling.sampler.sample(
+                &mut self.output.logits,
+                &mut rows,
+                &mut self.sampling.host_sampled,
+            );
+            self.sampling.sampled.clear();
+            let mut host = self
+                .sampling
+                .host_sampled
+                .drain(..)
+                .zip(rows.iter().map(|r| r.rng));
             let mut picked = self.output.sampled.iter();
-            for kept in &self.model_rows {
+            for kept in &self.sampling.model_rows {
                 let from_model = kept.as_ref().and_then(|k| Some((k, picked.next()?)));
                 let (sampled, rng) = match from_model {
                     Some((kept, t)) => {
@@ -144,13 +155,15 @@ impl EngineLoop {
                     // Counts were checked after the forward: every row has its result.
                     None => host.next().expect("a sampler result per row"),
                 };
-                self.sampled.push(sampled);
-                self.rngs.push(rng);
+                self.sampling.sampled.push(sampled);
+                self.sampling.rngs.push(rng);
             }
         }
-        self.rows = emptied(rows);
-        self.tokens.clear();
-        self.tokens.extend(self.sampled.iter().map(|s| s.token));
+        self.sampling.rows = emptied(rows);
+        self.sampling.tokens.clear();
+        self.sampling
+            .tokens
+            .extend(self.sampling.sampled.iter().map(|s| s.token));
     }
 }
 

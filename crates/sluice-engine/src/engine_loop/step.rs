@@ -41,7 +41,7 @@ impl EngineLoop {
         let sample_start = Instant::now();
         self.sample();
         timing.sample = sample_start.elapsed();
-        if let Err(e) = self.scheduler.commit(&self.tokens) {
+        if let Err(e) = self.scheduler.commit(&self.sampling.tokens) {
             tracing::error!("commit failed: {e}");
         }
         self.finish(Instant::now());
@@ -90,14 +90,14 @@ impl EngineLoop {
         let (model, batch, output) = (&mut self.model, &self.batch, &mut self.output);
         let result = catch_unwind(AssertUnwindSafe(|| model.forward(batch, output)));
         let num_samples = self.scheduler.output().num_samples();
-        let num_model_sampled = self.model_rows.iter().flatten().count();
+        let num_model_sampled = self.sampling.model_rows.iter().flatten().count();
         let num_logits = num_samples - num_model_sampled;
         let num_pooled = self.batch.hidden_indices.len();
         match result {
             Ok(Ok(()))
-                if self.output.logits.len() == num_logits * self.sampler.vocab_size()
+                if self.output.logits.len() == num_logits * self.sampling.sampler.vocab_size()
                     && self.output.sampled.len() == num_model_sampled
-                    && self.output.hidden.len() == num_pooled * self.hidden_size =>
+                    && self.output.hidden.len() == num_pooled * self.embedding.hidden_size =>
             {
                 if let Some(share) = self.model.expert_share() {
                     self.telemetry.expert_share(share);
@@ -109,10 +109,10 @@ impl EngineLoop {
                  {num_model_sampled} rows it samples and {} hidden values for {num_pooled} \
                  rows of {}",
                 self.output.logits.len(),
-                self.sampler.vocab_size(),
+                self.sampling.sampler.vocab_size(),
                 self.output.sampled.len(),
                 self.output.hidden.len(),
-                self.hidden_size
+                self.embedding.hidden_size
             )),
             Ok(Err(e)) => Some(e.to_string()),
             Err(panic) => Some(format!("model forward panicked: {}", panic_message(&panic))),
@@ -124,7 +124,7 @@ impl EngineLoop {
     fn finish(&mut self, now: Instant) {
         self.emit(now);
         self.finish_embeddings(now);
-        for &id in &self.finished {
+        for &id in &self.outcomes.finished {
             // A request's record leaves with its last sequence.
             if let Some(Removed {
                 request: Some(done),
@@ -139,10 +139,10 @@ impl EngineLoop {
         // published, even when the request finished in the step that admitted it.
         self.release_draft_blocks();
         self.telemetry.publish(&self.scheduler);
-        for (events, event) in self.finish_events.drain(..) {
+        for (events, event) in self.outcomes.finish_events.drain(..) {
             let _ = events.send(event);
         }
-        while let Some((id, message)) = self.constraint_failures.pop() {
+        while let Some((id, message)) = self.outcomes.constraint_failures.pop() {
             tracing::warn!("request {id:?} failed: {message}");
             self.end_request(
                 id,
@@ -174,9 +174,11 @@ impl EngineLoop {
                 Some((message.clone(), ErrorCause::Engine)),
             );
         }
-        self.tokens.clear();
-        self.tokens.resize(self.scheduler.output().num_samples(), 0);
-        if let Err(e) = self.scheduler.commit(&self.tokens) {
+        self.sampling.tokens.clear();
+        self.sampling
+            .tokens
+            .resize(self.scheduler.output().num_samples(), 0);
+        if let Err(e) = self.scheduler.commit(&self.sampling.tokens) {
             tracing::error!("commit after a failed step: {e}");
         }
     }

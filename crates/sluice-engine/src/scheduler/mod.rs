@@ -40,15 +40,24 @@
 //! next `schedule` the engine calls [`Scheduler::finish`] for sequences that are done (EOS, stop,
 //! `max_tokens`, ...). `finish` and [`Scheduler::abort`] may also be called between `fill_step_batch`
 //! and `commit`; the sequence's part of the step is then dropped.
+//!
+//! Its parts: this module holds the types, queueing, and the step's core (`schedule`,
+//! `fill_step_batch`, `commit`); speculation's drafting, which feeds the core's plan, is in
+//! `drafting`; sequences and requests leaving, their records, counts and invariants in
+//! `records`.
 
 use std::collections::{HashMap, VecDeque};
 
 use sluice_model::StepBatch;
 
-use crate::block_manager::{BlockManager, PrefixCacheStats};
-use crate::kv_events::KvCacheEvent;
+use crate::block_manager::BlockManager;
 use crate::sequence::{RequestId, SeqId, Sequence, SequenceStatus};
-use crate::speculation::{next_draft_len, propose, Proposer, SpeculationConfig};
+use crate::speculation::{next_draft_len, SpeculationConfig};
+
+mod drafting;
+mod records;
+
+pub use drafting::DraftCandidate;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -87,14 +96,6 @@ pub enum SchedulerError {
     SampleCountMismatch { got: usize, expected: usize },
     #[error("commit without a scheduled step")]
     NothingScheduled,
-}
-
-/// A sequence that may draft in the next step ([`Scheduler::draft_candidates`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DraftCandidate {
-    pub id: SeqId,
-    /// The most tokens it may draft.
-    pub max: usize,
 }
 
 /// One sequence's part of a step: tokens `start..start + len` of its known tokens.
@@ -341,83 +342,6 @@ impl<R, S> Scheduler<R, S> {
         self.add_sequences(request, prompt, 0, state, vec![seq], true);
     }
 
-    /// Lets the sequences of `request` draft tokens when speculation is on: the caller's
-    /// promise that it can sample each draft's row as plain decoding would sample that
-    /// position (no penalties, no grammar).
-    pub fn allow_speculation(&mut self, request: RequestId) {
-        let Some(n) = self.requests.get(&request).map(|r| r.n) else {
-            return;
-        };
-        for index in 0..n {
-            if let Some(&slot) = self.ids.get(&SeqId::new(request, index)) {
-                if let Some(seq) = self.slots[slot].as_mut() {
-                    seq.speculative = true;
-                }
-            }
-        }
-    }
-
-    /// The sequences that would draft in the next step if they had guesses, with the most
-    /// tokens each may draft (cleared first): running, allowed to speculate, decoding (one
-    /// token to compute), below `max_tokens`, in a step of few enough sequences. The engine
-    /// runs its draft model over them and hands the guesses back through
-    /// [`Scheduler::set_proposal`] before [`Scheduler::schedule`].
-    pub fn draft_candidates(&self, out: &mut Vec<DraftCandidate>) {
-        out.clear();
-        let Some(config) = self.config.speculation else {
-            return;
-        };
-        if self.running.len() > config.max_running {
-            return;
-        }
-        let budget = self.config.max_num_batched_tokens;
-        for &slot in &self.running {
-            let seq = self.slots[slot].as_ref().expect("running slot is live");
-            if let Some(max) = Self::draft_room(seq, &config, budget) {
-                out.push(DraftCandidate { id: seq.id(), max });
-            }
-        }
-    }
-
-    /// Hands a sequence the draft model's guesses for the next step (at most the `max` of its
-    /// [`DraftCandidate`]); the next [`Scheduler::schedule`] puts them in the step if its
-    /// blocks can grow for them, and drops them either way.
-    pub fn set_proposal(&mut self, id: SeqId, draft: &[u32]) {
-        if let Some(seq) = self.ids.get(&id).and_then(|&s| self.slots[s].as_mut()) {
-            seq.proposal.clear();
-            seq.proposal.extend_from_slice(draft);
-        }
-    }
-
-    /// How many tokens `seq` may draft in a step with `budget` tokens left: `None` when it may
-    /// not draft at all. At most what its `max_tokens` leaves after the step's token, and what
-    /// the budget leaves.
-    fn draft_room<T>(
-        seq: &Sequence<T>,
-        config: &SpeculationConfig,
-        budget: usize,
-    ) -> Option<usize> {
-        if !seq.speculative
-            || seq.status != SequenceStatus::Running
-            || seq.num_computed + 1 != seq.tokens.len()
-            || seq.reached_max_tokens()
-            || budget == 0
-        {
-            return None;
-        }
-        // A draft model sizes its own guesses by what they cost and how often they come true
-        // (`crate::draft_model`); n-gram lookup's cost nothing, so its length follows
-        // acceptance alone.
-        let most = match config.proposer {
-            Proposer::Ngram => seq.draft_len.min(config.num_tokens),
-            Proposer::DraftModel => config.num_tokens,
-        };
-        let room = (seq.max_tokens() - seq.num_generated() - 1)
-            .min(budget - 1)
-            .min(most);
-        (room > 0).then_some(room)
-    }
-
     fn add_sequences(
         &mut self,
         request: RequestId,
@@ -568,35 +492,6 @@ impl<R, S> Scheduler<R, S> {
         &self.output
     }
 
-    /// Puts the drafts n-gram lookup proposes (or the draft model's guesses it was handed)
-    /// after a decoding sequence's last token, when it may speculate and its blocks can grow
-    /// for them without preempting anyone; see [`Scheduler::draft_room`] for how many.
-    fn draft(&mut self, slot: usize, config: &SpeculationConfig, budget: usize) {
-        let seq = self.slots[slot].as_mut().expect("running slot is live");
-        let Some(room) = Self::draft_room(seq, config, budget) else {
-            seq.proposal.clear();
-            return;
-        };
-        match config.proposer {
-            Proposer::Ngram => propose(&seq.tokens, config, room, &mut self.draft),
-            Proposer::DraftModel => {
-                self.draft.clear();
-                let n = seq.proposal.len().min(room);
-                self.draft.extend_from_slice(&seq.proposal[..n]);
-                seq.proposal.clear();
-            }
-        }
-        if self.draft.is_empty()
-            || !self
-                .blocks
-                .allocate(&mut seq.table, seq.tokens.len() + self.draft.len())
-        {
-            return;
-        }
-        seq.tokens.extend_from_slice(&self.draft);
-        seq.num_draft = self.draft.len();
-    }
-
     /// The plan of the last [`Scheduler::schedule`].
     pub fn output(&self) -> &SchedulerOutput {
         &self.output
@@ -678,202 +573,7 @@ impl<R, S> Scheduler<R, S> {
         Ok(())
     }
 
-    /// Removes a sequence (done, for whatever reason the engine decided); its blocks return to
-    /// the pool at once. Hands back its record (and its request's, if it was the last), or
-    /// `None` if it was not here.
-    pub fn finish(&mut self, id: SeqId) -> Option<Removed<R, S>> {
-        let &slot = self.ids.get(&id)?;
-        Some(self.remove_slot(slot))
-    }
-
-    /// Removes every remaining sequence of a request, waiting or running, and frees their
-    /// blocks at once. Hands back the request's record and those sequences', or `None` if the
-    /// request was not here.
-    pub fn abort(&mut self, request: RequestId) -> Option<Aborted<R, S>> {
-        let n = self.requests.get(&request)?.n;
-        let mut sequences = Vec::new();
-        for index in 0..n {
-            let Some(removed) = self.finish(SeqId::new(request, index)) else {
-                continue;
-            };
-            sequences.push((index, removed.state));
-            if let Some(state) = removed.request {
-                return Some(Aborted { state, sequences });
-            }
-        }
-        unreachable!("a request's record leaves with its last sequence")
-    }
-
-    /// Calls `f` for each entry of the last plan, in batch order, with its request's and its
-    /// sequence's records (`None` for a sequence removed since the plan).
-    pub fn for_each_scheduled_mut(
-        &mut self,
-        mut f: impl FnMut(&ScheduledSeq, Option<(&mut R, &mut S)>),
-    ) {
-        for s in &self.output.scheduled {
-            let seq = self.slots[s.slot]
-                .as_mut()
-                .filter(|seq| seq.serial == s.serial);
-            let records = seq.and_then(|seq| {
-                let request = self.requests.get_mut(&s.seq_id.request)?;
-                Some((&mut request.state, &mut seq.state))
-            });
-            f(s, records);
-        }
-    }
-
-    /// The entries of the last plan, in batch order, each with its request's and its
-    /// sequence's records (`None` for a sequence removed since the plan).
-    pub fn scheduled_records(
-        &self,
-    ) -> impl Iterator<Item = (&ScheduledSeq, Option<(&R, &S)>)> + '_ {
-        self.output.scheduled.iter().map(|s| {
-            let records = self.live_scheduled(s).and_then(|seq| {
-                let request = self.requests.get(&s.seq_id.request)?;
-                Some((&request.state, &seq.state))
-            });
-            (s, records)
-        })
-    }
-
-    /// Every request's record.
-    pub fn request_records(&self) -> impl Iterator<Item = (RequestId, &R)> + '_ {
-        self.requests.iter().map(|(&id, r)| (id, &r.state))
-    }
-
-    /// Every sequence's record, waiting or running.
-    pub fn sequence_records_mut(&mut self) -> impl Iterator<Item = &mut S> + '_ {
-        self.slots.iter_mut().flatten().map(|seq| &mut seq.state)
-    }
-
-    pub fn get(&self, id: SeqId) -> Option<&Sequence<S>> {
-        self.ids
-            .get(&id)
-            .and_then(|&slot| self.slots[slot].as_ref())
-    }
-
-    /// The sequence behind a scheduled entry, without a map lookup; None if it was removed.
-    pub fn scheduled_sequence(&self, s: &ScheduledSeq) -> Option<&Sequence<S>> {
-        self.live_scheduled(s)
-    }
-
-    pub fn num_running(&self) -> usize {
-        self.running.len()
-    }
-
-    pub fn num_waiting(&self) -> usize {
-        self.waiting.len()
-    }
-
-    pub fn has_unfinished(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty()
-    }
-
-    /// Preemptions since start.
-    pub fn num_preemptions(&self) -> u64 {
-        self.num_preemptions
-    }
-
-    pub fn num_used_blocks(&self) -> usize {
-        self.blocks.num_used_blocks()
-    }
-
-    pub fn num_total_blocks(&self) -> usize {
-        self.blocks.num_blocks()
-    }
-
-    /// Prefix-cache queries and hits, in tokens (see [`PrefixCacheStats`]).
-    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
-        self.blocks.prefix_cache_stats()
-    }
-
-    pub fn block_manager(&self) -> &BlockManager {
-        &self.blocks
-    }
-
-    /// Records KV-cache events from now on ([`BlockManager::record_events`]).
-    pub fn record_kv_events(&mut self) {
-        self.blocks.record_events();
-    }
-
-    /// Moves the KV-cache events recorded since the last call to the end of `out`.
-    pub fn drain_kv_events(&mut self, out: &mut Vec<KvCacheEvent>) {
-        self.blocks.drain_events(out);
-    }
-
-    /// Empties the prefix cache ([`BlockManager::clear_prefix_cache`]); returns how many
-    /// blocks it held. Sequences keep their blocks.
-    pub fn clear_prefix_cache(&mut self) -> usize {
-        self.blocks.clear_prefix_cache()
-    }
-
-    /// Checks every structural invariant (block ref counts against all tables, queue
-    /// membership, limits); O(sequences + blocks), for tests and debugging.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let live = || self.slots.iter().flatten();
-        self.blocks.check_consistency(live().map(|s| &s.table))?;
-        if self.running.len() > self.config.max_num_seqs {
-            return Err(format!(
-                "{} running > max_num_seqs {}",
-                self.running.len(),
-                self.config.max_num_seqs
-            ));
-        }
-        let mut queued = vec![0u8; self.slots.len()];
-        for &slot in &self.running {
-            let seq = self.slots[slot].as_ref().ok_or("running slot is empty")?;
-            if seq.status != SequenceStatus::Running {
-                return Err(format!(
-                    "{} is in the running list but {:?}",
-                    seq.id(),
-                    seq.status
-                ));
-            }
-            if self.blocks.blocks_for(seq.num_computed) > seq.table.len() {
-                return Err(format!(
-                    "{} computed {} tokens beyond its blocks",
-                    seq.id(),
-                    seq.num_computed
-                ));
-            }
-            queued[slot] += 1;
-        }
-        for &slot in &self.waiting {
-            let seq = self.slots[slot].as_ref().ok_or("waiting slot is empty")?;
-            if seq.status != SequenceStatus::Waiting
-                || !seq.table.is_empty()
-                || seq.num_computed != 0
-            {
-                return Err(format!("{} is waiting but holds state", seq.id()));
-            }
-            queued[slot] += 1;
-        }
-        for (slot, seq) in self.slots.iter().enumerate() {
-            let Some(seq) = seq else { continue };
-            if queued[slot] != 1 {
-                return Err(format!("{} is in {} queues", seq.id(), queued[slot]));
-            }
-            if seq.num_computed > seq.tokens.len() {
-                return Err(format!("{} computed more tokens than it knows", seq.id()));
-            }
-            if !self.awaiting_commit && seq.num_draft != 0 {
-                return Err(format!("{} kept drafts past its step", seq.id()));
-            }
-            if self.ids.get(&seq.id()) != Some(&slot) {
-                return Err(format!("{} is missing from the id map", seq.id()));
-            }
-        }
-        if self.ids.len() != live().count() {
-            return Err("id map has stale entries".into());
-        }
-        let live_by_requests: u32 = self.requests.values().map(|r| r.live).sum();
-        if live_by_requests as usize != self.ids.len() {
-            return Err("request live counts disagree with the sequences".into());
-        }
-        Ok(())
-    }
-
-    fn live_scheduled(&self, s: &ScheduledSeq) -> Option<&Sequence<S>> {
+    pub(super) fn live_scheduled(&self, s: &ScheduledSeq) -> Option<&Sequence<S>> {
         self.slots[s.slot]
             .as_ref()
             .filter(|seq| seq.serial == s.serial)
@@ -909,39 +609,5 @@ impl<R, S> Scheduler<R, S> {
         self.num_preemptions += 1;
         self.output.preempted.push(seq.id());
         slot
-    }
-
-    fn remove_slot(&mut self, slot: usize) -> Removed<R, S> {
-        let mut seq = self.slots[slot].take().expect("slot of a live sequence");
-        match seq.status {
-            SequenceStatus::Running => {
-                if let Some(pos) = self.running.iter().position(|&s| s == slot) {
-                    self.running.remove(pos);
-                }
-            }
-            SequenceStatus::Waiting => {
-                if let Some(pos) = self.waiting.iter().position(|&s| s == slot) {
-                    self.waiting.remove(pos);
-                }
-            }
-        }
-        self.blocks.free(&mut seq.table);
-        self.ids.remove(&seq.id());
-        let request = seq.id().request;
-        let entry = self
-            .requests
-            .get_mut(&request)
-            .expect("a live sequence's request is here");
-        entry.live -= 1;
-        let request = if entry.live == 0 {
-            self.requests.remove(&request).map(|entry| entry.state)
-        } else {
-            None
-        };
-        self.free_slots.push(slot);
-        Removed {
-            state: seq.state,
-            request,
-        }
     }
 }
