@@ -4,7 +4,9 @@ README.md and docs/*.md that looks like a file path (a name with one of the exte
 or a folder ending in `/`), and every relative Markdown link. A span may be a path from the
 repository's root or the tail of one (`cpu/gemm.rs` for crates/sluice-kernels/src/cpu/gemm.rs,
 as ARCHITECTURE.md writes paths inside a crate); a link is resolved from the page's folder.
-Run by scripts/test.sh; prints each dangling name with the page and line that names it."""
+Also keeps ARCHITECTURE.md a map that reads quickly: no paragraph or list item of its prose
+longer than LONGEST characters (tables and code blocks aside). Run by scripts/test.sh; prints
+each dangling name with the page and line that names it, and each paragraph too long."""
 
 import re
 import subprocess
@@ -21,6 +23,9 @@ SPAN = re.compile(r"`([^`\n]+)`")
 PLACEHOLDER = re.compile(r"\b(?:NAME|ARCH|FILE|PATH|DIR|MODEL|N)\b")
 GENERATED = ("models/", "target/", "target-cuda/", ".venv/", "gpu-bundle/", "benchmarks/compare")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+# ARCHITECTURE.md's longest paragraph or list item: a section says a crate's job in a few
+# short items; depth belongs in docs/.
+LONGEST = 650
 
 
 def tracked() -> list[str]:
@@ -70,6 +75,7 @@ def main() -> int:
                 path = target.split("#", 1)[0]
                 if path and not (page.parent / path).exists():
                     bad.append(f"{page.relative_to(ROOT)}:{n}: link `{target}` names no file")
+    bad += long_paragraphs(ROOT / "ARCHITECTURE.md")
     for b in bad:
         print(b)
     if bad:
@@ -77,6 +83,28 @@ def main() -> int:
         return 1
     print(f"every path the docs name exists ({len(pages)} pages)")
     return 0
+
+
+def long_paragraphs(page: Path) -> list[str]:
+    """Prose paragraphs and list items of `page` longer than LONGEST characters."""
+    bad, item, start, fenced = [], [], 0, False
+
+    def close():
+        text = " ".join(item)
+        if len(text) > LONGEST:
+            bad.append(f"{page.name}:{start}: a paragraph of {len(text)} characters (> {LONGEST})")
+
+    for n, line in enumerate(page.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        new_item = re.match(r"^(\s*[-*] |\d+\. )", line) is not None
+        if fenced or not line.strip() or line.startswith(("|", "#", "```")) or new_item:
+            close()
+            item, start = [], n
+        if not fenced and line.strip() and not line.startswith(("|", "#", "```")):
+            item.append(line.strip())
+    close()
+    return bad
 
 
 if __name__ == "__main__":

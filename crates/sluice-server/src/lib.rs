@@ -6,6 +6,7 @@
 pub mod anthropic;
 pub mod chat;
 pub mod commands;
+pub mod config;
 pub mod edge;
 pub mod engine;
 pub mod observe;
@@ -13,7 +14,7 @@ pub mod openai;
 pub mod responses;
 pub mod routes;
 
-pub use commands::config::{Config, ServeArgs};
+pub use config::{Config, ServeArgs};
 pub use edge::error::ApiError;
 pub use engine::state::{AppState, ServedModel};
 pub use routes::{router, HttpSettings};

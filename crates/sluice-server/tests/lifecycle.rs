@@ -11,8 +11,8 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sluice_engine::testing::MockControl;
 use sluice_engine::EngineConfig;
+use sluice_server::commands::shutdown::{self, Drained, Signals};
 use sluice_server::edge::http::HttpServer;
-use sluice_server::edge::shutdown::{self, Drained, Signals};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const LIMIT: Duration = Duration::from_secs(20);

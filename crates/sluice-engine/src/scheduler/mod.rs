@@ -562,12 +562,13 @@ impl<R, S> Scheduler<R, S> {
             if let Some(&token) = rows.get(kept) {
                 seq.tokens.push(token);
                 s.accepted = kept + 1;
-                s.reached_length = seq.reached_max_tokens();
             }
             if seq.num_draft > 0 {
                 seq.draft_len = next_draft_len(seq.draft_len, seq.num_draft, kept, most_drafts);
                 seq.num_draft = 0;
             }
+            // Counted once the drafts are settled: until then they are not generated tokens.
+            s.reached_length = s.accepted > 0 && seq.reached_max_tokens();
         }
         self.awaiting_commit = false;
         Ok(())

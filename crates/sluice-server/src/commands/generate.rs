@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::commands::config::KvCacheDtype;
+use crate::config::KvCacheDtype;
 use crate::engine::load::{load_model, LoadedModel};
 use anyhow::{bail, Context};
 use sluice_engine::{

@@ -1,7 +1,8 @@
-//! The `sluice` command's subcommands: `serve` (with its layered configuration), `generate`
-//! and `synth`.
+//! The `sluice` command's subcommands: `serve` (its log output and its shutdown drain beside
+//! it; its configuration is [`crate::config`]), `generate` and `synth`.
 
-pub mod config;
 pub mod generate;
+pub mod logging;
 pub mod serve;
+pub mod shutdown;
 pub mod synth;

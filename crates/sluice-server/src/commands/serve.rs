@@ -5,9 +5,9 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
-use crate::commands::config::{Config, ServeArgs};
+use crate::commands::shutdown::{self, Drained, Signals};
+use crate::config::{Config, ServeArgs};
 use crate::edge::http::HttpServer;
-use crate::edge::shutdown::{self, Drained, Signals};
 use crate::engine::load::{self, ModelSettings};
 use crate::engine::state::AppState;
 use crate::observe::kv_events::{KvEventPublisher, Medium, PublisherSettings};
@@ -18,7 +18,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::resolve(&args)?;
-    crate::observe::logging::init(config.log_format, &config.log_level)?;
+    crate::commands::logging::init(config.log_format, &config.log_level)?;
     tracing::debug!(?config, "configuration");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

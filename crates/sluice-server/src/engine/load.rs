@@ -16,7 +16,7 @@ use sluice_model::{
 };
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
-use crate::commands::config::{Config, KvCacheDtype, Speculative};
+use crate::config::{Config, KvCacheDtype, Speculative};
 use crate::engine::state::{ModelFacts, ServedModel};
 
 /// What [`load`] needs from the configuration.
@@ -137,7 +137,11 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     } = load_model(&settings.model, settings.weights, settings.kv_cache_dtype)?;
     let context_length = model.config().max_position_embeddings;
     let facts = ModelFacts::of(model.config());
-    crate::observe::metrics::record_model(&facts);
+    crate::observe::metrics::record_model(
+        facts.parameters as u64,
+        facts.active_parameters as u64,
+        facts.experts,
+    );
     if let Some(len) = settings
         .engine
         .max_model_len

@@ -12,7 +12,6 @@ use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::edge::error::ApiError;
 use crate::observe::vllm_metrics::{CacheShape, VllmMetrics};
-use crate::responses::store::ResponseStore;
 
 /// The model being served, as handlers see it.
 pub struct ServedModel {
@@ -127,8 +126,6 @@ struct Inner {
     /// Longest time a client may take to send its request body.
     body_timeout: Duration,
     metrics: PrometheusHandle,
-    /// Responses kept for `previous_response_id` (the Responses API).
-    responses: ResponseStore,
 }
 
 #[derive(Clone)]
@@ -145,7 +142,6 @@ impl AppState {
                 in_flight: AtomicUsize::new(0),
                 body_timeout,
                 metrics,
-                responses: ResponseStore::new(),
             }),
         }
     }
@@ -194,10 +190,6 @@ impl AppState {
 
     pub fn metrics(&self) -> &PrometheusHandle {
         &self.inner.metrics
-    }
-
-    pub fn responses(&self) -> &ResponseStore {
-        &self.inner.responses
     }
 
     /// Counts a generation request as in flight until the guard is dropped (its response

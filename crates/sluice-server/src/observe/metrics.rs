@@ -90,16 +90,17 @@ fn builder() -> Result<PrometheusBuilder, BuildError> {
         )
 }
 
-/// The served model's shape as gauges: its parameters, and a mixture's experts.
-pub fn record_model(facts: &crate::engine::state::ModelFacts) {
+/// The served model's shape as gauges: its parameters (total and active), and a mixture's
+/// experts (in a layer, per token).
+pub fn record_model(parameters: u64, active_parameters: u64, experts: Option<(usize, usize)>) {
     describe_gauge!(
         MODEL_PARAMETERS,
         Unit::Count,
         "Parameters of the served model: total, and active (what one token multiplies by)."
     );
-    gauge!(MODEL_PARAMETERS, "kind" => "total").set(facts.parameters as f64);
-    gauge!(MODEL_PARAMETERS, "kind" => "active").set(facts.active_parameters as f64);
-    if let Some((experts, per_token)) = facts.experts {
+    gauge!(MODEL_PARAMETERS, "kind" => "total").set(parameters as f64);
+    gauge!(MODEL_PARAMETERS, "kind" => "active").set(active_parameters as f64);
+    if let Some((experts, per_token)) = experts {
         describe_gauge!(
             MODEL_EXPERTS,
             Unit::Count,

@@ -12,7 +12,6 @@ use crate::chat::output::{ChoiceOutput, Delta, OutputFormat};
 use crate::chat::pipeline::{self, ChatJob, ChatRun};
 use crate::edge::error::{ApiError, ParamNames};
 use crate::edge::field_policy;
-use crate::edge::json::ApiJson;
 use crate::edge::sse;
 use crate::engine::fields;
 use crate::engine::generation::{self, Generation, Item};
@@ -22,6 +21,7 @@ use crate::openai::chat::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatLogprobs, ChatMessageOut, ChatRequest,
     ChatResponse,
 };
+use crate::routes::json::ApiJson;
 
 const ROLE: &str = "assistant";
 

@@ -10,7 +10,6 @@ use sluice_engine::{FinishEvent, Request};
 use crate::chat::grammar;
 use crate::edge::error::{ApiError, ParamNames};
 use crate::edge::field_policy;
-use crate::edge::json::ApiJson;
 use crate::edge::sse;
 use crate::engine::blocking::tokenize_blocking;
 use crate::engine::fields;
@@ -21,6 +20,7 @@ use crate::openai::completions::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
 };
 use crate::openai::Prompt;
+use crate::routes::json::ApiJson;
 
 /// OpenAI's default for this endpoint.
 const DEFAULT_MAX_TOKENS: usize = 16;

@@ -12,7 +12,6 @@ use sluice_engine::{l2_normalize, FinishReason, ValidRequest};
 
 use crate::edge::error::{ApiError, ParamNames};
 use crate::edge::field_policy;
-use crate::edge::json::ApiJson;
 use crate::engine::blocking::tokenize_blocking;
 use crate::engine::fields;
 use crate::engine::generation::{self, Generation, Item};
@@ -21,6 +20,7 @@ use crate::openai::embeddings::{
     Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, EmbeddingVector, EncodingFormat,
 };
 use crate::openai::Prompt;
+use crate::routes::json::ApiJson;
 
 pub async fn handler(
     State(state): State<AppState>,

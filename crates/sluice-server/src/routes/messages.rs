@@ -20,12 +20,12 @@ use crate::chat::output::ChoiceOutput;
 use crate::chat::pipeline::{self, ChatJob, ChatRun};
 use crate::chat::tools;
 use crate::edge::error::{ApiError, ParamNames, Wording};
-use crate::edge::json::ApiJson;
 use crate::edge::sse;
 use crate::engine::fields;
 use crate::engine::generation::{self, Item};
 use crate::engine::state::AppState;
 use crate::openai::{SamplingFields, StopList};
+use crate::routes::json::ApiJson;
 
 const NAMES: ParamNames = ParamNames {
     prompt: "messages",

@@ -11,6 +11,7 @@
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
+pub mod json;
 pub mod messages;
 pub mod render;
 pub mod responses;
@@ -27,7 +28,7 @@ use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{from_fn, from_fn_with_state, map_response};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{on, MethodFilter};
-use axum::Router;
+use axum::{Extension, Router};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
 use tower_http::cors::{AllowOrigin, Any as AnyOrigin, CorsLayer};
@@ -42,6 +43,7 @@ use self::service::{health, kv_cache, metrics, models, openapi, version};
 use crate::edge::auth::{self, ApiKey};
 use crate::edge::error::ApiError;
 use crate::engine::state::AppState;
+use crate::responses::store::ResponseStore;
 
 /// The HTTP-level settings of [`router`].
 #[derive(Debug, Clone)]
@@ -58,7 +60,7 @@ pub struct HttpSettings {
 }
 
 impl HttpSettings {
-    pub fn from_config(config: &crate::commands::config::Config) -> Self {
+    pub fn from_config(config: &crate::config::Config) -> Self {
         Self {
             api_key: config.api_key.as_ref().map(|k| k.0.clone()),
             metrics_require_key: config.metrics_require_key,
@@ -173,6 +175,9 @@ pub fn router(state: AppState, settings: &HttpSettings) -> Router {
         .merge(open_routes().router)
         .fallback(not_found)
         .with_state(state)
+        // The Responses API's stored responses, one store per server (the routes' own state,
+        // beside the engine's).
+        .layer(Extension(ResponseStore::new()))
         .layer(RequestBodyTimeoutLayer::new(settings.body_timeout))
         .layer(RequestBodyLimitLayer::new(limit))
         // tower-http's limit replaces axum's default one (2 MB), which would apply too.

@@ -11,12 +11,12 @@ use sluice_engine::ValidRequest;
 
 use crate::chat::pipeline;
 use crate::edge::error::{ApiError, ParamNames};
-use crate::edge::json::ApiJson;
 use crate::engine::generation;
 use crate::engine::state::{AppState, ServedModel};
 use crate::openai::chat::ChatRequest;
 use crate::openai::completions::CompletionRequest;
 use crate::openai::render::{RenderedRequest, RenderedSampling, RenderedStreamOptions};
+use crate::routes::json::ApiJson;
 use crate::routes::{chat, completions};
 
 /// One rendered request per prompt, in the order given.

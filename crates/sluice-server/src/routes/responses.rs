@@ -10,6 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use serde_json::{json, Value};
 use sluice_engine::FinishReason;
 
@@ -20,7 +21,6 @@ use crate::chat::thinking;
 use crate::chat::tools;
 use crate::edge::error::{ApiError, ParamNames, Wording};
 use crate::edge::field_policy;
-use crate::edge::json::ApiJson;
 use crate::edge::sse;
 use crate::engine::fields;
 use crate::engine::generation::{self, Item};
@@ -33,6 +33,7 @@ use crate::responses::types::{
     ContentPart, Echo, InputTokensDetails, OutputItem, OutputTokensDetails, ResponseError,
     ResponseObject, ResponseUsage, ResponsesRequest, StreamEvent,
 };
+use crate::routes::json::ApiJson;
 
 const NAMES: ParamNames = ParamNames {
     prompt: "input",
@@ -124,6 +125,7 @@ fn check_metadata(metadata: &serde_json::Map<String, Value>) -> Result<(), ApiEr
 
 pub async fn create(
     State(state): State<AppState>,
+    Extension(responses): Extension<ResponseStore>,
     ApiJson(req): ApiJson<ResponsesRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
@@ -145,7 +147,7 @@ pub async fn create(
     check_metadata(&metadata)?;
     let store = req.store.unwrap_or(true);
     let previous = match &req.previous_response_id {
-        Some(id) => Some(state.responses().get(id).ok_or_else(|| ApiError {
+        Some(id) => Some(responses.get(id).ok_or_else(|| ApiError {
             param: Some("previous_response_id".into()),
             ..ApiError::from_status(
                 StatusCode::NOT_FOUND,
@@ -232,7 +234,7 @@ pub async fn create(
         model: model.name.clone(),
         echo,
         conversation,
-        store: store.then(|| state.responses().clone()),
+        store: store.then(|| responses.clone()),
         style,
     };
     let run = pipeline::start(&state, model, job, id, "responses", started)
@@ -257,10 +259,10 @@ pub async fn create(
 
 /// A stored response, as it was answered.
 pub async fn retrieve(
-    State(state): State<AppState>,
+    Extension(responses): Extension<ResponseStore>,
     Path(response_id): Path<String>,
 ) -> Result<axum::Json<ResponseObject>, ApiError> {
-    match state.responses().get(&response_id) {
+    match responses.get(&response_id) {
         Some(stored) => Ok(axum::Json(stored.response.as_ref().clone())),
         None => Err(ApiError::from_status(
             StatusCode::NOT_FOUND,

@@ -6,13 +6,13 @@ use axum::Json;
 
 use crate::chat::template;
 use crate::edge::error::ApiError;
-use crate::edge::json::ApiJson;
 use crate::engine::blocking::tokenize_blocking;
 use crate::engine::fields;
 use crate::engine::state::AppState;
 use crate::openai::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
+use crate::routes::json::ApiJson;
 
 pub async fn tokenize(
     State(state): State<AppState>,

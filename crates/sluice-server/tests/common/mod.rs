@@ -18,7 +18,7 @@ use sluice_engine::testing::{tiny_tokenizer, MockControl, MockModel, TINY_VOCAB}
 use sluice_engine::{Engine, EngineConfig};
 use sluice_model::testing::TinyModelSpec;
 use sluice_model::WeightsKind;
-use sluice_server::commands::config::KvCacheDtype;
+use sluice_server::config::KvCacheDtype;
 use sluice_server::engine::load::{self, ModelSettings};
 use sluice_server::{router, AppState, HttpSettings, ServedModel};
 use sluice_tokenizer::ChatTemplate;

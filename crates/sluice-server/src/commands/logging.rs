@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use anyhow::Context;
 use tracing_subscriber::EnvFilter;
 
-use crate::commands::config::LogFormat;
+use crate::config::LogFormat;
 
 pub fn init(format: LogFormat, level: &str) -> anyhow::Result<()> {
     let filter =
