@@ -6,6 +6,8 @@
 //!    llama.cpp's `tokenizer_st_partition` cuts it: one token at a time, longest text first,
 //!    each splitting every text fragment at its leftmost non-overlapping occurrences. This is
 //!    not leftmost-longest matching: with `XY` and `YZW` both special, `XYZW` is `X`, `YZW`.
+//!    (Among texts of equal length the lower id goes first; llama.cpp's unstable sort leaves
+//!    that order open, and it matters only for overlapping specials of one length.)
 //! 2. Each text fragment that starts the input or follows a special token gets a space in
 //!    front (`add_space_prefix`), and every space becomes `▁` (U+2581).
 //! 3. The fragment starts as one symbol per character. Adjacent symbols whose concatenation is
@@ -17,10 +19,9 @@
 //! Nothing is normalized besides: llama.cpp ignores `remove_extra_whitespaces` for these
 //! vocabularies, and so do we.
 
-use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use ahash::AHashMap;
+use ahash::{AHashMap, AHashSet};
 use aho_corasick::{AhoCorasick, MatchKind};
 
 /// A space as SentencePiece spells it.
@@ -48,66 +49,64 @@ enum Fragment {
     Token(u32),
 }
 
-/// One symbol of a fragment being merged: a byte range of the escaped text, linked to its
-/// neighbours. A merge grows the left symbol over the right one and empties the right one.
+/// One symbol of a fragment being merged, linked to its neighbours: its id (a vocabulary id,
+/// or a char-only id), and the character it started as, for the byte fallback. A merge turns
+/// the left symbol into the merged piece and unlinks the right one.
 #[derive(Debug, Clone, Copy)]
 struct Symbol {
-    start: u32,
-    len: u32,
+    id: u32,
+    ch: char,
     prev: u32,
     next: u32,
 }
 
-/// A merge candidate: adjacent symbols `left` and `right` whose concatenation (`size` bytes)
-/// is a piece with `score`.
-#[derive(Debug, Clone, Copy)]
-struct Bigram {
-    score: f32,
-    left: u32,
-    right: u32,
-    size: u32,
+/// A merge candidate as one integer, so the heap compares 8 bytes: the score's bits made
+/// order-preserving above, the left symbol's position inverted below. The heap's top is then
+/// the highest score, and among equal scores the leftmost pair: llama.cpp's
+/// `llm_bigram_spm::comparator`.
+fn bigram_key(score: f32, left: u32) -> u64 {
+    let bits = score.to_bits();
+    let ordered = if bits & 0x8000_0000 != 0 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    };
+    (u64::from(ordered) << 32) | u64::from(u32::MAX - left)
 }
 
-impl Ord for Bigram {
-    /// The heap's top is the highest score, and among equal scores the leftmost pair:
-    /// llama.cpp's `llm_bigram_spm::comparator`. Scores are never NaN or -0.0 (the vocabulary
-    /// canonicalizes them), so `total_cmp` orders them as llama.cpp's `<` does.
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then_with(|| other.left.cmp(&self.left))
-    }
+/// The left symbol's position in a [`bigram_key`].
+fn bigram_left(key: u64) -> u32 {
+    u32::MAX - key as u32
 }
-
-impl PartialOrd for Bigram {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for Bigram {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Bigram {}
 
 /// Working memory for one `encode` call, reused across its fragments.
 #[derive(Default)]
 struct Scratch {
-    /// The fragment with its space prefix and every space escaped.
-    escaped: String,
     symbols: Vec<Symbol>,
-    heap: BinaryHeap<Bigram>,
+    heap: BinaryHeap<u64>,
 }
+
+/// The id of a character no piece starts or ends with: it never merges.
+const UNMERGEABLE: u32 = u32::MAX - 1;
 
 pub(crate) struct SentencePiece {
     /// Every token's text, whatever its type (llama.cpp's `token_to_id`: control tokens'
     /// texts can be merged into too). A repeated text keeps its last id, as there.
     pieces: AHashMap<Box<str>, u32>,
-    /// `scores[id]`: higher merges first.
-    scores: Vec<f32>,
+    /// Adjacent symbols whose concatenation is a piece: (left id, right id) -> the piece's id
+    /// and score. Every piece split at every character boundary, wherever both halves can be
+    /// symbols (a piece, or a single character): llama.cpp looks the concatenated text up
+    /// instead, which is the same question asked with a string hash per candidate.
+    merges: AHashMap<(u32, u32), (u32, f32)>,
+    /// The symbol id of each character: its piece's id, or an id past the vocabulary for a
+    /// character that is no piece but is half of one; `UNMERGEABLE` for the rest.
+    ascii_ids: [u32; 128],
+    char_ids: AHashMap<char, u32>,
+    /// Ids below this are vocabulary ids; the rest are characters without a piece.
+    vocab_size: u32,
+    /// The characters some piece has right before a `▁`, where the text cannot be cut.
+    ascii_joins_space: [bool; 128],
+    joins_space: AHashSet<char>,
     /// The token each byte falls back to, for characters the vocabulary lacks.
     byte_fallback: [Option<u32>; 256],
     /// What a character becomes when some of its bytes have no token either.
@@ -142,16 +141,51 @@ impl SentencePiece {
         }
         // -0.0 and 0.0 tie in llama.cpp's comparison but not in `total_cmp`; NaN never
         // wins a comparison there, like the lowest score here.
-        let scores = scores
-            .iter()
-            .map(|&s| {
-                if s.is_nan() {
-                    f32::NEG_INFINITY
-                } else {
-                    s + 0.0
+        let score = |id: u32| match scores[id as usize] {
+            s if s.is_nan() => f32::NEG_INFINITY,
+            s => s + 0.0,
+        };
+        let vocab_size = tokens.len() as u32;
+        let mut char_ids: AHashMap<char, u32> = AHashMap::new();
+        for (text, &id) in &pieces {
+            if let Some(c) = single_char(text) {
+                char_ids.insert(c, id);
+            }
+        }
+        let mut merges = AHashMap::with_capacity(tokens.len() * 2);
+        for (text, &id) in &pieces {
+            for (at, _) in text.char_indices().skip(1) {
+                let (a, b) = text.split_at(at);
+                let mut symbol_id = |half: &str| {
+                    if let Some(&id) = pieces.get(half) {
+                        return Some(id);
+                    }
+                    let c = single_char(half)?;
+                    let next = vocab_size + char_ids.len() as u32;
+                    Some(*char_ids.entry(c).or_insert(next))
+                };
+                if let (Some(left), Some(right)) = (symbol_id(a), symbol_id(b)) {
+                    merges.insert((left, right), (id, score(id)));
                 }
-            })
-            .collect();
+            }
+        }
+        let mut joins_space = AHashSet::new();
+        for text in pieces.keys() {
+            let mut prev = None;
+            for c in text.chars() {
+                if let (Some(p), ESCAPED_SPACE) = (prev, c) {
+                    joins_space.insert(p);
+                }
+                prev = Some(c);
+            }
+        }
+        let ascii_joins_space = std::array::from_fn(|c| joins_space.contains(&char::from(c as u8)));
+        let mut ascii_ids = [UNMERGEABLE; 128];
+        for (c, slot) in ascii_ids.iter_mut().enumerate() {
+            if let Some(&id) = char_ids.get(&char::from(c as u8)) {
+                *slot = id;
+            }
+        }
         specials.retain(|s| !s.text.is_empty());
         specials.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
         let special_finder = if specials.is_empty() {
@@ -166,7 +200,12 @@ impl SentencePiece {
         };
         Ok(Self {
             pieces,
-            scores,
+            merges,
+            ascii_ids,
+            char_ids,
+            vocab_size,
+            ascii_joins_space,
+            joins_space,
             byte_fallback,
             unk,
             add_space_prefix,
@@ -272,32 +311,54 @@ impl SentencePiece {
         Some(fragments)
     }
 
-    /// Appends the ids of one text fragment (no special tokens in it).
-    fn encode_fragment(&self, text: &str, prefix: bool, out: &mut Vec<u32>, s: &mut Scratch) {
-        let escaped = &mut s.escaped;
-        escaped.clear();
-        if prefix {
-            escaped.push(ESCAPED_SPACE);
+    fn char_id(&self, c: char) -> u32 {
+        match self.ascii_ids.get(c as usize) {
+            Some(&id) => id,
+            None => self.char_ids.get(&c).copied().unwrap_or(UNMERGEABLE),
         }
-        let mut rest = text;
-        while let Some(i) = rest.find(' ') {
-            escaped.push_str(&rest[..i]);
-            escaped.push(ESCAPED_SPACE);
-            rest = &rest[i + 1..];
-        }
-        escaped.push_str(rest);
+    }
 
-        let symbols = &mut s.symbols;
-        symbols.clear();
-        for (i, (start, c)) in escaped.char_indices().enumerate() {
-            let i = i as u32;
-            symbols.push(Symbol {
-                start: start as u32,
-                len: c.len_utf8() as u32,
-                prev: if i == 0 { NONE } else { i - 1 },
-                next: i + 1,
-            });
+    /// Appends the ids of one text fragment (no special tokens in it).
+    ///
+    /// Merges never cross a boundary no piece spans, so the fragment is merged in segments cut
+    /// at such boundaries, which gives the same ids as merging it whole and keeps each heap
+    /// small. The boundaries checked are those before a space (`▁`) whose previous character
+    /// no piece has right before a `▁`: in SentencePiece vocabularies `▁` starts pieces (or
+    /// runs of itself), so this cuts the text into words, as the BPE pre-tokenizers do.
+    fn encode_fragment(&self, text: &str, prefix: bool, out: &mut Vec<u32>, s: &mut Scratch) {
+        let space = self.char_id(ESCAPED_SPACE);
+        s.symbols.clear();
+        if prefix {
+            push_symbol(&mut s.symbols, space, ESCAPED_SPACE);
         }
+        let mut prev = None;
+        for c in text.chars() {
+            if c == ' ' {
+                if prev.is_some_and(|p| !self.joins_space(p)) {
+                    self.merge_segment(s, out);
+                    s.symbols.clear();
+                }
+                push_symbol(&mut s.symbols, space, ESCAPED_SPACE);
+                prev = Some(ESCAPED_SPACE);
+            } else {
+                push_symbol(&mut s.symbols, self.char_id(c), c);
+                prev = Some(c);
+            }
+        }
+        self.merge_segment(s, out);
+    }
+
+    /// Whether some piece has `c` right before a `▁`.
+    fn joins_space(&self, c: char) -> bool {
+        match self.ascii_joins_space.get(c as usize) {
+            Some(&joins) => joins,
+            None => self.joins_space.contains(&c),
+        }
+    }
+
+    /// Merges the symbols of `s` and appends their ids.
+    fn merge_segment(&self, s: &mut Scratch, out: &mut Vec<u32>) {
+        let symbols = &mut s.symbols;
         let Some(last) = symbols.last_mut() else {
             return;
         };
@@ -306,76 +367,96 @@ impl SentencePiece {
         let heap = &mut s.heap;
         heap.clear();
         for left in 1..symbols.len() as u32 {
-            self.push_bigram(escaped, symbols, heap, left - 1, left);
+            self.push_bigram(symbols, heap, left - 1, left);
         }
-        while let Some(bigram) = heap.pop() {
-            let l = symbols[bigram.left as usize];
-            let r = symbols[bigram.right as usize];
-            // Stale when either side has been merged away or has grown since: symbols only
-            // grow, so an unchanged total size means the same two symbols, still adjacent.
-            if l.len == 0 || r.len == 0 || l.len + r.len != bigram.size {
+        while let Some(key) = heap.pop() {
+            let left = bigram_left(key);
+            let l = symbols[left as usize];
+            if l.next == NONE {
                 continue;
             }
-            symbols[bigram.left as usize].len += r.len;
-            symbols[bigram.left as usize].next = r.next;
-            symbols[bigram.right as usize].len = 0;
-            if r.next != NONE {
-                symbols[r.next as usize].prev = bigram.left;
+            let r = symbols[l.next as usize];
+            // The candidate may be stale (either symbol merged since). It is taken when the
+            // pair now at `left` has exactly its score: then the pair's own candidate has the
+            // same key, and which of two equal keys pops first makes no difference. A merged-
+            // away symbol has no `next` and the unmergeable id, so it never matches.
+            let Some(&(merged, score)) = self.merges.get(&(l.id, r.id)) else {
+                continue;
+            };
+            if bigram_key(score, left) != key {
+                continue;
             }
-            self.push_bigram(escaped, symbols, heap, l.prev, bigram.left);
-            self.push_bigram(escaped, symbols, heap, bigram.left, r.next);
+            let right = l.next;
+            symbols[left as usize].id = merged;
+            symbols[left as usize].next = r.next;
+            symbols[right as usize].prev = NONE;
+            symbols[right as usize].next = NONE;
+            symbols[right as usize].id = UNMERGEABLE;
+            if r.next != NONE {
+                symbols[r.next as usize].prev = left;
+            }
+            self.push_bigram(symbols, heap, l.prev, left);
+            self.push_bigram(symbols, heap, left, r.next);
         }
 
         // Symbol 0 always survives: a merge keeps its left symbol.
         let mut i = 0;
         while i != NONE {
             let sym = symbols[i as usize];
-            let piece = &escaped[sym.start as usize..(sym.start + sym.len) as usize];
-            match self.pieces.get(piece) {
-                Some(&id) => out.push(id),
-                // Only a single character can be missing: every merge made a piece. (So
+            if sym.id < self.vocab_size {
+                out.push(sym.id);
+            } else {
+                // Only a single character can be without a piece: every merge made one. (So
                 // llama.cpp's `rev_merge` re-segmentation, keyed by merged texts, never applies.)
-                None => {
-                    if piece
-                        .bytes()
-                        .all(|b| self.byte_fallback[b as usize].is_some())
-                    {
-                        out.extend(piece.bytes().filter_map(|b| self.byte_fallback[b as usize]));
-                    } else if let Some(unk) = self.unk {
-                        // Where llama.cpp would throw: one unknown id for the character, as
-                        // SentencePiece itself gives.
-                        out.push(unk);
-                    }
-                }
+                self.push_fallback(sym.ch, out);
             }
             i = sym.next;
         }
     }
 
+    /// A character without a piece: its UTF-8 bytes as byte tokens, or one unknown id where
+    /// some byte has none (where llama.cpp would throw; what SentencePiece itself gives).
+    fn push_fallback(&self, c: char, out: &mut Vec<u32>) {
+        let mut buf = [0; 4];
+        let bytes = c.encode_utf8(&mut buf).as_bytes();
+        if bytes
+            .iter()
+            .all(|&b| self.byte_fallback[b as usize].is_some())
+        {
+            out.extend(bytes.iter().filter_map(|&b| self.byte_fallback[b as usize]));
+        } else if let Some(unk) = self.unk {
+            out.push(unk);
+        }
+    }
+
     /// Queues the merge of `left` and `right` if their concatenation is a piece.
-    fn push_bigram(
-        &self,
-        escaped: &str,
-        symbols: &[Symbol],
-        heap: &mut BinaryHeap<Bigram>,
-        left: u32,
-        right: u32,
-    ) {
+    fn push_bigram(&self, symbols: &[Symbol], heap: &mut BinaryHeap<u64>, left: u32, right: u32) {
         if left == NONE || right == NONE {
             return;
         }
         let (l, r) = (symbols[left as usize], symbols[right as usize]);
-        // Adjacent symbols are adjacent in the text: a merge only ever absorbs the next one.
-        let piece = &escaped[l.start as usize..(l.start + l.len + r.len) as usize];
-        if let Some(&id) = self.pieces.get(piece) {
-            heap.push(Bigram {
-                score: self.scores[id as usize],
-                left,
-                right,
-                size: l.len + r.len,
-            });
+        if let Some(&(_, score)) = self.merges.get(&(l.id, r.id)) {
+            heap.push(bigram_key(score, left));
         }
     }
+}
+
+/// Appends a symbol linked after the last one (its `next` is fixed up when merging starts).
+fn push_symbol(symbols: &mut Vec<Symbol>, id: u32, ch: char) {
+    let i = symbols.len() as u32;
+    symbols.push(Symbol {
+        id,
+        ch,
+        prev: if i == 0 { NONE } else { i - 1 },
+        next: i + 1,
+    });
+}
+
+/// The character `text` is, if it is exactly one.
+fn single_char(text: &str) -> Option<char> {
+    let mut chars = text.chars();
+    let c = chars.next()?;
+    chars.next().is_none().then_some(c)
 }
 
 /// C's `isspace` in the "C" locale, which llama.cpp strips around special tokens with.
@@ -421,6 +502,34 @@ mod tests {
         // Equal scores: the leftmost pair first.
         let (_, spm) = vocab(&[("ab", -1.0), ("bc", -1.0)], vec![]);
         assert_eq!(spm.encode_fragment_ids("abc"), vec![5, 3]);
+    }
+
+    #[test]
+    fn pieces_with_an_inner_space_keep_the_text_whole() {
+        // `a▁b` spans the space after `a`: the fragment must not be cut there.
+        let (_, spm) = vocab(&[("a\u{2581}", -1.0), ("a\u{2581}b", -0.5)], vec![]);
+        assert_eq!(spm.encode_fragment_ids("a b"), vec![6]);
+        // Nothing spans the space after `c`: cut, and each side merged alone.
+        assert_eq!(spm.encode_fragment_ids("c b"), vec![3, 4, 2]);
+    }
+
+    #[test]
+    fn bigram_keys_order_by_score_then_leftmost() {
+        let scores = [
+            f32::NEG_INFINITY,
+            -1e9,
+            -2.5,
+            -0.5,
+            0.0,
+            1e-30,
+            3.0,
+            f32::INFINITY,
+        ];
+        for pair in scores.windows(2) {
+            assert!(bigram_key(pair[0], 0) < bigram_key(pair[1], 7), "{pair:?}");
+        }
+        assert!(bigram_key(-1.0, 3) > bigram_key(-1.0, 4));
+        assert_eq!(bigram_left(bigram_key(-1.0, 12345)), 12345);
     }
 
     #[test]

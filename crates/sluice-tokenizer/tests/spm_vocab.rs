@@ -239,3 +239,76 @@ fn characters_without_a_piece_fall_back_to_bytes_or_unknown() {
     // Without byte tokens, one unknown id per character the vocabulary cannot spell.
     assert_eq!(without.encode("hié").unwrap(), vec![hi, 0]);
 }
+
+/// Encoding throughput, SentencePiece (llama-spm) against byte-level BPE (llama.cpp's GPT-2 and
+/// Llama 3 test vocabularies, from `LLAMA_VOCAB_DIR`, default the llama.cpp tree
+/// `scripts/llama-server.sh` unpacks), per byte of the same text. A measurement, not a check:
+///
+///     cargo test --release -p sluice-tokenizer --test spm_vocab -- --ignored --nocapture throughput
+#[test]
+#[ignore]
+fn throughput_against_bpe() {
+    let dir = std::env::var("LLAMA_VOCAB_DIR").unwrap_or_else(|_| {
+        let home = std::env::var("HOME").unwrap_or_default();
+        format!("{home}/.cache/sluice-peer-noamx/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
+    });
+    // Prose, code and other scripts, in prompts of about 4 KB.
+    let cases = read_cases(
+        &fixture("ggml-vocab-llama-spm.gguf.inp"),
+        &fixture("ggml-vocab-llama-spm.gguf.out"),
+    );
+    let mixed: String = cases
+        .iter()
+        .map(|(t, _)| t.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let prose = "The quick brown fox jumps over the lazy dog, and then it considers the \
+                 meaning of life, the universe and everything while writing some code:\n\
+                 fn main() { println!(\"hello, world\"); }\n";
+    let mut text = String::new();
+    while text.len() < 4096 {
+        text.push_str(prose);
+        text.push_str(&mixed[..mixed.len().min(400)]);
+    }
+    let prompts: Vec<String> = (0..256).map(|i| format!("{i} {text}")).collect();
+    let bytes: usize = prompts.iter().map(String::len).sum();
+    let time = |tok: &Tokenizer| {
+        let mut best = f64::MAX;
+        let mut ids = 0;
+        for _ in 0..5 {
+            let start = std::time::Instant::now();
+            ids = prompts
+                .iter()
+                .map(|p| tok.encode(p).unwrap().len())
+                .sum::<usize>();
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        (bytes as f64 / best / 1e6, ids)
+    };
+    let mut vocabs = vec![(
+        "llama-spm (SPM)".to_string(),
+        fixture("ggml-vocab-llama-spm.gguf"),
+    )];
+    for name in ["gpt-2", "llama-bpe"] {
+        let path = Path::new(&dir).join(format!("ggml-vocab-{name}.gguf"));
+        if path.is_file() {
+            vocabs.push((format!("{name} (BPE)"), path));
+        } else {
+            eprintln!("skipped {name}: {} missing", path.display());
+        }
+    }
+    for (name, path) in vocabs {
+        let metadata = read_gguf_metadata(&path);
+        let start = std::time::Instant::now();
+        let tok = Tokenizer::from_gguf(&metadata, &path).unwrap();
+        eprintln!(
+            "{name:>18}: built in {:.0} ms",
+            start.elapsed().as_secs_f64() * 1e3
+        );
+        let (mb_s, ids) = time(&tok);
+        eprintln!(
+            "{name:>18}: {mb_s:6.1} MB/s, {:.2} bytes per id",
+            bytes as f64 / ids as f64
+        );
+    }
+}
