@@ -55,12 +55,16 @@ fn llama_spm_matches_llama_cpp_test_cases() {
         &fixture("ggml-vocab-llama-spm.gguf.out"),
     );
     assert_eq!(n, 46);
-    let n = check_cases(
-        &tok,
-        &fixture("spm-extra.inp"),
-        &fixture("spm-extra.llama-spm.out"),
-    );
-    assert_eq!(n, 30);
+    check_extra_cases(&tok, "llama-spm");
+}
+
+/// The inputs of `spm-extra.inp` (30) and `spm-random.inp` (300 random mixes of words, special
+/// token texts, whitespace runs and other scripts) against llama.cpp's ids on `vocab`.
+fn check_extra_cases(tok: &Tokenizer, vocab: &str) {
+    for (set, n) in [("spm-extra", 30), ("spm-random", 300)] {
+        let out = fixture(&format!("{set}.{vocab}.out"));
+        assert_eq!(check_cases(tok, &fixture(&format!("{set}.inp")), &out), n);
+    }
 }
 
 #[test]
@@ -76,14 +80,7 @@ fn phi3_matches_llama_cpp_test_cases() {
     assert_eq!(check_cases(&tok, &inp, &out), 46);
     // Phi-3's special tokens swallow the whitespace after them (llama.cpp's RSTRIP, by model
     // name): `<|user|>\nWhat` is `<|user|>`, `What`.
-    assert_eq!(
-        check_cases(
-            &tok,
-            &fixture("spm-extra.inp"),
-            &fixture("spm-extra.phi-3.out")
-        ),
-        30
-    );
+    check_extra_cases(&tok, "phi-3");
     assert_eq!(tok.eos_token_id(), Some(32000));
     let end = tok.token_to_id("<|end|>").unwrap();
     assert!(
@@ -99,14 +96,7 @@ fn baichuan_matches_llama_cpp() {
         return;
     };
     let tok = load(&vocab);
-    assert_eq!(
-        check_cases(
-            &tok,
-            &fixture("spm-extra.inp"),
-            &fixture("spm-extra.baichuan.out")
-        ),
-        30
-    );
+    check_extra_cases(&tok, "baichuan");
 }
 
 #[test]
