@@ -41,6 +41,9 @@ fi
 # scripts/llama-server.sh, makes the Q4_K_M ones), checked against their sha256: their tests
 # skip without them, CI runs them.
 ./scripts/make-moe-models.sh >/dev/null
+# llama.cpp's Phi-3 and Baichuan SentencePiece test vocabularies (sluice-tokenizer's spm_vocab
+# tests skip without them, CI runs them).
+./scripts/fetch-vocab-fixtures.sh
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 # The CUDA build, compiled and linted without a GPU: the pinned CUDA 13.0 toolkit from PyPI

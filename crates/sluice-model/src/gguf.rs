@@ -776,6 +776,16 @@ impl GgufMetadata for GgufFile {
     fn integers(&self, key: &str) -> std::result::Result<Option<Vec<i64>>, String> {
         self.array(key, "an integer", int_value)
     }
+
+    /// SentencePiece scores: f32 in every converter we know, integers in some old ones
+    /// (llama.cpp accepts both).
+    fn floats(&self, key: &str) -> std::result::Result<Option<Vec<f32>>, String> {
+        self.array(key, "a number", |v| match v {
+            Value::F32(x) => Some(*x),
+            Value::F64(x) => Some(*x as f32),
+            other => int_value(other).map(|i| i as f32),
+        })
+    }
 }
 
 impl LlamaModel {

@@ -6,13 +6,15 @@ use std::collections::HashMap;
 
 /// Typed access to GGUF metadata. Each accessor is `Ok(None)` when the key is absent and
 /// `Err(reason)` when it is present with another type (the reason says what was found).
-/// Integers of every GGUF width come back as `i64`.
+/// Integers of every GGUF width come back as `i64`; floats of either width, and integer arrays
+/// (llama.cpp reads SentencePiece scores from either), as `f32`.
 pub trait GgufMetadata {
     fn string(&self, key: &str) -> Result<Option<&str>, String>;
     fn boolean(&self, key: &str) -> Result<Option<bool>, String>;
     fn integer(&self, key: &str) -> Result<Option<i64>, String>;
     fn strings(&self, key: &str) -> Result<Option<Vec<&str>>, String>;
     fn integers(&self, key: &str) -> Result<Option<Vec<i64>>, String>;
+    fn floats(&self, key: &str) -> Result<Option<Vec<f32>>, String>;
 }
 
 /// One metadata value held in memory.
@@ -29,6 +31,11 @@ impl MetadataValue {
     /// An array of strings.
     pub fn strings<S: Into<String>>(items: impl IntoIterator<Item = S>) -> Self {
         Self::Array(items.into_iter().map(|s| Self::String(s.into())).collect())
+    }
+
+    /// An array of floats.
+    pub fn floats(items: impl IntoIterator<Item = f32>) -> Self {
+        Self::Array(items.into_iter().map(|f| Self::Float(f.into())).collect())
     }
 
     /// An array of integers.
@@ -139,6 +146,14 @@ impl GgufMetadata for MetadataMap {
     fn integers(&self, key: &str) -> Result<Option<Vec<i64>>, String> {
         self.array(key, "an integer", |v| match v {
             MetadataValue::Int(i) => Some(*i),
+            _ => None,
+        })
+    }
+
+    fn floats(&self, key: &str) -> Result<Option<Vec<f32>>, String> {
+        self.array(key, "a number", |v| match v {
+            MetadataValue::Float(f) => Some(*f as f32),
+            MetadataValue::Int(i) => Some(*i as f32),
             _ => None,
         })
     }

@@ -1,24 +1,30 @@
-//! Rebuilds a byte-level BPE tokenizer from GGUF `tokenizer.ggml.*` metadata, reading the same
-//! keys llama.cpp does: vocabulary, merges, token types, special ids, and the pre-tokenizer
-//! chosen by name (`tokenizer.ggml.pre`), since GGUF stores only the name, not the regexes.
+//! Rebuilds a tokenizer from GGUF `tokenizer.ggml.*` metadata, reading the same keys llama.cpp
+//! does. `tokenizer.ggml.model` picks the kind: `gpt2` is byte-level BPE, built here
+//! (vocabulary, merges, token types, special ids, and the pre-tokenizer chosen by name,
+//! `tokenizer.ggml.pre`, since GGUF stores only the name, not the regexes); `llama` is
+//! SentencePiece, built by `gguf_spm`.
 
 use std::path::Path;
 
 use crate::bpe::ByteLevelBpe;
 use crate::error::{Result, TokenizerError};
 use crate::gguf_metadata::GgufMetadata;
+use crate::gguf_spm;
 use crate::parts::{Encoder, TokenizerParts};
 use crate::pretokenize::{PreTokenizer, SUPPORTED_NAMES};
 use crate::vocab::{PieceEncoding, TokenKind, TokenTable};
 
-const KEY_MODEL: &str = "tokenizer.ggml.model";
+pub(crate) const KEY_MODEL: &str = "tokenizer.ggml.model";
 const KEY_PRE: &str = "tokenizer.ggml.pre";
-const KEY_TOKENS: &str = "tokenizer.ggml.tokens";
-const KEY_TYPES: &str = "tokenizer.ggml.token_type";
+pub(crate) const KEY_TOKENS: &str = "tokenizer.ggml.tokens";
+pub(crate) const KEY_TYPES: &str = "tokenizer.ggml.token_type";
 const KEY_MERGES: &str = "tokenizer.ggml.merges";
-const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
-const KEY_ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
-const KEY_TEMPLATE: &str = "tokenizer.chat_template";
+pub(crate) const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
+pub(crate) const KEY_ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
+pub(crate) const KEY_TEMPLATE: &str = "tokenizer.chat_template";
+
+/// The `tokenizer.ggml.model` values we build, with what each is.
+const SUPPORTED_MODELS: &str = "`gpt2` (byte-level BPE), `llama` (SentencePiece)";
 
 /// GGUF token types (llama.cpp's `llama_token_type`).
 fn token_kind(token_type: i64) -> TokenKind {
@@ -35,15 +41,18 @@ fn token_kind(token_type: i64) -> TokenKind {
 pub(crate) fn build(metadata: &dyn GgufMetadata, path: &Path) -> Result<TokenizerParts> {
     let meta = Metadata { metadata, path };
 
-    let model = meta.required_str(KEY_MODEL)?;
-    if model != "gpt2" {
-        return Err(TokenizerError::Unsupported {
+    match meta.required_str(KEY_MODEL)? {
+        "gpt2" => build_bpe(&meta),
+        "llama" => gguf_spm::build(&meta),
+        model => Err(TokenizerError::Unsupported {
             path: path.to_path_buf(),
-            what: format!(
-                "tokenizer model `{model}` ({KEY_MODEL}); supported: `gpt2` (byte-level BPE)"
-            ),
-        });
+            what: format!("tokenizer model `{model}` ({KEY_MODEL}); supported: {SUPPORTED_MODELS}"),
+        }),
     }
+}
+
+fn build_bpe(meta: &Metadata) -> Result<TokenizerParts> {
+    let path = meta.path;
     let pre_name = match meta.optional_str(KEY_PRE)? {
         Some(name) => name,
         None => {
@@ -91,20 +100,7 @@ pub(crate) fn build(metadata: &dyn GgufMetadata, path: &Path) -> Result<Tokenize
         })
         .collect::<Result<_>>()?;
 
-    let token_id = |key: &str| -> Result<Option<u32>> {
-        let key = format!("tokenizer.ggml.{key}");
-        match meta.optional_int(&key)? {
-            Some(id) if id >= 0 && (id as u64) < n as u64 => Ok(Some(id as u32)),
-            // Negative ids mean "none" in some converters.
-            Some(id) if id < 0 => Ok(None),
-            Some(id) => {
-                // llama.cpp ignores an out-of-range special id too; the file stays usable.
-                tracing::warn!(path = %path.display(), "{key} = {id} is outside the {n}-token vocabulary; ignored");
-                Ok(None)
-            }
-            None => Ok(None),
-        }
-    };
+    let token_id = |name: &str| meta.token_id(name, n);
     let bos = token_id("bos_token_id")?;
     let eos = token_id("eos_token_id")?;
     let pad = token_id("padding_token_id")?;
@@ -148,6 +144,7 @@ pub(crate) fn build(metadata: &dyn GgufMetadata, path: &Path) -> Result<Tokenize
         extra_eog,
         add_bos,
         add_eos,
+        strip_first_space: false,
         chat_template,
     })
 }
@@ -158,9 +155,18 @@ pub(crate) fn build(metadata: &dyn GgufMetadata, path: &Path) -> Result<Tokenize
 /// tokens as added tokens. Special ids and the chat template belong in tokenizer_config.json.
 pub(crate) fn to_hf_json(metadata: &dyn GgufMetadata, path: &Path) -> Result<String> {
     use tokenizers::models::bpe::{Vocab, BPE};
+    let meta = Metadata { metadata, path };
+    let model = meta.required_str(KEY_MODEL)?;
+    if model != "gpt2" {
+        return Err(TokenizerError::Unsupported {
+            path: path.to_path_buf(),
+            what: format!(
+                "tokenizer model `{model}` ({KEY_MODEL}) as a tokenizer.json; supported: `gpt2`"
+            ),
+        });
+    }
     // Validates everything and gives each id its kind.
     let parts = build(metadata, path)?;
-    let meta = Metadata { metadata, path };
     let tokens = meta
         .string_array(KEY_TOKENS)?
         .ok_or_else(|| meta.missing(KEY_TOKENS))?;
@@ -204,17 +210,33 @@ pub(crate) fn to_hf_json(metadata: &dyn GgufMetadata, path: &Path) -> Result<Str
 }
 
 /// GGUF metadata with errors that name the file and the key.
-struct Metadata<'a> {
-    metadata: &'a dyn GgufMetadata,
-    path: &'a Path,
+pub(crate) struct Metadata<'a> {
+    pub(crate) metadata: &'a dyn GgufMetadata,
+    pub(crate) path: &'a Path,
 }
 
 impl<'a> Metadata<'a> {
-    fn missing(&self, key: &str) -> TokenizerError {
+    /// The id `tokenizer.ggml.<name>` names in an `n`-token vocabulary; `None` when absent,
+    /// negative (some converters' "none") or out of range (ignored with a warning, as
+    /// llama.cpp does: the file stays usable).
+    pub(crate) fn token_id(&self, name: &str, n: usize) -> Result<Option<u32>> {
+        let key = format!("tokenizer.ggml.{name}");
+        match self.optional_int(&key)? {
+            Some(id) if id >= 0 && (id as u64) < n as u64 => Ok(Some(id as u32)),
+            Some(id) if id < 0 => Ok(None),
+            Some(id) => {
+                tracing::warn!(path = %self.path.display(), "{key} = {id} is outside the {n}-token vocabulary; ignored");
+                Ok(None)
+            }
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn missing(&self, key: &str) -> TokenizerError {
         self.invalid(key, "not present")
     }
 
-    fn invalid(&self, key: &str, reason: &str) -> TokenizerError {
+    pub(crate) fn invalid(&self, key: &str, reason: &str) -> TokenizerError {
         TokenizerError::Metadata {
             path: self.path.to_path_buf(),
             key: key.to_string(),
@@ -230,23 +252,27 @@ impl<'a> Metadata<'a> {
         self.optional_str(key)?.ok_or_else(|| self.missing(key))
     }
 
-    fn optional_str(&self, key: &str) -> Result<Option<&'a str>> {
+    pub(crate) fn optional_str(&self, key: &str) -> Result<Option<&'a str>> {
         self.checked(key, self.metadata.string(key))
     }
 
-    fn optional_bool(&self, key: &str) -> Result<Option<bool>> {
+    pub(crate) fn optional_bool(&self, key: &str) -> Result<Option<bool>> {
         self.checked(key, self.metadata.boolean(key))
     }
 
-    fn optional_int(&self, key: &str) -> Result<Option<i64>> {
+    pub(crate) fn optional_int(&self, key: &str) -> Result<Option<i64>> {
         self.checked(key, self.metadata.integer(key))
     }
 
-    fn string_array(&self, key: &str) -> Result<Option<Vec<&'a str>>> {
+    pub(crate) fn string_array(&self, key: &str) -> Result<Option<Vec<&'a str>>> {
         self.checked(key, self.metadata.strings(key))
     }
 
-    fn int_array(&self, key: &str) -> Result<Option<Vec<i64>>> {
+    pub(crate) fn int_array(&self, key: &str) -> Result<Option<Vec<i64>>> {
         self.checked(key, self.metadata.integers(key))
+    }
+
+    pub(crate) fn float_array(&self, key: &str) -> Result<Option<Vec<f32>>> {
+        self.checked(key, self.metadata.floats(key))
     }
 }

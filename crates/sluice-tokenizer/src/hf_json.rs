@@ -69,6 +69,8 @@ pub(crate) fn build(path: &Path) -> Result<TokenizerParts> {
         extra_eog: Vec::new(),
         add_bos,
         add_eos,
+        // The `Strip` decoder step this would mirror is not applied (see `Tokenizer::from_file`).
+        strip_first_space: false,
         chat_template: config.chat_template,
         encoder: Encoder::HuggingFace(Box::new(inner)),
         table,

@@ -1,5 +1,5 @@
 //! sluice-tokenizer: text in and out of a model. Byte-level BPE with the pre-tokenizers GGUF
-//! files name, vocabularies from GGUF metadata or a Hugging Face `tokenizer.json`, incremental
+//! files name, SentencePiece as llama.cpp runs it, vocabularies from GGUF metadata or a Hugging Face `tokenizer.json`, incremental
 //! UTF-8-safe detokenization, Jinja chat templates (with tools), and the parsers that split a
 //! model's output into content, tool calls (`tool_parser`) and reasoning (`reasoning`).
 //! Nothing here knows about tensors.
@@ -10,6 +10,7 @@ pub mod chat;
 pub mod detokenizer;
 pub mod error;
 pub mod gguf_metadata;
+mod gguf_spm;
 mod gguf_vocab;
 mod hf_json;
 mod partial_marker;
@@ -17,6 +18,7 @@ mod parts;
 mod pretokenize;
 mod python_json;
 pub mod reasoning;
+mod spm;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tokenizer;

@@ -4,12 +4,15 @@
 
 use crate::bpe::ByteLevelBpe;
 use crate::error::{Result, TokenizerError};
+use crate::spm::SentencePiece;
 use crate::vocab::TokenTable;
 
 /// What turns text into ids.
 pub(crate) enum Encoder {
     /// Our byte-level BPE, for GGUF vocabularies.
     ByteLevelBpe(Box<ByteLevelBpe>),
+    /// Our SentencePiece, for GGUF vocabularies of the `llama` kind.
+    SentencePiece(Box<SentencePiece>),
     /// A `tokenizer.json`, run by the `tokenizers` crate.
     HuggingFace(Box<tokenizers::Tokenizer>),
 }
@@ -18,6 +21,7 @@ impl Encoder {
     pub(crate) fn encode(&self, text: &str) -> Result<Vec<u32>> {
         match self {
             Self::ByteLevelBpe(bpe) => Ok(bpe.encode(text)),
+            Self::SentencePiece(spm) => Ok(spm.encode(text)),
             // `encode_fast` skips offset bookkeeping we never read.
             Self::HuggingFace(hf) => hf
                 .encode_fast(text, false)
@@ -29,6 +33,7 @@ impl Encoder {
     pub(crate) fn token_to_id(&self, token: &str) -> Option<u32> {
         match self {
             Self::ByteLevelBpe(bpe) => bpe.token_to_id(token),
+            Self::SentencePiece(spm) => spm.token_to_id(token),
             Self::HuggingFace(hf) => hf.token_to_id(token),
         }
     }
@@ -49,5 +54,9 @@ pub(crate) struct TokenizerParts {
     /// `add_eos_token` of `tokenizer_config.json`): embedding models pooled on their last token
     /// (Qwen3-Embedding) were trained with it.
     pub(crate) add_eos: bool,
+    /// Whether decoding a text drops one leading space from its first token: the space a
+    /// SentencePiece encoding put in front (`add_space_prefix`), as llama.cpp's `detokenize`
+    /// drops it.
+    pub(crate) strip_first_space: bool,
     pub(crate) chat_template: Option<String>,
 }

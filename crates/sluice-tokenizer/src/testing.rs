@@ -1,4 +1,4 @@
-//! A tiny byte-level vocabulary built in memory, for tests that need a real
+//! Tiny vocabularies (byte-level BPE, SentencePiece) built in memory, for tests that need a real
 //! [`Tokenizer`](crate::tokenizer::Tokenizer) without a model file; compiled for this crate's
 //! tests and with the `testing` feature.
 
@@ -34,6 +34,33 @@ pub fn tiny_metadata(pre: &str) -> MetadataMap {
     );
     metadata.insert("tokenizer.ggml.bos_token_id", MetadataValue::Int(1));
     metadata.insert("tokenizer.ggml.eos_token_id", MetadataValue::Int(2));
+    metadata
+}
+
+/// GGUF tokenizer metadata of a SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`):
+/// `<unk>` (0, unknown), `<s>` (1, control), `</s>` (2, control), the 256 byte tokens
+/// `<0x00>`..`<0xFF>` (ids 3..259) when `byte_tokens`, then the pieces `▁`, `h`, `i`, `▁h`,
+/// `▁hi`; each id's score is minus the id, so earlier pieces merge first.
+pub fn tiny_spm_metadata(byte_tokens: bool) -> MetadataMap {
+    let mut tokens: Vec<String> = ["<unk>", "<s>", "</s>"].map(String::from).to_vec();
+    let mut types = vec![2i32, 3, 3];
+    if byte_tokens {
+        tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+        types.resize(tokens.len(), 6);
+    }
+    for piece in ["\u{2581}", "h", "i", "\u{2581}h", "\u{2581}hi"] {
+        tokens.push(piece.to_string());
+        types.push(1);
+    }
+    let scores: Vec<f32> = (0..tokens.len()).map(|i| -(i as f32)).collect();
+    let mut metadata = MetadataMap::new();
+    metadata.insert(
+        "tokenizer.ggml.model",
+        MetadataValue::String("llama".into()),
+    );
+    metadata.insert("tokenizer.ggml.tokens", MetadataValue::strings(tokens));
+    metadata.insert("tokenizer.ggml.scores", MetadataValue::floats(scores));
+    metadata.insert("tokenizer.ggml.token_type", MetadataValue::ints(types));
     metadata
 }
 

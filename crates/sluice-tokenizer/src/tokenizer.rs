@@ -1,9 +1,10 @@
 //! Text <-> token ids for a model: built from a GGUF file's `tokenizer.ggml.*` metadata or from a
 //! Hugging Face `tokenizer.json`.
 //!
-//! GGUF vocabularies (byte-level BPE) are encoded by our own `bpe` encoder and `pretokenize`
-//! scanners: about ten times faster than the `tokenizers` crate, and checked against it in the
-//! tests. A `tokenizer.json` is encoded by `tokenizers` itself, since it may declare any
+//! GGUF vocabularies are encoded by our own encoders: byte-level BPE by `bpe` and the
+//! `pretokenize` scanners (about ten times faster than the `tokenizers` crate, and checked
+//! against it in the tests), SentencePiece by `spm` (checked against llama.cpp's own test
+//! vocabularies and their expected ids). A `tokenizer.json` is encoded by `tokenizers` itself, since it may declare any
 //! normalizer or model. Decoding goes through neither: every id has a precomputed byte string
 //! ([`Tokenizer::token_bytes`]), and decoding concatenates those bytes and reads them as lossy
 //! UTF-8. The streaming [`IncrementalDecoder`](crate::detokenizer::IncrementalDecoder) uses the
@@ -43,6 +44,7 @@ pub struct Tokenizer {
     eos_ids: Vec<u32>,
     add_bos: bool,
     add_eos: bool,
+    strip_first_space: bool,
     chat_template: Option<String>,
 }
 
@@ -59,9 +61,10 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 impl Tokenizer {
-    /// Builds the tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata. Only
-    /// byte-level BPE (`tokenizer.ggml.model = "gpt2"`) is supported; see
-    /// [`SUPPORTED_PRE_TOKENIZERS`] for the pre-tokenizers. `path` is only used in errors.
+    /// Builds the tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata: byte-level
+    /// BPE (`tokenizer.ggml.model = "gpt2"`; see [`SUPPORTED_PRE_TOKENIZERS`] for the
+    /// pre-tokenizers) or SentencePiece (`"llama"`), each encoding as llama.cpp does. `path` is
+    /// only used in errors.
     pub fn from_gguf(metadata: &dyn GgufMetadata, path: &Path) -> Result<Self> {
         gguf_vocab::build(metadata, path).map(Self::assemble)
     }
@@ -97,6 +100,7 @@ impl Tokenizer {
             extra_eog,
             add_bos,
             add_eos,
+            strip_first_space,
             chat_template,
         } = parts;
         let mut eos_ids: Vec<u32> = eos.into_iter().chain(extra_eog).collect();
@@ -121,6 +125,7 @@ impl Tokenizer {
             eos_ids,
             add_bos,
             add_eos,
+            strip_first_space,
             chat_template,
         }
     }
@@ -160,20 +165,33 @@ impl Tokenizer {
     /// Text of `ids`: their bytes concatenated and read as UTF-8, invalid sequences replaced by
     /// U+FFFD. Ids outside the vocabulary contribute nothing (callers that take ids from users
     /// check them against [`vocab_size`](Self::vocab_size)).
+    ///
+    /// `ids` are a whole text: for a GGUF SentencePiece vocabulary, the first id's bytes lose
+    /// one leading space, the one the encoding put in front (llama.cpp's `detokenize`: so
+    /// `decode(encode(x)) == x`). As there, this is the first id whatever it is: ids that start
+    /// with BOS keep the space after it. The [`IncrementalDecoder`](crate::IncrementalDecoder)
+    /// decodes a continuation (generated ids) and strips nothing.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> String {
         let mut bytes = Vec::with_capacity(ids.len() * 4);
-        for &id in ids {
+        for (i, &id) in ids.iter().enumerate() {
             if skip_special_tokens && self.is_special(id) {
                 continue;
             }
-            bytes.extend_from_slice(self.token_bytes(id));
+            let piece = self.token_bytes(id);
+            let piece = match piece.split_first() {
+                Some((b' ', rest)) if i == 0 && self.strip_first_space => rest,
+                _ => piece,
+            };
+            bytes.extend_from_slice(piece);
         }
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
     /// The raw bytes `id` stands for: for byte-level BPE the token's characters mapped back
-    /// through GPT-2's byte alphabet (a fragment of a UTF-8 character is possible); for special
-    /// and added tokens their literal text. Empty for an id outside the vocabulary.
+    /// through GPT-2's byte alphabet (a fragment of a UTF-8 character is possible); for
+    /// SentencePiece the piece with `▁` as a space, or a byte token's one byte; for special
+    /// and added tokens their literal text. Empty for an id outside the vocabulary (and for a
+    /// SentencePiece vocabulary's unused tokens, as in llama.cpp).
     pub fn token_bytes(&self, id: u32) -> &[u8] {
         self.table.bytes_of(id)
     }
@@ -224,7 +242,8 @@ impl Tokenizer {
     }
 
     /// Whether prompts should start with BOS (GGUF `tokenizer.ggml.add_bos_token`, defaulting
-    /// as llama.cpp does: true for the Llama 3 pre-tokenizer, false for other BPE vocabularies).
+    /// as llama.cpp does: true for the Llama 3 pre-tokenizer and SentencePiece, false for other
+    /// BPE vocabularies).
     pub fn add_bos_token(&self) -> bool {
         self.add_bos
     }

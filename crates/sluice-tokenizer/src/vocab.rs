@@ -40,24 +40,31 @@ impl TokenTable {
     /// space (possible in a `tokenizer.json`), which decodes to nothing.
     pub(crate) fn new(entries: Vec<(Option<String>, TokenKind)>, encoding: PieceEncoding) -> Self {
         let alphabet = ByteLevelAlphabet::new();
+        Self::with_bytes(entries, |_, text, kind, bytes| match (kind, encoding) {
+            (TokenKind::Special | TokenKind::Literal, _) => {
+                bytes.extend_from_slice(text.as_bytes())
+            }
+            (TokenKind::Normal, PieceEncoding::ByteLevel) => alphabet.decode_into(text, bytes),
+            (TokenKind::Normal, PieceEncoding::SentencePiece) => sentencepiece_bytes(text, bytes),
+        })
+    }
+
+    /// Like [`new`](Self::new), with each id's bytes written by `write(id, text, kind, out)`:
+    /// for vocabularies whose bytes depend on more than the text and the kind (a GGUF
+    /// SentencePiece vocabulary's token types: unused tokens decode to nothing, byte tokens
+    /// to their byte).
+    pub(crate) fn with_bytes(
+        entries: Vec<(Option<String>, TokenKind)>,
+        mut write: impl FnMut(usize, &str, TokenKind, &mut Vec<u8>),
+    ) -> Self {
         let mut bytes = Vec::with_capacity(entries.len() * 6);
         let mut offsets = Vec::with_capacity(entries.len() + 1);
         let mut texts = Vec::with_capacity(entries.len());
         let mut kinds = Vec::with_capacity(entries.len());
         offsets.push(0);
-        for (text, kind) in entries {
+        for (id, (text, kind)) in entries.into_iter().enumerate() {
             if let Some(text) = &text {
-                match (kind, encoding) {
-                    (TokenKind::Special | TokenKind::Literal, _) => {
-                        bytes.extend_from_slice(text.as_bytes())
-                    }
-                    (TokenKind::Normal, PieceEncoding::ByteLevel) => {
-                        alphabet.decode_into(text, &mut bytes)
-                    }
-                    (TokenKind::Normal, PieceEncoding::SentencePiece) => {
-                        sentencepiece_bytes(text, &mut bytes)
-                    }
-                }
+                write(id, text, kind, &mut bytes);
             }
             // Vocabularies are far below 4 GiB of text; saturate rather than wrap if not.
             offsets.push(u32::try_from(bytes.len()).unwrap_or(u32::MAX));

@@ -44,9 +44,16 @@ fn llama3_takes_whole_words_from_the_vocabulary() {
 #[test]
 fn unsupported_model_and_pre_tokenizer_are_named() {
     let mut content = tiny_content("gpt-2");
-    content.insert("tokenizer.ggml.model", Value::String("llama".into()));
+    content.insert("tokenizer.ggml.model", Value::String("t5".into()));
     let err = build_err(&content);
-    assert!(err.contains("x.gguf") && err.contains("`llama`") && err.contains("gpt2"));
+    assert!(
+        err.contains("x.gguf")
+            && err.contains("`t5`")
+            && err.contains("tokenizer.ggml.model")
+            && err.contains("`gpt2`")
+            && err.contains("`llama`"),
+        "{err}"
+    );
 
     let err = build_err(&tiny_content("bogus-pre"));
     assert!(
