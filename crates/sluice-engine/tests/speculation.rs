@@ -7,7 +7,7 @@ mod common;
 
 use common::{next_token_periodic, reference_generate_with, tokens, Driver};
 use proptest::prelude::*;
-use sluice_engine::{SchedulerConfig, SeqId, SpeculationConfig};
+use sluice_engine::{Scheduler, SchedulerConfig, SeqId, SpeculationConfig};
 
 fn config(num_blocks: usize, block_size: usize, budget: usize, k: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -111,4 +111,46 @@ proptest! {
         let num_blocks = longest.div_ceil(block_size) + spare_blocks;
         run(config(num_blocks, block_size, budget, k), &prompts, max_tokens, eos);
     }
+}
+
+/// A sequence whose verified drafts bring it to exactly `max_tokens` is marked as having
+/// reached its length in that very commit (the engine ends it there; unmarked, it would never
+/// be scheduled again nor finished). Drafts count as generated only once they are kept.
+#[test]
+fn drafts_that_reach_max_tokens_mark_the_length_reached() {
+    let mut s: Scheduler = Scheduler::new(config(256, 4, 256, 4)).unwrap();
+    // A prompt that repeats, so n-gram lookup drafts its continuation, and "sampling" that
+    // continues the period, so every draft comes true.
+    let prompt: Vec<u32> = (0..40).map(|i| i % 5).collect();
+    s.add_request(1, prompt, 11, 1);
+    s.allow_speculation(1);
+    let id = SeqId::new(1, 0);
+    let mut drafted = 0;
+    for _ in 0..50 {
+        let rows: Vec<u32> = s
+            .schedule()
+            .sampling()
+            .flat_map(|e| {
+                let known = e.start + e.len - e.draft;
+                (0..e.num_rows()).map(move |i| ((known + i) % 5) as u32)
+            })
+            .collect();
+        s.commit(&rows).unwrap();
+        let e = s.output().scheduled()[0].clone();
+        drafted += e.draft;
+        let seq = s.get(id).unwrap();
+        assert_eq!(
+            e.reached_length,
+            seq.num_generated() >= seq.max_tokens(),
+            "generated {} of {} (drafts {})",
+            seq.num_generated(),
+            seq.max_tokens(),
+            e.draft
+        );
+        if e.reached_length {
+            assert!(drafted > 0, "the case needs drafts");
+            return;
+        }
+    }
+    panic!("never reached max_tokens");
 }
