@@ -459,8 +459,8 @@ fn tiny_gguf_file_loads_and_tokenizes() {
 #[test]
 fn unsupported_tokenizers_are_clear_errors() {
     let dir = scratch_dir("unsupported");
-    let sentencepiece = write_tiny_gguf(&dir, "spm.gguf", "llama", "default");
-    let err = read_gguf(&sentencepiece).tokenizer().unwrap_err();
+    let wordpiece = write_tiny_gguf(&dir, "wp.gguf", "bert", "default");
+    let err = read_gguf(&wordpiece).tokenizer().unwrap_err();
     assert!(
         matches!(
             err,
@@ -470,7 +470,18 @@ fn unsupported_tokenizers_are_clear_errors() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("spm.gguf") && msg.contains("`llama`") && msg.contains("gpt2"),
+        msg.contains("wp.gguf") && msg.contains("`bert`") && msg.contains("gpt2"),
+        "{msg}"
+    );
+    // A SentencePiece vocabulary (`llama`) is read, and one without its scores is refused
+    // naming the key.
+    let sentencepiece = write_tiny_gguf(&dir, "spm.gguf", "llama", "default");
+    let msg = read_gguf(&sentencepiece)
+        .tokenizer()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("spm.gguf") && msg.contains("tokenizer.ggml.scores"),
         "{msg}"
     );
 
