@@ -3,7 +3,7 @@
 //! turns a GGUF model into the Hugging Face directory it was converted from.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -582,34 +582,4 @@ impl TinyModelSpec {
     }
 }
 
-/// `models/<name>` at the workspace root, or `None` after printing that the test skipped and
-/// which script fetches the file: optional models are too large to require everywhere, and the
-/// line in the test output keeps a skipped test from passing for a run one. Under `CI=true`
-/// ([`in_ci`]), where `scripts/test.sh` fetches every model, a missing one fails the test,
-/// naming the file and the script.
-pub fn optional_model(name: &str, fetch_script: &str) -> Option<PathBuf> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(name);
-    if path.is_file() {
-        return Some(path);
-    }
-    let missing = format!("models/{name} missing, run {fetch_script}");
-    assert!(
-        !in_ci(),
-        "CI is set and an input of this test is missing: {missing}"
-    );
-    eprintln!("skipped: {missing}");
-    None
-}
-
-/// Whether `CI` is set (to anything but empty, `0`, `false` or `no`): then a test whose input
-/// is missing fails rather than skips.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| {
-        !matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "" | "0" | "false" | "no"
-        )
-    })
-}
+pub use sluice_tokenizer::testing::{in_ci, optional_input as optional_model};

@@ -68,3 +68,35 @@ pub fn tiny_spm_metadata(byte_tokens: bool) -> MetadataMap {
 pub fn byte_char(byte: u8) -> char {
     ByteLevelAlphabet::new().char_of(byte)
 }
+
+/// `models/<name>` at the workspace root, or `None` after printing that the test skipped and
+/// which script fetches the file: optional models are too large to require everywhere, and the
+/// line in the test output keeps a skipped test from passing for a run one. Under `CI=true`
+/// ([`in_ci`]), where `scripts/test.sh` fetches every model, a missing one fails the test,
+/// naming the file and the script.
+pub fn optional_input(name: &str, fetch_script: &str) -> Option<std::path::PathBuf> {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models")
+        .join(name);
+    if path.is_file() {
+        return Some(path);
+    }
+    let missing = format!("models/{name} missing, run {fetch_script}");
+    assert!(
+        !in_ci(),
+        "CI is set and an input of this test is missing: {missing}"
+    );
+    eprintln!("skipped: {missing}");
+    None
+}
+
+/// Whether `CI` is set (to anything but empty, `0`, `false` or `no`): then a test whose input
+/// is missing fails rather than skips.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| {
+        !matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "" | "0" | "false" | "no"
+        )
+    })
+}

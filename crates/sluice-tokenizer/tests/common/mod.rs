@@ -91,31 +91,9 @@ pub fn fixture(name: &str) -> PathBuf {
 
 /// `models/<name>` at the workspace root, fetched by `scripts/fetch-vocab-fixtures.sh`, or
 /// `None` after printing that the test skipped (under `CI=true` a missing file fails instead):
-/// the convention of `sluice_model::testing::optional_model`.
+/// [`sluice_tokenizer::testing::optional_input`] for this script.
 pub fn optional_vocab(name: &str) -> Option<PathBuf> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(name);
-    if path.is_file() {
-        return Some(path);
-    }
-    let missing = format!("models/{name} missing, run scripts/fetch-vocab-fixtures.sh");
-    assert!(
-        !in_ci(),
-        "CI is set and an input of this test is missing: {missing}"
-    );
-    eprintln!("skipped: {missing}");
-    None
-}
-
-/// Whether `CI` is set (to anything but empty, `0`, `false` or `no`).
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| {
-        !matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "" | "0" | "false" | "no"
-        )
-    })
+    sluice_tokenizer::testing::optional_input(name, "scripts/fetch-vocab-fixtures.sh")
 }
 
 /// llama.cpp's tokenizer test cases (`tests/test-tokenizer-0.cpp`): inputs separated by a line
