@@ -7,7 +7,7 @@
 //! tokens that do not cover all 256 bytes (text needing a missing one could not be encoded).
 
 use crate::error::{Result, TokenizerError};
-use crate::gguf_vocab::{Metadata, KEY_ADD_BOS, KEY_ADD_EOS, KEY_TEMPLATE, KEY_TOKENS, KEY_TYPES};
+use crate::gguf_keys::{Metadata, KEY_ADD_BOS, KEY_ADD_EOS, KEY_TEMPLATE, KEY_TOKENS, KEY_TYPES};
 use crate::parts::{Encoder, TokenizerParts};
 use crate::spm::{SentencePiece, SpecialToken, ESCAPED_SPACE};
 use crate::vocab::{TokenKind, TokenTable};

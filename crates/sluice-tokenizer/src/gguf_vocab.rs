@@ -8,6 +8,7 @@ use std::path::Path;
 
 use crate::bpe::ByteLevelBpe;
 use crate::error::{Result, TokenizerError};
+use crate::gguf_keys::{Metadata, KEY_ADD_BOS, KEY_ADD_EOS, KEY_TEMPLATE, KEY_TOKENS, KEY_TYPES};
 use crate::gguf_metadata::GgufMetadata;
 use crate::gguf_spm;
 use crate::parts::{Encoder, TokenizerParts};
@@ -16,12 +17,7 @@ use crate::vocab::{PieceEncoding, TokenKind, TokenTable};
 
 pub(crate) const KEY_MODEL: &str = "tokenizer.ggml.model";
 const KEY_PRE: &str = "tokenizer.ggml.pre";
-pub(crate) const KEY_TOKENS: &str = "tokenizer.ggml.tokens";
-pub(crate) const KEY_TYPES: &str = "tokenizer.ggml.token_type";
 const KEY_MERGES: &str = "tokenizer.ggml.merges";
-pub(crate) const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
-pub(crate) const KEY_ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
-pub(crate) const KEY_TEMPLATE: &str = "tokenizer.chat_template";
 
 /// The `tokenizer.ggml.model` values we build, with what each is.
 const SUPPORTED_MODELS: &str = "`gpt2` (byte-level BPE), `llama` (SentencePiece)";
@@ -207,72 +203,4 @@ pub(crate) fn to_hf_json(metadata: &dyn GgufMetadata, path: &Path) -> Result<Str
     hf.add_special_tokens(&added(TokenKind::Special));
     hf.add_tokens(&added(TokenKind::Literal));
     hf.to_string(false).map_err(|e| err(e.to_string()))
-}
-
-/// GGUF metadata with errors that name the file and the key.
-pub(crate) struct Metadata<'a> {
-    pub(crate) metadata: &'a dyn GgufMetadata,
-    pub(crate) path: &'a Path,
-}
-
-impl<'a> Metadata<'a> {
-    /// The id `tokenizer.ggml.<name>` names in an `n`-token vocabulary; `None` when absent,
-    /// negative (some converters' "none") or out of range (ignored with a warning, as
-    /// llama.cpp does: the file stays usable).
-    pub(crate) fn token_id(&self, name: &str, n: usize) -> Result<Option<u32>> {
-        let key = format!("tokenizer.ggml.{name}");
-        match self.optional_int(&key)? {
-            Some(id) if id >= 0 && (id as u64) < n as u64 => Ok(Some(id as u32)),
-            Some(id) if id < 0 => Ok(None),
-            Some(id) => {
-                tracing::warn!(path = %self.path.display(), "{key} = {id} is outside the {n}-token vocabulary; ignored");
-                Ok(None)
-            }
-            None => Ok(None),
-        }
-    }
-
-    pub(crate) fn missing(&self, key: &str) -> TokenizerError {
-        self.invalid(key, "not present")
-    }
-
-    pub(crate) fn invalid(&self, key: &str, reason: &str) -> TokenizerError {
-        TokenizerError::Metadata {
-            path: self.path.to_path_buf(),
-            key: key.to_string(),
-            reason: reason.to_string(),
-        }
-    }
-
-    fn checked<T>(&self, key: &str, value: std::result::Result<T, String>) -> Result<T> {
-        value.map_err(|reason| self.invalid(key, &reason))
-    }
-
-    fn required_str(&self, key: &str) -> Result<&'a str> {
-        self.optional_str(key)?.ok_or_else(|| self.missing(key))
-    }
-
-    pub(crate) fn optional_str(&self, key: &str) -> Result<Option<&'a str>> {
-        self.checked(key, self.metadata.string(key))
-    }
-
-    pub(crate) fn optional_bool(&self, key: &str) -> Result<Option<bool>> {
-        self.checked(key, self.metadata.boolean(key))
-    }
-
-    pub(crate) fn optional_int(&self, key: &str) -> Result<Option<i64>> {
-        self.checked(key, self.metadata.integer(key))
-    }
-
-    pub(crate) fn string_array(&self, key: &str) -> Result<Option<Vec<&'a str>>> {
-        self.checked(key, self.metadata.strings(key))
-    }
-
-    pub(crate) fn int_array(&self, key: &str) -> Result<Option<Vec<i64>>> {
-        self.checked(key, self.metadata.integers(key))
-    }
-
-    pub(crate) fn float_array(&self, key: &str) -> Result<Option<Vec<f32>>> {
-        self.checked(key, self.metadata.floats(key))
-    }
 }

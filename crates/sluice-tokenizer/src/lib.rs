@@ -9,6 +9,7 @@ pub mod byte_level;
 pub mod chat;
 pub mod detokenizer;
 pub mod error;
+mod gguf_keys;
 pub mod gguf_metadata;
 mod gguf_spm;
 mod gguf_vocab;
