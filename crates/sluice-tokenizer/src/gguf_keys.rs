@@ -36,6 +36,18 @@ impl<'a> Metadata<'a> {
         }
     }
 
+    /// The vocabulary's pieces (`tokenizer.ggml.tokens`), present and not empty, whatever
+    /// the tokenizer model.
+    pub(crate) fn tokens(&self) -> Result<Vec<&'a str>> {
+        let tokens = self
+            .string_array(KEY_TOKENS)?
+            .ok_or_else(|| self.missing(KEY_TOKENS))?;
+        if tokens.is_empty() {
+            return Err(self.invalid(KEY_TOKENS, "the vocabulary is empty"));
+        }
+        Ok(tokens)
+    }
+
     pub(crate) fn missing(&self, key: &str) -> TokenizerError {
         self.invalid(key, "not present")
     }

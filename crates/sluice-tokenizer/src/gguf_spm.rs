@@ -54,12 +54,7 @@ impl TokenType {
 
 pub(crate) fn build(meta: &Metadata) -> Result<TokenizerParts> {
     let path = meta.path;
-    let tokens = meta
-        .string_array(KEY_TOKENS)?
-        .ok_or_else(|| meta.missing(KEY_TOKENS))?;
-    if tokens.is_empty() {
-        return Err(meta.invalid(KEY_TOKENS, "the vocabulary is empty"));
-    }
+    let tokens = meta.tokens()?;
     let n = tokens.len();
     // llama.cpp reads the first `n` entries of longer arrays, and so do we.
     let scores = meta.float_array(KEY_SCORES)?.ok_or_else(|| {

@@ -68,12 +68,7 @@ fn build_bpe(meta: &Metadata) -> Result<TokenizerParts> {
             ),
         })?;
 
-    let tokens = meta
-        .string_array(KEY_TOKENS)?
-        .ok_or_else(|| meta.missing(KEY_TOKENS))?;
-    if tokens.is_empty() {
-        return Err(meta.invalid(KEY_TOKENS, "the vocabulary is empty"));
-    }
+    let tokens = meta.tokens()?;
     let n = tokens.len();
     let kinds: Vec<TokenKind> = match meta.int_array(KEY_TYPES)? {
         Some(types) if types.len() == n => types.into_iter().map(token_kind).collect(),
