@@ -43,6 +43,7 @@ pub(crate) fn attention_shape(config: &ModelConfig) -> AttentionShape {
         num_kv_heads: config.num_kv_heads,
         head_dim: config.head_dim,
         scale: 1.0 / (config.head_dim as f32).sqrt(),
+        window: None,
     }
 }
 
@@ -129,7 +130,7 @@ pub(crate) fn forward(
         x = (x + delta)?;
     }
     let out =
-        crate::last_layer::last_layer_rows(&x, w.norm, eps, w.lm_head, batch, cfg.vocab_size)?;
+        crate::last_layer::last_layer_rows(&x, w.norm, eps, w.lm_head, batch, cfg)?;
     timer.mark(Phase::Head);
     timer.drain(dev);
     timer.finish();

@@ -118,6 +118,13 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
     let c: ConfigJson = serde_path_to_error::deserialize(json)
         .map_err(|e| f.err(&e.path().to_string(), e.inner().to_string()))?;
     let architecture = architecture(&f, &c)?;
+    if architecture == Architecture::Gemma3 {
+        return Err(f.unsupported(
+            "Gemma 3 from a Hugging Face checkpoint (its norms, layer pattern and window are \
+             read from GGUF files only): convert it with llama.cpp's convert_hf_to_gguf.py"
+                .into(),
+        ));
+    }
     if c.quantization_config.is_some() {
         return Err(f.unsupported(
             "quantized checkpoint (`quantization_config`): use f32, f16 or bf16 weights, or a GGUF file".into(),
@@ -156,6 +163,7 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         | Architecture::Qwen3
         | Architecture::Qwen2Moe
         | Architecture::Qwen3Moe => c.use_sliding_window.unwrap_or(false),
+        Architecture::Gemma3 => unreachable!("refused above"),
     };
     let num_layers = f.required("num_hidden_layers", c.num_hidden_layers)?;
     let intermediate_size = f.required("intermediate_size", c.intermediate_size)?;
@@ -189,6 +197,9 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         // `1_Pooling/config.json`, which sluice does not read (`--pooling` sets it).
         pooling: None,
         moe,
+        sliding_window: None,
+        attention_scale: None,
+        final_logit_softcap: None,
     })
 }
 

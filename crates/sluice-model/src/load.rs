@@ -124,7 +124,11 @@ pub enum Weight {
     QNorm(usize),
     KNorm(usize),
     O(usize),
+    /// Gemma's norm of the attention's output, before it joins the residual stream.
+    AttnPostNorm(usize),
     FfnNorm(usize),
+    /// Gemma's norm of the MLP's output, before it joins the residual stream.
+    FfnPostNorm(usize),
     Gate(usize),
     Up(usize),
     Down(usize),
@@ -155,7 +159,9 @@ impl Weight {
             Self::QNorm(i) => blk(i, "attn_q_norm.weight"),
             Self::KNorm(i) => blk(i, "attn_k_norm.weight"),
             Self::O(i) => blk(i, "attn_output.weight"),
+            Self::AttnPostNorm(i) => blk(i, "post_attention_norm.weight"),
             Self::FfnNorm(i) => blk(i, "ffn_norm.weight"),
+            Self::FfnPostNorm(i) => blk(i, "post_ffw_norm.weight"),
             Self::Gate(i) => blk(i, "ffn_gate.weight"),
             Self::Up(i) => blk(i, "ffn_up.weight"),
             Self::Down(i) => blk(i, "ffn_down.weight"),
@@ -185,6 +191,10 @@ impl Weight {
             Self::KNorm(i) => layer(i, "self_attn.k_norm.weight"),
             Self::O(i) => layer(i, "self_attn.o_proj.weight"),
             Self::FfnNorm(i) => layer(i, "post_attention_layernorm.weight"),
+            // Gemma's four norms (whose `post_attention_layernorm` is the attention's post-norm,
+            // not the MLP's pre-norm): `hf.rs` renames them for a gemma3 checkpoint.
+            Self::AttnPostNorm(i) => layer(i, "post_attention_layernorm.weight"),
+            Self::FfnPostNorm(i) => layer(i, "post_feedforward_layernorm.weight"),
             Self::Gate(i) => layer(i, "mlp.gate_proj.weight"),
             Self::Up(i) => layer(i, "mlp.up_proj.weight"),
             Self::Down(i) => layer(i, "mlp.down_proj.weight"),

@@ -82,6 +82,9 @@ impl Default for TinyModelSpec {
     }
 }
 
+/// The sliding window of a tiny gemma3 model's local layers.
+pub const TINY_GEMMA_WINDOW: usize = 8;
+
 /// Control tokens after the 256 byte tokens.
 pub const TINY_SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
@@ -246,6 +249,10 @@ impl TinyModelSpec {
                 w.vector(&p("attn_q_norm.weight"), hd, 1.0, 0.1)?;
                 w.vector(&p("attn_k_norm.weight"), hd, 1.0, 0.1)?;
             }
+            if self.architecture.has_post_norms() {
+                w.vector(&p("post_attention_norm.weight"), h, 1.0, 0.1)?;
+                w.vector(&p("post_ffw_norm.weight"), h, 1.0, 0.1)?;
+            }
         }
         w.vector("output_norm.weight", h, 1.0, 0.1)?;
         let tensors = w.tensors;
@@ -274,6 +281,16 @@ impl TinyModelSpec {
         if let Some(d) = self.head_dim {
             meta.push((k("attention.key_length"), Value::U32(d as u32)));
             meta.push((k("attention.value_length"), Value::U32(d as u32)));
+        }
+        if self.architecture == Architecture::Gemma3 {
+            // Small enough that short prompts cross it: local layers (even ones, the pattern's
+            // period of 2) see 8 keys; the global ones rotate with another base than the local
+            // ones' default 10000; logits soft-capped, as Gemma 2 and some Gemma 3 files say.
+            meta.retain(|(key, _)| key != &k("rope.freq_base"));
+            meta.push((k("rope.freq_base"), Value::F32(1_000_000.0)));
+            meta.push((k("attention.sliding_window"), Value::U32(TINY_GEMMA_WINDOW as u32)));
+            meta.push((k("attention.sliding_window_pattern"), Value::U32(2)));
+            meta.push((k("final_logit_softcapping"), Value::F32(30.0)));
         }
         if let Some(moe) = &self.moe {
             meta.push((k("expert_count"), Value::U32(moe.experts as u32)));
@@ -493,6 +510,12 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
         (Architecture::Qwen3, _) => ("Qwen3ForCausalLM", "qwen3"),
         (Architecture::Qwen2Moe, _) => ("Qwen2MoeForCausalLM", "qwen2_moe"),
         (Architecture::Qwen3Moe, _) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+        (Architecture::Gemma3, _) => {
+            return Err(ModelError::Unsupported {
+                path: gguf.to_path_buf(),
+                what: "export of a gemma3 model to a Hugging Face checkpoint".into(),
+            })
+        }
     };
     let torch_dtype = match export.dtype {
         DType::BF16 => "bfloat16",

@@ -382,6 +382,8 @@ struct Kernel<'a> {
     layout: &'a KvLayout,
     heads: usize,
     scale: f32,
+    /// A sliding window's length: the query at position `p` sees keys `p + 1 - window..=p`.
+    window: Option<usize>,
 }
 
 impl<'a> Kernel<'a> {
@@ -399,7 +401,13 @@ impl<'a> Kernel<'a> {
             layout,
             heads: shape.num_heads,
             scale: shape.scale,
+            window: shape.window,
         }
+    }
+
+    /// The first key the query at position `pos` sees: 0, or where its sliding window starts.
+    fn window_start(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
     }
 
     /// Runs `f` on every work item of the step over rayon's pool, each with its thread's
@@ -460,6 +468,7 @@ impl Kernel<'_> {
                 k_stride: bs,
                 v: &v[run + at.chunk * d..],
                 head_dim: d,
+                first_key: at.first_key,
                 n_keys: at.n_keys,
                 all_lanes_in_block: at.all_lanes_in_block,
                 scale: self.scale,
@@ -508,7 +517,10 @@ impl Kernel<'_> {
 
         let last_pos = first_pos + item.query_end - 1;
         let num_blocks = last_pos / bs + 1;
-        for (b, &block) in table.iter().enumerate().take(num_blocks) {
+        // The item's first query sees the earliest key any of them sees: blocks before it are
+        // not read (a sliding window's old blocks).
+        let lowest = self.window_start(first_pos + item.query_begin);
+        for (b, &block) in table.iter().enumerate().take(num_blocks).skip(lowest / bs) {
             if let Some(&next) = table.get(b + 1).filter(|_| b + 1 < num_blocks) {
                 prefetch(next as usize);
             }
@@ -518,13 +530,29 @@ impl Kernel<'_> {
                     break;
                 }
                 let chunk_keys = LANES.min(bs - chunk);
+                let chunk_end = key0 + chunk_keys;
+                if chunk_end <= lowest {
+                    continue;
+                }
                 // The first query that sees the chunk's first key.
                 let mut qi = item.query_begin.max(key0.saturating_sub(first_pos));
                 while qi < item.query_end {
                     let pos = first_pos + qi;
+                    let start = self.window_start(pos);
+                    if start >= chunk_end {
+                        // This query's window starts past the chunk, and later ones' later.
+                        break;
+                    }
+                    let first_key = start.saturating_sub(key0);
                     let n_keys = chunk_keys.min(pos + 1 - key0);
-                    let queries = if n_keys == chunk_keys {
-                        tile.min(item.query_end - qi)
+                    let queries = if n_keys == chunk_keys && first_key == 0 {
+                        // Consecutive queries that see every key of the chunk: up to the last
+                        // whose window still starts at or before the chunk.
+                        let whole = match self.window {
+                            Some(w) => (key0 + w).saturating_sub(first_pos).min(item.query_end),
+                            None => item.query_end,
+                        };
+                        tile.min(whole - qi)
                     } else {
                         1
                     };
@@ -534,6 +562,7 @@ impl Kernel<'_> {
                     let at = ChunkAt {
                         block: block as usize,
                         chunk,
+                        first_key,
                         n_keys,
                         all_lanes_in_block: chunk + LANES <= bs,
                     };
@@ -591,7 +620,9 @@ struct ChunkAt {
     block: usize,
     /// The chunk's first key within the block.
     chunk: usize,
-    /// Keys of the chunk this query sees (1..=16).
+    /// The chunk's first key this query sees (0 but where a sliding window starts inside it).
+    first_key: usize,
+    /// The end of the chunk's keys this query sees (1..=16): keys `first_key..n_keys`.
     n_keys: usize,
     /// Whether all 16 lanes of the chunk lie in the block.
     all_lanes_in_block: bool,
@@ -627,6 +658,9 @@ struct Chunk<'a, E> {
     /// Key `j`'s values are `v[j * head_dim..][..head_dim]`.
     v: &'a [E],
     head_dim: usize,
+    /// Keys `first_key..n_keys` of the chunk are the queries' (a sliding window may start
+    /// inside it, the causal diagonal end it).
+    first_key: usize,
     n_keys: usize,
     /// Whether all 16 key lanes of each row lie inside the block (it is at least 16 keys past
     /// the chunk's start), so a full-width load is in bounds even where `n_keys < 16`.
@@ -745,6 +779,7 @@ mod tests {
                 num_kv_heads: kv_heads,
                 head_dim,
                 scale: 1.0 / (head_dim as f32).sqrt(),
+                window: None,
             },
             q: values(query_start * heads * head_dim, 1)
                 .iter()
