@@ -8,6 +8,7 @@ use std::str::FromStr;
 use candle_core::{Device, Tensor};
 
 use crate::attention::AttentionBackend;
+use crate::config::Architecture;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvDtype;
@@ -173,6 +174,33 @@ impl Weight {
         }
     }
 
+    /// The tensor's name in a Hugging Face checkpoint of `architecture`: [`Self::hf_name`], but
+    /// for Gemma's MLP pre-norm, `pre_feedforward_layernorm` (its `post_attention_layernorm`
+    /// is the attention's post-norm).
+    pub fn hf_name_in(self, architecture: Architecture) -> String {
+        match (architecture, self) {
+            (Architecture::Gemma3, Self::FfnNorm(i)) => {
+                format!("model.layers.{i}.pre_feedforward_layernorm.weight")
+            }
+            _ => self.hf_name(),
+        }
+    }
+
+    /// Whether the tensor is an RMSNorm's weight: Gemma's Hugging Face checkpoints store it
+    /// minus one (`x * (1 + w)`), GGUF files with the one added.
+    pub fn is_norm(self) -> bool {
+        matches!(
+            self,
+            Self::OutputNorm
+                | Self::AttnNorm(_)
+                | Self::QNorm(_)
+                | Self::KNorm(_)
+                | Self::AttnPostNorm(_)
+                | Self::FfnNorm(_)
+                | Self::FfnPostNorm(_)
+        )
+    }
+
     /// The tensor's name in a Hugging Face checkpoint (transformers' llama/qwen2/qwen3).
     pub fn hf_name(self) -> String {
         let layer = |i: usize, t: &str| format!("model.layers.{i}.{t}");
@@ -191,8 +219,8 @@ impl Weight {
             Self::KNorm(i) => layer(i, "self_attn.k_norm.weight"),
             Self::O(i) => layer(i, "self_attn.o_proj.weight"),
             Self::FfnNorm(i) => layer(i, "post_attention_layernorm.weight"),
-            // Gemma's four norms (whose `post_attention_layernorm` is the attention's post-norm,
-            // not the MLP's pre-norm): `hf.rs` renames them for a gemma3 checkpoint.
+            // Gemma's post-norms (its `post_attention_layernorm` is the attention's post-norm,
+            // not the MLP's pre-norm: `hf_name_in`).
             Self::AttnPostNorm(i) => layer(i, "post_attention_layernorm.weight"),
             Self::FfnPostNorm(i) => layer(i, "post_feedforward_layernorm.weight"),
             Self::Gate(i) => layer(i, "mlp.gate_proj.weight"),

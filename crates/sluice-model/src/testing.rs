@@ -382,7 +382,9 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             Weight::QNorm(i),
             Weight::KNorm(i),
             Weight::O(i),
+            Weight::AttnPostNorm(i),
             Weight::FfnNorm(i),
+            Weight::FfnPostNorm(i),
             Weight::Gate(i),
             Weight::Up(i),
             Weight::Down(i),
@@ -409,7 +411,12 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
                 t = unpermute_qk(&t, t.shape().dims()[0] / d, d)?;
             }
         }
-        let mut dense = t.dequantize(&Device::Cpu)?.to_dtype(export.dtype)?;
+        let mut dense = t.dequantize(&Device::Cpu)?;
+        if arch == Architecture::Gemma3 && role.is_norm() {
+            // transformers' Gemma norms hold `w - 1` (exact for the weights near 1 here).
+            dense = (dense - 1.0)?;
+        }
+        let mut dense = dense.to_dtype(export.dtype)?;
         let hf_name = match role {
             // `[hidden]` in GGUF, a one-output linear layer in transformers.
             Weight::SharedRouter(_) => {
@@ -419,7 +426,7 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             Weight::Router(i) if mixtral_names => {
                 format!("model.layers.{i}.block_sparse_moe.gate.weight")
             }
-            _ => role.hf_name(),
+            _ => role.hf_name_in(arch),
         };
         tensors.push((hf_name, dense));
     }
@@ -510,12 +517,7 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
         (Architecture::Qwen3, _) => ("Qwen3ForCausalLM", "qwen3"),
         (Architecture::Qwen2Moe, _) => ("Qwen2MoeForCausalLM", "qwen2_moe"),
         (Architecture::Qwen3Moe, _) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
-        (Architecture::Gemma3, _) => {
-            return Err(ModelError::Unsupported {
-                path: gguf.to_path_buf(),
-                what: "export of a gemma3 model to a Hugging Face checkpoint".into(),
-            })
-        }
+        (Architecture::Gemma3, _) => ("Gemma3ForCausalLM", "gemma3_text"),
     };
     let torch_dtype = match export.dtype {
         DType::BF16 => "bfloat16",
@@ -547,6 +549,27 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             "bos_token_id": tokenizer.bos_token_id(),
             "eos_token_id": tokenizer.eos_token_id(),
     });
+    if arch == Architecture::Gemma3 {
+        let window = config.sliding_window.as_ref();
+        let layer_types: Vec<&str> = (0..config.num_layers)
+            .map(|i| match config.window_of_layer(i) {
+                Some(_) => "sliding_attention",
+                None => "full_attention",
+            })
+            .collect();
+        let fields = serde_json::json!({
+            "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_act": null,
+            "query_pre_attn_scalar": 1.0 / (config.query_scale() as f64).powi(2),
+            "sliding_window": window.map(|w| w.window),
+            "layer_types": layer_types,
+            "rope_local_base_freq": window.map(|w| w.local_rope_theta),
+            "final_logit_softcapping": config.final_logit_softcap,
+        });
+        for (key, value) in fields.as_object().expect("an object") {
+            config_json[key] = value.clone();
+        }
+    }
     if let Some(moe) = &config.moe {
         if moe.weights_scale != 1.0 || !moe.dense_layers.is_empty() {
             return Err(ModelError::Unsupported {

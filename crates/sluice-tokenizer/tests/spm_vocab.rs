@@ -279,6 +279,13 @@ fn throughput_against_bpe() {
         "llama-spm (SPM)".to_string(),
         fixture("ggml-vocab-llama-spm.gguf"),
     )];
+    // Gemma 3's vocabulary of 262,144 pieces (`scripts/fetch-gemma.sh`), where fetched.
+    let gemma = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/gemma-3-270m-q4_k_m.gguf");
+    if gemma.is_file() {
+        vocabs.push(("gemma-3 (SPM)".to_string(), gemma));
+    } else {
+        eprintln!("skipped gemma-3: {} missing", gemma.display());
+    }
     for name in ["gpt-2", "llama-bpe"] {
         let path = Path::new(&dir).join(format!("ggml-vocab-{name}.gguf"));
         if path.is_file() {
