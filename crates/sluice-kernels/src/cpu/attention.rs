@@ -730,6 +730,30 @@ mod tests {
         v: Vec<f32>,
     }
 
+    /// Full attention, and sliding windows that start inside 16-key chunks, on block edges and
+    /// past every context.
+    const WINDOWS: [Option<usize>; 5] = [None, Some(1), Some(13), Some(16), Some(40)];
+
+    /// Every pair of `shapes` with every window of [`WINDOWS`].
+    fn with_windows<T: Copy>(shapes: &[T]) -> Vec<(T, Option<usize>)> {
+        shapes
+            .iter()
+            .flat_map(|&s| WINDOWS.map(move |w| (s, w)))
+            .collect()
+    }
+
+    fn step_with_window(
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+        window: Option<usize>,
+    ) -> Step {
+        let mut s = step(heads, kv_heads, head_dim, block_size);
+        s.shape.window = window;
+        s
+    }
+
     fn step(heads: usize, kv_heads: usize, head_dim: usize, block_size: usize) -> Step {
         let shapes = [
             (1usize, 0usize),
@@ -839,10 +863,10 @@ mod tests {
             (8, 1),
         ] {
             // 48: a 32-dimension values pass, then a 16-dimension one.
-            for (head_dim, block_size) in
-                [(64, 16), (64, 20), (32, 8), (128, 32), (16, 1), (48, 16)]
+            for ((head_dim, block_size), window) in
+                with_windows(&[(64, 16), (64, 20), (32, 8), (128, 32), (16, 1), (48, 16)])
             {
-                let s = step(heads, kv_heads, head_dim, block_size);
+                let s = step_with_window(heads, kv_heads, head_dim, block_size, window);
                 let k16: Vec<f16> = s.k.iter().map(|&x| f16::from_f32(x)).collect();
                 let v16: Vec<f16> = s.v.iter().map(|&x| f16::from_f32(x)).collect();
                 let want32 = run(Path::Portable, &s, &s.k, &s.v);
@@ -855,7 +879,7 @@ mod tests {
                     assert!(
                         same(run(first, &s, &s.k, &s.v), run(second, &s, &s.k, &s.v))
                             && same(run(first, &s, &k16, &v16), run(second, &s, &k16, &v16)),
-                        "heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}: AVX-512 and AVX2 differ"
+                        "heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}, window {window:?}: AVX-512 and AVX2 differ"
                     );
                 }
                 for &path in &paths {
@@ -870,7 +894,7 @@ mod tests {
                             .fold(0f32, f32::max);
                         assert!(
                             diff < 2e-6,
-                            "{path:?}, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}: differs from portable by {diff}"
+                            "{path:?}, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}, window {window:?}: differs from portable by {diff}"
                         );
                     }
                 }
@@ -890,8 +914,10 @@ mod tests {
         // Groups of 1, 2 and 3 take 6, 3 and 2 queries a call on AVX2 (8, 4 and 2 on AVX-512);
         // 4 takes 2 on AVX-512 (8 rows); 6 takes one on both.
         for (heads, kv_heads) in [(2, 2), (4, 2), (9, 3), (8, 2), (12, 2)] {
-            for (head_dim, block_size) in [(64, 16), (64, 20), (32, 8), (128, 32)] {
-                let s = step(heads, kv_heads, head_dim, block_size);
+            for ((head_dim, block_size), window) in
+                with_windows(&[(64, 16), (64, 20), (32, 8), (128, 32)])
+            {
+                let s = step_with_window(heads, kv_heads, head_dim, block_size, window);
                 let k16: Vec<f16> = s.k.iter().map(|&x| f16::from_f32(x)).collect();
                 let v16: Vec<f16> = s.v.iter().map(|&x| f16::from_f32(x)).collect();
                 // Every query token of every sequence as its own one-token sequence at its
@@ -994,8 +1020,10 @@ mod tests {
     #[test]
     fn q8_cache_paths_agree_and_track_f32() {
         for (heads, kv_heads) in [(1, 1), (9, 3), (12, 2), (14, 2)] {
-            for (head_dim, block_size) in [(64, 16), (64, 20), (32, 8), (128, 32)] {
-                let s = step(heads, kv_heads, head_dim, block_size);
+            for ((head_dim, block_size), window) in
+                with_windows(&[(64, 16), (64, 20), (32, 8), (128, 32)])
+            {
+                let s = step_with_window(heads, kv_heads, head_dim, block_size, window);
                 let (k, ks, v, vs) = q8_cache(&s);
                 let cache = Q8Cache {
                     k: &k,
@@ -1017,7 +1045,7 @@ mod tests {
                     .fold(0f32, f32::max);
                 assert!(
                     err < 0.03,
-                    "q8 vs f32, heads {heads}/{kv_heads} of {head_dim}: {err}"
+                    "q8 vs f32, heads {heads}/{kv_heads} of {head_dim}, window {window:?}: {err}"
                 );
                 if cpu_features().1 {
                     let fast = run_q8(true);
@@ -1026,7 +1054,7 @@ mod tests {
                         .zip(&portable)
                         .map(|(a, b)| (a - b).abs())
                         .fold(0f32, f32::max);
-                    assert!(diff < 2e-6, "q8 AVX2 vs portable, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}: {diff}");
+                    assert!(diff < 2e-6, "q8 AVX2 vs portable, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}, window {window:?}: {diff}");
                 }
             }
         }

@@ -85,7 +85,7 @@ impl Kernel<'_> {
                 let scores = &mut scores[..seen.len()];
                 scores.fill(0.0);
                 for (i, &x) in q.iter().enumerate() {
-                    for (sc, &key) in scores.iter_mut().zip(&kf[i * keys + seen.start..seen.end]) {
+                    for (sc, &key) in scores.iter_mut().zip(&kf[i * keys..][seen.clone()]) {
                         *sc += x * key;
                     }
                 }
