@@ -148,7 +148,9 @@ pub enum PlanError {
     },
     #[error("the step does not fit its description: {0}")]
     Step(String),
-    #[error("a sliding window of {0} keys: the CUDA attention kernel attends to every earlier key")]
+    #[error(
+        "a sliding window of {0} keys: the CUDA attention kernel attends to every earlier key"
+    )]
     Window(usize),
     #[error("{0}")]
     Knob(String),

@@ -349,7 +349,11 @@ impl ModelConfig {
                 _ => dense_mlp,
             })
             .sum();
-        let norms = if self.architecture.has_post_norms() { 4 } else { 2 } * h;
+        let norms = if self.architecture.has_post_norms() {
+            4
+        } else {
+            2
+        } * h;
         self.num_layers * (attn + norms) + mlps + embed + head + h
     }
 }

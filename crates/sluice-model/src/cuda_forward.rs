@@ -129,8 +129,7 @@ pub(crate) fn forward(
     if let Some(delta) = pending {
         x = (x + delta)?;
     }
-    let out =
-        crate::last_layer::last_layer_rows(&x, w.norm, eps, w.lm_head, batch, cfg)?;
+    let out = crate::last_layer::last_layer_rows(&x, w.norm, eps, w.lm_head, batch, cfg)?;
     timer.mark(Phase::Head);
     timer.drain(dev);
     timer.finish();

@@ -224,7 +224,14 @@ impl GgufFile {
         let moe = self.moe_config(&arch, architecture, intermediate_size)?;
         let num_layers = self.get_usize(&key("block_count"))?;
         let sliding_window = self.sliding_window(&arch, architecture, num_layers)?;
-        let attention_scale = self.attention_scale(&arch, architecture, hidden_size, num_heads, head_dim, num_layers)?;
+        let attention_scale = self.attention_scale(
+            &arch,
+            architecture,
+            hidden_size,
+            num_heads,
+            head_dim,
+            num_layers,
+        )?;
         let final_logit_softcap = match self.opt(&key("final_logit_softcapping"), Self::get_f32)? {
             // llama.cpp's rule: 0 (or no key) is no capping.
             Some(cap) if cap > 0.0 && cap.is_finite() => Some(cap),
@@ -308,7 +315,9 @@ impl GgufFile {
                             format!("{} flags for {num_layers} layers", flags.len()),
                         ))
                     }
-                    None => return Err(self.meta_err(&pattern_key, "an array of booleans or a period")),
+                    None => {
+                        return Err(self.meta_err(&pattern_key, "an array of booleans or a period"))
+                    }
                 }
             }
             Some(_) => {

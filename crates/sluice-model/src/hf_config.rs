@@ -222,9 +222,9 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         rope_scaling,
         max_position_embeddings,
         // Gemma ties its embeddings unless the config says not (transformers' default).
-        tie_word_embeddings: c.tie_word_embeddings.unwrap_or(
-            architecture == Architecture::Gemma3 || !has_lm_head,
-        ),
+        tie_word_embeddings: c
+            .tie_word_embeddings
+            .unwrap_or(architecture == Architecture::Gemma3 || !has_lm_head),
         // config.json declares none; a sentence-transformers directory's pooling lives in
         // `1_Pooling/config.json`, which sluice does not read (`--pooling` sets it).
         pooling: None,

@@ -5,6 +5,7 @@ use candle_core::{Device, Tensor};
 
 use crate::attention::{cpu as cpu_attention, AttentionBackend};
 use crate::batch::StepBatch;
+use crate::config::Architecture;
 use crate::config::ModelConfig;
 use crate::cpu_forward::{self, StepScratch};
 #[cfg(feature = "cuda")]
@@ -12,7 +13,6 @@ use crate::cuda_forward;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCache, KvDtype};
-use crate::config::Architecture;
 use crate::layer::{Layer, Mlp, ModelWeights, PostNorms};
 use crate::load::{ExpertMatrices, LoadOptions, Weight, WeightSource};
 use crate::moe::{routing::RoutingRule, MoeLayer, SharedExpert};

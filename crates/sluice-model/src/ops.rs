@@ -54,7 +54,10 @@ pub(crate) fn glu_rows_into(
         swiglu::glu_rows(activation, gate_up, inter, act);
         return Ok(());
     }
-    for (row, out) in gate_up.chunks_exact(2 * inter).zip(act.chunks_exact_mut(inter)) {
+    for (row, out) in gate_up
+        .chunks_exact(2 * inter)
+        .zip(act.chunks_exact_mut(inter))
+    {
         let (gate, up) = row.split_at(inter);
         for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
             let z = swiglu::sigmoid_argument(activation, g);

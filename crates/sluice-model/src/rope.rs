@@ -16,16 +16,24 @@ pub struct RotaryTables {
 impl RotaryTables {
     /// The tables of the model's (global) layers: its rotary base and scaling.
     pub fn new(config: &ModelConfig, device: &Device) -> Result<Self> {
-        Self::with_base(config, config.rope_theta, config.rope_scaling.as_ref(), device)
+        Self::with_base(
+            config,
+            config.rope_theta,
+            config.rope_scaling.as_ref(),
+            device,
+        )
     }
 
     /// The tables of the sliding-window layers where they rotate with a base of their own
     /// (Gemma 3's local layers: their base, no scaling); `None` for a model without.
     pub fn local(config: &ModelConfig, device: &Device) -> Result<Option<Self>> {
         match &config.sliding_window {
-            Some(s) if s.local.iter().any(|&l| l) => {
-                Ok(Some(Self::with_base(config, s.local_rope_theta, None, device)?))
-            }
+            Some(s) if s.local.iter().any(|&l| l) => Ok(Some(Self::with_base(
+                config,
+                s.local_rope_theta,
+                None,
+                device,
+            )?)),
             _ => Ok(None),
         }
     }

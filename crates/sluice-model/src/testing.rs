@@ -288,7 +288,10 @@ impl TinyModelSpec {
             // ones' default 10000; logits soft-capped, as Gemma 2 and some Gemma 3 files say.
             meta.retain(|(key, _)| key != &k("rope.freq_base"));
             meta.push((k("rope.freq_base"), Value::F32(1_000_000.0)));
-            meta.push((k("attention.sliding_window"), Value::U32(TINY_GEMMA_WINDOW as u32)));
+            meta.push((
+                k("attention.sliding_window"),
+                Value::U32(TINY_GEMMA_WINDOW as u32),
+            ));
             meta.push((k("attention.sliding_window_pattern"), Value::U32(2)));
             meta.push((k("final_logit_softcapping"), Value::F32(30.0)));
         }

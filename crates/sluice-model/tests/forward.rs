@@ -331,10 +331,7 @@ fn batching_is_invisible_gemma3_sliding_window() {
         (0..config.num_layers)
             .map(|i| config.window_of_layer(i))
             .collect::<Vec<_>>(),
-        [
-            Some(sluice_model::testing::TINY_GEMMA_WINDOW),
-            None
-        ],
+        [Some(sluice_model::testing::TINY_GEMMA_WINDOW), None],
         "the pattern of 2: a local layer, then a global one"
     );
     assert_eq!(config.final_logit_softcap, Some(30.0));
@@ -347,7 +344,10 @@ fn batching_is_invisible_gemma3_sliding_window() {
     let b = run_alone(&reference, &tokens, 25, 16);
     for (step, (x, y)) in a.iter().zip(&b).enumerate() {
         let diff = max_abs_diff(x, y);
-        assert!(diff < 1e-4, "step {step}: kernel and reference differ by {diff}");
+        assert!(
+            diff < 1e-4,
+            "step {step}: kernel and reference differ by {diff}"
+        );
         // Capped: every logit within the cap.
         assert!(largest_abs(x) < 30.0);
     }

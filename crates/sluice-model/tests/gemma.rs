@@ -214,16 +214,16 @@ fn batching_changes_no_token_of_24_sequences() {
     }
     assert_eq!(prompts.len(), 24);
     let max_new = 10;
-    let (alone, alone_time, together_time) = assert_batching_changes_no_token(
-        model,
-        &prompts,
-        max_new,
-        tok.eos_token_ids(),
-        |t| tok.decode(t, false),
-    );
+    let (alone, alone_time, together_time) =
+        assert_batching_changes_no_token(model, &prompts, max_new, tok.eos_token_ids(), |t| {
+            tok.decode(t, false)
+        });
     eprintln!(
         "24 sequences of up to {max_new} tokens: {alone_time:.1?} one at a time, {together_time:.1?} together"
     );
     let full = alone.iter().filter(|a| a.len() == max_new).count();
-    assert!(full >= 12, "only {full} of 24 sequences ran {max_new} tokens");
+    assert!(
+        full >= 12,
+        "only {full} of 24 sequences ran {max_new} tokens"
+    );
 }

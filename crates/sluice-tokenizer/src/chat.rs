@@ -439,7 +439,10 @@ mod tests {
     fn gemma_folds_the_system_message_into_the_first_user_turn() {
         let t = ChatTemplate::gemma(Some("<bos>")).unwrap();
         let m = msgs(&[
-            ("system", "You are a helpful assistant. Answer in one short sentence."),
+            (
+                "system",
+                "You are a helpful assistant. Answer in one short sentence.",
+            ),
             ("user", "What is the capital of Japan?"),
         ]);
         assert_eq!(

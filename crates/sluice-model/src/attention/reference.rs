@@ -65,7 +65,9 @@ pub fn paged_attention(
         let mask: Vec<f32> = (0..q_len)
             .flat_map(|i| {
                 // Causal, and within the sliding window where the layer has one.
-                let start = shape.window.map_or(0, |w| (first_pos + i + 1).saturating_sub(w));
+                let start = shape
+                    .window
+                    .map_or(0, |w| (first_pos + i + 1).saturating_sub(w));
                 (0..len).map(move |j| {
                     if j > first_pos + i || j < start {
                         f32::NEG_INFINITY

@@ -124,7 +124,13 @@ mod x86 {
             let d = c.head_dim;
             let rows = c.row_starts::<G>();
             // The lanes `first_key..n_keys`: a sliding window's start and the causal end.
-            let upto = |n: usize| if n >= LANES { u16::MAX } else { (1u16 << n) - 1 };
+            let upto = |n: usize| {
+                if n >= LANES {
+                    u16::MAX
+                } else {
+                    (1u16 << n) - 1
+                }
+            };
             let mask: u16 = upto(c.n_keys) & !upto(c.first_key);
             let kp = c.k.as_ptr();
 
@@ -174,11 +180,25 @@ mod x86 {
             let slices = d / LANES;
             let mut j = 0;
             while j + S <= slices {
-                values_pass::<E, G, S>(vp, j * LANES, d, c.first_key..c.n_keys, &probs, s.accs.as_mut_ptr());
+                values_pass::<E, G, S>(
+                    vp,
+                    j * LANES,
+                    d,
+                    c.first_key..c.n_keys,
+                    &probs,
+                    s.accs.as_mut_ptr(),
+                );
                 j += S;
             }
             while j < slices {
-                values_pass::<E, G, 1>(vp, j * LANES, d, c.first_key..c.n_keys, &probs, s.accs.as_mut_ptr());
+                values_pass::<E, G, 1>(
+                    vp,
+                    j * LANES,
+                    d,
+                    c.first_key..c.n_keys,
+                    &probs,
+                    s.accs.as_mut_ptr(),
+                );
                 j += 1;
             }
         }
