@@ -235,7 +235,7 @@ impl GgufFile {
         let final_logit_softcap = match self.opt(&key("final_logit_softcapping"), Self::get_f32)? {
             // llama.cpp's rule: 0 (or no key) is no capping.
             Some(cap) if cap > 0.0 && cap.is_finite() => Some(cap),
-            Some(cap) if cap == 0.0 => None,
+            Some(0.0) => None,
             Some(cap) => {
                 return Err(self.meta_err(
                     &key("final_logit_softcapping"),

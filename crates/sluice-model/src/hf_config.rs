@@ -200,13 +200,9 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
             max_position_embeddings = window;
         }
     }
-    let gemma = match architecture {
-        Architecture::Gemma3 => Some(gemma3(&f, &c, num_layers)?),
-        _ => None,
-    };
-    let (sliding_window, attention_scale, final_logit_softcap) = match gemma {
-        Some(g) => g,
-        None => (None, None, None),
+    let (sliding_window, attention_scale, final_logit_softcap) = match architecture {
+        Architecture::Gemma3 => gemma3(&f, &c, num_layers)?,
+        _ => (None, None, None),
     };
     Ok(ModelConfig {
         architecture,
@@ -290,7 +286,7 @@ fn gemma3(
     }
     let softcap = match c.final_logit_softcapping {
         Some(cap) if cap > 0.0 && cap.is_finite() => Some(cap as f32),
-        Some(cap) if cap == 0.0 => None,
+        Some(0.0) => None,
         Some(cap) => {
             return Err(f.err(
                 "final_logit_softcapping",
