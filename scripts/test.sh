@@ -26,16 +26,19 @@ if [ "$quick" = 1 ]; then
     cargo test --release --workspace
     ./scripts/setup-e2e.sh
     cargo build --release -p sluice-server
-    # The files about other models' serving (Qwen, the MoE file, the agent CLIs on Qwen) are
+    # The files about other models' serving (Qwen, the MoE file, Gemma, the agent CLIs on Qwen) are
     # left out; the rest runs on the default model.
     .venv/bin/pytest -q tests/e2e --ignore=tests/e2e/test_qwen.py \
-        --ignore=tests/e2e/test_moe.py --ignore=tests/e2e/test_agent_clients.py
+        --ignore=tests/e2e/test_moe.py --ignore=tests/e2e/test_gemma.py \
+        --ignore=tests/e2e/test_agent_clients.py
     exit 0
 fi
 # The optional second model (Qwen2.5-Coder-0.5B, qwen2): its tests skip without it, CI runs them.
 ./scripts/fetch-qwen.sh
 # The optional larger model (Qwen2.5-Coder-1.5B, 1.1 GB): its tests skip without it, CI runs them.
 ./scripts/fetch-qwen-1.5b.sh
+# Gemma 3 270M (gemma3, SentencePiece vocabulary): its tests skip without it, CI runs them.
+./scripts/fetch-gemma.sh
 # The tiny mixture-of-experts models llama.cpp's fixtures in tests/fixtures/moe were made on
 # (the PyPI gguf package writes them; llama.cpp's llama-quantize, built once by
 # scripts/llama-server.sh, makes the Q4_K_M ones), checked against their sha256: their tests

@@ -64,6 +64,7 @@ fn bench(
         num_kv_heads: kv_heads,
         head_dim,
         scale: 1.0 / (head_dim as f32).sqrt(),
+        window: None,
     };
     let n = layout.values_per_layer();
     let k: Vec<f16> = random_values(n, 2)

@@ -148,6 +148,10 @@ pub enum PlanError {
     },
     #[error("the step does not fit its description: {0}")]
     Step(String),
+    #[error(
+        "a sliding window of {0} keys: the CUDA attention kernel attends to every earlier key"
+    )]
+    Window(usize),
     #[error("{0}")]
     Knob(String),
 }
@@ -242,6 +246,9 @@ impl AttentionPlan {
         let (h, kvh, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
         if !HEAD_DIMS.contains(&d) {
             return Err(PlanError::HeadDim(d));
+        }
+        if let Some(window) = shape.window {
+            return Err(PlanError::Window(window));
         }
         if kvh == 0 || h % kvh != 0 || h / kvh > ATTN_ROWS {
             return Err(PlanError::Group {

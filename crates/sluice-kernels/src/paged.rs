@@ -77,4 +77,8 @@ pub struct AttentionShape {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// A sliding window (Gemma's and gpt-oss's local layers, Mistral's): the query at position
+    /// `p` attends to keys `p + 1 - window..=p` only. `None`: every earlier key. The CPU kernels
+    /// honour it; the CUDA ones refuse a shape that has one.
+    pub window: Option<usize>,
 }

@@ -1,5 +1,7 @@
 //! Hyper-parameters of a llama-family transformer, independent of the file they came from.
 
+use sluice_kernels::cpu::swiglu::GatedActivation;
+
 /// The architectures whose forward we implement. They share one code path; the differences are
 /// data (biases, QK-norm, a mixture of experts in place of the MLP) rather than structure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +19,10 @@ pub enum Architecture {
     Qwen2Moe,
     /// qwen3moe (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): qwen3's attention; a mixture of experts.
     Qwen3Moe,
+    /// gemma3 (Gemma 3 text models): embeddings scaled by sqrt(hidden), qwen3's QK-norm, a norm
+    /// after attention and after the MLP besides the two before them, GeGLU, and local
+    /// (sliding-window) layers between global ones ([`ModelConfig::sliding_window`]).
+    Gemma3,
 }
 
 impl Architecture {
@@ -31,6 +37,8 @@ impl Architecture {
         "qwen2_moe",
         "qwen3moe",
         "qwen3_moe",
+        "gemma3",
+        "gemma3_text",
     ];
 
     pub fn from_name(name: &str) -> Option<Self> {
@@ -41,6 +49,8 @@ impl Architecture {
             "qwen3" => Some(Self::Qwen3),
             "qwen2moe" | "qwen2_moe" => Some(Self::Qwen2Moe),
             "qwen3moe" | "qwen3_moe" => Some(Self::Qwen3Moe),
+            // HF configs of the text-only Gemma 3 models say `gemma3_text`.
+            "gemma3" | "gemma3_text" => Some(Self::Gemma3),
             _ => None,
         }
     }
@@ -53,6 +63,7 @@ impl Architecture {
             Self::Qwen3 => "qwen3",
             Self::Qwen2Moe => "qwen2moe",
             Self::Qwen3Moe => "qwen3moe",
+            Self::Gemma3 => "gemma3",
         }
     }
 
@@ -62,7 +73,26 @@ impl Architecture {
 
     /// Per-head RMSNorm of Q and K (weights of `head_dim`) before the rotary embedding.
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Self::Qwen3 | Self::Qwen3Moe)
+        matches!(self, Self::Qwen3 | Self::Qwen3Moe | Self::Gemma3)
+    }
+
+    /// Gemma: the embedding rows are multiplied by sqrt(hidden) before the first layer.
+    pub fn scales_embeddings(self) -> bool {
+        self == Self::Gemma3
+    }
+
+    /// Gemma: an RMSNorm on the attention's and on the MLP's output before each joins the
+    /// residual stream (`post_attention_norm`, `post_ffw_norm`).
+    pub fn has_post_norms(self) -> bool {
+        self == Self::Gemma3
+    }
+
+    /// The dense MLP's gate activation: GELU (tanh) for Gemma, SiLU for the others.
+    pub fn gated_activation(self) -> GatedActivation {
+        match self {
+            Self::Gemma3 => GatedActivation::GeluTanh,
+            _ => GatedActivation::Silu,
+        }
     }
 
     /// Whether every file of this architecture holds a mixture of experts (llama holds one
@@ -144,6 +174,30 @@ pub enum MoeConfigError {
     IntermediateSize,
     #[error("the experts' weight scale must be positive and finite, found {0}")]
     Scale(f32),
+}
+
+/// Layers that attend over a sliding window of recent keys (Gemma 3's local layers), with a
+/// rotary base of their own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    /// Keys a query sees, itself included: position `p` attends to `p + 1 - window..=p`.
+    pub window: usize,
+    /// `local[i]`: whether layer `i` is a sliding-window layer (the others attend to all).
+    pub local: Vec<bool>,
+    /// The local layers' rotary base; they take no rope scaling (llama.cpp's and HF's rule:
+    /// the scaling is the global layers').
+    pub local_rope_theta: f32,
+}
+
+impl SlidingWindow {
+    /// The window layer `i` attends over, `None` for a global layer.
+    pub fn of_layer(&self, layer: usize) -> Option<usize> {
+        self.local
+            .get(layer)
+            .copied()
+            .unwrap_or(false)
+            .then_some(self.window)
+    }
 }
 
 /// How rotary frequencies are stretched for contexts longer than the model was trained on.
@@ -229,9 +283,27 @@ pub struct ModelConfig {
     /// A mixture of experts in place of the MLP (Mixtral, qwen2moe, qwen3moe); `None` for a
     /// dense model.
     pub moe: Option<MoeConfig>,
+    /// Sliding-window layers (Gemma 3); `None` when every layer attends to the whole context.
+    pub sliding_window: Option<SlidingWindow>,
+    /// The factor on each query-key product; `None` for `1 / sqrt(head_dim)`. Gemma's comes
+    /// from its `query_pre_attn_scalar`.
+    pub attention_scale: Option<f32>,
+    /// Final logits soft-capped as `cap * tanh(logits / cap)` (Gemma 2, some Gemma 3 files).
+    pub final_logit_softcap: Option<f32>,
 }
 
 impl ModelConfig {
+    /// The factor on each query-key product: the file's, else `1 / sqrt(head_dim)`.
+    pub fn query_scale(&self) -> f32 {
+        self.attention_scale
+            .unwrap_or_else(|| 1.0 / (self.head_dim as f32).sqrt())
+    }
+
+    /// The sliding window layer `i` attends over, `None` for a layer that sees every key.
+    pub fn window_of_layer(&self, layer: usize) -> Option<usize> {
+        self.sliding_window.as_ref().and_then(|s| s.of_layer(layer))
+    }
+
     /// Query heads that share one KV head.
     pub fn gqa_group(&self) -> usize {
         self.num_heads / self.num_kv_heads
@@ -277,6 +349,11 @@ impl ModelConfig {
                 _ => dense_mlp,
             })
             .sum();
-        self.num_layers * (attn + 2 * h) + mlps + embed + head + h
+        let norms = if self.architecture.has_post_norms() {
+            4
+        } else {
+            2
+        } * h;
+        self.num_layers * (attn + norms) + mlps + embed + head + h
     }
 }

@@ -34,6 +34,8 @@ pub struct StepScratch {
     attn: Vec<f32>,
     /// The attention's or the MLP's output projection `[T, hidden]`, added to `x` next.
     proj: Vec<f32>,
+    /// Gemma: `proj`'s post-norm, added to `x` in its place.
+    post: Vec<f32>,
     gate_up: Vec<f32>,
     act: Vec<f32>,
     /// A mixture of experts' buffers (Mixtral, qwen MoE), and what its last step read.
@@ -120,11 +122,14 @@ fn forward_on_pool(
     let (hidden, inter) = (cfg.hidden_size, cfg.intermediate_size);
     let eps = cfg.rms_norm_eps as f32;
     let dev = candle_core::Device::Cpu;
-    let shape = AttentionShape {
+    let arch = cfg.architecture;
+    let activation = arch.gated_activation();
+    let global_shape = AttentionShape {
         num_heads: h,
         num_kv_heads: kvh,
         head_dim: d,
-        scale: 1.0 / (d as f32).sqrt(),
+        scale: cfg.query_scale(),
+        window: None,
     };
     let qkv_shape = QkvShape {
         heads: h,
@@ -133,6 +138,11 @@ fn forward_on_pool(
     };
     let x = sized(&mut s.x, t * hidden);
     w.embed.lookup_into(&batch.input_ids, x)?;
+    if arch.scales_embeddings() {
+        // Gemma: the rows times sqrt(hidden), in f32 as llama.cpp and transformers round it.
+        let scale = (hidden as f32).sqrt();
+        x.iter_mut().for_each(|v| *v *= scale);
+    }
     let normed = sized(&mut s.normed, t * hidden);
     let qkv = sized(&mut s.qkv, t * (h + 2 * kvh) * d);
     let q = sized(&mut s.q, t * h * d);
@@ -140,6 +150,11 @@ fn forward_on_pool(
     let v = sized(&mut s.v, t * kvh * d);
     let attn = sized(&mut s.attn, t * h * d);
     let proj = sized(&mut s.proj, t * hidden);
+    let post = if arch.has_post_norms() {
+        sized(&mut s.post, t * hidden)
+    } else {
+        &mut s.post[..0]
+    };
     let moe = &mut s.moe;
     moe.start_step();
     // A dense MLP's buffers; a model whose every layer is a mixture needs none.
@@ -156,14 +171,30 @@ fn forward_on_pool(
         HostValues::new(sin, "rope sin")?,
     );
     let (cos, sin) = (cos.get()?, sin.get()?);
+    let local = match w.local_rope.map(|r| r.tables()) {
+        Some((c, s)) => Some((
+            HostValues::new(c, "local rope cos")?,
+            HostValues::new(s, "local rope sin")?,
+        )),
+        None => None,
+    };
+    let local = match &local {
+        Some((c, s)) => Some((c.get()?, s.get()?)),
+        None => None,
+    };
 
     for (i, layer) in w.layers.iter().enumerate() {
         let attn_norm = HostValues::new(&layer.attn_norm, "attn_norm")?;
         if i == 0 {
             rows::rms_norm(x, attn_norm.get()?, eps, normed);
         } else {
-            // The previous layer's MLP output joins the stream here.
-            rows::add_rms_norm(x, proj, attn_norm.get()?, eps, normed);
+            // The previous layer's MLP output joins the stream here (Gemma: its post-norm).
+            let delta: &[f32] = if w.layers[i - 1].post_norms.is_some() {
+                post
+            } else {
+                proj
+            };
+            rows::add_rms_norm(x, delta, attn_norm.get()?, eps, normed);
         }
         layer.qkv.forward_into(normed, t, qkv)?;
         let qk_norm = match &layer.qk_norm {
@@ -181,7 +212,16 @@ fn forward_on_pool(
             }),
             None => None,
         };
+        // A sliding-window layer rotates with its own base (Gemma 3's local layers).
+        let (cos, sin) = match (layer.window, local) {
+            (Some(_), Some(tables)) => tables,
+            _ => (cos, sin),
+        };
         rows::split_rope(qkv, &batch.positions, cos, sin, qkv_shape, qk_norm, q, k, v);
+        let shape = AttentionShape {
+            window: layer.window,
+            ..global_shape
+        };
         kv.write_rows(i, k, v, &batch.slot_mapping)?;
         let cache = kv
             .host_layer(i)
@@ -199,20 +239,32 @@ fn forward_on_pool(
         }
         layer.o.forward_into(attn, t, proj)?;
         let ffn_norm = HostValues::new(&layer.ffn_norm, "ffn_norm")?;
-        rows::add_rms_norm(x, proj, ffn_norm.get()?, eps, normed);
+        match &layer.post_norms {
+            Some(norms) => {
+                let attn_post = HostValues::new(&norms.attn, "post_attention_norm")?;
+                rows::rms_norm(proj, attn_post.get()?, eps, post);
+                rows::add_rms_norm(x, post, ffn_norm.get()?, eps, normed);
+            }
+            None => rows::add_rms_norm(x, proj, ffn_norm.get()?, eps, normed),
+        }
         match &layer.mlp {
             Mlp::Dense {
                 gate_up: w_gate_up,
                 down,
             } => {
                 w_gate_up.forward_into(normed, t, gate_up)?;
-                ops::swiglu_rows_into(gate_up, inter, act)?;
+                ops::glu_rows_into(activation, gate_up, inter, act)?;
                 down.forward_into(act, t, proj)?;
             }
             Mlp::Experts(experts) => experts.forward_into(normed, t, moe, proj)?,
         }
+        if let Some(norms) = &layer.post_norms {
+            let ffn_post = HostValues::new(&norms.ffn, "post_ffw_norm")?;
+            rows::rms_norm(proj, ffn_post.get()?, eps, post);
+        }
     }
-    rows::add(x, proj);
+    let last_has_post = w.layers.last().is_some_and(|l| l.post_norms.is_some());
+    rows::add(x, if last_has_post { post } else { proj });
     let x = Tensor::from_slice(x, (t, hidden), &dev)?;
-    last_layer_rows(&x, w.norm, eps, w.lm_head, batch, cfg.vocab_size)
+    last_layer_rows(&x, w.norm, eps, w.lm_head, batch, cfg)
 }

@@ -43,6 +43,7 @@ pub(crate) fn attention_shape(config: &ModelConfig) -> AttentionShape {
         num_kv_heads: config.num_kv_heads,
         head_dim: config.head_dim,
         scale: 1.0 / (config.head_dim as f32).sqrt(),
+        window: None,
     }
 }
 
@@ -128,8 +129,7 @@ pub(crate) fn forward(
     if let Some(delta) = pending {
         x = (x + delta)?;
     }
-    let out =
-        crate::last_layer::last_layer_rows(&x, w.norm, eps, w.lm_head, batch, cfg.vocab_size)?;
+    let out = crate::last_layer::last_layer_rows(&x, w.norm, eps, w.lm_head, batch, cfg)?;
     timer.mark(Phase::Head);
     timer.drain(dev);
     timer.finish();

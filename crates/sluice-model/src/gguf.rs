@@ -14,7 +14,9 @@ use memmap2::Mmap;
 use candle_core::Tensor;
 use sluice_tokenizer::{GgufMetadata, Tokenizer};
 
-use crate::config::{Architecture, ModelConfig, MoeConfig, MoeConfigError, Pooling, RopeScaling};
+use crate::config::{
+    Architecture, ModelConfig, MoeConfig, MoeConfigError, Pooling, RopeScaling, SlidingWindow,
+};
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::load::{check_shape, ExpertMatrices, LoadOptions, Weight, WeightSource};
@@ -220,11 +222,33 @@ impl GgufFile {
         let tie_word_embeddings = !self.has_tensor("output.weight");
         let intermediate_size = self.get_usize(&key("feed_forward_length"))?;
         let moe = self.moe_config(&arch, architecture, intermediate_size)?;
+        let num_layers = self.get_usize(&key("block_count"))?;
+        let sliding_window = self.sliding_window(&arch, architecture, num_layers)?;
+        let attention_scale = self.attention_scale(
+            &arch,
+            architecture,
+            hidden_size,
+            num_heads,
+            head_dim,
+            num_layers,
+        )?;
+        let final_logit_softcap = match self.opt(&key("final_logit_softcapping"), Self::get_f32)? {
+            // llama.cpp's rule: 0 (or no key) is no capping.
+            Some(cap) if cap > 0.0 && cap.is_finite() => Some(cap),
+            Some(0.0) => None,
+            Some(cap) => {
+                return Err(self.meta_err(
+                    &key("final_logit_softcapping"),
+                    format!("{cap} must be positive (or 0 for none)"),
+                ))
+            }
+            None => None,
+        };
         Ok(ModelConfig {
             architecture,
             hidden_size,
             intermediate_size,
-            num_layers: self.get_usize(&key("block_count"))?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -249,6 +273,99 @@ impl GgufFile {
                 _ => None,
             },
             moe,
+            sliding_window,
+            attention_scale,
+            final_logit_softcap,
+        })
+    }
+
+    /// Gemma 3's local layers, as llama.cpp reads them: `attention.sliding_window` (none, or 0:
+    /// every layer global); `attention.sliding_window_pattern`, an array of one flag a layer or
+    /// a period N (layers `i % N < N - 1` local; 6 when absent); `rope.freq_base_swa`, the
+    /// local layers' rotary base (10000 when absent). Other architectures: none.
+    fn sliding_window(
+        &self,
+        arch: &str,
+        architecture: Architecture,
+        num_layers: usize,
+    ) -> Result<Option<SlidingWindow>> {
+        if architecture != Architecture::Gemma3 {
+            return Ok(None);
+        }
+        let key = |k: &str| format!("{arch}.{k}");
+        let window = match self.opt(&key("attention.sliding_window"), Self::get_usize)? {
+            None | Some(0) => return Ok(None),
+            Some(w) => w,
+        };
+        let pattern_key = key("attention.sliding_window_pattern");
+        let local: Vec<bool> = match self.metadata().get(&pattern_key) {
+            Some(Value::Array(flags)) => {
+                let flags: Option<Vec<bool>> = flags
+                    .iter()
+                    .map(|f| match f {
+                        Value::Bool(b) => Some(*b),
+                        _ => None,
+                    })
+                    .collect();
+                match flags {
+                    Some(flags) if flags.len() == num_layers => flags,
+                    Some(flags) => {
+                        return Err(self.meta_err(
+                            &pattern_key,
+                            format!("{} flags for {num_layers} layers", flags.len()),
+                        ))
+                    }
+                    None => {
+                        return Err(self.meta_err(&pattern_key, "an array of booleans or a period"))
+                    }
+                }
+            }
+            Some(_) => {
+                let period = self.get_usize(&pattern_key)?;
+                (0..num_layers)
+                    .map(|i| period == 0 || i % period < period - 1)
+                    .collect()
+            }
+            None => (0..num_layers).map(|i| i % 6 < 5).collect(),
+        };
+        let local_rope_theta = self
+            .opt(&key("rope.freq_base_swa"), Self::get_f32)?
+            .unwrap_or(10_000.0);
+        if !(local_rope_theta.is_finite() && local_rope_theta > 0.0) {
+            return Err(self.meta_err(&key("rope.freq_base_swa"), "must be positive"));
+        }
+        Ok(Some(SlidingWindow {
+            window,
+            local,
+            local_rope_theta,
+        }))
+    }
+
+    /// The factor on Q·K: `attention.scale` where the file has it; for Gemma 3,
+    /// llama.cpp's rule (`1 / sqrt(head_dim)`, but `1 / sqrt(hidden / heads)` for the 62-layer
+    /// 27B, whose `query_pre_attn_scalar` is that); `None` (1 / sqrt(head_dim)) otherwise.
+    fn attention_scale(
+        &self,
+        arch: &str,
+        architecture: Architecture,
+        hidden: usize,
+        heads: usize,
+        head_dim: usize,
+        num_layers: usize,
+    ) -> Result<Option<f32>> {
+        let scale_key = format!("{arch}.attention.scale");
+        if let Some(scale) = self.opt(&scale_key, Self::get_f32)? {
+            if !(scale.is_finite() && scale > 0.0) {
+                return Err(self.meta_err(&scale_key, format!("{scale} must be positive")));
+            }
+            return Ok(Some(scale));
+        }
+        Ok(match architecture {
+            Architecture::Gemma3 if num_layers == 62 => {
+                Some(1.0 / ((hidden / heads) as f32).sqrt())
+            }
+            Architecture::Gemma3 => Some(1.0 / (head_dim as f32).sqrt()),
+            _ => None,
         })
     }
 

@@ -16,7 +16,7 @@ use serde_json::Value as Json;
 
 use sluice_tokenizer::Tokenizer;
 
-use crate::config::ModelConfig;
+use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::hf_config::parse_config;
 use crate::load::{check_shape, ExpertMatrices, LoadOptions, Weight, WeightSource};
@@ -222,7 +222,7 @@ impl HfWeights<'_> {
     /// The name `w` has in this checkpoint: transformers' current one, or for a router the
     /// `block_sparse_moe.gate` of Mixtral checkpoints written before transformers 5.
     fn name(&self, w: Weight) -> String {
-        let name = w.hf_name();
+        let name = w.hf_name_in(self.dir.config.architecture);
         if let Weight::Router(i) = w {
             let legacy = format!("model.layers.{i}.block_sparse_moe.gate.weight");
             if !self.dir.shards.contains(&name) && self.dir.shards.contains(&legacy) {
@@ -340,10 +340,13 @@ impl WeightSource for HfWeights<'_> {
     }
 
     fn dense(&mut self, w: Weight, shape: &[usize], device: &Device) -> Result<Tensor> {
-        Ok(self
-            .read(w, shape)?
-            .to_dtype(DType::F32)?
-            .to_device(device)?)
+        let mut t = self.read(w, shape)?.to_dtype(DType::F32)?;
+        if self.dir.config.architecture == Architecture::Gemma3 && w.is_norm() {
+            // Gemma's RMSNorm multiplies by `1 + w` (transformers' Gemma3RMSNorm): the one
+            // added once here, as llama.cpp's converter adds it into GGUF files.
+            t = (t + 1.0)?;
+        }
+        Ok(t.to_device(device)?)
     }
 
     fn linear(

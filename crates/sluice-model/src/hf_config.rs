@@ -6,7 +6,9 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use crate::config::{Architecture, ModelConfig, MoeConfig, MoeConfigError, RopeScaling};
+use crate::config::{
+    Architecture, ModelConfig, MoeConfig, MoeConfigError, RopeScaling, SlidingWindow,
+};
 use crate::error::{ModelError, Result};
 
 /// The fields of `config.json` sluice reads; absent and `null` are both `None`. Unknown fields
@@ -41,6 +43,17 @@ struct ConfigJson {
     norm_topk_prob: Option<bool>,
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
+    /// Gemma's name for `hidden_act`.
+    hidden_activation: Option<String>,
+    /// Gemma: the query scale is its inverse square root.
+    query_pre_attn_scalar: Option<f64>,
+    /// Gemma 3: `sliding_attention` or `full_attention` for each layer (newer configs).
+    layer_types: Option<Vec<String>>,
+    /// Gemma 3: every N-th layer global (older configs; 6).
+    sliding_window_pattern: Option<usize>,
+    /// Gemma 3: the local layers' rotary base.
+    rope_local_base_freq: Option<f64>,
+    final_logit_softcapping: Option<f64>,
 }
 
 /// `rope_scaling`; newer configs say `rope_type`, older ones `type`.
@@ -118,12 +131,26 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
     let c: ConfigJson = serde_path_to_error::deserialize(json)
         .map_err(|e| f.err(&e.path().to_string(), e.inner().to_string()))?;
     let architecture = architecture(&f, &c)?;
+    if c.model_type.as_deref() == Some("gemma3") {
+        return Err(f.unsupported(
+            "Gemma 3's multimodal checkpoint (`model_type` `gemma3`, Gemma3ForConditionalGeneration): \
+             sluice serves the text model, `model_type` gemma3_text (Gemma3ForCausalLM)"
+                .into(),
+        ));
+    }
     if c.quantization_config.is_some() {
         return Err(f.unsupported(
             "quantized checkpoint (`quantization_config`): use f32, f16 or bf16 weights, or a GGUF file".into(),
         ));
     }
-    if let Some(act) = &c.hidden_act {
+    if architecture == Architecture::Gemma3 {
+        let act = c.hidden_activation.as_deref().or(c.hidden_act.as_deref());
+        if let Some(act) = act.filter(|a| !matches!(*a, "gelu_pytorch_tanh" | "gelu_tanh")) {
+            return Err(f.unsupported(format!(
+                "hidden_activation `{act}` for gemma3 (supported: gelu_pytorch_tanh)"
+            )));
+        }
+    } else if let Some(act) = &c.hidden_act {
         if !matches!(act.as_str(), "silu" | "swish") {
             return Err(f.unsupported(format!("hidden_act `{act}` (supported: silu)")));
         }
@@ -156,6 +183,8 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         | Architecture::Qwen3
         | Architecture::Qwen2Moe
         | Architecture::Qwen3Moe => c.use_sliding_window.unwrap_or(false),
+        // Gemma's local layers attend over their window (below), its global ones to all.
+        Architecture::Gemma3 => false,
     };
     let num_layers = f.required("num_hidden_layers", c.num_hidden_layers)?;
     let intermediate_size = f.required("intermediate_size", c.intermediate_size)?;
@@ -171,6 +200,10 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
             max_position_embeddings = window;
         }
     }
+    let (sliding_window, attention_scale, final_logit_softcap) = match architecture {
+        Architecture::Gemma3 => gemma3(&f, &c, num_layers)?,
+        _ => (None, None, None),
+    };
     Ok(ModelConfig {
         architecture,
         hidden_size,
@@ -184,12 +217,85 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         rope_theta: rope_theta as f32,
         rope_scaling,
         max_position_embeddings,
-        tie_word_embeddings: c.tie_word_embeddings.unwrap_or(!has_lm_head),
+        // Gemma ties its embeddings unless the config says not (transformers' default).
+        tie_word_embeddings: c
+            .tie_word_embeddings
+            .unwrap_or(architecture == Architecture::Gemma3 || !has_lm_head),
         // config.json declares none; a sentence-transformers directory's pooling lives in
         // `1_Pooling/config.json`, which sluice does not read (`--pooling` sets it).
         pooling: None,
         moe,
+        sliding_window,
+        attention_scale,
+        final_logit_softcap,
     })
+}
+
+/// What a Gemma 3 text config adds: its local layers (`sliding_window`, and `layer_types` or
+/// else `sliding_window_pattern`, 6 by default: layers `i % N < N - 1` local), their rotary
+/// base (`rope_local_base_freq`, 10000), the query scale `query_pre_attn_scalar^-1/2` (256 by
+/// default, transformers' Gemma3TextConfig), and `final_logit_softcapping`.
+#[allow(clippy::type_complexity)]
+fn gemma3(
+    f: &Fields<'_>,
+    c: &ConfigJson,
+    num_layers: usize,
+) -> Result<(Option<SlidingWindow>, Option<f32>, Option<f32>)> {
+    let local: Vec<bool> = match &c.layer_types {
+        Some(types) => {
+            if types.len() != num_layers {
+                return Err(f.err(
+                    "layer_types",
+                    format!("{} types for {num_layers} layers", types.len()),
+                ));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "sliding_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => Err(f.err(
+                        "layer_types",
+                        format!("`{other}` (expected sliding_attention or full_attention)"),
+                    )),
+                })
+                .collect::<Result<_>>()?
+        }
+        None => {
+            let period = c.sliding_window_pattern.unwrap_or(6);
+            (0..num_layers)
+                .map(|i| period == 0 || i % period < period - 1)
+                .collect()
+        }
+    };
+    let local_rope_theta = c.rope_local_base_freq.unwrap_or(10_000.0);
+    if !(local_rope_theta.is_finite() && local_rope_theta > 0.0) {
+        return Err(f.err("rope_local_base_freq", "must be positive"));
+    }
+    let sliding_window = match c.sliding_window {
+        Some(window) if window > 0 => Some(SlidingWindow {
+            window,
+            local,
+            local_rope_theta: local_rope_theta as f32,
+        }),
+        _ => None,
+    };
+    let scalar = c.query_pre_attn_scalar.unwrap_or(256.0);
+    if !(scalar.is_finite() && scalar > 0.0) {
+        return Err(f.err("query_pre_attn_scalar", "must be positive"));
+    }
+    let softcap = match c.final_logit_softcapping {
+        Some(cap) if cap > 0.0 && cap.is_finite() => Some(cap as f32),
+        Some(0.0) => None,
+        Some(cap) => {
+            return Err(f.err(
+                "final_logit_softcapping",
+                format!("{cap} must be positive (or null for none)"),
+            ))
+        }
+        None => None,
+    };
+    Ok((sliding_window, Some((1.0 / scalar.sqrt()) as f32), softcap))
 }
 
 /// The mixture of experts a config.json describes, as transformers builds it: Mixtral

@@ -18,6 +18,9 @@ pub(crate) struct ModelWeights<'a> {
     pub norm: &'a Tensor,
     pub lm_head: &'a Linear,
     pub rope: &'a RotaryTables,
+    /// The sliding-window layers' own tables (Gemma 3's local rotary base), where they have
+    /// any.
+    pub local_rope: Option<&'a RotaryTables>,
 }
 
 pub(crate) struct Layer {
@@ -27,8 +30,20 @@ pub(crate) struct Layer {
     /// qwen3: RMSNorm weights `[head_dim]` applied to each head of Q and of K before RoPE.
     pub qk_norm: Option<(Tensor, Tensor)>,
     pub o: Linear,
+    /// Gemma: the norms of the attention's and of the MLP's outputs before each joins the
+    /// residual stream.
+    pub post_norms: Option<PostNorms>,
     pub ffn_norm: Tensor,
     pub mlp: Mlp,
+    /// The sliding window this layer attends over (a Gemma 3 local layer, which also rotates
+    /// with [`ModelWeights::local_rope`]); `None`: every earlier key.
+    pub window: Option<usize>,
+}
+
+/// Gemma's norms after the attention and after the MLP.
+pub(crate) struct PostNorms {
+    pub attn: Tensor,
+    pub ffn: Tensor,
 }
 
 /// What follows a layer's FFN norm.

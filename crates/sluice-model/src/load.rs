@@ -8,6 +8,7 @@ use std::str::FromStr;
 use candle_core::{Device, Tensor};
 
 use crate::attention::AttentionBackend;
+use crate::config::Architecture;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvDtype;
@@ -124,7 +125,11 @@ pub enum Weight {
     QNorm(usize),
     KNorm(usize),
     O(usize),
+    /// Gemma's norm of the attention's output, before it joins the residual stream.
+    AttnPostNorm(usize),
     FfnNorm(usize),
+    /// Gemma's norm of the MLP's output, before it joins the residual stream.
+    FfnPostNorm(usize),
     Gate(usize),
     Up(usize),
     Down(usize),
@@ -155,7 +160,9 @@ impl Weight {
             Self::QNorm(i) => blk(i, "attn_q_norm.weight"),
             Self::KNorm(i) => blk(i, "attn_k_norm.weight"),
             Self::O(i) => blk(i, "attn_output.weight"),
+            Self::AttnPostNorm(i) => blk(i, "post_attention_norm.weight"),
             Self::FfnNorm(i) => blk(i, "ffn_norm.weight"),
+            Self::FfnPostNorm(i) => blk(i, "post_ffw_norm.weight"),
             Self::Gate(i) => blk(i, "ffn_gate.weight"),
             Self::Up(i) => blk(i, "ffn_up.weight"),
             Self::Down(i) => blk(i, "ffn_down.weight"),
@@ -165,6 +172,33 @@ impl Weight {
             Self::SharedDown(i) => blk(i, "ffn_down_shexp.weight"),
             Self::SharedRouter(i) => blk(i, "ffn_gate_inp_shexp.weight"),
         }
+    }
+
+    /// The tensor's name in a Hugging Face checkpoint of `architecture`: [`Self::hf_name`], but
+    /// for Gemma's MLP pre-norm, `pre_feedforward_layernorm` (its `post_attention_layernorm`
+    /// is the attention's post-norm).
+    pub fn hf_name_in(self, architecture: Architecture) -> String {
+        match (architecture, self) {
+            (Architecture::Gemma3, Self::FfnNorm(i)) => {
+                format!("model.layers.{i}.pre_feedforward_layernorm.weight")
+            }
+            _ => self.hf_name(),
+        }
+    }
+
+    /// Whether the tensor is an RMSNorm's weight: Gemma's Hugging Face checkpoints store it
+    /// minus one (`x * (1 + w)`), GGUF files with the one added.
+    pub fn is_norm(self) -> bool {
+        matches!(
+            self,
+            Self::OutputNorm
+                | Self::AttnNorm(_)
+                | Self::QNorm(_)
+                | Self::KNorm(_)
+                | Self::AttnPostNorm(_)
+                | Self::FfnNorm(_)
+                | Self::FfnPostNorm(_)
+        )
     }
 
     /// The tensor's name in a Hugging Face checkpoint (transformers' llama/qwen2/qwen3).
@@ -185,6 +219,10 @@ impl Weight {
             Self::KNorm(i) => layer(i, "self_attn.k_norm.weight"),
             Self::O(i) => layer(i, "self_attn.o_proj.weight"),
             Self::FfnNorm(i) => layer(i, "post_attention_layernorm.weight"),
+            // Gemma's post-norms (its `post_attention_layernorm` is the attention's post-norm,
+            // not the MLP's pre-norm: `hf_name_in`).
+            Self::AttnPostNorm(i) => layer(i, "post_attention_layernorm.weight"),
+            Self::FfnPostNorm(i) => layer(i, "post_feedforward_layernorm.weight"),
             Self::Gate(i) => layer(i, "mlp.gate_proj.weight"),
             Self::Up(i) => layer(i, "mlp.up_proj.weight"),
             Self::Down(i) => layer(i, "mlp.down_proj.weight"),

@@ -5,6 +5,7 @@ use candle_core::{Device, Tensor};
 
 use crate::attention::{cpu as cpu_attention, AttentionBackend};
 use crate::batch::StepBatch;
+use crate::config::Architecture;
 use crate::config::ModelConfig;
 use crate::cpu_forward::{self, StepScratch};
 #[cfg(feature = "cuda")]
@@ -12,7 +13,7 @@ use crate::cuda_forward;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCache, KvDtype};
-use crate::layer::{Layer, Mlp, ModelWeights};
+use crate::layer::{Layer, Mlp, ModelWeights, PostNorms};
 use crate::load::{ExpertMatrices, LoadOptions, Weight, WeightSource};
 use crate::moe::{routing::RoutingRule, MoeLayer, SharedExpert};
 use crate::rope::RotaryTables;
@@ -26,6 +27,8 @@ pub struct LlamaModel {
     norm: Tensor,
     lm_head: Linear,
     rope: RotaryTables,
+    /// Gemma 3's local layers' tables.
+    local_rope: Option<RotaryTables>,
     attention: AttentionBackend,
     weights: WeightsKind,
     kv_dtype: KvDtype,
@@ -50,6 +53,17 @@ impl LlamaModel {
                      the `cuda` feature, whose CPU forward runs it",
                     moe.num_experts, moe.num_experts_used
                 ),
+            });
+        }
+        if config.architecture == Architecture::Gemma3 && !device.is_cpu() {
+            // The CUDA forwards have no post-norms, GeGLU or sliding-window attention yet:
+            // refused rather than computed wrong.
+            return Err(ModelError::Unsupported {
+                path: src.path().to_path_buf(),
+                what: "Gemma 3 on a GPU: sluice's CUDA forward has no post-norms, GeGLU or \
+                       sliding-window attention yet; serve it with a build without the `cuda` \
+                       feature, whose CPU forward runs it"
+                    .into(),
             });
         }
         #[cfg(feature = "cuda")]
@@ -111,6 +125,18 @@ impl LlamaModel {
                     down: src.linear(&[(Weight::Down(i), hidden)], inter, None, linear)?,
                 },
             };
+            let post_norms = if arch.has_post_norms() {
+                Some(PostNorms {
+                    attn: src
+                        .dense(Weight::AttnPostNorm(i), &[hidden], &device)?
+                        .to_dtype(act)?,
+                    ffn: src
+                        .dense(Weight::FfnPostNorm(i), &[hidden], &device)?
+                        .to_dtype(act)?,
+                })
+            } else {
+                None
+            };
             let qk_norm = if arch.has_qk_norm() {
                 Some((
                     src.dense(Weight::QNorm(i), &[d], &device)?.to_dtype(act)?,
@@ -126,10 +152,12 @@ impl LlamaModel {
                 qkv,
                 qk_norm,
                 o,
+                post_norms,
                 ffn_norm: src
                     .dense(Weight::FfnNorm(i), &[hidden], &device)?
                     .to_dtype(act)?,
                 mlp,
+                window: config.window_of_layer(i),
             });
             src.layer_done()?;
         }
@@ -154,6 +182,7 @@ impl LlamaModel {
                 .map(|l| l.qkv.weight_bytes() + l.o.weight_bytes() + l.mlp.weight_bytes())
                 .sum::<usize>();
         let rope = RotaryTables::new(&config, &device)?;
+        let local_rope = RotaryTables::local(&config, &device)?;
         let attention = options
             .attention
             .unwrap_or_else(|| default_backend(&config, &device));
@@ -188,6 +217,7 @@ impl LlamaModel {
             norm,
             lm_head,
             rope,
+            local_rope,
             attention,
             weights: kind,
             kv_dtype: options.kv_dtype,
@@ -429,6 +459,7 @@ impl LlamaModel {
             norm: &self.norm,
             lm_head: &self.lm_head,
             rope: &self.rope,
+            local_rope: self.local_rope.as_ref(),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Element-wise steps of the forward: fused kernels on CPU tensors, candle's ops elsewhere.
 
 use candle_core::{DType, Device, Storage, Tensor};
-use sluice_kernels::cpu::swiglu;
+use sluice_kernels::cpu::swiglu::{self, GatedActivation};
 
 use crate::error::Result;
 
@@ -35,6 +35,35 @@ pub(crate) fn swiglu_rows_into(gate_up: &[f32], inter: usize, act: &mut [f32]) -
     let rows = gate_up.len() / (2 * inter);
     let g = Tensor::from_slice(gate_up, (rows, 2 * inter), &Device::Cpu)?;
     act.copy_from_slice(&swiglu(&g, inter)?.flatten_all()?.to_vec1::<f32>()?);
+    Ok(())
+}
+
+/// A gated MLP's activation on plain rows: [`swiglu_rows_into`] for SiLU; GeGLU (Gemma's
+/// `gelu_tanh(gate) * up`) by the fused pass where the CPU has it, else in scalar code with the
+/// same formula (`gate * up / (1 + e^-z)`, `sluice_kernels::cpu::swiglu::sigmoid_argument`).
+pub(crate) fn glu_rows_into(
+    activation: GatedActivation,
+    gate_up: &[f32],
+    inter: usize,
+    act: &mut [f32],
+) -> Result<()> {
+    if activation == GatedActivation::Silu {
+        return swiglu_rows_into(gate_up, inter, act);
+    }
+    if swiglu::available() {
+        swiglu::glu_rows(activation, gate_up, inter, act);
+        return Ok(());
+    }
+    for (row, out) in gate_up
+        .chunks_exact(2 * inter)
+        .zip(act.chunks_exact_mut(inter))
+    {
+        let (gate, up) = row.split_at(inter);
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            let z = swiglu::sigmoid_argument(activation, g);
+            *o = g * u / (1.0 + (-z).exp());
+        }
+    }
     Ok(())
 }
 

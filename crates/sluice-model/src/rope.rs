@@ -14,16 +14,41 @@ pub struct RotaryTables {
 }
 
 impl RotaryTables {
+    /// The tables of the model's (global) layers: its rotary base and scaling.
     pub fn new(config: &ModelConfig, device: &Device) -> Result<Self> {
+        Self::with_base(
+            config,
+            config.rope_theta,
+            config.rope_scaling.as_ref(),
+            device,
+        )
+    }
+
+    /// The tables of the sliding-window layers where they rotate with a base of their own
+    /// (Gemma 3's local layers: their base, no scaling); `None` for a model without.
+    pub fn local(config: &ModelConfig, device: &Device) -> Result<Option<Self>> {
+        match &config.sliding_window {
+            Some(s) if s.local.iter().any(|&l| l) => Ok(Some(Self::with_base(
+                config,
+                s.local_rope_theta,
+                None,
+                device,
+            )?)),
+            _ => Ok(None),
+        }
+    }
+
+    fn with_base(
+        config: &ModelConfig,
+        theta: f32,
+        scaling: Option<&RopeScaling>,
+        device: &Device,
+    ) -> Result<Self> {
         let half = config.head_dim / 2;
         let mut inv_freq: Vec<f32> = (0..half)
-            .map(|i| {
-                1.0 / config
-                    .rope_theta
-                    .powf((2 * i) as f32 / config.head_dim as f32)
-            })
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / config.head_dim as f32))
             .collect();
-        match &config.rope_scaling {
+        match scaling {
             Some(RopeScaling::Linear { factor }) => inv_freq.iter_mut().for_each(|f| *f /= factor),
             Some(RopeScaling::FreqFactors(factors)) => {
                 inv_freq.iter_mut().zip(factors).for_each(|(f, s)| *f /= s)

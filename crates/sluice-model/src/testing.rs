@@ -82,6 +82,9 @@ impl Default for TinyModelSpec {
     }
 }
 
+/// The sliding window of a tiny gemma3 model's local layers.
+pub const TINY_GEMMA_WINDOW: usize = 8;
+
 /// Control tokens after the 256 byte tokens.
 pub const TINY_SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
@@ -246,6 +249,10 @@ impl TinyModelSpec {
                 w.vector(&p("attn_q_norm.weight"), hd, 1.0, 0.1)?;
                 w.vector(&p("attn_k_norm.weight"), hd, 1.0, 0.1)?;
             }
+            if self.architecture.has_post_norms() {
+                w.vector(&p("post_attention_norm.weight"), h, 1.0, 0.1)?;
+                w.vector(&p("post_ffw_norm.weight"), h, 1.0, 0.1)?;
+            }
         }
         w.vector("output_norm.weight", h, 1.0, 0.1)?;
         let tensors = w.tensors;
@@ -274,6 +281,19 @@ impl TinyModelSpec {
         if let Some(d) = self.head_dim {
             meta.push((k("attention.key_length"), Value::U32(d as u32)));
             meta.push((k("attention.value_length"), Value::U32(d as u32)));
+        }
+        if self.architecture == Architecture::Gemma3 {
+            // Small enough that short prompts cross it: local layers (even ones, the pattern's
+            // period of 2) see 8 keys; the global ones rotate with another base than the local
+            // ones' default 10000; logits soft-capped, as Gemma 2 and some Gemma 3 files say.
+            meta.retain(|(key, _)| key != &k("rope.freq_base"));
+            meta.push((k("rope.freq_base"), Value::F32(1_000_000.0)));
+            meta.push((
+                k("attention.sliding_window"),
+                Value::U32(TINY_GEMMA_WINDOW as u32),
+            ));
+            meta.push((k("attention.sliding_window_pattern"), Value::U32(2)));
+            meta.push((k("final_logit_softcapping"), Value::F32(30.0)));
         }
         if let Some(moe) = &self.moe {
             meta.push((k("expert_count"), Value::U32(moe.experts as u32)));
@@ -365,7 +385,9 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             Weight::QNorm(i),
             Weight::KNorm(i),
             Weight::O(i),
+            Weight::AttnPostNorm(i),
             Weight::FfnNorm(i),
+            Weight::FfnPostNorm(i),
             Weight::Gate(i),
             Weight::Up(i),
             Weight::Down(i),
@@ -392,7 +414,12 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
                 t = unpermute_qk(&t, t.shape().dims()[0] / d, d)?;
             }
         }
-        let mut dense = t.dequantize(&Device::Cpu)?.to_dtype(export.dtype)?;
+        let mut dense = t.dequantize(&Device::Cpu)?;
+        if arch == Architecture::Gemma3 && role.is_norm() {
+            // transformers' Gemma norms hold `w - 1` (exact for the weights near 1 here).
+            dense = (dense - 1.0)?;
+        }
+        let mut dense = dense.to_dtype(export.dtype)?;
         let hf_name = match role {
             // `[hidden]` in GGUF, a one-output linear layer in transformers.
             Weight::SharedRouter(_) => {
@@ -402,7 +429,7 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             Weight::Router(i) if mixtral_names => {
                 format!("model.layers.{i}.block_sparse_moe.gate.weight")
             }
-            _ => role.hf_name(),
+            _ => role.hf_name_in(arch),
         };
         tensors.push((hf_name, dense));
     }
@@ -493,6 +520,7 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
         (Architecture::Qwen3, _) => ("Qwen3ForCausalLM", "qwen3"),
         (Architecture::Qwen2Moe, _) => ("Qwen2MoeForCausalLM", "qwen2_moe"),
         (Architecture::Qwen3Moe, _) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+        (Architecture::Gemma3, _) => ("Gemma3ForCausalLM", "gemma3_text"),
     };
     let torch_dtype = match export.dtype {
         DType::BF16 => "bfloat16",
@@ -524,6 +552,27 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             "bos_token_id": tokenizer.bos_token_id(),
             "eos_token_id": tokenizer.eos_token_id(),
     });
+    if arch == Architecture::Gemma3 {
+        let window = config.sliding_window.as_ref();
+        let layer_types: Vec<&str> = (0..config.num_layers)
+            .map(|i| match config.window_of_layer(i) {
+                Some(_) => "sliding_attention",
+                None => "full_attention",
+            })
+            .collect();
+        let fields = serde_json::json!({
+            "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_act": null,
+            "query_pre_attn_scalar": 1.0 / (config.query_scale() as f64).powi(2),
+            "sliding_window": window.map(|w| w.window),
+            "layer_types": layer_types,
+            "rope_local_base_freq": window.map(|w| w.local_rope_theta),
+            "final_logit_softcapping": config.final_logit_softcap,
+        });
+        for (key, value) in fields.as_object().expect("an object") {
+            config_json[key] = value.clone();
+        }
+    }
     if let Some(moe) = &config.moe {
         if moe.weights_scale != 1.0 || !moe.dense_layers.is_empty() {
             return Err(ModelError::Unsupported {

@@ -7,7 +7,8 @@
 //! For every GGUF format our kernels read and every weight kind, on a model wide enough for
 //! the K-quants' 256-input super-blocks, and on mixtures of experts (qwen3moe in five formats
 //! under every kind; qwen2moe with its shared expert and Mixtral in Q4_K), whose experts each
-//! multiply however many rows of the step chose them:
+//! multiply however many rows of the step chose them, and on Gemma 3's layers with a sliding
+//! window (Q4_K under `auto` and `exact`):
 //! - a sequence's decode row alone equals it inside steps of 1 to 128 rows, which cross every
 //!   row threshold a kernel has (the int8 kernels' tiles of 4 and 8 rows, the packed kernel's
 //!   6-row tiles and its dequantize-once path from 12 rows, AMX's 16);
@@ -88,6 +89,16 @@ fn cases() -> Vec<Case> {
             kinds: &[WeightsKind::Auto],
         });
     }
+    // Gemma 3's layers (post-norms, GeGLU, QK-norm) with a local layer whose window of 8 keys
+    // the 37-token prompt crosses several times.
+    cases.push(Case {
+        name: "gemma3-Q4K".into(),
+        spec: TinyModelSpec {
+            architecture: Architecture::Gemma3,
+            ..spec(GgmlDType::Q4K)
+        },
+        kinds: &[WeightsKind::Auto, WeightsKind::Exact],
+    });
     cases
 }
 

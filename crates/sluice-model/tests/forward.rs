@@ -313,6 +313,46 @@ fn batching_is_invisible_qwen2_biases() {
     check_batching_is_invisible(spec, "qwen2.gguf", backend);
 }
 
+/// Gemma 3's layer (post-norms, GeGLU, QK-norm, scaled embeddings) with a sliding window of 8
+/// keys on its local layer, crossed by the test's prompts of up to 40 tokens: a sequence gets
+/// the same logits alone and in any batch, and the kernel agrees with the reference attention.
+#[test]
+fn batching_is_invisible_gemma3_sliding_window() {
+    let spec = TinyModelSpec {
+        architecture: Architecture::Gemma3,
+        head_dim: Some(32),
+        ..TinyModelSpec::default()
+    };
+    let backend = serving_backend(&spec);
+    let path = tiny_path(&spec, "gemma3.gguf");
+    let model = load(&path, WeightsKind::F32, backend);
+    let config = model.config();
+    assert_eq!(
+        (0..config.num_layers)
+            .map(|i| config.window_of_layer(i))
+            .collect::<Vec<_>>(),
+        [Some(sluice_model::testing::TINY_GEMMA_WINDOW), None],
+        "the pattern of 2: a local layer, then a global one"
+    );
+    assert_eq!(config.final_logit_softcap, Some(30.0));
+    check_batching_is_invisible_on(&model, &spec, "gemma3.gguf");
+    // The CPU kernel against the candle reference on the whole model, over 40 tokens (five
+    // windows).
+    let reference = load(&path, WeightsKind::F32, AttentionBackend::Reference);
+    let tokens: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 256).collect();
+    let a = run_alone(&model, &tokens, 25, 16);
+    let b = run_alone(&reference, &tokens, 25, 16);
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        let diff = max_abs_diff(x, y);
+        assert!(
+            diff < 1e-4,
+            "step {step}: kernel and reference differ by {diff}"
+        );
+        // Capped: every logit within the cap.
+        assert!(largest_abs(x) < 30.0);
+    }
+}
+
 #[test]
 fn chunked_prefill_equals_one_shot() {
     let spec = TinyModelSpec::default();
@@ -406,25 +446,31 @@ fn cpu_kernel_matches_reference_on_random_inputs() {
                 &Device::Cpu,
             )
             .unwrap();
-            let shape = AttentionShape {
-                num_heads: heads,
-                num_kv_heads: kv_heads,
-                head_dim,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-            };
-            // The same inputs held as f32 and as f16: the kernel must match the reference on both.
-            for dtype in [DType::F32, DType::F16] {
-                let (k, v) = (
-                    k_cache.to_dtype(dtype).unwrap(),
-                    v_cache.to_dtype(dtype).unwrap(),
-                );
-                let fast =
-                    attention::cpu::paged_attention(&q, &k, &v, &layout, &batch, &shape).unwrap();
-                let reference =
-                    attention::reference::paged_attention(&q, &k, &v, &layout, &batch, &shape)
+            // Full attention, and sliding windows that start inside chunks, on chunk and block
+            // edges, and past every context (16 keys a chunk).
+            for window in [None, Some(1), Some(7), Some(16), Some(23), Some(100)] {
+                let shape = AttentionShape {
+                    num_heads: heads,
+                    num_kv_heads: kv_heads,
+                    head_dim,
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                    window,
+                };
+                // The same inputs held as f32 and as f16: the kernel must match the reference
+                // on both.
+                for dtype in [DType::F32, DType::F16] {
+                    let (k, v) = (
+                        k_cache.to_dtype(dtype).unwrap(),
+                        v_cache.to_dtype(dtype).unwrap(),
+                    );
+                    let fast = attention::cpu::paged_attention(&q, &k, &v, &layout, &batch, &shape)
                         .unwrap();
-                let diff = max_abs_diff(&fast, &reference);
-                assert!(diff < 1e-5, "heads {heads}/{kv_heads}, block {block_size}, {dtype:?}: kernel differs from reference by {diff}");
+                    let reference =
+                        attention::reference::paged_attention(&q, &k, &v, &layout, &batch, &shape)
+                            .unwrap();
+                    let diff = max_abs_diff(&fast, &reference);
+                    assert!(diff < 1e-5, "heads {heads}/{kv_heads}, block {block_size}, window {window:?}, {dtype:?}: kernel differs from reference by {diff}");
+                }
             }
         }
     }

@@ -361,6 +361,7 @@ mod gpu {
             num_kv_heads: 2,
             head_dim: 128,
             scale: 1.0 / (128f32).sqrt(),
+            window: None,
         };
         let bs = 16;
         // (cached, new) tokens; every sequence's blocks in a run of its own.

@@ -142,6 +142,66 @@ fn qwen3_spec() -> TinyModelSpec {
     }
 }
 
+/// Gemma 3's layers: 4 heads of 32 over a hidden size of 64, a local layer (window 8) then a
+/// global one, logits soft-capped at 30 (`TinyModelSpec::write_gguf`'s gemma3 keys).
+fn gemma3_spec() -> TinyModelSpec {
+    TinyModelSpec {
+        architecture: Architecture::Gemma3,
+        head_dim: Some(32),
+        ..TinyModelSpec::default()
+    }
+}
+
+/// candle-transformers' gemma3 over the directory's safetensors: last-position logits, fed
+/// one token at a time (its local layers' rotating cache then holds the window's keys, as
+/// transformers and llama.cpp see them; a whole prompt at once fails in its cache's
+/// `slice_set` on a transposed tensor, and its prompt mask lets a local layer see one key
+/// more).
+fn candle_gemma3(dir: &Path, spec: &TinyModelSpec, tokens: &[u32]) -> Vec<f32> {
+    use candle_transformers::models::gemma3;
+    let cfg = gemma3::Config {
+        attention_bias: false,
+        head_dim: spec.head_dim(),
+        hidden_activation: candle_nn::Activation::GeluPytorchTanh,
+        hidden_size: spec.hidden_size,
+        intermediate_size: spec.intermediate_size,
+        num_attention_heads: spec.num_heads,
+        num_hidden_layers: spec.num_layers,
+        num_key_value_heads: spec.num_kv_heads,
+        rms_norm_eps: 1e-5f32 as f64,
+        rope_theta: 1_000_000.0,
+        rope_local_base_freq: 10_000.0,
+        vocab_size: spec.vocab_size(),
+        final_logit_softcapping: Some(30.0),
+        attn_logit_softcapping: None,
+        query_pre_attn_scalar: spec.head_dim(),
+        sliding_window: sluice_model::testing::TINY_GEMMA_WINDOW,
+        sliding_window_pattern: 2,
+        max_position_embeddings: spec.context_length,
+    };
+    // SAFETY: the files are ours, written above, and not modified while mapped.
+    let vb = unsafe {
+        VarBuilder::from_mmaped_safetensors(&safetensors_files(dir), DType::F32, &Device::Cpu)
+    }
+    .unwrap();
+    let mut model = gemma3::Model::new(false, &cfg, vb).unwrap();
+    let mut logits = Vec::new();
+    for (pos, &token) in tokens.iter().enumerate() {
+        let input = Tensor::new(&[token], &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        logits = model
+            .forward(&input, pos)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+    }
+    logits
+}
+
 /// candle-transformers' qwen2 over the directory's safetensors: last-position logits.
 fn candle_qwen2(dir: &Path, spec: &TinyModelSpec, tokens: &[u32]) -> Vec<f32> {
     use candle_transformers::models::qwen2;
@@ -255,6 +315,30 @@ fn tiny_qwen3_matches_candle_transformers() {
     );
 }
 
+/// A Gemma 3 text checkpoint (`gemma3_text`: norms stored minus one, `pre_feedforward_layernorm`,
+/// `layer_types`, `query_pre_attn_scalar`, `final_logit_softcapping`) against candle-transformers'
+/// own gemma3, an independent reading of the same files.
+#[test]
+fn tiny_gemma3_matches_candle_transformers() {
+    let spec = gemma3_spec();
+    let (_tmp, dir) = tiny_dir(&spec, &HfExport::default());
+    let model = load(&dir, WeightsKind::F32);
+    let c = model.config();
+    assert_eq!(c.architecture, Architecture::Gemma3);
+    assert_eq!(
+        (c.window_of_layer(0), c.window_of_layer(1)),
+        (Some(sluice_model::testing::TINY_GEMMA_WINDOW), None)
+    );
+    // Ten tokens: past the local layer's window of 8.
+    let ours = last_logits(&model, &PROMPT);
+    let theirs = candle_gemma3(&dir, &spec, &PROMPT);
+    let diff = max_abs_diff(&ours, &theirs);
+    assert!(
+        diff < 1e-4,
+        "gemma3 logits differ from candle-transformers by {diff}"
+    );
+}
+
 /// bf16 checkpoints are converted to f32 on the CPU: the same numbers candle-transformers
 /// computes from the same bf16 values.
 #[test]
@@ -301,10 +385,16 @@ fn bf16_weights_load_as_f32() {
 
 /// A GGUF file and the HF directory exported from it are the same model: identical logits,
 /// and the same tokenizer, stop ids and chat template. Covers llama (Q/K un-permuted), qwen2
-/// (biases) and qwen3 (QK-norm, own head size), batched over every weight kind.
+/// (biases), qwen3 (QK-norm, own head size) and gemma3 (norms minus one, its layer pattern and
+/// window), batched over every weight kind.
 #[test]
 fn tiny_gguf_and_its_hf_export_agree() {
-    for spec in [TinyModelSpec::default(), qwen2_spec(), qwen3_spec()] {
+    for spec in [
+        TinyModelSpec::default(),
+        qwen2_spec(),
+        qwen3_spec(),
+        gemma3_spec(),
+    ] {
         let (tmp, dir) = tiny_dir(
             &spec,
             &HfExport {

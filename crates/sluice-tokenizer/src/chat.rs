@@ -23,6 +23,28 @@ const CHATML: &str = "{% for message in messages %}\
 {% endfor %}\
 {% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+/// Gemma's turns (`<start_of_turn>user\n...<end_of_turn>\n`, the assistant's role named
+/// `model`), for Gemma files that ship no template (the GGUF conversions of base models): as
+/// Gemma 3's own template, it has no system role (a system message's text opens the first user
+/// turn, followed by a blank line), wants user and model turns to alternate, and trims each
+/// message.
+const GEMMA: &str = "{{ bos_token }}\
+{%- if messages and messages[0]['role'] == 'system' -%}\
+{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\
+{%- set loop_messages = messages[1:] -%}\
+{%- else -%}\
+{%- set first_user_prefix = '' -%}\
+{%- set loop_messages = messages -%}\
+{%- endif -%}\
+{%- for message in loop_messages -%}\
+{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\
+{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}\
+{%- endif -%}\
+{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\\n' \
++ (first_user_prefix if loop.first else '') + (message['content'] | trim) + '<end_of_turn>\\n' }}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}";
+
 /// One message of a conversation, as the template sees it (`message['role']`,
 /// `message['content']`, and for tool use `message.tool_calls`, `message.tool_call_id`,
 /// `message.name`). The optional fields are left out of the template's view when empty, so
@@ -171,6 +193,12 @@ impl ChatTemplate {
     /// vocabulary has `<|im_start|>`/`<|im_end|>`. It adds no default system prompt.
     pub fn chatml() -> Result<Self> {
         Self::new(CHATML, None, None)
+    }
+
+    /// Gemma's template, the fallback for a model without `tokenizer.chat_template` whose
+    /// vocabulary has `<start_of_turn>`/`<end_of_turn>`; it opens with `bos_token`.
+    pub fn gemma(bos_token: Option<&str>) -> Result<Self> {
+        Self::new(GEMMA, bos_token, None)
     }
 
     /// The template's Jinja source, as given to [`ChatTemplate::new`].
@@ -403,6 +431,42 @@ mod tests {
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
         assert!(!t.render(&m, false).unwrap().ends_with("assistant\n"));
+    }
+
+    /// As Gemma 3's own template renders (the text of llama.cpp's fixture for this
+    /// conversation): the system text opens the first user turn; the assistant is `model`.
+    #[test]
+    fn gemma_folds_the_system_message_into_the_first_user_turn() {
+        let t = ChatTemplate::gemma(Some("<bos>")).unwrap();
+        let m = msgs(&[
+            (
+                "system",
+                "You are a helpful assistant. Answer in one short sentence.",
+            ),
+            ("user", "What is the capital of Japan?"),
+        ]);
+        assert_eq!(
+            t.render(&m, true).unwrap(),
+            "<bos><start_of_turn>user\nYou are a helpful assistant. Answer in one short \
+             sentence.\n\nWhat is the capital of Japan?<end_of_turn>\n<start_of_turn>model\n"
+        );
+        let m = msgs(&[
+            ("user", "Hi! What is 2 + 2?"),
+            ("assistant", " 2 + 2 = 4. "),
+            ("user", "And what is that times 3?"),
+        ]);
+        assert_eq!(
+            t.render(&m, true).unwrap(),
+            "<bos><start_of_turn>user\nHi! What is 2 + 2?<end_of_turn>\n<start_of_turn>model\n\
+             2 + 2 = 4.<end_of_turn>\n<start_of_turn>user\nAnd what is that times 3?\
+             <end_of_turn>\n<start_of_turn>model\n"
+        );
+        // Turns that do not alternate are the template's error, as Gemma's own raises it.
+        let err = t
+            .render(&msgs(&[("user", "a"), ("user", "b")]), true)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("alternate"), "{err}");
     }
 
     #[test]

@@ -21,6 +21,9 @@
 
 use std::collections::BinaryHeap;
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
 use ahash::{AHashMap, AHashSet};
 use aho_corasick::{AhoCorasick, MatchKind};
 
@@ -81,9 +84,40 @@ fn bigram_left(key: u64) -> u32 {
 
 /// Working memory for one `encode` call, reused across its fragments.
 #[derive(Default)]
-struct Scratch {
+struct Scratch<'t> {
     symbols: Vec<Symbol>,
     heap: BinaryHeap<u64>,
+    /// The segments of this text merged so far (after the space prefix or not) and where
+    /// their ids lie in the output.
+    seen: AHashMap<(bool, &'t str), std::ops::Range<usize>>,
+}
+
+/// Two adjacent symbols' ids as one key of the merges' table.
+fn pair(left: u32, right: u32) -> u64 {
+    (u64::from(left) << 32) | u64::from(right)
+}
+
+/// The merges' hasher: one multiply of the pair's key (a table of half a million pairs for a
+/// 262,144-piece vocabulary is probed twice a merge; SipHash or aHash over a tuple cost more
+/// than the probe).
+#[derive(Default)]
+struct PairHasher(u64);
+
+impl Hasher for PairHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        // Fibonacci hashing: the high bits mix every bit of the key.
+        self.0 = key.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(32);
+    }
 }
 
 /// The id of a character no piece starts or ends with: it never merges.
@@ -97,7 +131,7 @@ pub(crate) struct SentencePiece {
     /// and score. Every piece split at every character boundary, wherever both halves can be
     /// symbols (a piece, or a single character): llama.cpp looks the concatenated text up
     /// instead, which is the same question asked with a string hash per candidate.
-    merges: AHashMap<(u32, u32), (u32, f32)>,
+    merges: HashMap<u64, (u32, f32), BuildHasherDefault<PairHasher>>,
     /// The symbol id of each character: its piece's id, or an id past the vocabulary for a
     /// character that is no piece but is half of one; `UNMERGEABLE` for the rest.
     ascii_ids: [u32; 128],
@@ -152,7 +186,8 @@ impl SentencePiece {
                 char_ids.insert(c, id);
             }
         }
-        let mut merges = AHashMap::with_capacity(tokens.len() * 2);
+        let mut merges =
+            HashMap::with_capacity_and_hasher(tokens.len() * 2, BuildHasherDefault::default());
         for (text, &id) in &pieces {
             for (at, _) in text.char_indices().skip(1) {
                 let (a, b) = text.split_at(at);
@@ -165,7 +200,7 @@ impl SentencePiece {
                     Some(*char_ids.entry(c).or_insert(next))
                 };
                 if let (Some(left), Some(right)) = (symbol_id(a), symbol_id(b)) {
-                    merges.insert((left, right), (id, score(id)));
+                    merges.insert(pair(left, right), (id, score(id)));
                 }
             }
         }
@@ -325,27 +360,54 @@ impl SentencePiece {
     /// small. The boundaries checked are those before a space (`▁`) whose previous character
     /// no piece has right before a `▁`: in SentencePiece vocabularies `▁` starts pieces (or
     /// runs of itself), so this cuts the text into words, as the BPE pre-tokenizers do.
-    fn encode_fragment(&self, text: &str, prefix: bool, out: &mut Vec<u32>, s: &mut Scratch) {
+    fn encode_fragment<'t>(
+        &self,
+        text: &'t str,
+        prefix: bool,
+        out: &mut Vec<u32>,
+        s: &mut Scratch<'t>,
+    ) {
+        let (mut start, mut segment_prefix) = (0, prefix);
+        let mut prev = None;
+        for (i, c) in text.char_indices() {
+            if c == ' ' && prev.is_some_and(|p| !self.joins_space(p)) {
+                self.encode_segment(&text[start..i], segment_prefix, out, s);
+                (start, segment_prefix) = (i, false);
+            }
+            prev = Some(if c == ' ' { ESCAPED_SPACE } else { c });
+        }
+        self.encode_segment(&text[start..], segment_prefix, out, s);
+    }
+
+    /// Appends the ids of one segment (after the `▁` of the space prefix, where `prefix`).
+    /// A segment met before in the same text (a repeated word) copies the ids it got then:
+    /// merging depends on the segment's characters alone.
+    fn encode_segment<'t>(
+        &self,
+        segment: &'t str,
+        prefix: bool,
+        out: &mut Vec<u32>,
+        s: &mut Scratch<'t>,
+    ) {
+        if let Some(ids) = s.seen.get(&(prefix, segment)) {
+            out.extend_from_within(ids.clone());
+            return;
+        }
+        let begin = out.len();
         let space = self.char_id(ESCAPED_SPACE);
         s.symbols.clear();
         if prefix {
             push_symbol(&mut s.symbols, space, ESCAPED_SPACE);
         }
-        let mut prev = None;
-        for c in text.chars() {
+        for c in segment.chars() {
             if c == ' ' {
-                if prev.is_some_and(|p| !self.joins_space(p)) {
-                    self.merge_segment(s, out);
-                    s.symbols.clear();
-                }
                 push_symbol(&mut s.symbols, space, ESCAPED_SPACE);
-                prev = Some(ESCAPED_SPACE);
             } else {
                 push_symbol(&mut s.symbols, self.char_id(c), c);
-                prev = Some(c);
             }
         }
         self.merge_segment(s, out);
+        s.seen.insert((prefix, segment), begin..out.len());
     }
 
     /// Whether some piece has `c` right before a `▁`.
@@ -357,7 +419,7 @@ impl SentencePiece {
     }
 
     /// Merges the symbols of `s` and appends their ids.
-    fn merge_segment(&self, s: &mut Scratch, out: &mut Vec<u32>) {
+    fn merge_segment(&self, s: &mut Scratch<'_>, out: &mut Vec<u32>) {
         let symbols = &mut s.symbols;
         let Some(last) = symbols.last_mut() else {
             return;
@@ -380,7 +442,7 @@ impl SentencePiece {
             // pair now at `left` has exactly its score: then the pair's own candidate has the
             // same key, and which of two equal keys pops first makes no difference. A merged-
             // away symbol has no `next` and the unmergeable id, so it never matches.
-            let Some(&(merged, score)) = self.merges.get(&(l.id, r.id)) else {
+            let Some(&(merged, score)) = self.merges.get(&pair(l.id, r.id)) else {
                 continue;
             };
             if bigram_key(score, left) != key {
@@ -435,7 +497,7 @@ impl SentencePiece {
             return;
         }
         let (l, r) = (symbols[left as usize], symbols[right as usize]);
-        if let Some(&(_, score)) = self.merges.get(&(l.id, r.id)) {
+        if let Some(&(_, score)) = self.merges.get(&pair(l.id, r.id)) {
             heap.push(bigram_key(score, left));
         }
     }

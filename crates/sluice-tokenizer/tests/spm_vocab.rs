@@ -260,9 +260,13 @@ fn throughput_against_bpe() {
         text.push_str(prose);
         text.push_str(&mixed[..mixed.len().min(400)]);
     }
-    let prompts: Vec<String> = (0..256).map(|i| format!("{i} {text}")).collect();
-    let bytes: usize = prompts.iter().map(String::len).sum();
-    let time = |tok: &Tokenizer| {
+    // Prompts of about 4 KB that repeat a paragraph (the SentencePiece path copies a word it
+    // met earlier in the same text), and prompts of the fixture inputs alone, which repeat
+    // little.
+    let repeating: Vec<String> = (0..256).map(|i| format!("{i} {text}")).collect();
+    let varied: Vec<String> = (0..256).map(|i| format!("{i} {mixed}")).collect();
+    let time = |tok: &Tokenizer, prompts: &[String]| {
+        let bytes: usize = prompts.iter().map(String::len).sum();
         let mut best = f64::MAX;
         let mut ids = 0;
         for _ in 0..5 {
@@ -273,12 +277,19 @@ fn throughput_against_bpe() {
                 .sum::<usize>();
             best = best.min(start.elapsed().as_secs_f64());
         }
-        (bytes as f64 / best / 1e6, ids)
+        (bytes as f64 / best / 1e6, bytes as f64 / ids as f64)
     };
     let mut vocabs = vec![(
         "llama-spm (SPM)".to_string(),
         fixture("ggml-vocab-llama-spm.gguf"),
     )];
+    // Gemma 3's vocabulary of 262,144 pieces (`scripts/fetch-gemma.sh`), where fetched.
+    let gemma = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/gemma-3-270m-q4_k_m.gguf");
+    if gemma.is_file() {
+        vocabs.push(("gemma-3 (SPM)".to_string(), gemma));
+    } else {
+        eprintln!("skipped gemma-3: {} missing", gemma.display());
+    }
     for name in ["gpt-2", "llama-bpe"] {
         let path = Path::new(&dir).join(format!("ggml-vocab-{name}.gguf"));
         if path.is_file() {
@@ -295,10 +306,9 @@ fn throughput_against_bpe() {
             "{name:>18}: built in {:.0} ms",
             start.elapsed().as_secs_f64() * 1e3
         );
-        let (mb_s, ids) = time(&tok);
-        eprintln!(
-            "{name:>18}: {mb_s:6.1} MB/s, {:.2} bytes per id",
-            bytes as f64 / ids as f64
-        );
+        for (what, prompts) in [("repeating", &repeating), ("varied", &varied)] {
+            let (mb_s, bytes_per_id) = time(&tok, prompts);
+            eprintln!("{name:>18}: {what:>9} {mb_s:6.1} MB/s, {bytes_per_id:.2} bytes per id");
+        }
     }
 }

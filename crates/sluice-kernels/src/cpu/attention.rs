@@ -382,6 +382,8 @@ struct Kernel<'a> {
     layout: &'a KvLayout,
     heads: usize,
     scale: f32,
+    /// A sliding window's length: the query at position `p` sees keys `p + 1 - window..=p`.
+    window: Option<usize>,
 }
 
 impl<'a> Kernel<'a> {
@@ -399,7 +401,13 @@ impl<'a> Kernel<'a> {
             layout,
             heads: shape.num_heads,
             scale: shape.scale,
+            window: shape.window,
         }
+    }
+
+    /// The first key the query at position `pos` sees: 0, or where its sliding window starts.
+    fn window_start(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
     }
 
     /// Runs `f` on every work item of the step over rayon's pool, each with its thread's
@@ -460,6 +468,7 @@ impl Kernel<'_> {
                 k_stride: bs,
                 v: &v[run + at.chunk * d..],
                 head_dim: d,
+                first_key: at.first_key,
                 n_keys: at.n_keys,
                 all_lanes_in_block: at.all_lanes_in_block,
                 scale: self.scale,
@@ -508,7 +517,10 @@ impl Kernel<'_> {
 
         let last_pos = first_pos + item.query_end - 1;
         let num_blocks = last_pos / bs + 1;
-        for (b, &block) in table.iter().enumerate().take(num_blocks) {
+        // The item's first query sees the earliest key any of them sees: blocks before it are
+        // not read (a sliding window's old blocks).
+        let lowest = self.window_start(first_pos + item.query_begin);
+        for (b, &block) in table.iter().enumerate().take(num_blocks).skip(lowest / bs) {
             if let Some(&next) = table.get(b + 1).filter(|_| b + 1 < num_blocks) {
                 prefetch(next as usize);
             }
@@ -518,13 +530,29 @@ impl Kernel<'_> {
                     break;
                 }
                 let chunk_keys = LANES.min(bs - chunk);
+                let chunk_end = key0 + chunk_keys;
+                if chunk_end <= lowest {
+                    continue;
+                }
                 // The first query that sees the chunk's first key.
                 let mut qi = item.query_begin.max(key0.saturating_sub(first_pos));
                 while qi < item.query_end {
                     let pos = first_pos + qi;
+                    let start = self.window_start(pos);
+                    if start >= chunk_end {
+                        // This query's window starts past the chunk, and later ones' later.
+                        break;
+                    }
+                    let first_key = start.saturating_sub(key0);
                     let n_keys = chunk_keys.min(pos + 1 - key0);
-                    let queries = if n_keys == chunk_keys {
-                        tile.min(item.query_end - qi)
+                    let queries = if n_keys == chunk_keys && first_key == 0 {
+                        // Consecutive queries that see every key of the chunk: up to the last
+                        // whose window still starts at or before the chunk.
+                        let whole = match self.window {
+                            Some(w) => (key0 + w).saturating_sub(first_pos).min(item.query_end),
+                            None => item.query_end,
+                        };
+                        tile.min(whole - qi)
                     } else {
                         1
                     };
@@ -534,6 +562,7 @@ impl Kernel<'_> {
                     let at = ChunkAt {
                         block: block as usize,
                         chunk,
+                        first_key,
                         n_keys,
                         all_lanes_in_block: chunk + LANES <= bs,
                     };
@@ -591,7 +620,9 @@ struct ChunkAt {
     block: usize,
     /// The chunk's first key within the block.
     chunk: usize,
-    /// Keys of the chunk this query sees (1..=16).
+    /// The chunk's first key this query sees (0 but where a sliding window starts inside it).
+    first_key: usize,
+    /// The end of the chunk's keys this query sees (1..=16): keys `first_key..n_keys`.
     n_keys: usize,
     /// Whether all 16 lanes of the chunk lie in the block.
     all_lanes_in_block: bool,
@@ -627,6 +658,9 @@ struct Chunk<'a, E> {
     /// Key `j`'s values are `v[j * head_dim..][..head_dim]`.
     v: &'a [E],
     head_dim: usize,
+    /// Keys `first_key..n_keys` of the chunk are the queries' (a sliding window may start
+    /// inside it, the causal diagonal end it).
+    first_key: usize,
     n_keys: usize,
     /// Whether all 16 key lanes of each row lie inside the block (it is at least 16 keys past
     /// the chunk's start), so a full-width load is in bounds even where `n_keys < 16`.
@@ -696,6 +730,30 @@ mod tests {
         v: Vec<f32>,
     }
 
+    /// Full attention, and sliding windows that start inside 16-key chunks, on block edges and
+    /// past every context.
+    const WINDOWS: [Option<usize>; 5] = [None, Some(1), Some(13), Some(16), Some(40)];
+
+    /// Every pair of `shapes` with every window of [`WINDOWS`].
+    fn with_windows<T: Copy>(shapes: &[T]) -> Vec<(T, Option<usize>)> {
+        shapes
+            .iter()
+            .flat_map(|&s| WINDOWS.map(move |w| (s, w)))
+            .collect()
+    }
+
+    fn step_with_window(
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+        window: Option<usize>,
+    ) -> Step {
+        let mut s = step(heads, kv_heads, head_dim, block_size);
+        s.shape.window = window;
+        s
+    }
+
     fn step(heads: usize, kv_heads: usize, head_dim: usize, block_size: usize) -> Step {
         let shapes = [
             (1usize, 0usize),
@@ -745,6 +803,7 @@ mod tests {
                 num_kv_heads: kv_heads,
                 head_dim,
                 scale: 1.0 / (head_dim as f32).sqrt(),
+                window: None,
             },
             q: values(query_start * heads * head_dim, 1)
                 .iter()
@@ -804,10 +863,10 @@ mod tests {
             (8, 1),
         ] {
             // 48: a 32-dimension values pass, then a 16-dimension one.
-            for (head_dim, block_size) in
-                [(64, 16), (64, 20), (32, 8), (128, 32), (16, 1), (48, 16)]
+            for ((head_dim, block_size), window) in
+                with_windows(&[(64, 16), (64, 20), (32, 8), (128, 32), (16, 1), (48, 16)])
             {
-                let s = step(heads, kv_heads, head_dim, block_size);
+                let s = step_with_window(heads, kv_heads, head_dim, block_size, window);
                 let k16: Vec<f16> = s.k.iter().map(|&x| f16::from_f32(x)).collect();
                 let v16: Vec<f16> = s.v.iter().map(|&x| f16::from_f32(x)).collect();
                 let want32 = run(Path::Portable, &s, &s.k, &s.v);
@@ -820,7 +879,7 @@ mod tests {
                     assert!(
                         same(run(first, &s, &s.k, &s.v), run(second, &s, &s.k, &s.v))
                             && same(run(first, &s, &k16, &v16), run(second, &s, &k16, &v16)),
-                        "heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}: AVX-512 and AVX2 differ"
+                        "heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}, window {window:?}: AVX-512 and AVX2 differ"
                     );
                 }
                 for &path in &paths {
@@ -835,7 +894,7 @@ mod tests {
                             .fold(0f32, f32::max);
                         assert!(
                             diff < 2e-6,
-                            "{path:?}, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}: differs from portable by {diff}"
+                            "{path:?}, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}, window {window:?}: differs from portable by {diff}"
                         );
                     }
                 }
@@ -855,8 +914,10 @@ mod tests {
         // Groups of 1, 2 and 3 take 6, 3 and 2 queries a call on AVX2 (8, 4 and 2 on AVX-512);
         // 4 takes 2 on AVX-512 (8 rows); 6 takes one on both.
         for (heads, kv_heads) in [(2, 2), (4, 2), (9, 3), (8, 2), (12, 2)] {
-            for (head_dim, block_size) in [(64, 16), (64, 20), (32, 8), (128, 32)] {
-                let s = step(heads, kv_heads, head_dim, block_size);
+            for ((head_dim, block_size), window) in
+                with_windows(&[(64, 16), (64, 20), (32, 8), (128, 32)])
+            {
+                let s = step_with_window(heads, kv_heads, head_dim, block_size, window);
                 let k16: Vec<f16> = s.k.iter().map(|&x| f16::from_f32(x)).collect();
                 let v16: Vec<f16> = s.v.iter().map(|&x| f16::from_f32(x)).collect();
                 // Every query token of every sequence as its own one-token sequence at its
@@ -959,8 +1020,10 @@ mod tests {
     #[test]
     fn q8_cache_paths_agree_and_track_f32() {
         for (heads, kv_heads) in [(1, 1), (9, 3), (12, 2), (14, 2)] {
-            for (head_dim, block_size) in [(64, 16), (64, 20), (32, 8), (128, 32)] {
-                let s = step(heads, kv_heads, head_dim, block_size);
+            for ((head_dim, block_size), window) in
+                with_windows(&[(64, 16), (64, 20), (32, 8), (128, 32)])
+            {
+                let s = step_with_window(heads, kv_heads, head_dim, block_size, window);
                 let (k, ks, v, vs) = q8_cache(&s);
                 let cache = Q8Cache {
                     k: &k,
@@ -982,7 +1045,7 @@ mod tests {
                     .fold(0f32, f32::max);
                 assert!(
                     err < 0.03,
-                    "q8 vs f32, heads {heads}/{kv_heads} of {head_dim}: {err}"
+                    "q8 vs f32, heads {heads}/{kv_heads} of {head_dim}, window {window:?}: {err}"
                 );
                 if cpu_features().1 {
                     let fast = run_q8(true);
@@ -991,7 +1054,7 @@ mod tests {
                         .zip(&portable)
                         .map(|(a, b)| (a - b).abs())
                         .fold(0f32, f32::max);
-                    assert!(diff < 2e-6, "q8 AVX2 vs portable, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}: {diff}");
+                    assert!(diff < 2e-6, "q8 AVX2 vs portable, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}, window {window:?}: {diff}");
                 }
             }
         }

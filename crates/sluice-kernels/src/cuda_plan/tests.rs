@@ -222,6 +222,7 @@ fn check(
         num_kv_heads: heads.1,
         head_dim: d,
         scale: 1.0 / (d as f32).sqrt(),
+        window: None,
     };
     let plan = AttentionPlan::new(
         &step.sequences,
@@ -337,6 +338,7 @@ fn metadata_is_laid_out_as_the_kernel_reads_it() {
         num_kv_heads: 2,
         head_dim: 64,
         scale: 0.125,
+        window: None,
     };
     let plan = AttentionPlan::new(&seqs, &tables, 6, &shape, 16, DeviceLimits::HOPPER).unwrap();
     assert_eq!(plan.num_tiles, 3);
@@ -370,6 +372,7 @@ fn launches_do_not_grow_with_the_sequences() {
         num_kv_heads: 2,
         head_dim: 128,
         scale: 0.088,
+        window: None,
     };
     let mut rng = Rng(99);
     let launches = |seqs: &[(usize, usize)], rng: &mut Rng| {
@@ -432,6 +435,7 @@ fn unsupported_shapes_and_bad_steps_are_errors() {
             num_kv_heads: kvh,
             head_dim: d,
             scale: 1.0,
+            window: None,
         };
         AttentionPlan::new(&seqs, tables, t, &shape, 16, DeviceLimits::HOPPER)
     };
@@ -502,6 +506,7 @@ fn qwen_1_5b_shape() -> AttentionShape {
         num_kv_heads: 2,
         head_dim: 128,
         scale: 1.0 / (128f32).sqrt(),
+        window: None,
     }
 }
 

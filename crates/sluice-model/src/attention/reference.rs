@@ -1,5 +1,6 @@
 //! Exact paged attention from candle ops: gather a sequence's K/V blocks out of the cache,
-//! repeat them over the query heads of each group, masked softmax. Simple enough to trust, so it is the
+//! repeat them over the query heads of each group, masked softmax (causal, and a sliding
+//! window's start). Simple enough to trust, so it is the
 //! oracle for the fast kernel.
 
 use candle_core::Tensor;
@@ -63,8 +64,12 @@ pub fn paged_attention(
         let first_pos = len - q_len;
         let mask: Vec<f32> = (0..q_len)
             .flat_map(|i| {
+                // Causal, and within the sliding window where the layer has one.
+                let start = shape
+                    .window
+                    .map_or(0, |w| (first_pos + i + 1).saturating_sub(w));
                 (0..len).map(move |j| {
-                    if j > first_pos + i {
+                    if j > first_pos + i || j < start {
                         f32::NEG_INFINITY
                     } else {
                         0.0

@@ -289,6 +289,12 @@ fn chat_template(tokenizer: &Tokenizer) -> Option<ChatTemplate> {
         tracing::info!("no usable chat template in the model; using ChatML");
         return ChatTemplate::chatml().ok();
     }
+    let has_gemma_turns = tokenizer.token_to_id("<start_of_turn>").is_some()
+        && tokenizer.token_to_id("<end_of_turn>").is_some();
+    if has_gemma_turns {
+        tracing::info!("no usable chat template in the model; using Gemma's turns");
+        return ChatTemplate::gemma(tokenizer.bos_token()).ok();
+    }
     tracing::warn!("the model has no chat template: /v1/chat/completions will refuse requests");
     None
 }

@@ -89,7 +89,8 @@ mod x86 {
 
     /// The online-softmax update of a chunk's scores (keys 0..8 in `lo`, 8..16 in `hi`, per
     /// head of the group, unscaled): rescales the rows' sums and accumulators when the
-    /// maximum grows, and returns each head's weights of the chunk's keys (zero past `n_keys`).
+    /// maximum grows, and returns each head's weights of the chunk's keys (zero before
+    /// `first_key`, where a sliding window starts, and at or past `n_keys`).
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA; `s` holds G rows of `head_dim` (a multiple of 8) values.
@@ -98,6 +99,7 @@ mod x86 {
     pub(in crate::cpu::attention) unsafe fn softmax_chunk<const G: usize>(
         lo: &[__m256; G],
         hi: &[__m256; G],
+        first_key: usize,
         n_keys: usize,
         scale: f32,
         d: usize,
@@ -105,15 +107,19 @@ mod x86 {
     ) -> [[f32; LANES]; G] {
         // SAFETY: the CPU features and the sizes of `s` are the caller's promise.
         unsafe {
-            // Lanes at or past `n_keys` are not keys of this query: -inf scores, zero weights.
+            // Lanes before `first_key` or at or past `n_keys` are not keys of this query: -inf
+            // scores, zero weights.
             let n = _mm256_set1_epi32(n_keys as i32);
-            let valid_lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                n,
-                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            let before = _mm256_set1_epi32(first_key as i32 - 1);
+            let lanes_lo = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let lanes_hi = _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15);
+            let valid_lo = _mm256_castsi256_ps(_mm256_and_si256(
+                _mm256_cmpgt_epi32(n, lanes_lo),
+                _mm256_cmpgt_epi32(lanes_lo, before),
             ));
-            let valid_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                n,
-                _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15),
+            let valid_hi = _mm256_castsi256_ps(_mm256_and_si256(
+                _mm256_cmpgt_epi32(n, lanes_hi),
+                _mm256_cmpgt_epi32(lanes_hi, before),
             ));
             let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
             let scale = _mm256_set1_ps(scale);
@@ -210,7 +216,7 @@ mod x86 {
                 }
             }
 
-            let probs = softmax_chunk::<G>(&lo, &hi, c.n_keys, c.scale, d, &mut s);
+            let probs = softmax_chunk::<G>(&lo, &hi, c.first_key, c.n_keys, c.scale, d, &mut s);
 
             // Values, 32 dimensions at a time where the rows' accumulators and the 4 value
             // registers fit in the 16 (twice the independent FMA chains of 16; at 3 rows one
@@ -299,7 +305,7 @@ mod x86 {
                     a[g][r] = _mm256_loadu_ps(accp.add(g * d + j + 8 * r));
                 }
             }
-            for t in 0..c.n_keys {
+            for t in c.first_key..c.n_keys {
                 let mut v = [_mm256_setzero_ps(); R];
                 for r in 0..R {
                     v[r] = E::load8(vp.add(t * d + j + 8 * r));

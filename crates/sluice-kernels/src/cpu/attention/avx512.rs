@@ -123,11 +123,15 @@ mod x86 {
             debug_assert_eq!(c.queries * c.group, G, "a call's rows");
             let d = c.head_dim;
             let rows = c.row_starts::<G>();
-            let mask: u16 = if c.n_keys >= LANES {
-                u16::MAX
-            } else {
-                (1u16 << c.n_keys) - 1
+            // The lanes `first_key..n_keys`: a sliding window's start and the causal end.
+            let upto = |n: usize| {
+                if n >= LANES {
+                    u16::MAX
+                } else {
+                    (1u16 << n) - 1
+                }
             };
+            let mask: u16 = upto(c.n_keys) & !upto(c.first_key);
             let kp = c.k.as_ptr();
 
             // Scores: one FMA chain per row along the dimensions in order, the AVX2 kernel's
@@ -176,11 +180,25 @@ mod x86 {
             let slices = d / LANES;
             let mut j = 0;
             while j + S <= slices {
-                values_pass::<E, G, S>(vp, j * LANES, d, c.n_keys, &probs, s.accs.as_mut_ptr());
+                values_pass::<E, G, S>(
+                    vp,
+                    j * LANES,
+                    d,
+                    c.first_key..c.n_keys,
+                    &probs,
+                    s.accs.as_mut_ptr(),
+                );
                 j += S;
             }
             while j < slices {
-                values_pass::<E, G, 1>(vp, j * LANES, d, c.n_keys, &probs, s.accs.as_mut_ptr());
+                values_pass::<E, G, 1>(
+                    vp,
+                    j * LANES,
+                    d,
+                    c.first_key..c.n_keys,
+                    &probs,
+                    s.accs.as_mut_ptr(),
+                );
                 j += 1;
             }
         }
@@ -190,7 +208,7 @@ mod x86 {
     /// accumulator, for every head of the group and key of the chunk (in key order).
     ///
     /// # Safety
-    /// The CPU has AVX-512F, BW and F16C; `v` holds `n_keys` rows of `d` values, `accs` G rows
+    /// The CPU has AVX-512F, BW and F16C; `v` holds `keys.end` rows of `d` values, `accs` G rows
     /// of `d` floats, and `dim + 16 * S <= d`.
     #[allow(clippy::needless_range_loop)]
     #[inline(always)]
@@ -198,7 +216,7 @@ mod x86 {
         v: *const E,
         dim: usize,
         d: usize,
-        n_keys: usize,
+        keys: std::ops::Range<usize>,
         probs: &[[f32; LANES]; G],
         accs: *mut f32,
     ) {
@@ -210,7 +228,7 @@ mod x86 {
                     acc[g][i] = _mm512_loadu_ps(accs.add(g * d + dim + i * LANES));
                 }
             }
-            for t in 0..n_keys {
+            for t in keys {
                 let mut rows = [_mm512_setzero_ps(); S];
                 for i in 0..S {
                     rows[i] = E::load(v.add(t * d + dim + i * LANES), u16::MAX);

@@ -50,17 +50,23 @@ impl Kernel<'_> {
         let (d, bs) = (self.layout.head_dim, self.layout.block_size);
         let group = self.heads / self.layout.num_kv_heads;
         let first_pos = s.context_len - s.query_len;
-        let keys = first_pos + item.query_end;
-        // This KV head's keys dimension-major (`kf[i * keys + j]`) and values key-major, in f32.
+        // Keys `lowest..end` are the ones any query of the item sees (a sliding window's
+        // start for the first one, the causal end for the last one).
+        let lowest = self.window_start(first_pos + item.query_begin);
+        let end = first_pos + item.query_end;
+        let keys = end - lowest;
+        // This KV head's keys dimension-major (`kf[i * keys + j]`) and values key-major, in f32,
+        // key `lowest + j` at `j`.
         scratch.resize(2 * keys * d + keys + d, 0.0);
         let (kf, rest) = scratch.split_at_mut(keys * d);
         let (vf, rest) = rest.split_at_mut(keys * d);
         let (scores, acc) = rest.split_at_mut(keys);
         for j in 0..keys {
+            let key = lowest + j;
             let base = self
                 .layout
-                .block_head_offset(table[j / bs] as usize, item.kv_head);
-            let off = j % bs;
+                .block_head_offset(table[key / bs] as usize, item.kv_head);
+            let off = key % bs;
             for i in 0..d {
                 kf[i * keys + j] = kv.key(base, i, off);
             }
@@ -69,15 +75,17 @@ impl Kernel<'_> {
             }
         }
         for query in item.query_begin..item.query_end {
-            let n = first_pos + query + 1;
+            let pos = first_pos + query;
+            // This query's keys, as indices of the gathered ones.
+            let seen = self.window_start(pos) - lowest..pos + 1 - lowest;
             let token = s.query_start + query;
             for g in 0..group {
                 let head = item.kv_head * group + g;
                 let q = &self.q[(token * self.heads + head) * d..][..d];
-                let scores = &mut scores[..n];
+                let scores = &mut scores[..seen.len()];
                 scores.fill(0.0);
                 for (i, &x) in q.iter().enumerate() {
-                    for (sc, &key) in scores.iter_mut().zip(&kf[i * keys..][..n]) {
+                    for (sc, &key) in scores.iter_mut().zip(&kf[i * keys..][seen.clone()]) {
                         *sc += x * key;
                     }
                 }
@@ -93,7 +101,7 @@ impl Kernel<'_> {
                 }
                 acc.fill(0.0);
                 for (j, &p) in scores.iter().enumerate() {
-                    for (a, &x) in acc.iter_mut().zip(&vf[j * d..][..d]) {
+                    for (a, &x) in acc.iter_mut().zip(&vf[(seen.start + j) * d..][..d]) {
                         *a += p * x;
                     }
                 }

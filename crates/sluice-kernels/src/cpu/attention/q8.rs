@@ -232,6 +232,7 @@ impl Kernel<'_> {
                 v: &c.v[run + at.chunk * d..],
                 v_scales: &c.v_scales[scales + at.chunk * groups..],
                 head_dim: d,
+                first_key: at.first_key,
                 n_keys: at.n_keys,
                 all_lanes_in_block: at.all_lanes_in_block,
                 scale: self.scale,
@@ -257,6 +258,7 @@ mod x86 {
         pub v: &'a [i8],
         pub v_scales: &'a [f32],
         pub head_dim: usize,
+        pub first_key: usize,
         pub n_keys: usize,
         pub all_lanes_in_block: bool,
         pub scale: f32,
@@ -291,6 +293,7 @@ mod x86 {
         /// Key `j`'s scale of group `g` is at `v_scales[j * head_dim / 32 + g]`.
         pub v_scales: &'a [f32],
         pub head_dim: usize,
+        pub first_key: usize,
         pub n_keys: usize,
         /// Whether all 16 lanes of each key row lie in the block.
         pub all_lanes_in_block: bool,
@@ -398,7 +401,7 @@ mod x86 {
                     hi[g] = _mm256_fmadd_ps(ghi[g], s1, hi[g]);
                 }
             }
-            let probs = softmax_chunk::<G>(&lo, &hi, c.n_keys, c.scale, d, &mut s);
+            let probs = softmax_chunk::<G>(&lo, &hi, c.first_key, c.n_keys, c.scale, d, &mut s);
 
             // Values, 16 dimensions at a time: each row's weight is its probability times
             // the row's scale of the group.
@@ -411,7 +414,7 @@ mod x86 {
                     a0[g] = _mm256_loadu_ps(accp.add(g * d + j));
                     a1[g] = _mm256_loadu_ps(accp.add(g * d + j + 8));
                 }
-                for t in 0..c.n_keys {
+                for t in c.first_key..c.n_keys {
                     let vs = *c.v_scales.as_ptr().add(t * groups + grp);
                     let x = _mm_loadu_si128(vp.add(t * d + j) as *const __m128i);
                     let v0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
