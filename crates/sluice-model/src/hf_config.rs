@@ -624,11 +624,14 @@ mod tests {
     #[test]
     fn bad_configs_name_the_field() {
         let msg = |json: String| config(&json).unwrap_err().to_string();
-        let m = msg(format!(r#"{{"model_type": "gemma3", {BASE}}}"#));
+        let m = msg(format!(r#"{{"model_type": "falcon", {BASE}}}"#));
         assert!(
-            m.contains("/m/config.json") && m.contains("`gemma3`") && m.contains("qwen3"),
+            m.contains("/m/config.json") && m.contains("`falcon`") && m.contains("qwen3"),
             "{m}"
         );
+        // Gemma 3's multimodal wrapper: the text model's type named instead.
+        let m = msg(format!(r#"{{"model_type": "gemma3", {BASE}}}"#));
+        assert!(m.contains("`gemma3`") && m.contains("gemma3_text"), "{m}");
         let m = msg(r#"{"model_type": "llama", "hidden_size": 64}"#.into());
         assert!(
             m.contains("intermediate_size") || m.contains("num_attention_heads"),
