@@ -537,6 +537,39 @@ mod tests {
         }
     }
 
+    /// llama.cpp's own GPT-4o split (its `unicode_regex_split`, `std::regex` on collapsed text)
+    /// of tricky and random strings: `tests/fixtures/tokenizer/gpt-4o-split.jsonl`, made by
+    /// `scripts/gpt4o-tokenize-fixture.py`.
+    #[test]
+    fn gpt4o_matches_llama_cpp_split() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/tokenizer/gpt-4o-split.jsonl"
+        );
+        let raw = std::fs::read_to_string(path).unwrap();
+        let mut failures = Vec::new();
+        let mut n = 0;
+        for line in raw.lines() {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            let text = row["text"].as_str().unwrap();
+            let words: Vec<&str> = row["words"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w.as_str().unwrap())
+                .collect();
+            let ours = our_words(PreTokenizer::Gpt4o, text);
+            if ours != words {
+                failures.push(format!(
+                    "{text:?}:\n  llama.cpp {words:?}\n  sluice    {ours:?}"
+                ));
+            }
+            n += 1;
+        }
+        assert_eq!(n, 482);
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
     /// On ASCII text llama.cpp's GPT-4o regex splits as tiktoken's o200k regex (the one
     /// gpt-oss's tokenizer.json declares); `GPT4O_REGEX` says where they part.
     #[test]
