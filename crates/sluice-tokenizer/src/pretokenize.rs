@@ -23,7 +23,28 @@ pub(crate) enum PreTokenizer {
     Qwen2,
     /// Llama 3: Qwen2's regex with `\p{N}{1,3}` (numbers in groups of up to three digits).
     Llama3,
+    /// GPT-4o (OpenAI's o200k, gpt-oss, Llama 4), as llama.cpp runs it ([`GPT4O_REGEX`]):
+    /// a word is capitals then small letters (`camel|Case`, `XMLHttp|Request`; a run of
+    /// capitals alone is one word), a contraction kept with its word (`They'Re`),
+    /// numbers in groups of up to three digits, `/` and line breaks kept after punctuation.
+    Gpt4o,
 }
+
+/// llama.cpp's GPT-4o regex (`LLAMA_VOCAB_PRE_TYPE_GPT4O` in `src/llama-vocab.cpp`), which it
+/// runs with `std::regex` on text whose non-ASCII characters are collapsed to one stand-in per
+/// Unicode category. tiktoken's o200k regex (and gpt-oss's tokenizer.json) has
+/// `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+` and `(?i:'s|...)` where this
+/// has lookaheads: here an "upper" letter is any letter but `a-z` and a "lower" letter any
+/// letter but `A-Z` (so every non-ASCII letter is both), combining marks are not letters, and
+/// contractions ignore ASCII case only. Both agree on ASCII text; on other text we follow
+/// llama.cpp, whose ids GGUF vocabularies are checked against.
+const GPT4O_REGEX: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+",
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?",
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*",
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+);
 
 /// `tokenizer.ggml.pre` names we accept, in the order error messages list them.
 pub(crate) const SUPPORTED_NAMES: &[&str] = &[
@@ -36,6 +57,10 @@ pub(crate) const SUPPORTED_NAMES: &[&str] = &[
     "llama3",
     "llama-v3",
     "llama-bpe",
+    "gpt-4o",
+    "llama4",
+    "kanana2",
+    "talkie",
 ];
 
 impl PreTokenizer {
@@ -49,6 +74,8 @@ impl PreTokenizer {
             "gpt-2" | "default" => Self::Gpt2,
             "qwen2" => Self::Qwen2,
             "llama3" | "llama-v3" | "llama-bpe" => Self::Llama3,
+            // llama.cpp's names for `LLAMA_VOCAB_PRE_TYPE_GPT4O` (it has no `o200k`).
+            "gpt-4o" | "llama4" | "kanana2" | "talkie" => Self::Gpt4o,
             _ => return None,
         })
     }
@@ -71,6 +98,7 @@ impl PreTokenizer {
             }
             Self::Qwen2 => scan(text, |t, i| llama3_word(t, i, 1), emit),
             Self::Llama3 => scan(text, |t, i| llama3_word(t, i, 3), emit),
+            Self::Gpt4o => scan(text, gpt4o_word, emit),
         }
     }
 }
@@ -88,7 +116,7 @@ fn scan<'t>(text: &'t str, word: impl Fn(&str, usize) -> usize, emit: &mut impl 
 
 /// End of the GPT-2 regex match starting at `i` (`i < text.len()`).
 fn gpt2_word(text: &str, i: usize) -> usize {
-    if let Some(len) = contraction(&text[i..], false) {
+    if let Some(len) = contraction(&text[i..], Case::Sensitive) {
         return i + len;
     }
     let c = char_at(text, i);
@@ -110,7 +138,7 @@ fn gpt2_word(text: &str, i: usize) -> usize {
 
 /// End of the Llama 3 / Qwen2 regex match starting at `i`; `max_digits` is 3 or 1.
 fn llama3_word(text: &str, i: usize, max_digits: usize) -> usize {
-    if let Some(len) = contraction(&text[i..], true) {
+    if let Some(len) = contraction(&text[i..], Case::Insensitive) {
         return i + len;
     }
     let c = char_at(text, i);
@@ -122,29 +150,93 @@ fn llama3_word(text: &str, i: usize, max_digits: usize) -> usize {
     if c != '\r' && c != '\n' && !c.is_numeric() && text[after_c..].starts_with(is_letter) {
         return run(text, after_c, is_letter);
     }
-    // `\p{N}{1,max_digits}`
     if c.is_numeric() {
-        let mut end = i;
-        for d in text[i..].chars().take(max_digits) {
-            if !d.is_numeric() {
-                break;
-            }
-            end += d.len_utf8();
-        }
-        return end;
+        return digits(text, i, max_digits);
     }
     // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-    let j = if c == ' ' { after_c } else { i };
-    if text[j..].starts_with(is_other) {
-        let end = run(text, j, is_other);
-        return run(text, end, |c| c == '\r' || c == '\n');
+    if let Some(end) = punctuation_word(text, i, |c| c == '\r' || c == '\n') {
+        return end;
     }
-    // `\s*[\r\n]+`: a whitespace run up to and including its last line break.
+    line_break_word(text, i).unwrap_or_else(|| whitespace_word(text, i))
+}
+
+/// End of the GPT-4o regex match ([`GPT4O_REGEX`]) starting at `i`.
+fn gpt4o_word(text: &str, i: usize) -> usize {
+    let c = char_at(text, i);
+    let after_c = i + c.len_utf8();
+    // The two letter alternatives, `[^\r\n\p{L}\p{N}]?` then the letters.
+    let letters_at = if is_letter(c) {
+        Some(i)
+    } else if c != '\r' && c != '\n' && !c.is_numeric() && text[after_c..].starts_with(is_letter) {
+        Some(after_c)
+    } else {
+        None
+    };
+    if let Some(j) = letters_at {
+        let end = gpt4o_letters(text, j);
+        return end + contraction(&text[end..], Case::AsciiInsensitive).unwrap_or(0);
+    }
+    // `\p{N}{1,3}`
+    if c.is_numeric() {
+        return digits(text, i, 3);
+    }
+    // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
+    if let Some(end) = punctuation_word(text, i, |c| matches!(c, '\r' | '\n' | '/')) {
+        return end;
+    }
+    line_break_word(text, i).unwrap_or_else(|| whitespace_word(text, i))
+}
+
+/// End of the letters of a GPT-4o word starting at the letter at `j`: what the first alternative
+/// (`U*L+`, "upper" letters then "lower" ones) matches, or failing that the second (`U+L*`),
+/// where an upper letter is any letter but `a-z` and a lower one any letter but `A-Z`.
+fn gpt4o_letters(text: &str, j: usize) -> usize {
+    let upper_end = run(text, j, |c| is_letter(c) && !c.is_ascii_lowercase());
+    if text[upper_end..].starts_with(|c: char| c.is_ascii_lowercase()) {
+        // `U*` then `L+` from the first `a-z`, up to an `A-Z` or a non-letter.
+        return run(text, upper_end, |c| is_letter(c) && !c.is_ascii_uppercase());
+    }
+    // The upper run ends at a non-letter: `U*` backtracks to the last letter that is also a
+    // lower one (a non-ASCII letter), which `L+` then takes ("ÉCOLE" gives "É", "COLE"). An
+    // all-`A-Z` run fails the first alternative and the second takes it whole.
+    match text[j..upper_end]
+        .char_indices()
+        .rev()
+        .find(|&(_, c)| !c.is_ascii())
+    {
+        Some((off, c)) => j + off + c.len_utf8(),
+        None => upper_end,
+    }
+}
+
+/// `\p{N}{1,max_digits}` at `i`, where a number starts.
+fn digits(text: &str, i: usize, max_digits: usize) -> usize {
+    let mut end = i;
+    for d in text[i..].chars().take(max_digits) {
+        if !d.is_numeric() {
+            break;
+        }
+        end += d.len_utf8();
+    }
+    end
+}
+
+/// ` ?[^\s\p{L}\p{N}]+` then a run of `trailing` at `i`, if one matches there.
+fn punctuation_word(text: &str, i: usize, trailing: impl Fn(char) -> bool) -> Option<usize> {
+    let j = if text[i..].starts_with(' ') { i + 1 } else { i };
+    if !text[j..].starts_with(is_other) {
+        return None;
+    }
+    Some(run(text, run(text, j, is_other), trailing))
+}
+
+/// `\s*[\r\n]+` at `i`: a whitespace run up to and including its last line break, if it has
+/// one.
+fn line_break_word(text: &str, i: usize) -> Option<usize> {
     let ws_end = run(text, i, char::is_whitespace);
-    if let Some(last_break) = text[i..ws_end].rfind(['\r', '\n']) {
-        return i + last_break + 1;
-    }
-    whitespace_word(text, i)
+    text[i..ws_end]
+        .rfind(['\r', '\n'])
+        .map(|last_break| i + last_break + 1)
 }
 
 /// `\s+(?!\S)|\s+` at `i`: the whitespace run, except that a run followed by a non-space
@@ -161,15 +253,26 @@ fn whitespace_word(text: &str, i: usize) -> usize {
     }
 }
 
+/// How a contraction's letters are compared.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Case {
+    /// GPT-2: `'s`, never `'S`.
+    Sensitive,
+    /// Llama 3 / Qwen2, `(?i:'s|...)` in a Unicode-aware regex.
+    Insensitive,
+    /// GPT-4o as llama.cpp writes it: `'[sS]`.
+    AsciiInsensitive,
+}
+
 /// Length of a contraction suffix (`'s`, `'t`, `'re`, `'ve`, `'m`, `'ll`, `'d`) at the start of
-/// `rest`, matched case-insensitively for Llama 3 / Qwen2.
-fn contraction(rest: &str, ignore_case: bool) -> Option<usize> {
+/// `rest`.
+fn contraction(rest: &str, case: Case) -> Option<usize> {
     let mut chars = rest.strip_prefix('\'')?.chars();
-    let fold = |c: char| match c {
+    let fold = |c: char| match (case, c) {
+        (Case::Sensitive, c) => c,
         // U+017F LATIN SMALL LETTER LONG S case-folds to "s" in Unicode-aware regexes.
-        'ſ' if ignore_case => 's',
-        c if ignore_case => c.to_ascii_lowercase(),
-        c => c,
+        (Case::Insensitive, 'ſ') => 's',
+        (_, c) => c.to_ascii_lowercase(),
     };
     let first = chars.next()?;
     let one = 1 + first.len_utf8();
@@ -240,8 +343,9 @@ static LETTER_RANGES: LazyLock<Vec<(char, char)>> = LazyLock::new(|| {
 
 impl PreTokenizer {
     /// The same pre-tokenizer built from the `tokenizers` crate (regexes run by Oniguruma), as
-    /// the vocabularies' tokenizer.json files declare it: the oracle of the scanners' tests,
-    /// and what a GGUF vocabulary exported as tokenizer.json declares.
+    /// the vocabularies' tokenizer.json files declare it (GPT-4o: as llama.cpp writes it): the
+    /// oracle of the scanners' tests, and what a GGUF vocabulary exported as tokenizer.json
+    /// declares.
     pub(crate) fn hf_pre_tokenizer(self) -> tokenizers::PreTokenizerWrapper {
         use tokenizers::pre_tokenizers::byte_level::ByteLevel;
         use tokenizers::pre_tokenizers::digits::Digits;
@@ -267,6 +371,9 @@ impl PreTokenizer {
             }
             Self::Qwen2 => Sequence::new(vec![split(qwen2), byte_level(false)]).into(),
             Self::Llama3 => Sequence::new(vec![split(llama3), byte_level(false)]).into(),
+            // llama.cpp's form of the regex, not tiktoken's: an exported tokenizer.json then
+            // splits as sluice and llama.cpp do (see `GPT4O_REGEX`).
+            Self::Gpt4o => Sequence::new(vec![split(GPT4O_REGEX), byte_level(false)]).into(),
         }
     }
 }
@@ -297,11 +404,12 @@ mod tests {
         words
     }
 
-    const ALL: [PreTokenizer; 4] = [
+    const ALL: [PreTokenizer; 5] = [
         PreTokenizer::Gpt2,
         PreTokenizer::DigitsThenGpt2,
         PreTokenizer::Qwen2,
         PreTokenizer::Llama3,
+        PreTokenizer::Gpt4o,
     ];
 
     /// Characters that exercise every branch: each class, the contraction letters in both
@@ -359,6 +467,12 @@ mod tests {
         'ǅ',
         'ʰ',
         'ª',
+        'É',
+        'Σ',
+        'σ',
+        '/',
+        'D',
+        'z',
     ];
 
     #[test]
@@ -380,6 +494,11 @@ mod tests {
             "x'",
             "''s",
             "?'s",
+            "camelCaseWord XMLHttpRequest getHTTPResponseCode ALLCAPS iPhone",
+            "ÉCOLE école École NAÏVE ΑΒΓ αβγ Αβγ ǄUNGLA ǅungla",
+            "cafe\u{301} nai\u{308}ve \u{301}x नमस्ते",
+            "I'M They'Re x'S É's É'S what'sUp DON'T",
+            "path/to/file\n/next a//\n/\nb ./\r\n/x http://a.b/c\n",
         ];
         for kind in ALL {
             let pre = oracle(kind);
@@ -415,6 +534,88 @@ mod tests {
                     "{kind:?} {text:?}"
                 );
             }
+        }
+    }
+
+    /// llama.cpp's own GPT-4o split (its `unicode_regex_split`, `std::regex` on collapsed text)
+    /// of tricky and random strings: `tests/fixtures/tokenizer/gpt-4o-split.jsonl`, made by
+    /// `scripts/gpt4o-tokenize-fixture.py`.
+    #[test]
+    fn gpt4o_matches_llama_cpp_split() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/tokenizer/gpt-4o-split.jsonl"
+        );
+        let raw = std::fs::read_to_string(path).unwrap();
+        let mut failures = Vec::new();
+        let mut n = 0;
+        for line in raw.lines() {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            let text = row["text"].as_str().unwrap();
+            let words: Vec<&str> = row["words"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w.as_str().unwrap())
+                .collect();
+            let ours = our_words(PreTokenizer::Gpt4o, text);
+            if ours != words {
+                failures.push(format!(
+                    "{text:?}:\n  llama.cpp {words:?}\n  sluice    {ours:?}"
+                ));
+            }
+            n += 1;
+        }
+        assert_eq!(n, 482);
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    /// On ASCII text llama.cpp's GPT-4o regex splits as tiktoken's o200k regex (the one
+    /// gpt-oss's tokenizer.json declares); `GPT4O_REGEX` says where they part.
+    #[test]
+    fn gpt4o_matches_tiktoken_o200k_on_ascii() {
+        use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+        let o200k = concat!(
+            r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+",
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+            r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*",
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        );
+        let tiktoken: PreTokenizerWrapper = Split::new(
+            SplitPattern::Regex(o200k.into()),
+            tokenizers::SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .unwrap()
+        .into();
+        let ascii: Vec<char> = POOL.iter().copied().filter(char::is_ascii).collect();
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..3000 {
+            let len = (next() % 24) as usize;
+            let text: String = (0..len)
+                .map(|_| ascii[(next() % ascii.len() as u64) as usize])
+                .collect();
+            assert_eq!(
+                our_words(PreTokenizer::Gpt4o, &text),
+                oracle_words(&tiktoken, &text),
+                "{text:?}"
+            );
+        }
+        // Where they part: non-ASCII case, combining marks, non-ASCII contractions.
+        for (text, llama_cpp) in [
+            ("ÉCOLE", &["É", "COLE"][..]),
+            ("cafe\u{301}", &["cafe", "\u{301}"]),
+            ("x'ſ", &["x", "'ſ"]),
+        ] {
+            assert_eq!(our_words(PreTokenizer::Gpt4o, text), llama_cpp, "{text:?}");
+            assert_ne!(oracle_words(&tiktoken, text), llama_cpp, "{text:?}");
         }
     }
 
