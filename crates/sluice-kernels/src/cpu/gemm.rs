@@ -127,6 +127,7 @@ fn panel_to_f32(format: QuantFormat) -> PanelToF32 {
             QuantFormat::Q4K => avx512::dequantize_panel::<{ QuantFormat::Q4K_ID }>,
             QuantFormat::Q5K => avx512::dequantize_panel::<{ QuantFormat::Q5K_ID }>,
             QuantFormat::Q6K => avx512::dequantize_panel::<{ QuantFormat::Q6K_ID }>,
+            QuantFormat::Mxfp4 => unimplemented!("MXFP4 panels"),
         };
     }
     match format {
@@ -138,6 +139,7 @@ fn panel_to_f32(format: QuantFormat) -> PanelToF32 {
         QuantFormat::Q4K => avx2::dequantize_panel::<{ QuantFormat::Q4K_ID }>,
         QuantFormat::Q5K => avx2::dequantize_panel::<{ QuantFormat::Q5K_ID }>,
         QuantFormat::Q6K => avx2::dequantize_panel::<{ QuantFormat::Q6K_ID }>,
+        QuantFormat::Mxfp4 => unimplemented!("MXFP4 panels"),
     }
 }
 
@@ -676,6 +678,7 @@ impl PackedMatrix {
                             QuantFormat::Q4K => quant!(qtile, Q4K_ID),
                             QuantFormat::Q5K => quant!(qtile, Q5K_ID),
                             QuantFormat::Q6K => quant!(qtile, Q6K_ID),
+                            QuantFormat::Mxfp4 => unimplemented!("MXFP4 panels"),
                         }
                     }
                 }
@@ -751,6 +754,7 @@ impl PackedMatrix {
                     QuantFormat::Q4K => quant!(QuantFormat::Q4K_ID, rows, nr),
                     QuantFormat::Q5K => quant!(QuantFormat::Q5K_ID, rows, nr),
                     QuantFormat::Q6K => quant!(QuantFormat::Q6K_ID, rows, nr),
+                    QuantFormat::Mxfp4 => unimplemented!("MXFP4 panels"),
                 },
             }
         };
