@@ -177,7 +177,7 @@ pub struct DecodedBlock {
 
 impl QuantFormat {
     /// Every format, for tests and for listing what is supported.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Q4_0,
         Self::Q4_1,
         Self::Q5_0,
@@ -186,6 +186,7 @@ impl QuantFormat {
         Self::Q4K,
         Self::Q5K,
         Self::Q6K,
+        Self::Mxfp4,
     ];
 
     /// The formats of 32-weight blocks with nibbles or bytes and one f16 scale, which the
