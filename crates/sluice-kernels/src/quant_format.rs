@@ -61,7 +61,7 @@ pub enum QuantFormat {
     Q6K,
     /// OCP microscaling FP4 (GGML type 39, gpt-oss's experts): an E8M0 scale byte `e`, 16
     /// bytes of E2M1 codes (weight `j` in the low nibble of byte `j`, weight `j + 16` in its
-    /// high nibble, as Q4_0): w = E2M1_VALUES[code] * e8m0_half(e).
+    /// high nibble, as Q4_0): `w = E2M1_VALUES[code] * e8m0_half(e)`.
     Mxfp4,
 }
 

@@ -163,10 +163,10 @@ unsafe fn nibble_rows(l: PanelLayout, p: *const u8) -> (__m256i, __m256i) {
     }
 }
 
-/// The product over quantized panels of format `FMT` (see
-/// [`PanelLayout`](crate::quant_format::PanelLayout)), `stride` bytes apart. Each k-row of 16
-/// weights is dequantized in registers exactly as the reference dequantizer does it and fed to
-/// the same FMA chain as [`tile`], so the outputs equal those of the dequantized f32 panels.
+/// The product over quantized panels of format `FMT` (see [`PanelLayout`]), `stride` bytes
+/// apart. Each k-row of 16 weights is dequantized in registers exactly as the reference
+/// dequantizer does it and fed to the same FMA chain as [`tile`], so the outputs equal those
+/// of the dequantized f32 panels.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `t` addresses MR rows of `t.k` activations (a multiple of

@@ -35,8 +35,8 @@
 //! - MXFP4, 320 bytes: Q4_0's nibbles (the E2M1 codes), then at 256 the 16 rows' scales
 //!   `e8m0_half(e)` as f32 (an E8M0 scale is no f16: 2^-128 .. 2^127), which the epilogue
 //!   multiplies as the other formats' `d`: llama.cpp's `ggml_vec_dot_mxfp4_q8_0` is
-//!   `sum(E2M1_VALUES[code] * xq)` times `xd * e8m0_half(e)` per block, as [`legacy_block`]
-//!   (super::legacy_block) computes it.
+//!   `sum(E2M1_VALUES[code] * xq)` times `xd * e8m0_half(e)` per block, as
+//!   [`legacy_block`](super::legacy_block) computes it.
 
 use std::arch::x86_64::*;
 
