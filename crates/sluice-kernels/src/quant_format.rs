@@ -8,6 +8,9 @@
 //! dequantizer (ggml's, and candle's copy of it) computes them: for the K-quants `s = d * sc`
 //! and `m = dmin * mn`, products of an f16 and a 6- or 8-bit integer, which f32 holds exactly.
 //! So a kernel that forms `s * q (+/- m)` in f32 gets the reference's weights bit for bit.
+//! MXFP4 (gpt-oss's experts) fits the same form: `q` is an E2M1 code's entry of
+//! [`E2M1_VALUES`] (llama.cpp's `kvalues_mxfp4`, the values doubled) and `s` the block's
+//! E8M0 scale halved ([`e8m0_half`]), a power of two, so `s * q` is exact in f32 too.
 
 /// Weights per block of the legacy formats (Q4_0 .. Q8_0).
 pub const BLOCK_WEIGHTS: usize = 32;
@@ -15,6 +18,25 @@ pub const BLOCK_WEIGHTS: usize = 32;
 pub const K_BLOCK_WEIGHTS: usize = 256;
 /// Output features per panel: the quantized panels hold 16 columns side by side.
 pub const PANEL_COLUMNS: usize = 16;
+
+/// MXFP4's 4-bit E2M1 codes as the integers the kernels multiply: llama.cpp's
+/// `kvalues_mxfp4` (`ggml-common.h`), each E2M1 value doubled (0, 0.5, 1, 1.5, 2, 3, 4, 6 and
+/// their negatives), the half folded into the scale ([`e8m0_half`]). Code 8 is E2M1's -0,
+/// stored here as 0, as llama.cpp stores it: its weight is +0.
+pub const E2M1_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// An MXFP4 block's E8M0 scale byte `e` halved, `2^(e - 128)`, bit for bit as llama.cpp's
+/// `ggml_e8m0_to_fp32_half` (`ggml-impl.h`) forms it: subnormal for `e < 2` (2^-128 and
+/// 2^-127), else exponent `e - 1`; `e = 255` (E8M0's NaN) is read as 2^127, as llama.cpp
+/// reads it.
+#[inline(always)]
+pub const fn e8m0_half(e: u8) -> f32 {
+    f32::from_bits(if e < 2 {
+        0x0020_0000 << e
+    } else {
+        (e as u32 - 1) << 23
+    })
+}
 
 /// A GGUF quantization format the kernels read in place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -37,6 +59,19 @@ pub enum QuantFormat {
     /// Super-blocks of 256: f16 d, 8-bit signed scale per 16, 6-bit quants:
     /// w = (d * sc) * (q - 32).
     Q6K,
+    /// OCP microscaling FP4 (GGML type 39, gpt-oss's experts): an E8M0 scale byte `e`, 16
+    /// bytes of E2M1 codes (weight `j` in the low nibble of byte `j`, weight `j + 16` in its
+    /// high nibble, as Q4_0): `w = E2M1_VALUES[code] * e8m0_half(e)`.
+    Mxfp4,
+}
+
+/// How a format stores the scale `d` of a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleKind {
+    /// An f16 (every GGUF format but MXFP4): 2 bytes a column in a panel.
+    F16,
+    /// An E8M0 byte read as [`e8m0_half`] (MXFP4): 1 byte a column in a panel.
+    E8M0,
 }
 
 /// How a format's minimum enters a weight.
@@ -52,8 +87,8 @@ pub enum MinKind {
 }
 
 /// How a format's blocks are laid out in a quantized panel of [`PANEL_COLUMNS`] columns. Per
-/// super-block of `super_rows` k-rows, a panel-block holds: 16 f16 `d` (one per column); 16 f16
-/// `m` or `dmin` unless the format has no minimum; with sub-scales, `super_rows / sub_rows`
+/// super-block of `super_rows` k-rows, a panel-block holds: 16 `d` (one per column, f16, or
+/// MXFP4's E8M0 bytes: [`ScaleKind`]); 16 f16 `m` or `dmin` unless the format has no minimum; with sub-scales, `super_rows / sub_rows`
 /// rows of 16 i8 scales, then as many rows of 16 i8 minimums for [`MinKind::SubScaled`]; then
 /// the quants of `super_rows` k-rows x 16 columns: nibbles (two k-rows per byte, the even
 /// k-row in the low nibble) or signed bytes holding the final integer `q`.
@@ -67,6 +102,11 @@ pub struct PanelLayout {
     /// Whether the scale of a sub-block is `d * sc` (K-quants) rather than `d`.
     pub sub_scales: bool,
     pub min: MinKind,
+    /// How the 16 `d` are stored.
+    pub scale: ScaleKind,
+    /// Whether a nibble is an E2M1 code whose integer is its [`E2M1_VALUES`] entry (MXFP4)
+    /// rather than the nibble less `nibble_offset`.
+    pub e2m1: bool,
 }
 
 impl PanelLayout {
@@ -74,16 +114,24 @@ impl PanelLayout {
         self.super_rows / self.sub_rows
     }
 
+    /// Bytes of the 16 scales `d` at the start of a panel-block.
+    pub const fn d_bytes(self) -> usize {
+        match self.scale {
+            ScaleKind::F16 => 32,
+            ScaleKind::E8M0 => 16,
+        }
+    }
+
     /// Offset of the f16 minimums (or `dmin`).
     pub const fn min_at(self) -> usize {
-        32
+        self.d_bytes()
     }
 
     /// Offset of the sub-block scales.
     pub const fn scales_at(self) -> usize {
         match self.min {
-            MinKind::None => 32,
-            _ => 64,
+            MinKind::None => self.d_bytes(),
+            _ => self.d_bytes() + 32,
         }
     }
 
@@ -115,20 +163,21 @@ impl PanelLayout {
 /// One GGUF block decoded to the integers and raw f16 scales a weight is computed from.
 #[derive(Debug, Clone)]
 pub struct DecodedBlock {
-    /// f16 bits of `d`.
+    /// f16 bits of `d`; MXFP4's E8M0 byte ([`QuantFormat::scale`] reads either).
     pub d: u16,
     /// f16 bits of `m` or `dmin` (0 without a minimum).
     pub m: u16,
     /// Sub-block scales and minimums (K-quants).
     pub sc: [i8; 16],
     pub mn: [i8; 16],
-    /// The integers `q`, nibble offset not applied (it is applied when a weight is formed).
+    /// The integers `q`, nibble offset not applied (it is applied when a weight is formed);
+    /// MXFP4's E2M1 codes, not yet read through [`E2M1_VALUES`].
     pub q: [i8; K_BLOCK_WEIGHTS],
 }
 
 impl QuantFormat {
     /// Every format, for tests and for listing what is supported.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Q4_0,
         Self::Q4_1,
         Self::Q5_0,
@@ -137,6 +186,7 @@ impl QuantFormat {
         Self::Q4K,
         Self::Q5K,
         Self::Q6K,
+        Self::Mxfp4,
     ];
 
     /// The formats of 32-weight blocks with nibbles or bytes and one f16 scale, which the
@@ -159,6 +209,7 @@ impl QuantFormat {
     pub(crate) const Q4K_ID: u8 = 5;
     pub(crate) const Q5K_ID: u8 = 6;
     pub(crate) const Q6K_ID: u8 = 7;
+    pub(crate) const MXFP4_ID: u8 = 8;
 
     pub(crate) const fn from_id(id: u8) -> Self {
         match id {
@@ -169,6 +220,7 @@ impl QuantFormat {
             Self::Q5_1_ID => Self::Q5_1,
             Self::Q4K_ID => Self::Q4K,
             Self::Q5K_ID => Self::Q5K,
+            Self::MXFP4_ID => Self::Mxfp4,
             _ => Self::Q6K,
         }
     }
@@ -184,6 +236,7 @@ impl QuantFormat {
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
+            Self::Mxfp4 => "MXFP4",
         }
     }
 
@@ -206,6 +259,15 @@ impl QuantFormat {
             Self::Q4K => 144,
             Self::Q5K => 176,
             Self::Q6K => 210,
+            Self::Mxfp4 => 17,
+        }
+    }
+
+    /// The scale `d` of a decoded block as f32: its f16, or MXFP4's [`e8m0_half`].
+    pub fn scale(self, b: &DecodedBlock) -> f32 {
+        match self {
+            Self::Mxfp4 => e8m0_half(b.d as u8),
+            _ => half::f16::from_bits(b.d).to_f32(),
         }
     }
 
@@ -216,10 +278,10 @@ impl QuantFormat {
 
     /// Offset of the quants in a legacy GGUF block.
     pub const fn quants_offset(self) -> usize {
-        if self.has_min() {
-            4
-        } else {
-            2
+        match self {
+            Self::Mxfp4 => 1,
+            _ if self.has_min() => 4,
+            _ => 2,
         }
     }
 
@@ -231,6 +293,8 @@ impl QuantFormat {
             nibble_offset: 0,
             sub_scales: false,
             min: MinKind::None,
+            scale: ScaleKind::F16,
+            e2m1: false,
         };
         let k = PanelLayout {
             super_rows: K_BLOCK_WEIGHTS,
@@ -265,6 +329,44 @@ impl QuantFormat {
                 ..k
             },
             Self::Q6K => PanelLayout { sub_rows: 16, ..k },
+            Self::Mxfp4 => PanelLayout {
+                nibbles: true,
+                scale: ScaleKind::E8M0,
+                e2m1: true,
+                ..legacy
+            },
+        }
+    }
+
+    /// Dequantizes whole GGUF blocks of the format into `out` (as many weights as the blocks
+    /// hold), each weight formed as the reference forms it ([`weight`] of the block's integer,
+    /// scale and minimum; the K-quants' `d * sc` and `dmin * mn` in f32): the values every
+    /// kernel of the format multiplies by. For MXFP4 this is llama.cpp's
+    /// `dequantize_row_mxfp4` bit for bit: `E2M1_VALUES[code] * e8m0_half(e)`, one exact
+    /// product.
+    ///
+    /// # Panics
+    /// When `src` is not whole blocks or `out` not their weights.
+    pub fn dequantize(self, src: &[u8], out: &mut [f32]) {
+        let (gb, bw) = (self.block_bytes(), self.block_weights());
+        assert!(src.len().is_multiple_of(gb), "whole {} blocks", self.name());
+        assert_eq!(out.len(), src.len() / gb * bw, "one weight per output");
+        let layout = self.panel_layout();
+        for (blk, out) in src.chunks_exact(gb).zip(out.chunks_exact_mut(bw)) {
+            let b = self.decode(blk);
+            let d = self.scale(&b);
+            let m = half::f16::from_bits(b.m).to_f32();
+            for (sub, out) in out.chunks_exact_mut(layout.sub_rows).enumerate() {
+                // The sub-block scales and minimums are at most 63 (Q6_K's scales signed).
+                let (s, m) = if layout.sub_scales {
+                    (d * b.sc[sub] as f32, m * b.mn[sub] as f32)
+                } else {
+                    (d, m)
+                };
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = weight(layout, b.q[sub * layout.sub_rows + i], s, m);
+                }
+            }
         }
     }
 
@@ -281,10 +383,13 @@ impl QuantFormat {
             q: [0; K_BLOCK_WEIGHTS],
         };
         match self {
-            Self::Q4_0 | Self::Q4_1 => {
+            Self::Q4_0 | Self::Q4_1 | Self::Mxfp4 => {
                 let qs = &src[self.quants_offset()..];
                 if self.has_min() {
                     b.m = f16_at(2);
+                }
+                if self == Self::Mxfp4 {
+                    b.d = src[0] as u16;
                 }
                 for (j, &byte) in qs[..16].iter().enumerate() {
                     b.q[j] = (byte & 0x0F) as i8;
@@ -378,7 +483,9 @@ fn k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
 /// (one rounding for the product, one for the minimum).
 #[inline(always)]
 pub fn weight(layout: PanelLayout, q: i8, s: f32, m: f32) -> f32 {
-    let q = if layout.nibbles {
+    let q = if layout.e2m1 {
+        E2M1_VALUES[q as usize & 0x0F] as i32
+    } else if layout.nibbles {
         q as i32 - layout.nibble_offset
     } else {
         q as i32
@@ -388,5 +495,81 @@ pub fn weight(layout: PanelLayout, q: i8, s: f32, m: f32) -> f32 {
         MinKind::None => w,
         MinKind::AddF16 => w + m,
         MinKind::SubScaled => w - m,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes of a hex string.
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+            .collect()
+    }
+
+    /// MXFP4 blocks dequantize to the `gguf` package's reference values bit for bit (the
+    /// fixture: `scripts/mxfp4-fixture.py`): quantized blocks, subnormal scales, E8M0's edges
+    /// (255's codes of +-12 overflowing to infinity, as in llama.cpp) and every code.
+    #[test]
+    fn mxfp4_dequantizes_as_the_gguf_reference() {
+        let fixture = include_str!("../tests/fixtures/mxfp4.txt");
+        let mut blocks = 0;
+        for line in fixture.lines().filter(|l| !l.starts_with('#')) {
+            let mut fields = line.split_whitespace();
+            let block = hex(fields.next().expect("block bytes"));
+            let want: Vec<u32> = fields
+                .map(|f| u32::from_str_radix(f, 16).expect("f32 bits"))
+                .collect();
+            assert_eq!((block.len(), want.len()), (17, 32), "a fixture line");
+            let mut got = [0f32; 32];
+            QuantFormat::Mxfp4.dequantize(&block, &mut got);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    *w,
+                    "block {line:.34}: weight {i}: {g} vs {}",
+                    f32::from_bits(*w)
+                );
+            }
+            blocks += 1;
+        }
+        assert!(blocks >= 40, "the fixture's blocks were read ({blocks})");
+    }
+
+    #[test]
+    fn e8m0_halves_are_llama_cpps() {
+        assert_eq!(e8m0_half(0), 2f32.powi(-128));
+        assert_eq!(e8m0_half(1), 2f32.powi(-127));
+        assert_eq!(e8m0_half(2), 2f32.powi(-126));
+        assert_eq!(e8m0_half(127), 0.5);
+        assert_eq!(e8m0_half(128), 1.0);
+        assert_eq!(e8m0_half(255), 2f32.powi(127));
+        for e in 2..=255u8 {
+            assert_eq!(e8m0_half(e), 2f32.powi(e as i32 - 128), "e = {e}");
+        }
+    }
+
+    /// `dequantize` is the reference for every format: candle's dequantizer (ggml's) on random
+    /// blocks, bit for bit; for MXFP4, which candle lacks, the test above.
+    #[test]
+    fn dequantize_equals_candles_for_its_formats() {
+        for format in QuantFormat::ALL
+            .into_iter()
+            .filter(|&f| f != QuantFormat::Mxfp4)
+        {
+            let (n, k) = (3, 2 * format.block_weights());
+            let (bytes, dense) = crate::testing::random_blocks(n, k, format, 17);
+            let mut got = vec![f32::NAN; n * k];
+            format.dequantize(&bytes, &mut got);
+            assert!(
+                got.iter()
+                    .zip(&dense)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{format:?}"
+            );
+        }
     }
 }

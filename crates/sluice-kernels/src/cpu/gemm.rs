@@ -17,7 +17,7 @@
 use rayon::prelude::*;
 
 use crate::disjoint::DisjointSlice;
-use crate::quant_format::{QuantFormat, PANEL_COLUMNS as PANEL};
+use crate::quant_format::{QuantFormat, ScaleKind, PANEL_COLUMNS as PANEL};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -127,6 +127,7 @@ fn panel_to_f32(format: QuantFormat) -> PanelToF32 {
             QuantFormat::Q4K => avx512::dequantize_panel::<{ QuantFormat::Q4K_ID }>,
             QuantFormat::Q5K => avx512::dequantize_panel::<{ QuantFormat::Q5K_ID }>,
             QuantFormat::Q6K => avx512::dequantize_panel::<{ QuantFormat::Q6K_ID }>,
+            QuantFormat::Mxfp4 => avx512::dequantize_panel::<{ QuantFormat::MXFP4_ID }>,
         };
     }
     match format {
@@ -138,6 +139,7 @@ fn panel_to_f32(format: QuantFormat) -> PanelToF32 {
         QuantFormat::Q4K => avx2::dequantize_panel::<{ QuantFormat::Q4K_ID }>,
         QuantFormat::Q5K => avx2::dequantize_panel::<{ QuantFormat::Q5K_ID }>,
         QuantFormat::Q6K => avx2::dequantize_panel::<{ QuantFormat::Q6K_ID }>,
+        QuantFormat::Mxfp4 => avx2::dequantize_panel::<{ QuantFormat::MXFP4_ID }>,
     }
 }
 
@@ -276,7 +278,12 @@ impl PackedMatrix {
                     for (kb, block) in src.chunks_exact(gb).enumerate() {
                         let b = format.decode(block);
                         let dst = &mut panel[kb * pb..][..pb];
-                        dst[2 * col..2 * col + 2].copy_from_slice(&b.d.to_le_bytes());
+                        match layout.scale {
+                            ScaleKind::F16 => {
+                                dst[2 * col..2 * col + 2].copy_from_slice(&b.d.to_le_bytes())
+                            }
+                            ScaleKind::E8M0 => dst[col] = b.d as u8,
+                        }
                         if layout.min != crate::quant_format::MinKind::None {
                             let at = layout.min_at() + 2 * col;
                             dst[at..at + 2].copy_from_slice(&b.m.to_le_bytes());
@@ -373,7 +380,10 @@ impl PackedMatrix {
                 let panel = &bytes[p * panel_bytes..][..*panel_bytes];
                 for (sb, out) in out.chunks_exact_mut(layout.super_rows).enumerate() {
                     let blk = &panel[sb * pb..][..pb];
-                    let d = f16(blk, 2 * col);
+                    let d = match layout.scale {
+                        ScaleKind::F16 => f16(blk, 2 * col),
+                        ScaleKind::E8M0 => crate::quant_format::e8m0_half(blk[col]),
+                    };
                     let m = if layout.min == MinKind::None {
                         0.0
                     } else {
@@ -415,7 +425,7 @@ impl PackedMatrix {
     /// Lets steps of at least `min_rows` rows run on AMX tiles, whose split-bf16 products
     /// carry a relative error of about 2^-16 (f32: 2^-24), at several times the f32 kernel's
     /// rate. The weights are tiled now (4 bytes each). Returns whether AMX will be used: the
-    /// CPU must have AMX-BF16 and `k` be a multiple of 32.
+    /// CPU must have AMX-BF16, `k` be a multiple of 32 and the panels not be MXFP4.
     pub fn use_amx_from(&mut self, min_rows: usize) -> bool {
         self.enable_amx(min_rows, true)
     }
@@ -427,9 +437,14 @@ impl PackedMatrix {
     }
 
     fn enable_amx(&mut self, min_rows: usize, pretile: bool) -> bool {
-        // Every panel format is tiled, dequantized in the tile kernel.
+        // Every panel format but MXFP4 is tiled, dequantized in the tile kernel (which has no
+        // E8M0 scales or E2M1 codes yet).
         #[cfg(target_arch = "x86_64")]
-        if available() && crate::cpu::amx::available() && self.k.is_multiple_of(32) {
+        if available()
+            && crate::cpu::amx::available()
+            && self.k.is_multiple_of(32)
+            && self.format() != Some(QuantFormat::Mxfp4)
+        {
             let tiles =
                 pretile.then(|| crate::cpu::amx::tile_all(self.amx_source(), self.n, self.k));
             self.amx = Some((min_rows, tiles));
@@ -676,6 +691,7 @@ impl PackedMatrix {
                             QuantFormat::Q4K => quant!(qtile, Q4K_ID),
                             QuantFormat::Q5K => quant!(qtile, Q5K_ID),
                             QuantFormat::Q6K => quant!(qtile, Q6K_ID),
+                            QuantFormat::Mxfp4 => quant!(qtile, MXFP4_ID),
                         }
                     }
                 }
@@ -751,6 +767,7 @@ impl PackedMatrix {
                     QuantFormat::Q4K => quant!(QuantFormat::Q4K_ID, rows, nr),
                     QuantFormat::Q5K => quant!(QuantFormat::Q5K_ID, rows, nr),
                     QuantFormat::Q6K => quant!(QuantFormat::Q6K_ID, rows, nr),
+                    QuantFormat::Mxfp4 => quant!(QuantFormat::MXFP4_ID, rows, nr),
                 },
             }
         };

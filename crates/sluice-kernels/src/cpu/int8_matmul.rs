@@ -3,8 +3,8 @@
 //! panels where a kernel reads panels), and each activation row is quantized to int8, so a
 //! block's contribution is an integer dot product and a multiply-add of scales. Every format of
 //! [`QuantFormat`] is read, in one of two activation forms ([`ActivationBlocks`]):
-//! - the legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) against blocks of 32 activations, each
-//!   with a scale and the sum of its quants (as llama.cpp's Q8_1);
+//! - the legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and MXFP4 against blocks of 32
+//!   activations, each with a scale and the sum of its quants (as llama.cpp's Q8_1);
 //! - the K-quants (Q4_K, Q5_K, Q6_K) against super-blocks of 256 activations with one scale and
 //!   the integer sums of each 16 quants (as llama.cpp's Q8_K). The sub-blocks' integer scales
 //!   then multiply inside the integer dot product, so a super-block takes one float step per
@@ -21,7 +21,10 @@
 //! - the legacy formats: per block of 32 `isum = sum((q - offset) * xq)` (the offset 8 of Q4_0
 //!   and 16 of Q5_0; Q8_0's `q` signed), then [`legacy_block`]: `isum` times `d * xd` into one
 //!   sum and, for Q4_1 and Q5_1, the minimum times the block's activation sum (`xd *
-//!   sum(xq)`, as llama.cpp's Q8_1 keeps it) into another, added last ([`legacy_total`]).
+//!   sum(xq)`, as llama.cpp's Q8_1 keeps it) into another, added last ([`legacy_total`]);
+//! - MXFP4 as a legacy format without minimum, as llama.cpp's `ggml_vec_dot_mxfp4_q8_0`:
+//!   `isum = sum(E2M1_VALUES[code] * xq)` (the E2M1 values doubled), `d` the block's E8M0 scale
+//!   halved ([`e8m0_half`](crate::quant_format::e8m0_half), an f32 power of two, not an f16).
 //!
 //! Integers are exact whatever instruction sums them, so every kernel of this arithmetic gives
 //! each output bit for bit the same float, whatever the rows beside it.
@@ -34,13 +37,16 @@
 //! - AVX2: the legacy formats from the same panels, each half of 8 rows by `maddubs` + `madd`
 //!   (`legacy_panel.rs`); the K-quants in their GGUF blocks (`kquant_avx2.rs`);
 //! - scalar loops with the same arithmetic, the oracles the SIMD paths are tested against.
-//!   Without AVX2 only the legacy layouts are taken ([`QuantMatrix::new`] declines the rest).
+//!   Without AVX2 only the legacy layouts and MXFP4 are taken ([`QuantMatrix::new`] declines the
+//!   rest).
 
 use half::f16;
 use rayon::prelude::*;
 
 use crate::disjoint::DisjointSlice;
-use crate::quant_format::{QuantFormat, BLOCK_WEIGHTS as BLOCK, K_BLOCK_WEIGHTS as SUPER};
+use crate::quant_format::{
+    QuantFormat, BLOCK_WEIGHTS as BLOCK, E2M1_VALUES, K_BLOCK_WEIGHTS as SUPER,
+};
 
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx2;
@@ -346,7 +352,7 @@ impl QuantMatrix {
     /// A matrix of `rows` output features over `cols` inputs, `data` being its rows of GGUF
     /// `format` blocks; `None` when `cols` is not a whole number of blocks, `data` has the
     /// wrong size, or no kernel of this CPU reads the format (without AVX2 only the legacy
-    /// Q4_0, Q4_1 and Q8_0 are read).
+    /// Q4_0, Q4_1, Q8_0 and MXFP4 are read).
     pub fn new(format: QuantFormat, data: Vec<u8>, rows: usize, cols: usize) -> Option<Self> {
         Self::with_path(format, data, rows, cols, Self::path_for(format)?)
     }
@@ -382,7 +388,7 @@ impl QuantMatrix {
             Some(Path::Vnni)
         } else if avx2_available() {
             Some(Path::Avx2)
-        } else if format.is_legacy_layout() {
+        } else if format.is_legacy_layout() || format == QuantFormat::Mxfp4 {
             Some(Path::Scalar)
         } else {
             None
@@ -741,8 +747,13 @@ fn vnni_available() -> bool {
 /// block from the first, and [`legacy_total`].
 fn scalar_row_dot(format: QuantFormat, w: &[u8], a: &ActRow<'_>) -> f32 {
     // Q4_0's decoded `q` is its nibble (the offset 8 applied here); Q5_0's and Q8_0's are
-    // already signed; Q4_1's and Q5_1's take no offset.
+    // already signed; Q4_1's and Q5_1's take no offset; MXFP4's is a code, read through the
+    // table.
     let offset = if format == QuantFormat::Q4_0 { 8 } else { 0 };
+    let signed = |q: i8| match format {
+        QuantFormat::Mxfp4 => E2M1_VALUES[q as usize] as i32,
+        _ => q as i32 - offset,
+    };
     let has_min = legacy_has_min(format);
     let (mut main, mut mins) = (0f32, 0f32);
     for (b, blk) in w.chunks_exact(format.block_bytes()).enumerate() {
@@ -751,9 +762,9 @@ fn scalar_row_dot(format: QuantFormat, w: &[u8], a: &ActRow<'_>) -> f32 {
         let isum: i32 = dec.q[..BLOCK]
             .iter()
             .zip(xq)
-            .map(|(&q, &x)| (q as i32 - offset) * x as i32)
+            .map(|(&q, &x)| signed(q) * x as i32)
             .sum();
-        let d = f16::from_bits(dec.d).to_f32();
+        let d = format.scale(&dec);
         let m = f16::from_bits(dec.m).to_f32();
         (main, mins) = legacy_block(
             main,
@@ -922,11 +933,12 @@ mod tests {
     /// through every path, bit for bit against the scalar oracle.
     #[test]
     fn the_largest_sums_stay_exact() {
-        // Q8_0's quants all -128 too: the largest magnitude, and its panels' unsigned 0.
+        // Q8_0's quants all -128 too: the largest magnitude, and its panels' unsigned 0;
+        // MXFP4's codes all 7 too (+12; 0xF is -12).
         let cases = QuantFormat::ALL
             .into_iter()
             .map(|f| (f, 0xFF))
-            .chain([(QuantFormat::Q8_0, 0x80)]);
+            .chain([(QuantFormat::Q8_0, 0x80), (QuantFormat::Mxfp4, 0x77)]);
         for (format, fill) in cases {
             let (rows, cols) = (3, 2 * SUPER);
             let mut bytes = vec![fill; rows * cols / format.block_weights() * format.block_bytes()];
@@ -937,6 +949,11 @@ mod tests {
                 _ => &[0, 2],
             };
             for block in bytes.chunks_exact_mut(format.block_bytes()) {
+                if format == QuantFormat::Mxfp4 {
+                    // E8M0's 1.0 halved (the largest codes are 6.0).
+                    block[0] = 128;
+                    continue;
+                }
                 for &at in d_at {
                     block[at..at + 2].copy_from_slice(&half::f16::ONE.to_le_bytes());
                 }

@@ -73,8 +73,11 @@ pub(super) struct Panels<'a> {
 /// Q5_1), whose split dequantizer is the costly one, that scales its weights per 32 k or more
 /// (not Q6_K's 16). The legacy layouts' own split dequantizer is cheap enough that this path
 /// measured level or slower (SmolLM2's Q4_1, 64 rows: 73.9/74.4 -> 74.2/76.9 ms a step).
+/// Not MXFP4, which no AMX path reads (`PackedMatrix::use_amx_from` declines it).
 pub(crate) fn supports(format: QuantFormat) -> bool {
-    !format.is_legacy_layout() && format.panel_layout().sub_rows >= TILE_K
+    !format.is_legacy_layout()
+        && format != QuantFormat::Mxfp4
+        && format.panel_layout().sub_rows >= TILE_K
 }
 
 /// Multiplies the chunk's rows by column groups `first .. first + count` and writes the valid

@@ -8,7 +8,9 @@
 use std::arch::x86_64::*;
 
 use super::Tile;
-use crate::quant_format::{MinKind, QuantFormat, PANEL_COLUMNS as PANEL};
+use crate::quant_format::{
+    MinKind, PanelLayout, QuantFormat, ScaleKind, E2M1_VALUES, PANEL_COLUMNS as PANEL,
+};
 
 /// Accumulators of a tile: MR rows x NR panels x two 8-column halves.
 type Acc<const MR: usize, const NR: usize> = [[[__m256; 2]; NR]; MR];
@@ -106,10 +108,65 @@ unsafe fn weight(min: MinKind, q: __m256, s: __m256, m: __m256) -> __m256 {
     }
 }
 
-/// The product over quantized panels of format `FMT` (see
-/// [`PanelLayout`](crate::quant_format::PanelLayout)), `stride` bytes apart. Each k-row of 16
-/// weights is dequantized in registers exactly as the reference dequantizer does it and fed to
-/// the same FMA chain as [`tile`], so the outputs equal those of the dequantized f32 panels.
+/// 8 scales `d` of a panel-block of layout `l` from `blk`, as f32: f16, or E8M0 bytes as
+/// [`e8m0_half`](crate::quant_format::e8m0_half) forms them (see
+/// `dequant_avx512::e8m0x16`, the same lane for lane). `half` picks columns 0-7 or 8-15.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; `blk` is a panel-block of layout `l`.
+#[inline(always)]
+unsafe fn d8(l: PanelLayout, blk: *const u8, half: usize) -> __m256 {
+    // SAFETY: the caller's promise: the scales are the block's first bytes.
+    unsafe {
+        match l.scale {
+            ScaleKind::F16 => {
+                _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i))
+            }
+            ScaleKind::E8M0 => {
+                let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.add(8 * half) as *const __m128i));
+                let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+                let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+                let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+                _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, small))
+            }
+        }
+    }
+}
+
+/// The integers of two k-rows of 8 columns from their 8 bytes of nibbles at `p` (the even row
+/// in the low nibbles): each nibble less the layout's offset, or for E2M1 codes its
+/// [`E2M1_VALUES`] entry.
+///
+/// # Safety
+/// The CPU has AVX2; `p` holds 8 readable bytes; `l` has nibbles.
+#[inline(always)]
+unsafe fn nibble_rows(l: PanelLayout, p: *const u8) -> (__m256i, __m256i) {
+    // SAFETY: the caller's promise; register operations after the load.
+    unsafe {
+        let raw = _mm_loadl_epi64(p as *const __m128i);
+        if l.e2m1 {
+            let low = _mm_set1_epi8(0x0F);
+            let table = _mm_loadu_si128(E2M1_VALUES.as_ptr() as *const __m128i);
+            let even = _mm_shuffle_epi8(table, _mm_and_si128(raw, low));
+            let odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(raw), low));
+            return (_mm256_cvtepi8_epi32(even), _mm256_cvtepi8_epi32(odd));
+        }
+        let q = _mm256_cvtepu8_epi32(raw);
+        let mut lo = _mm256_and_si256(q, _mm256_set1_epi32(0x0F));
+        let mut hi = _mm256_srli_epi32::<4>(q);
+        if l.nibble_offset != 0 {
+            let offset = _mm256_set1_epi32(l.nibble_offset);
+            lo = _mm256_sub_epi32(lo, offset);
+            hi = _mm256_sub_epi32(hi, offset);
+        }
+        (lo, hi)
+    }
+}
+
+/// The product over quantized panels of format `FMT` (see [`PanelLayout`]), `stride` bytes
+/// apart. Each k-row of 16 weights is dequantized in registers exactly as the reference
+/// dequantizer does it and fed to the same FMA chain as [`tile`], so the outputs equal those
+/// of the dequantized f32 panels.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `t` addresses MR rows of `t.k` activations (a multiple of
@@ -126,8 +183,6 @@ pub(super) unsafe fn qtile<const MR: usize, const NR: usize, const FMT: u8>(
     unsafe {
         let l = const { QuantFormat::from_id(FMT).panel_layout() };
         let block = l.block_bytes();
-        let low = _mm256_set1_epi32(0x0F);
-        let offset = _mm256_set1_epi32(l.nibble_offset);
         let zero = _mm256_setzero_ps();
         let mut acc = [[[zero; 2]; NR]; MR];
         let f16x8 = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
@@ -141,7 +196,7 @@ pub(super) unsafe fn qtile<const MR: usize, const NR: usize, const FMT: u8>(
             let mut m = [[zero; 2]; NR];
             for j in 0..NR {
                 for h in 0..2 {
-                    d[j][h] = f16x8(blk(j).add(16 * h));
+                    d[j][h] = d8(l, blk(j), h);
                     if l.min != MinKind::None {
                         m[j][h] = f16x8(blk(j).add(l.min_at() + 16 * h));
                     }
@@ -169,15 +224,7 @@ pub(super) unsafe fn qtile<const MR: usize, const NR: usize, const FMT: u8>(
                         for j in 0..NR {
                             for h in 0..2 {
                                 let at = l.quants_at() + pair * PANEL + 8 * h;
-                                let q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                                    blk(j).add(at) as *const __m128i
-                                ));
-                                let mut lo = _mm256_and_si256(q, low);
-                                let mut hi = _mm256_srli_epi32(q, 4);
-                                if l.nibble_offset != 0 {
-                                    lo = _mm256_sub_epi32(lo, offset);
-                                    hi = _mm256_sub_epi32(hi, offset);
-                                }
+                                let (lo, hi) = nibble_rows(l, blk(j).add(at));
                                 even[j][h] =
                                     weight(l.min, _mm256_cvtepi32_ps(lo), s[j][h], o[j][h]);
                                 odd[j][h] = weight(l.min, _mm256_cvtepi32_ps(hi), s[j][h], o[j][h]);
@@ -218,8 +265,6 @@ pub(super) unsafe fn dequantize_panel<const FMT: u8>(w: *const u8, k: usize, out
     unsafe {
         let l = const { QuantFormat::from_id(FMT).panel_layout() };
         let block = l.block_bytes();
-        let low = _mm256_set1_epi32(0x0F);
-        let offset = _mm256_set1_epi32(l.nibble_offset);
         let zero = _mm256_setzero_ps();
         let f16x8 = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
         let i8x8 = |p: *const u8| {
@@ -231,7 +276,7 @@ pub(super) unsafe fn dequantize_panel<const FMT: u8>(w: *const u8, k: usize, out
             let mut d = [zero; 2];
             let mut m = [zero; 2];
             for h in 0..2 {
-                d[h] = f16x8(blk.add(16 * h));
+                d[h] = d8(l, blk, h);
                 if l.min != MinKind::None {
                     m[h] = f16x8(blk.add(l.min_at() + 16 * h));
                 }
@@ -252,15 +297,7 @@ pub(super) unsafe fn dequantize_panel<const FMT: u8>(w: *const u8, k: usize, out
                     if l.nibbles {
                         for pair in r0 / 2..(r0 + l.sub_rows) / 2 {
                             let at = l.quants_at() + pair * PANEL + 8 * h;
-                            let q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                                blk.add(at) as *const __m128i
-                            ));
-                            let mut lo = _mm256_and_si256(q, low);
-                            let mut hi = _mm256_srli_epi32(q, 4);
-                            if l.nibble_offset != 0 {
-                                lo = _mm256_sub_epi32(lo, offset);
-                                hi = _mm256_sub_epi32(hi, offset);
-                            }
+                            let (lo, hi) = nibble_rows(l, blk.add(at));
                             let row = k0 + 2 * pair;
                             _mm256_storeu_ps(
                                 out.add(row * PANEL + 8 * h),

@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::Tile;
-use crate::cpu::dequant_avx512::{f16x16, i8x16, sub_scales, weight};
+use crate::cpu::dequant_avx512::{d16, f16x16, i8x16, nibble_rows, sub_scales, weight};
 use crate::quant_format::{MinKind, QuantFormat, BLOCK_WEIGHTS as QBLOCK, PANEL_COLUMNS as PANEL};
 
 /// # Safety
@@ -175,8 +175,6 @@ pub(super) unsafe fn qtile<const MR: usize, const NR: usize, const FMT: u8>(
     unsafe {
         let l = const { QuantFormat::from_id(FMT).panel_layout() };
         let block = l.block_bytes();
-        let low = _mm512_set1_epi32(0x0F);
-        let offset = _mm512_set1_epi32(l.nibble_offset);
         let zero = _mm512_setzero_ps();
         let mut acc = [[zero; NR]; MR];
         for sb in 0..t.k / l.super_rows {
@@ -185,7 +183,7 @@ pub(super) unsafe fn qtile<const MR: usize, const NR: usize, const FMT: u8>(
             let mut d = [zero; NR];
             let mut m = [zero; NR];
             for j in 0..NR {
-                d[j] = f16x16(blk(j));
+                d[j] = d16(l, blk(j));
                 if l.min != MinKind::None {
                     m[j] = f16x16(blk(j).add(l.min_at()));
                 }
@@ -202,15 +200,7 @@ pub(super) unsafe fn qtile<const MR: usize, const NR: usize, const FMT: u8>(
                         let mut even = [zero; NR];
                         let mut odd = [zero; NR];
                         for j in 0..NR {
-                            let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                                blk(j).add(l.quants_at() + pair * PANEL) as *const __m128i,
-                            ));
-                            let mut lo = _mm512_and_si512(q, low);
-                            let mut hi = _mm512_srli_epi32(q, 4);
-                            if l.nibble_offset != 0 {
-                                lo = _mm512_sub_epi32(lo, offset);
-                                hi = _mm512_sub_epi32(hi, offset);
-                            }
+                            let (lo, hi) = nibble_rows(l, blk(j).add(l.quants_at() + pair * PANEL));
                             even[j] = weight(l.min, _mm512_cvtepi32_ps(lo), s[j], o[j]);
                             odd[j] = weight(l.min, _mm512_cvtepi32_ps(hi), s[j], o[j]);
                         }
@@ -247,12 +237,10 @@ pub(super) unsafe fn dequantize_panel<const FMT: u8>(w: *const u8, k: usize, out
     unsafe {
         let l = const { QuantFormat::from_id(FMT).panel_layout() };
         let block = l.block_bytes();
-        let low = _mm512_set1_epi32(0x0F);
-        let offset = _mm512_set1_epi32(l.nibble_offset);
         for sb in 0..k / l.super_rows {
             let blk = w.add(sb * block);
             let out = out.add(sb * l.super_rows * PANEL);
-            let d = f16x16(blk);
+            let d = d16(l, blk);
             let m = if l.min != MinKind::None {
                 f16x16(blk.add(l.min_at()))
             } else {
@@ -263,15 +251,7 @@ pub(super) unsafe fn dequantize_panel<const FMT: u8>(w: *const u8, k: usize, out
                 let r0 = sub * l.sub_rows;
                 if l.nibbles {
                     for pair in r0 / 2..(r0 + l.sub_rows) / 2 {
-                        let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                            blk.add(l.quants_at() + pair * PANEL) as *const __m128i,
-                        ));
-                        let mut lo = _mm512_and_si512(q, low);
-                        let mut hi = _mm512_srli_epi32(q, 4);
-                        if l.nibble_offset != 0 {
-                            lo = _mm512_sub_epi32(lo, offset);
-                            hi = _mm512_sub_epi32(hi, offset);
-                        }
+                        let (lo, hi) = nibble_rows(l, blk.add(l.quants_at() + pair * PANEL));
                         let row = 2 * pair;
                         _mm512_storeu_ps(
                             out.add(row * PANEL),

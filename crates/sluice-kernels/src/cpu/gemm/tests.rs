@@ -81,8 +81,15 @@ fn quantized_panels_on_tiles_match_their_dequantized_values() {
         return;
     }
     // The legacy layouts are dequantized in the tile kernel by code of their own, the
-    // others (k a multiple of their 256-weight super-blocks) through their panel layout.
-    for format in QuantFormat::ALL {
+    // others (k a multiple of their 256-weight super-blocks) through their panel layout;
+    // MXFP4 is declined.
+    let (q, _) = quantized_matrix(16, 64, QuantFormat::Mxfp4, 5);
+    let mut mxfp4 = PackedMatrix::pack_quantized(QuantFormat::Mxfp4, &q, 16, 64).unwrap();
+    assert!(!mxfp4.use_amx_from(1) && !mxfp4.use_amx_dequantizing_from(1));
+    for format in QuantFormat::ALL
+        .into_iter()
+        .filter(|&f| f != QuantFormat::Mxfp4)
+    {
         let shapes: &[(usize, usize, usize)] = if format.is_legacy_layout() {
             &[(40, 72, 576), (64, 16, 64), (40, 520, 576)]
         } else {

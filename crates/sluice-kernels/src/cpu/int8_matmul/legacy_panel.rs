@@ -1,4 +1,4 @@
-//! The legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) from weight panels: 16 weight rows
+//! The legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and MXFP4) from weight panels: 16 weight rows
 //! interleaved so that 4 weights of each row sit side by side, 64 bytes a step of 4 weights.
 //! On AVX-512 VNNI one `vpdpbusd` multiplies a step's 64 bytes by the same 4 activations,
 //! broadcast; on AVX2 each half of 8 rows takes `vpmaddubsw` and `vpmaddwd`. Either way a
@@ -14,7 +14,9 @@
 //!
 //! The panels hold every weight unsigned, `u = q + offset` (Q4_0's nibble as it is, offset 8;
 //! Q5_0's five bits, 16; Q8_0's byte plus 128; Q4_1's and Q5_1's as they are, offset 0), since
-//! `vpdpbusd` multiplies unsigned bytes by signed ones. How the integers stay exact:
+//! `vpdpbusd` multiplies unsigned bytes by signed ones. MXFP4's panels hold its E2M1 codes,
+//! which the kernels turn into `u = E2M1_VALUES[code] + 12` (0..=24, offset 12) by one byte
+//! shuffle of the nibbles against [`FP4_UNSIGNED`]. How the integers stay exact:
 //! - AVX-512 VNNI: `isum = dot(u, xq) - offset * sum(xq)`, the second term the row's integer
 //!   sum of the block's activations; `|isum| <= 32 * 128 * 127`.
 //! - AVX2: `vpmaddubsw` adds two products into 16 bits, at most 2 * 31 * 127 for the nibble
@@ -30,13 +32,32 @@
 //! - Q5_0, Q5_1, 384 bytes: Q4's nibbles, then at 256 64 bytes `[row][e]` whose bit `j` is the
 //!   fifth bit of step `j`'s weight; `d` at 320; Q5_1's `m` at 352.
 //! - Q8_0, 576 bytes: 8 steps of 64 bytes `u`, then `d` at 512 (and 32 bytes of padding).
+//! - MXFP4, 320 bytes: Q4_0's nibbles (the E2M1 codes), then at 256 the 16 rows' scales
+//!   `e8m0_half(e)` as f32 (an E8M0 scale is no f16: 2^-128 .. 2^127), which the epilogue
+//!   multiplies as the other formats' `d`: llama.cpp's `ggml_vec_dot_mxfp4_q8_0` is
+//!   `sum(E2M1_VALUES[code] * xq)` times `xd * e8m0_half(e)` per block, as
+//!   [`legacy_block`](super::legacy_block) computes it.
 
 use std::arch::x86_64::*;
 
 use super::panels::{self, PANEL_ROWS};
 use super::x86::{for_rows, four, or_masked, prefetch_ahead, store_panel};
 use super::{QuantFormat, BLOCK};
-use crate::quant_format::DecodedBlock;
+use crate::quant_format::{DecodedBlock, E2M1_VALUES};
+
+/// [`E2M1_VALUES`] plus 12, the unsigned weights `u` of MXFP4's codes in a panel kernel.
+const FP4_UNSIGNED: [i8; 16] = {
+    let mut u = [0i8; 16];
+    let mut i = 0;
+    while i < 16 {
+        u[i] = E2M1_VALUES[i] + FP4_OFFSET as i8;
+        i += 1;
+    }
+    u
+};
+
+/// The offset of MXFP4's `u`: the most negative E2M1 value's magnitude.
+const FP4_OFFSET: i32 = 12;
 
 /// Activation rows one pass over a panel serves: 8 on AVX-512 (32 registers), 4 on AVX2 (16).
 pub(super) fn act_rows(vnni: bool) -> usize {
@@ -55,7 +76,7 @@ pub(super) fn supports(format: QuantFormat) -> bool {
 /// Bytes of one panel block of `format`.
 pub(super) fn block_bytes(format: QuantFormat) -> usize {
     match format {
-        QuantFormat::Q4_0 | QuantFormat::Q4_1 => 320,
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Mxfp4 => 320,
         QuantFormat::Q5_0 | QuantFormat::Q5_1 => 384,
         _ => 576,
     }
@@ -64,7 +85,7 @@ pub(super) fn block_bytes(format: QuantFormat) -> usize {
 /// Where a panel block of `format` keeps its 16 scales `d`; the minimums follow, 32 bytes on.
 fn scales_at(format: QuantFormat) -> usize {
     match format {
-        QuantFormat::Q4_0 | QuantFormat::Q4_1 => 256,
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Mxfp4 => 256,
         QuantFormat::Q5_0 | QuantFormat::Q5_1 => 320,
         _ => 512,
     }
@@ -79,6 +100,7 @@ fn offset(format: QuantFormat) -> i32 {
         QuantFormat::Q4_0 => 8,
         QuantFormat::Q5_0 => 16,
         QuantFormat::Q8_0 => 128,
+        QuantFormat::Mxfp4 => FP4_OFFSET,
         _ => 0,
     }
 }
@@ -87,7 +109,8 @@ fn offset(format: QuantFormat) -> i32 {
 /// writes each block with.
 pub(super) fn put(format: QuantFormat, blk: &DecodedBlock, r: usize, dst: &mut [u8]) {
     // The decoded `q` is Q4_0's nibble, Q5_0's and Q8_0's signed value, Q4_1's and Q5_1's
-    // unsigned one: `u` adds what `offset` takes away.
+    // unsigned one: `u` adds what `offset` takes away. MXFP4's is its code, kept as it is
+    // (the kernels look its `u` up).
     let add = match format {
         QuantFormat::Q5_0 => 16,
         QuantFormat::Q8_0 => 128,
@@ -112,6 +135,10 @@ pub(super) fn put(format: QuantFormat, blk: &DecodedBlock, r: usize, dst: &mut [
         }
     }
     let s = scales_at(format);
+    if format == QuantFormat::Mxfp4 {
+        dst[s + 4 * r..][..4].copy_from_slice(&format.scale(blk).to_le_bytes());
+        return;
+    }
     dst[s + 2 * r..][..2].copy_from_slice(&blk.d.to_le_bytes());
     if super::legacy_has_min(format) {
         dst[s + 32 + 2 * r..][..2].copy_from_slice(&blk.m.to_le_bytes());
@@ -196,16 +223,17 @@ pub(super) unsafe fn rows_dot(
     }
 }
 
-/// The constants of a format's kernel: whether its weights have a fifth bit, a minimum, or
-/// are whole bytes (Q8_0).
+/// The constants of a format's kernel: whether its weights have a fifth bit, a minimum, are
+/// whole bytes (Q8_0), or are E2M1 codes with f32 scales (MXFP4).
 macro_rules! by_format {
     ($format:expr, $kernel:ident, $($args:expr),*) => {
         match $format {
-            QuantFormat::Q4_0 => $kernel::<M, false, false, false>($($args),*),
-            QuantFormat::Q4_1 => $kernel::<M, false, true, false>($($args),*),
-            QuantFormat::Q5_0 => $kernel::<M, true, false, false>($($args),*),
-            QuantFormat::Q5_1 => $kernel::<M, true, true, false>($($args),*),
-            _ => $kernel::<M, false, false, true>($($args),*),
+            QuantFormat::Q4_0 => $kernel::<M, false, false, false, false>($($args),*),
+            QuantFormat::Q4_1 => $kernel::<M, false, true, false, false>($($args),*),
+            QuantFormat::Q5_0 => $kernel::<M, true, false, false, false>($($args),*),
+            QuantFormat::Q5_1 => $kernel::<M, true, true, false, false>($($args),*),
+            QuantFormat::Mxfp4 => $kernel::<M, false, false, false, true>($($args),*),
+            _ => $kernel::<M, false, false, true, false>($($args),*),
         }
     };
 }
@@ -277,13 +305,20 @@ unsafe fn four8(row: &RowAt, at: usize) -> __m256i {
 }
 
 /// One panel against `M` rows on AVX-512 VNNI: per row, the 16 weight rows' results. `FIVE`:
-/// the weights have a fifth bit; `MIN`: a minimum; `EIGHT`: they are Q8_0's bytes. `off` is
-/// the format's [`offset`], `s_at` its [`scales_at`], `bb` its [`block_bytes`].
+/// the weights have a fifth bit; `MIN`: a minimum; `EIGHT`: they are Q8_0's bytes; `FP4`:
+/// MXFP4's codes and f32 scales. `off` is the format's [`offset`], `s_at` its [`scales_at`],
+/// `bb` its [`block_bytes`].
 ///
 /// # Safety
 /// As [`rows_dot`] with `vnni`, for one panel.
 #[inline(always)]
-unsafe fn vnni_panel<const M: usize, const FIVE: bool, const MIN: bool, const EIGHT: bool>(
+unsafe fn vnni_panel<
+    const M: usize,
+    const FIVE: bool,
+    const MIN: bool,
+    const EIGHT: bool,
+    const FP4: bool,
+>(
     panel: &[u8],
     rows: &[RowAt; M],
     off: i32,
@@ -296,6 +331,7 @@ unsafe fn vnni_panel<const M: usize, const FIVE: bool, const MIN: bool, const EI
         let low = _mm512_set1_epi8(0x0F);
         let bit4 = _mm512_set1_epi8(0x10);
         let zero = _mm512_setzero_si512();
+        let fp4 = _mm512_broadcast_i32x4(_mm_loadu_si128(FP4_UNSIGNED.as_ptr() as *const __m128i));
         let load = |p: *const u8, at: usize| _mm512_loadu_si512(p.add(at) as *const __m512i);
         let mut main = [_mm512_setzero_ps(); M];
         let mut mins = [_mm512_setzero_ps(); M];
@@ -323,6 +359,12 @@ unsafe fn vnni_panel<const M: usize, const FIVE: bool, const MIN: bool, const EI
                     w[6] = or_masked(w[6], _mm512_srli_epi16::<2>(h), bit4);
                     w[7] = or_masked(w[7], _mm512_srli_epi16::<3>(h), bit4);
                 }
+                if FP4 {
+                    // Each code's `u`, looked up within its 128-bit lane.
+                    for w in &mut w {
+                        *w = _mm512_shuffle_epi8(fp4, *w);
+                    }
+                }
                 w
             };
             let x0 = b * BLOCK;
@@ -340,7 +382,11 @@ unsafe fn vnni_panel<const M: usize, const FIVE: bool, const MIN: bool, const EI
                     *t = _mm512_dpbusd_epi32(*t, *w, four(row.quants, x0 + 4 * j));
                 }
             }
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(s_at) as *const __m256i));
+            let d = if FP4 {
+                _mm512_loadu_ps(p.add(s_at) as *const f32)
+            } else {
+                _mm512_cvtph_ps(_mm256_loadu_si256(p.add(s_at) as *const __m256i))
+            };
             for ((row, t), main) in rows.iter().zip(t).zip(main.iter_mut()) {
                 let xd = _mm512_set1_ps(*row.scales.add(b));
                 *main = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(d, xd), *main);
@@ -362,7 +408,13 @@ unsafe fn vnni_panel<const M: usize, const FIVE: bool, const MIN: bool, const EI
 /// # Safety
 /// As [`rows_dot`] without `vnni`, for one panel; `half` is 0 or 1.
 #[inline(always)]
-unsafe fn avx2_half<const M: usize, const FIVE: bool, const MIN: bool, const EIGHT: bool>(
+unsafe fn avx2_half<
+    const M: usize,
+    const FIVE: bool,
+    const MIN: bool,
+    const EIGHT: bool,
+    const FP4: bool,
+>(
     panel: &[u8],
     rows: &[RowAt; M],
     off: i32,
@@ -379,6 +431,8 @@ unsafe fn avx2_half<const M: usize, const FIVE: bool, const MIN: bool, const EIG
         let flip = _mm256_set1_epi8(-128);
         let ones = _mm256_set1_epi16(1);
         let zero = _mm256_setzero_si256();
+        let fp4 =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(FP4_UNSIGNED.as_ptr() as *const __m128i));
         let h0 = 32 * half;
         let load = |p: *const u8, at: usize| _mm256_loadu_si256(p.add(at + h0) as *const __m256i);
         let mut main = [_mm256_setzero_ps(); M];
@@ -421,6 +475,9 @@ unsafe fn avx2_half<const M: usize, const FIVE: bool, const MIN: bool, const EIG
                         };
                         w = _mm256_or_si256(w, _mm256_and_si256(bit, bit4));
                     }
+                    if FP4 {
+                        w = _mm256_shuffle_epi8(fp4, w);
+                    }
                     w
                 };
                 let magnitude = if EIGHT { _mm256_sign_epi8(w, w) } else { w };
@@ -431,7 +488,11 @@ unsafe fn avx2_half<const M: usize, const FIVE: bool, const MIN: bool, const EIG
                     *t = _mm256_add_epi32(*t, _mm256_madd_epi16(pairs, ones));
                 }
             }
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(s_at + 16 * half) as *const __m128i));
+            let d = if FP4 {
+                _mm256_loadu_ps(p.add(s_at + 32 * half) as *const f32)
+            } else {
+                _mm256_cvtph_ps(_mm_loadu_si128(p.add(s_at + 16 * half) as *const __m128i))
+            };
             for ((row, t), main) in rows.iter().zip(t).zip(main.iter_mut()) {
                 let xd = _mm256_set1_ps(*row.scales.add(b));
                 *main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(d, xd), *main);
