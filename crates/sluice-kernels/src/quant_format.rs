@@ -551,25 +551,4 @@ mod tests {
             assert_eq!(e8m0_half(e), 2f32.powi(e as i32 - 128), "e = {e}");
         }
     }
-
-    /// `dequantize` is the reference for every format: candle's dequantizer (ggml's) on random
-    /// blocks, bit for bit; for MXFP4, which candle lacks, the test above.
-    #[test]
-    fn dequantize_equals_candles_for_its_formats() {
-        for format in QuantFormat::ALL
-            .into_iter()
-            .filter(|&f| f != QuantFormat::Mxfp4)
-        {
-            let (n, k) = (3, 2 * format.block_weights());
-            let (bytes, dense) = crate::testing::random_blocks(n, k, format, 17);
-            let mut got = vec![f32::NAN; n * k];
-            format.dequantize(&bytes, &mut got);
-            assert!(
-                got.iter()
-                    .zip(&dense)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{format:?}"
-            );
-        }
-    }
 }

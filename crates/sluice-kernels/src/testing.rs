@@ -141,3 +141,29 @@ pub fn quantized_matrix(n: usize, k: usize, format: QuantFormat, seed: u64) -> (
     let bytes = q.data().expect("a CPU tensor has bytes").into_owned();
     (bytes, dense)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `dequantize` is the reference for every format: candle's dequantizer (ggml's) on random
+    /// blocks, bit for bit; for MXFP4, which candle lacks, `quant_format`'s fixture test.
+    #[test]
+    fn dequantize_equals_candles_for_its_formats() {
+        for format in QuantFormat::ALL
+            .into_iter()
+            .filter(|&f| f != QuantFormat::Mxfp4)
+        {
+            let (n, k) = (3, 2 * format.block_weights());
+            let (bytes, dense) = random_blocks(n, k, format, 17);
+            let mut got = vec![f32::NAN; n * k];
+            format.dequantize(&bytes, &mut got);
+            assert!(
+                got.iter()
+                    .zip(&dense)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{format:?}"
+            );
+        }
+    }
+}
