@@ -78,7 +78,10 @@ fn bench(
     let q = random_values(query_start * heads * head_dim, 1);
     let mut out = vec![0f32; q.len()];
     let seconds = median_seconds(|| {
-        paged_attention(&q, &k, &v, &layout, &slices, &tables, &shape, &mut out).unwrap();
+        paged_attention(
+            &q, &k, &v, &layout, &slices, &tables, &shape, None, &mut out,
+        )
+        .unwrap();
     });
     (seconds * 1e3, flop / seconds / 1e9)
 }

@@ -214,7 +214,9 @@ thread_local! {
 /// sequence at `query_start + i`, at position `context_len - query_len + i`), `k_cache` and
 /// `v_cache` one layer of the cache in [`KvLayout`] order, `block_tables` the concatenated
 /// tables the sequences index, and `out` `[T, num_heads * head_dim]`. Query `i` attends
-/// causally to keys `0..=position(i)`.
+/// causally to keys `0..=position(i)` (within `shape.window` where it has one). `sinks`, one
+/// logit per query head (gpt-oss's attention sinks), joins each head's softmax denominator as
+/// a key without a value.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention<E: KvElem>(
     q: &[f32],
@@ -224,6 +226,7 @@ pub fn paged_attention<E: KvElem>(
     sequences: &[SequenceSlice],
     block_tables: &[u32],
     shape: &AttentionShape,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), AttentionError> {
     let group = check_heads(shape, layout)?;
@@ -240,6 +243,7 @@ pub fn paged_attention<E: KvElem>(
         sequences,
         block_tables,
         shape,
+        sinks,
         out,
     )
 }
@@ -256,6 +260,7 @@ fn run_items<E: KvElem>(
     sequences: &[SequenceSlice],
     block_tables: &[u32],
     shape: &AttentionShape,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), AttentionError> {
     let (h, kvh, d) = (shape.num_heads, layout.num_kv_heads, layout.head_dim);
@@ -275,7 +280,8 @@ fn run_items<E: KvElem>(
     let n = layout.values_per_layer();
     check_queries(q, out, sequences, shape)?;
     check_tables(sequences, block_tables, layout)?;
-    let kernel = Kernel::new(q, sequences, block_tables, layout, shape);
+    check_sinks(sinks, shape)?;
+    let kernel = Kernel::new(q, sequences, block_tables, layout, shape, sinks);
     kernel.for_each_item(out, |item, scratch, out| {
         if path == Path::Portable {
             let kv = portable::Plain {
@@ -327,6 +333,20 @@ fn check_queries(
         )));
     }
     Ok(())
+}
+
+/// Sinks, where given, are one finite logit per query head.
+fn check_sinks(sinks: Option<&[f32]>, shape: &AttentionShape) -> Result<(), AttentionError> {
+    match sinks {
+        Some(s) if s.len() != shape.num_heads || !s.iter().all(|x| x.is_finite()) => {
+            Err(AttentionError::Shape(format!(
+                "{} sinks for {} query heads (each must be finite)",
+                s.len(),
+                shape.num_heads
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Every block a query reads must be in the cache: the kernels address it unchecked.
@@ -384,6 +404,8 @@ struct Kernel<'a> {
     scale: f32,
     /// A sliding window's length: the query at position `p` sees keys `p + 1 - window..=p`.
     window: Option<usize>,
+    /// One logit per query head counted in its softmax's denominator (attention sinks).
+    sinks: Option<&'a [f32]>,
 }
 
 impl<'a> Kernel<'a> {
@@ -393,6 +415,7 @@ impl<'a> Kernel<'a> {
         block_tables: &'a [u32],
         layout: &'a KvLayout,
         shape: &AttentionShape,
+        sinks: Option<&'a [f32]>,
     ) -> Self {
         Self {
             q,
@@ -402,6 +425,7 @@ impl<'a> Kernel<'a> {
             heads: shape.num_heads,
             scale: shape.scale,
             window: shape.window,
+            sinks,
         }
     }
 
@@ -514,6 +538,14 @@ impl Kernel<'_> {
         let first_pos = seq.context_len - seq.query_len;
         let rows = (item.query_end - item.query_begin) * group;
         let (maxes, sums, accs) = row_states(scratch, rows, d);
+        if let Some(sinks) = self.sinks {
+            // A sink is a key without a value: the online softmax starts from it, its running
+            // maximum at the sink's logit and its sum at e^0.
+            for (r, (max, sum)) in maxes.iter_mut().zip(sums.iter_mut()).enumerate() {
+                *max = sinks[item.kv_head * group + r % group];
+                *sum = 1.0;
+            }
+        }
 
         let last_pos = first_pos + item.query_end - 1;
         let num_blocks = last_pos / bs + 1;
@@ -728,17 +760,56 @@ mod tests {
         q: Vec<f32>,
         k: Vec<f32>,
         v: Vec<f32>,
+        /// One logit per query head, where the step has attention sinks.
+        sinks: Option<Vec<f32>>,
     }
 
-    /// Full attention, and sliding windows that start inside 16-key chunks, on block edges and
-    /// past every context.
-    const WINDOWS: [Option<usize>; 5] = [None, Some(1), Some(13), Some(16), Some(40)];
+    /// Which keys a query sees beyond the causal rule: a sliding window, and attention sinks
+    /// (a logit per head in the softmax's denominator).
+    #[derive(Debug, Clone, Copy)]
+    struct Masking {
+        window: Option<usize>,
+        sinks: bool,
+    }
 
-    /// Every pair of `shapes` with every window of [`WINDOWS`].
-    fn with_windows<T: Copy>(shapes: &[T]) -> Vec<(T, Option<usize>)> {
+    /// Full attention, sliding windows that start inside 16-key chunks, on block edges and past
+    /// every context, and sinks with and without a window.
+    const MASKINGS: [Masking; 7] = [
+        Masking {
+            window: None,
+            sinks: false,
+        },
+        Masking {
+            window: Some(1),
+            sinks: false,
+        },
+        Masking {
+            window: Some(13),
+            sinks: false,
+        },
+        Masking {
+            window: Some(16),
+            sinks: false,
+        },
+        Masking {
+            window: Some(40),
+            sinks: false,
+        },
+        Masking {
+            window: None,
+            sinks: true,
+        },
+        Masking {
+            window: Some(13),
+            sinks: true,
+        },
+    ];
+
+    /// Every one of `shapes` with every masking of [`MASKINGS`].
+    fn with_windows<T: Copy>(shapes: &[T]) -> Vec<(T, Masking)> {
         shapes
             .iter()
-            .flat_map(|&s| WINDOWS.map(move |w| (s, w)))
+            .flat_map(|&s| MASKINGS.map(move |m| (s, m)))
             .collect()
     }
 
@@ -747,10 +818,14 @@ mod tests {
         kv_heads: usize,
         head_dim: usize,
         block_size: usize,
-        window: Option<usize>,
+        masking: Masking,
     ) -> Step {
         let mut s = step(heads, kv_heads, head_dim, block_size);
-        s.shape.window = window;
+        s.shape.window = masking.window;
+        // Sinks about as large as the scores, so that they matter: from -2 to 3.
+        s.sinks = masking
+            .sinks
+            .then(|| values(heads, 4).iter().map(|x| 2.5 * x + 0.5).collect());
         s
     }
 
@@ -813,6 +888,7 @@ mod tests {
             v: values(n, 3),
             sequences,
             block_tables,
+            sinks: None,
         }
     }
 
@@ -827,6 +903,7 @@ mod tests {
             &s.sequences,
             &s.block_tables,
             &s.shape,
+            s.sinks.as_deref(),
             &mut out,
         )
         .unwrap();
@@ -902,6 +979,93 @@ mod tests {
         }
     }
 
+    /// The portable path against attention written out in f64 from its definition: causal,
+    /// within the window, each sink a key without a value in its head's softmax.
+    #[test]
+    fn portable_path_matches_the_definition_with_windows_and_sinks() {
+        for (heads, kv_heads) in [(1, 1), (4, 2), (9, 3)] {
+            for ((head_dim, block_size), masking) in with_windows(&[(32, 16), (16, 5)]) {
+                let s = step_with_window(heads, kv_heads, head_dim, block_size, masking);
+                let got = run(Path::Portable, &s, &s.k, &s.v);
+                let group = heads / kv_heads;
+                for seq in &s.sequences {
+                    let table = seq.block_table(&s.block_tables);
+                    let slot = |key: usize| {
+                        table[key / block_size] as usize * block_size + key % block_size
+                    };
+                    for i in 0..seq.query_len {
+                        let pos = seq.context_len - seq.query_len + i;
+                        let first = masking.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                        let token = seq.query_start + i;
+                        for head in 0..heads {
+                            let kv = head / group;
+                            let q = &s.q[(token * heads + head) * head_dim..][..head_dim];
+                            let scores: Vec<f64> = (first..=pos)
+                                .map(|key| {
+                                    let dot: f64 = (0..head_dim)
+                                        .map(|d| {
+                                            f64::from(q[d])
+                                                * f64::from(
+                                                    s.k[s.layout.k_offset(slot(key), kv, d)],
+                                                )
+                                        })
+                                        .sum();
+                                    dot * f64::from(s.shape.scale)
+                                })
+                                .collect();
+                            let sink = s.sinks.as_ref().map(|x| f64::from(x[head]));
+                            let max = scores.iter().copied().chain(sink).fold(f64::MIN, f64::max);
+                            let denom: f64 = scores
+                                .iter()
+                                .chain(sink.as_ref())
+                                .map(|x| (x - max).exp())
+                                .sum();
+                            for d in 0..head_dim {
+                                let want: f64 = scores
+                                    .iter()
+                                    .zip(first..=pos)
+                                    .map(|(x, key)| {
+                                        (x - max).exp() / denom
+                                            * f64::from(s.v[s.layout.v_offset(slot(key), kv, d)])
+                                    })
+                                    .sum();
+                                let g = got[(token * heads + head) * head_dim + d];
+                                assert!(
+                                    (f64::from(g) - want).abs() < 1e-5,
+                                    "heads {heads}/{kv_heads}, {masking:?}, token {token} head {head} dim {d}: {g} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sinks are one finite logit per query head, else a shape error rather than a read past
+    /// their end.
+    #[test]
+    fn sinks_of_the_wrong_count_or_not_finite_are_refused() {
+        let s = step(4, 2, 32, 16);
+        let mut out = vec![0f32; s.q.len()];
+        for sinks in [vec![0.0; 3], vec![0.0, 1.0, f32::NAN, 2.0]] {
+            let err = run_items(
+                Path::Portable,
+                &s.q,
+                &s.k,
+                &s.v,
+                &s.layout,
+                &s.sequences,
+                &s.block_tables,
+                &s.shape,
+                Some(&sinks),
+                &mut out,
+            )
+            .unwrap_err();
+            assert!(err.to_string().contains("sinks"), "{err}");
+        }
+    }
+
     /// A prefill's rows equal, bit for bit, its queries run one at a time as decode rows over
     /// the same blocks: taking several queries a call (the AVX2 kernel's tiles) changes no
     /// row's arithmetic, so a prompt's result does not depend on how it was chunked.
@@ -939,6 +1103,7 @@ mod tests {
                     k: Vec::new(),
                     v: Vec::new(),
                     block_tables: s.block_tables.clone(),
+                    sinks: s.sinks.clone(),
                     ..s
                 };
                 for &path in &paths {
@@ -972,6 +1137,7 @@ mod tests {
                 &s.sequences,
                 &s.block_tables,
                 &s.shape,
+                s.sinks.as_deref(),
                 &mut out,
             )
         })
@@ -1069,6 +1235,7 @@ mod tests {
             &s.sequences,
             &s.block_tables,
             &s.shape,
+            s.sinks.as_deref(),
             out,
         )
         .unwrap();
@@ -1116,6 +1283,7 @@ mod tests {
             &s.sequences,
             &s.block_tables,
             &s.shape,
+            s.sinks.as_deref(),
             &mut out,
         );
         assert!(matches!(

@@ -248,6 +248,7 @@ fn check(
         &step.sequences,
         &step.block_tables,
         &shape,
+        None,
         &mut want,
     )
     .unwrap();
@@ -578,6 +579,7 @@ fn decode_bucket_plans_match_the_cpu_kernel_with_a_fixed_layout() {
             &st.sequences,
             &st.block_tables,
             &shape,
+            None,
             &mut want,
         )
         .unwrap();

@@ -121,6 +121,8 @@ fn attend_slices<E: KvElem>(
         &batch.sequences,
         &batch.block_tables,
         shape,
+        // No architecture sluice loads has attention sinks yet (gpt-oss will).
+        None,
         out,
     )?;
     Ok(())
@@ -147,6 +149,7 @@ pub(crate) fn attend(
                 &batch.sequences,
                 &batch.block_tables,
                 shape,
+                None,
                 out,
             )?;
             Ok(())

@@ -89,12 +89,14 @@ impl Kernel<'_> {
                         *sc += x * key;
                     }
                 }
-                let mut max = f32::NEG_INFINITY;
+                // A sink (a key without a value) counts in the maximum and the sum.
+                let sink = self.sinks.map(|s| s[head]);
+                let mut max = sink.unwrap_or(f32::NEG_INFINITY);
                 for sc in scores.iter_mut() {
                     *sc *= self.scale;
                     max = max.max(*sc);
                 }
-                let mut sum = 0f32;
+                let mut sum = sink.map_or(0.0, |s| (s - max).exp());
                 for sc in scores.iter_mut() {
                     *sc = (*sc - max).exp();
                     sum += *sc;

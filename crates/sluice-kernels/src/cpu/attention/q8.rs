@@ -11,8 +11,8 @@
 
 use super::portable::KvRead;
 use super::{
-    check_heads, check_queries, check_rows, check_tables, cpu_features, AttentionError, ChunkAt,
-    Kernel, RowState, WorkItem, MAX_GROUP,
+    check_heads, check_queries, check_rows, check_sinks, check_tables, cpu_features,
+    AttentionError, ChunkAt, Kernel, RowState, WorkItem, MAX_GROUP,
 };
 use crate::disjoint::DisjointSlice;
 use crate::paged::{AttentionShape, KvLayout, SequenceSlice};
@@ -153,10 +153,21 @@ pub fn paged_attention_q8(
     sequences: &[SequenceSlice],
     block_tables: &[u32],
     shape: &AttentionShape,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), AttentionError> {
     let avx2 = cpu_features().1;
-    run_q8_items(avx2, q, cache, layout, sequences, block_tables, shape, out)
+    run_q8_items(
+        avx2,
+        q,
+        cache,
+        layout,
+        sequences,
+        block_tables,
+        shape,
+        sinks,
+        out,
+    )
 }
 
 /// [`paged_attention_q8`] on AVX2 (refused where the CPU lacks it) or in portable Rust.
@@ -169,6 +180,7 @@ pub(super) fn run_q8_items(
     sequences: &[SequenceSlice],
     block_tables: &[u32],
     shape: &AttentionShape,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), AttentionError> {
     let group = check_heads(shape, layout)?;
@@ -185,7 +197,8 @@ pub(super) fn run_q8_items(
     }
     check_queries(q, out, sequences, shape)?;
     check_tables(sequences, block_tables, layout)?;
-    let kernel = Kernel::new(q, sequences, block_tables, layout, shape);
+    check_sinks(sinks, shape)?;
+    let kernel = Kernel::new(q, sequences, block_tables, layout, shape, sinks);
     let read = Q8Read {
         cache: *cache,
         layout,
