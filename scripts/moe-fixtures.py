@@ -21,9 +21,9 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+from llama_oracle import alone, complete, post, step_of, wait_ready  # noqa: E402
 
 ARCHS = ["qwen3moe", "qwen2moe", "mixtral"]
 FORMATS = ["f32", "q8_0", "q4_k_m", "q4_k_m-f32"]
@@ -63,72 +63,6 @@ PROMPTS = [
 ]
 
 
-def post(port, path, body, timeout=600):
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def wait_ready(port, proc, log):
-    for _ in range(600):
-        if proc.poll() is not None:
-            sys.exit(f"llama-server exited ({proc.returncode}); see {log}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                if json.loads(r.read()).get("status") == "ok":
-                    return
-        except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
-            pass
-        time.sleep(0.5)
-    sys.exit(f"llama-server did not become ready; see {log}")
-
-
-def complete(port, ids, n, ban=()):
-    return post(port, "/completion", {
-        "prompt": ids,
-        "n_predict": n,
-        "temperature": 0,
-        "n_probs": 5,
-        "post_sampling_probs": False,
-        "cache_prompt": False,
-        "return_tokens": True,
-        "stream": False,
-        "logit_bias": [[t, False] for t in ban],
-    })
-
-
-def step_of(top):
-    return {
-        "id": top[0]["id"],
-        "logprob": top[0]["logprob"],
-        "top": [[t["id"], t["logprob"]] for t in top],
-        "top_pieces": [t["token"] for t in top],
-    }
-
-
-def alone(port, prefix, tok):
-    """The raw top-5 after `prefix`, whose greedy token is `tok`, from a one-token request.
-
-    llama-server leaves a token out of completion_probabilities when the text generated so far
-    ends in an incomplete UTF-8 sequence (byte tokens, common in a random model). The same
-    request for one token with that token banned (logit_bias false) samples another one, whose
-    probabilities are returned; they are the raw logits' (post_sampling_probs false), which
-    the ban does not touch, so top[0] is still `tok`."""
-    ban = [tok]
-    for _ in range(8):
-        r = complete(port, prefix, 1, ban)
-        if r["completion_probabilities"]:
-            top = r["completion_probabilities"][0]["top_logprobs"]
-            assert top[0]["id"] == tok, (tok, top)
-            return step_of(top)
-        ban.append(r["tokens"][0])
-    sys.exit(f"no probabilities for the step after {prefix}")
-
-
 def record(port, prompt):
     ids = post(port, "/tokenize", {"content": prompt, "add_special": False, "parse_special": True})["tokens"]
     res = complete(port, ids, N_PREDICT)
@@ -139,7 +73,7 @@ def record(port, prompt):
         if j < len(probs) and probs[j]["id"] == t:
             top = probs[j]["top_logprobs"]
             assert len(top) == 5 and top[0]["id"] == t, probs[j]  # greedy: the chosen one is top-1
-            steps.append(step_of(top))
+            steps.append(step_of(top, pieces=True))
             j += 1
         else:
             steps.append(None)
@@ -151,7 +85,7 @@ def record(port, prompt):
         steps = [None] * len(toks)
     for i, t in enumerate(toks):
         if steps[i] is None:
-            steps[i] = alone(port, ids + toks[:i], t)
+            steps[i] = alone(port, ids + toks[:i], t, pieces=True)
     return {"prompt": prompt, "prompt_ids": ids, "text": res["content"], "ids": toks, "steps": steps}, len(dropped)
 
 
