@@ -13,7 +13,7 @@ use std::time::Instant;
 use common::decode::{assert_batching_changes_no_token, greedy_alone};
 use common::fidelity::{check_agreement, compare_with_fixture, Expect};
 use sluice_model::testing::optional_model;
-use sluice_model::{Architecture, LlamaModel, LoadOptions, ModelSource, WeightsKind};
+use sluice_model::{Architecture, LlamaModel, WeightsKind};
 use sluice_tokenizer::Tokenizer;
 
 const GGUF: &str = "gemma-3-270m-q4_k_m.gguf";
@@ -29,22 +29,15 @@ fn model(kind: WeightsKind) -> Option<&'static LlamaModel> {
         WeightsKind::Auto => &AUTO,
         other => panic!("this binary does not test {other} weights"),
     };
-    Some(cell.get_or_init(|| {
-        let started = Instant::now();
-        let options = LoadOptions {
-            weights: kind,
-            ..LoadOptions::default()
-        };
-        let model = LlamaModel::load(&path, &options).unwrap();
-        eprintln!("{kind} weights loaded in {:.1?}", started.elapsed());
-        model
-    }))
+    Some(common::load_once(cell, &path, kind))
 }
 
 fn tokenizer() -> Option<&'static Tokenizer> {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
-    let path = optional_model(GGUF, FETCH)?;
-    Some(TOKENIZER.get_or_init(|| ModelSource::open(&path).unwrap().tokenizer().unwrap()))
+    Some(common::tokenizer_once(
+        &TOKENIZER,
+        &optional_model(GGUF, FETCH)?,
+    ))
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::time::Instant;
 use common::decode::assert_batching_changes_no_token;
 use common::fidelity::{check_agreement, compare_with_fixture, Expect};
 use sluice_model::testing::optional_model;
-use sluice_model::{LlamaModel, LoadOptions, ModelSource, WeightsKind};
+use sluice_model::{LlamaModel, WeightsKind};
 use sluice_tokenizer::Tokenizer;
 
 const GGUF: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
@@ -30,22 +30,15 @@ fn model(kind: WeightsKind) -> Option<&'static LlamaModel> {
         WeightsKind::Quantized => &QUANTIZED,
         other => panic!("this binary does not test {other} weights"),
     };
-    Some(cell.get_or_init(|| {
-        let started = Instant::now();
-        let options = LoadOptions {
-            weights: kind,
-            ..LoadOptions::default()
-        };
-        let model = LlamaModel::load(&path, &options).unwrap();
-        eprintln!("{kind} weights loaded in {:.1?}", started.elapsed());
-        model
-    }))
+    Some(common::load_once(cell, &path, kind))
 }
 
 fn tokenizer() -> Option<&'static Tokenizer> {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
-    let path = optional_model(GGUF, FETCH)?;
-    Some(TOKENIZER.get_or_init(|| ModelSource::open(&path).unwrap().tokenizer().unwrap()))
+    Some(common::tokenizer_once(
+        &TOKENIZER,
+        &optional_model(GGUF, FETCH)?,
+    ))
 }
 
 /// Plain completions, then chat rows (their `prompt_ids` are the prompt llama.cpp rendered with

@@ -10,7 +10,36 @@ pub mod decode;
 pub mod fidelity;
 pub mod python;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use sluice_model::{LlamaModel, LoadOptions, ModelSource, WeightsKind};
+use sluice_tokenizer::Tokenizer;
+
+/// The model at `path` as `kind` holds it, loaded into `cell` once for every test of a binary
+/// (a real model's load takes seconds, and its f32 copy gigabytes).
+pub fn load_once(
+    cell: &'static OnceLock<LlamaModel>,
+    path: &Path,
+    kind: WeightsKind,
+) -> &'static LlamaModel {
+    cell.get_or_init(|| {
+        let started = Instant::now();
+        let options = LoadOptions {
+            weights: kind,
+            ..LoadOptions::default()
+        };
+        let model = LlamaModel::load(path, &options).unwrap();
+        eprintln!("{kind} weights loaded in {:.1?}", started.elapsed());
+        model
+    })
+}
+
+/// The tokenizer of the model at `path`, read into `cell` once.
+pub fn tokenizer_once(cell: &'static OnceLock<Tokenizer>, path: &Path) -> &'static Tokenizer {
+    cell.get_or_init(|| ModelSource::open(path).unwrap().tokenizer().unwrap())
+}
 
 /// The SmolLM2-135M-Instruct GGUF: `$SLUICE_MODEL`, else `models/` at the workspace root.
 pub fn model_path() -> PathBuf {
