@@ -69,6 +69,14 @@ fn tokenizer_matches_llama_cpp_on_40_strings() {
     };
     assert_eq!(tok.bos_token_id(), Some(2));
     assert!(tok.add_bos_token());
+    // `<eos>` and `<end_of_turn>` both end a generation (a chat turn ends with the latter).
+    let end_of_turn = tok.token_to_id("<end_of_turn>").unwrap();
+    assert_eq!(end_of_turn, 106);
+    assert!(
+        tok.eos_token_ids().contains(&1) && tok.eos_token_ids().contains(&end_of_turn),
+        "{:?}",
+        tok.eos_token_ids()
+    );
     let rows = common::read_jsonl("gemma3-270m-tokenize.jsonl");
     assert_eq!(rows.len(), 40);
     for row in &rows {
