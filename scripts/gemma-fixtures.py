@@ -32,7 +32,7 @@ import sys
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
-from llama_oracle import alone, complete, post, step_of, wait_ready  # noqa: E402
+from llama_oracle import complete, greedy_steps, post, wait_ready  # noqa: E402
 
 BOS = 2  # <bos>; tokenizer.ggml.add_bos_token is true in the file
 N_PREDICT = 32
@@ -195,28 +195,8 @@ def record(port, prompt, ids, n):
     res = complete(port, ids, n)
     # The server evaluated exactly these ids: given ids, it adds no second BOS.
     assert res["tokens_evaluated"] == len(ids), (res["tokens_evaluated"], len(ids))
-    toks, probs = res["tokens"], res["completion_probabilities"]
-    # Pair the returned probabilities with the tokens (a subsequence: see `alone`).
-    steps, j = [], 0
-    for t in toks:
-        if j < len(probs) and probs[j]["id"] == t:
-            top = probs[j]["top_logprobs"]
-            assert len(top) == 5 and top[0]["id"] == t, probs[j]  # greedy: the chosen one is top-1
-            steps.append(step_of(top))
-            j += 1
-        else:
-            steps.append(None)
-    assert j == len(probs), (toks, [p["id"] for p in probs])
-    dropped = {t for t, s in zip(toks, steps) if s is None}
-    if any(s is not None and t in dropped for t, s in zip(toks, steps)):
-        # A left-out token's id also appears among the returned ones: the pairing above could be
-        # off, so take every step alone.
-        steps = [None] * len(toks)
-    filled = 0
-    for i, t in enumerate(toks):
-        if steps[i] is None:
-            steps[i] = alone(port, ids + toks[:i], t)
-            filled += 1
+    steps, _, filled = greedy_steps(port, ids, res)
+    toks = res["tokens"]
     row = {"prompt": prompt, "prompt_ids": ids, "text": res["content"], "ids": toks, "steps": steps}
     return row, filled, res.get("stop_type")
 

@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
-from llama_oracle import alone, complete, post, step_of, wait_ready  # noqa: E402
+from llama_oracle import complete, greedy_steps, post, wait_ready  # noqa: E402
 
 ARCHS = ["qwen3moe", "qwen2moe", "mixtral"]
 FORMATS = ["f32", "q8_0", "q4_k_m", "q4_k_m-f32"]
@@ -66,26 +66,8 @@ PROMPTS = [
 def record(port, prompt):
     ids = post(port, "/tokenize", {"content": prompt, "add_special": False, "parse_special": True})["tokens"]
     res = complete(port, ids, N_PREDICT)
-    toks, probs = res["tokens"], res["completion_probabilities"]
-    # Pair the returned probabilities with the tokens (a subsequence: see `alone`).
-    steps, j = [], 0
-    for i, t in enumerate(toks):
-        if j < len(probs) and probs[j]["id"] == t:
-            top = probs[j]["top_logprobs"]
-            assert len(top) == 5 and top[0]["id"] == t, probs[j]  # greedy: the chosen one is top-1
-            steps.append(step_of(top, pieces=True))
-            j += 1
-        else:
-            steps.append(None)
-    assert j == len(probs), (toks, [p["id"] for p in probs])
-    dropped = {t for t, s in zip(toks, steps) if s is None}
-    if any(s is not None and t in dropped for t, s in zip(toks, steps)):
-        # A left-out token's id also appears among the returned ones: the pairing above could be
-        # off, so take every step alone.
-        steps = [None] * len(toks)
-    for i, t in enumerate(toks):
-        if steps[i] is None:
-            steps[i] = alone(port, ids + toks[:i], t, pieces=True)
+    steps, dropped, _ = greedy_steps(port, ids, res, pieces=True)
+    toks = res["tokens"]
     return {"prompt": prompt, "prompt_ids": ids, "text": res["content"], "ids": toks, "steps": steps}, len(dropped)
 
 

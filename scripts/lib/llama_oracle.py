@@ -79,3 +79,31 @@ def alone(port, prefix, tok, pieces=False):
             return step_of(top, pieces)
         ban.append(r["tokens"][0])
     sys.exit(f"no probabilities for the step after {prefix}")
+
+
+def greedy_steps(port, ids, res, pieces=False):
+    """The fixture steps of `res`, a `complete` answer for prompt `ids`: the returned
+    probabilities paired with the tokens (a subsequence: see `alone`), the left-out ones taken
+    alone. Returns the steps, the ids that were left out, and how many steps were taken alone."""
+    toks, probs = res["tokens"], res["completion_probabilities"]
+    steps, j = [], 0
+    for t in toks:
+        if j < len(probs) and probs[j]["id"] == t:
+            top = probs[j]["top_logprobs"]
+            assert len(top) == 5 and top[0]["id"] == t, probs[j]  # greedy: the chosen one is top-1
+            steps.append(step_of(top, pieces))
+            j += 1
+        else:
+            steps.append(None)
+    assert j == len(probs), (toks, [p["id"] for p in probs])
+    dropped = {t for t, s in zip(toks, steps) if s is None}
+    if any(s is not None and t in dropped for t, s in zip(toks, steps)):
+        # A left-out token's id also appears among the returned ones: the pairing above could be
+        # off, so take every step alone.
+        steps = [None] * len(toks)
+    filled = 0
+    for i, t in enumerate(toks):
+        if steps[i] is None:
+            steps[i] = alone(port, ids + toks[:i], t, pieces)
+            filled += 1
+    return steps, dropped, filled
