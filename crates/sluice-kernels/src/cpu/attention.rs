@@ -278,10 +278,7 @@ fn run_items<E: KvElem>(
     }
     check_caches(layout, k_cache.len(), v_cache.len())?;
     let n = layout.values_per_layer();
-    check_queries(q, out, sequences, shape)?;
-    check_tables(sequences, block_tables, layout)?;
-    check_sinks(sinks, shape)?;
-    let kernel = Kernel::new(q, sequences, block_tables, layout, shape, sinks);
+    let kernel = Kernel::checked(q, out, sequences, block_tables, layout, shape, sinks)?;
     kernel.for_each_item(out, |item, scratch, out| {
         if path == Path::Portable {
             let kv = portable::Plain {
@@ -409,6 +406,24 @@ struct Kernel<'a> {
 }
 
 impl<'a> Kernel<'a> {
+    /// The kernel over a step whose queries, output, block tables and sinks fit the shape and
+    /// the cache: every path addresses them unchecked after this.
+    #[allow(clippy::too_many_arguments)]
+    fn checked(
+        q: &'a [f32],
+        out: &[f32],
+        sequences: &'a [SequenceSlice],
+        block_tables: &'a [u32],
+        layout: &'a KvLayout,
+        shape: &AttentionShape,
+        sinks: Option<&'a [f32]>,
+    ) -> Result<Self, AttentionError> {
+        check_queries(q, out, sequences, shape)?;
+        check_tables(sequences, block_tables, layout)?;
+        check_sinks(sinks, shape)?;
+        Ok(Self::new(q, sequences, block_tables, layout, shape, sinks))
+    }
+
     fn new(
         q: &'a [f32],
         sequences: &'a [SequenceSlice],

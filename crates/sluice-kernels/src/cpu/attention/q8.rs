@@ -11,8 +11,8 @@
 
 use super::portable::KvRead;
 use super::{
-    check_heads, check_queries, check_rows, check_sinks, check_tables, cpu_features,
-    AttentionError, ChunkAt, Kernel, RowState, WorkItem, MAX_GROUP,
+    check_heads, check_rows, cpu_features, AttentionError, ChunkAt, Kernel, RowState, WorkItem,
+    MAX_GROUP,
 };
 use crate::disjoint::DisjointSlice;
 use crate::paged::{AttentionShape, KvLayout, SequenceSlice};
@@ -195,10 +195,7 @@ pub(super) fn run_q8_items(
     if avx2 && !(cpu_features().1 && (1..=MAX_GROUP).contains(&group)) {
         return Err(AttentionError::Unsupported { head_dim: d, group });
     }
-    check_queries(q, out, sequences, shape)?;
-    check_tables(sequences, block_tables, layout)?;
-    check_sinks(sinks, shape)?;
-    let kernel = Kernel::new(q, sequences, block_tables, layout, shape, sinks);
+    let kernel = Kernel::checked(q, out, sequences, block_tables, layout, shape, sinks)?;
     let read = Q8Read {
         cache: *cache,
         layout,
