@@ -75,6 +75,7 @@ fn steady_decode() {
         num_blocks: 256 * 80,
         max_model_len: 4096,
         speculation: None,
+        window: None,
     };
     let mut s = Scheduler::new(cfg).unwrap();
     let mut batch = StepBatch::new(16);
@@ -107,6 +108,7 @@ fn churn() {
         num_blocks: 256 * 16,
         max_model_len: 4096,
         speculation: None,
+        window: None,
     };
     let mut s = Scheduler::new(cfg).unwrap();
     let mut batch = StepBatch::new(16);

@@ -19,6 +19,13 @@
 //! the whole prefix up to the end of the block. Only blocks whose tokens are all computed are
 //! registered, and a sequence only ever writes K/V at positions past its computed tokens, so a
 //! shared block is never written: sharing needs no copy-on-write.
+//!
+//! A table of a sliding-window pool (`crate::block_pools`) gives back its blocks that fall out
+//! of the window while the sequence runs ([`BlockManager::release_before`]). Its leading
+//! entries are then placeholders: block 0, which the table no longer references and attention
+//! never reads (every query's window starts past them). The same holds for a table that took a
+//! cached window from the prefix cache ([`BlockManager::find_cached_window`]): only the blocks
+//! the first computed token's window reaches are taken.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -78,7 +85,10 @@ fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
 /// so a re-admitted sequence looks itself up in the prefix cache without rehashing.
 #[derive(Debug, Default)]
 pub struct BlockTable {
+    /// One entry per block of the sequence; those before `first_live` are placeholders (0).
     blocks: Vec<BlockId>,
+    /// Leading entries that hold no reference: blocks out of a sliding window.
+    first_live: usize,
     /// `hashes[i]` is the chain hash of the sequence's tokens `0..(i + 1) * block_size`.
     hashes: Vec<u64>,
     /// Leading blocks already offered to the prefix cache (hits, or registered after compute).
@@ -90,8 +100,20 @@ impl BlockTable {
         Self::default()
     }
 
+    /// One entry per block, in token order; the first [`BlockTable::first_live`] are
+    /// placeholders (block 0, not referenced) in a sliding-window pool's table.
     pub fn blocks(&self) -> &[BlockId] {
         &self.blocks
+    }
+
+    /// The leading entries that are placeholders for blocks out of the window.
+    pub fn first_live(&self) -> usize {
+        self.first_live
+    }
+
+    /// The blocks this table references.
+    pub fn live_blocks(&self) -> &[BlockId] {
+        &self.blocks[self.first_live..]
     }
 
     pub fn len(&self) -> usize {
@@ -115,9 +137,12 @@ pub struct PrefixCacheStats {
 /// [`BlockManager::allocate_with_prefix`] before anything else changes the manager.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CachedPrefix {
-    /// Leading full blocks found in the cache.
+    /// Leading full blocks whose tokens need no compute.
     pub num_blocks: usize,
-    /// How many of them are free (ref count 0): taking them shrinks the free pool.
+    /// The first of them taken from the cache: 0, or for a sliding-window pool the first block
+    /// the window of token `num_blocks * block_size` reaches (those before are placeholders).
+    pub first_block: usize,
+    /// How many of the blocks taken are free (ref count 0): taking them shrinks the free pool.
     pub num_evictable: usize,
     num_query_tokens: usize,
     epoch: u64,
@@ -270,38 +295,126 @@ impl BlockManager {
     /// # Panics
     /// If `table` holds blocks.
     pub fn find_cached_prefix(&mut self, table: &mut BlockTable, tokens: &[u32]) -> CachedPrefix {
+        self.find_cached_prefix_within(table, tokens, usize::MAX)
+    }
+
+    /// [`BlockManager::find_cached_prefix`] of at most `limit` blocks.
+    pub fn find_cached_prefix_within(
+        &mut self,
+        table: &mut BlockTable,
+        tokens: &[u32],
+        limit: usize,
+    ) -> CachedPrefix {
         assert!(
             table.blocks.is_empty(),
             "prefix lookup on a table that holds blocks"
         );
-        let max_blocks = tokens.len().saturating_sub(1) / self.block_size;
+        let max_blocks = self.max_prefix_blocks(tokens).min(limit);
         let mut num_blocks = 0;
         let mut num_evictable = 0;
         while num_blocks < max_blocks {
-            let key = self.ensure_hash(table, tokens, num_blocks);
-            let parent = Self::parent_key(table, num_blocks);
-            let chunk = &tokens[num_blocks * self.block_size..(num_blocks + 1) * self.block_size];
-            match self.cache.get(&key) {
-                Some(&b) if self.holds(b, parent, chunk) => {
+            match self.cached_block(table, tokens, num_blocks) {
+                Some(b) => {
                     if self.ref_counts[b as usize] == 0 {
                         num_evictable += 1;
                     }
                     num_blocks += 1;
                 }
-                _ => break,
+                None => break,
             }
         }
         CachedPrefix {
             num_blocks,
+            first_block: 0,
             num_evictable,
             num_query_tokens: tokens.len(),
             epoch: self.epoch,
         }
     }
 
-    /// Gives an empty `table` the cached blocks of `prefix` (shared by reference) plus fresh
-    /// blocks up to `num_tokens` tokens, or changes nothing and returns false when the free
-    /// pool is too small. Counts the lookup in the prefix-cache stats when it succeeds.
+    /// For a sliding-window pool of `window` tokens: the most leading blocks (at most `limit`)
+    /// that a sequence may skip computing because this pool holds what the window of its first
+    /// computed token reaches, the blocks from [`BlockManager::window_start_block`] on. The
+    /// blocks before are not needed, cached or not.
+    ///
+    /// # Panics
+    /// If `table` holds blocks.
+    pub fn find_cached_window(
+        &mut self,
+        table: &mut BlockTable,
+        tokens: &[u32],
+        window: usize,
+        limit: usize,
+    ) -> CachedPrefix {
+        assert!(
+            table.blocks.is_empty(),
+            "prefix lookup on a table that holds blocks"
+        );
+        let max_blocks = self.max_prefix_blocks(tokens).min(limit);
+        let mut num_blocks = 0;
+        // The first block of the run of cached blocks that ends at the block looked at.
+        let mut run_start = 0;
+        for i in 0..max_blocks {
+            if self.cached_block(table, tokens, i).is_none() {
+                run_start = i + 1;
+            } else if run_start <= self.window_start_block(i + 1, window) {
+                num_blocks = i + 1;
+            }
+        }
+        let first_block = self.window_start_block(num_blocks, window);
+        let num_evictable = (first_block..num_blocks)
+            .filter(|&i| {
+                let b = self.cache[&table.hashes[i]];
+                self.ref_counts[b as usize] == 0
+            })
+            .count();
+        CachedPrefix {
+            num_blocks,
+            first_block,
+            num_evictable,
+            num_query_tokens: tokens.len(),
+            epoch: self.epoch,
+        }
+    }
+
+    /// The first block that the window of `window` tokens of the token at position
+    /// `num_blocks * block_size` reaches: a sequence whose next computed token is that one
+    /// never reads the blocks before it again.
+    pub fn window_start_block(&self, num_blocks: usize, window: usize) -> usize {
+        (num_blocks * self.block_size + 1).saturating_sub(window) / self.block_size
+    }
+
+    /// Full blocks a lookup may cover: all but the last token's.
+    fn max_prefix_blocks(&self, tokens: &[u32]) -> usize {
+        tokens.len().saturating_sub(1) / self.block_size
+    }
+
+    /// The cached block holding block `i` of `tokens`, if any.
+    fn cached_block(
+        &mut self,
+        table: &mut BlockTable,
+        tokens: &[u32],
+        i: usize,
+    ) -> Option<BlockId> {
+        let key = self.ensure_hash(table, tokens, i);
+        let parent = Self::parent_key(table, i);
+        let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
+        match self.cache.get(&key) {
+            Some(&b) if self.holds(b, parent, chunk) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Whether [`BlockManager::allocate_with_prefix`] would succeed.
+    pub fn can_allocate_with_prefix(&self, prefix: &CachedPrefix, num_tokens: usize) -> bool {
+        let total = self.blocks_for(num_tokens).max(prefix.num_blocks);
+        total - prefix.num_blocks <= self.num_free - prefix.num_evictable
+    }
+
+    /// Gives an empty `table` the cached blocks of `prefix` (shared by reference; placeholders
+    /// before its `first_block`) plus fresh blocks up to `num_tokens` tokens, or changes
+    /// nothing and returns false when the free pool is too small. Counts the lookup in the
+    /// prefix-cache stats when it succeeds.
     ///
     /// # Panics
     /// If the manager changed since `prefix` was found, or `table` holds blocks.
@@ -316,18 +429,19 @@ impl BlockManager {
             table.blocks.is_empty(),
             "allocate_with_prefix on a table that holds blocks"
         );
-        let total = self.blocks_for(num_tokens).max(prefix.num_blocks);
-        let fresh = total - prefix.num_blocks;
-        if fresh > self.num_free - prefix.num_evictable {
+        if !self.can_allocate_with_prefix(prefix, num_tokens) {
             return false;
         }
+        let total = self.blocks_for(num_tokens).max(prefix.num_blocks);
         table.blocks.reserve(total);
-        for i in 0..prefix.num_blocks {
+        table.blocks.resize(prefix.first_block, 0);
+        table.first_live = prefix.first_block;
+        for i in prefix.first_block..prefix.num_blocks {
             let b = self.cache[&table.hashes[i]];
             self.acquire(b);
             table.blocks.push(b);
         }
-        for _ in 0..fresh {
+        for _ in prefix.num_blocks..total {
             let b = self.take_free();
             table.blocks.push(b);
         }
@@ -336,6 +450,13 @@ impl BlockManager {
         self.stats.hits += (prefix.num_blocks * self.block_size) as u64;
         self.epoch += 1;
         true
+    }
+
+    /// Whether [`BlockManager::allocate`] would succeed.
+    pub fn can_allocate(&self, table: &BlockTable, num_tokens: usize) -> bool {
+        self.blocks_for(num_tokens)
+            .saturating_sub(table.blocks.len())
+            <= self.num_free
     }
 
     /// Grows `table` to hold `num_tokens` tokens, or changes nothing and returns false when the
@@ -358,15 +479,32 @@ impl BlockManager {
         true
     }
 
+    /// Gives back the blocks of `table` before block `first_kept` (a sliding window's blocks
+    /// that no later token reads), leaving placeholders. Only registered blocks go: they are
+    /// full and computed, and stay findable in the prefix cache until reused.
+    pub fn release_before(&mut self, table: &mut BlockTable, first_kept: usize) {
+        let end = first_kept.min(table.num_registered);
+        if end <= table.first_live {
+            return;
+        }
+        for i in table.first_live..end {
+            self.release(table.blocks[i]);
+            table.blocks[i] = 0;
+        }
+        table.first_live = end;
+        self.epoch += 1;
+    }
+
     /// Returns every block of `table` to the pool (blocks shared with others just lose one
     /// reference). Cached content stays findable until the block is reused.
     pub fn free(&mut self, table: &mut BlockTable) {
         // Reverse order: a sequence's last blocks are the least likely to be shared by a later
         // prompt, so they should be the first cached ones evicted.
-        for i in (0..table.blocks.len()).rev() {
+        for i in (table.first_live..table.blocks.len()).rev() {
             self.release(table.blocks[i]);
         }
         table.blocks.clear();
+        table.first_live = 0;
         table.num_registered = 0;
         self.epoch += 1;
     }
@@ -445,7 +583,16 @@ impl BlockManager {
         let n = self.num_blocks();
         let mut counts = vec![0u32; n];
         for t in tables {
-            for &b in &t.blocks {
+            if t.first_live > t.num_registered {
+                return Err(format!(
+                    "table dropped {} blocks but registered only {}",
+                    t.first_live, t.num_registered
+                ));
+            }
+            if t.blocks[..t.first_live].iter().any(|&b| b != 0) {
+                return Err("a placeholder entry is not block 0".into());
+            }
+            for &b in t.live_blocks() {
                 let c = counts
                     .get_mut(b as usize)
                     .ok_or_else(|| format!("block id {b} out of range"))?;

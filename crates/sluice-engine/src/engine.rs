@@ -137,6 +137,7 @@ impl Engine {
             num_blocks,
             max_model_len,
             speculation: config.speculation,
+            window: model.window_pool(),
         })?;
         let limits = ModelLimits {
             vocab_size: model.vocab_size(),

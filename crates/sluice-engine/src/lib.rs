@@ -5,6 +5,7 @@
 //! [`EngineHandle`].
 
 pub mod block_manager;
+pub mod block_pools;
 pub mod constraint;
 mod draft_model;
 pub mod engine;
@@ -30,6 +31,7 @@ mod telemetry;
 pub mod testing;
 
 pub use block_manager::{BlockId, BlockManager, BlockTable, CachedPrefix, PrefixCacheStats};
+pub use block_pools::{BlockPools, SeqBlocks, WindowPool};
 pub use constraint::{Constraint, ConstraintCompiler, ConstraintError};
 pub use engine::{Engine, EngineConfig, EngineError, ShutdownReport};
 pub use events::{ErrorCause, Event, FinishEvent, Timing, TokenEvent, Usage};

@@ -6,6 +6,8 @@
 
 use sluice_model::{ModelError, PagedLlama, StepBatch, StepOutput};
 
+use crate::block_pools::WindowPool;
+
 /// A forward that did not produce logits. The engine fails the requests of that step and
 /// keeps serving.
 #[derive(Debug, thiserror::Error)]
@@ -31,8 +33,13 @@ pub trait Model: Send {
     fn max_model_len(&self) -> usize;
     /// Tokens per KV-cache block.
     fn block_size(&self) -> usize;
-    /// Blocks in the KV cache.
+    /// Blocks in the KV cache (its full pool).
     fn num_blocks(&self) -> usize;
+    /// The sliding-window layers' own pool, if the model gives them one: then every step
+    /// carries window tables (`StepBatch::window_block_tables`).
+    fn window_pool(&self) -> Option<WindowPool> {
+        None
+    }
     /// Entries per hidden state (what an embedding's vector holds).
     fn hidden_size(&self) -> usize;
     /// Whether the engine should let the model sample the rows that need nothing but
@@ -70,6 +77,10 @@ impl Model for PagedLlama {
 
     fn num_blocks(&self) -> usize {
         PagedLlama::num_blocks(self)
+    }
+
+    fn window_pool(&self) -> Option<WindowPool> {
+        PagedLlama::window_pool(self).map(|(num_blocks, window)| WindowPool { num_blocks, window })
     }
 
     fn hidden_size(&self) -> usize {

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::block_manager::BlockTable;
+use crate::block_pools::SeqBlocks;
 
 /// The engine's id for a request (the server maps its own ids onto these).
 pub type RequestId = u64;
@@ -47,7 +47,7 @@ pub struct Sequence<S = ()> {
     prompt_len: usize,
     max_tokens: usize,
     pub(crate) num_computed: usize,
-    pub(crate) table: BlockTable,
+    pub(crate) blocks: SeqBlocks,
     pub(crate) status: SequenceStatus,
     pub(crate) num_preemptions: u32,
     /// Computes its prompt and nothing more (an embedding): never samples, never looks its
@@ -86,7 +86,7 @@ impl<S> Sequence<S> {
             prompt_len,
             max_tokens,
             num_computed: 0,
-            table: BlockTable::new(),
+            blocks: SeqBlocks::default(),
             status: SequenceStatus::Waiting,
             num_preemptions: 0,
             prefill_only,
@@ -146,8 +146,14 @@ impl<S> Sequence<S> {
         self.num_preemptions
     }
 
+    /// Its full-attention block table.
     pub fn block_table(&self) -> &[u32] {
-        self.table.blocks()
+        self.blocks.full().blocks()
+    }
+
+    /// Its tables in both pools.
+    pub fn blocks(&self) -> &SeqBlocks {
+        &self.blocks
     }
 
     pub fn is_prefill_only(&self) -> bool {

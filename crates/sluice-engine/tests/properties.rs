@@ -10,6 +10,7 @@ use proptest::option;
 use proptest::prelude::*;
 use sluice_engine::{
     BlockManager, BlockTable, KvCacheEvent, Scheduler, SchedulerConfig, SeqId, SequenceStatus,
+    WindowPool,
 };
 use sluice_model::StepBatch;
 
@@ -35,6 +36,23 @@ struct Case {
     max_model_len: usize,
     eos: bool,
     reqs: Vec<Req>,
+    /// Sliding-window layers with their own pool: the window, and where the pool's size lies
+    /// between what one sequence needs and what every running one could (0..=1).
+    window: Option<(usize, f64)>,
+}
+
+impl Case {
+    fn window_pool(&self) -> Option<WindowPool> {
+        self.window.map(|(window, size)| {
+            let bs = self.block_size;
+            let one = WindowPool::blocks_for_one(window, self.budget, bs).min(self.num_blocks);
+            let all = WindowPool::blocks_for_all(window, self.max_num_seqs, self.budget, bs);
+            WindowPool {
+                num_blocks: one + (size * all.saturating_sub(one) as f64) as usize,
+                window,
+            }
+        })
+    }
 }
 
 fn req() -> impl Strategy<Value = Req> {
@@ -67,16 +85,20 @@ fn case() -> impl Strategy<Value = Case> {
         16usize..=200,
         any::<bool>(),
         vec(req(), 1..32),
+        option::of((1usize..=40, 0.0f64..=1.0)),
     )
         .prop_map(
-            |(num_blocks, block_size, max_num_seqs, budget, max_model_len, eos, reqs)| Case {
-                num_blocks,
-                block_size,
-                max_num_seqs,
-                budget,
-                max_model_len,
-                eos,
-                reqs,
+            |(num_blocks, block_size, max_num_seqs, budget, max_model_len, eos, reqs, window)| {
+                Case {
+                    num_blocks,
+                    block_size,
+                    max_num_seqs,
+                    budget,
+                    max_model_len,
+                    eos,
+                    reqs,
+                    window,
+                }
             },
         )
 }
@@ -139,10 +161,15 @@ fn run_case(c: &Case) {
         num_blocks: c.num_blocks,
         max_model_len: c.max_model_len,
         speculation: None,
+        window: c.window_pool(),
     };
     let bs = c.block_size;
     let mut sched: RecordingScheduler = Scheduler::new(config).unwrap();
     let mut model = HashModel::new(c.num_blocks, bs);
+    // The sliding-window layers' K/V, written through the window tables: each slot holds the
+    // value of the position last written to it.
+    let mut window_kv: Vec<Option<u64>> =
+        vec![None; c.window_pool().map_or(0, |w| w.num_blocks) * bs];
     let mut batch = StepBatch::new(bs);
     let bases: Vec<Vec<u32>> = (0..3).map(|b| tokens(b, 48)).collect();
     let mut shadows: HashMap<SeqId, Shadow> = HashMap::new();
@@ -273,6 +300,28 @@ fn run_case(c: &Case) {
                     s.seq_id
                 );
             }
+            // A sliding-window layer's table holds what its first query's window reaches,
+            // and hardly more.
+            if let Some((window, _)) = c.window {
+                let wtable = slice.block_table(&batch.window_block_tables);
+                let seq = sched.get(s.seq_id).unwrap();
+                assert_eq!(wtable, seq.blocks().window().blocks());
+                for p in (s.start + 1).saturating_sub(window)..s.start {
+                    assert_eq!(
+                        window_kv[slot(wtable, bs, p)],
+                        Some(sh.chain[p]),
+                        "{}: window K/V at {p}",
+                        s.seq_id
+                    );
+                }
+                let live = seq.blocks().window().live_blocks().len();
+                assert!(
+                    live <= WindowPool::blocks_for_one(window, s.len, bs),
+                    "{}: {live} window blocks live for a window of {window} and {} new tokens",
+                    s.seq_id,
+                    s.len
+                );
+            }
         }
         for (s, records) in sched.scheduled_records() {
             let id = s.seq_id;
@@ -283,6 +332,11 @@ fn run_case(c: &Case) {
             );
         }
         let logits = model.forward(&batch);
+        if c.window.is_some() {
+            for (q, &slot) in batch.window_slot_mapping.iter().enumerate() {
+                window_kv[slot as usize] = model.kv[batch.slot_mapping[q] as usize];
+            }
+        }
         let rows: Vec<SeqId> = sched.output().sampling().map(|s| s.seq_id).collect();
         let sampled: Vec<u32> = logits
             .iter()
@@ -392,11 +446,18 @@ proptest! {
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// Admit table `i` (if empty) with `len` tokens of stream `base`, through the prefix cache.
+    /// Admit table `i` (if empty) with `len` tokens of stream `base`, through the prefix cache
+    /// (as a sliding-window pool's table when `window` is set: only what its window reaches).
     Admit {
         i: usize,
         base: u64,
         len: usize,
+        window: Option<usize>,
+    },
+    /// Give back table `i`'s blocks out of a window of `window` tokens past its computed ones.
+    Slide {
+        i: usize,
+        window: usize,
     },
     /// Grow table `i` by `extra` tokens.
     Grow {
@@ -416,7 +477,9 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => (0usize..6, 0u64..2, 1usize..40).prop_map(|(i, base, len)| Op::Admit { i, base, len }),
+        8 => (0usize..6, 0u64..2, 1usize..40, option::of(1usize..20))
+            .prop_map(|(i, base, len, window)| Op::Admit { i, base, len, window }),
+        3 => (0usize..6, 1usize..20).prop_map(|(i, window)| Op::Slide { i, window }),
         8 => (0usize..6, 1usize..12).prop_map(|(i, extra)| Op::Grow { i, extra }),
         8 => (0usize..6).prop_map(|i| Op::Compute { i }),
         8 => (0usize..6).prop_map(|i| Op::Free { i }),
@@ -447,18 +510,26 @@ proptest! {
         let mut content: Vec<Vec<Option<u32>>> = vec![vec![None; block_size]; num_blocks];
         for op in ops {
             match op {
-                Op::Admit { i, base, len } => {
+                Op::Admit { i, base, len, window } => {
                     if !tables[i].is_empty() {
                         continue;
                     }
                     let toks = &streams[base as usize][..len];
                     tables[i] = BlockTable::new();
-                    let prefix = bm.find_cached_prefix(&mut tables[i], toks);
+                    let prefix = match window {
+                        None => bm.find_cached_prefix(&mut tables[i], toks),
+                        Some(w) => bm.find_cached_window(&mut tables[i], toks, w, usize::MAX),
+                    };
                     let hit = prefix.num_tokens(block_size);
                     prop_assert!(hit < len);
+                    prop_assert_eq!(
+                        prefix.first_block,
+                        window.map_or(0, |w| bm.window_start_block(prefix.num_blocks, w))
+                    );
                     let free_before = bm.num_free_blocks();
                     if bm.allocate_with_prefix(&mut tables[i], &prefix, len) {
-                        for p in 0..hit {
+                        prop_assert_eq!(tables[i].first_live(), prefix.first_block);
+                        for p in prefix.first_block * block_size..hit {
                             let b = tables[i].blocks()[p / block_size] as usize;
                             prop_assert_eq!(content[b][p % block_size], Some(toks[p]), "a hit returned other tokens");
                         }
@@ -495,6 +566,21 @@ proptest! {
                     seqs[i].2 = len;
                     bm.register_computed(&mut tables[i], toks, len);
                 }
+                Op::Slide { i, window } => {
+                    if tables[i].is_empty() {
+                        continue;
+                    }
+                    let computed = seqs[i].2;
+                    let before = tables[i].first_live();
+                    let first_kept = (computed + 1).saturating_sub(window) / block_size;
+                    bm.release_before(&mut tables[i], first_kept);
+                    // Only computed (registered) blocks go, and never one the window reaches.
+                    prop_assert_eq!(
+                        tables[i].first_live(),
+                        before.max(first_kept.min(computed / block_size))
+                    );
+                    prop_assert!(tables[i].blocks()[..tables[i].first_live()].iter().all(|&b| b == 0));
+                }
                 Op::Free { i } => {
                     bm.free(&mut tables[i]);
                 }
@@ -527,7 +613,7 @@ proptest! {
                 .map(|b| (b.hash, (b.parent_hash, b.token_ids)))
                 .collect();
             prop_assert_eq!(&replica, &cached, "the events rebuild the prefix cache");
-            let used: HashSet<u32> = tables.iter().flat_map(|t| t.blocks().iter().copied()).collect();
+            let used: HashSet<u32> = tables.iter().flat_map(|t| t.live_blocks().iter().copied()).collect();
             prop_assert_eq!(used.len(), bm.num_used_blocks());
         }
         for t in &mut tables {

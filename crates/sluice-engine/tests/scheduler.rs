@@ -13,6 +13,7 @@ fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
         num_blocks,
         max_model_len: 1024,
         speculation: None,
+        window: None,
     }
 }
 

@@ -20,6 +20,7 @@ fn config(num_blocks: usize, block_size: usize, budget: usize, k: usize) -> Sche
             max_running: 16,
             ..SpeculationConfig::ngram(k)
         }),
+        window: None,
     }
 }
 

@@ -18,6 +18,14 @@ pub struct StepBatch {
     pub sequences: Vec<SequenceSlice>,
     /// All sequences' block tables, concatenated.
     pub block_tables: Vec<u32>,
+    /// A model whose sliding-window layers have their own pool (`KvCache::window_pool`):
+    /// `[T]` the slot of each token in that pool. Empty otherwise.
+    pub window_slot_mapping: Vec<u32>,
+    /// Beside `block_tables`, entry for entry (each sequence's [`SequenceSlice`] indexes both):
+    /// the sequences' tables in the window pool. Their leading entries may be placeholders
+    /// (block 0) for blocks out of every window of the step, which attention never reads.
+    /// Empty without a window pool.
+    pub window_block_tables: Vec<u32>,
     /// Rows of the flat batch whose logits are wanted (the last token of each sequence that
     /// samples this step, or its last few when it verifies drafted tokens), in output order.
     pub logits_indices: Vec<u32>,
@@ -58,6 +66,8 @@ impl StepBatch {
         self.slot_mapping.clear();
         self.sequences.clear();
         self.block_tables.clear();
+        self.window_slot_mapping.clear();
+        self.window_block_tables.clear();
         self.logits_indices.clear();
         self.hidden_indices.clear();
         self.model_sampling.clear();
@@ -86,6 +96,20 @@ impl StepBatch {
         block_table: &[u32],
         logit_rows: usize,
     ) {
+        self.push_sequence_windowed(tokens, start_pos, block_table, None, logit_rows);
+    }
+
+    /// [`StepBatch::push_sequence_rows`] with the sequence's table in the window pool too, for
+    /// a model whose sliding-window layers have their own (`Some` for every sequence of the
+    /// step, or for none). It has one entry per entry of `block_table`.
+    pub fn push_sequence_windowed(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        block_table: &[u32],
+        window_table: Option<&[u32]>,
+        logit_rows: usize,
+    ) {
         assert!(
             logit_rows <= tokens.len(),
             "{logit_rows} logits rows of a {}-token chunk",
@@ -102,13 +126,28 @@ impl StepBatch {
             block_table.len(),
             context_len
         );
+        assert!(
+            self.sequences.is_empty()
+                || window_table.is_some() != self.window_block_tables.is_empty(),
+            "a step's sequences all have window tables or none do"
+        );
         let query_start = self.input_ids.len();
         self.input_ids.extend_from_slice(tokens);
+        let bs = self.block_size;
+        let slot = |table: &[u32], pos: usize| table[pos / bs] * bs as u32 + (pos % bs) as u32;
         for pos in start_pos..context_len {
             self.positions.push(pos as u32);
-            let block = block_table[pos / self.block_size];
-            self.slot_mapping
-                .push(block * self.block_size as u32 + (pos % self.block_size) as u32);
+            self.slot_mapping.push(slot(block_table, pos));
+        }
+        if let Some(window) = window_table {
+            assert_eq!(
+                window.len(),
+                block_table.len(),
+                "a window table has one entry per block"
+            );
+            self.window_slot_mapping
+                .extend((start_pos..context_len).map(|pos| slot(window, pos)));
+            self.window_block_tables.extend_from_slice(window);
         }
         self.sequences.push(SequenceSlice {
             query_start,
@@ -121,6 +160,16 @@ impl StepBatch {
         let end = self.input_ids.len();
         self.logits_indices
             .extend((end - logit_rows..end).map(|row| row as u32));
+    }
+
+    /// The slots and tables a layer reads: the window pool's for a sliding-window layer of a
+    /// model that has one, else the full pool's.
+    pub fn tables(&self, window_pool: bool) -> (&[u32], &[u32]) {
+        if window_pool {
+            (&self.window_slot_mapping, &self.window_block_tables)
+        } else {
+            (&self.slot_mapping, &self.block_tables)
+        }
     }
 
     pub fn num_tokens(&self) -> usize {

@@ -222,18 +222,24 @@ fn forward_on_pool(
             window: layer.window,
             ..global_shape
         };
-        kv.write_rows(i, k, v, &batch.slot_mapping)?;
+        // A sliding-window layer with a pool of its own is addressed through the window tables.
+        let (slots, tables) = batch.tables(kv.in_window_pool(i));
+        kv.write_rows(i, k, v, slots)?;
         let cache = kv
             .host_layer(i)
             .ok_or(ModelError::NotOnCpu("the KV cache"))?;
-        let layout = kv.layout();
+        let layout = kv.layer_layout(i);
         match attention_backend {
-            AttentionBackend::Cpu => cpu_attention::attend(q, &cache, layout, batch, &shape, attn)?,
+            AttentionBackend::Cpu => {
+                cpu_attention::attend(q, &cache, layout, batch, tables, &shape, attn)?
+            }
             // The reference backend (a test oracle) reads copies of the layer as tensors.
             backend => {
                 let (k_cache, v_cache) = cache.tensors(&dev)?;
                 let qt = Tensor::from_slice(q, (t, h, d), &dev)?;
-                let out = paged_attention(backend, &qt, &k_cache, &v_cache, layout, batch, &shape)?;
+                let out = paged_attention(
+                    backend, &qt, &k_cache, &v_cache, layout, batch, tables, &shape,
+                )?;
                 attn.copy_from_slice(&out.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
             }
         }

@@ -1,6 +1,12 @@
 //! The paged KV cache: per layer, K and V for `num_blocks * block_size` token slots. Which slots
 //! a sequence owns is the block manager's business; the cache only stores and reads slots.
 //!
+//! A model with sliding-window layers may give them a pool of their own ([`KvPools`]): those
+//! layers then hold `window_blocks` blocks, sized for the running sequences' windows rather
+//! than their lengths, and the step addresses them through its window tables
+//! (`StepBatch::window_slot_mapping`). The memory this saves goes to the full pool, which is
+//! what bounds how many tokens the server holds.
+//!
 //! Its layout is the kernels' ([`KvLayout`]): block-major, K dimension-major within a block.
 //! On the CPU the cache is host memory that the step writes and the attention kernels read in
 //! place ([`HostKv`]): f32, f16, or 8-bit ([`KvDtype::Q8_0`]: the same layout as int8 with a
@@ -119,9 +125,37 @@ impl HostKv<'_> {
     }
 }
 
+/// How many blocks each pool of a cache has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvPools {
+    /// Blocks of the full-attention layers (of every layer without a window pool).
+    pub num_blocks: usize,
+    /// Blocks of the sliding-window layers' own pool, if they have one.
+    pub window_blocks: Option<usize>,
+}
+
+/// What the running sequences may need of a window pool at once: at most `max_seqs` of them,
+/// computing at most `max_batched_tokens` tokens a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowDemand {
+    pub max_seqs: usize,
+    pub max_batched_tokens: usize,
+}
+
+impl WindowDemand {
+    /// Blocks of `block_size` tokens that the windows of `window` tokens need at most: each
+    /// sequence's window and a partial block at each end, and the step's new tokens.
+    pub fn blocks(&self, window: usize, block_size: usize) -> usize {
+        (self.max_seqs * (window - 1) + self.max_batched_tokens).div_ceil(block_size)
+            + 2 * self.max_seqs
+    }
+}
+
 pub struct KvCache {
     layers: Layers,
     layout: KvLayout,
+    /// The sliding-window layers' own pool, and which layers use it.
+    window: Option<(KvLayout, Vec<bool>)>,
     dtype: KvDtype,
 }
 
@@ -136,6 +170,23 @@ impl KvCache {
         dtype: KvDtype,
         device: &Device,
     ) -> Result<Self> {
+        let pools = KvPools {
+            num_blocks,
+            window_blocks: None,
+        };
+        Self::with_pools(config, pools, block_size, dtype, device)
+    }
+
+    /// [`KvCache::new`] with a pool of its own for the sliding-window layers when `pools`
+    /// has one (host caches only: the CUDA forward has no sliding-window attention).
+    pub fn with_pools(
+        config: &ModelConfig,
+        pools: KvPools,
+        block_size: usize,
+        dtype: KvDtype,
+        device: &Device,
+    ) -> Result<Self> {
+        let num_blocks = pools.num_blocks;
         match dtype {
             KvDtype::Bf16 if device.is_cpu() => {
                 return Err(ModelError::KvCache(
@@ -168,45 +219,80 @@ impl KvCache {
             num_kv_heads: config.num_kv_heads,
             head_dim: config.head_dim,
         };
-        let n = layout.values_per_layer();
-        if n > u32::MAX as usize {
-            return Err(ModelError::KvCache(format!(
-                "{num_blocks} blocks of {block_size} tokens exceed the 2^32 values per layer a cache can address"
-            )));
+        let window = match pools.window_blocks {
+            None => None,
+            Some(_) if !device.is_cpu() => {
+                return Err(ModelError::KvCache(
+                    "a sliding-window pool is read by the CPU attention kernels only".into(),
+                ))
+            }
+            Some(_) if config.sliding_window.is_none() => {
+                return Err(ModelError::KvCache(
+                    "a sliding-window pool for a model without sliding-window layers".into(),
+                ))
+            }
+            Some(0) => {
+                return Err(ModelError::KvCache(
+                    "a sliding-window pool needs at least one block".into(),
+                ))
+            }
+            Some(blocks) => Some((
+                KvLayout {
+                    num_blocks: blocks,
+                    ..layout
+                },
+                (0..config.num_layers)
+                    .map(|i| config.window_of_layer(i).is_some())
+                    .collect::<Vec<_>>(),
+            )),
+        };
+        for l in std::iter::once(&layout).chain(window.as_ref().map(|(l, _)| l)) {
+            if l.values_per_layer() > u32::MAX as usize {
+                return Err(ModelError::KvCache(format!(
+                    "{} blocks of {block_size} tokens exceed the 2^32 values per layer a cache can address",
+                    l.num_blocks
+                )));
+            }
         }
+        let values = |i: usize| match &window {
+            Some((w, local)) if local[i] => w.values_per_layer(),
+            _ => layout.values_per_layer(),
+        };
         let num_layers = config.num_layers;
         let layers = match (dtype, device.is_cpu()) {
             (KvDtype::F32, true) => Layers::F32(
                 (0..num_layers)
-                    .map(|_| HostLayer {
-                        k: vec![0.0; n],
-                        v: vec![0.0; n],
+                    .map(|i| HostLayer {
+                        k: vec![0.0; values(i)],
+                        v: vec![0.0; values(i)],
                     })
                     .collect(),
             ),
             (KvDtype::F16, true) => Layers::F16(
                 (0..num_layers)
-                    .map(|_| HostLayer {
-                        k: f16_zeros(n),
-                        v: f16_zeros(n),
+                    .map(|i| HostLayer {
+                        k: f16_zeros(values(i)),
+                        v: f16_zeros(values(i)),
                     })
                     .collect(),
             ),
-            (KvDtype::Q8_0, _) => {
-                let scales = Q8Cache::scales_per_layer(&layout);
-                Layers::Q8(
-                    (0..num_layers)
-                        .map(|_| Q8Layer {
+            (KvDtype::Q8_0, _) => Layers::Q8(
+                (0..num_layers)
+                    .map(|i| {
+                        let (n, l) = (values(i), Self::layout_in(&layout, &window, i));
+                        let scales = Q8Cache::scales_per_layer(l);
+                        Q8Layer {
                             k: vec![0; n],
                             k_scales: vec![0.0; scales],
                             v: vec![0; n],
                             v_scales: vec![0.0; scales],
-                        })
-                        .collect(),
-                )
-            }
+                        }
+                    })
+                    .collect(),
+            ),
             (float, _) => {
                 let dtype = float.float().expect("q8_0 is matched above");
+                let n = layout.values_per_layer();
                 Layers::Device(
                     (0..num_layers)
                         .map(|_| {
@@ -224,8 +310,91 @@ impl KvCache {
         Ok(Self {
             layers,
             layout,
+            window,
             dtype,
         })
+    }
+
+    fn layout_in<'a>(
+        layout: &'a KvLayout,
+        window: &'a Option<(KvLayout, Vec<bool>)>,
+        layer: usize,
+    ) -> &'a KvLayout {
+        match window {
+            Some((w, local)) if local[layer] => w,
+            _ => layout,
+        }
+    }
+
+    /// How to split `budget_bytes` between the pools: for a model with both sliding-window and
+    /// full-attention layers, the window pool gets what `demand` can use at most
+    /// ([`WindowDemand::blocks`]) and the full pool the rest, when that leaves the full pool
+    /// at least as many blocks; otherwise (or for a model without windows) one pool for all.
+    pub fn pools_for_budget(
+        config: &ModelConfig,
+        budget_bytes: usize,
+        block_size: usize,
+        dtype: KvDtype,
+        demand: WindowDemand,
+    ) -> KvPools {
+        let one_pool = KvPools {
+            num_blocks: Self::num_blocks_for_budget(config, budget_bytes, block_size, dtype),
+            window_blocks: None,
+        };
+        let Some(sw) = &config.sliding_window else {
+            return one_pool;
+        };
+        let local = (0..config.num_layers)
+            .filter(|&i| config.window_of_layer(i).is_some())
+            .count();
+        let global = config.num_layers - local;
+        if local == 0 || global == 0 || sw.window == 0 {
+            return one_pool;
+        }
+        // Bytes of one block in one layer.
+        let layer_block = dtype.bytes_per_token(config) * block_size / config.num_layers;
+        let window_blocks = demand.blocks(sw.window, block_size);
+        let window_bytes = window_blocks * local * layer_block;
+        let num_blocks = budget_bytes.saturating_sub(window_bytes) / (global * layer_block);
+        if num_blocks < window_blocks {
+            return one_pool;
+        }
+        KvPools {
+            num_blocks,
+            window_blocks: Some(window_blocks),
+        }
+    }
+
+    /// The pools' sizes.
+    pub fn pools(&self) -> KvPools {
+        KvPools {
+            num_blocks: self.layout.num_blocks,
+            window_blocks: self.window.as_ref().map(|(l, _)| l.num_blocks),
+        }
+    }
+
+    /// The sliding-window layers' own pool, if they have one: its blocks, and the window.
+    pub fn window_pool(&self) -> Option<KvLayout> {
+        self.window.as_ref().map(|(l, _)| *l)
+    }
+
+    /// Whether layer `layer` lives in the window pool (and the step addresses it through its
+    /// window tables).
+    pub fn in_window_pool(&self, layer: usize) -> bool {
+        self.window.as_ref().is_some_and(|(_, local)| local[layer])
+    }
+
+    /// The layout of layer `layer`'s pool.
+    pub fn layer_layout(&self, layer: usize) -> &KvLayout {
+        Self::layout_in(&self.layout, &self.window, layer)
+    }
+
+    /// Bytes of K and V the cache holds, every layer and pool.
+    pub fn bytes(&self, config: &ModelConfig) -> usize {
+        let layer_token = self.dtype.bytes_per_token(config) / config.num_layers;
+        (0..config.num_layers)
+            .map(|i| self.layer_layout(i).num_slots() * layer_token)
+            .sum()
     }
 
     /// Blocks that fit in `budget_bytes` of K/V held as `dtype`.
@@ -307,7 +476,7 @@ impl KvCache {
     /// into the slots `slots` of a host cache (the CPU forward): in place, converted to the
     /// cache's type (an 8-bit cache quantizes them).
     pub fn write_rows(&mut self, layer: usize, k: &[f32], v: &[f32], slots: &[u32]) -> Result<()> {
-        let l = self.layout;
+        let l = *self.layer_layout(layer);
         match &mut self.layers {
             Layers::F32(layers) => {
                 let h = &mut layers[layer];
@@ -343,4 +512,106 @@ impl KvCache {
 fn f16_zeros(n: usize) -> Vec<f16> {
     use half::vec::HalfBitsVecExt;
     vec![0u16; n].reinterpret_into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Architecture, SlidingWindow};
+
+    /// gpt-oss-20b's attention: 24 layers of 8 KV heads of 64, every other one a window of
+    /// 128 keys.
+    fn gpt_oss_20b_shape() -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::Gemma3,
+            hidden_size: 2880,
+            intermediate_size: 2880,
+            num_layers: 24,
+            num_heads: 64,
+            num_kv_heads: 8,
+            head_dim: 64,
+            vocab_size: 201_088,
+            rms_norm_eps: 1e-5,
+            rope_theta: 150_000.0,
+            rope_scaling: None,
+            max_position_embeddings: 131_072,
+            tie_word_embeddings: false,
+            pooling: None,
+            moe: None,
+            sliding_window: Some(SlidingWindow {
+                window: 128,
+                local: (0..24).map(|i| i % 2 == 0).collect(),
+                local_rope_theta: 150_000.0,
+            }),
+            attention_scale: None,
+            final_logit_softcap: None,
+        }
+    }
+
+    const DEMAND: WindowDemand = WindowDemand {
+        max_seqs: 16,
+        max_batched_tokens: 2048,
+    };
+
+    #[test]
+    fn the_window_pool_gets_what_the_windows_need_and_the_full_pool_the_rest() {
+        let config = gpt_oss_20b_shape();
+        let budget = 4 << 30;
+        let pools = KvCache::pools_for_budget(&config, budget, 16, KvDtype::F16, DEMAND);
+        // (16 * 127 + 2048) / 16 + 2 * 16 blocks for the windows.
+        assert_eq!(pools.window_blocks, Some(287));
+        // A block of 16 tokens in one layer: 2 (K, V) * 8 * 64 * 2 bytes * 16 = 32 KiB; the
+        // full pool's 12 layers share the budget that the window pool's 12 leave.
+        let layer_block = 32 << 10;
+        assert_eq!(
+            pools.num_blocks,
+            (budget - 287 * 12 * layer_block) / (12 * layer_block)
+        );
+        // One pool for every layer holds about half as many tokens.
+        let one = KvCache::num_blocks_for_budget(&config, budget, 16, KvDtype::F16);
+        assert_eq!(one, budget / (24 * layer_block));
+        assert!(
+            pools.num_blocks > 2 * one - 300,
+            "{} vs {one}",
+            pools.num_blocks
+        );
+        let cache = KvCache::with_pools(&config, pools, 16, KvDtype::F16, &Device::Cpu).unwrap();
+        assert!(cache.bytes(&config) <= budget);
+        assert!(cache.in_window_pool(0) && !cache.in_window_pool(1));
+        assert_eq!(cache.layer_layout(0).num_blocks, 287);
+        assert_eq!(cache.layer_layout(1).num_blocks, pools.num_blocks);
+    }
+
+    #[test]
+    fn a_budget_too_small_for_the_windows_keeps_one_pool() {
+        let config = gpt_oss_20b_shape();
+        // 287 window blocks take 107 MiB; what is left would give the full pool fewer blocks.
+        let pools = KvCache::pools_for_budget(&config, 200 << 20, 16, KvDtype::F16, DEMAND);
+        assert_eq!(pools.window_blocks, None);
+        let plain = ModelConfig {
+            sliding_window: None,
+            ..config
+        };
+        let pools = KvCache::pools_for_budget(&plain, 4 << 30, 16, KvDtype::F16, DEMAND);
+        assert_eq!(pools.window_blocks, None);
+    }
+
+    #[test]
+    fn a_window_pool_is_refused_where_it_cannot_work() {
+        let config = gpt_oss_20b_shape();
+        let pools = KvPools {
+            num_blocks: 4,
+            window_blocks: Some(0),
+        };
+        assert!(KvCache::with_pools(&config, pools, 16, KvDtype::F16, &Device::Cpu).is_err());
+        let plain = ModelConfig {
+            sliding_window: None,
+            ..config
+        };
+        let pools = KvPools {
+            num_blocks: 4,
+            window_blocks: Some(4),
+        };
+        assert!(KvCache::with_pools(&plain, pools, 16, KvDtype::F16, &Device::Cpu).is_err());
+    }
 }

@@ -49,7 +49,7 @@ pub use cpu_forward::StepScratch;
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfModelDir;
-pub use kv_cache::{KvCache, KvDtype, KvLayout};
+pub use kv_cache::{KvCache, KvDtype, KvLayout, KvPools, WindowDemand};
 pub use load::{CudaGraphs, LoadOptions};
 pub use model::LlamaModel;
 pub use paged::PagedLlama;

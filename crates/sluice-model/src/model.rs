@@ -12,7 +12,7 @@ use crate::cpu_forward::{self, StepScratch};
 use crate::cuda_forward;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::{KvCache, KvDtype};
+use crate::kv_cache::{KvCache, KvDtype, KvPools, WindowDemand};
 use crate::layer::{Layer, Mlp, ModelWeights, PostNorms};
 use crate::load::{ExpertMatrices, LoadOptions, Weight, WeightSource};
 use crate::moe::{routing::RoutingRule, MoeLayer, SharedExpert};
@@ -303,6 +303,34 @@ impl LlamaModel {
         KvCache::num_blocks_for_budget(&self.config, budget_bytes, block_size, self.kv_dtype)
     }
 
+    /// How `budget_bytes` splits between the full pool and, on the CPU for a model with
+    /// sliding-window layers, their own pool sized for `demand` ([`KvCache::pools_for_budget`]).
+    pub fn kv_pools_for_budget(
+        &self,
+        budget_bytes: usize,
+        block_size: usize,
+        demand: WindowDemand,
+    ) -> KvPools {
+        if !self.device.is_cpu() {
+            return KvPools {
+                num_blocks: self.kv_blocks_for_budget(budget_bytes, block_size),
+                window_blocks: None,
+            };
+        }
+        KvCache::pools_for_budget(
+            &self.config,
+            budget_bytes,
+            block_size,
+            self.kv_dtype,
+            demand,
+        )
+    }
+
+    /// A KV cache with the pools `pools`.
+    pub fn new_kv_cache_pools(&self, pools: KvPools, block_size: usize) -> Result<KvCache> {
+        KvCache::with_pools(&self.config, pools, block_size, self.kv_dtype, &self.device)
+    }
+
     pub fn kv_dtype(&self) -> KvDtype {
         self.kv_dtype
     }
@@ -363,6 +391,44 @@ impl LlamaModel {
                 "block {b} is outside the cache's {} blocks",
                 kv.num_blocks()
             ));
+        }
+        match kv.window_pool() {
+            Some(pool) => {
+                if batch.window_slot_mapping.len() != t
+                    || batch.window_block_tables.len() != batch.block_tables.len()
+                {
+                    return err(
+                        "the cache has a sliding-window pool: the step needs a window slot and table entry beside each full one"
+                            .into(),
+                    );
+                }
+                if let Some(s) = batch
+                    .window_slot_mapping
+                    .iter()
+                    .find(|&&s| s as usize >= pool.num_slots())
+                {
+                    return err(format!(
+                        "slot {s} is outside the window pool's {} slots",
+                        pool.num_slots()
+                    ));
+                }
+                if let Some(b) = batch
+                    .window_block_tables
+                    .iter()
+                    .find(|&&b| b as usize >= pool.num_blocks)
+                {
+                    return err(format!(
+                        "block {b} is outside the window pool's {} blocks",
+                        pool.num_blocks
+                    ));
+                }
+            }
+            None if !batch.window_slot_mapping.is_empty()
+                || !batch.window_block_tables.is_empty() =>
+            {
+                return err("window tables for a cache without a sliding-window pool".into());
+            }
+            None => {}
         }
         let mut expected_start = 0;
         for s in &batch.sequences {

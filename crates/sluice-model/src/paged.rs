@@ -5,7 +5,7 @@
 use crate::batch::{StepBatch, StepOutput};
 use crate::cpu_forward::StepScratch;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvPools, WindowDemand};
 use crate::load::CudaGraphs;
 use crate::model::LlamaModel;
 use crate::model_sampling::{copy_rows, split_rows};
@@ -22,9 +22,18 @@ pub struct PagedLlama {
 }
 
 impl PagedLlama {
-    /// A cache of `num_blocks` blocks of `block_size` tokens.
+    /// A cache of `num_blocks` blocks of `block_size` tokens, one pool for every layer.
     pub fn new(model: LlamaModel, num_blocks: usize, block_size: usize) -> Result<Self> {
-        let kv = model.new_kv_cache(num_blocks, block_size)?;
+        let pools = KvPools {
+            num_blocks,
+            window_blocks: None,
+        };
+        Self::with_pools(model, pools, block_size)
+    }
+
+    /// A cache with the pools `pools` (a second one for the sliding-window layers, if it has).
+    pub fn with_pools(model: LlamaModel, pools: KvPools, block_size: usize) -> Result<Self> {
+        let kv = model.new_kv_cache_pools(pools, block_size)?;
         Ok(Self {
             model,
             kv,
@@ -57,14 +66,17 @@ impl PagedLlama {
     }
 
     /// As many blocks as fit in `kv_cache_bytes` (K and V of every layer, in the model's KV
-    /// element type).
+    /// element type). A model with sliding-window layers gives them a pool of their own on the
+    /// CPU, sized for what `demand`'s sequences' windows can hold at once, and the rest to
+    /// the full pool ([`KvCache::pools_for_budget`]).
     pub fn with_memory_budget(
         model: LlamaModel,
         kv_cache_bytes: usize,
         block_size: usize,
+        demand: WindowDemand,
     ) -> Result<Self> {
-        let num_blocks = model.kv_blocks_for_budget(kv_cache_bytes, block_size);
-        if num_blocks == 0 {
+        let pools = model.kv_pools_for_budget(kv_cache_bytes, block_size, demand);
+        if pools.num_blocks == 0 {
             let block_bytes = model.kv_dtype().bytes_per_token(model.config()) * block_size;
             return Err(ModelError::KvCacheBudget {
                 budget_bytes: kv_cache_bytes,
@@ -72,7 +84,7 @@ impl PagedLlama {
                 block_bytes,
             });
         }
-        Self::new(model, num_blocks, block_size)
+        Self::with_pools(model, pools, block_size)
     }
 
     pub fn model(&self) -> &LlamaModel {
@@ -91,8 +103,21 @@ impl PagedLlama {
         self.kv.block_size()
     }
 
+    /// Blocks of the full pool.
     pub fn num_blocks(&self) -> usize {
         self.kv.num_blocks()
+    }
+
+    /// The sliding-window layers' own pool, if they have one: its blocks and the window.
+    pub fn window_pool(&self) -> Option<(usize, usize)> {
+        let pool = self.kv.window_pool()?;
+        let window = self.model.config().sliding_window.as_ref()?.window;
+        Some((pool.num_blocks, window))
+    }
+
+    /// Bytes of the KV cache, every pool.
+    pub fn kv_cache_bytes(&self) -> usize {
+        self.kv.bytes(self.model.config())
     }
 
     pub fn hidden_size(&self) -> usize {

@@ -463,11 +463,26 @@ fn cpu_kernel_matches_reference_on_random_inputs() {
                         k_cache.to_dtype(dtype).unwrap(),
                         v_cache.to_dtype(dtype).unwrap(),
                     );
-                    let fast = attention::cpu::paged_attention(&q, &k, &v, &layout, &batch, &shape)
-                        .unwrap();
-                    let reference =
-                        attention::reference::paged_attention(&q, &k, &v, &layout, &batch, &shape)
-                            .unwrap();
+                    let fast = attention::cpu::paged_attention(
+                        &q,
+                        &k,
+                        &v,
+                        &layout,
+                        &batch,
+                        &batch.block_tables,
+                        &shape,
+                    )
+                    .unwrap();
+                    let reference = attention::reference::paged_attention(
+                        &q,
+                        &k,
+                        &v,
+                        &layout,
+                        &batch,
+                        &batch.block_tables,
+                        &shape,
+                    )
+                    .unwrap();
                     let diff = max_abs_diff(&fast, &reference);
                     assert!(diff < 1e-5, "heads {heads}/{kv_heads}, block {block_size}, window {window:?}, {dtype:?}: kernel differs from reference by {diff}");
                 }

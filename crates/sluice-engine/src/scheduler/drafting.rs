@@ -114,7 +114,7 @@ impl<R, S> Scheduler<R, S> {
         if self.draft.is_empty()
             || !self
                 .blocks
-                .allocate(&mut seq.table, seq.tokens.len() + self.draft.len())
+                .allocate(&mut seq.blocks, seq.tokens.len() + self.draft.len())
         {
             return;
         }

@@ -50,7 +50,7 @@ use std::collections::{HashMap, VecDeque};
 
 use sluice_model::StepBatch;
 
-use crate::block_manager::BlockManager;
+use crate::block_pools::{BlockPools, WindowPool};
 use crate::sequence::{RequestId, SeqId, Sequence, SequenceStatus};
 use crate::speculation::{next_draft_len, SpeculationConfig};
 
@@ -73,6 +73,8 @@ pub struct SchedulerConfig {
     pub max_model_len: usize,
     /// Speculative decoding by n-gram lookup; `None`: off.
     pub speculation: Option<SpeculationConfig>,
+    /// The pool of the model's sliding-window layers, when it has one (`crate::block_pools`).
+    pub window: Option<WindowPool>,
 }
 
 impl Default for SchedulerConfig {
@@ -84,6 +86,7 @@ impl Default for SchedulerConfig {
             num_blocks: 4096,
             max_model_len: 4096,
             speculation: None,
+            window: None,
         }
     }
 }
@@ -223,7 +226,7 @@ pub struct Aborted<R, S> {
 #[derive(Debug)]
 pub struct Scheduler<R = (), S = ()> {
     config: SchedulerConfig,
-    blocks: BlockManager,
+    blocks: BlockPools,
     /// Sequence storage; indices ("slots") are stable while a sequence lives.
     slots: Vec<Option<Sequence<S>>>,
     free_slots: Vec<usize>,
@@ -277,8 +280,23 @@ impl<R, S> Scheduler<R, S> {
         if config.max_model_len < 2 {
             return invalid("max_model_len must be at least 2 (one prompt token, one generated)");
         }
+        if let Some(w) = config.window {
+            // A sequence alone must always fit, or admission could promise what never runs.
+            let one = WindowPool::blocks_for_one(
+                w.window.max(1),
+                config.max_num_batched_tokens,
+                config.block_size,
+            )
+            .min(config.num_blocks);
+            if w.window == 0 || w.num_blocks < one || w.num_blocks >= u32::MAX as usize {
+                return invalid(&format!(
+                    "a sliding-window pool needs a window of at least 1 token and at least {one} blocks (got {} blocks, window {})",
+                    w.num_blocks, w.window
+                ));
+            }
+        }
         Ok(Self {
-            blocks: BlockManager::new(config.num_blocks, config.block_size),
+            blocks: BlockPools::new(config.num_blocks, config.block_size, config.window),
             slots: Vec::new(),
             free_slots: Vec::new(),
             ids: HashMap::new(),
@@ -431,7 +449,7 @@ impl<R, S> Scheduler<R, S> {
             let needed = seq.num_computed + len;
             let scheduled = loop {
                 let seq = self.slots[slot].as_mut().expect("running slot is live");
-                if self.blocks.allocate(&mut seq.table, needed) {
+                if self.blocks.allocate(&mut seq.blocks, needed) {
                     break true;
                 }
                 // Victims come from the back, which this loop has not reached yet, so nothing
@@ -463,17 +481,17 @@ impl<R, S> Scheduler<R, S> {
                 let (start, len) = if seq.is_prefill_only() {
                     // See `add_prefill_only`: every token is computed.
                     let len = seq.tokens.len().min(budget);
-                    if !self.blocks.allocate(&mut seq.table, len) {
+                    if !self.blocks.allocate(&mut seq.blocks, len) {
                         break;
                     }
                     (0, len)
                 } else {
-                    let prefix = self.blocks.find_cached_prefix(&mut seq.table, &seq.tokens);
+                    let prefix = self.blocks.find_cached_prefix(&mut seq.blocks, &seq.tokens);
                     let start = prefix.num_tokens(self.config.block_size);
                     let len = (seq.tokens.len() - start).min(budget);
                     if !self
                         .blocks
-                        .allocate_with_prefix(&mut seq.table, &prefix, start + len)
+                        .allocate_with_prefix(&mut seq.blocks, &prefix, start + len)
                     {
                         break;
                     }
@@ -512,10 +530,12 @@ impl<R, S> Scheduler<R, S> {
             let seq = self
                 .live_scheduled(s)
                 .expect("sequence removed between schedule and fill_step_batch");
-            batch.push_sequence_rows(
+            let window = self.blocks.window().map(|_| seq.blocks.window().blocks());
+            batch.push_sequence_windowed(
                 &seq.tokens[s.start..s.start + s.len],
                 s.start,
-                seq.table.blocks(),
+                seq.blocks.full().blocks(),
+                window,
                 s.num_rows(),
             );
         }
@@ -558,7 +578,7 @@ impl<R, S> Scheduler<R, S> {
             seq.tokens.truncate(first_draft + kept);
             seq.num_computed = s.start + s.len - rejected;
             self.blocks
-                .register_computed(&mut seq.table, &seq.tokens, seq.num_computed);
+                .register_computed(&mut seq.blocks, &seq.tokens, seq.num_computed);
             if let Some(&token) = rows.get(kept) {
                 seq.tokens.push(token);
                 s.accepted = kept + 1;
@@ -602,7 +622,7 @@ impl<R, S> Scheduler<R, S> {
             .pop()
             .expect("a sequence that needs blocks is running");
         let seq = self.slots[slot].as_mut().expect("running slot is live");
-        self.blocks.free(&mut seq.table);
+        self.blocks.free(&mut seq.blocks);
         seq.num_computed = 0;
         seq.status = SequenceStatus::Waiting;
         seq.num_preemptions += 1;

@@ -4,6 +4,7 @@
 
 use super::{Aborted, Removed, ScheduledSeq, Scheduler};
 use crate::block_manager::{BlockManager, PrefixCacheStats};
+use crate::block_pools::BlockPools;
 use crate::kv_events::KvCacheEvent;
 use crate::sequence::{RequestId, SeqId, Sequence, SequenceStatus};
 
@@ -48,7 +49,7 @@ impl<R, S> Scheduler<R, S> {
                 }
             }
         }
-        self.blocks.free(&mut seq.table);
+        self.blocks.free(&mut seq.blocks);
         self.ids.remove(&seq.id());
         let request = seq.id().request;
         let entry = self
@@ -151,7 +152,13 @@ impl<R, S> Scheduler<R, S> {
         self.blocks.prefix_cache_stats()
     }
 
+    /// The full-attention pool: capacity, and the prefix cache routers see.
     pub fn block_manager(&self) -> &BlockManager {
+        self.blocks.full()
+    }
+
+    /// Both pools (the second only for a model with sliding-window layers).
+    pub fn block_pools(&self) -> &BlockPools {
         &self.blocks
     }
 
@@ -165,8 +172,8 @@ impl<R, S> Scheduler<R, S> {
         self.blocks.drain_events(out);
     }
 
-    /// Empties the prefix cache ([`BlockManager::clear_prefix_cache`]); returns how many
-    /// blocks it held. Sequences keep their blocks.
+    /// Empties the prefix caches ([`BlockManager::clear_prefix_cache`]); returns how many
+    /// blocks the full pool's held. Sequences keep their blocks.
     pub fn clear_prefix_cache(&mut self) -> usize {
         self.blocks.clear_prefix_cache()
     }
@@ -175,7 +182,7 @@ impl<R, S> Scheduler<R, S> {
     /// membership, limits); O(sequences + blocks), for tests and debugging.
     pub fn check_invariants(&self) -> Result<(), String> {
         let live = || self.slots.iter().flatten();
-        self.blocks.check_consistency(live().map(|s| &s.table))?;
+        self.blocks.check_consistency(live().map(|s| &s.blocks))?;
         if self.running.len() > self.config.max_num_seqs {
             return Err(format!(
                 "{} running > max_num_seqs {}",
@@ -193,7 +200,7 @@ impl<R, S> Scheduler<R, S> {
                     seq.status
                 ));
             }
-            if self.blocks.blocks_for(seq.num_computed) > seq.table.len() {
+            if self.blocks.blocks_for(seq.num_computed) > seq.blocks.len() {
                 return Err(format!(
                     "{} computed {} tokens beyond its blocks",
                     seq.id(),
@@ -205,7 +212,7 @@ impl<R, S> Scheduler<R, S> {
         for &slot in &self.waiting {
             let seq = self.slots[slot].as_ref().ok_or("waiting slot is empty")?;
             if seq.status != SequenceStatus::Waiting
-                || !seq.table.is_empty()
+                || !seq.blocks.is_empty()
                 || seq.num_computed != 0
             {
                 return Err(format!("{} is waiting but holds state", seq.id()));

@@ -34,13 +34,15 @@ fn cpu_storage<'a>(
 }
 
 /// `q: [T, num_heads, head_dim]` attending over one layer's `k_cache`/`v_cache` (f32 or f16,
-/// in [`KvLayout`] order) into `[T, num_heads * head_dim]`.
+/// in [`KvLayout`] order) into `[T, num_heads * head_dim]`, through the sequences' tables
+/// `block_tables` (indexed by their slices in `batch`).
 pub fn paged_attention(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
     layout: &KvLayout,
     batch: &StepBatch,
+    block_tables: &[u32],
     shape: &AttentionShape,
 ) -> Result<Tensor> {
     let q = q.to_dtype(DType::F32)?.contiguous()?;
@@ -69,8 +71,8 @@ pub fn paged_attention(
         v_offset: v_off,
     };
     match k_cache.dtype() {
-        DType::F32 => caches.attend::<f32>(q, layout, batch, shape, &mut out)?,
-        DType::F16 => caches.attend::<f16>(q, layout, batch, shape, &mut out)?,
+        DType::F32 => caches.attend::<f32>(q, layout, batch, block_tables, shape, &mut out)?,
+        DType::F16 => caches.attend::<f16>(q, layout, batch, block_tables, shape, &mut out)?,
         other => {
             return Err(ModelError::KvCache(format!(
                 "a KV cache of {other:?} is not supported"
@@ -94,22 +96,25 @@ impl Caches<'_> {
         q: &[f32],
         layout: &KvLayout,
         batch: &StepBatch,
+        block_tables: &[u32],
         shape: &AttentionShape,
         out: &mut [f32],
     ) -> Result<()> {
         let k = &self.k.as_slice::<E>()?[self.k_offset..];
         let v = &self.v.as_slice::<E>()?[self.v_offset..];
-        attend_slices(q, k, v, layout, batch, shape, out)
+        attend_slices(q, k, v, layout, batch, block_tables, shape, out)
     }
 }
 
 /// The kernel over f32 or f16 caches in [`KvLayout`] order.
+#[allow(clippy::too_many_arguments)]
 fn attend_slices<E: KvElem>(
     q: &[f32],
     k: &[E],
     v: &[E],
     layout: &KvLayout,
     batch: &StepBatch,
+    block_tables: &[u32],
     shape: &AttentionShape,
     out: &mut [f32],
 ) -> Result<()> {
@@ -119,7 +124,7 @@ fn attend_slices<E: KvElem>(
         v,
         layout,
         &batch.sequences,
-        &batch.block_tables,
+        block_tables,
         shape,
         // No architecture sluice loads has attention sinks yet (gpt-oss will).
         None,
@@ -129,25 +134,27 @@ fn attend_slices<E: KvElem>(
 }
 
 /// `q: [T, num_heads, head_dim]` (flat) attending over one layer's host cache into `out:
-/// [T, num_heads * head_dim]`: the CPU forward's attention.
+/// [T, num_heads * head_dim]`, through the sequences' tables into that layer's pool: the CPU
+/// forward's attention.
 pub(crate) fn attend(
     q: &[f32],
     cache: &HostKv<'_>,
     layout: &KvLayout,
     batch: &StepBatch,
+    block_tables: &[u32],
     shape: &AttentionShape,
     out: &mut [f32],
 ) -> Result<()> {
     match cache {
-        HostKv::F32 { k, v } => attend_slices(q, k, v, layout, batch, shape, out),
-        HostKv::F16 { k, v } => attend_slices(q, k, v, layout, batch, shape, out),
+        HostKv::F32 { k, v } => attend_slices(q, k, v, layout, batch, block_tables, shape, out),
+        HostKv::F16 { k, v } => attend_slices(q, k, v, layout, batch, block_tables, shape, out),
         HostKv::Q8(c) => {
             attention::paged_attention_q8(
                 q,
                 c,
                 layout,
                 &batch.sequences,
-                &batch.block_tables,
+                block_tables,
                 shape,
                 None,
                 out,

@@ -42,6 +42,10 @@ impl FromStr for AttentionBackend {
     }
 }
 
+/// One layer's attention for the step `batch`, whose sequences' block tables into this
+/// layer's pool are `block_tables` (`batch.block_tables`, or its window tables for a layer of
+/// a window pool), indexed by each sequence's slice.
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     backend: AttentionBackend,
     q: &Tensor,
@@ -49,13 +53,16 @@ pub fn paged_attention(
     v_cache: &Tensor,
     layout: &KvLayout,
     batch: &StepBatch,
+    block_tables: &[u32],
     shape: &AttentionShape,
 ) -> Result<Tensor> {
     match backend {
         AttentionBackend::Reference => {
-            reference::paged_attention(q, k_cache, v_cache, layout, batch, shape)
+            reference::paged_attention(q, k_cache, v_cache, layout, batch, block_tables, shape)
         }
-        AttentionBackend::Cpu => cpu::paged_attention(q, k_cache, v_cache, layout, batch, shape),
+        AttentionBackend::Cpu => {
+            cpu::paged_attention(q, k_cache, v_cache, layout, batch, block_tables, shape)
+        }
         AttentionBackend::Cuda => Err(ModelError::InvalidStep(
             "the CUDA backend runs whole steps (LlamaModel::forward), not one attention call"
                 .into(),

@@ -16,6 +16,7 @@ pub fn paged_attention(
     v_cache: &Tensor,
     layout: &KvLayout,
     batch: &StepBatch,
+    block_tables: &[u32],
     shape: &AttentionShape,
 ) -> Result<Tensor> {
     let device = q.device();
@@ -26,7 +27,7 @@ pub fn paged_attention(
         let (len, q_len) = (seq.context_len, seq.query_len);
         let bs = batch.block_size;
         let blocks = len.div_ceil(bs);
-        let table = &batch.block_table(seq)[..blocks];
+        let table = &seq.block_table(block_tables)[..blocks];
         let table = Tensor::from_slice(table, blocks, device)?;
         // Whole blocks out of the cache, then this sequence's positions as [H, L, D]: each KV
         // head repeated over the query heads of its group. Multiplying a KV head by its whole

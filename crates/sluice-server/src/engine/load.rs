@@ -13,6 +13,7 @@ use candle_core::Device;
 use sluice_engine::{Engine, EngineConfig, SpeculationConfig};
 use sluice_model::{
     CudaGraphs, LlamaModel, LoadOptions, ModelSource, PagedLlama, Pooling, WeightsKind,
+    WindowDemand,
 };
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
@@ -163,9 +164,24 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
         "embeddings pool by {}",
         pooling.name()
     );
+    // Sliding-window layers get a pool sized for what the running sequences' windows hold.
+    let demand = WindowDemand {
+        max_seqs: settings.engine.max_num_seqs,
+        max_batched_tokens: settings.engine.max_num_batched_tokens,
+    };
     let mut paged =
-        PagedLlama::with_memory_budget(model, settings.kv_cache_bytes, settings.block_size)
+        PagedLlama::with_memory_budget(model, settings.kv_cache_bytes, settings.block_size, demand)
             .context("cannot allocate the KV cache")?;
+    if let Some((window_blocks, window)) = paged.window_pool() {
+        tracing::info!(
+            window,
+            window_blocks,
+            full_blocks = paged.num_blocks(),
+            kv_cache_mib = paged.kv_cache_bytes() >> 20,
+            "sliding-window layers keep only their window: their own pool of {window_blocks} \
+             blocks, the rest of --kv-cache-memory goes to the full-attention layers"
+        );
+    }
     // The decode steps' static buffers (GPU): the largest bucket is the most sequences a step
     // may hold.
     paged
