@@ -1,6 +1,6 @@
 """Gemma 3 270M (gemma3, SentencePiece vocabulary, Q4_K_M GGUF) served for real: a question
-about France answered with Paris under the default weights; with `--weights exact`, completions
-and chats (Gemma's turns, the system message folded into the first user turn) that give
+about France answered with Paris under the default weights; with `--weights exact` (and the
+local layers in a window pool of their own), completions and chats (Gemma's turns, the system message folded into the first user turn) that give
 llama.cpp's greedy text from `tests/fixtures/gemma3-270m-*.jsonl` word for word; streams equal
 to whole answers; and the cancellation storm of `test_storm.py`. `scripts/fetch-gemma.sh`
 fetches the model (scripts/test.sh runs it, so CI does); without the file these tests are
@@ -38,9 +38,24 @@ def gemma():
 
 @pytest.fixture(scope="module")
 def gemma_exact():
+    # Room for 8 sequences' windows: the local layers get a KV pool of their own, which keeps
+    # only the blocks their window of 512 reaches (the other server keeps one pool for all).
     yield from served(
-        "--kv-cache-memory", "128MiB", "--weights", "exact", name="gemma-exact", model=GEMMA
+        "--kv-cache-memory",
+        "128MiB",
+        "--max-num-seqs",
+        "8",
+        "--weights",
+        "exact",
+        name="gemma-exact",
+        model=GEMMA,
     )
+
+
+def test_the_local_layers_get_a_window_pool_when_the_budget_allows(gemma, gemma_exact):
+    assert "their own pool of" in gemma_exact.log_path.read_text()
+    log = gemma.log_path.read_text()
+    assert "keep every block in the full pool" in log and "--max-num-seqs" in log
 
 
 def client(server) -> openai.OpenAI:
@@ -65,9 +80,11 @@ def test_a_question_about_france_is_answered_with_paris(gemma):
 
 def test_exact_completions_equal_llama_cpp_greedy_text(gemma_exact):
     """f32's arithmetic agreed with llama.cpp's f32 run on all 400 fixture tokens (the model
-    test `gemma.rs`): served, the texts are the same, leading spaces included."""
+    test `gemma.rs`): served, the texts are the same, leading spaces included. The last row's
+    598-token prompt crosses the window of 512, so the window pool gives blocks back."""
     c = client(gemma_exact)
-    for row in fixture_rows("gemma3-270m-greedy.jsonl")[:6]:
+    rows = fixture_rows("gemma3-270m-greedy.jsonl")
+    for row in rows[:6] + rows[-1:]:
         r = c.completions.create(
             model=GEMMA.stem,
             prompt=row["prompt"],

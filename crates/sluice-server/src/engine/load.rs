@@ -169,6 +169,7 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
         max_seqs: settings.engine.max_num_seqs,
         max_batched_tokens: settings.engine.max_num_batched_tokens,
     };
+    let shared_window = window_pool_advice(&model, settings, demand);
     let mut paged =
         PagedLlama::with_memory_budget(model, settings.kv_cache_bytes, settings.block_size, demand)
             .context("cannot allocate the KV cache")?;
@@ -181,6 +182,8 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
             "sliding-window layers keep only their window: their own pool of {window_blocks} \
              blocks, the rest of --kv-cache-memory goes to the full-attention layers"
         );
+    } else if let Some(advice) = shared_window {
+        tracing::warn!("{advice}");
     }
     // The decode steps' static buffers (GPU): the largest bucket is the most sequences a step
     // may hold.
@@ -236,6 +239,42 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     model.root = source_name(&settings.model);
     model.facts = Some(facts);
     Ok(Loaded { engine, model })
+}
+
+/// For a model with sliding-window layers that will share the full pool (on the CPU, where
+/// they could have their own): why, and what would give them their own. `None` otherwise.
+fn window_pool_advice(
+    model: &LlamaModel,
+    settings: &ModelSettings,
+    demand: WindowDemand,
+) -> Option<String> {
+    let config = model.config();
+    let window = config.sliding_window.as_ref()?.window;
+    let pools = |max_seqs| {
+        let demand = WindowDemand { max_seqs, ..demand };
+        model.kv_pools_for_budget(settings.kv_cache_bytes, settings.block_size, demand)
+    };
+    if !model.device().is_cpu() || pools(demand.max_seqs).window_blocks.is_some() {
+        return None;
+    }
+    let global = (0..config.num_layers).any(|i| config.window_of_layer(i).is_none());
+    if !global {
+        return None;
+    }
+    // The most sequences whose windows a pool of their own could hold within the budget.
+    let fits = (1..demand.max_seqs)
+        .rev()
+        .find(|&n| pools(n).window_blocks.is_some());
+    let hint = match fits {
+        Some(n) => format!("--max-num-seqs {n} or less, or a larger --kv-cache-memory"),
+        None => "a larger --kv-cache-memory".to_string(),
+    };
+    Some(format!(
+        "the sliding-window layers (window {window}) keep every block in the full pool: \
+         windows for --max-num-seqs {} sequences do not fit --kv-cache-memory beside a larger \
+         full pool; {hint} gives them a pool of their own, which holds only their windows",
+        demand.max_seqs
+    ))
 }
 
 /// Loads the draft model of `--speculative draft:PATH`: the same weights choice as the
