@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use sluice_engine::testing::xorshift;
-use sluice_engine::{Scheduler, SchedulerConfig};
+use sluice_engine::{Scheduler, SchedulerConfig, WindowPool};
 use sluice_model::StepBatch;
 
 fn tokens(seed: u64, len: usize) -> Vec<u32> {
@@ -66,16 +66,27 @@ fn step(
     (num_tokens, num_seqs)
 }
 
-/// 256 sequences decoding, contexts growing from 128 to ~1.1k tokens.
-fn steady_decode() {
+/// 256 sequences decoding, contexts growing from 128 to ~1.1k tokens; with `window`, as a
+/// model whose sliding-window layers have a pool of their own (blocks given back as the
+/// windows move on).
+fn steady_decode(window: Option<usize>) {
+    let (max_num_seqs, max_num_batched_tokens, block_size) = (256, 8192, 16);
     let cfg = SchedulerConfig {
-        max_num_seqs: 256,
-        max_num_batched_tokens: 8192,
-        block_size: 16,
+        max_num_seqs,
+        max_num_batched_tokens,
+        block_size,
         num_blocks: 256 * 80,
         max_model_len: 4096,
         speculation: None,
-        window: None,
+        window: window.map(|window| WindowPool {
+            num_blocks: WindowPool::blocks_for_all(
+                window,
+                max_num_seqs,
+                max_num_batched_tokens,
+                block_size,
+            ),
+            window,
+        }),
     };
     let mut s = Scheduler::new(cfg).unwrap();
     let mut batch = StepBatch::new(16);
@@ -94,7 +105,13 @@ fn steady_decode() {
         t.0.push(start.elapsed());
         assert_eq!((num_tokens, num_seqs), (256, 256));
     }
-    t.report("steady decode, 256 running", "");
+    match window {
+        None => t.report("steady decode, 256 running", ""),
+        Some(w) => t.report(
+            &format!("steady decode, 256 running, a window pool of {w} tokens"),
+            "",
+        ),
+    }
 }
 
 /// 256 in flight with arrivals replacing finished requests: prompts of 64..512 tokens sharing
@@ -149,6 +166,7 @@ fn churn() {
 }
 
 fn main() {
-    steady_decode();
+    steady_decode(None);
+    steady_decode(Some(128));
     churn();
 }
