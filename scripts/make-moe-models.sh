@@ -3,7 +3,8 @@
 # models/tiny-moe/ (or $MOE_MODELS): for each of qwen3moe, qwen2moe and mixtral, ARCH-f32.gguf
 # and ARCH-q8_0.gguf (scripts/tiny-moe.py, pinned gguf and numpy in a cached venv) and
 # ARCH-q4_k_m.gguf (llama.cpp's llama-quantize on the F32 file, scripts/llama-server.sh) and
-# ARCH-q4_k_m-f32.gguf (that file dequantized back to F32 by llama-quantize).
+# ARCH-q4_k_m-f32.gguf (that file dequantized back to F32 by llama-quantize); and gpt-oss-f32.gguf
+# and gpt-oss-mxfp4.gguf (its experts in MXFP4 as the real files hold them; Python only).
 # Idempotent: files whose sha256 already matches tests/fixtures/moe/SHA256SUMS are kept. Ends by
 # checking every file against SHA256SUMS and fails, naming the file, on any mismatch: a test that
 # runs after this compares against the very weights the fixtures were made from.
@@ -49,6 +50,14 @@ for arch in $archs; do
       "$venv/bin/python" "$root/scripts/tiny-moe.py" --tokenizer "$tok" --out "$out" --arch "$arch" --format "$fmt"
     fi
   done
+done
+
+for fmt in f32 mxfp4; do
+  f=gpt-oss-$fmt.gguf
+  files+=("$f")
+  if [ "$update" = 1 ] || ! matches "$f"; then
+    "$venv/bin/python" "$root/scripts/tiny-moe.py" --tokenizer "$tok" --out "$out" --arch gpt-oss --format "$fmt"
+  fi
 done
 
 if [ "$kquants" != 0 ]; then

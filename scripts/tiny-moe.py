@@ -7,7 +7,11 @@ checkpoint (none can be fetched here).
 
 writes, for each architecture (qwen3moe, qwen2moe, mixtral), ARCH-f32.gguf (every tensor F32)
 and ARCH-q8_0.gguf (every 2-D and 3-D weight matrix quantized to Q8_0 by the gguf package's own
-quantizer; norms, biases and the routers stay F32, as llama.cpp keeps them). The F32 file's
+quantizer; norms, biases and the routers stay F32, as llama.cpp keeps them); and for gpt-oss,
+gpt-oss-f32.gguf and gpt-oss-mxfp4.gguf (the experts in MXFP4, as the real files hold them, the
+rest F32; the F32 file's experts rounded to MXFP4's grid, the rest to Q8_0's). gpt-oss's file
+has 4 layers, local (a sliding window of 16 keys) and global in turn, YaRN (x8 over 512
+positions), biases on Q, K, V, O, the router and every expert, and a sink logit a head. The F32 file's
 weight matrices are drawn and then rounded to Q8_0's grid (quantized and dequantized by the same
 quantizer), so the two files hold the same numbers: the Q8_0 file dequantizes exactly to the
 F32 file (checked when writing). The K-quant files are made from the F32 ones by llama-quantize
@@ -75,10 +79,31 @@ def draw(arch, name, shape, a, c=0.0):
     return ((rng.random(shape) * 2.0 - 1.0) * a + c).astype(np.float32)
 
 
+# gpt-oss's tiny shape: layers local and global in turn, and a window that prompts cross.
+OSS_LAYERS = 4
+OSS_WINDOW = 16
+OSS_EXPERTS = 8
+OSS_USED = 2
+# Half-widths for gpt-oss's own tensors: biases small against their outputs; the sinks' logits
+# comparable to the attention's scores (std ~1.5), so that a sink takes a real share.
+OSS_SCALES = {
+    "bias": 0.2,
+    "sinks": 2.0,
+    "router_bias": 0.5,
+    # The clamped SwiGLU: gate and up pre-activations of std ~2.3 and ~3.2, so that a few
+    # cross the clamp at 7.
+    "gate": 0.25,
+    "up": 0.35,
+    "down": 0.12,
+}
+
+
 def tensors(arch):
     """The (name, numpy array) pairs of one architecture, in the order written. Numpy shapes are
     ggml's ne reversed: a matrix [out, in] is ggml ne [in, out]; the experts
     (n_expert, n_ff, n_embd) are ne [n_embd, n_ff, n_expert]."""
+    if arch == "gpt-oss":
+        return gpt_oss_tensors()
     s = SCALES
     n_expert = 8 if arch in ("qwen3moe", "qwen2moe") else 4
     n_ff = 256
@@ -126,6 +151,48 @@ def tensors(arch):
     return n_expert, n_ff, out
 
 
+def gpt_oss_tensors():
+    """gpt-oss's tensors (llama.cpp's names): every expert matrix rounded to MXFP4's grid, the
+    other matrices to Q8_0's, vectors (norms, biases, sinks) and the routers as drawn."""
+    arch, s, o = "gpt-oss", SCALES, OSS_SCALES
+    n_expert, n_ff = OSS_EXPERTS, 256
+    out = []
+
+    def add(name, shape, a, c=0.0):
+        arr = draw(arch, name, shape, a, c)
+        if "_exps.weight" in name:
+            arr = gguf.quants.dequantize(gguf.quants.quantize(arr, QT.MXFP4), QT.MXFP4)
+        elif not keep_f32(name, arr):
+            arr = gguf.quants.dequantize(gguf.quants.quantize(arr, QT.Q8_0), QT.Q8_0)
+        out.append((name, arr))
+
+    add("token_embd.weight", (N_VOCAB, N_EMBD), s["embd"])
+    for i in range(OSS_LAYERS):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", (N_EMBD,), s["norm"], 1.0)
+        add(p + "attn_q.weight", (N_HEAD * HEAD_DIM, N_EMBD), s["wq"])
+        add(p + "attn_q.bias", (N_HEAD * HEAD_DIM,), o["bias"])
+        add(p + "attn_k.weight", (N_HEAD_KV * HEAD_DIM, N_EMBD), s["wk"])
+        add(p + "attn_k.bias", (N_HEAD_KV * HEAD_DIM,), o["bias"])
+        add(p + "attn_v.weight", (N_HEAD_KV * HEAD_DIM, N_EMBD), s["wv"])
+        add(p + "attn_v.bias", (N_HEAD_KV * HEAD_DIM,), o["bias"])
+        add(p + "attn_output.weight", (N_EMBD, N_HEAD * HEAD_DIM), s["wo"])
+        add(p + "attn_output.bias", (N_EMBD,), o["bias"])
+        add(p + "attn_sinks.weight", (N_HEAD,), o["sinks"])
+        add(p + "post_attention_norm.weight", (N_EMBD,), s["norm"], 1.0)
+        add(p + "ffn_gate_inp.weight", (n_expert, N_EMBD), s["router"])
+        add(p + "ffn_gate_inp.bias", (n_expert,), o["router_bias"])
+        add(p + "ffn_gate_exps.weight", (n_expert, n_ff, N_EMBD), o["gate"])
+        add(p + "ffn_gate_exps.bias", (n_expert, n_ff), o["bias"])
+        add(p + "ffn_up_exps.weight", (n_expert, n_ff, N_EMBD), o["up"])
+        add(p + "ffn_up_exps.bias", (n_expert, n_ff), o["bias"])
+        add(p + "ffn_down_exps.weight", (n_expert, N_EMBD, n_ff), o["down"])
+        add(p + "ffn_down_exps.bias", (n_expert, N_EMBD), o["bias"])
+    add("output_norm.weight", (N_EMBD,), s["norm"], 1.0)
+    add("output.weight", (N_VOCAB, N_EMBD), s["output"])
+    return n_expert, n_ff, out
+
+
 def keep_f32(name, arr):
     # What llama.cpp keeps in F32 in a quantized file: 1-D tensors (norms, biases, the shared
     # expert's gate) and the routers.
@@ -163,7 +230,12 @@ def write(arch, fmt, tok, path):
     w.add_name(f"tiny-moe-{arch}-{fmt}")
     w.add_context_length(N_CTX)
     w.add_embedding_length(N_EMBD)
-    w.add_block_count(N_LAYER)
+    w.add_block_count(OSS_LAYERS if arch == "gpt-oss" else N_LAYER)
+    if arch == "gpt-oss":
+        w.add_sliding_window(OSS_WINDOW)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(8.0)
+        w.add_rope_scaling_orig_ctx_len(512)
     if arch == "mixtral":
         # llama with experts: the experts are sized by feed_forward_length.
         w.add_feed_forward_length(n_ff)
@@ -184,11 +256,15 @@ def write(arch, fmt, tok, path):
         w.add_key_length(HEAD_DIM)
         w.add_value_length(HEAD_DIM)
         w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base(150000.0 if arch == "gpt-oss" else 1e6)
     w.add_expert_count(n_expert)
-    w.add_expert_used_count(2)
+    w.add_expert_used_count(OSS_USED if arch == "gpt-oss" else 2)
     w.add_vocab_size(N_VOCAB)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if fmt == "f32" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_file_type({
+        "f32": gguf.LlamaFileType.ALL_F32,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        "mxfp4": gguf.LlamaFileType.MOSTLY_MXFP4_MOE,
+    }[fmt])
     if fmt != "f32":
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
@@ -206,7 +282,11 @@ def write(arch, fmt, tok, path):
     w.add_chat_template(tok["chat_template"])
 
     for name, arr in ts:
-        if fmt == "q8_0" and not keep_f32(name, arr):
+        if fmt == "mxfp4" and "_exps.weight" in name:
+            q = gguf.quants.quantize(arr, QT.MXFP4)
+            assert np.array_equal(gguf.quants.dequantize(q, QT.MXFP4), arr), name
+            w.add_tensor(name, q, raw_dtype=QT.MXFP4)
+        elif fmt == "q8_0" and not keep_f32(name, arr):
             q = gguf.quants.quantize(arr, QT.Q8_0)
             assert np.array_equal(gguf.quants.dequantize(q, QT.Q8_0), arr), name
             w.add_tensor(name, q, raw_dtype=QT.Q8_0)
@@ -224,8 +304,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer", required=True, help="SmolLM2-135M-Instruct GGUF to copy the tokenizer from")
     ap.add_argument("--out", required=True, help="folder for the .gguf files")
-    ap.add_argument("--arch", action="append", choices=["qwen3moe", "qwen2moe", "mixtral"])
-    ap.add_argument("--format", action="append", choices=["f32", "q8_0"])
+    ap.add_argument("--arch", action="append", choices=["qwen3moe", "qwen2moe", "mixtral", "gpt-oss"])
+    ap.add_argument("--format", action="append", choices=["f32", "q8_0", "mxfp4"])
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     tok = tokenizer_fields(args.tokenizer)
