@@ -23,6 +23,11 @@ pub enum Architecture {
     /// after attention and after the MLP besides the two before them, GeGLU, and local
     /// (sliding-window) layers between global ones ([`ModelConfig::sliding_window`]).
     Gemma3,
+    /// gpt-oss (gpt-oss-20b, -120b): biases on Q, K, V and O; one learned sink logit a head in
+    /// the softmax's denominator; sliding-window layers between global ones (both with the
+    /// file's YaRN rotary); a mixture of experts with biases, routed by a softmax over the top
+    /// k's raw logits, through a clamped SwiGLU.
+    GptOss,
 }
 
 impl Architecture {
@@ -39,6 +44,7 @@ impl Architecture {
         "qwen3_moe",
         "gemma3",
         "gemma3_text",
+        "gpt-oss",
     ];
 
     pub fn from_name(name: &str) -> Option<Self> {
@@ -51,6 +57,7 @@ impl Architecture {
             "qwen3moe" | "qwen3_moe" => Some(Self::Qwen3Moe),
             // HF configs of the text-only Gemma 3 models say `gemma3_text`.
             "gemma3" | "gemma3_text" => Some(Self::Gemma3),
+            "gpt-oss" => Some(Self::GptOss),
             _ => None,
         }
     }
@@ -64,11 +71,30 @@ impl Architecture {
             Self::Qwen2Moe => "qwen2moe",
             Self::Qwen3Moe => "qwen3moe",
             Self::Gemma3 => "gemma3",
+            Self::GptOss => "gpt-oss",
         }
     }
 
     pub fn has_qkv_bias(self) -> bool {
-        matches!(self, Self::Qwen2 | Self::Qwen2Moe)
+        matches!(self, Self::Qwen2 | Self::Qwen2Moe | Self::GptOss)
+    }
+
+    /// A bias on the attention's output projection (gpt-oss).
+    pub fn has_output_bias(self) -> bool {
+        self == Self::GptOss
+    }
+
+    /// One learned logit a query head that joins every softmax's denominator as a key without
+    /// a value (gpt-oss's `attn_sinks`).
+    pub fn has_attention_sinks(self) -> bool {
+        self == Self::GptOss
+    }
+
+    /// Whether the sliding-window layers take the global layers' rope scaling (gpt-oss: YaRN
+    /// on both, and the same base unless the file gives the local ones theirs), rather than a
+    /// base of their own and no scaling (Gemma 3).
+    pub fn local_layers_share_rope(self) -> bool {
+        self == Self::GptOss
     }
 
     /// Per-head RMSNorm of Q and K (weights of `head_dim`) before the rotary embedding.
@@ -98,20 +124,60 @@ impl Architecture {
     /// Whether every file of this architecture holds a mixture of experts (llama holds one
     /// only when it says so: Mixtral).
     pub fn requires_experts(self) -> bool {
-        matches!(self, Self::Qwen2Moe | Self::Qwen3Moe)
+        matches!(self, Self::Qwen2Moe | Self::Qwen3Moe | Self::GptOss)
+    }
+
+    /// How the router's logits become the chosen experts' weights.
+    pub fn expert_gating(self) -> ExpertGating {
+        match self {
+            Self::GptOss => ExpertGating::TopKSoftmax,
+            _ => ExpertGating::SoftmaxTopK,
+        }
+    }
+
+    /// The experts' gated activation.
+    pub fn expert_activation(self) -> ExpertActivation {
+        match self {
+            Self::GptOss => ExpertActivation::ClampedSwiglu,
+            _ => ExpertActivation::Swiglu,
+        }
+    }
+
+    /// Biases on the router and on every expert's gate, up and down (gpt-oss).
+    pub fn has_expert_biases(self) -> bool {
+        self == Self::GptOss
     }
 
     /// Whether the chosen experts' weights are divided by their sum, where a file does not say
     /// (llama.cpp's choice for each architecture: Mixtral and qwen3moe renormalise, qwen2moe
     /// does not).
     pub fn default_norm_topk(self) -> bool {
-        !matches!(self, Self::Qwen2Moe)
+        !matches!(self, Self::Qwen2Moe | Self::GptOss)
     }
 
     /// Whether the architecture has a shared expert beside the routed ones.
     pub fn has_shared_expert(self) -> bool {
         matches!(self, Self::Qwen2Moe)
     }
+}
+
+/// How a router's logits become its chosen experts' weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertGating {
+    /// A softmax over every expert, then the top k's probabilities (Mixtral, the qwen MoEs).
+    SoftmaxTopK,
+    /// The top k of the raw logits, then a softmax over those k (gpt-oss).
+    TopKSoftmax,
+}
+
+/// The gated activation of every expert's MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertActivation {
+    /// `silu(gate) * up`.
+    Swiglu,
+    /// gpt-oss's: `g * sigmoid(1.702 g) * (u + 1)` with `g = min(gate, 7)` and `u = up`
+    /// clamped to `[-7, 7]`.
+    ClampedSwiglu,
 }
 
 /// A mixture of experts in place of a layer's MLP: a router picks `num_experts_used` of
@@ -207,6 +273,21 @@ pub enum RopeScaling {
     Linear { factor: f32 },
     /// A per-frequency divisor (llama3-style scaling as GGUF stores it: `rope_freqs.weight`).
     FreqFactors(Vec<f32>),
+    /// YaRN (gpt-oss, long-context Qwen): frequencies interpolated by `factor` below a ramp
+    /// between the dimensions where `beta_slow` and `beta_fast` rotations fit the original
+    /// context, kept above it, and cos/sin scaled by `attn_factor * (1 + 0.1 ln factor)`.
+    Yarn(Yarn),
+}
+
+/// The parameters of [`RopeScaling::Yarn`], as GGUF `rope.scaling.*` keys give them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    pub factor: f32,
+    /// The context the model was trained on before the extension.
+    pub original_context: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub attn_factor: f32,
 }
 
 /// How an embedding pools a sequence's final (normed) hidden states into one vector.

@@ -231,14 +231,23 @@ fn forward_on_pool(
         let layout = kv.layer_layout(i);
         match attention_backend {
             AttentionBackend::Cpu => {
-                cpu_attention::attend(q, &cache, layout, batch, tables, &shape, attn)?
+                let sinks = layer.sinks.as_deref();
+                cpu_attention::attend(q, &cache, layout, batch, tables, &shape, sinks, attn)?
             }
             // The reference backend (a test oracle) reads copies of the layer as tensors.
             backend => {
                 let (k_cache, v_cache) = cache.tensors(&dev)?;
                 let qt = Tensor::from_slice(q, (t, h, d), &dev)?;
                 let out = paged_attention(
-                    backend, &qt, &k_cache, &v_cache, layout, batch, tables, &shape,
+                    backend,
+                    &qt,
+                    &k_cache,
+                    &v_cache,
+                    layout,
+                    batch,
+                    tables,
+                    &shape,
+                    layer.sinks.as_deref(),
                 )?;
                 attn.copy_from_slice(&out.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
             }

@@ -2,7 +2,7 @@
 //! the layer builder as a [`WeightSource`].
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -15,13 +15,14 @@ use candle_core::Tensor;
 use sluice_tokenizer::{GgufMetadata, Tokenizer};
 
 use crate::config::{
-    Architecture, ModelConfig, MoeConfig, MoeConfigError, Pooling, RopeScaling, SlidingWindow,
+    Architecture, ModelConfig, MoeConfig, MoeConfigError, Pooling, RopeScaling, SlidingWindow, Yarn,
 };
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::load::{check_shape, ExpertMatrices, LoadOptions, Weight, WeightSource};
 use crate::model::LlamaModel;
 use crate::weights::{GgufMatrix, Linear, LinearOptions, WeightsKind};
+use sluice_kernels::QuantFormat;
 
 /// An opened GGUF file: the parsed header, and the file mapped into memory. Tensors are read
 /// straight from the map (regrouped into panels, or copied); the map is dropped with the
@@ -29,6 +30,9 @@ use crate::weights::{GgufMatrix, Linear, LinearOptions, WeightsKind};
 pub struct GgufFile {
     pub path: PathBuf,
     pub content: Content,
+    /// Tensors held in MXFP4 (gpt-oss's experts): `content` lists them as F32 (candle 0.11
+    /// has no MXFP4 type), so they are read only through [`GgufFile::mxfp4_bytes`].
+    mxfp4: HashSet<String>,
     map: Mmap,
     /// Kept to map the file afresh ([`GgufFile::release_pages`]).
     file: File,
@@ -45,20 +49,28 @@ impl GgufFile {
             source,
         };
         let mut file = File::open(&path).map_err(io)?;
-        let content = Content::read(&mut std::io::BufReader::new(&mut file)).map_err(|e| {
+        let mut mxfp4 = HashSet::new();
+        let content = Content::read(&mut std::io::BufReader::new(&mut file)).or_else(|e| {
+            // A header with MXFP4 tensors: candle reads a copy with their type patched.
+            if let Some((header, names)) = crate::gguf_header::with_mxfp4_patched(&path) {
+                if let Ok(content) = Content::read(&mut std::io::Cursor::new(header)) {
+                    mxfp4.extend(names);
+                    return Ok(content);
+                }
+            }
             let reason = match crate::gguf_header::unknown_tensor_type(&path) {
                 Some((name, id)) => format!(
                     "tensor `{name}` has GGML type {id}, which sluice does not support (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
                 ),
                 None => e.to_string(),
             };
-            ModelError::Gguf {
+            Err(ModelError::Gguf {
                 path: path.clone(),
                 reason,
-            }
+            })
         })?;
         let len = file.metadata().map_err(io)?.len();
-        check_extents(&path, &content, len)?;
+        check_extents(&path, &content, &mxfp4, len)?;
         // SAFETY: the map is only read, within the extents checked above against the file's
         // length. Like every reader of model files (llama.cpp, candle's safetensors), we rely
         // on nobody truncating or rewriting the file while it is loaded.
@@ -67,9 +79,29 @@ impl GgufFile {
         Ok(Self {
             path,
             content,
+            mxfp4,
             map,
             file,
         })
+    }
+
+    /// Whether tensor `name` is held in MXFP4.
+    pub fn is_mxfp4(&self, name: &str) -> bool {
+        self.mxfp4.contains(name)
+    }
+
+    /// The blocks of MXFP4 tensor `name` and its shape (rows first), from the map; `None` when
+    /// it is not an MXFP4 tensor.
+    pub(crate) fn mxfp4_bytes(&self, name: &str) -> Option<(Vec<usize>, &[u8])> {
+        if !self.is_mxfp4(name) {
+            return None;
+        }
+        let info = self.content.tensor_infos.get(name)?;
+        let (start, len) = extent(&self.content, info, true).expect("checked at open");
+        Some((
+            info.shape.dims().to_vec(),
+            &self.map[start as usize..][..len as usize],
+        ))
     }
 
     /// Maps the file afresh and drops the old map: the pages read so far leave this process's
@@ -90,6 +122,9 @@ impl GgufFile {
 
     /// The bytes of tensor `name`, its type and its shape (rows first), from the map.
     fn tensor_bytes(&self, name: &str) -> Result<(GgmlDType, Vec<usize>, &[u8])> {
+        if self.is_mxfp4(name) {
+            return Err(self.mxfp4_elsewhere(name));
+        }
         let info = self
             .content
             .tensor_infos
@@ -98,12 +133,23 @@ impl GgufFile {
                 path: self.path.clone(),
                 reason: format!("tensor `{name}` is missing"),
             })?;
-        let (start, len) = extent(&self.content, info).expect("checked at open");
+        let (start, len) = extent(&self.content, info, false).expect("checked at open");
         Ok((
             info.ggml_dtype,
             info.shape.dims().to_vec(),
             &self.map[start as usize..][..len as usize],
         ))
+    }
+
+    /// The error for an MXFP4 tensor where sluice reads only the experts' in that format.
+    fn mxfp4_elsewhere(&self, name: &str) -> ModelError {
+        ModelError::Unsupported {
+            path: self.path.clone(),
+            what: format!(
+                "MXFP4 in tensor `{name}`: sluice reads MXFP4 for the experts' matrices \
+                 (`ffn_*_exps`), as gpt-oss files hold it"
+            ),
+        }
     }
 
     pub fn metadata(&self) -> &HashMap<String, Value> {
@@ -219,6 +265,19 @@ impl GgufFile {
             },
         };
         let rope_scaling = self.rope_scaling(&arch, head_dim)?;
+        let context_length = self
+            .opt(&key("context_length"), Self::get_usize)?
+            .unwrap_or(4096);
+        let rope_scaling = match rope_scaling {
+            Some(RopeScaling::Yarn(y)) if y.original_context == 0 => {
+                // llama.cpp's default: the training context.
+                Some(RopeScaling::Yarn(Yarn {
+                    original_context: context_length,
+                    ..y
+                }))
+            }
+            other => other,
+        };
         let tie_word_embeddings = !self.has_tensor("output.weight");
         let intermediate_size = self.get_usize(&key("feed_forward_length"))?;
         let moe = self.moe_config(&arch, architecture, intermediate_size)?;
@@ -260,9 +319,7 @@ impl GgufFile {
                 .opt(&key("rope.freq_base"), Self::get_f32)?
                 .unwrap_or(10_000.0),
             rope_scaling,
-            max_position_embeddings: self
-                .opt(&key("context_length"), Self::get_usize)?
-                .unwrap_or(4096),
+            max_position_embeddings: context_length,
             tie_word_embeddings,
             // llama.cpp's numbering: 0 none, 1 mean, 2 cls, 3 last, 4 rank (a reranker's
             // head, which sluice does not run).
@@ -279,21 +336,31 @@ impl GgufFile {
         })
     }
 
-    /// Gemma 3's local layers, as llama.cpp reads them: `attention.sliding_window` (none, or 0:
-    /// every layer global); `attention.sliding_window_pattern`, an array of one flag a layer or
-    /// a period N (layers `i % N < N - 1` local; 6 when absent); `rope.freq_base_swa`, the
-    /// local layers' rotary base (10000 when absent). Other architectures: none.
+    /// Gemma 3's and gpt-oss's local layers, as llama.cpp reads them:
+    /// `attention.sliding_window` (Gemma: none, or 0, every layer global; gpt-oss: required
+    /// and positive); `attention.sliding_window_pattern`, an array of one flag a layer or a
+    /// period N (layers `i % N < N - 1` local; 6 when absent for Gemma, 2 for gpt-oss);
+    /// `rope.freq_base_swa`, Gemma's local rotary base (10000 when absent; gpt-oss's local
+    /// layers rotate as its global ones). Other architectures: none.
     fn sliding_window(
         &self,
         arch: &str,
         architecture: Architecture,
         num_layers: usize,
     ) -> Result<Option<SlidingWindow>> {
-        if architecture != Architecture::Gemma3 {
-            return Ok(None);
-        }
+        let default_period = match architecture {
+            Architecture::Gemma3 => 6,
+            Architecture::GptOss => 2,
+            _ => return Ok(None),
+        };
         let key = |k: &str| format!("{arch}.{k}");
         let window = match self.opt(&key("attention.sliding_window"), Self::get_usize)? {
+            Some(0) | None if architecture == Architecture::GptOss => {
+                return Err(self.meta_err(
+                    &key("attention.sliding_window"),
+                    "gpt-oss's sliding-window layers need a window of at least one token",
+                ))
+            }
             None | Some(0) => return Ok(None),
             Some(w) => w,
         };
@@ -326,11 +393,20 @@ impl GgufFile {
                     .map(|i| period == 0 || i % period < period - 1)
                     .collect()
             }
-            None => (0..num_layers).map(|i| i % 6 < 5).collect(),
+            None => (0..num_layers)
+                .map(|i| i % default_period < default_period - 1)
+                .collect(),
+        };
+        // gpt-oss's local layers rotate as its global ones unless the file says otherwise.
+        let default_local_theta = match architecture {
+            Architecture::GptOss => self
+                .opt(&key("rope.freq_base"), Self::get_f32)?
+                .unwrap_or(10_000.0),
+            _ => 10_000.0,
         };
         let local_rope_theta = self
             .opt(&key("rope.freq_base_swa"), Self::get_f32)?
-            .unwrap_or(10_000.0);
+            .unwrap_or(default_local_theta);
         if !(local_rope_theta.is_finite() && local_rope_theta > 0.0) {
             return Err(self.meta_err(&key("rope.freq_base_swa"), "must be positive"));
         }
@@ -428,13 +504,21 @@ impl GgufFile {
             }
             None => architecture.default_norm_topk(),
         };
+        // gpt-oss's weights are the softmax of the chosen logits, never divided again
+        // (llama.cpp's rule, whatever the key says).
+        let norm_topk_prob = norm_topk_prob && architecture != Architecture::GptOss;
         // llama.cpp reads 0 (its default) as no scale.
         let weights_scale = match self.opt(&key("expert_weights_scale"), Self::get_f32)? {
             None | Some(0.0) => 1.0,
             Some(x) => x,
         };
-        // 1 is a softmax over the experts' logits, the only gating these architectures use.
-        if let Some(gating) = self.opt(&key("expert_gating_func"), Self::get_usize)? {
+        // 1 is a softmax over the experts' logits, the only gating these architectures use
+        // (gpt-oss's softmax over the top k is its own, whatever the key says: llama.cpp's
+        // rule).
+        if let Some(gating) = self
+            .opt(&key("expert_gating_func"), Self::get_usize)?
+            .filter(|_| architecture != Architecture::GptOss)
+        {
             if gating != 1 {
                 return Err(ModelError::Unsupported {
                     path: self.path.clone(),
@@ -505,10 +589,40 @@ impl GgufFile {
                 }
                 Ok(Some(RopeScaling::Linear { factor }))
             }
+            "yarn" => {
+                let positive = |s: &Self, k: &str, default: Option<f32>| -> Result<f32> {
+                    let full = format!("{arch}.rope.scaling.{k}");
+                    let v = match (s.opt(&full, Self::get_f32)?, default) {
+                        (Some(v), _) => v,
+                        (None, Some(d)) => d,
+                        (None, None) => s.get_f32(&full)?,
+                    };
+                    if v.is_finite() && v > 0.0 {
+                        Ok(v)
+                    } else {
+                        Err(s.meta_err(&full, format!("{v} must be positive")))
+                    }
+                };
+                let factor = positive(self, "factor", None)?;
+                let original_context = self
+                    .opt(
+                        &format!("{arch}.rope.scaling.original_context_length"),
+                        Self::get_usize,
+                    )?
+                    .unwrap_or(0);
+                Ok(Some(RopeScaling::Yarn(Yarn {
+                    factor,
+                    original_context,
+                    // llama.cpp's defaults (it reads no key for them).
+                    beta_fast: positive(self, "yarn_beta_fast", Some(32.0))?,
+                    beta_slow: positive(self, "yarn_beta_slow", Some(1.0))?,
+                    attn_factor: positive(self, "attn_factor", Some(1.0))?,
+                })))
+            }
             other => Err(ModelError::Unsupported {
                 path: self.path.clone(),
                 what: format!(
-                    "rope scaling type `{other}` (supported: none, linear, llama3 rope_freqs)"
+                    "rope scaling type `{other}` (supported: none, linear, yarn, llama3 rope_freqs)"
                 ),
             }),
         }
@@ -521,6 +635,7 @@ pub(crate) struct GgufWeights<'a> {
     file: &'a mut GgufFile,
     /// `Some(head_dim)` for llama files, whose Q/K rows llama.cpp permuted.
     unpermute_head_dim: Option<usize>,
+    architecture: Architecture,
 }
 
 impl<'a> GgufWeights<'a> {
@@ -531,16 +646,96 @@ impl<'a> GgufWeights<'a> {
             // stored unpermuted) so one rotary convention serves every architecture.
             unpermute_head_dim: (config.architecture == Architecture::Llama)
                 .then_some(config.head_dim),
+            architecture: config.architecture,
         }
     }
 
+    fn name(&self, w: Weight) -> String {
+        w.gguf_name_in(self.architecture)
+    }
+
     fn read(&mut self, w: Weight, shape: &[usize]) -> Result<QTensor> {
-        let name = w.gguf_name();
+        let name = self.name(w);
         check_supported_dtype(self.file, &name)?;
         let t = self.file.tensor(&name, &Device::Cpu)?;
         check_shape(&self.file.path, &name, t.shape().dims(), shape)?;
         Ok(t)
     }
+}
+
+/// A layer's experts held in MXFP4 (gpt-oss): `[gate, up, down]`, each `[experts, rows,
+/// cols]` and all three MXFP4 (as llama.cpp writes them); each expert's gate and up stacked
+/// into one layer, its rows read where they lie in the map.
+fn mxfp4_experts(
+    file: &GgufFile,
+    [gate, up, down]: [&str; 3],
+    shape: ExpertMatrices,
+    options: &LinearOptions,
+) -> Result<Vec<crate::moe::Expert>> {
+    let ExpertMatrices {
+        experts,
+        inter,
+        hidden,
+    } = shape;
+    let blocks = |name: &str, rows: usize, cols: usize| -> Result<Vec<&[u8]>> {
+        let (dims, data) = match file.mxfp4_bytes(name) {
+            Some(found) => found,
+            None if file.has_tensor(name) => {
+                return Err(ModelError::Unsupported {
+                    path: file.path.clone(),
+                    what: format!(
+                        "tensor `{name}` beside MXFP4 experts in another type: a layer's \
+                         experts are read all MXFP4 or none"
+                    ),
+                })
+            }
+            None => {
+                return Err(ModelError::Gguf {
+                    path: file.path.clone(),
+                    reason: format!("tensor `{name}` is missing"),
+                })
+            }
+        };
+        check_shape(&file.path, name, &dims, &[experts, rows, cols])?;
+        Ok(data.chunks_exact(data.len() / experts).collect())
+    };
+    let (gates, ups, downs) = (
+        blocks(gate, inter, hidden)?,
+        blocks(up, inter, hidden)?,
+        blocks(down, hidden, inter)?,
+    );
+    (0..experts)
+        .map(|e| {
+            let (g, u, d) = (gates[e], ups[e], downs[e]);
+            let (gb, db) = (g.len() / inter, d.len() / hidden);
+            let gate_up = Linear::from_block_rows(
+                QuantFormat::Mxfp4,
+                2 * inter,
+                hidden,
+                |r| {
+                    if r < inter {
+                        &g[r * gb..][..gb]
+                    } else {
+                        &u[(r - inter) * gb..][..gb]
+                    }
+                },
+                options,
+            )?;
+            let down = Linear::from_block_rows(
+                QuantFormat::Mxfp4,
+                hidden,
+                inter,
+                |r| &d[r * db..][..db],
+                options,
+            )?;
+            Ok(crate::moe::Expert {
+                gate_up,
+                down,
+                gate_up_bias: None,
+                down_bias: None,
+            })
+        })
+        .collect()
 }
 
 /// A matrix of the file, straight from the map, checked to be `[rows, cols]`.
@@ -605,6 +800,9 @@ impl WeightSource for GgufWeights<'_> {
             name("ffn_down_exps"),
         );
         let fused = name("ffn_gate_up_exps");
+        if [&gate, &up, &down].iter().any(|n| self.file.is_mxfp4(n)) {
+            return mxfp4_experts(self.file, [&gate, &up, &down], shape, options);
+        }
         let downs = expert_matrices(self.file, &down, experts, hidden, inter)?;
         let gate_ups: Vec<Vec<GgufMatrix<'_>>> = if self.file.has_tensor(&fused) {
             expert_matrices(self.file, &fused, experts, 2 * inter, hidden)?
@@ -627,13 +825,15 @@ impl WeightSource for GgufWeights<'_> {
                 Ok(crate::moe::Expert {
                     gate_up: Linear::from_gguf(gate_up, None, options)?,
                     down: Linear::from_gguf(&[down], None, options)?,
+                    gate_up_bias: None,
+                    down_bias: None,
                 })
             })
             .collect()
     }
 
     fn has(&self, w: Weight) -> bool {
-        self.file.has_tensor(&w.gguf_name())
+        self.file.has_tensor(&self.name(w))
     }
 
     fn layer_done(&mut self) -> Result<()> {
@@ -670,7 +870,7 @@ impl WeightSource for GgufWeights<'_> {
         bias: Option<Tensor>,
         options: &LinearOptions,
     ) -> Result<Linear> {
-        let names: Vec<String> = parts.iter().map(|&(w, _)| w.gguf_name()).collect();
+        let names: Vec<String> = parts.iter().map(|&(w, _)| self.name(w)).collect();
         let mut ms = Vec::with_capacity(parts.len());
         for (&(w, rows), name) in parts.iter().zip(&names) {
             let mut m = matrix(self.file, name, rows, cols)?;
@@ -693,7 +893,7 @@ impl WeightSource for GgufWeights<'_> {
         shape: [usize; 2],
         options: &LinearOptions,
     ) -> Result<Linear> {
-        let name = if tied { Weight::Embed } else { Weight::Output }.gguf_name();
+        let name = self.name(if tied { Weight::Embed } else { Weight::Output });
         let m = matrix(self.file, &name, shape[0], shape[1])?;
         Linear::from_gguf(&[m], None, options)
     }
@@ -703,9 +903,17 @@ impl WeightSource for GgufWeights<'_> {
 fn extent(
     content: &Content,
     info: &candle_core::quantized::gguf_file::TensorInfo,
+    mxfp4: bool,
 ) -> std::result::Result<(u64, u64), String> {
     let dims = info.shape.dims();
-    let block = info.ggml_dtype.block_size();
+    let (block, type_size) = if mxfp4 {
+        (
+            QuantFormat::Mxfp4.block_weights(),
+            QuantFormat::Mxfp4.block_bytes(),
+        )
+    } else {
+        (info.ggml_dtype.block_size(), info.ggml_dtype.type_size())
+    };
     let cols = dims.last().copied().unwrap_or(1);
     if cols % block != 0 {
         return Err(format!(
@@ -717,7 +925,7 @@ fn extent(
         .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
         .ok_or("its shape overflows")?;
     let len = (elems / block as u64)
-        .checked_mul(info.ggml_dtype.type_size() as u64)
+        .checked_mul(type_size as u64)
         .ok_or("its size overflows")?;
     let start = content
         .tensor_data_offset
@@ -728,18 +936,28 @@ fn extent(
 
 /// Checks that every tensor's blocks fit its shape and lie inside the file without overlapping
 /// another's.
-fn check_extents(path: &Path, content: &Content, file_len: u64) -> Result<()> {
+fn check_extents(
+    path: &Path,
+    content: &Content,
+    mxfp4: &HashSet<String>,
+    file_len: u64,
+) -> Result<()> {
     let mut spans = Vec::with_capacity(content.tensor_infos.len());
     for (name, info) in &content.tensor_infos {
+        let is_mxfp4 = mxfp4.contains(name);
         let err = |reason: String| ModelError::Gguf {
             path: path.to_path_buf(),
             reason: format!(
-                "tensor `{name}` ({:?}, shape {:?}): {reason}",
-                info.ggml_dtype,
+                "tensor `{name}` ({}, shape {:?}): {reason}",
+                if is_mxfp4 {
+                    "MXFP4".to_string()
+                } else {
+                    format!("{:?}", info.ggml_dtype)
+                },
                 info.shape.dims()
             ),
         };
-        let (start, len) = extent(content, info).map_err(err)?;
+        let (start, len) = extent(content, info, is_mxfp4).map_err(err)?;
         let end = start.saturating_add(len);
         if end > file_len {
             return Err(err(format!(
@@ -769,6 +987,9 @@ fn check_extents(path: &Path, content: &Content, file_len: u64) -> Result<()> {
 /// Quantization formats candle can dequantize and multiply; anything else is refused by name.
 fn check_supported_dtype(file: &GgufFile, name: &str) -> Result<()> {
     use candle_core::quantized::GgmlDType as G;
+    if file.is_mxfp4(name) {
+        return Err(file.mxfp4_elsewhere(name));
+    }
     let Some(info) = file.content.tensor_infos.get(name) else {
         return Err(ModelError::Gguf {
             path: file.path.clone(),

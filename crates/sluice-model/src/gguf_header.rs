@@ -1,12 +1,70 @@
-//! A scan of a GGUF header's tensor infos that needs no knowledge of tensor types, to name the
-//! tensor whose type sluice cannot read: candle's header reader stops at such a type with only
-//! its number.
+//! A scan of a GGUF header's tensor infos that needs no knowledge of tensor types: to name the
+//! tensor whose type sluice cannot read (candle's header reader stops at such a type with only
+//! its number), and to read a header whose tensors include MXFP4 (type 39, which candle 0.11
+//! does not know) by handing candle a copy with those types patched.
 
 use std::io::{BufReader, Read};
 use std::path::Path;
 
 /// GGML type ids candle reads (F32 .. Q8_K, BF16).
 const KNOWN_TYPES: &[u32] = &[0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 30];
+
+/// GGML's id of MXFP4 (gpt-oss's experts).
+pub(crate) const MXFP4_TYPE: u32 = 39;
+
+/// A header whose MXFP4 tensors' type ids are replaced by F32's (0), so that candle parses it;
+/// the names of those tensors, whose sizes the caller computes as MXFP4's. `None` when the file
+/// has no MXFP4 tensor, another type candle does not know, or a header that cannot be scanned.
+pub(crate) fn with_mxfp4_patched(path: &Path) -> Option<(Vec<u8>, Vec<String>)> {
+    let mut r = Recording {
+        inner: BufReader::new(std::fs::File::open(path).ok()?),
+        bytes: Vec::new(),
+    };
+    let mut magic = [0u8; 4];
+    r.read_exact(&mut magic).ok()?;
+    if &magic != b"GGUF" || u32_of(&mut r)? < 2 {
+        return None;
+    }
+    let tensors = u64_of(&mut r)?;
+    let kvs = u64_of(&mut r)?;
+    for _ in 0..kvs {
+        skip_string(&mut r)?;
+        let kind = u32_of(&mut r)?;
+        skip_value(&mut r, kind, 0)?;
+    }
+    let mut names = Vec::new();
+    for _ in 0..tensors {
+        let name = string(&mut r)?;
+        let dims = u32_of(&mut r)?;
+        for _ in 0..dims {
+            u64_of(&mut r)?;
+        }
+        let at = r.bytes.len();
+        let kind = u32_of(&mut r)?;
+        u64_of(&mut r)?;
+        if kind == MXFP4_TYPE {
+            r.bytes[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+            names.push(name);
+        } else if !KNOWN_TYPES.contains(&kind) {
+            return None;
+        }
+    }
+    (!names.is_empty()).then_some((r.bytes, names))
+}
+
+/// A reader that keeps a copy of every byte read through it.
+struct Recording<R> {
+    inner: R,
+    bytes: Vec<u8>,
+}
+
+impl<R: Read> Read for Recording<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+}
 
 /// The first tensor of the file at `path` whose GGML type id is not one candle reads, with
 /// that id; `None` when there is none or the header cannot be scanned.

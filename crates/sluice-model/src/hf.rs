@@ -307,6 +307,8 @@ impl WeightSource for HfWeights<'_> {
                     Ok(Expert {
                         gate_up: Linear::from_tensor(gate_up.get(e)?, None, options)?,
                         down: Linear::from_tensor(down.get(e)?, None, options)?,
+                        gate_up_bias: None,
+                        down_bias: None,
                     })
                 })
                 .collect();
@@ -334,6 +336,8 @@ impl WeightSource for HfWeights<'_> {
                 Ok(Expert {
                     gate_up: Linear::from_tensor(Tensor::cat(&[gate, up], 0)?, None, options)?,
                     down: Linear::from_tensor(down, None, options)?,
+                    gate_up_bias: None,
+                    down_bias: None,
                 })
             })
             .collect()

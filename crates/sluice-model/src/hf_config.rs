@@ -110,12 +110,21 @@ fn architecture(f: &Fields<'_>, c: &ConfigJson) -> Result<Architecture> {
                 .to_ascii_lowercase()
         }
     };
-    Architecture::from_name(&name).ok_or_else(|| {
-        f.unsupported(format!(
+    match Architecture::from_name(&name) {
+        // gpt-oss's checkpoints hold MXFP4 experts in a layout of their own: sluice reads the
+        // GGUF conversion (llama.cpp's converter repacks them).
+        Some(Architecture::GptOss) | None if name == "gpt_oss" || name == "gpt-oss" => Err(f
+            .unsupported(
+                "gpt-oss as a Hugging Face checkpoint: serve its GGUF conversion (gpt-oss GGUF \
+                 files load)"
+                    .to_string(),
+            )),
+        Some(a) => Ok(a),
+        None => Err(f.unsupported(format!(
             "architecture `{name}` (model_type; supported: {})",
             Architecture::NAMES.join(", ")
-        ))
-    })
+        ))),
+    }
 }
 
 /// Hyper-parameters from a parsed config.json. `has_lm_head`: whether the checkpoint holds
@@ -185,6 +194,7 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         | Architecture::Qwen3Moe => c.use_sliding_window.unwrap_or(false),
         // Gemma's local layers attend over their window (below), its global ones to all.
         Architecture::Gemma3 => false,
+        Architecture::GptOss => unreachable!("refused by `architecture`"),
     };
     let num_layers = f.required("num_hidden_layers", c.num_hidden_layers)?;
     let intermediate_size = f.required("intermediate_size", c.intermediate_size)?;

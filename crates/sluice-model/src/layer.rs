@@ -38,6 +38,8 @@ pub(crate) struct Layer {
     /// The sliding window this layer attends over (a Gemma 3 local layer, which also rotates
     /// with [`ModelWeights::local_rope`]); `None`: every earlier key.
     pub window: Option<usize>,
+    /// gpt-oss: one sink logit a query head, joining each softmax's denominator.
+    pub sinks: Option<Vec<f32>>,
 }
 
 /// Gemma's norms after the attention and after the MLP.
@@ -55,7 +57,7 @@ pub(crate) enum Mlp {
         down: Linear,
     },
     /// A mixture of experts (the CPU forward runs it; a GPU model refuses it at load).
-    Experts(MoeLayer),
+    Experts(Box<MoeLayer>),
 }
 
 impl Mlp {

@@ -140,6 +140,16 @@ pub enum Weight {
     SharedUp(usize),
     SharedDown(usize),
     SharedRouter(usize),
+    /// gpt-oss: the attention output's bias `[hidden]`.
+    OBias(usize),
+    /// gpt-oss: one sink logit a query head `[heads]`.
+    Sinks(usize),
+    /// gpt-oss: the router's bias `[experts]`, and every expert's gate, up and down biases
+    /// (`[experts, inter]`, `[experts, inter]`, `[experts, hidden]`).
+    RouterBias(usize),
+    ExpertGateBias(usize),
+    ExpertUpBias(usize),
+    ExpertDownBias(usize),
 }
 
 impl Weight {
@@ -171,6 +181,23 @@ impl Weight {
             Self::SharedUp(i) => blk(i, "ffn_up_shexp.weight"),
             Self::SharedDown(i) => blk(i, "ffn_down_shexp.weight"),
             Self::SharedRouter(i) => blk(i, "ffn_gate_inp_shexp.weight"),
+            Self::OBias(i) => blk(i, "attn_output.bias"),
+            Self::Sinks(i) => blk(i, "attn_sinks.weight"),
+            Self::RouterBias(i) => blk(i, "ffn_gate_inp.bias"),
+            Self::ExpertGateBias(i) => blk(i, "ffn_gate_exps.bias"),
+            Self::ExpertUpBias(i) => blk(i, "ffn_up_exps.bias"),
+            Self::ExpertDownBias(i) => blk(i, "ffn_down_exps.bias"),
+        }
+    }
+
+    /// The tensor's name in a GGUF file of `architecture`: [`Self::gguf_name`], but for
+    /// gpt-oss's MLP pre-norm, `post_attention_norm` (llama.cpp's name for it there).
+    pub fn gguf_name_in(self, architecture: Architecture) -> String {
+        match (architecture, self) {
+            (Architecture::GptOss, Self::FfnNorm(i)) => {
+                format!("blk.{i}.post_attention_norm.weight")
+            }
+            _ => self.gguf_name(),
         }
     }
 
@@ -233,6 +260,14 @@ impl Weight {
             Self::SharedUp(i) => layer(i, "mlp.shared_expert.up_proj.weight"),
             Self::SharedDown(i) => layer(i, "mlp.shared_expert.down_proj.weight"),
             Self::SharedRouter(i) => layer(i, "mlp.shared_expert_gate.weight"),
+            // transformers' gpt-oss names (sluice reads gpt-oss from GGUF files only).
+            Self::OBias(i) => layer(i, "self_attn.o_proj.bias"),
+            Self::Sinks(i) => layer(i, "self_attn.sinks"),
+            Self::RouterBias(i) => layer(i, "mlp.router.bias"),
+            Self::ExpertGateBias(i) | Self::ExpertUpBias(i) => {
+                layer(i, "mlp.experts.gate_up_proj_bias")
+            }
+            Self::ExpertDownBias(i) => layer(i, "mlp.experts.down_proj_bias"),
         }
     }
 }

@@ -110,11 +110,24 @@ impl LlamaModel {
                 biases,
                 linear,
             )?;
-            let o = src.linear(&[(Weight::O(i), hidden)], heads * d, None, linear)?;
+            let o_bias = if arch.has_output_bias() {
+                Some(src.dense(Weight::OBias(i), &[hidden], &device)?)
+            } else {
+                None
+            };
+            let o = src.linear(&[(Weight::O(i), hidden)], heads * d, o_bias, linear)?;
+            let sinks = if arch.has_attention_sinks() {
+                Some(
+                    src.dense(Weight::Sinks(i), &[heads], &Device::Cpu)?
+                        .to_vec1::<f32>()?,
+                )
+            } else {
+                None
+            };
             let mlp = match &config.moe {
-                Some(moe) if moe.is_sparse(i) => {
-                    Mlp::Experts(Self::build_moe(src, i, moe, hidden, linear)?)
-                }
+                Some(moe) if moe.is_sparse(i) => Mlp::Experts(Box::new(Self::build_moe(
+                    src, arch, i, moe, hidden, linear,
+                )?)),
                 _ => Mlp::Dense {
                     gate_up: src.linear(
                         &[(Weight::Gate(i), inter), (Weight::Up(i), inter)],
@@ -158,6 +171,7 @@ impl LlamaModel {
                     .to_dtype(act)?,
                 mlp,
                 window: config.window_of_layer(i),
+                sinks,
             });
             src.layer_done()?;
         }
@@ -228,6 +242,7 @@ impl LlamaModel {
     /// expert.
     fn build_moe(
         src: &mut dyn WeightSource,
+        arch: Architecture,
         i: usize,
         moe: &crate::config::MoeConfig,
         hidden: usize,
@@ -241,7 +256,32 @@ impl LlamaModel {
             inter,
             hidden,
         };
-        let experts = src.experts(i, shape, linear)?;
+        let mut experts = src.experts(i, shape, linear)?;
+        let router_bias = if arch.has_expert_biases() {
+            let rows = |src: &mut dyn WeightSource, w: Weight, cols: usize| -> Result<Vec<f32>> {
+                Ok(src
+                    .dense(w, &[n, cols], &Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?)
+            };
+            let (gate, up) = (
+                rows(src, Weight::ExpertGateBias(i), inter)?,
+                rows(src, Weight::ExpertUpBias(i), inter)?,
+            );
+            let down = rows(src, Weight::ExpertDownBias(i), hidden)?;
+            for (e, expert) in experts.iter_mut().enumerate() {
+                let mut gate_up = gate[e * inter..][..inter].to_vec();
+                gate_up.extend_from_slice(&up[e * inter..][..inter]);
+                expert.gate_up_bias = Some(gate_up);
+                expert.down_bias = Some(down[e * hidden..][..hidden].to_vec());
+            }
+            Some(
+                src.dense(Weight::RouterBias(i), &[n], &Device::Cpu)?
+                    .to_vec1::<f32>()?,
+            )
+        } else {
+            None
+        };
         let shared = match moe.shared_expert_intermediate_size {
             Some(sh) => Some(SharedExpert {
                 mlp: crate::moe::Expert {
@@ -252,6 +292,8 @@ impl LlamaModel {
                         linear,
                     )?,
                     down: src.linear(&[(Weight::SharedDown(i), hidden)], sh, None, linear)?,
+                    gate_up_bias: None,
+                    down_bias: None,
                 },
                 intermediate_size: sh,
                 gate: src.linear(&[(Weight::SharedRouter(i), 1)], hidden, None, linear)?,
@@ -260,8 +302,11 @@ impl LlamaModel {
         };
         Ok(MoeLayer {
             router,
+            router_bias,
+            activation: arch.expert_activation(),
             experts,
             rule: RoutingRule {
+                gating: arch.expert_gating(),
                 k: moe.num_experts_used,
                 norm_topk: moe.norm_topk_prob,
                 scale: moe.weights_scale,

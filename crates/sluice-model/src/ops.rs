@@ -38,6 +38,29 @@ pub(crate) fn swiglu_rows_into(gate_up: &[f32], inter: usize, act: &mut [f32]) -
     Ok(())
 }
 
+/// gpt-oss's clamped SwiGLU on rows `gate_up: [T, 2 * inter]` (gate then up) into `act: [T,
+/// inter]`: `g / (1 + e^(-1.702 g)) * (u + 1)` with `g = min(gate, 7)` and `u` the up value
+/// clamped to `[-7, 7]`, in f32 in ggml's order (`ggml_swiglu_oai`). Each value depends on its
+/// own gate and up alone, so batching cannot show.
+pub(crate) fn clamped_swiglu_rows_into(gate_up: &[f32], inter: usize, act: &mut [f32]) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    for (row, out) in gate_up
+        .chunks_exact(2 * inter)
+        .zip(act.chunks_exact_mut(inter))
+    {
+        let (gate, up) = row.split_at(inter);
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            let g = g.min(LIMIT);
+            // min then max, as ggml does: a NaN up value becomes the limit, where clamp
+            // would keep the NaN.
+            #[allow(clippy::manual_clamp)]
+            let u = u.min(LIMIT).max(-LIMIT);
+            *o = g / (1.0 + (ALPHA * -g).exp()) * (u + 1.0);
+        }
+    }
+}
+
 /// A gated MLP's activation on plain rows: [`swiglu_rows_into`] for SiLU; GeGLU (Gemma's
 /// `gelu_tanh(gate) * up`) by the fused pass where the CPU has it, else in scalar code with the
 /// same formula (`gate * up / (1 + e^-z)`, `sluice_kernels::cpu::swiglu::sigmoid_argument`).

@@ -82,7 +82,7 @@ impl Default for TinyModelSpec {
     }
 }
 
-/// The sliding window of a tiny gemma3 model's local layers.
+/// The sliding window of a tiny gemma3 (or gpt-oss) model's local layers.
 pub const TINY_GEMMA_WINDOW: usize = 8;
 
 /// Control tokens after the 256 byte tokens.
@@ -239,7 +239,23 @@ impl TinyModelSpec {
                 }
             }
             w.vector(&p("attn_norm.weight"), h, 1.0, 0.1)?;
-            w.vector(&p("ffn_norm.weight"), h, 1.0, 0.1)?;
+            // gpt-oss names its MLP pre-norm `post_attention_norm` (llama.cpp's name there).
+            let ffn_norm = if self.architecture == Architecture::GptOss {
+                "post_attention_norm.weight"
+            } else {
+                "ffn_norm.weight"
+            };
+            w.vector(&p(ffn_norm), h, 1.0, 0.1)?;
+            if self.architecture == Architecture::GptOss {
+                let moe = self.moe.as_ref().expect("gpt-oss is a mixture of experts");
+                let (n, ei) = (moe.experts, moe.expert_intermediate_size);
+                w.vector(&p("attn_output.bias"), h, 0.0, 0.2)?;
+                w.vector(&p("attn_sinks.weight"), self.num_heads, 0.0, 2.0)?;
+                w.vector(&p("ffn_gate_inp.bias"), n, 0.0, 0.5)?;
+                w.matrix(&p("ffn_gate_exps.bias"), (n, ei), 0.2, GgmlDType::F32)?;
+                w.matrix(&p("ffn_up_exps.bias"), (n, ei), 0.2, GgmlDType::F32)?;
+                w.matrix(&p("ffn_down_exps.bias"), (n, h), 0.2, GgmlDType::F32)?;
+            }
             if self.architecture.has_qkv_bias() {
                 w.vector(&p("attn_q.bias"), self.num_heads * hd, 0.0, 0.5)?;
                 w.vector(&p("attn_k.bias"), kvh * hd, 0.0, 0.5)?;
@@ -294,6 +310,17 @@ impl TinyModelSpec {
             ));
             meta.push((k("attention.sliding_window_pattern"), Value::U32(2)));
             meta.push((k("final_logit_softcapping"), Value::F32(30.0)));
+        }
+        if self.architecture == Architecture::GptOss {
+            // Layers local (a window of TINY_GEMMA_WINDOW keys) and global in turn, the
+            // default pattern; YaRN over a short original context.
+            meta.push((
+                k("attention.sliding_window"),
+                Value::U32(TINY_GEMMA_WINDOW as u32),
+            ));
+            meta.push((k("rope.scaling.type"), Value::String("yarn".into())));
+            meta.push((k("rope.scaling.factor"), Value::F32(8.0)));
+            meta.push((k("rope.scaling.original_context_length"), Value::U32(64)));
         }
         if let Some(moe) = &self.moe {
             meta.push((k("expert_count"), Value::U32(moe.experts as u32)));
@@ -512,6 +539,14 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
                 what: "export of rope_freqs (llama3 rope scaling) to config.json".into(),
             })
         }
+        Some(RopeScaling::Yarn(y)) => serde_json::json!({
+            "rope_type": "yarn",
+            "factor": y.factor,
+            "original_max_position_embeddings": y.original_context,
+            "beta_fast": y.beta_fast,
+            "beta_slow": y.beta_slow,
+            "attention_factor": y.attn_factor,
+        }),
     };
     let (class, model_type) = match (arch, &config.moe) {
         (Architecture::Llama, Some(_)) => ("MixtralForCausalLM", "mixtral"),
@@ -521,6 +556,12 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
         (Architecture::Qwen2Moe, _) => ("Qwen2MoeForCausalLM", "qwen2_moe"),
         (Architecture::Qwen3Moe, _) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
         (Architecture::Gemma3, _) => ("Gemma3ForCausalLM", "gemma3_text"),
+        (Architecture::GptOss, _) => {
+            return Err(ModelError::Unsupported {
+                path: gguf.to_path_buf(),
+                what: "export of gpt-oss to a Hugging Face checkpoint".into(),
+            })
+        }
     };
     let torch_dtype = match export.dtype {
         DType::BF16 => "bfloat16",

@@ -528,6 +528,68 @@ impl Linear {
         })
     }
 
+    /// A layer of `rows` rows of `format`'s blocks that candle cannot read (MXFP4, gpt-oss's
+    /// experts), given row by row where they lie: our int8 kernels under `auto` and
+    /// `quantized` (exact panels where this CPU has no int8 kernel for the format), exact
+    /// panels under `exact`, and the blocks dequantized to f32 panels under `f32` (rounded on
+    /// to f16 or bf16 under those). On the CPU only.
+    pub(crate) fn from_block_rows<'a>(
+        format: QuantFormat,
+        rows: usize,
+        cols: usize,
+        row: impl Fn(usize) -> &'a [u8] + Sync,
+        options: &LinearOptions,
+    ) -> Result<Self> {
+        let refuse = |why: &str| {
+            Err(ModelError::WeightLayout(format!(
+                "a {format:?} matrix of {rows} x {cols}: {why}"
+            )))
+        };
+        if !options.device.is_cpu() || !gemm::available() {
+            return refuse("its blocks run on the CPU's packed kernels only");
+        }
+        let exact = |row: &(dyn Fn(usize) -> &'a [u8] + Sync)| {
+            PackedMatrix::pack_quantized_rows(format, rows, cols, row)
+        };
+        let part = match options.kind {
+            WeightsKind::Auto | WeightsKind::Quantized => {
+                match QuantMatrix::from_rows(format, rows, cols, &row) {
+                    Some(m) => Part::Int8(m),
+                    None => match exact(&row) {
+                        Some(m) => Part::Panels(Arc::new(m)),
+                        None => return refuse("no kernel reads rows of this length"),
+                    },
+                }
+            }
+            WeightsKind::Exact => match exact(&row) {
+                Some(m) => Part::Panels(Arc::new(m)),
+                None => return refuse("no exact panels for rows of this length"),
+            },
+            WeightsKind::F32 | WeightsKind::F16 | WeightsKind::Bf16 => {
+                let mut dense = vec![0f32; rows * cols];
+                for (r, out) in dense.chunks_exact_mut(cols).enumerate() {
+                    format.dequantize(row(r), out);
+                }
+                let w = Tensor::from_vec(dense, (rows, cols), &Device::Cpu)?;
+                let w = match options.kind {
+                    WeightsKind::F16 => w.to_dtype(DType::F16)?,
+                    WeightsKind::Bf16 => w.to_dtype(DType::BF16)?,
+                    _ => w,
+                };
+                let Weights::Parts(mut parts) = panels_or_tensor(w, true)? else {
+                    unreachable!("packed panels on the CPU")
+                };
+                parts.remove(0).1
+            }
+        };
+        Ok(Self {
+            weights: Weights::Parts(vec![(0, part)]),
+            bias: None,
+            bias_values: None,
+            out_features: rows,
+        })
+    }
+
     pub fn out_features(&self) -> usize {
         self.out_features
     }

@@ -7,8 +7,8 @@
 //! For every GGUF format our kernels read and every weight kind, on a model wide enough for
 //! the K-quants' 256-input super-blocks, and on mixtures of experts (qwen3moe in five formats
 //! under every kind; qwen2moe with its shared expert and Mixtral in Q4_K), whose experts each
-//! multiply however many rows of the step chose them, and on Gemma 3's layers with a sliding
-//! window (Q4_K under `auto` and `exact`):
+//! multiply however many rows of the step chose them, and on Gemma 3's and gpt-oss's layers with
+//! a sliding window (Q4_K under `auto` and `exact`):
 //! - a sequence's decode row alone equals it inside steps of 1 to 128 rows, which cross every
 //!   row threshold a kernel has (the int8 kernels' tiles of 4 and 8 rows, the packed kernel's
 //!   6-row tiles and its dequantize-once path from 12 rows, AMX's 16);
@@ -97,6 +97,13 @@ fn cases() -> Vec<Case> {
             architecture: Architecture::Gemma3,
             ..spec(GgmlDType::Q4K)
         },
+        kinds: &[WeightsKind::Auto, WeightsKind::Exact],
+    });
+    // gpt-oss's layers (biases, sinks, YaRN, the top k's softmax, the clamped SwiGLU) with a
+    // window of 8 keys on every other layer.
+    cases.push(Case {
+        name: "gpt-oss-Q4K".into(),
+        spec: moe_spec(Architecture::GptOss, GgmlDType::Q4K),
         kinds: &[WeightsKind::Auto, WeightsKind::Exact],
     });
     cases

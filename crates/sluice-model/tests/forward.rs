@@ -456,9 +456,14 @@ fn cpu_kernel_matches_reference_on_random_inputs() {
                     scale: 1.0 / (head_dim as f32).sqrt(),
                     window,
                 };
+                // gpt-oss's sinks: one logit a head in every softmax's denominator.
+                let sink_logits: Vec<f32> = (0..heads).map(|h| h as f32 * 0.7 - 1.0).collect();
                 // The same inputs held as f32 and as f16: the kernel must match the reference
-                // on both.
-                for dtype in [DType::F32, DType::F16] {
+                // on both, with and without sinks.
+                for (dtype, sinks) in [DType::F32, DType::F16]
+                    .into_iter()
+                    .flat_map(|d| [(d, None), (d, Some(&sink_logits[..]))])
+                {
                     let (k, v) = (
                         k_cache.to_dtype(dtype).unwrap(),
                         v_cache.to_dtype(dtype).unwrap(),
@@ -471,6 +476,7 @@ fn cpu_kernel_matches_reference_on_random_inputs() {
                         &batch,
                         &batch.block_tables,
                         &shape,
+                        sinks,
                     )
                     .unwrap();
                     let reference = attention::reference::paged_attention(
@@ -481,10 +487,11 @@ fn cpu_kernel_matches_reference_on_random_inputs() {
                         &batch,
                         &batch.block_tables,
                         &shape,
+                        sinks,
                     )
                     .unwrap();
                     let diff = max_abs_diff(&fast, &reference);
-                    assert!(diff < 1e-5, "heads {heads}/{kv_heads}, block {block_size}, window {window:?}, {dtype:?}: kernel differs from reference by {diff}");
+                    assert!(diff < 1e-5, "heads {heads}/{kv_heads}, block {block_size}, window {window:?}, {dtype:?}: sinks {}: kernel differs from reference by {diff}", sinks.is_some());
                 }
             }
         }

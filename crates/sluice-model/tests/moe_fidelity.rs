@@ -135,3 +135,38 @@ fn q4_k_m_files_match_llama_cpp() {
         );
     }
 }
+
+/// gpt-oss (biases everywhere, sinks, a window of 16 keys on every other layer, YaRN, the top
+/// k's softmax and the clamped SwiGLU) in F32: f32's arithmetic on both sides, over prompts
+/// that cross the window up to 19 times.
+#[test]
+fn gpt_oss_f32_file_matches_llama_cpp() {
+    for weights in [WeightsKind::Auto, WeightsKind::Exact] {
+        check(
+            "gpt-oss-f32.gguf",
+            "gpt-oss-f32-greedy.jsonl",
+            weights,
+            true,
+        );
+    }
+}
+
+/// gpt-oss with its experts in MXFP4, as the real files hold them: under `exact` (the blocks
+/// dequantized in registers, f32's arithmetic) it is the F32 file's model, whose experts are
+/// rounded to MXFP4's grid, so llama.cpp's F32 run is the oracle; under `auto` both sides
+/// multiply the blocks' integers by int8 activations.
+#[test]
+fn gpt_oss_mxfp4_file_matches_llama_cpp() {
+    check(
+        "gpt-oss-mxfp4.gguf",
+        "gpt-oss-f32-greedy.jsonl",
+        WeightsKind::Exact,
+        true,
+    );
+    check(
+        "gpt-oss-mxfp4.gguf",
+        "gpt-oss-mxfp4-greedy.jsonl",
+        WeightsKind::Auto,
+        false,
+    );
+}

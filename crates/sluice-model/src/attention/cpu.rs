@@ -36,6 +36,7 @@ fn cpu_storage<'a>(
 /// `q: [T, num_heads, head_dim]` attending over one layer's `k_cache`/`v_cache` (f32 or f16,
 /// in [`KvLayout`] order) into `[T, num_heads * head_dim]`, through the sequences' tables
 /// `block_tables` (indexed by their slices in `batch`).
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     q: &Tensor,
     k_cache: &Tensor,
@@ -44,6 +45,7 @@ pub fn paged_attention(
     batch: &StepBatch,
     block_tables: &[u32],
     shape: &AttentionShape,
+    sinks: Option<&[f32]>,
 ) -> Result<Tensor> {
     let q = q.to_dtype(DType::F32)?.contiguous()?;
     let (h, kvh, d) = (shape.num_heads, layout.num_kv_heads, layout.head_dim);
@@ -71,8 +73,12 @@ pub fn paged_attention(
         v_offset: v_off,
     };
     match k_cache.dtype() {
-        DType::F32 => caches.attend::<f32>(q, layout, batch, block_tables, shape, &mut out)?,
-        DType::F16 => caches.attend::<f16>(q, layout, batch, block_tables, shape, &mut out)?,
+        DType::F32 => {
+            caches.attend::<f32>(q, layout, batch, block_tables, shape, sinks, &mut out)?
+        }
+        DType::F16 => {
+            caches.attend::<f16>(q, layout, batch, block_tables, shape, sinks, &mut out)?
+        }
         other => {
             return Err(ModelError::KvCache(format!(
                 "a KV cache of {other:?} is not supported"
@@ -91,6 +97,7 @@ struct Caches<'a> {
 }
 
 impl Caches<'_> {
+    #[allow(clippy::too_many_arguments)]
     fn attend<E: KvElem + WithDType>(
         &self,
         q: &[f32],
@@ -98,11 +105,12 @@ impl Caches<'_> {
         batch: &StepBatch,
         block_tables: &[u32],
         shape: &AttentionShape,
+        sinks: Option<&[f32]>,
         out: &mut [f32],
     ) -> Result<()> {
         let k = &self.k.as_slice::<E>()?[self.k_offset..];
         let v = &self.v.as_slice::<E>()?[self.v_offset..];
-        attend_slices(q, k, v, layout, batch, block_tables, shape, out)
+        attend_slices(q, k, v, layout, batch, block_tables, shape, sinks, out)
     }
 }
 
@@ -116,6 +124,7 @@ fn attend_slices<E: KvElem>(
     batch: &StepBatch,
     block_tables: &[u32],
     shape: &AttentionShape,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<()> {
     attention::paged_attention(
@@ -126,8 +135,7 @@ fn attend_slices<E: KvElem>(
         &batch.sequences,
         block_tables,
         shape,
-        // No architecture sluice loads has attention sinks yet (gpt-oss will).
-        None,
+        sinks,
         out,
     )?;
     Ok(())
@@ -136,6 +144,7 @@ fn attend_slices<E: KvElem>(
 /// `q: [T, num_heads, head_dim]` (flat) attending over one layer's host cache into `out:
 /// [T, num_heads * head_dim]`, through the sequences' tables into that layer's pool: the CPU
 /// forward's attention.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend(
     q: &[f32],
     cache: &HostKv<'_>,
@@ -143,11 +152,16 @@ pub(crate) fn attend(
     batch: &StepBatch,
     block_tables: &[u32],
     shape: &AttentionShape,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<()> {
     match cache {
-        HostKv::F32 { k, v } => attend_slices(q, k, v, layout, batch, block_tables, shape, out),
-        HostKv::F16 { k, v } => attend_slices(q, k, v, layout, batch, block_tables, shape, out),
+        HostKv::F32 { k, v } => {
+            attend_slices(q, k, v, layout, batch, block_tables, shape, sinks, out)
+        }
+        HostKv::F16 { k, v } => {
+            attend_slices(q, k, v, layout, batch, block_tables, shape, sinks, out)
+        }
         HostKv::Q8(c) => {
             attention::paged_attention_q8(
                 q,
@@ -156,7 +170,7 @@ pub(crate) fn attend(
                 &batch.sequences,
                 block_tables,
                 shape,
-                None,
+                sinks,
                 out,
             )?;
             Ok(())

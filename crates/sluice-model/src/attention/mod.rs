@@ -44,7 +44,8 @@ impl FromStr for AttentionBackend {
 
 /// One layer's attention for the step `batch`, whose sequences' block tables into this
 /// layer's pool are `block_tables` (`batch.block_tables`, or its window tables for a layer of
-/// a window pool), indexed by each sequence's slice.
+/// a window pool), indexed by each sequence's slice; `sinks`, one logit a query head that
+/// joins each softmax's denominator (gpt-oss).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     backend: AttentionBackend,
@@ -55,14 +56,29 @@ pub fn paged_attention(
     batch: &StepBatch,
     block_tables: &[u32],
     shape: &AttentionShape,
+    sinks: Option<&[f32]>,
 ) -> Result<Tensor> {
     match backend {
-        AttentionBackend::Reference => {
-            reference::paged_attention(q, k_cache, v_cache, layout, batch, block_tables, shape)
-        }
-        AttentionBackend::Cpu => {
-            cpu::paged_attention(q, k_cache, v_cache, layout, batch, block_tables, shape)
-        }
+        AttentionBackend::Reference => reference::paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            layout,
+            batch,
+            block_tables,
+            shape,
+            sinks,
+        ),
+        AttentionBackend::Cpu => cpu::paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            layout,
+            batch,
+            block_tables,
+            shape,
+            sinks,
+        ),
         AttentionBackend::Cuda => Err(ModelError::InvalidStep(
             "the CUDA backend runs whole steps (LlamaModel::forward), not one attention call"
                 .into(),

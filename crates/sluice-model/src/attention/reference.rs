@@ -1,6 +1,7 @@
 //! Exact paged attention from candle ops: gather a sequence's K/V blocks out of the cache,
 //! repeat them over the query heads of each group, masked softmax (causal, and a sliding
-//! window's start). Simple enough to trust, so it is the
+//! window's start; a sink logit a head in the denominator where the layer has sinks). Simple
+//! enough to trust, so it is the
 //! oracle for the fast kernel.
 
 use candle_core::Tensor;
@@ -10,6 +11,7 @@ use crate::error::Result;
 use crate::kv_cache::KvLayout;
 use sluice_kernels::AttentionShape;
 
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     q: &Tensor,
     k_cache: &Tensor,
@@ -18,6 +20,7 @@ pub fn paged_attention(
     batch: &StepBatch,
     block_tables: &[u32],
     shape: &AttentionShape,
+    sinks: Option<&[f32]>,
 ) -> Result<Tensor> {
     let device = q.device();
     let (kvh, d) = (layout.num_kv_heads, layout.head_dim);
@@ -79,7 +82,21 @@ pub fn paged_attention(
             })
             .collect();
         let mask = Tensor::from_vec(mask, (q_len, len), device)?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
+        let scores = scores.broadcast_add(&mask)?;
+        let probs = match sinks {
+            None => candle_nn::ops::softmax_last_dim(&scores)?,
+            // The sink is one more column of scores, dropped after the softmax.
+            Some(sinks) => {
+                let h = shape.num_heads;
+                let sink = Tensor::from_slice(sinks, (h, 1, 1), device)?
+                    .to_dtype(scores.dtype())?
+                    .broadcast_as((h, q_len, 1))?;
+                let with_sink = Tensor::cat(&[&scores, &sink], 2)?.contiguous()?;
+                candle_nn::ops::softmax_last_dim(&with_sink)?
+                    .narrow(2, 0, len)?
+                    .contiguous()?
+            }
+        };
         let out = probs.matmul(&v)?; // [H, q, D]
         outputs.push(out.transpose(0, 1)?.reshape((q_len, shape.num_heads * d))?);
     }

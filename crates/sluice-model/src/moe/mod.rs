@@ -1,4 +1,4 @@
-//! A mixture of experts in place of a layer's MLP (Mixtral, qwen2moe, qwen3moe), on the CPU's
+//! A mixture of experts in place of a layer's MLP (Mixtral, qwen2moe, qwen3moe, gpt-oss), on the CPU's
 //! row buffers: the router for every row of the step in one matmul, each row's top k
 //! ([`routing`]), the rows grouped by expert so that each chosen expert multiplies all of its
 //! rows at once (its weights read once a step, however many rows chose it) on the same
@@ -10,16 +10,21 @@
 
 pub(crate) mod routing;
 
+use crate::config::ExpertActivation;
 use crate::error::Result;
-use crate::ops::{sized, swiglu_rows_into};
+use crate::ops::{clamped_swiglu_rows_into, sized, swiglu_rows_into};
 use crate::weights::Linear;
 use routing::{ExpertGroups, Routes, RoutingRule};
 
-/// One expert: a SwiGLU MLP.
+/// One expert: a gated MLP.
 pub(crate) struct Expert {
     /// Gate and up stacked: one matmul for both.
     pub gate_up: Linear,
     pub down: Linear,
+    /// gpt-oss: gate's then up's bias `[2 * inter]`, added after the matmul.
+    pub gate_up_bias: Option<Vec<f32>>,
+    /// gpt-oss: down's bias `[hidden]`.
+    pub down_bias: Option<Vec<f32>>,
 }
 
 /// qwen2moe's shared expert: an MLP every row runs, scaled by `sigmoid(gate . x)`.
@@ -34,6 +39,9 @@ pub(crate) struct SharedExpert {
 pub(crate) struct MoeLayer {
     /// `[experts, hidden]`: the router's logits.
     pub router: Linear,
+    /// gpt-oss: the router's bias `[experts]`, added to its logits before the choice.
+    pub router_bias: Option<Vec<f32>>,
+    pub activation: ExpertActivation,
     pub experts: Vec<Expert>,
     pub rule: RoutingRule,
     /// Each expert's intermediate size.
@@ -80,8 +88,10 @@ impl MoeScratch {
 
 impl Expert {
     /// The MLP of `x: [rows, hidden]` into `out: [rows, hidden]`, through `gate_up`/`act`.
+    #[allow(clippy::too_many_arguments)]
     fn forward_into(
         &self,
+        activation: ExpertActivation,
         x: &[f32],
         rows: usize,
         inter: usize,
@@ -91,9 +101,26 @@ impl Expert {
     ) -> Result<()> {
         let gate_up = sized(gate_up, rows * 2 * inter);
         self.gate_up.forward_into(x, rows, gate_up)?;
+        add_bias(gate_up, self.gate_up_bias.as_deref());
         let act = sized(act, rows * inter);
-        swiglu_rows_into(gate_up, inter, act)?;
-        self.down.forward_into(act, rows, out)
+        match activation {
+            ExpertActivation::Swiglu => swiglu_rows_into(gate_up, inter, act)?,
+            ExpertActivation::ClampedSwiglu => clamped_swiglu_rows_into(gate_up, inter, act),
+        }
+        self.down.forward_into(act, rows, out)?;
+        add_bias(out, self.down_bias.as_deref());
+        Ok(())
+    }
+}
+
+/// Adds `bias` to every row of `rows` (whole rows of its length); nothing without one.
+fn add_bias(rows: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(bias) = bias {
+        for row in rows.chunks_exact_mut(bias.len()) {
+            for (v, &b) in row.iter_mut().zip(bias) {
+                *v += b;
+            }
+        }
     }
 }
 
@@ -121,6 +148,7 @@ impl MoeLayer {
         let (n, k, inter) = (self.experts.len(), self.rule.k, self.intermediate_size);
         let logits = sized(&mut s.logits, t * n);
         self.router.forward_into(x, t, logits)?;
+        add_bias(logits, self.router_bias.as_deref());
         routing::route(logits, n, self.rule, &mut s.routes);
         s.groups.group(&s.routes, n);
         s.experts_run += s.groups.experts_hit();
@@ -138,7 +166,15 @@ impl MoeLayer {
                 dst.copy_from_slice(&x[src as usize * hidden..][..hidden]);
             }
             let y = &mut ys[range.start * hidden..range.end * hidden];
-            expert.forward_into(xs, rows, inter, &mut s.gate_up, &mut s.act, y)?;
+            expert.forward_into(
+                self.activation,
+                xs,
+                rows,
+                inter,
+                &mut s.gate_up,
+                &mut s.act,
+                y,
+            )?;
         }
 
         // Each row's outputs in its slot order: w0 * y0, then + w1 * y1, ...
@@ -161,6 +197,7 @@ impl MoeLayer {
         if let Some(shared) = &self.shared {
             let sh = sized(&mut s.shared, t * hidden);
             shared.mlp.forward_into(
+                ExpertActivation::Swiglu,
                 x,
                 t,
                 shared.intermediate_size,
@@ -250,14 +287,19 @@ mod tests {
         for (norm_topk, with_shared) in [(true, false), (false, true)] {
             let layer = MoeLayer {
                 router: linear(&router, n, hidden),
+                router_bias: None,
+                activation: ExpertActivation::Swiglu,
                 experts: weights
                     .iter()
                     .map(|(gu, d)| Expert {
                         gate_up: linear(gu, 2 * inter, hidden),
                         down: linear(d, hidden, inter),
+                        gate_up_bias: None,
+                        down_bias: None,
                     })
                     .collect(),
                 rule: RoutingRule {
+                    gating: crate::config::ExpertGating::SoftmaxTopK,
                     k,
                     norm_topk,
                     scale: 1.0,
@@ -267,6 +309,8 @@ mod tests {
                     mlp: Expert {
                         gate_up: linear(&shared.0, 2 * inter, hidden),
                         down: linear(&shared.1, hidden, inter),
+                        gate_up_bias: None,
+                        down_bias: None,
                     },
                     intermediate_size: inter,
                     gate: linear(&shared.2, 1, hidden),

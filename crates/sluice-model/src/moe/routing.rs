@@ -9,11 +9,16 @@
 
 use std::ops::Range;
 
+use crate::config::ExpertGating;
+
 /// How a row's router probabilities become its experts' weights.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RoutingRule {
     /// Experts a row runs.
     pub k: usize,
+    /// A softmax over every expert then the top k, or the top k of the raw logits then a
+    /// softmax over them.
+    pub gating: ExpertGating,
     /// The k chosen probabilities divided by their sum (clamped below at 2^-14, as llama.cpp
     /// clamps it: a sum that underflows never divides by zero).
     pub norm_topk: bool,
@@ -47,8 +52,8 @@ impl Routes {
     }
 }
 
-/// Routes every row of `logits: [rows, num_experts]`, turning each row into its softmax
-/// probabilities in place, into `routes` (its buffers kept from step to step).
+/// Routes every row of `logits: [rows, num_experts]` into `routes` (its buffers kept from step
+/// to step); a softmax-first rule turns each row into its probabilities in place.
 ///
 /// # Panics
 /// When `logits` is not whole rows, or `rule.k` is 0 or more than `num_experts` (the loader
@@ -69,10 +74,21 @@ pub fn route(logits: &mut [f32], num_experts: usize, rule: RoutingRule, routes: 
         .zip(routes.experts.chunks_exact_mut(rule.k))
         .zip(routes.weights.chunks_exact_mut(rule.k))
     {
-        softmax_in_place(row);
-        top_k(row, experts);
-        for (w, &e) in weights.iter_mut().zip(experts.iter()) {
-            *w = row[e as usize];
+        match rule.gating {
+            ExpertGating::SoftmaxTopK => {
+                softmax_in_place(row);
+                top_k(row, experts);
+                for (w, &e) in weights.iter_mut().zip(experts.iter()) {
+                    *w = row[e as usize];
+                }
+            }
+            ExpertGating::TopKSoftmax => {
+                top_k(row, experts);
+                for (w, &e) in weights.iter_mut().zip(experts.iter()) {
+                    *w = row[e as usize];
+                }
+                softmax_in_place(weights);
+            }
         }
         if rule.norm_topk {
             let sum = weights.iter().fold(0.0f32, |acc, &w| acc + w);
@@ -209,7 +225,12 @@ mod tests {
             values in proptest::collection::vec(-8i32..8, 2000),
         ) {
             let k = 1 + k_seed % experts;
-            let rule = RoutingRule { k, norm_topk, scale: 1.0 };
+            let rule = RoutingRule {
+                gating: ExpertGating::SoftmaxTopK,
+                k,
+                norm_topk,
+                scale: 1.0,
+            };
             // Coarse values, so that ties are common.
             let logits: Vec<f32> = (0..rows * experts)
                 .map(|i| values[i % values.len()] as f32 * 0.5)
@@ -266,6 +287,7 @@ mod tests {
 
     fn rule(k: usize, norm_topk: bool) -> RoutingRule {
         RoutingRule {
+            gating: ExpertGating::SoftmaxTopK,
             k,
             norm_topk,
             scale: 1.0,
@@ -307,6 +329,7 @@ mod tests {
 
         let mut l = logits.to_vec();
         let scaled = RoutingRule {
+            gating: ExpertGating::SoftmaxTopK,
             k: 2,
             norm_topk: true,
             scale: 2.5,
