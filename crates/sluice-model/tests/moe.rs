@@ -197,3 +197,80 @@ fn bad_mixtures_are_errors_naming_the_key_or_tensor() {
         }
     }
 }
+
+/// gpt-oss's own parts, missing or wrong, are errors naming the key or tensor: sinks, biases,
+/// the window, the rope scaling.
+#[test]
+fn bad_gpt_oss_files_are_errors_naming_the_key_or_tensor() {
+    let path = write(&spec(Architecture::GptOss, GgmlDType::Q8_0), "bad-oss");
+    // The file itself loads.
+    let model = LlamaModel::load(&path, &LoadOptions::default()).unwrap();
+    assert!(model.config().sliding_window.is_some());
+    let set = |key: &'static str, v: Value| {
+        move |f: &mut GgufFile| {
+            f.content.metadata.insert(key.into(), v);
+        }
+    };
+    let remove = |name: &'static str| {
+        move |f: &mut GgufFile| {
+            f.content.tensor_infos.remove(name);
+        }
+    };
+    for (edit, names) in [
+        (
+            Box::new(remove("blk.1.attn_sinks.weight")) as Box<dyn FnOnce(&mut _)>,
+            &["blk.1.attn_sinks.weight", "missing"][..],
+        ),
+        (
+            Box::new(remove("blk.0.attn_output.bias")),
+            &["blk.0.attn_output.bias", "missing"],
+        ),
+        (
+            Box::new(remove("blk.0.ffn_gate_inp.bias")),
+            &["blk.0.ffn_gate_inp.bias", "missing"],
+        ),
+        (
+            Box::new(remove("blk.1.ffn_down_exps.bias")),
+            &["blk.1.ffn_down_exps.bias", "missing"],
+        ),
+        (
+            Box::new(|f: &mut GgufFile| {
+                let info = f
+                    .content
+                    .tensor_infos
+                    .get_mut("blk.0.attn_sinks.weight")
+                    .unwrap();
+                info.shape = Shape::from_dims(&[3]);
+            }),
+            &["blk.0.attn_sinks.weight", "[4]", "[3]"],
+        ),
+        (
+            Box::new(set("gpt-oss.attention.sliding_window", Value::U32(0))),
+            &["gpt-oss.attention.sliding_window"],
+        ),
+        (
+            Box::new(|f: &mut GgufFile| {
+                f.content
+                    .metadata
+                    .remove("gpt-oss.attention.sliding_window");
+            }),
+            &["gpt-oss.attention.sliding_window"],
+        ),
+        (
+            Box::new(set(
+                "gpt-oss.rope.scaling.type",
+                Value::String("longrope".into()),
+            )),
+            &["longrope", "yarn"],
+        ),
+        (
+            Box::new(set("gpt-oss.rope.scaling.factor", Value::F32(0.0))),
+            &["gpt-oss.rope.scaling.factor"],
+        ),
+    ] {
+        let msg = error_after(&path, edit);
+        for part in names {
+            assert!(msg.contains(part), "the error should name {part}: {msg}");
+        }
+    }
+}
