@@ -152,3 +152,58 @@ fn skip_value(r: &mut impl Read, kind: u32, depth: usize) -> Option<()> {
         _ => None,
     }
 }
+
+/// Rewrites, in place, the header of the GGUF file at `path` so that each tensor of `tensors`
+/// (name, row length) is MXFP4 with rows of that length: its type id becomes 39 and its last
+/// dimension the row length. The writer stored each as F16 of the same bytes (`row * 17 / 64`
+/// values a row), so no offset moves.
+pub(crate) fn patch_to_mxfp4(path: &Path, tensors: &[(String, u64)]) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let mut r = Recording {
+        inner: BufReader::new(std::fs::File::open(path)?),
+        bytes: Vec::new(),
+    };
+    let mut magic = [0u8; 4];
+    r.read_exact(&mut magic)?;
+    if &magic != b"GGUF" {
+        return Err(bad("not a GGUF file"));
+    }
+    u32_of(&mut r).ok_or_else(|| bad("no version"))?;
+    let count = u64_of(&mut r).ok_or_else(|| bad("no tensor count"))?;
+    let kvs = u64_of(&mut r).ok_or_else(|| bad("no metadata count"))?;
+    for _ in 0..kvs {
+        skip_string(&mut r).ok_or_else(|| bad("bad metadata key"))?;
+        let kind = u32_of(&mut r).ok_or_else(|| bad("bad metadata type"))?;
+        skip_value(&mut r, kind, 0).ok_or_else(|| bad("bad metadata value"))?;
+    }
+    // (offset of the row length, offset of the type, the new row length)
+    let mut patches = Vec::new();
+    for _ in 0..count {
+        let name = string(&mut r).ok_or_else(|| bad("bad tensor name"))?;
+        let dims = u32_of(&mut r).ok_or_else(|| bad("bad tensor dims"))?;
+        // GGUF lists a tensor's dimensions innermost first: the row length comes first.
+        let row_length_at = r.bytes.len();
+        for _ in 0..dims {
+            u64_of(&mut r).ok_or_else(|| bad("bad tensor dim"))?;
+        }
+        let type_at = r.bytes.len();
+        u32_of(&mut r).ok_or_else(|| bad("bad tensor type"))?;
+        u64_of(&mut r).ok_or_else(|| bad("bad tensor offset"))?;
+        if let Some((_, cols)) = tensors.iter().find(|(n, _)| *n == name) {
+            patches.push((row_length_at, type_at, *cols));
+        }
+    }
+    if patches.len() != tensors.len() {
+        return Err(bad("a tensor to patch is not in the header"));
+    }
+    drop(r);
+    let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+    for (row_length_at, type_at, cols) in patches {
+        f.seek(SeekFrom::Start(row_length_at as u64))?;
+        f.write_all(&cols.to_le_bytes())?;
+        f.seek(SeekFrom::Start(type_at as u64))?;
+        f.write_all(&MXFP4_TYPE.to_le_bytes())?;
+    }
+    Ok(())
+}

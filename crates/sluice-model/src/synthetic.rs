@@ -19,6 +19,7 @@ use sluice_tokenizer::ByteLevelAlphabet;
 
 use crate::config::Architecture;
 use crate::error::{ModelError, Result};
+use crate::load::Weight;
 
 /// A real model's shape.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -38,6 +39,18 @@ pub struct ModelShape {
     pub tie_word_embeddings: bool,
     /// A mixture of experts in every layer.
     pub experts: Option<ShapeExperts>,
+    /// gpt-oss's attention: a window on every other layer, sinks, biases and YaRN.
+    pub gpt_oss: Option<GptOssAttention>,
+}
+
+/// What gpt-oss's shape adds to the attention.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GptOssAttention {
+    /// The local layers' window (every other layer, from the first).
+    pub window: usize,
+    /// YaRN's factor and original context.
+    pub yarn_factor: f32,
+    pub yarn_original_context: usize,
 }
 
 /// A shape's mixture of experts.
@@ -60,7 +73,7 @@ impl ModelShape {
 }
 
 /// The shapes `sluice synth --shape` knows, from each model's published config.
-pub const SHAPES: [ModelShape; 7] = [
+pub const SHAPES: [ModelShape; 8] = [
     ModelShape {
         name: "smollm2-135m",
         architecture: Architecture::Llama,
@@ -75,6 +88,7 @@ pub const SHAPES: [ModelShape; 7] = [
         tie_word_embeddings: true,
         head_dim: None,
         experts: None,
+        gpt_oss: None,
     },
     ModelShape {
         name: "qwen2.5-0.5b",
@@ -90,6 +104,7 @@ pub const SHAPES: [ModelShape; 7] = [
         tie_word_embeddings: true,
         head_dim: None,
         experts: None,
+        gpt_oss: None,
     },
     ModelShape {
         name: "qwen2.5-1.5b",
@@ -105,6 +120,7 @@ pub const SHAPES: [ModelShape; 7] = [
         tie_word_embeddings: true,
         head_dim: None,
         experts: None,
+        gpt_oss: None,
     },
     ModelShape {
         name: "qwen2.5-7b",
@@ -120,6 +136,7 @@ pub const SHAPES: [ModelShape; 7] = [
         tie_word_embeddings: false,
         head_dim: None,
         experts: None,
+        gpt_oss: None,
     },
     ModelShape {
         name: "llama-3.1-8b",
@@ -137,6 +154,7 @@ pub const SHAPES: [ModelShape; 7] = [
         tie_word_embeddings: false,
         head_dim: None,
         experts: None,
+        gpt_oss: None,
     },
     // Qwen3-30B-A3B (and Qwen3-Coder-30B-A3B, the same shape): 128 experts of 768, 8 a token,
     // heads of 128 over a hidden size of 2048, QK-norm.
@@ -158,6 +176,7 @@ pub const SHAPES: [ModelShape; 7] = [
             used: 8,
             intermediate_size: 768,
         }),
+        gpt_oss: None,
     },
     // Mixtral-8x7B: llama with 8 experts of 14336, 2 a token.
     ModelShape {
@@ -177,6 +196,34 @@ pub const SHAPES: [ModelShape; 7] = [
             count: 8,
             used: 2,
             intermediate_size: 14336,
+        }),
+        gpt_oss: None,
+    },
+    // gpt-oss-20b: 24 layers of 64 query heads of 64 over 8 KV heads (hidden 2880), every other
+    // layer a window of 128 keys, 32 experts of 2880, 4 a token, YaRN x32 over 4096 positions,
+    // the o200k vocabulary's size.
+    ModelShape {
+        name: "gpt-oss-20b",
+        architecture: Architecture::GptOss,
+        hidden_size: 2880,
+        intermediate_size: 2880,
+        num_layers: 24,
+        num_heads: 64,
+        num_kv_heads: 8,
+        head_dim: Some(64),
+        vocab_size: 201_088,
+        context_length: 131_072,
+        rope_theta: 150_000.0,
+        tie_word_embeddings: false,
+        experts: Some(ShapeExperts {
+            count: 32,
+            used: 4,
+            intermediate_size: 2880,
+        }),
+        gpt_oss: Some(GptOssAttention {
+            window: 128,
+            yarn_factor: 32.0,
+            yarn_original_context: 4096,
         }),
     },
 ];
@@ -205,6 +252,9 @@ pub enum SyntheticFormat {
     Q4KM,
     /// llama.cpp's Q5_K_M: the same with Q5_K.
     Q5KM,
+    /// llama.cpp's MXFP4_MOE (gpt-oss's files): the experts in MXFP4, every other matrix in
+    /// Q8_0.
+    Mxfp4Moe,
 }
 
 impl FromStr for SyntheticFormat {
@@ -228,10 +278,11 @@ impl FromStr for SyntheticFormat {
             "q6_k" => Self::Uniform(Q6K),
             "q4_k_m" => Self::Q4KM,
             "q5_k_m" => Self::Q5KM,
+            "mxfp4_moe" => Self::Mxfp4Moe,
             other => {
                 return Err(format!(
                     "unknown format {other:?}: one of f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, \
-                     q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, q4_k_m, q5_k_m"
+                     q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, q4_k_m, q5_k_m, mxfp4_moe"
                 ))
             }
         })
@@ -248,6 +299,8 @@ enum Role {
     AttnOutput,
     /// `ffn_down`, or a mixture's `ffn_down_exps`.
     FfnDown,
+    /// A mixture's `ffn_gate_exps` or `ffn_up_exps`.
+    Experts,
     Other,
 }
 
@@ -257,6 +310,8 @@ impl SyntheticFormat {
     fn dtype(self, role: Role, layer: usize, layers: usize, experts: usize) -> GgmlDType {
         let (base, more) = match self {
             Self::Uniform(dtype) => return dtype,
+            // The experts are written as MXFP4 by `write_gguf` (candle has no such type).
+            Self::Mxfp4Moe => return GgmlDType::Q8_0,
             Self::Q4KM => (GgmlDType::Q4K, GgmlDType::Q6K),
             Self::Q5KM => (GgmlDType::Q5K, GgmlDType::Q6K),
         };
@@ -381,6 +436,9 @@ impl SyntheticSpec {
         );
         let mut rng = Rng(self.seed);
         let mut tensors: Vec<(String, QTensor)> = Vec::new();
+        // MXFP4 tensors, written as F16 placeholders of the same bytes (candle has no MXFP4
+        // type) and patched to MXFP4 in the written header: name and row length.
+        let mut mxfp4: Vec<(String, u64)> = Vec::new();
         // `experts` matrices of `[rows, cols]` (`[experts, rows, cols]`); 1: a plain matrix.
         let mut matrices = |name: String,
                             experts: usize,
@@ -389,6 +447,21 @@ impl SyntheticSpec {
                             role: Role,
                             layer: usize|
          -> Result<()> {
+            if self.format == SyntheticFormat::Mxfp4Moe && experts > 1 {
+                let bytes = mxfp4_pooled_rows(&mut rng, experts * rows, cols, POOL_ROWS);
+                let storage = QStorage::from_data(
+                    std::borrow::Cow::Owned(bytes),
+                    &Device::Cpu,
+                    GgmlDType::F16,
+                )?;
+                // 17 bytes a block of 32 values: `cols * 17 / 64` f16 values a row.
+                tensors.push((
+                    name.clone(),
+                    QTensor::new(storage, (experts, rows, cols * 17 / 64))?,
+                ));
+                mxfp4.push((name, cols as u64));
+                return Ok(());
+            }
             let dtype = fit(self.format.dtype(role, layer, layers, n_experts), cols);
             // The embedding of a mixture from a larger pool: tokens that share an embedding
             // row share their first layer's experts, which 64 rows would make unlike a real
@@ -439,8 +512,8 @@ impl SyntheticSpec {
                 }
                 Some(e) => {
                     let (n, ei) = (e.count, e.intermediate_size);
-                    matrices(p("ffn_gate_exps.weight"), n, ei, h, Role::Other, i)?;
-                    matrices(p("ffn_up_exps.weight"), n, ei, h, Role::Other, i)?;
+                    matrices(p("ffn_gate_exps.weight"), n, ei, h, Role::Experts, i)?;
+                    matrices(p("ffn_up_exps.weight"), n, ei, h, Role::Experts, i)?;
                     matrices(p("ffn_down_exps.weight"), n, h, ei, Role::FfnDown, i)?;
                 }
             }
@@ -471,7 +544,11 @@ impl SyntheticSpec {
         for i in 0..layers {
             let p = |t: &str| format!("blk.{i}.{t}");
             vector(p("attn_norm.weight"), h, 1.0, 0.1)?;
-            vector(p("ffn_norm.weight"), h, 1.0, 0.1)?;
+            vector(Weight::FfnNorm(i).gguf_name_in(s.architecture), h, 1.0, 0.1)?;
+            if s.gpt_oss.is_some() {
+                vector(p("attn_output.bias"), h, 0.0, 0.1)?;
+                vector(p("attn_sinks.weight"), s.num_heads, 0.0, 1.0)?;
+            }
             if s.architecture.has_qkv_bias() {
                 vector(p("attn_q.bias"), s.num_heads * head_dim, 0.0, 0.1)?;
                 vector(p("attn_k.bias"), kvh * head_dim, 0.0, 0.1)?;
@@ -483,6 +560,25 @@ impl SyntheticSpec {
             }
         }
         vector("output_norm.weight".into(), h, 1.0, 0.1)?;
+        // gpt-oss: the router's bias, and every expert's biases (`[experts, n]`).
+        if let (Some(_), Some(e)) = (s.gpt_oss, s.experts) {
+            for i in 0..layers {
+                let p = |t: &str| format!("blk.{i}.{t}");
+                for (name, rows, n, spread) in [
+                    (p("ffn_gate_inp.bias"), 1, e.count, 0.5),
+                    (p("ffn_gate_exps.bias"), e.count, e.intermediate_size, 0.1),
+                    (p("ffn_up_exps.bias"), e.count, e.intermediate_size, 0.1),
+                    (p("ffn_down_exps.bias"), e.count, h, 0.1),
+                ] {
+                    let data: Vec<f32> = (0..rows * n).map(|_| spread * rng.next_f32()).collect();
+                    let t = match rows {
+                        1 => Tensor::from_vec(data, n, &Device::Cpu)?,
+                        _ => Tensor::from_vec(data, (rows, n), &Device::Cpu)?,
+                    };
+                    tensors.push((name, QTensor::quantize(&t, GgmlDType::F32)?));
+                }
+            }
+        }
 
         let arch = s.architecture.name();
         let k = |key: &str| format!("{arch}.{key}");
@@ -507,6 +603,15 @@ impl SyntheticSpec {
         if let Some(d) = s.head_dim {
             meta.push((k("attention.key_length"), Value::U32(d as u32)));
             meta.push((k("attention.value_length"), Value::U32(d as u32)));
+        }
+        if let Some(g) = s.gpt_oss {
+            meta.push((k("attention.sliding_window"), Value::U32(g.window as u32)));
+            meta.push((k("rope.scaling.type"), Value::String("yarn".into())));
+            meta.push((k("rope.scaling.factor"), Value::F32(g.yarn_factor)));
+            meta.push((
+                k("rope.scaling.original_context_length"),
+                Value::U32(g.yarn_original_context as u32),
+            ));
         }
         if let Some(e) = s.experts {
             meta.push((k("expert_count"), Value::U32(e.count as u32)));
@@ -538,8 +643,36 @@ impl SyntheticSpec {
             path: path.to_path_buf(),
             source,
         })?;
+        drop(out);
+        if !mxfp4.is_empty() {
+            crate::gguf_header::patch_to_mxfp4(path, &mxfp4).map_err(|source| ModelError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        }
         Ok(tensors.iter().map(|(_, t)| t.storage_size_in_bytes()).sum())
     }
+}
+
+/// `rows` rows of `cols` values as MXFP4 blocks, each a copy of one of `pool` random rows: a
+/// scale of 2^-8 or 2^-9 (values up to about 1/sqrt(cols) for gpt-oss's 2880) and random
+/// E2M1 nibbles, every block a valid one.
+fn mxfp4_pooled_rows(rng: &mut Rng, rows: usize, cols: usize, pool: usize) -> Vec<u8> {
+    let row_bytes = cols / 32 * 17;
+    let pool_rows = pool.min(rows);
+    let mut rows_pool = vec![0u8; pool_rows * row_bytes];
+    for block in rows_pool.chunks_exact_mut(17) {
+        block[0] = 118 + (rng.next_u64() % 2) as u8;
+        for b in &mut block[1..] {
+            *b = rng.next_u64() as u8;
+        }
+    }
+    let mut bytes = Vec::with_capacity(rows * row_bytes);
+    for _ in 0..rows {
+        let r = (rng.next_u64() % pool_rows as u64) as usize;
+        bytes.extend_from_slice(&rows_pool[r * row_bytes..][..row_bytes]);
+    }
+    bytes
 }
 
 /// `dtype`, or, where rows of `cols` values do not split into its blocks (SmolLM2's 576 into
@@ -621,6 +754,72 @@ mod tests {
         assert_eq!(f.dtype(Role::AttnOutput, 3, 48, 128), GgmlDType::Q4K);
         assert_eq!(fit(GgmlDType::Q4K, 576), GgmlDType::Q8_0);
         assert_eq!(fit(GgmlDType::Q4_1, 576), GgmlDType::Q4_1);
+    }
+
+    /// gpt-oss's shape in small, in llama.cpp's MXFP4_MOE mix: the experts read back as MXFP4
+    /// (patched in place from their placeholders), the rest Q8_0, and the model runs.
+    #[test]
+    fn a_gpt_oss_shape_writes_mxfp4_experts_that_load_and_run() {
+        let shape = ModelShape {
+            name: "tiny-gpt-oss",
+            hidden_size: 128,
+            intermediate_size: 64,
+            num_layers: 2,
+            num_heads: 2,
+            num_kv_heads: 1,
+            vocab_size: 512,
+            context_length: 256,
+            experts: Some(ShapeExperts {
+                count: 4,
+                used: 2,
+                intermediate_size: 64,
+            }),
+            gpt_oss: Some(GptOssAttention {
+                window: 8,
+                yarn_factor: 4.0,
+                yarn_original_context: 64,
+            }),
+            ..SHAPES[7]
+        };
+        let spec = SyntheticSpec {
+            shape,
+            format: SyntheticFormat::Mxfp4Moe,
+            num_layers: None,
+            seed: 3,
+        };
+        let dir = std::env::temp_dir().join(format!("sluice-synth-oss-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tiny-gpt-oss.gguf");
+        let bytes = spec.write_gguf(&path).unwrap();
+        let file = crate::GgufFile::open(&path).unwrap();
+        for name in ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
+            assert!(file.is_mxfp4(&format!("blk.1.{name}.weight")), "{name}");
+        }
+        assert_eq!(
+            file.content.tensor_infos["blk.0.ffn_down_exps.weight"]
+                .shape
+                .dims(),
+            [4, 128, 64]
+        );
+        assert_eq!(
+            file.content.tensor_infos["blk.0.attn_q.weight"].ggml_dtype,
+            GgmlDType::Q8_0
+        );
+        assert!(bytes > 0);
+        for weights in [crate::WeightsKind::Auto, crate::WeightsKind::Exact] {
+            let options = crate::LoadOptions {
+                weights,
+                ..crate::LoadOptions::default()
+            };
+            let model = crate::LlamaModel::load(&path, &options).unwrap();
+            assert_eq!(model.config().window_of_layer(0), Some(8));
+            let mut kv = model.new_kv_cache(2, 16).unwrap();
+            let mut batch = crate::StepBatch::new(16);
+            batch.push_sequence(&(0..20).collect::<Vec<u32>>(), 0, &[0, 1], true);
+            let logits = model.forward(&batch, &mut kv).unwrap();
+            let row = logits.to_vec2::<f32>().unwrap().remove(0);
+            assert!(row.iter().all(|v| v.is_finite()), "{weights}");
+        }
     }
 
     #[test]

@@ -11,11 +11,12 @@ use sluice_model::synthetic::{ModelShape, SyntheticFormat, SyntheticSpec};
 #[derive(clap::Args)]
 pub struct SynthArgs {
     /// The shape: smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, llama-3.1-8b, or the
-    /// mixtures of experts qwen3-30b-a3b and mixtral-8x7b.
+    /// mixtures of experts qwen3-30b-a3b, mixtral-8x7b and gpt-oss-20b.
     #[arg(long)]
     shape: ModelShape,
     /// The weights' format: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k .. q6_k, or
-    /// llama.cpp's mixes q4_k_m and q5_k_m. Rows whose length does not split into a K-quant's
+    /// llama.cpp's mixes q4_k_m, q5_k_m and mxfp4_moe (gpt-oss's: MXFP4 experts, the rest
+    /// Q8_0). Rows whose length does not split into a K-quant's
     /// 256-value blocks (SmolLM2's 576) get Q8_0, as llama.cpp gives them a fallback.
     #[arg(long)]
     format: SyntheticFormat,
