@@ -12,10 +12,19 @@ const KNOWN_TYPES: &[u32] = &[0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 30
 /// GGML's id of MXFP4 (gpt-oss's experts).
 pub(crate) const MXFP4_TYPE: u32 = 39;
 
-/// A header whose MXFP4 tensors' type ids are replaced by F32's (0), so that candle parses it;
-/// the names of those tensors, whose sizes the caller computes as MXFP4's. `None` when the file
-/// has no MXFP4 tensor, another type candle does not know, or a header that cannot be scanned.
-pub(crate) fn with_mxfp4_patched(path: &Path) -> Option<(Vec<u8>, Vec<String>)> {
+/// One tensor's entry in a GGUF header: its name and type id, and where its row length (its
+/// first dimension: GGUF lists them innermost first) and its type id lie in the header's bytes.
+struct Entry {
+    name: String,
+    kind: u32,
+    row_length_at: usize,
+    type_at: usize,
+}
+
+/// The header of the GGUF file at `path`, read without knowing any tensor type: its bytes (up
+/// to the end of the tensor entries) and its tensor entries in order; `None` when it cannot be
+/// scanned.
+fn read_header(path: &Path) -> Option<(Vec<u8>, Vec<Entry>)> {
     let mut r = Recording {
         inner: BufReader::new(std::fs::File::open(path).ok()?),
         bytes: Vec::new(),
@@ -32,24 +41,25 @@ pub(crate) fn with_mxfp4_patched(path: &Path) -> Option<(Vec<u8>, Vec<String>)> 
         let kind = u32_of(&mut r)?;
         skip_value(&mut r, kind, 0)?;
     }
-    let mut names = Vec::new();
+    let mut entries = Vec::new();
     for _ in 0..tensors {
         let name = string(&mut r)?;
         let dims = u32_of(&mut r)?;
+        let row_length_at = r.bytes.len();
         for _ in 0..dims {
             u64_of(&mut r)?;
         }
-        let at = r.bytes.len();
+        let type_at = r.bytes.len();
         let kind = u32_of(&mut r)?;
         u64_of(&mut r)?;
-        if kind == MXFP4_TYPE {
-            r.bytes[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
-            names.push(name);
-        } else if !KNOWN_TYPES.contains(&kind) {
-            return None;
-        }
+        entries.push(Entry {
+            name,
+            kind,
+            row_length_at,
+            type_at,
+        });
     }
-    (!names.is_empty()).then_some((r.bytes, names))
+    Some((r.bytes, entries))
 }
 
 /// A reader that keeps a copy of every byte read through it.
@@ -69,36 +79,50 @@ impl<R: Read> Read for Recording<R> {
 /// The first tensor of the file at `path` whose GGML type id is not one candle reads, with
 /// that id; `None` when there is none or the header cannot be scanned.
 pub(crate) fn unknown_tensor_type(path: &Path) -> Option<(String, u32)> {
-    let mut r = BufReader::new(std::fs::File::open(path).ok()?);
-    let mut magic = [0u8; 4];
-    r.read_exact(&mut magic).ok()?;
-    if &magic != b"GGUF" {
-        return None;
-    }
-    let version = u32_of(&mut r)?;
-    if version < 2 {
-        return None;
-    }
-    let tensors = u64_of(&mut r)?;
-    let kvs = u64_of(&mut r)?;
-    for _ in 0..kvs {
-        skip_string(&mut r)?;
-        let kind = u32_of(&mut r)?;
-        skip_value(&mut r, kind, 0)?;
-    }
-    for _ in 0..tensors {
-        let name = string(&mut r)?;
-        let dims = u32_of(&mut r)?;
-        for _ in 0..dims {
-            u64_of(&mut r)?;
-        }
-        let kind = u32_of(&mut r)?;
-        u64_of(&mut r)?;
-        if !KNOWN_TYPES.contains(&kind) {
-            return Some((name, kind));
+    let (_, entries) = read_header(path)?;
+    entries
+        .into_iter()
+        .find(|e| !KNOWN_TYPES.contains(&e.kind))
+        .map(|e| (e.name, e.kind))
+}
+
+/// A header whose MXFP4 tensors' type ids are replaced by F32's (0), so that candle parses it;
+/// the names of those tensors, whose sizes the caller computes as MXFP4's. `None` when the file
+/// has no MXFP4 tensor, another type candle does not know, or a header that cannot be scanned.
+pub(crate) fn with_mxfp4_patched(path: &Path) -> Option<(Vec<u8>, Vec<String>)> {
+    let (mut bytes, entries) = read_header(path)?;
+    let mut names = Vec::new();
+    for e in entries {
+        if e.kind == MXFP4_TYPE {
+            bytes[e.type_at..e.type_at + 4].copy_from_slice(&0u32.to_le_bytes());
+            names.push(e.name);
+        } else if !KNOWN_TYPES.contains(&e.kind) {
+            return None;
         }
     }
-    None
+    (!names.is_empty()).then_some((bytes, names))
+}
+
+/// Rewrites, in place, the header of the GGUF file at `path` so that each tensor of `tensors`
+/// (name, row length) is MXFP4 with rows of that length: its type id becomes 39 and its row
+/// length the given one. The writer stored each as F16 of the same bytes (`row * 17 / 64`
+/// values a row), so no offset moves.
+pub(crate) fn patch_to_mxfp4(path: &Path, tensors: &[(String, u64)]) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let (_, entries) = read_header(path).ok_or_else(|| bad("not a readable GGUF header"))?;
+    let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+    for (name, cols) in tensors {
+        let e = entries
+            .iter()
+            .find(|e| e.name == *name)
+            .ok_or_else(|| bad("a tensor to patch is not in the header"))?;
+        f.seek(SeekFrom::Start(e.row_length_at as u64))?;
+        f.write_all(&cols.to_le_bytes())?;
+        f.seek(SeekFrom::Start(e.type_at as u64))?;
+        f.write_all(&MXFP4_TYPE.to_le_bytes())?;
+    }
+    Ok(())
 }
 
 fn u32_of(r: &mut impl Read) -> Option<u32> {
@@ -151,59 +175,4 @@ fn skip_value(r: &mut impl Read, kind: u32, depth: usize) -> Option<()> {
         }
         _ => None,
     }
-}
-
-/// Rewrites, in place, the header of the GGUF file at `path` so that each tensor of `tensors`
-/// (name, row length) is MXFP4 with rows of that length: its type id becomes 39 and its last
-/// dimension the row length. The writer stored each as F16 of the same bytes (`row * 17 / 64`
-/// values a row), so no offset moves.
-pub(crate) fn patch_to_mxfp4(path: &Path, tensors: &[(String, u64)]) -> std::io::Result<()> {
-    use std::io::{Seek, SeekFrom, Write};
-    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
-    let mut r = Recording {
-        inner: BufReader::new(std::fs::File::open(path)?),
-        bytes: Vec::new(),
-    };
-    let mut magic = [0u8; 4];
-    r.read_exact(&mut magic)?;
-    if &magic != b"GGUF" {
-        return Err(bad("not a GGUF file"));
-    }
-    u32_of(&mut r).ok_or_else(|| bad("no version"))?;
-    let count = u64_of(&mut r).ok_or_else(|| bad("no tensor count"))?;
-    let kvs = u64_of(&mut r).ok_or_else(|| bad("no metadata count"))?;
-    for _ in 0..kvs {
-        skip_string(&mut r).ok_or_else(|| bad("bad metadata key"))?;
-        let kind = u32_of(&mut r).ok_or_else(|| bad("bad metadata type"))?;
-        skip_value(&mut r, kind, 0).ok_or_else(|| bad("bad metadata value"))?;
-    }
-    // (offset of the row length, offset of the type, the new row length)
-    let mut patches = Vec::new();
-    for _ in 0..count {
-        let name = string(&mut r).ok_or_else(|| bad("bad tensor name"))?;
-        let dims = u32_of(&mut r).ok_or_else(|| bad("bad tensor dims"))?;
-        // GGUF lists a tensor's dimensions innermost first: the row length comes first.
-        let row_length_at = r.bytes.len();
-        for _ in 0..dims {
-            u64_of(&mut r).ok_or_else(|| bad("bad tensor dim"))?;
-        }
-        let type_at = r.bytes.len();
-        u32_of(&mut r).ok_or_else(|| bad("bad tensor type"))?;
-        u64_of(&mut r).ok_or_else(|| bad("bad tensor offset"))?;
-        if let Some((_, cols)) = tensors.iter().find(|(n, _)| *n == name) {
-            patches.push((row_length_at, type_at, *cols));
-        }
-    }
-    if patches.len() != tensors.len() {
-        return Err(bad("a tensor to patch is not in the header"));
-    }
-    drop(r);
-    let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
-    for (row_length_at, type_at, cols) in patches {
-        f.seek(SeekFrom::Start(row_length_at as u64))?;
-        f.write_all(&cols.to_le_bytes())?;
-        f.seek(SeekFrom::Start(type_at as u64))?;
-        f.write_all(&MXFP4_TYPE.to_le_bytes())?;
-    }
-    Ok(())
 }

@@ -12,7 +12,7 @@ use crate::cpu_forward::{self, StepScratch};
 use crate::cuda_forward;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::{KvCache, KvDtype, KvPools, WindowDemand};
+use crate::kv_cache::{KvCache, KvDtype, KvLayout, KvPools, WindowDemand};
 use crate::layer::{Layer, Mlp, ModelWeights, PostNorms};
 use crate::load::{ExpertMatrices, LoadOptions, Weight, WeightSource};
 use crate::moe::{routing::RoutingRule, MoeLayer, SharedExpert};
@@ -417,26 +417,12 @@ impl LlamaModel {
                 self.rope.max_positions()
             ));
         }
-        if let Some(s) = batch
-            .slot_mapping
-            .iter()
-            .find(|&&s| s as usize >= kv.num_slots())
-        {
-            return err(format!(
-                "slot {s} is outside the cache's {} slots",
-                kv.num_slots()
-            ));
-        }
-        if let Some(b) = batch
-            .block_tables
-            .iter()
-            .find(|&&b| b as usize >= kv.num_blocks())
-        {
-            return err(format!(
-                "block {b} is outside the cache's {} blocks",
-                kv.num_blocks()
-            ));
-        }
+        check_pool(
+            &batch.slot_mapping,
+            &batch.block_tables,
+            kv.layout(),
+            "the cache",
+        )?;
         match kv.window_pool() {
             Some(pool) => {
                 if batch.window_slot_mapping.len() != t
@@ -447,26 +433,12 @@ impl LlamaModel {
                             .into(),
                     );
                 }
-                if let Some(s) = batch
-                    .window_slot_mapping
-                    .iter()
-                    .find(|&&s| s as usize >= pool.num_slots())
-                {
-                    return err(format!(
-                        "slot {s} is outside the window pool's {} slots",
-                        pool.num_slots()
-                    ));
-                }
-                if let Some(b) = batch
-                    .window_block_tables
-                    .iter()
-                    .find(|&&b| b as usize >= pool.num_blocks)
-                {
-                    return err(format!(
-                        "block {b} is outside the window pool's {} blocks",
-                        pool.num_blocks
-                    ));
-                }
+                check_pool(
+                    &batch.window_slot_mapping,
+                    &batch.window_block_tables,
+                    &pool,
+                    "the window pool",
+                )?;
             }
             None if !batch.window_slot_mapping.is_empty()
                 || !batch.window_block_tables.is_empty() =>
@@ -596,4 +568,21 @@ fn cuda_runs(config: &ModelConfig, device: &Device) -> bool {
 #[cfg(not(feature = "cuda"))]
 fn cuda_runs(_: &ModelConfig, _: &Device) -> bool {
     false
+}
+
+/// A step's slots and block tables all inside `layout`'s pool (`what`, for the error).
+fn check_pool(slots: &[u32], tables: &[u32], layout: &KvLayout, what: &str) -> Result<()> {
+    if let Some(s) = slots.iter().find(|&&s| s as usize >= layout.num_slots()) {
+        return Err(ModelError::InvalidStep(format!(
+            "slot {s} is outside {what}'s {} slots",
+            layout.num_slots()
+        )));
+    }
+    if let Some(b) = tables.iter().find(|&&b| b as usize >= layout.num_blocks) {
+        return Err(ModelError::InvalidStep(format!(
+            "block {b} is outside {what}'s {} blocks",
+            layout.num_blocks
+        )));
+    }
+    Ok(())
 }
