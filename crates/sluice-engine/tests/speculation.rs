@@ -7,7 +7,7 @@ mod common;
 
 use common::{next_token_periodic, reference_generate_with, tokens, Driver};
 use proptest::prelude::*;
-use sluice_engine::{Scheduler, SchedulerConfig, SeqId, SpeculationConfig};
+use sluice_engine::{Scheduler, SchedulerConfig, SeqId, SpeculationConfig, WindowPool};
 
 fn config(num_blocks: usize, block_size: usize, budget: usize, k: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -104,13 +104,22 @@ proptest! {
         max_tokens in 1usize..48,
         eos in any::<bool>(),
         lens in proptest::collection::vec(1usize..40, 1..6),
+        window in proptest::option::of((1usize..=24, 0usize..8)),
     ) {
         let prompts: Vec<Vec<u32>> =
             lens.iter().enumerate().map(|(i, &len)| prompt(100 + i as u64, len)).collect();
         // Every request fits the pool alone (the engine's admission guarantees it).
         let longest = lens.iter().max().unwrap() + max_tokens;
         let num_blocks = longest.div_ceil(block_size) + spare_blocks;
-        run(config(num_blocks, block_size, budget, k), &prompts, max_tokens, eos);
+        let mut c = config(num_blocks, block_size, budget, k);
+        // A sliding-window pool: drafts taken back must leave each window's K/V in place
+        // (the model checks it at every read), from the least one sequence needs up.
+        c.window = window.map(|(window, spare)| WindowPool {
+            num_blocks: WindowPool::blocks_for_one(window, budget, block_size).min(num_blocks)
+                + spare,
+            window,
+        });
+        run(c, &prompts, max_tokens, eos);
     }
 }
 

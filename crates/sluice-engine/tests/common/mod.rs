@@ -8,7 +8,9 @@
 
 use std::collections::HashMap;
 
-use sluice_engine::{EngineHandle, Request, RequestStream, Scheduler, SchedulerConfig, SeqId};
+use sluice_engine::{
+    EngineHandle, Request, RequestStream, Scheduler, SchedulerConfig, SeqId, WindowPool,
+};
 use sluice_model::StepBatch;
 
 pub const VOCAB: u32 = 1000;
@@ -98,6 +100,10 @@ pub fn reference_generate_with(
 pub struct HashModel {
     block_size: usize,
     pub kv: Vec<Option<u64>>,
+    /// A sliding-window layer's pool (its window and its slots), when the scheduler has one:
+    /// written through the window tables, and checked at every read to hold what the full
+    /// cache holds across each query's window.
+    window: Option<(usize, Vec<Option<u64>>)>,
 }
 
 impl HashModel {
@@ -105,6 +111,15 @@ impl HashModel {
         Self {
             block_size,
             kv: vec![None; num_blocks * block_size],
+            window: None,
+        }
+    }
+
+    /// [`HashModel::new`] with a window pool of `pool.num_blocks` blocks.
+    pub fn with_window(num_blocks: usize, block_size: usize, pool: WindowPool) -> Self {
+        Self {
+            window: Some((pool.window, vec![None; pool.num_blocks * block_size])),
+            ..Self::new(num_blocks, block_size)
         }
     }
 
@@ -120,13 +135,27 @@ impl HashModel {
             let table = batch.block_table(seq);
             for q in seq.query_start..seq.query_start + seq.query_len {
                 let pos = batch.positions[q] as usize;
+                if let Some((window, wkv)) = &self.window {
+                    let wtable = seq.block_table(&batch.window_block_tables);
+                    let wslot = |p: usize| {
+                        wtable[p / self.block_size] as usize * self.block_size + p % self.block_size
+                    };
+                    for p in (pos + 1).saturating_sub(*window)..pos {
+                        let full = self.kv[table[p / self.block_size] as usize * self.block_size
+                            + p % self.block_size];
+                        assert_eq!(wkv[wslot(p)], full, "window K/V at {p} of a query at {pos}");
+                    }
+                }
                 let prev = if pos == 0 {
                     SEED
                 } else {
                     self.kv[self.slot(table, pos - 1)].expect("read of a K/V slot never written")
                 };
-                self.kv[batch.slot_mapping[q] as usize] =
-                    Some(mix(prev, u64::from(batch.input_ids[q])));
+                let value = Some(mix(prev, u64::from(batch.input_ids[q])));
+                self.kv[batch.slot_mapping[q] as usize] = value;
+                if let Some((_, wkv)) = &mut self.window {
+                    wkv[batch.window_slot_mapping[q] as usize] = value;
+                }
                 if batch.logits_indices.contains(&(q as u32)) {
                     let ctx = (0..=pos)
                         .map(|p| self.kv[self.slot(table, p)].expect("context slot written"));
@@ -154,7 +183,10 @@ pub struct Driver {
 
 impl Driver {
     pub fn new(config: SchedulerConfig) -> Self {
-        let model = HashModel::new(config.num_blocks, config.block_size);
+        let model = match config.window {
+            Some(pool) => HashModel::with_window(config.num_blocks, config.block_size, pool),
+            None => HashModel::new(config.num_blocks, config.block_size),
+        };
         let batch = StepBatch::new(config.block_size);
         Self {
             sched: Scheduler::new(config).expect("valid config"),
