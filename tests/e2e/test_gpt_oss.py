@@ -1,7 +1,7 @@
 """gpt-oss served for real: the tiny random-weight file with MXFP4 experts that
 `scripts/make-moe-models.sh` writes with the PyPI `gguf` package (4 layers, a window of 16 keys
 on every other one, sinks, biases, YaRN; SmolLM2's tokenizer and ChatML template). Under
-`--weights exact` its completions give llama.cpp's greedy text from
+`--weights exact` and an f32 KV cache its completions give llama.cpp's greedy text from
 `tests/fixtures/moe/gpt-oss-f32-greedy.jsonl` word for word, prompts of up to 303 tokens
 crossing the window many times with the local layers in a window pool of their own; streams
 equal whole answers; `/v1/models` says what it is. Without the file the tests are skipped,
@@ -28,10 +28,11 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def oss_server():
-    # Room for 8 sequences' windows: the local layers get their own pool.
+    # Room for 8 sequences' windows: the local layers get their own pool. An f32 KV cache, as
+    # llama.cpp's run that recorded the fixture had (f16 rounds K and V).
     yield from served(
         "--kv-cache-memory", "64MiB", "--max-num-seqs", "8", "--weights", "exact",
-        name="gpt-oss", model=OSS,
+        "--kv-cache-dtype", "f32", name="gpt-oss", model=OSS,
     )
 
 
