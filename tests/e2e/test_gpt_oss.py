@@ -15,7 +15,7 @@ import openai
 import pytest
 import requests
 
-from harness import ROOT, run_together, served
+from harness import ROOT, metric_value, run_together, served
 
 OSS = ROOT / "models" / "tiny-moe" / "gpt-oss-mxfp4.gguf"
 FIXTURE = ROOT / "tests" / "fixtures" / "moe" / "gpt-oss-f32-greedy.jsonl"
@@ -51,6 +51,8 @@ def test_models_says_gpt_oss_with_its_experts(oss_server):
     assert card["architecture"] == "gpt-oss", card
     assert card["mixture_of_experts"] == {"experts": 8, "experts_per_token": 2}, card
     assert "their own pool of" in oss_server.log_path.read_text()
+    text = oss_server.metrics_text()
+    assert metric_value(text, "sluice_kv_window_blocks_capacity") > 0, text
 
 
 def test_exact_completions_equal_llama_cpp_greedy_text(client):

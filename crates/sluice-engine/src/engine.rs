@@ -182,6 +182,10 @@ impl Engine {
         let (exited_tx, exited) = channel();
         let metrics = EngineMetrics::register();
         metrics.blocks_total.set(num_blocks as f64);
+        metrics
+            .window_blocks_total
+            .set(model.window_pool().map_or(0, |w| w.num_blocks) as f64);
+        metrics.window_blocks_used.set(0.0);
         let drafter = draft.map(|draft| {
             let cost_aware = config.speculation.is_none_or(|s| s.cost_aware);
             let drafter = DraftModel::new(

@@ -9,6 +9,8 @@
 //! | `sluice_requests_waiting` | gauge | sequences queued (new or preempted), plus submissions not yet taken in |
 //! | `sluice_kv_cache_blocks_used` | gauge | KV-cache blocks referenced by a sequence |
 //! | `sluice_kv_cache_blocks_capacity` | gauge | KV-cache blocks in the pool (a gauge: promtool reserves `_total` for counters) |
+//! | `sluice_kv_window_blocks_used` | gauge | blocks of the sliding-window layers' own pool referenced by a sequence (0 without one) |
+//! | `sluice_kv_window_blocks_capacity` | gauge | blocks in that pool (0 for a model without one) |
 //! | `sluice_prefix_cache_queries_total` | counter | prompt tokens looked up in the prefix cache at (re)admission |
 //! | `sluice_prefix_cache_hits_total` | counter | of those, tokens whose K/V came from cached blocks |
 //! | `sluice_preemptions_total` | counter | sequences preempted (blocks freed, recomputed later) |
@@ -44,6 +46,8 @@ pub const REQUESTS_RUNNING: &str = "sluice_requests_running";
 pub const REQUESTS_WAITING: &str = "sluice_requests_waiting";
 pub const KV_CACHE_BLOCKS_USED: &str = "sluice_kv_cache_blocks_used";
 pub const KV_CACHE_BLOCKS_CAPACITY: &str = "sluice_kv_cache_blocks_capacity";
+pub const KV_WINDOW_BLOCKS_USED: &str = "sluice_kv_window_blocks_used";
+pub const KV_WINDOW_BLOCKS_CAPACITY: &str = "sluice_kv_window_blocks_capacity";
 pub const PREFIX_CACHE_QUERIES: &str = "sluice_prefix_cache_queries_total";
 pub const PREFIX_CACHE_HITS: &str = "sluice_prefix_cache_hits_total";
 pub const PREEMPTIONS: &str = "sluice_preemptions_total";
@@ -69,11 +73,13 @@ pub const KV_EVENTS_DROPPED: &str = "sluice_kv_events_dropped_total";
 pub const MOE_EXPERT_SHARE: &str = "sluice_moe_expert_weights_read_ratio";
 
 /// Every name above, for exporters that want to pre-declare buckets or check coverage.
-pub const ALL: [&str; 26] = [
+pub const ALL: [&str; 28] = [
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
     KV_CACHE_BLOCKS_USED,
     KV_CACHE_BLOCKS_CAPACITY,
+    KV_WINDOW_BLOCKS_USED,
+    KV_WINDOW_BLOCKS_CAPACITY,
     PREFIX_CACHE_QUERIES,
     PREFIX_CACHE_HITS,
     PREEMPTIONS,
@@ -107,6 +113,8 @@ pub(crate) struct EngineMetrics {
     pub waiting: Gauge,
     pub blocks_used: Gauge,
     pub blocks_total: Gauge,
+    pub window_blocks_used: Gauge,
+    pub window_blocks_total: Gauge,
     pub prefix_queries: Counter,
     pub prefix_hits: Counter,
     pub preemptions: Counter,
@@ -140,6 +148,14 @@ impl EngineMetrics {
         describe_gauge!(REQUESTS_WAITING, "Sequences waiting to be scheduled.");
         describe_gauge!(KV_CACHE_BLOCKS_USED, "KV-cache blocks in use.");
         describe_gauge!(KV_CACHE_BLOCKS_CAPACITY, "KV-cache blocks in the pool.");
+        describe_gauge!(
+            KV_WINDOW_BLOCKS_USED,
+            "Blocks of the sliding-window layers' own pool in use."
+        );
+        describe_gauge!(
+            KV_WINDOW_BLOCKS_CAPACITY,
+            "Blocks in the sliding-window layers' own pool (0 without one)."
+        );
         describe_counter!(
             PREFIX_CACHE_QUERIES,
             Unit::Count,
@@ -226,6 +242,8 @@ impl EngineMetrics {
             waiting: gauge!(REQUESTS_WAITING),
             blocks_used: gauge!(KV_CACHE_BLOCKS_USED),
             blocks_total: gauge!(KV_CACHE_BLOCKS_CAPACITY),
+            window_blocks_used: gauge!(KV_WINDOW_BLOCKS_USED),
+            window_blocks_total: gauge!(KV_WINDOW_BLOCKS_CAPACITY),
             prefix_queries: counter!(PREFIX_CACHE_QUERIES),
             prefix_hits: counter!(PREFIX_CACHE_HITS),
             preemptions: counter!(PREEMPTIONS),

@@ -76,6 +76,11 @@ impl Telemetry {
         self.metrics
             .blocks_used
             .set(scheduler.num_used_blocks() as f64);
+        if let Some(window) = scheduler.block_pools().window() {
+            self.metrics
+                .window_blocks_used
+                .set(window.num_used_blocks() as f64);
+        }
     }
 
     /// Counts a finished step (failed or not) and publishes everything.
