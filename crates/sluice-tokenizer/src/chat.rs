@@ -164,6 +164,9 @@ impl ChatTemplate {
         // `.strip()`, `.startswith()`, `.items()`, ... as the Python templates call them.
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        // Hugging Face's global for templates that print today's date (gpt-oss's system
+        // message: "Current date: ...").
+        env.add_function("strftime_now", strftime_now);
         // minijinja's own `tojson` writes compact, HTML-escaped JSON; templates expect the text
         // of Python's json.dumps, which is what the model saw in training.
         env.add_filter("tojson", python_tojson);
@@ -285,6 +288,20 @@ impl ChatTemplate {
                 TokenizerError::Template(format!("cannot render the chat template: {e:#}"))
             })
     }
+}
+
+/// The local date and time now, formatted by `format` as Python's `datetime.strftime` (what
+/// Hugging Face's `strftime_now` gives a template); an unknown directive is a template error.
+fn strftime_now(format: &str) -> std::result::Result<String, minijinja::Error> {
+    use std::fmt::Write;
+    let mut out = String::new();
+    write!(out, "{}", chrono::Local::now().format(format)).map_err(|_| {
+        minijinja::Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            format!("strftime_now: cannot format the date with {format:?}"),
+        )
+    })?;
+    Ok(out)
 }
 
 /// The system text that teaches a model without a tool-aware template to call `tools` in the
