@@ -305,11 +305,7 @@ impl BlockManager {
         tokens: &[u32],
         limit: usize,
     ) -> CachedPrefix {
-        assert!(
-            table.blocks.is_empty(),
-            "prefix lookup on a table that holds blocks"
-        );
-        let max_blocks = self.max_prefix_blocks(tokens).min(limit);
+        let max_blocks = self.lookup_limit(table, tokens, limit);
         let mut num_blocks = 0;
         let mut num_evictable = 0;
         while num_blocks < max_blocks {
@@ -323,13 +319,7 @@ impl BlockManager {
                 None => break,
             }
         }
-        CachedPrefix {
-            num_blocks,
-            first_block: 0,
-            num_evictable,
-            num_query_tokens: tokens.len(),
-            epoch: self.epoch,
-        }
+        self.prefix(num_blocks, 0, num_evictable, tokens)
     }
 
     /// For a sliding-window pool of `window` tokens: the most leading blocks (at most `limit`)
@@ -346,11 +336,7 @@ impl BlockManager {
         window: usize,
         limit: usize,
     ) -> CachedPrefix {
-        assert!(
-            table.blocks.is_empty(),
-            "prefix lookup on a table that holds blocks"
-        );
-        let max_blocks = self.max_prefix_blocks(tokens).min(limit);
+        let max_blocks = self.lookup_limit(table, tokens, limit);
         let mut num_blocks = 0;
         // The first block of the run of cached blocks that ends at the block looked at.
         let mut run_start = 0;
@@ -368,13 +354,7 @@ impl BlockManager {
                 self.ref_counts[b as usize] == 0
             })
             .count();
-        CachedPrefix {
-            num_blocks,
-            first_block,
-            num_evictable,
-            num_query_tokens: tokens.len(),
-            epoch: self.epoch,
-        }
+        self.prefix(num_blocks, first_block, num_evictable, tokens)
     }
 
     /// The first block that the window of `window` tokens of the token at position
@@ -384,9 +364,34 @@ impl BlockManager {
         (num_blocks * self.block_size + 1).saturating_sub(window) / self.block_size
     }
 
-    /// Full blocks a lookup may cover: all but the last token's.
-    fn max_prefix_blocks(&self, tokens: &[u32]) -> usize {
-        tokens.len().saturating_sub(1) / self.block_size
+    /// Full blocks a lookup for an empty `table` may cover: at most `limit`, and never the
+    /// last token's (it is left to compute, for the logits).
+    ///
+    /// # Panics
+    /// If `table` holds blocks.
+    fn lookup_limit(&self, table: &BlockTable, tokens: &[u32], limit: usize) -> usize {
+        assert!(
+            table.blocks.is_empty(),
+            "prefix lookup on a table that holds blocks"
+        );
+        (tokens.len().saturating_sub(1) / self.block_size).min(limit)
+    }
+
+    /// A lookup's result, valid until the manager next changes.
+    fn prefix(
+        &self,
+        num_blocks: usize,
+        first_block: usize,
+        num_evictable: usize,
+        tokens: &[u32],
+    ) -> CachedPrefix {
+        CachedPrefix {
+            num_blocks,
+            first_block,
+            num_evictable,
+            num_query_tokens: tokens.len(),
+            epoch: self.epoch,
+        }
     }
 
     /// The cached block holding block `i` of `tokens`, if any.
