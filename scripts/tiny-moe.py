@@ -310,8 +310,10 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     tok = tokenizer_fields(args.tokenizer)
     assert len(tok["tokens"]) == N_VOCAB, len(tok["tokens"])
-    for arch in args.arch or ["qwen3moe", "qwen2moe", "mixtral"]:
-        for fmt in args.format or ["f32", "q8_0"]:
+    for arch in args.arch or ["qwen3moe", "qwen2moe", "mixtral", "gpt-oss"]:
+        # gpt-oss's files hold their experts in MXFP4 (as the real ones do), the others Q8_0.
+        defaults = ["f32", "mxfp4"] if arch == "gpt-oss" else ["f32", "q8_0"]
+        for fmt in args.format or defaults:
             path = os.path.join(args.out, f"{arch}-{fmt}.gguf")
             write(arch, fmt, tok, path)
             print(path, file=sys.stderr)
