@@ -26,6 +26,14 @@ same bytes; tests/fixtures/moe/SHA256SUMS pins them.
 The tokenizer (BPE, 49152 tokens, merges, ChatML template) is copied from SmolLM2-135M-Instruct
 (Apache-2.0), so the vocabulary is real and prompts are ordinary text.
 
+With --harmony (gpt-oss only), gpt-oss-harmony-FMT.gguf has the same weights, and the
+vocabulary and chat template of a real gpt-oss as far as its output format goes: SmolLM2's
+control tokens 3..9 become Harmony's (<|start|>, <|end|>, <|message|>, <|channel|>,
+<|constrain|>, <|return|>, <|call|>), EOS is <|return|>, and the chat template is gpt-oss's
+own (tests/fixtures/templates/openai-gpt-oss-120b.jinja), and its context is 16384 tokens, room
+for an agent client's prompt. The tests of Harmony's rendering, parsing and grammars run on it
+end to end.
+
 Scales (the half-width a of each uniform; std = a / sqrt(3)) are chosen so that greedy
 outputs are decisive (top-1 usually > 0.1 nat above top-2), the router's top-k has clear
 margins, and the attention and expert outputs are comparable to the residual stream (see
@@ -222,13 +230,36 @@ def tokenizer_fields(path):
     }
 
 
-def write(arch, fmt, tok, path):
+HARMONY_TOKENS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
+                  "<|return|>", "<|call|>"]
+HARMONY_FIRST_ID = 3
+HARMONY_CTX = 16384
+
+
+def harmony_tokenizer(tok):
+    """`tok` with Harmony's control tokens and gpt-oss's chat template (see --harmony)."""
+    tok = dict(tok)
+    tokens = list(tok["tokens"])
+    types = list(tok["token_type"])
+    for i, t in enumerate(HARMONY_TOKENS):
+        assert types[HARMONY_FIRST_ID + i] == 3, "replaces a control token"
+        tokens[HARMONY_FIRST_ID + i] = t
+    tok["tokens"] = tokens
+    tok["token_type"] = types
+    tok["eos"] = HARMONY_FIRST_ID + HARMONY_TOKENS.index("<|return|>")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "tests/fixtures/templates/openai-gpt-oss-120b.jinja")) as f:
+        tok["chat_template"] = f.read()
+    return tok
+
+
+def write(arch, fmt, tok, path, n_ctx=N_CTX):
     n_expert, n_ff, ts = tensors(arch)
     gguf_arch = "llama" if arch == "mixtral" else arch
     tmp = path + ".tmp"
     w = gguf.GGUFWriter(tmp, gguf_arch)
     w.add_name(f"tiny-moe-{arch}-{fmt}")
-    w.add_context_length(N_CTX)
+    w.add_context_length(n_ctx)
     w.add_embedding_length(N_EMBD)
     w.add_block_count(OSS_LAYERS if arch == "gpt-oss" else N_LAYER)
     if arch == "gpt-oss":
@@ -306,6 +337,8 @@ def main():
     ap.add_argument("--out", required=True, help="folder for the .gguf files")
     ap.add_argument("--arch", action="append", choices=["qwen3moe", "qwen2moe", "mixtral", "gpt-oss"])
     ap.add_argument("--format", action="append", choices=["f32", "q8_0", "mxfp4"])
+    ap.add_argument("--harmony", action="store_true",
+                    help="gpt-oss with Harmony's control tokens and chat template")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     tok = tokenizer_fields(args.tokenizer)
@@ -314,8 +347,14 @@ def main():
         # gpt-oss's files hold their experts in MXFP4 (as the real ones do), the others Q8_0.
         defaults = ["f32", "mxfp4"] if arch == "gpt-oss" else ["f32", "q8_0"]
         for fmt in args.format or defaults:
-            path = os.path.join(args.out, f"{arch}-{fmt}.gguf")
-            write(arch, fmt, tok, path)
+            if args.harmony:
+                assert arch == "gpt-oss", "--harmony is gpt-oss's vocabulary"
+                path = os.path.join(args.out, f"{arch}-harmony-{fmt}.gguf")
+                # Room for an agent client's prompt (Codex's is about 12k tokens).
+                write(arch, fmt, harmony_tokenizer(tok), path, n_ctx=HARMONY_CTX)
+            else:
+                path = os.path.join(args.out, f"{arch}-{fmt}.gguf")
+                write(arch, fmt, tok, path)
             print(path, file=sys.stderr)
 
 

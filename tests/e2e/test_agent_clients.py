@@ -31,6 +31,9 @@ NODE_BIN = ROOT / "tests" / "e2e" / "node" / "node_modules" / ".bin"
 CLAUDE = NODE_BIN / "claude"
 CODEX = NODE_BIN / "codex"
 QWEN = ROOT / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+# gpt-oss's shape with random weights, Harmony's tokens and gpt-oss's chat template
+# (scripts/make-moe-models.sh).
+OSS = ROOT / "models" / "tiny-moe" / "gpt-oss-harmony-mxfp4.gguf"
 
 # Prefill of a ~12k-token prompt on Qwen2.5-Coder-0.5B takes about 80 s on 2 cores.
 CLI_TIMEOUT_S = 900
@@ -231,6 +234,33 @@ def test_codex_completes_at_its_defaults(tmp_path):
         if e["type"] == "item.completed" and e["item"].get("type") == "agent_message"
     ]
     assert messages and messages[-1].strip(), events
+    assert 'endpoint="responses"' in proc.server_log
+
+
+@needs_namespace
+@needs(CODEX, "run scripts/setup-e2e.sh (npm)")
+@needs(OSS, "run scripts/make-moe-models.sh")
+@pytest.mark.timeout(CLI_TIMEOUT_S + 60)
+def test_codex_completes_a_turn_on_gpt_oss(tmp_path):
+    """Codex's own prompt rendered in Harmony, and the reply read back by channel. The weights
+    are random, so the model does not write Harmony: what it wrote reaches Codex as the
+    answer, unparsed, and the turn completes."""
+    home = codex_home(tmp_path, OSS)
+    proc = run_isolated(
+        tmp_path,
+        OSS,
+        {"CODEX_HOME": str(home)},
+        str(CODEX),
+        "exec",
+        "--skip-git-repo-check",
+        "--json",
+        "Reply with one word: hello",
+    )
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], proc.server_log[-3000:])
+    kinds = [e["type"] for e in events]
+    assert "turn.completed" in kinds, (kinds, proc.stderr[-3000:], proc.server_log[-3000:])
+    assert "turn.failed" not in kinds and "error" not in kinds, events
     assert 'endpoint="responses"' in proc.server_log
 
 

@@ -485,3 +485,180 @@ mod tests {
         }
     }
 }
+
+/// The grammars of a Harmony model (gpt-oss), compiled against a vocabulary with Harmony's
+/// control tokens: a forced call, a structured answer on the `final` channel, and `auto` with
+/// strict tools. Each accepts what the model writes, token for token, refuses what breaks the
+/// format, and what it accepts reads back through the Harmony parser as the call or answer.
+#[cfg(test)]
+mod harmony_tests {
+    use super::*;
+    use crate::grammar::FunctionSpec;
+    use serde_json::{json, Value};
+    use sluice_tokenizer::testing::tiny_harmony_metadata;
+    use sluice_tokenizer::{ToolCallFormat, ToolEvent};
+    use std::path::Path;
+
+    fn tokenizer() -> Arc<Tokenizer> {
+        Arc::new(Tokenizer::from_gguf(&tiny_harmony_metadata(), Path::new("harmony.gguf")).unwrap())
+    }
+
+    fn compiler(tok: &Arc<Tokenizer>) -> ConstraintCompiler {
+        ConstraintCompiler::new(tok.clone(), tok.vocab_size()).unwrap()
+    }
+
+    fn tools() -> Vec<FunctionSpec> {
+        vec![
+            FunctionSpec {
+                name: "get_weather".into(),
+                parameters: json!({
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                    "additionalProperties": false,
+                }),
+            },
+            FunctionSpec {
+                name: "now".into(),
+                parameters: Value::Null,
+            },
+        ]
+    }
+
+    /// Whether the grammar takes `text`'s tokens one by one and may end after them (it is
+    /// complete, or an EOS id is allowed next).
+    fn accepts(c: &ConstraintCompiler, tok: &Tokenizer, grammar: Grammar, text: &str) -> bool {
+        let mut seq = c.compile(grammar).unwrap().start();
+        let ids = tok.encode(text).unwrap();
+        let allowed = |seq: &SeqConstraint, id: u32| {
+            let words = seq.allowed().unwrap();
+            words[id as usize / 32] & (1 << (id % 32)) != 0
+        };
+        for (i, &id) in ids.iter().enumerate() {
+            seq.compute_mask();
+            if !allowed(&seq, id) {
+                return false;
+            }
+            if seq.commit(id).unwrap() {
+                // Complete: nothing may follow.
+                return i + 1 == ids.len();
+            }
+        }
+        seq.compute_mask();
+        let eos = tok.token_to_id("<|call|>").unwrap();
+        allowed(&seq, eos)
+    }
+
+    fn read(text: &str) -> Vec<ToolEvent> {
+        let mut parser = ToolCallFormat::Harmony.parser();
+        let mut out = Vec::new();
+        parser.push(text, &mut out);
+        parser.finish(&mut out);
+        out
+    }
+
+    #[test]
+    fn a_forced_call_is_one_valid_call_on_the_commentary_channel() {
+        let tok = tokenizer();
+        let c = compiler(&tok);
+        let forced = || Grammar::forced_tool_call(ToolCallFormat::Harmony, &tools(), true, false);
+        let good = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>\
+                    {\"city\": \"Paris\"}";
+        assert!(accepts(&c, &tok, forced(), good));
+        assert_eq!(
+            read(good),
+            vec![
+                ToolEvent::CallStart {
+                    index: 0,
+                    name: "get_weather".into()
+                },
+                ToolEvent::CallArguments {
+                    index: 0,
+                    fragment: "{\"city\": \"Paris\"}".into()
+                },
+            ]
+        );
+        assert!(accepts(
+            &c,
+            &tok,
+            forced(),
+            "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}"
+        ));
+        // Against the schema, an unknown tool, an answer instead of a call, no header.
+        for bad in [
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"town\": \"x\"}",
+            "<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}",
+            "<|channel|>final<|message|>Hi",
+            "{\"city\": \"Paris\"}",
+        ] {
+            assert!(!accepts(&c, &tok, forced(), bad), "{bad}");
+        }
+        // Without tools, any name.
+        let any = Grammar::forced_tool_call(ToolCallFormat::Harmony, &[], false, false);
+        assert!(accepts(
+            &c,
+            &tok,
+            any,
+            "<|channel|>commentary to=functions.x_1 <|constrain|>json<|message|>{\"a\": 1}"
+        ));
+    }
+
+    #[test]
+    fn a_structured_answer_follows_the_final_channel() {
+        let tok = tokenizer();
+        let c = compiler(&tok);
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
+            "required": ["n"], "additionalProperties": false});
+        let answer = || {
+            Grammar::Json {
+                schema: schema.clone(),
+                strict: true,
+            }
+            .harmony_answer()
+        };
+        let good = "<|channel|>final<|message|>{\"n\": 3}";
+        assert!(accepts(&c, &tok, answer(), good));
+        assert_eq!(read(good), vec![ToolEvent::Content("{\"n\": 3}".into())]);
+        assert!(!accepts(&c, &tok, answer(), "{\"n\": 3}"));
+        assert!(!accepts(
+            &c,
+            &tok,
+            answer(),
+            "<|channel|>final<|message|>{\"n\": \"3\"}"
+        ));
+        let choice = Grammar::Choice(vec!["yes".into(), "no".into()]).harmony_answer();
+        assert!(accepts(&c, &tok, choice, "<|channel|>final<|message|>no"));
+    }
+
+    #[test]
+    fn auto_with_strict_tools_allows_reasoning_then_an_answer_or_a_valid_call() {
+        let tok = tokenizer();
+        let c = compiler(&tok);
+        let auto =
+            || Grammar::auto_tool_call(ToolCallFormat::Harmony, &tools(), true, true).unwrap();
+        let reasoning = "<|channel|>analysis<|message|>The user wants the weather.<|end|>\
+                         <|start|>assistant";
+        let call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>\
+                    {\"city\": \"Oslo\"}";
+        for good in [
+            format!("{reasoning}{call}"),
+            call.to_string(),
+            format!("{reasoning}<|channel|>final<|message|>It is sunny."),
+            "<|channel|>final<|message|>Hello".to_string(),
+        ] {
+            assert!(accepts(&c, &tok, auto(), &good), "{good}");
+        }
+        assert!(!accepts(
+            &c,
+            &tok,
+            auto(),
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{}"
+        ));
+        let events = read(&format!("{reasoning}{call}"));
+        assert_eq!(
+            events[0],
+            ToolEvent::Reasoning("The user wants the weather.".into())
+        );
+        assert!(matches!(&events[1], ToolEvent::CallStart { name, .. } if name == "get_weather"));
+    }
+}

@@ -84,7 +84,9 @@ fn parsed(format: ToolCallFormat, text: &str) -> Vec<(String, Value)> {
                 calls.push((name, String::new()));
             }
             ToolEvent::CallArguments { index, fragment } => calls[index].1.push_str(&fragment),
-            ToolEvent::Content(text) => panic!("content {text:?} in a forced call"),
+            ToolEvent::Content(text) | ToolEvent::Reasoning(text) => {
+                panic!("text {text:?} in a forced call")
+            }
         }
     }
     calls

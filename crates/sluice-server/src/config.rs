@@ -177,7 +177,7 @@ config_keys! {
     drain_timeout_secs: u64 = 30;
     flag u64, #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_SECS", value_name = "N")]
 
-    /// Format tool calls are parsed in and forced in: hermes, llama3_json or mistral
+    /// Format tool calls are parsed in and forced in: hermes, llama3_json, mistral or openai (Harmony)
     /// [default: the one the chat template shows, else hermes].
     tool_call_parser: Option<Named<ToolCallFormat>> = None;
     flag Named<ToolCallFormat>, #[arg(long, env = "SLUICE_TOOL_CALL_PARSER", value_name = "NAME")]

@@ -1,7 +1,8 @@
 //! sluice-tokenizer: text in and out of a model. Byte-level BPE with the pre-tokenizers GGUF
 //! files name, SentencePiece as llama.cpp runs it, vocabularies from GGUF metadata or a Hugging Face `tokenizer.json`, incremental
 //! UTF-8-safe detokenization, Jinja chat templates (with tools), and the parsers that split a
-//! model's output into content, tool calls (`tool_parser`) and reasoning (`reasoning`).
+//! model's output into content, tool calls (`tool_parser`) and reasoning (`reasoning`), or by
+//! Harmony's channels (`harmony`).
 //! Nothing here knows about tensors.
 
 mod bpe;
@@ -13,6 +14,7 @@ mod gguf_keys;
 pub mod gguf_metadata;
 mod gguf_spm;
 mod gguf_vocab;
+pub mod harmony;
 mod hf_json;
 mod partial_marker;
 mod parts;
@@ -31,6 +33,7 @@ pub use chat::{ChatFunctionCall, ChatMessage, ChatTemplate, ChatToolCall, Render
 pub use detokenizer::IncrementalDecoder;
 pub use error::{Result, TokenizerError};
 pub use gguf_metadata::{GgufMetadata, MetadataMap, MetadataValue};
+pub use harmony::HarmonyParser;
 pub use reasoning::{ReasoningEvent, ReasoningParser};
 pub use tokenizer::{Tokenizer, SUPPORTED_PRE_TOKENIZERS};
 pub use tool_parser::{ToolCallFormat, ToolCallParser, ToolEvent};

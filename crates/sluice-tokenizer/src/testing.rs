@@ -37,6 +37,36 @@ pub fn tiny_metadata(pre: &str) -> MetadataMap {
     metadata
 }
 
+/// The Harmony control tokens (gpt-oss), in the order [`tiny_harmony_metadata`] gives them ids.
+pub const HARMONY_TOKENS: [&str; 7] = [
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|return|>",
+    "<|call|>",
+];
+
+/// [`tiny_metadata`] (pre-tokenized as `gpt-4o`) with [`HARMONY_TOKENS`] as control tokens at
+/// ids 262..269, and `<|return|>` (267) as EOS, as gpt-oss's vocabulary has them.
+pub fn tiny_harmony_metadata() -> MetadataMap {
+    let mut metadata = tiny_metadata("gpt-4o");
+    let tokens = HARMONY_TOKENS.map(|t| MetadataValue::String(t.into()));
+    let types = HARMONY_TOKENS.map(|_| MetadataValue::Int(3));
+    for (key, added) in [
+        ("tokenizer.ggml.tokens", tokens),
+        ("tokenizer.ggml.token_type", types),
+    ] {
+        let Some(MetadataValue::Array(items)) = metadata.get_mut(key) else {
+            unreachable!("tiny_metadata writes {key}")
+        };
+        items.extend(added);
+    }
+    metadata.insert("tokenizer.ggml.eos_token_id", MetadataValue::Int(267));
+    metadata
+}
+
 /// GGUF tokenizer metadata of a SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`):
 /// `<unk>` (0, unknown), `<s>` (1, control), `</s>` (2, control), the 256 byte tokens
 /// `<0x00>`..`<0xFF>` (ids 3..259) when `byte_tokens`, then the pieces `▁`, `h`, `i`, `▁h`,

@@ -114,6 +114,21 @@ impl Tokenizer {
                 }
             }
         }
+        let is_control = |text: &str| {
+            encoder
+                .token_to_id(text)
+                .filter(|&id| table.kind(id) == Some(TokenKind::Special))
+        };
+        if let (Some(ret), Some(call)) = (is_control("<|return|>"), is_control("<|call|>")) {
+            // Harmony (gpt-oss): a turn ends with `<|return|>` after the answer or `<|call|>`
+            // after a tool call, while `<|end|>` only closes one message of several (the
+            // reasoning before the answer), so it must not stop generation. llama.cpp does
+            // the same for this vocabulary.
+            eos_ids.extend([ret, call]);
+            if let Some(end) = is_control("<|end|>") {
+                eos_ids.retain(|&id| id != end);
+            }
+        }
         let mut seen = std::collections::HashSet::new();
         eos_ids.retain(|id| seen.insert(*id));
         Self {
@@ -312,6 +327,31 @@ mod tests {
 
     fn tiny_tokenizer() -> Tokenizer {
         Tokenizer::from_gguf(&tiny_metadata("gpt-2"), Path::new("tiny.gguf")).unwrap()
+    }
+
+    #[test]
+    fn harmony_turns_end_at_return_or_call_and_not_at_end() {
+        let tok = Tokenizer::from_gguf(
+            &crate::testing::tiny_harmony_metadata(),
+            Path::new("harmony.gguf"),
+        )
+        .unwrap();
+        let id = |t: &str| tok.token_to_id(t).unwrap();
+        let mut eos = tok.eos_token_ids().to_vec();
+        eos.sort();
+        let mut want = ["<|return|>", "<|call|>", "<|endoftext|>", "<|im_end|>"].map(id);
+        want.sort();
+        assert_eq!(eos, want);
+        assert_eq!(
+            tok.eos_token_ids()[0],
+            id("<|return|>"),
+            "the file's EOS comes first"
+        );
+        // The control tokens are text when not skipped: the Harmony parser reads them.
+        let ids = tok.encode("<|channel|>final<|message|>hi").unwrap();
+        assert_eq!(ids[0], id("<|channel|>"));
+        assert_eq!(tok.decode(&ids, false), "<|channel|>final<|message|>hi");
+        assert_eq!(tok.decode(&ids, true), "finalhi");
     }
 
     #[test]

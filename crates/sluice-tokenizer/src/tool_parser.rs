@@ -8,6 +8,7 @@
 //! client sees the same deltas OpenAI sends. Any chunking of the same text gives the same
 //! events once merged.
 
+use crate::harmony::HarmonyParser;
 use crate::partial_marker::hold_point;
 
 /// How a model family writes tool calls in its output.
@@ -22,17 +23,22 @@ pub enum ToolCallFormat {
     /// Mistral: `[TOOL_CALLS]` and a JSON array of `{"name": ..., "arguments": {...}}`, or the
     /// newer `[TOOL_CALLS]f[ARGS]{...}` per call.
     Mistral,
+    /// gpt-oss's Harmony: a message on the `commentary` channel addressed to
+    /// `functions.NAME`, its body the arguments; reasoning and answer have channels of their
+    /// own ([`HarmonyParser`](crate::harmony::HarmonyParser)). vLLM calls it `openai`.
+    Harmony,
 }
 
 impl ToolCallFormat {
     /// Every format, in the order of [`ToolCallFormat::NAMES`].
-    pub const ALL: [ToolCallFormat; 3] = [Self::Hermes, Self::Llama3Json, Self::Mistral];
+    pub const ALL: [ToolCallFormat; 4] =
+        [Self::Hermes, Self::Llama3Json, Self::Mistral, Self::Harmony];
 
     /// The names [`from_name`](Self::from_name) accepts (vLLM's parser names), for help and
     /// error messages.
-    pub const NAMES: [&'static str; 3] = ["hermes", "llama3_json", "mistral"];
+    pub const NAMES: [&'static str; 4] = ["hermes", "llama3_json", "mistral", "openai"];
 
-    /// The format called `name` (`"hermes"`, `"llama3_json"`, `"mistral"`).
+    /// The format called `name` (`"hermes"`, `"llama3_json"`, `"mistral"`, `"openai"`).
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|format| format.name() == name)
     }
@@ -42,14 +48,18 @@ impl ToolCallFormat {
             Self::Hermes => "hermes",
             Self::Llama3Json => "llama3_json",
             Self::Mistral => "mistral",
+            Self::Harmony => "openai",
         }
     }
 
     /// The format a chat template teaches its model, read from the markup the template prints
-    /// around tools: `<tool_call>` (Hermes), `[TOOL_CALLS]` (Mistral), `<|python_tag|>` or an
-    /// `ipython` role with JSON function-call instructions (Llama 3). `None` when the template
-    /// shows none of them.
+    /// around tools: Harmony's `<|channel|>` (gpt-oss), `<tool_call>` (Hermes), `[TOOL_CALLS]`
+    /// (Mistral), `<|python_tag|>` or an `ipython` role with JSON function-call instructions
+    /// (Llama 3). `None` when the template shows none of them.
     pub fn detect(template_source: &str) -> Option<Self> {
+        if template_source.contains("<|channel|>") {
+            return Some(Self::Harmony);
+        }
         if template_source.contains("<tool_call>") {
             return Some(Self::Hermes);
         }
@@ -76,6 +86,26 @@ impl ToolCallFormat {
         ToolCallParser::new(self)
     }
 
+    /// The markup parser of a format written as text around JSON; `None` for Harmony.
+    fn markup(self) -> Option<Markup> {
+        match self {
+            Self::Hermes => Some(Markup::Hermes),
+            Self::Llama3Json => Some(Markup::Llama3Json),
+            Self::Mistral => Some(Markup::Mistral),
+            Self::Harmony => None,
+        }
+    }
+}
+
+/// The formats whose calls are JSON inside markup, read by [`MarkupParser`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Markup {
+    Hermes,
+    Llama3Json,
+    Mistral,
+}
+
+impl Markup {
     /// The text that opens a call: content stops where it appears.
     fn opening_marker(self) -> &'static str {
         match self {
@@ -126,6 +156,9 @@ pub enum ToolEvent {
     /// The next piece of call `index`'s arguments. A call's fragments joined are its arguments
     /// object exactly as the model wrote it (or `{}` when it wrote none).
     CallArguments { index: usize, fragment: String },
+    /// Text of the model's reasoning: only Harmony has a channel for it (`analysis`); the
+    /// other formats' reasoning is read by [`ReasoningParser`](crate::ReasoningParser) first.
+    Reasoning(String),
 }
 
 /// Splits one response's text into content and tool calls as it is generated. Push the text as
@@ -143,9 +176,48 @@ pub enum ToolEvent {
 /// sense, the arguments given out so far stay as they are, possibly incomplete JSON, and the
 /// rest of that call's text is dropped (for Hermes, up to `</tool_call>`; for the other
 /// formats, parsing goes back to content at the first character that cannot belong to it).
+///
+/// Harmony is read by [`HarmonyParser`], with its own rules for output that breaks the format.
 #[derive(Debug, Clone)]
-pub struct ToolCallParser {
-    format: ToolCallFormat,
+pub struct ToolCallParser(Reader);
+
+#[derive(Debug, Clone)]
+enum Reader {
+    Markup(Box<MarkupParser>),
+    Harmony(HarmonyParser),
+}
+
+impl ToolCallParser {
+    /// A parser for one response in `format` (the same as [`ToolCallFormat::parser`]).
+    pub fn new(format: ToolCallFormat) -> Self {
+        Self(match format.markup() {
+            Some(markup) => Reader::Markup(Box::new(MarkupParser::new(markup))),
+            None => Reader::Harmony(HarmonyParser::new()),
+        })
+    }
+
+    /// Parses the next piece of generated text, appending what it completes to `out`.
+    pub fn push(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
+        match &mut self.0 {
+            Reader::Markup(parser) => parser.push(text, out),
+            Reader::Harmony(parser) => parser.push(text, out),
+        }
+    }
+
+    /// Ends the response: held-back text and a call that never started come out as content.
+    /// A call that started stays as it is (see the type's documentation).
+    pub fn finish(&mut self, out: &mut Vec<ToolEvent>) {
+        match &mut self.0 {
+            Reader::Markup(parser) => parser.finish(out),
+            Reader::Harmony(parser) => parser.finish(out),
+        }
+    }
+}
+
+/// The parser of the formats that write calls as JSON in markup.
+#[derive(Debug, Clone)]
+struct MarkupParser {
+    format: Markup,
     state: State,
     /// Text pushed and not yet dealt with: in content, what is held back.
     pending: String,
@@ -243,9 +315,8 @@ enum Fed {
     Again,
 }
 
-impl ToolCallParser {
-    /// A parser for one response in `format` (the same as [`ToolCallFormat::parser`]).
-    pub fn new(format: ToolCallFormat) -> Self {
+impl MarkupParser {
+    fn new(format: Markup) -> Self {
         Self {
             format,
             state: State::Text,
@@ -259,8 +330,7 @@ impl ToolCallParser {
         }
     }
 
-    /// Parses the next piece of generated text, appending what it completes to `out`.
-    pub fn push(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
+    fn push(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
         self.pending.push_str(text);
         let pending = std::mem::take(&mut self.pending);
         let mut consumed = 0;
@@ -287,9 +357,7 @@ impl ToolCallParser {
         self.pending = pending[consumed..].to_string();
     }
 
-    /// Ends the response: held-back text and a call that never started come out as content.
-    /// A call that started stays as it is (see the type's documentation).
-    pub fn finish(&mut self, out: &mut Vec<ToolEvent>) {
+    fn finish(&mut self, out: &mut Vec<ToolEvent>) {
         let held = std::mem::take(&mut self.pending);
         if self.unstarted {
             self.not_a_call(out);
@@ -327,10 +395,10 @@ impl ToolCallParser {
         self.unstarted = true;
         self.bare_opening = opened != marker;
         self.state = match (opened == marker, self.format) {
-            (true, ToolCallFormat::Hermes) => State::BeforeObject(Container::HermesTags),
-            (true, ToolCallFormat::Llama3Json) => State::BeforeObject(Container::Semicolons),
-            (true, ToolCallFormat::Mistral) => State::MistralAfterMarker,
-            (false, ToolCallFormat::Mistral) => State::BeforeObject(Container::Array),
+            (true, Markup::Hermes) => State::BeforeObject(Container::HermesTags),
+            (true, Markup::Llama3Json) => State::BeforeObject(Container::Semicolons),
+            (true, Markup::Mistral) => State::MistralAfterMarker,
+            (false, Markup::Mistral) => State::BeforeObject(Container::Array),
             (false, _) => State::Object(Box::new(CallObject::new(true)), Container::Semicolons),
         };
         (at + length, false)

@@ -4,7 +4,7 @@
 //! schema form. The server picks which grammar a request's fields ask for;
 //! [`crate::constraint`] compiles it against the model's vocabulary.
 
-use llguidance::api::TopLevelGrammar;
+use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use serde_json::{json, Value};
 
 pub mod gbnf;
@@ -33,6 +33,13 @@ pub enum Grammar {
     Choice(Vec<String>),
     /// A grammar in llguidance's Lark dialect.
     Lark(String),
+    /// `inner`, after an opening written in Lark: Harmony's `<|channel|>final<|message|>`
+    /// before a structured answer, whose control tokens no text grammar can spell
+    /// ([`Grammar::harmony_answer`]).
+    Opened {
+        opening: String,
+        inner: Box<Grammar>,
+    },
 }
 
 impl Grammar {
@@ -43,6 +50,15 @@ impl Grammar {
             Ok(Self::Lark(gbnf::gbnf_to_lark(&text)?))
         } else {
             Ok(Self::Lark(text))
+        }
+    }
+
+    /// `self` as the answer of a Harmony model (gpt-oss): on the `final` channel, directly, as
+    /// a forced format skips a thinking model's reasoning.
+    pub fn harmony_answer(self) -> Self {
+        Self::Opened {
+            opening: "<|channel|> \"final\" <|message|>".into(),
+            inner: Box::new(self),
         }
     }
 
@@ -60,6 +76,7 @@ impl Grammar {
             Self::Regex(_) => "regex",
             Self::Choice(_) => "choice",
             Self::Lark(_) => "grammar",
+            Self::Opened { inner, .. } => inner.kind(),
         }
     }
 
@@ -70,6 +87,9 @@ impl Grammar {
             Self::Regex(rx) => format!("regex\0{rx}"),
             Self::Choice(choices) => format!("choice\0{}", Value::from(choices.clone())),
             Self::Lark(text) => format!("lark\0{text}"),
+            Self::Opened { opening, inner } => {
+                format!("opened\0{opening}\0{}", inner.cache_key())
+            }
         }
     }
 
@@ -122,6 +142,19 @@ impl Grammar {
             Self::Lark(text) => {
                 check_size(&text)?;
                 Ok(TopLevelGrammar::from_lark(text))
+            }
+            Self::Opened { opening, inner } => {
+                let mut grammars = inner.into_top_level()?.grammars;
+                let Some(inner) = grammars.first_mut() else {
+                    return Err(GrammarError::Invalid("the grammar is empty".into()));
+                };
+                inner.name = Some("answer".into());
+                let outer = GrammarWithLexer::from_lark(format!("start: {opening} @answer"));
+                grammars.insert(0, outer);
+                Ok(TopLevelGrammar {
+                    grammars,
+                    max_tokens: None,
+                })
             }
         }
     }

@@ -42,6 +42,9 @@ impl Grammar {
         parallel: bool,
         strict: bool,
     ) -> Self {
+        if format == ToolCallFormat::Harmony {
+            return Self::Lark(format!("start: call\n{}", harmony_calls(tools, strict)));
+        }
         let schema = call_object_schema(format, tools, strict);
         let (call, separator, prefix, suffix) = match format {
             ToolCallFormat::Hermes => (
@@ -51,6 +54,7 @@ impl Grammar {
                 "",
             ),
             ToolCallFormat::Llama3Json => (format!("%json {schema}"), "\"; \"", "", ""),
+            ToolCallFormat::Harmony => unreachable!("Harmony returned above"),
             ToolCallFormat::Mistral => (
                 format!("%json {schema}"),
                 "\", \"",
@@ -77,6 +81,17 @@ impl Grammar {
         parallel: bool,
         strict: bool,
     ) -> Option<Self> {
+        if format == ToolCallFormat::Harmony {
+            // Reasoning first if the model wants, then the answer or a call. The free texts
+            // end where a control token comes, which text can never spell.
+            return Some(Self::Lark(format!(
+                "start: analysis? (answer | call)\n\
+                 analysis: <|channel|> \"analysis\" <|message|> /(?s:.*)/ <|end|> <|start|> \"assistant\"\n\
+                 answer: <|channel|> \"final\" <|message|> /(?s:.*)/\n\
+                 {}",
+                harmony_calls(tools, strict)
+            )));
+        }
         if format != ToolCallFormat::Hermes {
             return None;
         }
@@ -95,12 +110,56 @@ impl Grammar {
     }
 }
 
+/// The `call` rule of Harmony (gpt-oss): one message on the `commentary` channel addressed to
+/// `functions.NAME`, its body the arguments, valid against that tool's schema. One call only:
+/// `<|call|>` after it ends the turn (it is an end-of-generation token), as the model was
+/// trained. With no tools, any name and any arguments object.
+fn harmony_calls(tools: &[FunctionSpec], strict: bool) -> String {
+    let header = |name: &str| {
+        // A JSON string literal is a valid Lark string literal, whatever the name holds.
+        let recipient = Value::String(format!("commentary to=functions.{name} "));
+        format!("<|channel|> {recipient} <|constrain|> \"json\" <|message|>")
+    };
+    let arguments = |parameters: &Value| {
+        let mut schema = match parameters {
+            Value::Null => json!({"type": "object"}),
+            parameters => parameters.clone(),
+        };
+        if let Value::Object(fields) = &mut schema {
+            fields
+                .entry("x-guidance")
+                .or_insert_with(|| json_layout(strict));
+        }
+        format!("%json {schema}")
+    };
+    if tools.is_empty() {
+        return format!(
+            "call: <|channel|> \"commentary to=functions.\" NAME \" \" <|constrain|> \"json\" <|message|> {}\n\
+             NAME: /[A-Za-z0-9_-]{{1,64}}/\n",
+            arguments(&Value::Null)
+        );
+    }
+    let rules: Vec<String> = tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| {
+            format!(
+                "call_{i}: {} {}\n",
+                header(&tool.name),
+                arguments(&tool.parameters)
+            )
+        })
+        .collect();
+    let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
+    format!("call: {}\n{}", alternatives.join(" | "), rules.concat())
+}
+
 /// The key under which the model writes a call's arguments when its output is forced.
 fn arguments_key(format: ToolCallFormat) -> &'static str {
     match format {
         // Llama 3.1's template asks for "parameters"; the parser takes either.
         ToolCallFormat::Llama3Json => "parameters",
-        ToolCallFormat::Hermes | ToolCallFormat::Mistral => "arguments",
+        ToolCallFormat::Hermes | ToolCallFormat::Mistral | ToolCallFormat::Harmony => "arguments",
     }
 }
 

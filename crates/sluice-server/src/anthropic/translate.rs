@@ -296,6 +296,9 @@ pub fn tools(tools: Option<Vec<ToolIn>>) -> Result<Option<Vec<Value>>, ApiError>
             if let Some(schema) = t.input_schema {
                 function["parameters"] = schema;
             }
+            if let Some(strict) = t.strict {
+                function["strict"] = Value::Bool(strict);
+            }
             Ok(json!({"type": "function", "function": function}))
         })
         .collect::<Result<Vec<_>, _>>()
@@ -525,6 +528,12 @@ mod tests {
             {"name": "later", "defer_loading": true}]))
         .unwrap();
         assert_eq!(tools(Some(deferred)).unwrap().unwrap().len(), 1);
+        let strict: Vec<ToolIn> =
+            serde_json::from_value(json!([{"name": "w", "strict": true}])).unwrap();
+        assert_eq!(
+            tools(Some(strict)).unwrap().unwrap()[0]["function"]["strict"],
+            json!(true)
+        );
         let server: Vec<ToolIn> =
             serde_json::from_value(json!([{"type": "web_search_20250305", "name": "web_search"}]))
                 .unwrap();

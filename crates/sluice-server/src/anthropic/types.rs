@@ -206,6 +206,9 @@ pub struct ToolIn {
     /// A deferred tool is left out of the prompt, as Anthropic leaves it out of the context
     /// until a tool search finds it; the client sends it again, not deferred, to offer it.
     pub defer_loading: Option<bool>,
+    /// Anthropic's strict tool use: calls are guaranteed to validate against `input_schema`
+    /// (chat completions' `strict`, enforced by the same grammar).
+    pub strict: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -27,7 +27,8 @@ impl Delta {
 pub struct OutputFormat {
     /// The model thinks in `<think>` blocks; `true` in the pair: the prompt already opened one.
     pub reasoning: Option<bool>,
-    /// Tool calls are parsed in this format.
+    /// Tool calls are parsed in this format. Harmony's is set whenever the model writes
+    /// Harmony, tools or not: its parser also splits reasoning and answer by channel.
     pub tools: Option<ToolCallFormat>,
     /// Calls after the first are dropped (`parallel_tool_calls: false`).
     pub single_call: bool,
@@ -110,6 +111,7 @@ impl ChoiceOutput {
                 for event in self.tool_events.drain(..) {
                     match event {
                         ToolEvent::Content(c) => delta.content.push_str(&c),
+                        ToolEvent::Reasoning(r) => delta.reasoning.push_str(&r),
                         ToolEvent::CallStart { index, name } => {
                             if self.single_call && index > 0 {
                                 continue;

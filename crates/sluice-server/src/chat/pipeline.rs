@@ -96,6 +96,11 @@ pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedC
         names,
     } = job;
     let plan = plan_tools(model, tools, tool_choice, parallel_tool_calls)?;
+    // A Harmony model's whole output is read by channel, whether or not it may call tools.
+    let harmony = model
+        .chat_template
+        .as_ref()
+        .is_some_and(|t| t.tool_call_format() == ToolCallFormat::Harmony);
     let grammar = match (plan.grammar.clone(), requested) {
         (Some(_), Some(r)) => {
             return Err(ApiError::invalid(
@@ -105,15 +110,18 @@ pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedC
             ))
         }
         (Some(forced), None) => Some((forced, "tools")),
+        // A Harmony model answers on its `final` channel, so the format follows its opening.
+        (None, Some(r)) if harmony => Some((r.grammar.harmony_answer(), r.param)),
         (None, Some(r)) => Some((r.grammar, r.param)),
         (None, None) => None,
     };
+    let output_format = plan.format.or(harmony.then_some(ToolCallFormat::Harmony));
     if matches!(
-        plan.format,
-        Some(ToolCallFormat::Llama3Json | ToolCallFormat::Mistral)
+        output_format,
+        Some(ToolCallFormat::Llama3Json | ToolCallFormat::Mistral | ToolCallFormat::Harmony)
     ) {
-        // These formats open calls with control tokens (`<|python_tag|>`, `[TOOL_CALLS]`),
-        // which the parser must see.
+        // These formats mark calls (and Harmony its channels) with control tokens
+        // (`<|python_tag|>`, `[TOOL_CALLS]`, `<|channel|>`), which the parser must see.
         request.stop.skip_special_tokens = false;
     }
     let thinks = model.chat_template.as_ref().is_some_and(|t| t.thinks());
@@ -141,7 +149,7 @@ pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedC
         request,
         output: OutputFormat {
             reasoning: thinks.then_some(opens_thinking),
-            tools: plan.format,
+            tools: output_format,
             single_call: plan.single_call,
         },
         names,
@@ -156,16 +164,28 @@ fn plan_tools(
     tool_choice: Option<ToolChoice>,
     parallel_tool_calls: Option<bool>,
 ) -> Result<ToolPlan, ApiError> {
-    match model.chat_template.as_ref() {
-        Some(template) => tools::plan(
-            tools,
-            tool_choice,
-            parallel_tool_calls,
-            template,
-            model.tool_call_format,
-        ),
-        None => Ok(ToolPlan::default()),
+    let Some(template) = model.chat_template.as_ref() else {
+        return Ok(ToolPlan::default());
+    };
+    let mut plan = tools::plan(
+        tools,
+        tool_choice,
+        parallel_tool_calls,
+        template,
+        model.tool_call_format,
+    )?;
+    if template.tool_call_format() == ToolCallFormat::Harmony {
+        // gpt-oss's template writes `"// " + tool.description` unguarded, which fails on a
+        // tool without one (OpenAI makes it optional): such a tool is described as empty.
+        for tool in plan.template_tools.iter_mut().flatten() {
+            if let Some(Value::Object(function)) = tool.get_mut("function") {
+                function
+                    .entry("description")
+                    .or_insert_with(|| Value::String(String::new()));
+            }
+        }
     }
+    Ok(plan)
 }
 
 /// The conversation rendered with the model's template (ending with the assistant's turn) and

@@ -155,9 +155,9 @@ pub fn plan(
                     ApiError::invalid(
                         "tools",
                         format!(
-                            "strict tools with tool_choice \"auto\" need the hermes call format; \
-                             this model's is {format}. Use tool_choice \"required\" or drop \
-                             strict."
+                            "strict tools with tool_choice \"auto\" need the hermes or openai \
+                             (Harmony) call format; this model's is {format}. Use tool_choice \
+                             \"required\" or drop strict."
                         ),
                     )
                 })?;
