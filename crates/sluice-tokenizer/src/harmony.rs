@@ -18,7 +18,7 @@
 //! ends) is the model's own words: from there on everything, the held header included, is
 //! content, so nothing is lost.
 
-use crate::tool_parser::ToolEvent;
+use crate::tool_event::ToolEvent;
 
 const START: &str = "<|start|>";
 const CHANNEL: &str = "<|channel|>";

@@ -25,6 +25,7 @@ mod spm;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tokenizer;
+pub mod tool_event;
 pub mod tool_parser;
 mod vocab;
 

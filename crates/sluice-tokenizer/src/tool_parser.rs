@@ -10,6 +10,7 @@
 
 use crate::harmony::HarmonyParser;
 use crate::partial_marker::hold_point;
+pub use crate::tool_event::ToolEvent;
 
 /// How a model family writes tool calls in its output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -144,21 +145,6 @@ impl std::fmt::Display for ToolCallFormat {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
-}
-
-/// What the parser found in the text pushed so far.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolEvent {
-    /// Text of the reply that is not a call: the model's own words, never call markup.
-    Content(String),
-    /// Call `index` (0, 1, ... in the order the model wrote them) names function `name`.
-    CallStart { index: usize, name: String },
-    /// The next piece of call `index`'s arguments. A call's fragments joined are its arguments
-    /// object exactly as the model wrote it (or `{}` when it wrote none).
-    CallArguments { index: usize, fragment: String },
-    /// Text of the model's reasoning: only Harmony has a channel for it (`analysis`); the
-    /// other formats' reasoning is read by [`ReasoningParser`](crate::ReasoningParser) first.
-    Reasoning(String),
 }
 
 /// Splits one response's text into content and tool calls as it is generated. Push the text as
