@@ -57,7 +57,7 @@ impl Architecture {
             "qwen3moe" | "qwen3_moe" => Some(Self::Qwen3Moe),
             // HF configs of the text-only Gemma 3 models say `gemma3_text`.
             "gemma3" | "gemma3_text" => Some(Self::Gemma3),
-            "gpt-oss" => Some(Self::GptOss),
+            "gpt-oss" | "gpt_oss" => Some(Self::GptOss),
             _ => None,
         }
     }
@@ -279,7 +279,8 @@ pub enum RopeScaling {
     Yarn(Yarn),
 }
 
-/// The parameters of [`RopeScaling::Yarn`], as GGUF `rope.scaling.*` keys give them.
+/// The parameters of [`RopeScaling::Yarn`], as GGUF `rope.scaling.*` keys or config.json's
+/// `rope_scaling` give them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Yarn {
     pub factor: f32,
@@ -288,6 +289,9 @@ pub struct Yarn {
     pub beta_fast: f32,
     pub beta_slow: f32,
     pub attn_factor: f32,
+    /// The ramp's ends rounded to whole dimensions (floor and ceil), as llama.cpp always
+    /// rounds them; transformers' `truncate` (true unless a config says false, as gpt-oss's).
+    pub truncate: bool,
 }
 
 /// How an embedding pools a sequence's final (normed) hidden states into one vector.

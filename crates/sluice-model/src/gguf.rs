@@ -617,6 +617,7 @@ impl GgufFile {
                     beta_fast: positive(self, "yarn_beta_fast", Some(32.0))?,
                     beta_slow: positive(self, "yarn_beta_slow", Some(1.0))?,
                     attn_factor: positive(self, "attn_factor", Some(1.0))?,
+                    truncate: true,
                 })))
             }
             other => Err(ModelError::Unsupported {

@@ -23,6 +23,7 @@ use crate::load::{check_shape, ExpertMatrices, LoadOptions, Weight, WeightSource
 use crate::model::LlamaModel;
 use crate::moe::Expert;
 use crate::weights::{Linear, LinearOptions};
+use sluice_kernels::QuantFormat;
 
 pub const CONFIG_FILE: &str = "config.json";
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -267,6 +268,173 @@ impl HfWeights<'_> {
     }
 }
 
+impl HfWeights<'_> {
+    /// Tensor `name`'s bytes as stored, checked to be `u8` of `shape` (gpt-oss's MXFP4 blocks
+    /// and scales).
+    fn bytes_named(&self, name: &str, shape: &[usize]) -> Result<&[u8]> {
+        let shards = &self.dir.shards;
+        let Some(&i) = shards.routing.get(name) else {
+            return Err(ModelError::MissingTensor {
+                path: self.dir.dir.clone(),
+                name: name.to_string(),
+            });
+        };
+        let (path, st) = &shards.files[i];
+        let view = st.get(name).map_err(|e| ModelError::Tensor {
+            path: path.clone(),
+            name: name.to_string(),
+            reason: e.to_string(),
+        })?;
+        check_shape(path, name, view.shape(), shape)?;
+        if view.dtype() != safetensors::Dtype::U8 {
+            return Err(ModelError::Unsupported {
+                path: path.clone(),
+                what: format!(
+                    "element type {:?} of tensor `{name}` (MXFP4 blocks and scales are u8)",
+                    view.dtype()
+                ),
+            });
+        }
+        Ok(view.data())
+    }
+
+    /// gpt-oss's experts: MXFP4 (`mlp.experts.{gate_up,down}_proj_{blocks,scales}`, as the
+    /// released checkpoints hold them) or dequantized (`mlp.experts.gate_up_proj` `[experts,
+    /// hidden, 2 * inter]` and `mlp.experts.down_proj` `[experts, inter, hidden]`, transposed
+    /// against the usual layout). Either way a gate_up's rows (columns, dequantized) alternate
+    /// gate and up; sluice stacks the gates over the ups.
+    fn gpt_oss_experts(
+        &self,
+        layer: usize,
+        shape: ExpertMatrices,
+        options: &LinearOptions,
+    ) -> Result<Vec<Expert>> {
+        let ExpertMatrices {
+            experts,
+            inter,
+            hidden,
+        } = shape;
+        let at = |t: &str| format!("model.layers.{layer}.mlp.experts.{t}");
+        if self.dir.shards.contains(&at("gate_up_proj_blocks")) {
+            let (gate_up, down) = (
+                Mxfp4Experts::read(self, &at("gate_up_proj"), experts, 2 * inter, hidden)?,
+                Mxfp4Experts::read(self, &at("down_proj"), experts, hidden, inter)?,
+            );
+            return (0..experts)
+                .map(|e| {
+                    // Row r of the stack: gate r (the file's row 2r), then up r (2r + 1).
+                    let interleaved = |r: usize| {
+                        if r < inter {
+                            2 * r
+                        } else {
+                            2 * (r - inter) + 1
+                        }
+                    };
+                    Ok(Expert {
+                        gate_up: gate_up.linear(e, interleaved, options)?,
+                        down: down.linear(e, |r| r, options)?,
+                        gate_up_bias: None,
+                        down_bias: None,
+                    })
+                })
+                .collect();
+        }
+        let gate_up = self
+            .read_named(at("gate_up_proj"), &[experts, hidden, 2 * inter])?
+            .to_dtype(DType::F32)?;
+        let down = self
+            .read_named(at("down_proj"), &[experts, inter, hidden])?
+            .to_dtype(DType::F32)?;
+        (0..experts)
+            .map(|e| {
+                // [hidden, 2 * inter] -> [inter, 2, hidden]: gate rows at 0, up rows at 1.
+                let pairs = gate_up.get(e)?.t()?.reshape((inter, 2, hidden))?;
+                let stacked = Tensor::cat(&[pairs.get_on_dim(1, 0)?, pairs.get_on_dim(1, 1)?], 0)?;
+                Ok(Expert {
+                    gate_up: Linear::from_tensor(stacked.contiguous()?, None, options)?,
+                    down: Linear::from_tensor(down.get(e)?.t()?.contiguous()?, None, options)?,
+                    gate_up_bias: None,
+                    down_bias: None,
+                })
+            })
+            .collect()
+    }
+}
+
+/// One MXFP4 expert tensor of a gpt-oss checkpoint: `{name}_blocks` `[experts, rows, cols /
+/// 32, 16]` (two E2M1 codes a byte, element 2i in the low nibble, 2i + 1 in the high) and
+/// `{name}_scales` `[experts, rows, cols / 32]` (E8M0).
+struct Mxfp4Experts<'a> {
+    blocks: &'a [u8],
+    scales: &'a [u8],
+    rows: usize,
+    cols: usize,
+}
+
+impl<'a> Mxfp4Experts<'a> {
+    fn read(
+        weights: &'a HfWeights<'_>,
+        name: &str,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
+        if !cols.is_multiple_of(32) {
+            return Err(ModelError::Tensor {
+                path: weights.dir.dir.clone(),
+                name: format!("{name}_blocks"),
+                reason: format!("{cols} columns are not whole MXFP4 blocks of 32"),
+            });
+        }
+        let per_row = cols / 32;
+        Ok(Self {
+            blocks: weights
+                .bytes_named(&format!("{name}_blocks"), &[experts, rows, per_row, 16])?,
+            scales: weights.bytes_named(&format!("{name}_scales"), &[experts, rows, per_row])?,
+            rows,
+            cols,
+        })
+    }
+
+    /// Expert `e` as a layer whose row r is the file's row `source(r)`, each row repacked
+    /// into GGML's MXFP4 blocks (a scale byte, then 16 bytes whose low nibbles are elements
+    /// 0..16 and high nibbles 16..32), the layout sluice's MXFP4 kernels read. The codes and
+    /// scales are the same numbers: nothing is re-quantized.
+    fn linear(
+        &self,
+        e: usize,
+        source: impl Fn(usize) -> usize,
+        options: &LinearOptions,
+    ) -> Result<Linear> {
+        let per_row = self.cols / 32;
+        let row_bytes = per_row * 17;
+        let mut packed = vec![0u8; self.rows * row_bytes];
+        for (r, out) in packed.chunks_exact_mut(row_bytes).enumerate() {
+            let row = e * self.rows + source(r);
+            let blocks = &self.blocks[row * per_row * 16..][..per_row * 16];
+            let scales = &self.scales[row * per_row..][..per_row];
+            for ((out, block), &scale) in out
+                .chunks_exact_mut(17)
+                .zip(blocks.chunks_exact(16))
+                .zip(scales)
+            {
+                out[0] = scale;
+                let code = |i: usize| (block[i / 2] >> (4 * (i % 2))) & 0x0f;
+                for j in 0..16 {
+                    out[1 + j] = code(j) | (code(j + 16) << 4);
+                }
+            }
+        }
+        Linear::from_block_rows(
+            QuantFormat::Mxfp4,
+            self.rows,
+            self.cols,
+            |r| &packed[r * row_bytes..][..row_bytes],
+            options,
+        )
+    }
+}
+
 impl WeightSource for HfWeights<'_> {
     fn path(&self) -> &Path {
         &self.dir.dir
@@ -292,6 +460,9 @@ impl WeightSource for HfWeights<'_> {
             inter,
             hidden,
         } = shape;
+        if self.dir.config.architecture == Architecture::GptOss {
+            return self.gpt_oss_experts(layer, shape, options);
+        }
         let at = |t: &str| format!("model.layers.{layer}.{t}");
         let fused = at("mlp.experts.gate_up_proj");
         let shards = &self.dir.shards;
@@ -344,6 +515,16 @@ impl WeightSource for HfWeights<'_> {
     }
 
     fn dense(&mut self, w: Weight, shape: &[usize], device: &Device) -> Result<Tensor> {
+        if let (Weight::ExpertGateBias(_) | Weight::ExpertUpBias(_), &[experts, inter]) = (w, shape)
+        {
+            // gpt-oss's `gate_up_proj_bias` `[experts, 2 * inter]` alternates gate and up.
+            let pairs = self
+                .read(w, &[experts, 2 * inter])?
+                .to_dtype(DType::F32)?
+                .reshape((experts, inter, 2))?;
+            let half = usize::from(matches!(w, Weight::ExpertUpBias(_)));
+            return Ok(pairs.get_on_dim(2, half)?.contiguous()?.to_device(device)?);
+        }
         let mut t = self.read(w, shape)?.to_dtype(DType::F32)?;
         if self.dir.config.architecture == Architecture::Gemma3 && w.is_norm() {
             // Gemma's RMSNorm multiplies by `1 + w` (transformers' Gemma3RMSNorm): the one

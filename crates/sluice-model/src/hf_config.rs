@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::Value as Json;
 
 use crate::config::{
-    Architecture, ModelConfig, MoeConfig, MoeConfigError, RopeScaling, SlidingWindow,
+    Architecture, ModelConfig, MoeConfig, MoeConfigError, RopeScaling, SlidingWindow, Yarn,
 };
 use crate::error::{ModelError, Result};
 
@@ -17,7 +17,7 @@ use crate::error::{ModelError, Result};
 struct ConfigJson {
     model_type: Option<String>,
     architectures: Option<Vec<String>>,
-    quantization_config: Option<serde::de::IgnoredAny>,
+    quantization_config: Option<QuantizationJson>,
     hidden_act: Option<String>,
     hidden_size: Option<usize>,
     intermediate_size: Option<usize>,
@@ -54,6 +54,15 @@ struct ConfigJson {
     /// Gemma 3: the local layers' rotary base.
     rope_local_base_freq: Option<f64>,
     final_logit_softcapping: Option<f64>,
+    // gpt-oss
+    swiglu_limit: Option<f64>,
+    attention_bias: Option<bool>,
+}
+
+/// `quantization_config`: only gpt-oss's own MXFP4 experts are read.
+#[derive(Debug, Deserialize)]
+struct QuantizationJson {
+    quant_method: Option<String>,
 }
 
 /// `rope_scaling`; newer configs say `rope_type`, older ones `type`.
@@ -66,6 +75,13 @@ struct RopeScalingJson {
     low_freq_factor: Option<f64>,
     high_freq_factor: Option<f64>,
     original_max_position_embeddings: Option<usize>,
+    // YaRN
+    beta_fast: Option<f64>,
+    beta_slow: Option<f64>,
+    attention_factor: Option<f64>,
+    truncate: Option<bool>,
+    mscale: Option<f64>,
+    mscale_all_dim: Option<f64>,
 }
 
 /// Errors naming the file and the field.
@@ -111,14 +127,6 @@ fn architecture(f: &Fields<'_>, c: &ConfigJson) -> Result<Architecture> {
         }
     };
     match Architecture::from_name(&name) {
-        // gpt-oss's checkpoints hold MXFP4 experts in a layout of their own: sluice reads the
-        // GGUF conversion (llama.cpp's converter repacks them).
-        Some(Architecture::GptOss) | None if name == "gpt_oss" || name == "gpt-oss" => Err(f
-            .unsupported(
-                "gpt-oss as a Hugging Face checkpoint: serve its GGUF conversion (gpt-oss GGUF \
-                 files load)"
-                    .to_string(),
-            )),
         Some(a) => Ok(a),
         None => Err(f.unsupported(format!(
             "architecture `{name}` (model_type; supported: {})",
@@ -147,10 +155,28 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
                 .into(),
         ));
     }
-    if c.quantization_config.is_some() {
-        return Err(f.unsupported(
-            "quantized checkpoint (`quantization_config`): use f32, f16 or bf16 weights, or a GGUF file".into(),
-        ));
+    match (&c.quantization_config, architecture) {
+        (None, _) => {}
+        // gpt-oss's experts in MXFP4 (its `*_blocks` and `*_scales` tensors), read as such.
+        (Some(q), Architecture::GptOss) if q.quant_method.as_deref() == Some("mxfp4") => {}
+        (Some(q), _) => {
+            return Err(f.unsupported(format!(
+                "quantized checkpoint (`quantization_config.quant_method` {}): use f32, f16 or \
+                 bf16 weights (or gpt-oss's MXFP4 experts), or a GGUF file",
+                q.quant_method.as_deref().unwrap_or("unnamed")
+            )));
+        }
+    }
+    if architecture == Architecture::GptOss {
+        // The experts' clamped SwiGLU clamps at 7 (`ops::clamped_swiglu_rows_into`).
+        if let Some(limit) = c.swiglu_limit.filter(|&l| l != 7.0) {
+            return Err(f.unsupported(format!("swiglu_limit {limit} (supported: 7.0)")));
+        }
+        if c.attention_bias == Some(false) {
+            return Err(
+                f.unsupported("gpt-oss without attention biases (`attention_bias` false)".into())
+            );
+        }
     }
     if architecture == Architecture::Gemma3 {
         let act = c.hidden_activation.as_deref().or(c.hidden_act.as_deref());
@@ -192,9 +218,9 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         | Architecture::Qwen3
         | Architecture::Qwen2Moe
         | Architecture::Qwen3Moe => c.use_sliding_window.unwrap_or(false),
-        // Gemma's local layers attend over their window (below), its global ones to all.
-        Architecture::Gemma3 => false,
-        Architecture::GptOss => unreachable!("refused by `architecture`"),
+        // Gemma's and gpt-oss's local layers attend over their window (below), their global
+        // ones to all.
+        Architecture::Gemma3 | Architecture::GptOss => false,
     };
     let num_layers = f.required("num_hidden_layers", c.num_hidden_layers)?;
     let intermediate_size = f.required("intermediate_size", c.intermediate_size)?;
@@ -212,6 +238,11 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
     }
     let (sliding_window, attention_scale, final_logit_softcap) = match architecture {
         Architecture::Gemma3 => gemma3(&f, &c, num_layers)?,
+        Architecture::GptOss => (
+            Some(gpt_oss_window(&f, &c, num_layers, rope_theta)?),
+            None,
+            None,
+        ),
         _ => (None, None, None),
     };
     Ok(ModelConfig {
@@ -241,6 +272,55 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
     })
 }
 
+/// gpt-oss's local layers: `sliding_window` (required, positive), which layers by `layer_types`
+/// (else every even one, as the real models alternate), rotating as the global ones do.
+fn gpt_oss_window(
+    f: &Fields<'_>,
+    c: &ConfigJson,
+    num_layers: usize,
+    rope_theta: f64,
+) -> Result<SlidingWindow> {
+    let window = match c.sliding_window {
+        Some(w) if w > 0 => w,
+        _ => {
+            return Err(f.err(
+                "sliding_window",
+                "gpt-oss's sliding-window layers need a window of at least one token",
+            ))
+        }
+    };
+    let local = match &c.layer_types {
+        Some(types) => layer_types(f, types, num_layers)?,
+        None => (0..num_layers).map(|i| i % 2 == 0).collect(),
+    };
+    Ok(SlidingWindow {
+        window,
+        local,
+        local_rope_theta: rope_theta as f32,
+    })
+}
+
+/// `layer_types`: one `sliding_attention` (local, `true`) or `full_attention` a layer.
+fn layer_types(f: &Fields<'_>, types: &[String], num_layers: usize) -> Result<Vec<bool>> {
+    if types.len() != num_layers {
+        return Err(f.err(
+            "layer_types",
+            format!("{} types for {num_layers} layers", types.len()),
+        ));
+    }
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            "sliding_attention" => Ok(true),
+            "full_attention" => Ok(false),
+            other => Err(f.err(
+                "layer_types",
+                format!("`{other}` (expected sliding_attention or full_attention)"),
+            )),
+        })
+        .collect()
+}
+
 /// What a Gemma 3 text config adds: its local layers (`sliding_window`, and `layer_types` or
 /// else `sliding_window_pattern`, 6 by default: layers `i % N < N - 1` local), their rotary
 /// base (`rope_local_base_freq`, 10000), the query scale `query_pre_attn_scalar^-1/2` (256 by
@@ -252,25 +332,7 @@ fn gemma3(
     num_layers: usize,
 ) -> Result<(Option<SlidingWindow>, Option<f32>, Option<f32>)> {
     let local: Vec<bool> = match &c.layer_types {
-        Some(types) => {
-            if types.len() != num_layers {
-                return Err(f.err(
-                    "layer_types",
-                    format!("{} types for {num_layers} layers", types.len()),
-                ));
-            }
-            types
-                .iter()
-                .map(|t| match t.as_str() {
-                    "sliding_attention" => Ok(true),
-                    "full_attention" => Ok(false),
-                    other => Err(f.err(
-                        "layer_types",
-                        format!("`{other}` (expected sliding_attention or full_attention)"),
-                    )),
-                })
-                .collect::<Result<_>>()?
-        }
+        Some(types) => layer_types(f, types, num_layers)?,
         None => {
             let period = c.sliding_window_pattern.unwrap_or(6);
             (0..num_layers)
@@ -368,12 +430,15 @@ fn moe_config(
     let moe = MoeConfig {
         num_experts: count,
         num_experts_used: f.required("num_experts_per_tok", c.num_experts_per_tok)?,
-        expert_intermediate_size: if mixtral {
+        // Mixtral's and gpt-oss's experts are of `intermediate_size` (they have no dense MLP).
+        expert_intermediate_size: if mixtral || architecture == Architecture::GptOss {
             intermediate_size
         } else {
             f.required("moe_intermediate_size", c.moe_intermediate_size)?
         },
-        norm_topk_prob: mixtral || c.norm_topk_prob.unwrap_or(false),
+        // gpt-oss's softmax is over the chosen k already (`ExpertGating::TopKSoftmax`).
+        norm_topk_prob: mixtral
+            || (architecture != Architecture::GptOss && c.norm_topk_prob.unwrap_or(false)),
         weights_scale: 1.0,
         shared_expert_intermediate_size,
         dense_layers,
@@ -382,7 +447,9 @@ fn moe_config(
         let key = match e {
             MoeConfigError::NoExperts => count_key,
             MoeConfigError::ExpertsUsed { .. } => "num_experts_per_tok",
-            MoeConfigError::IntermediateSize if mixtral => "intermediate_size",
+            MoeConfigError::IntermediateSize if mixtral || architecture == Architecture::GptOss => {
+                "intermediate_size"
+            }
             MoeConfigError::IntermediateSize | MoeConfigError::Scale(_) => "moe_intermediate_size",
         };
         f.err(key, e.to_string())
@@ -434,8 +501,43 @@ fn rope_scaling(
                 head_dim, theta, factor, low, high, original,
             ))))
         }
+        "yarn" => {
+            let factor = factor()?;
+            if s.mscale.is_some() || s.mscale_all_dim.is_some() {
+                return Err(
+                    f.unsupported("rope_scaling.mscale (DeepSeek's variant of YaRN)".to_string())
+                );
+            }
+            let original = f.required(
+                "rope_scaling.original_max_position_embeddings",
+                s.original_max_position_embeddings,
+            )?;
+            let positive = |key: &str, v: Option<f64>, default: f64| -> Result<f32> {
+                match v.unwrap_or(default) {
+                    v if v.is_finite() && v > 0.0 => Ok(v as f32),
+                    v => Err(f.err(key, format!("{v} must be positive"))),
+                }
+            };
+            // transformers scales cos and sin by `attention_factor`, by default
+            // `0.1 ln(factor) + 1`: the magnitude the rotary applies itself (llama.cpp's
+            // rope_yarn), so a factor the config gives is taken relative to it.
+            let magnitude = 0.1 * factor.ln() + 1.0;
+            let attn_factor = positive(
+                "rope_scaling.attention_factor",
+                s.attention_factor.map(|a| a / magnitude),
+                1.0,
+            )?;
+            Ok(Some(RopeScaling::Yarn(Yarn {
+                factor: factor as f32,
+                original_context: original,
+                beta_fast: positive("rope_scaling.beta_fast", s.beta_fast, 32.0)?,
+                beta_slow: positive("rope_scaling.beta_slow", s.beta_slow, 1.0)?,
+                attn_factor,
+                truncate: s.truncate.unwrap_or(true),
+            })))
+        }
         other => Err(f.unsupported(format!(
-            "rope_scaling type `{other}` (supported: default, linear, llama3)"
+            "rope_scaling type `{other}` (supported: default, linear, llama3, yarn)"
         ))),
     }
 }
@@ -484,6 +586,74 @@ mod tests {
 
     const BASE: &str = r#""hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300"#;
+
+    /// gpt-oss-20b's config.json as released (the fields sluice reads, and some it ignores).
+    #[test]
+    fn gpt_oss_20b_config() {
+        let layer_types: Vec<&str> = (0..24)
+            .map(|i| {
+                if i % 2 == 0 {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect();
+        let c = config(&format!(
+            r#"{{"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+                "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24,
+                "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+                "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4,
+                "vocab_size": 201088, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
+                "rope_theta": 150000, "sliding_window": 128, "attention_bias": true,
+                "swiglu_limit": 7.0, "hidden_act": "silu", "tie_word_embeddings": false,
+                "initial_context_length": 4096, "router_aux_loss_coef": 0.9,
+                "rope_scaling": {{"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                    "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                    "truncate": false}},
+                "quantization_config": {{"modules_to_not_convert": ["model.layers.*.self_attn",
+                    "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+                    "quant_method": "mxfp4"}},
+                "layer_types": {}}}"#,
+            serde_json::to_string(&layer_types).unwrap()
+        ))
+        .unwrap();
+        assert_eq!(c.architecture, Architecture::GptOss);
+        assert_eq!(
+            c.rope_scaling,
+            Some(RopeScaling::Yarn(Yarn {
+                factor: 32.0,
+                original_context: 4096,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attn_factor: 1.0,
+                truncate: false,
+            }))
+        );
+        let window = c.sliding_window.unwrap();
+        assert_eq!(window.window, 128);
+        assert_eq!(window.local_rope_theta, 150_000.0);
+        assert!(window.local.iter().step_by(2).all(|&l| l));
+        assert!(!window.local.iter().skip(1).step_by(2).any(|&l| l));
+        let moe = c.moe.unwrap();
+        assert_eq!((moe.num_experts, moe.num_experts_used), (32, 4));
+        assert_eq!(moe.expert_intermediate_size, 2880);
+        assert!(!moe.norm_topk_prob);
+        assert_eq!(c.max_position_embeddings, 131_072);
+        // An attention factor given is taken relative to YaRN's own magnitude.
+        let given = config(&format!(
+            r#"{{"model_type": "gpt_oss", {BASE}, "num_local_experts": 4,
+                "num_experts_per_tok": 2, "sliding_window": 8,
+                "rope_scaling": {{"rope_type": "yarn", "factor": 4.0,
+                    "original_max_position_embeddings": 64, "attention_factor": 2.0}}}}"#
+        ))
+        .unwrap();
+        let Some(RopeScaling::Yarn(y)) = given.rope_scaling else {
+            panic!("{:?}", given.rope_scaling)
+        };
+        assert!((y.attn_factor - 2.0 / (0.1 * 4f32.ln() + 1.0)).abs() < 1e-6);
+        assert!(y.truncate);
+    }
 
     #[test]
     fn llama_config_with_defaults() {
@@ -648,9 +818,16 @@ mod tests {
             "{m}"
         );
         let m = msg(format!(
+            r#"{{"model_type": "llama", {BASE}, "rope_scaling": {{"type": "dynamic", "factor": 2.0}}}}"#
+        ));
+        assert!(m.contains("`dynamic`"), "{m}");
+        let m = msg(format!(
             r#"{{"model_type": "llama", {BASE}, "rope_scaling": {{"type": "yarn", "factor": 2.0}}}}"#
         ));
-        assert!(m.contains("`yarn`"), "{m}");
+        assert!(
+            m.contains("rope_scaling.original_max_position_embeddings"),
+            "{m}"
+        );
         let m = msg(format!(
             r#"{{"model_type": "llama", {BASE}, "rope_scaling": {{"type": "linear"}}}}"#
         ));

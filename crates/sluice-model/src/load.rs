@@ -209,6 +209,9 @@ impl Weight {
             (Architecture::Gemma3, Self::FfnNorm(i)) => {
                 format!("model.layers.{i}.pre_feedforward_layernorm.weight")
             }
+            (Architecture::GptOss, Self::Router(i)) => {
+                format!("model.layers.{i}.mlp.router.weight")
+            }
             _ => self.hf_name(),
         }
     }
@@ -260,7 +263,8 @@ impl Weight {
             Self::SharedUp(i) => layer(i, "mlp.shared_expert.up_proj.weight"),
             Self::SharedDown(i) => layer(i, "mlp.shared_expert.down_proj.weight"),
             Self::SharedRouter(i) => layer(i, "mlp.shared_expert_gate.weight"),
-            // transformers' gpt-oss names (sluice reads gpt-oss from GGUF files only).
+            // transformers' gpt-oss names (its experts' gate and up biases are interleaved in
+            // one tensor: `hf.rs` takes every other column).
             Self::OBias(i) => layer(i, "self_attn.o_proj.bias"),
             Self::Sinks(i) => layer(i, "self_attn.sinks"),
             Self::RouterBias(i) => layer(i, "mlp.router.bias"),

@@ -141,15 +141,21 @@ impl RotaryTables {
 /// (extrapolated) angle it keeps, 1 for the fast ones that rotate `beta_fast` times or more
 /// over the original context, 0 for the slow ones under `beta_slow`, linear between the two
 /// dimensions where those counts fall (llama.cpp's `ggml_rope_yarn_corr_dims`, floor and ceil
-/// included).
+/// included; transformers' `find_correction_range`, which floors and ceils only with
+/// `truncate`).
 fn yarn_extrapolation(y: &Yarn, head_dim: usize, theta: f32) -> Vec<f32> {
     let dims = head_dim as f32;
     let corr_dim = |rotations: f32| {
         dims * (y.original_context as f32 / (rotations * 2.0 * std::f32::consts::PI)).ln()
             / (2.0 * theta.ln())
     };
-    let low = corr_dim(y.beta_fast).floor().max(0.0);
-    let high = corr_dim(y.beta_slow).ceil().min(dims - 1.0);
+    let (low, high) = (corr_dim(y.beta_fast), corr_dim(y.beta_slow));
+    let (low, high) = if y.truncate {
+        (low.floor(), high.ceil())
+    } else {
+        (low, high)
+    };
+    let (low, high) = (low.max(0.0), high.min(dims - 1.0));
     (0..head_dim / 2)
         .map(|i| {
             let t = (i as f32 - low) / (high - low).max(0.001);
@@ -172,8 +178,19 @@ mod tests {
             beta_fast: 32.0,
             beta_slow: 1.0,
             attn_factor: 1.0,
+            truncate: true,
         };
         let mix = yarn_extrapolation(&y, 64, 150_000.0);
+        // Without truncation (gpt-oss's config.json says `truncate: false`) the ramp runs
+        // between the fractional dimensions.
+        let untruncated = yarn_extrapolation(
+            &Yarn {
+                truncate: false,
+                ..y
+            },
+            64,
+            150_000.0,
+        );
         let corr = |r: f64| {
             64.0 * (4096.0 / (r * 2.0 * std::f64::consts::PI)).ln() / (2.0 * 150_000f64.ln())
         };
@@ -188,6 +205,15 @@ mod tests {
         }
         assert_eq!(mix[0], 1.0);
         assert_eq!(mix[31], 0.0);
+        let (low, high) = (corr(32.0), corr(1.0));
+        for (i, &m) in untruncated.iter().enumerate() {
+            let want = 1.0 - ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            assert!(
+                (m as f64 - want).abs() < 1e-5,
+                "frequency {i}: {m} vs {want}"
+            );
+        }
+        assert_ne!(untruncated, mix);
         let config = ModelConfig {
             architecture: crate::config::Architecture::GptOss,
             hidden_size: 128,

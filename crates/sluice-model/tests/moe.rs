@@ -4,13 +4,17 @@
 //! files are errors naming the key or tensor. Batching (`batch_invariance.rs`) and llama.cpp's
 //! numbers (`moe_fidelity.rs`) are checked elsewhere.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::GgmlDType;
 use candle_core::Shape;
-use sluice_model::testing::{write_hf_from_gguf, HfExperts, HfExport, TinyModelSpec, TinyMoe};
-use sluice_model::{Architecture, GgufFile, HfModelDir, LlamaModel, LoadOptions, StepBatch};
+use sluice_model::testing::{
+    optional_model, write_hf_from_gguf, HfExperts, HfExport, TinyModelSpec, TinyMoe,
+};
+use sluice_model::{
+    Architecture, GgufFile, HfModelDir, LlamaModel, LoadOptions, StepBatch, WeightsKind,
+};
 
 const BLOCK: usize = 16;
 
@@ -98,6 +102,138 @@ fn hugging_face_layouts_give_the_gguf_files_logits() {
             );
         }
     }
+}
+
+/// gpt-oss's Hugging Face checkpoints, the MXFP4 experts as released and their dequantized
+/// layout (`scripts/tiny-gpt-oss-hf.py`: the tiny gpt-oss's numbers in transformers' names and
+/// layouts, gate and up interleaved, blocks in transformers' nibble order): the same config and
+/// every logit of a prompt that crosses the window, bit for bit the GGUF file's, under each
+/// kind of weights. Without the files the test says that it skipped and which script makes
+/// them.
+#[test]
+fn gpt_oss_hugging_face_checkpoints_give_the_gguf_files_logits() {
+    let optional =
+        |name: &str| optional_model(&format!("tiny-moe/{name}"), "scripts/make-moe-models.sh");
+    for (hf, gguf) in [
+        ("gpt-oss-hf-mxfp4", "gpt-oss-mxfp4.gguf"),
+        ("gpt-oss-hf-f32", "gpt-oss-f32.gguf"),
+    ] {
+        let (Some(weights), Some(gguf)) =
+            (optional(&format!("{hf}/model.safetensors")), optional(gguf))
+        else {
+            continue;
+        };
+        let opened = HfModelDir::open(weights.parent().unwrap()).unwrap();
+        let file_config = GgufFile::open(&gguf).unwrap().model_config().unwrap();
+        // GGUF holds the epsilon in f32 (the forward's precision), and a dense MLP size the
+        // all-experts gpt-oss never uses (tiny-moe.py writes one unlike the experts').
+        let mut config = opened.config().clone();
+        assert_eq!(config.rms_norm_eps as f32, file_config.rms_norm_eps as f32);
+        config.rms_norm_eps = file_config.rms_norm_eps;
+        config.intermediate_size = file_config.intermediate_size;
+        assert_eq!(
+            config, file_config,
+            "{hf}: config.json against the GGUF file"
+        );
+        let prompt = prompt(file_config.vocab_size);
+        for kind in [WeightsKind::Auto, WeightsKind::Exact, WeightsKind::F32] {
+            let options = LoadOptions {
+                weights: kind,
+                ..LoadOptions::default()
+            };
+            let want = all_logits(&LlamaModel::load(&gguf, &options).unwrap(), &prompt);
+            let got = all_logits(&LlamaModel::from_hf(&opened, &options).unwrap(), &prompt);
+            assert!(
+                got == want,
+                "{hf} under {kind:?}: logits differ from {}",
+                gguf.display()
+            );
+        }
+    }
+}
+
+/// A gpt-oss config.json or checkpoint that sluice cannot serve as written is an error naming
+/// the key or tensor: another SwiGLU limit, another quantization, no window, DeepSeek's YaRN,
+/// a missing MXFP4 scale tensor.
+#[test]
+fn bad_gpt_oss_checkpoints_are_errors_naming_the_key_or_tensor() {
+    let Some(weights) = optional_model(
+        "tiny-moe/gpt-oss-hf-mxfp4/model.safetensors",
+        "scripts/make-moe-models.sh",
+    ) else {
+        return;
+    };
+    let source = weights.parent().unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("config.json")).unwrap())
+            .unwrap();
+    let error_with = |edit: &dyn Fn(&mut serde_json::Value), tensors: &Path| -> String {
+        let d = dir().join(format!("bad-oss-hf-{}", rand_suffix()));
+        std::fs::create_dir_all(&d).unwrap();
+        let mut c = config.clone();
+        edit(&mut c);
+        std::fs::write(d.join("config.json"), c.to_string()).unwrap();
+        std::os::unix::fs::symlink(tensors, d.join("model.safetensors")).unwrap();
+        match HfModelDir::open(&d)
+            .and_then(|opened| LlamaModel::from_hf(&opened, &LoadOptions::default()))
+        {
+            Ok(_) => panic!("{c} loaded"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let set = |key: &'static str, value: serde_json::Value| {
+        move |c: &mut serde_json::Value| c[key] = value.clone()
+    };
+    for (edit, names) in [
+        (
+            Box::new(set("swiglu_limit", 10.0.into())) as Box<dyn Fn(&mut serde_json::Value)>,
+            &["swiglu_limit"][..],
+        ),
+        (
+            Box::new(set(
+                "quantization_config",
+                serde_json::json!({"quant_method": "fp8"}),
+            )),
+            &["quant_method", "fp8"],
+        ),
+        (
+            Box::new(set("sliding_window", serde_json::Value::Null)),
+            &["sliding_window"],
+        ),
+        (
+            Box::new(|c: &mut serde_json::Value| c["rope_scaling"]["mscale"] = 1.0.into()),
+            &["rope_scaling.mscale"],
+        ),
+        (
+            Box::new(|c: &mut serde_json::Value| c["layer_types"] = serde_json::json!(["x"])),
+            &["layer_types"],
+        ),
+    ] {
+        let e = error_with(&edit, &weights);
+        for name in names {
+            assert!(e.contains(name), "{e} should name {name}");
+        }
+    }
+    // Experts of another size: the tensor of either layout is named.
+    let f32_weights = source
+        .parent()
+        .unwrap()
+        .join("gpt-oss-hf-f32/model.safetensors");
+    let smaller = |c: &mut serde_json::Value| c["intermediate_size"] = 128.into();
+    for (tensors, name) in [
+        (&weights, "mlp.experts.gate_up_proj_blocks"),
+        (&f32_weights, "mlp.experts.gate_up_proj"),
+    ] {
+        let e = error_with(&smaller, tensors);
+        assert!(e.contains(name) && e.contains("shape"), "{e}");
+    }
+}
+
+/// A name no other test of this process uses.
+fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed).to_string()
 }
 
 #[test]
