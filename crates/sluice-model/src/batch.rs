@@ -36,6 +36,10 @@ pub struct StepBatch {
     /// itself by this rule ([`sluice_kernels::sampling`]), `None` when it returns the row's
     /// logits. Empty: every row returns logits. On a GPU this keeps full logits on the device.
     pub model_sampling: Vec<Option<RowSampling>>,
+    /// `[T]` the LoRA adapter of each token's sequence: 0 for the base model, else the slot
+    /// [`LlamaModel::set_adapter`](crate::LlamaModel::set_adapter) filled. Empty: no row has
+    /// one (and the step pays nothing for adapters).
+    pub lora_slots: Vec<u16>,
 }
 
 /// What one forward returns, in buffers reused across steps.
@@ -71,6 +75,7 @@ impl StepBatch {
         self.logits_indices.clear();
         self.hidden_indices.clear();
         self.model_sampling.clear();
+        self.lora_slots.clear();
     }
 
     /// Adds `tokens` of one sequence, starting at absolute position `start_pos` (the number of

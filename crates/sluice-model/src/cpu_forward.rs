@@ -16,6 +16,7 @@ use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::last_layer::last_layer_rows;
 use crate::layer::{Mlp, ModelWeights};
+use crate::lora::{Projection, StepLoras};
 use crate::moe::MoeScratch;
 use crate::ops::{self, sized};
 
@@ -165,6 +166,11 @@ fn forward_on_pool(
     };
     let gate_up = sized(&mut s.gate_up, dense_rows * 2 * inter);
     let act = sized(&mut s.act, dense_rows * inter);
+    let loras = StepLoras {
+        slots: &batch.lora_slots,
+        adapters: w.adapters,
+    };
+    let (q_cols, kv_cols) = (h * d, kvh * d);
     let (cos, sin) = w.rope.tables();
     let (cos, sin) = (
         HostValues::new(cos, "rope cos")?,
@@ -197,6 +203,12 @@ fn forward_on_pool(
             rows::add_rms_norm(x, delta, attn_norm.get()?, eps, normed);
         }
         layer.qkv.forward_into(normed, t, qkv)?;
+        let qkv_parts = [
+            (Projection::Q, 0),
+            (Projection::K, q_cols),
+            (Projection::V, q_cols + kv_cols),
+        ];
+        loras.add(i, &qkv_parts, normed, qkv, q_cols + 2 * kv_cols);
         let qk_norm = match &layer.qk_norm {
             Some((qn, kn)) => Some((
                 HostValues::new(qn, "q_norm")?,
@@ -253,6 +265,7 @@ fn forward_on_pool(
             }
         }
         layer.o.forward_into(attn, t, proj)?;
+        loras.add(i, &[(Projection::O, 0)], attn, proj, hidden);
         let ffn_norm = HostValues::new(&layer.ffn_norm, "ffn_norm")?;
         match &layer.post_norms {
             Some(norms) => {
@@ -268,8 +281,11 @@ fn forward_on_pool(
                 down,
             } => {
                 w_gate_up.forward_into(normed, t, gate_up)?;
+                let gate_up_parts = [(Projection::Gate, 0), (Projection::Up, inter)];
+                loras.add(i, &gate_up_parts, normed, gate_up, 2 * inter);
                 ops::glu_rows_into(activation, gate_up, inter, act)?;
                 down.forward_into(act, t, proj)?;
+                loras.add(i, &[(Projection::Down, 0)], act, proj, hidden);
             }
             Mlp::Experts(experts) => experts.forward_into(normed, t, moe, proj)?,
         }

@@ -21,6 +21,8 @@ pub(crate) struct ModelWeights<'a> {
     /// The sliding-window layers' own tables (Gemma 3's local rotary base), where they have
     /// any.
     pub local_rope: Option<&'a RotaryTables>,
+    /// The LoRA adapters a step's rows may name ([`crate::batch::StepBatch::lora_slots`]).
+    pub adapters: &'a [Option<std::sync::Arc<crate::lora::LoraAdapter>>],
 }
 
 pub(crate) struct Layer {

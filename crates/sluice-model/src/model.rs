@@ -1,6 +1,8 @@
 //! The llama-family transformer with a paged, batched forward: one call computes every token of
 //! an engine step, whatever sequence it belongs to and wherever that sequence stands.
 
+use std::sync::Arc;
+
 use candle_core::{Device, Tensor};
 
 use crate::attention::{cpu as cpu_attention, AttentionBackend};
@@ -15,6 +17,7 @@ use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCache, KvDtype, KvLayout, KvPools, WindowDemand};
 use crate::layer::{Layer, Mlp, ModelWeights, PostNorms};
 use crate::load::{ExpertMatrices, LoadOptions, Weight, WeightSource};
+use crate::lora::LoraAdapter;
 use crate::moe::{routing::RoutingRule, MoeLayer, SharedExpert};
 use crate::rope::RotaryTables;
 use crate::weights::{Linear, WeightsKind};
@@ -32,6 +35,8 @@ pub struct LlamaModel {
     attention: AttentionBackend,
     weights: WeightsKind,
     kv_dtype: KvDtype,
+    /// LoRA adapters by slot (slot `i + 1` is `adapters[i]`), which a step's rows name.
+    adapters: Vec<Option<Arc<LoraAdapter>>>,
 }
 
 impl LlamaModel {
@@ -235,6 +240,7 @@ impl LlamaModel {
             attention,
             weights: kind,
             kv_dtype: options.kv_dtype,
+            adapters: Vec::new(),
         })
     }
 
@@ -397,6 +403,20 @@ impl LlamaModel {
         if batch.positions.len() != t || batch.slot_mapping.len() != t {
             return err("positions and slot_mapping must have one entry per token".into());
         }
+        if !batch.lora_slots.is_empty() {
+            if batch.lora_slots.len() != t {
+                return err("lora_slots must be empty or have one entry per token".into());
+            }
+            if let Some(slot) = batch.lora_slots.iter().find(|&&slot| {
+                slot != 0
+                    && self
+                        .adapters
+                        .get(slot as usize - 1)
+                        .is_none_or(Option::is_none)
+            }) {
+                return err(format!("LoRA slot {slot} holds no adapter"));
+            }
+        }
         if let Some(id) = batch
             .input_ids
             .iter()
@@ -533,6 +553,40 @@ impl LlamaModel {
         steps.forward(&self.parts(), batch, kv, timer)
     }
 
+    /// A LoRA adapter for this model, read from `path` (a PEFT directory or a GGUF adapter)
+    /// and checked against it ([`LoraAdapter::load`]).
+    pub fn load_adapter(&self, path: &std::path::Path, max_rank: usize) -> Result<LoraAdapter> {
+        LoraAdapter::load(path, &self.config, max_rank)
+    }
+
+    /// Puts `adapter` in `slot` (1 and up; `None` empties it), for the rows of later steps
+    /// that name the slot. The CPU forward only: on a GPU the update has no kernel yet, so
+    /// this is refused rather than computed row by row on the host.
+    pub fn set_adapter(&mut self, slot: u16, adapter: Option<Arc<LoraAdapter>>) -> Result<()> {
+        if slot == 0 {
+            return Err(ModelError::InvalidStep(
+                "LoRA slot 0 is the base model".into(),
+            ));
+        }
+        if adapter.is_some() && !self.device.is_cpu() {
+            return Err(ModelError::Unsupported {
+                path: adapter
+                    .as_ref()
+                    .map(|a| a.path().to_path_buf())
+                    .unwrap_or_default(),
+                what: "LoRA adapters on a GPU (sluice's CUDA forward has no low-rank update \
+                       yet; serve adapters with a CPU build)"
+                    .into(),
+            });
+        }
+        let i = slot as usize - 1;
+        if self.adapters.len() <= i {
+            self.adapters.resize(i + 1, None);
+        }
+        self.adapters[i] = adapter;
+        Ok(())
+    }
+
     /// The weights as the forwards read them.
     pub(crate) fn parts(&self) -> ModelWeights<'_> {
         ModelWeights {
@@ -543,6 +597,7 @@ impl LlamaModel {
             lm_head: &self.lm_head,
             rope: &self.rope,
             local_rope: self.local_rope.as_ref(),
+            adapters: &self.adapters,
         }
     }
 }

@@ -9,11 +9,12 @@ use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::{Architecture, RopeScaling};
+use crate::config::{Architecture, ModelConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use crate::hf;
 use crate::load::Weight;
+use crate::lora::Projection as LoraProjection;
 use crate::synthetic::{tokenizer_metadata, Rng};
 use crate::weights::unpermute_qk;
 use sluice_tokenizer::{ByteLevelAlphabet, Tokenizer};
@@ -673,3 +674,128 @@ impl TinyModelSpec {
 }
 
 pub use sluice_tokenizer::testing::{in_ci, optional_input as optional_model};
+
+/// A random LoRA adapter for a tiny model ([`TinyModelSpec`]): rank `rank`, `lora_alpha`
+/// `alpha`, an update of each of `targets` in every layer, A and B drawn from `seed`, large
+/// enough to change the greedy tokens.
+#[derive(Debug, Clone)]
+pub struct TinyLoraSpec {
+    pub rank: usize,
+    pub alpha: f32,
+    pub targets: Vec<LoraProjection>,
+    pub seed: u64,
+}
+
+/// One update of a [`TinyLoraSpec`]: layer, projection, A `[rank, inputs]` and B `[outputs,
+/// rank]` (row-major, Hugging Face row order).
+pub type TinyLoraUpdate = (usize, LoraProjection, Vec<f32>, Vec<f32>);
+
+impl TinyLoraSpec {
+    /// Its updates for a model of `config`, in layer then projection order.
+    pub fn updates(&self, config: &ModelConfig) -> Vec<TinyLoraUpdate> {
+        let mut rng = Rng(self.seed);
+        let mut out = Vec::new();
+        for layer in 0..config.num_layers {
+            for &p in &self.targets {
+                let (inputs, outputs) = p.shape(config);
+                let a_scale = 1.0 / (inputs as f32).sqrt();
+                let b_scale = 1.0 / (self.rank as f32).sqrt();
+                let a = (0..self.rank * inputs)
+                    .map(|_| rng.next_f32() * a_scale)
+                    .collect();
+                let b = (0..outputs * self.rank)
+                    .map(|_| rng.next_f32() * b_scale)
+                    .collect();
+                out.push((layer, p, a, b));
+            }
+        }
+        out
+    }
+
+    /// PEFT's directory: `adapter_config.json` and `adapter_model.safetensors` (f32).
+    pub fn write_peft(&self, config: &ModelConfig, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|source| ModelError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let targets: Vec<&str> = self.targets.iter().map(|p| p.peft_name()).collect();
+        let json = serde_json::json!({
+            "peft_type": "LORA", "r": self.rank, "lora_alpha": self.alpha,
+            "target_modules": targets, "bias": "none", "use_rslora": false,
+            "fan_in_fan_out": false, "modules_to_save": null,
+        });
+        let path = dir.join(crate::lora::PEFT_CONFIG_FILE);
+        std::fs::write(&path, json.to_string())
+            .map_err(|source| ModelError::Io { path, source })?;
+        let mut tensors = std::collections::HashMap::new();
+        for (layer, p, a, b) in self.updates(config) {
+            let (inputs, outputs) = p.shape(config);
+            let name = |side: &str| {
+                format!(
+                    "base_model.model.model.layers.{layer}.{}.{}.lora_{side}.weight",
+                    p.peft_path(),
+                    p.peft_name()
+                )
+            };
+            tensors.insert(
+                name("A"),
+                Tensor::from_vec(a, (self.rank, inputs), &Device::Cpu)?,
+            );
+            tensors.insert(
+                name("B"),
+                Tensor::from_vec(b, (outputs, self.rank), &Device::Cpu)?,
+            );
+        }
+        candle_core::safetensors::save(&tensors, dir.join(crate::lora::PEFT_WEIGHTS_FILE))?;
+        Ok(())
+    }
+
+    /// llama.cpp's GGUF adapter, as `convert_lora_to_gguf.py` writes one: F32 `lora_a` and
+    /// `lora_b`, `adapter.lora.alpha`, and for a llama model the Q/K B rows permuted as the
+    /// converter permutes the base weights.
+    pub fn write_gguf(&self, config: &ModelConfig, path: &Path) -> Result<()> {
+        let arch = config.architecture.name();
+        let meta: Vec<(String, Value)> = vec![
+            ("general.architecture".into(), Value::String(arch.into())),
+            ("general.type".into(), Value::String("adapter".into())),
+            ("adapter.type".into(), Value::String("lora".into())),
+            ("adapter.lora.alpha".into(), Value::F32(self.alpha)),
+        ];
+        let permuted = config.architecture == Architecture::Llama;
+        let mut tensors: Vec<(String, QTensor)> = Vec::new();
+        for (layer, p, a, b) in self.updates(config) {
+            let (inputs, outputs) = p.shape(config);
+            let b = if permuted && matches!(p, LoraProjection::Q | LoraProjection::K) {
+                // GGUF row g holds original row `unpermuted_row`'s inverse: put each original
+                // row where the converter puts it.
+                let mut out = vec![0f32; b.len()];
+                for g in 0..outputs {
+                    let from = crate::weights::unpermuted_row(g, config.head_dim);
+                    out[from * self.rank..][..self.rank]
+                        .copy_from_slice(&b[g * self.rank..][..self.rank]);
+                }
+                out
+            } else {
+                b
+            };
+            let q = |v: Vec<f32>, shape: (usize, usize)| -> Result<QTensor> {
+                Ok(QTensor::quantize(
+                    &Tensor::from_vec(v, shape, &Device::Cpu)?,
+                    GgmlDType::F32,
+                )?)
+            };
+            let name = |side: &str| format!("blk.{layer}.{}.weight.lora_{side}", p.gguf_name());
+            tensors.push((name("a"), q(a, (self.rank, inputs))?));
+            tensors.push((name("b"), q(b, (outputs, self.rank))?));
+        }
+        let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let tensor_refs: Vec<(&str, &QTensor)> =
+            tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let mut file = std::fs::File::create(path).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        gguf_file::write(&mut file, &meta_refs, &tensor_refs)?;
+        Ok(())
+    }
+}
