@@ -20,18 +20,12 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${MOE_MODELS:-$root/models/tiny-moe}
-venv=${MOE_VENV:-$HOME/.cache/sluice-moe-venv}
 kquants=${MOE_KQUANTS:-1}
 update=${MOE_UPDATE_SUMS:-0}
 sums=$root/tests/fixtures/moe/SHA256SUMS
-req=$root/scripts/tiny-moe-requirements.txt
 archs="qwen3moe qwen2moe mixtral"
 
-if [ ! -x "$venv/bin/python" ] || ! cmp -s "$req" "$venv/requirements.txt"; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q -r "$req" >&2
-  cp "$req" "$venv/requirements.txt"
-fi
+python=$("$root/scripts/lib/gguf-venv.sh")
 "$root/scripts/fetch-model.sh" "$root/models" >&2
 tok=$root/models/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p "$out"
@@ -49,7 +43,7 @@ for arch in $archs; do
     f=$arch-$fmt.gguf
     files+=("$f")
     if [ "$update" = 1 ] || ! matches "$f"; then
-      "$venv/bin/python" "$root/scripts/tiny-moe.py" --tokenizer "$tok" --out "$out" --arch "$arch" --format "$fmt"
+      "$python" "$root/scripts/tiny-moe.py" --tokenizer "$tok" --out "$out" --arch "$arch" --format "$fmt"
     fi
   done
 done
@@ -58,13 +52,13 @@ for fmt in f32 mxfp4; do
   f=gpt-oss-$fmt.gguf
   files+=("$f")
   if [ "$update" = 1 ] || ! matches "$f"; then
-    "$venv/bin/python" "$root/scripts/tiny-moe.py" --tokenizer "$tok" --out "$out" --arch gpt-oss --format "$fmt"
+    "$python" "$root/scripts/tiny-moe.py" --tokenizer "$tok" --out "$out" --arch gpt-oss --format "$fmt"
   fi
 done
 f=gpt-oss-harmony-mxfp4.gguf
 files+=("$f")
 if [ "$update" = 1 ] || ! matches "$f"; then
-  "$venv/bin/python" "$root/scripts/tiny-moe.py" --tokenizer "$tok" --out "$out" --arch gpt-oss --format mxfp4 --harmony
+  "$python" "$root/scripts/tiny-moe.py" --tokenizer "$tok" --out "$out" --arch gpt-oss --format mxfp4 --harmony
 fi
 # The tiny gpt-oss as Hugging Face checkpoints (MXFP4 experts, and dequantized).
 hf=(gpt-oss-hf-mxfp4/config.json gpt-oss-hf-mxfp4/model.safetensors
@@ -72,7 +66,7 @@ hf=(gpt-oss-hf-mxfp4/config.json gpt-oss-hf-mxfp4/model.safetensors
 files+=("${hf[@]}")
 for f in "${hf[@]}"; do
   if [ "$update" = 1 ] || ! matches "$f"; then
-    "$venv/bin/python" "$root/scripts/tiny-gpt-oss-hf.py" --out "$out" >&2
+    "$python" "$root/scripts/tiny-gpt-oss-hf.py" --out "$out" >&2
     break
   fi
 done

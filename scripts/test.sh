@@ -44,6 +44,9 @@ fi
 # scripts/llama-server.sh, makes the Q4_K_M ones), checked against their sha256: their tests
 # skip without them, CI runs them.
 ./scripts/make-moe-models.sh >/dev/null
+# The random LoRA adapter llama.cpp's fixtures in tests/fixtures/lora were made with (the PyPI
+# gguf package writes it, in llama.cpp's and PEFT's layouts): its tests skip without it.
+./scripts/make-lora-adapters.sh >/dev/null
 # llama.cpp's Phi-3 and Baichuan SentencePiece test vocabularies (sluice-tokenizer's spm_vocab
 # tests skip without them, CI runs them).
 ./scripts/fetch-vocab-fixtures.sh

@@ -21,7 +21,7 @@ import argparse
 import importlib.util
 import json
 import os
-import struct
+import sys
 
 import numpy as np
 
@@ -29,6 +29,8 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "lib"))
+from safetensors_writer import write_safetensors  # noqa: E402
 spec = importlib.util.spec_from_file_location("tiny_moe", os.path.join(HERE, "tiny-moe.py"))
 tiny = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tiny)
@@ -70,24 +72,6 @@ def interleave(gate, up, axis):
     shape = list(gate.shape)
     shape[axis] *= 2
     return out.reshape(shape)
-
-
-def write_safetensors(path, tensors):
-    header, offset, blobs = {}, 0, []
-    for name, arr in tensors:
-        data = np.ascontiguousarray(arr).tobytes()
-        dtype = {np.dtype(np.float32): "F32", np.dtype(np.uint8): "U8"}[arr.dtype]
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-        blobs.append(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path + ".tmp", "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for blob in blobs:
-            f.write(blob)
-    os.replace(path + ".tmp", path)
 
 
 def config(mxfp4):

@@ -29,12 +29,24 @@ pub fn step_of(logits: &Tensor) -> Step {
 /// Greedy generation of one sequence, following `forced` tokens (the fixture's) so that each
 /// step's distribution can be compared with the fixture's at the same prefix.
 pub fn greedy_steps(model: &LlamaModel, prompt: &[u32], forced: &[u32]) -> Vec<Step> {
+    greedy_steps_with_adapter(model, prompt, forced, 0)
+}
+
+/// [`greedy_steps`] with every row under the LoRA adapter in `slot` (0: the base model).
+pub fn greedy_steps_with_adapter(
+    model: &LlamaModel,
+    prompt: &[u32],
+    forced: &[u32],
+    slot: u16,
+) -> Vec<Step> {
+    let slots = |n: usize| if slot == 0 { Vec::new() } else { vec![slot; n] };
     let total = prompt.len() + forced.len();
     let blocks = total.div_ceil(BLOCK);
     let mut kv = model.new_kv_cache(blocks, BLOCK).unwrap();
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut batch = StepBatch::new(BLOCK);
     batch.push_sequence(prompt, 0, &table, true);
+    batch.lora_slots = slots(prompt.len());
     let mut steps = vec![step_of(&model.forward(&batch, &mut kv).unwrap())];
     for (i, &tok) in forced
         .iter()
@@ -43,6 +55,7 @@ pub fn greedy_steps(model: &LlamaModel, prompt: &[u32], forced: &[u32]) -> Vec<S
     {
         batch.clear();
         batch.push_sequence(&[tok], prompt.len() + i, &table, true);
+        batch.lora_slots = slots(1);
         steps.push(step_of(&model.forward(&batch, &mut kv).unwrap()));
     }
     steps
@@ -53,10 +66,20 @@ pub fn greedy_steps(model: &LlamaModel, prompt: &[u32], forced: &[u32]) -> Vec<S
 /// Returns how many tokens agreed and how far apart their logprobs were. The model runs from the row's `prompt_ids` (for chat rows,
 /// the template as llama.cpp rendered and tokenized it), so only the forward is compared.
 pub fn compare_with_fixture(model: &LlamaModel, row: &serde_json::Value, tol: f32) -> Agreement {
+    compare_with_fixture_under(model, row, tol, 0)
+}
+
+/// [`compare_with_fixture`] with every row under the LoRA adapter in `slot`.
+pub fn compare_with_fixture_under(
+    model: &LlamaModel,
+    row: &serde_json::Value,
+    tol: f32,
+    slot: u16,
+) -> Agreement {
     let prompt = super::ids(&row["prompt_ids"]);
     let expected = super::ids(&row["ids"]);
     let fixture_steps = row["steps"].as_array().unwrap();
-    let ours = greedy_steps(model, &prompt, &expected);
+    let ours = greedy_steps_with_adapter(model, &prompt, &expected, slot);
     let name = row["prompt"].as_str().unwrap();
     let mut max_logprob_diff = 0f32;
     for (i, (step, want)) in ours.iter().zip(fixture_steps).enumerate() {
