@@ -306,7 +306,7 @@ fn bad_adapters_are_refused_naming_the_problem() {
         hidden_size: 128,
         ..spec.clone()
     };
-    let other = LlamaModel::load(&gguf(&bigger, "bad-bigger"), &LoadOptions::default()).unwrap();
+    let other = LlamaModel::load(gguf(&bigger, "bad-bigger"), &LoadOptions::default()).unwrap();
     let e = load_error(&other, &good, MAX_RANK);
     assert!(e.contains("has shape") && e.contains("expected"), "{e}");
 
