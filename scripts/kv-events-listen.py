@@ -42,5 +42,6 @@ while running:
     stats["batches"] += 1
     stats["bytes"] += len(payload)
     for event in msgpack.unpackb(payload)[1]:
-        stats[event[0]] += 1
+        # A map tagged by `type` (vLLM's current format), or an array with the tag first.
+        stats[event["type"] if isinstance(event, dict) else event[0]] += 1
 print(json.dumps(stats), flush=True)

@@ -37,6 +37,7 @@ import requests
 import zmq
 
 from harness import SluiceServer, free_port, metric_value
+from vllm_events import decode_event
 
 
 def block_keys(tokens: list[int], block_size: int) -> list[int]:
@@ -63,20 +64,22 @@ class ServerView:
     def apply(self, seq: int, payload: bytes) -> None:
         _, events, _ = msgpack.unpackb(payload)
         for event in events:
-            if event[0] == "BlockStored":
-                _, hashes, parent, tokens, block_size, *_ = event
+            tag, f, _ = decode_event(event)
+            if tag == "BlockStored":
+                hashes, parent, tokens = f["block_hashes"], f["parent_block_hash"], f["token_ids"]
+                block_size = f["block_size"]
                 parent_key = self.engine_to_key.get(parent) if parent is not None else None
                 for i, h in enumerate(hashes):
                     chunk = tuple(tokens[i * block_size : (i + 1) * block_size])
                     parent_key = hash((parent_key, chunk))
                     self.engine_to_key[h] = parent_key
                     self.keys.add(parent_key)
-            elif event[0] == "BlockRemoved":
-                for h in event[1]:
+            elif tag == "BlockRemoved":
+                for h in f["block_hashes"]:
                     key = self.engine_to_key.pop(h, None)
                     if key is not None:
                         self.keys.discard(key)
-            elif event[0] == "AllBlocksCleared":
+            elif tag == "AllBlocksCleared":
                 self.keys.clear()
                 self.engine_to_key.clear()
         self.last_seq = seq

@@ -1,7 +1,8 @@
 """KV-cache events (`--kv-events`) read the way prefix-aware routers read vLLM's: a real libzmq
 SUB socket (pyzmq) on the server's PUB socket, every message `[topic, seq, payload]` decoded
-with msgpack as vLLM's array-like structs, batches applied in sequence order, gaps filled from
-the replay ROUTER socket with a DEALER.
+with msgpack and vLLM's field list (`vllm_events.py`: tagged maps by default, arrays with
+`--kv-events-format array`), batches applied in sequence order, gaps filled from the replay
+ROUTER socket with a DEALER.
 
 - After a storm that evicts cached blocks and preempts sequences, the blocks rebuilt from the
   events alone equal the server's own (`GET /debug/kv_cache`): 0 missing, 0 extra, same parents
@@ -29,6 +30,7 @@ import requests
 import zmq
 
 from harness import BINARY, MODEL, SluiceServer, free_port, parse_metrics
+from vllm_events import decode_event
 
 TOPIC = "kv@10.0.0.7@smollm2"
 # About 48 KV blocks of 16 tokens (see test_memory_pressure.py): 16 clients of ~13 blocks each
@@ -79,6 +81,8 @@ class Replica:
         self.counts = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
         self.block_size: int | None = None
         self.media: set[str] = set()
+        # How the events were laid out: "map" (vLLM's current format) or "array".
+        self.forms: set[str] = set()
 
     def apply(self, seq: int, payload: bytes) -> None:
         assert seq == self.last_seq + 1, f"batch {seq} applied after {self.last_seq}"
@@ -88,13 +92,15 @@ class Replica:
         assert isinstance(ts, float) and abs(ts - time.time()) < 600, ts
         assert dp_rank == 0
         for event in events:
-            tag = event[0]
+            tag, f, form = decode_event(event)
+            self.forms.add(form)
             self.counts[tag] += 1
             if tag == "BlockStored":
-                _, hashes, parent, tokens, block_size, lora_id, medium, lora_name = event
-                assert (lora_id, lora_name) == (None, None)
+                hashes, parent, tokens = f["block_hashes"], f["parent_block_hash"], f["token_ids"]
+                block_size = f["block_size"]
+                assert (f["lora_id"], f["lora_name"]) == (None, None)
                 self.block_size = block_size
-                self.media.add(medium)
+                self.media.add(f["medium"])
                 assert len(tokens) == len(hashes) * block_size, event
                 for k, h in enumerate(hashes):
                     assert h not in self.blocks, f"block {h:#x} stored twice"
@@ -102,12 +108,10 @@ class Replica:
                     self.blocks[h] = (parent, chunk)
                     parent = h
             elif tag == "BlockRemoved":
-                _, hashes, medium = event
-                self.media.add(medium)
-                for h in hashes:
+                self.media.add(f["medium"])
+                for h in f["block_hashes"]:
                     assert self.blocks.pop(h, None) is not None, f"block {h:#x} removed, never stored"
             elif tag == "AllBlocksCleared":
-                assert event == ["AllBlocksCleared"]
                 self.blocks.clear()
             else:
                 raise AssertionError(f"unknown event {event!r}")
@@ -261,6 +265,7 @@ def test_events_rebuild_the_prefix_cache_exactly(events_server):
             counts = dict(sub.replica.counts)
             assert sub.replica.block_size == 16
             assert sub.replica.media == {"CPU"}
+            assert sub.replica.forms == {"map"}, "vLLM's current format is the default"
             assert sub.topics == {TOPIC.encode()}
         assert counts["BlockStored"] > 0 and counts["BlockRemoved"] > 0, counts
         batches = srv.metric("sluice_kv_events_batches_total")
@@ -305,6 +310,30 @@ def test_events_rebuild_the_prefix_cache_exactly(events_server):
         )
     finally:
         sub.close()
+
+
+@pytest.mark.timeout(600)
+def test_the_array_format_rebuilds_the_cache_too():
+    """`--kv-events-format array`: vLLM's earlier positional layout, for subscribers written
+    before the map format; a smaller storm, the replica equal to the cache."""
+    srv = events_server_with(
+        "--kv-events-format", "array", "--kv-events-topic", TOPIC, name="kv-events-array"
+    ).start()
+    try:
+        sub = Subscriber(srv.pub_port, srv.replay_port).start_from(None)
+        try:
+            wait_subscribed(srv, 1)
+            storm(srv.url, clients=8, per_client=2)
+            snap = snapshot(srv.url)
+            sub.wait_for(snap["last_seq"])
+            with sub.lock:
+                sub.replica.compare(snap)
+                assert sub.replica.forms == {"array"}
+                assert sub.replica.counts["BlockStored"] > 0
+        finally:
+            sub.close()
+    finally:
+        srv.close()
 
 
 def stalled_subscriber(port: int) -> socket.socket:

@@ -26,7 +26,7 @@ use figment::Figment;
 use serde::{Deserialize, Serialize, Serializer};
 use sluice_model::{CudaGraphs, KvDtype, Pooling, WeightsKind};
 
-use crate::observe::kv_events::{EndpointMode, ZmqEndpoint};
+use crate::observe::kv_events::{EndpointMode, EventFormat, ZmqEndpoint};
 
 /// The config file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_PATH: &str = "config/sluice.toml";
@@ -222,6 +222,11 @@ config_keys! {
     /// KV-event batches kept for replay [default: 10000].
     kv_events_buffer_steps: usize = 10_000;
     flag usize, #[arg(long, env = "SLUICE_KV_EVENTS_BUFFER_STEPS", value_name = "N")]
+
+    /// How KV events are laid out: `map`, each a map tagged by `type` (vLLM's format since
+    /// June 2026), or `array`, the fields by position (vLLM's earlier one) [default: map].
+    kv_events_format: EventFormat = EventFormat::Map;
+    flag EventFormat, #[arg(long, env = "SLUICE_KV_EVENTS_FORMAT", value_name = "FORMAT")]
 }
 
 /// Most tokens a sequence may draft per step: past it a draft only adds rows to verify.
@@ -866,7 +871,7 @@ mod tests {
         flags_sorted.sort();
         keys_sorted.sort();
         assert_eq!(flags_sorted, keys_sorted);
-        assert_eq!(flags.len(), 30, "{flags:?}");
+        assert_eq!(flags.len(), 31, "{flags:?}");
     }
 
     #[test]

@@ -62,6 +62,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
                 topic: config.kv_events_topic.clone(),
                 hwm: config.kv_events_hwm,
                 buffer_steps: config.kv_events_buffer_steps,
+                format: config.kv_events_format,
             })
             .await
             .context("--kv-events")?,

@@ -16,7 +16,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use publisher::{KvEventPublisher, PublisherError, PublisherSettings};
-pub use wire::Medium;
+pub use wire::{EventFormat, Medium};
 
 /// Whether a ZMQ socket binds or connects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

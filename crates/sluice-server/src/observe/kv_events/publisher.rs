@@ -23,7 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::wire::{encode_batch, Medium};
+use super::wire::{encode_batch, EventFormat, Medium};
 use super::zmtp::{self, handshake, put_command, put_message, read_frame, read_message};
 use super::{EndpointMode, ZmqEndpoint};
 
@@ -47,6 +47,8 @@ pub struct PublisherSettings {
     pub hwm: usize,
     /// Batches kept for replay.
     pub buffer_steps: usize,
+    /// How each event is laid out.
+    pub format: EventFormat,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -136,9 +138,10 @@ impl KvEventPublisher {
         if let Some(listener) = self.replay_listener {
             tasks.push(tokio::spawn(accept_replays(hub.clone(), listener)));
         }
+        let format = self.settings.format;
         tokio::spawn(async move {
             while let Some(batch) = batches.recv().await {
-                let payload: Arc<[u8]> = encode_batch(&batch, block_size, medium).into();
+                let payload: Arc<[u8]> = encode_batch(&batch, block_size, medium, format).into();
                 hub.publish(batch.seq, payload);
             }
             for task in tasks {
