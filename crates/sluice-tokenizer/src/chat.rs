@@ -63,6 +63,13 @@ pub struct ChatMessage {
     /// On a `tool` message: the function that produced it (some templates print it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// On an assistant message: what the model reasoned before it (Qwen3's templates read
+    /// `reasoning_content`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The same reasoning under the name gpt-oss's template reads (`thinking`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
 }
 
 impl ChatMessage {

@@ -136,6 +136,7 @@ fn chat_message(role: &str, content: String) -> ChatMessageIn {
         name: None,
         tool_calls: None,
         tool_call_id: None,
+        reasoning_content: None,
     }
 }
 

@@ -3,7 +3,7 @@
 //! the template makes of it.
 
 use serde_json::{Map, Value};
-use sluice_tokenizer::{ChatMessage, ChatTemplate, ChatToolCall, RenderOptions};
+use sluice_tokenizer::{ChatMessage, ChatTemplate, ChatToolCall, RenderOptions, ToolCallFormat};
 
 use crate::edge::error::ApiError;
 use crate::openai::chat::ChatMessageIn;
@@ -46,6 +46,11 @@ pub fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, Api
             let mut message = ChatMessage::new(role, m.content.0.clone());
             message.name = m.name.clone();
             message.tool_call_id = m.tool_call_id.clone();
+            if role == "assistant" {
+                let reasoning = m.reasoning_content.clone().filter(|r| !r.is_empty());
+                message.reasoning_content = reasoning.clone();
+                message.thinking = reasoning;
+            }
             if let Some(calls) = &m.tool_calls {
                 if role != "assistant" && !calls.is_empty() {
                     return Err(ApiError::invalid(
@@ -91,7 +96,17 @@ pub fn render_chat(
             "This model has no chat template; use /v1/completions instead.",
         )
     })?;
-    let messages = chat_messages(messages)?;
+    let mut messages = chat_messages(messages)?;
+    if template.tool_call_format() == ToolCallFormat::Harmony {
+        for m in &mut messages {
+            // gpt-oss's template refuses a call turn with both an answer and its reasoning
+            // (it shows one of them as the analysis before the call): the reasoning is kept,
+            // as llama.cpp keeps it.
+            if !m.tool_calls.is_empty() && m.thinking.is_some() {
+                m.content.clear();
+            }
+        }
+    }
     template
         .render_with(
             &messages,
@@ -142,6 +157,7 @@ mod tests {
             name: None,
             tool_calls: None,
             tool_call_id: None,
+            reasoning_content: None,
         };
         assert!(chat_messages(&[msg("system"), msg("user"), msg("assistant")]).is_ok());
         assert_eq!(
@@ -156,5 +172,47 @@ mod tests {
             chat_messages(&[]).unwrap_err().param.as_deref(),
             Some("messages")
         );
+    }
+
+    /// An assistant turn's reasoning sent back (`reasoning_content`, or `reasoning`) reaches
+    /// the template under both names templates read; gpt-oss's renders it as the analysis
+    /// before the call, and a call turn with an answer beside its reasoning keeps the
+    /// reasoning rather than failing the template.
+    #[test]
+    fn reasoning_in_the_history_reaches_the_template() {
+        let source = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/fixtures/templates/openai-gpt-oss-120b.jinja"),
+        )
+        .unwrap();
+        let template = ChatTemplate::new(&source, None, None).unwrap();
+        let history = |content: &str| -> Vec<ChatMessageIn> {
+            serde_json::from_value(serde_json::json!([
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": content, "reasoning": "Need the weather tool.",
+                 "tool_calls": [{"id": "c1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            ]))
+            .unwrap()
+        };
+        let m = chat_messages(&history("")).unwrap();
+        assert_eq!(
+            m[1].reasoning_content.as_deref(),
+            Some("Need the weather tool.")
+        );
+        assert_eq!(m[1].thinking, m[1].reasoning_content);
+        assert_eq!(m[0].thinking, None);
+        let text = render_chat(Some(&template), &history(""), true, None, None).unwrap();
+        assert!(
+            text.contains(
+                "<|start|>assistant<|channel|>analysis<|message|>Need the weather tool.<|end|>\
+                 <|start|>assistant to=functions.get_weather"
+            ),
+            "{text}"
+        );
+        let with_answer =
+            render_chat(Some(&template), &history("Let me check."), true, None, None).unwrap();
+        assert_eq!(with_answer, text);
     }
 }

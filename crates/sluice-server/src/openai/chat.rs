@@ -73,6 +73,10 @@ pub struct ChatMessageIn {
     pub tool_calls: Option<Vec<ToolCallIn>>,
     /// A `tool` message answers this call.
     pub tool_call_id: Option<String>,
+    /// An assistant turn's reasoning, sent back in the history (vLLM's field; `reasoning` is
+    /// its newer name): shown to templates that render it.
+    #[serde(default, alias = "reasoning")]
+    pub reasoning_content: Option<String>,
 }
 
 /// A message's `content`: a string, or a list of parts of which only `{"type": "text"}` ones

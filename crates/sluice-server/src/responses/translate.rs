@@ -114,6 +114,7 @@ fn message(role: &str, content: String) -> ChatMessageIn {
         name: None,
         tool_calls: None,
         tool_call_id: None,
+        reasoning_content: None,
     }
 }
 

@@ -182,6 +182,7 @@ pub async fn create(
             name: None,
             tool_calls: None,
             tool_call_id: None,
+            reasoning_content: None,
         });
     }
     messages.extend(conversation.iter().cloned());
