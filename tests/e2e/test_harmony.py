@@ -227,3 +227,22 @@ def test_messages_and_responses_read_harmony_too(oss_server):
     text = "".join(part["text"] for part in response["output"][0]["content"])
     assert text
     no_markup(text)
+    # Streamed: the reasoning comes as reasoning-text deltas that add up to the same text.
+    events = requests.post(
+        f"{base}/v1/responses",
+        json={
+            "model": MODEL,
+            "input": "Tell me a story",
+            "max_output_tokens": 40,
+            "temperature": 0,
+            "stream": True,
+            "tools": [{"type": "function", "strict": True, **STRICT_WEATHER["function"]}],
+        },
+        timeout=60,
+    ).text
+    streamed = "".join(
+        json.loads(line[6:])["delta"]
+        for line in events.splitlines()
+        if line.startswith("data: ") and '"response.reasoning_text.delta"' in line
+    )
+    assert streamed == text

@@ -337,15 +337,7 @@ impl TinyModelSpec {
                 ));
             }
         }
-        let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        let tensor_refs: Vec<(&str, &QTensor)> =
-            tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        let mut file = std::fs::File::create(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        gguf_file::write(&mut file, &meta_refs, &tensor_refs)?;
-        Ok(())
+        write_gguf_file(path, &meta, &tensors)
     }
 }
 
@@ -788,14 +780,22 @@ impl TinyLoraSpec {
             tensors.push((name("a"), q(a, (self.rank, inputs))?));
             tensors.push((name("b"), q(b, (outputs, self.rank))?));
         }
-        let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        let tensor_refs: Vec<(&str, &QTensor)> =
-            tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        let mut file = std::fs::File::create(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        gguf_file::write(&mut file, &meta_refs, &tensor_refs)?;
-        Ok(())
+        write_gguf_file(path, &meta, &tensors)
     }
+}
+
+/// Writes a GGUF file of `meta` and `tensors` to `path`.
+fn write_gguf_file(
+    path: &Path,
+    meta: &[(String, Value)],
+    tensors: &[(String, QTensor)],
+) -> Result<()> {
+    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut file = std::fs::File::create(path).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    gguf_file::write(&mut file, &meta_refs, &tensor_refs)?;
+    Ok(())
 }
