@@ -211,17 +211,14 @@ def test_messages_and_responses_read_harmony_too(oss_server):
     )
     assert streamed == thought
 
-    response = requests.post(
-        f"{base}/v1/responses",
-        json={
-            "model": MODEL,
-            "input": "Tell me a story",
-            "max_output_tokens": 40,
-            "temperature": 0,
-            "tools": [{"type": "function", "strict": True, **STRICT_WEATHER["function"]}],
-        },
-        timeout=60,
-    ).json()
+    story = {
+        "model": MODEL,
+        "input": "Tell me a story",
+        "max_output_tokens": 40,
+        "temperature": 0,
+        "tools": [{"type": "function", "strict": True, **STRICT_WEATHER["function"]}],
+    }
+    response = requests.post(f"{base}/v1/responses", json=story, timeout=60).json()
     kinds = [item["type"] for item in response["output"]]
     assert kinds[0] == "reasoning", response
     text = "".join(part["text"] for part in response["output"][0]["content"])
@@ -229,16 +226,7 @@ def test_messages_and_responses_read_harmony_too(oss_server):
     no_markup(text)
     # Streamed: the reasoning comes as reasoning-text deltas that add up to the same text.
     events = requests.post(
-        f"{base}/v1/responses",
-        json={
-            "model": MODEL,
-            "input": "Tell me a story",
-            "max_output_tokens": 40,
-            "temperature": 0,
-            "stream": True,
-            "tools": [{"type": "function", "strict": True, **STRICT_WEATHER["function"]}],
-        },
-        timeout=60,
+        f"{base}/v1/responses", json={**story, "stream": True}, timeout=60
     ).text
     streamed = "".join(
         json.loads(line[6:])["delta"]
