@@ -22,7 +22,8 @@
 #   SLUICE_GPU_BASELINE names that bundle (paired: same machine, same run), and with
 #   `--cuda-graphs off` where SLUICE_GPU_COMPARE_GRAPHS=1;
 # - SLUICE_CUDA_PROFILE=200 at SLUICE_GPU_PROFILE_LEVEL clients (default 1), graphs on and off,
-#   where SLUICE_GPU_PROFILE=1: where a step's time goes; SLUICE_GPU_NCU=1 counts one decode
+#   where SLUICE_GPU_PROFILE=1: where a step's time goes, decode and op-by-op steps apart
+#   (SLUICE_CUDA_PROFILE_SYNC=1 in the environment: each phase as its kernels' GPU time); SLUICE_GPU_NCU=1 counts one decode
 #   step's kernels with Nsight Compute (`sluice generate`, one row); SLUICE_GPU_NCU_LEVEL=N
 #   counts them on the first model's server while N clients decode (a full step's kernels).
 # SLUICE_GPU_TESTS=0 skips the tests, SLUICE_GPU_SWEEP=0 the sweeps (the models are still made).
@@ -146,8 +147,13 @@ run() {
                 SLUICE_CUDA_PROFILE=200 SLUICE_GPU_LEVELS_ONE=${SLUICE_GPU_PROFILE_LEVEL:-1} sweep "$out/$tag-profile-$graphs" \
                     "$work/bin/sluice" "$model" "$weights" \
                     "$shape ($format) | $weights | profiled, graphs $graphs" --cuda-graphs "$graphs"
-                grep -h "cuda step profile" "$out/$tag-profile-$graphs.serve.log" | tail -n 1 |
-                    sed 's/^.*cuda step profile/    profile/' || true
+                # The last report of each kind of step (decode on a graph, op by op).
+                local kind
+                for kind in Decode OpByOp; do
+                    grep -h "cuda step profile" "$out/$tag-profile-$graphs.serve.log" |
+                        grep "kind=$kind" | tail -n 1 |
+                        sed 's/^.*cuda step profile/    profile/' || true
+                done
             done
         fi
     done

@@ -22,6 +22,26 @@ using namespace sluice;
 #define THRESHOLD_STEPS 30
 // Most top logprobs a row may ask for (OpenAI's limit). Mirrored by sluice_kernels::sampling.
 #define MAX_TOP_LOGPROBS 20
+// A row's parameters and its results, in 32-bit words. Mirrored by sluice_kernels::cuda_plan
+// (a test holds them equal).
+#define SAMPLE_PARAM_WORDS 8
+#define SAMPLE_OUT_WORDS 42
+static_assert(SAMPLE_OUT_WORDS == 2 + 2 * MAX_TOP_LOGPROBS, "token, logprob, top tokens, top logprobs");
+
+// One sampled row's parameters, uploaded for the whole step in one copy: the logits row it
+// reads (so the step's logits are sampled where they lie, no rows gathered first) and its
+// rule. Floats travel as their bits.
+struct SampleParams {
+    uint32_t logits_row;
+    uint32_t top_k;
+    uint32_t top_n;
+    float temperature;
+    float top_p;
+    float min_p;
+    float uniform;
+    uint32_t unused;
+};
+static_assert(sizeof(SampleParams) == 4 * SAMPLE_PARAM_WORDS, "the host packs 8 words a row");
 
 // The first element of x after (after_v, after_i) in the order value descending, index
 // ascending (after_i < 0: the first of all), NaN never; index 0x7fffffff when there is none.
@@ -74,21 +94,23 @@ __device__ float kept(const float* x, int vocab, float max_logit, float inv_t, f
     return block_sum(acc, scratch);
 }
 
+// Row i's results, SAMPLE_OUT_WORDS words from out + i * SAMPLE_OUT_WORDS: the token, its
+// logprob's bits, MAX_TOP_LOGPROBS top tokens (0xffffffff after the last one there is), then
+// their logprobs' bits. One copy brings the whole step's back.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows(const float* __restrict__ logits, long row_stride, int vocab,
-                const float* __restrict__ temperature, const uint32_t* __restrict__ top_k,
-                const float* __restrict__ top_p, const float* __restrict__ min_p,
-                const float* __restrict__ uniform, const uint32_t* __restrict__ top_n,
-                uint32_t* __restrict__ token_out, float* __restrict__ logprob_out,
-                uint32_t* __restrict__ top_tokens_out, float* __restrict__ top_logprobs_out) {
+                const SampleParams* __restrict__ params, uint32_t* __restrict__ out) {
     __shared__ float scratch[32];
     __shared__ float best_val_s[32];
     __shared__ int best_idx_s[32];
     __shared__ float scan_s[32];
     __shared__ int chosen_s;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const size_t row = blockIdx.x;
-    const float* x = logits + row * row_stride;
+    const SampleParams p = params[blockIdx.x];
+    const float* x = logits + (size_t)p.logits_row * row_stride;
+    uint32_t* const row_out = out + (size_t)blockIdx.x * SAMPLE_OUT_WORDS;
+    uint32_t* const top_tokens_out = row_out + 2;
+    uint32_t* const top_logprobs_out = row_out + 2 + MAX_TOP_LOGPROBS;
 
     // Maximum and its lowest index (greedy's token); the first token when every logit is
     // -inf (or NaN), as the Rust rule.
@@ -103,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     const float log_z = max_logit + logf(block_sum(raw, scratch));
 
     // The top logprobs, one pass each.
-    const int n = min((int)top_n[row], MAX_TOP_LOGPROBS);
+    const int n = min((int)p.top_n, MAX_TOP_LOGPROBS);
     float after_v = 0.0f;
     int after_i = -1;
     for (int r = 0; r < n; ++r) {
@@ -112,23 +134,23 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         block_next_best(x, vocab, after_v, after_i, best_val_s, best_idx_s, v, i);
         if (i == 0x7fffffff) {
             // Fewer tokens than asked for: the host reads the list up to this mark.
-            if (threadIdx.x == 0) top_tokens_out[row * MAX_TOP_LOGPROBS + r] = 0xffffffffu;
+            if (threadIdx.x == 0) top_tokens_out[r] = 0xffffffffu;
             break;
         }
         if (threadIdx.x == 0) {
-            top_tokens_out[row * MAX_TOP_LOGPROBS + r] = (uint32_t)i;
-            top_logprobs_out[row * MAX_TOP_LOGPROBS + r] = v - log_z;
+            top_tokens_out[r] = (uint32_t)i;
+            top_logprobs_out[r] = __float_as_uint(v - log_z);
         }
         after_v = v;
         after_i = i;
     }
 
     int chosen = argmax;
-    const float temp = temperature[row];
+    const float temp = p.temperature;
     if (temp > 0.0f && isfinite(max_logit)) {
         const float inv_t = 1.0f / temp;
-        float thr = fmaxf(min_p[row], 0.0f);
-        const int k = (int)top_k[row];
+        float thr = fmaxf(p.min_p, 0.0f);
+        const int k = (int)p.top_k;
         if (k > 0 && k < vocab) {
             // Largest threshold keeping at least k tokens: count(q >= lo) >= k throughout.
             float lo = 0.0f, hi = 1.0f;
@@ -139,10 +161,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             }
             thr = fmaxf(thr, lo);
         }
-        const float p = top_p[row];
-        if (p < 1.0f) {
-            // Largest threshold whose kept mass is still at least p of what top-k kept.
-            const float target = p * kept(x, vocab, max_logit, inv_t, thr, 1, scratch);
+        const float top_p = p.top_p;
+        if (top_p < 1.0f) {
+            // Largest threshold whose kept mass is still at least top_p of what top-k kept.
+            const float target = top_p * kept(x, vocab, max_logit, inv_t, thr, 1, scratch);
             float lo = thr, hi = 1.0f;
             for (int it = 0; it < THRESHOLD_STEPS; ++it) {
                 const float mid = 0.5f * (lo + hi);
@@ -181,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
         __syncthreads();
         const float prefix = (warp > 0 ? scan_s[warp - 1] : 0.0f) + inclusive - own;
-        const float target = uniform[row] * scan_s[warps - 1];
+        const float target = p.uniform * scan_s[warps - 1];
         if (own > 0.0f && target >= prefix && target < prefix + own) {
             float acc = prefix;
             int last = -1;
@@ -199,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         if (chosen_s >= 0) chosen = chosen_s;
     }
     if (threadIdx.x == 0) {
-        token_out[row] = (uint32_t)chosen;
-        logprob_out[row] = x[chosen] - log_z;
+        row_out[0] = (uint32_t)chosen;
+        row_out[1] = __float_as_uint(x[chosen] - log_z);
     }
 }

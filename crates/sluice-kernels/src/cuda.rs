@@ -14,8 +14,8 @@
 //! - [`add_rms_norm`], [`rope_qk`], [`swiglu`]: fused element-wise steps.
 //! - [`direct`]: the same kernels (and cuBLAS) writing buffers the caller owns, for a decode
 //!   step captured once as a CUDA graph ([`graph`]) and replayed.
-//! - [`sample_rows`]: greedy, temperature, top-k, top-p and min-p sampling of every row on the
-//!   device, by the rule of [`crate::sampling`].
+//! - [`DeviceSampler`]: greedy, temperature, top-k, top-p and min-p sampling of a step's rows
+//!   on the device, by the rule of [`crate::sampling`], in one upload, launch and download.
 
 mod attention;
 mod cache_write;
@@ -29,7 +29,7 @@ pub use attention::{paged_attention, StepMetadata};
 pub use cache_write::write_kv;
 pub use fused::{add_rms_norm, rope_qk, swiglu, QkNorm};
 pub use launch::View;
-pub use sampling::{sample_rows, RowSampling, SampledToken};
+pub use sampling::{sample_rows, DeviceSampler, RowSampling, SampledToken};
 
 /// `ptxas -v` for every kernel, as the build saw it (registers, shared memory, spills).
 pub const PTXAS_REPORT: &str = include_str!(concat!(env!("OUT_DIR"), "/ptxas-report.txt"));

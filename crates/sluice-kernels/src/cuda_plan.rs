@@ -54,6 +54,11 @@ pub const SWIGLU_THREADS: u32 = 256;
 pub const WRITE_KV_THREADS: u32 = 128;
 /// Threads of a sampling block, one block per row. Mirrors `SAMPLE_THREADS` in `sampling.cu`.
 pub const SAMPLE_THREADS: u32 = 1024;
+/// 32-bit words of a sampled row's parameters (`SampleParams`). Mirrors `SAMPLE_PARAM_WORDS`.
+pub const SAMPLE_PARAM_WORDS: usize = 8;
+/// 32-bit words of a sampled row's results: token, logprob, the top tokens, their logprobs.
+/// Mirrors `SAMPLE_OUT_WORDS`.
+pub const SAMPLE_OUT_WORDS: usize = 2 + 2 * crate::sampling::MAX_TOP_LOGPROBS;
 
 /// Head dimensions the attention kernel is instantiated for.
 pub const HEAD_DIMS: [usize; 2] = [64, 128];

@@ -49,11 +49,13 @@ pub(crate) fn attention_shape(config: &ModelConfig) -> AttentionShape {
 
 /// One step (already validated against the model and the cache): writes every token's K/V and
 /// returns the f32 logits of the sampling rows and, when an embedding pools rows of this step,
-/// their final norm's output (as `LlamaModel::forward_step`).
+/// their final norm's output (as `LlamaModel::forward_step`). Its phases go to `timer`, which
+/// the caller finishes.
 pub(crate) fn forward(
     w: &Weights<'_>,
     batch: &StepBatch,
     kv: &mut KvCache,
+    timer: &mut StepTimer,
 ) -> Result<(Tensor, Option<Tensor>)> {
     let cfg = w.config;
     let dev = w.norm.device();
@@ -64,7 +66,6 @@ pub(crate) fn forward(
         cfg.head_dim,
     );
     let eps = cfg.rms_norm_eps as f32;
-    let mut timer = StepTimer::start(t);
     let plan = AttentionPlan::new(
         &batch.sequences,
         &batch.block_tables,
@@ -132,6 +133,5 @@ pub(crate) fn forward(
     let out = crate::last_layer::last_layer_rows(&x, w.norm, eps, w.lm_head, batch, cfg)?;
     timer.mark(Phase::Head);
     timer.drain(dev);
-    timer.finish();
     Ok(out)
 }

@@ -4,6 +4,11 @@
 //! synchronization at the step's end, made only while profiling). A step whose enqueue time
 //! is close to its whole time is bound by host-side work, not by the GPU.
 //!
+//! Decode steps on static buffers (a graph replayed) and steps run op by op (prefill, mixed
+//! prefill and decode) are reported apart: their costs differ by kind, and a sweep mixes them.
+//! With `SLUICE_CUDA_PROFILE_SYNC=1` every mark first waits for the device, so that each phase
+//! of an op-by-op step reads as the GPU time of its kernels (slower steps, truer shares).
+//!
 //! Off (the default), [`StepTimer::start`] returns a timer that records nothing: one branch a
 //! phase.
 
@@ -64,6 +69,15 @@ struct Totals {
     nanos: [u64; PHASES.len()],
 }
 
+/// The two kinds of step, reported apart.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// A decode step on static buffers: its graph replayed (or its launches enqueued).
+    Decode = 0,
+    /// A step run op by op: prefill, or prefill and decode rows mixed.
+    OpByOp = 1,
+}
+
 /// Steps a report, from `SLUICE_CUDA_PROFILE` (unset or 0: off).
 fn every() -> u64 {
     static EVERY: OnceLock<u64> = OnceLock::new();
@@ -75,23 +89,36 @@ fn every() -> u64 {
     })
 }
 
-fn totals() -> &'static Mutex<Totals> {
-    static TOTALS: OnceLock<Mutex<Totals>> = OnceLock::new();
+/// Whether each mark waits for the device (`SLUICE_CUDA_PROFILE_SYNC=1`).
+fn synchronized() -> bool {
+    static SYNC: OnceLock<bool> = OnceLock::new();
+    *SYNC.get_or_init(|| std::env::var("SLUICE_CUDA_PROFILE_SYNC").is_ok_and(|v| v == "1"))
+}
+
+fn totals() -> &'static Mutex<[Totals; 2]> {
+    static TOTALS: OnceLock<Mutex<[Totals; 2]>> = OnceLock::new();
     TOTALS.get_or_init(Mutex::default)
 }
 
 /// One step's marks; records nothing when profiling is off.
 pub(crate) struct StepTimer {
     last: Option<Instant>,
+    /// The device each mark waits for, in the synchronized mode.
+    sync: Option<Device>,
     rows: usize,
+    kind: Kind,
     nanos: [u64; PHASES.len()],
 }
 
 impl StepTimer {
-    pub(crate) fn start(rows: usize) -> Self {
+    /// A step of `rows` rows (tokens) on `device`.
+    pub(crate) fn start(rows: usize, device: &Device) -> Self {
+        let on = every() > 0;
         Self {
-            last: (every() > 0).then(Instant::now),
+            last: on.then(Instant::now),
+            sync: (on && synchronized()).then(|| device.clone()),
             rows,
+            kind: Kind::OpByOp,
             nanos: [0; PHASES.len()],
         }
     }
@@ -99,9 +126,16 @@ impl StepTimer {
     /// The time since the last mark goes to `phase`.
     pub(crate) fn mark(&mut self, phase: Phase) {
         if let Some(last) = self.last {
+            if let Some(device) = &self.sync {
+                // A failed synchronization surfaces at the step's own read of its output.
+                let _ = device.synchronize();
+            }
             let now = Instant::now();
             self.nanos[phase as usize] += (now - last).as_nanos() as u64;
             self.last = Some(now);
+            if matches!(phase, Phase::Graph) {
+                self.kind = Kind::Decode;
+            }
         }
     }
 
@@ -115,35 +149,46 @@ impl StepTimer {
         }
     }
 
-    /// Adds the step to the totals and logs them every N steps.
+    /// Adds the step to its kind's totals and logs both kinds every N steps.
     pub(crate) fn finish(self) {
         if self.last.is_none() {
             return;
         }
-        let Ok(mut t) = totals().lock() else { return };
+        let Ok(mut all) = totals().lock() else { return };
+        let t = &mut all[self.kind as usize];
         t.steps += 1;
         t.rows += self.rows as u64;
         for (sum, n) in t.nanos.iter_mut().zip(self.nanos) {
             *sum += n;
         }
-        if t.steps >= every() {
+        if all.iter().map(|t| t.steps).sum::<u64>() < every() {
+            return;
+        }
+        for (kind, t) in [Kind::Decode, Kind::OpByOp].into_iter().zip(all.iter()) {
+            if t.steps == 0 {
+                continue;
+            }
             let steps = t.steps as f64;
             let us = |n: u64| n as f64 / steps / 1e3;
             let enqueue: u64 = t.nanos[..Phase::DeviceDrain as usize].iter().sum();
             let phases: Vec<String> = PHASES
                 .iter()
                 .zip(t.nanos)
+                .filter(|&(_, n)| n > 0)
                 .map(|(p, n)| format!("{p:?} {:.1}", us(n)))
                 .collect();
             tracing::info!(
+                kind = ?kind,
+                synchronized = self.sync.is_some(),
                 steps = t.steps,
                 rows_per_step = format!("{:.1}", t.rows as f64 / steps),
                 enqueue_us = format!("{:.1}", us(enqueue)),
                 drain_us = format!("{:.1}", us(t.nanos[Phase::DeviceDrain as usize])),
+                step_us = format!("{:.1}", us(t.nanos.iter().sum())),
                 "cuda step profile (mean us a step): {}",
                 phases.join(", ")
             );
-            *t = Totals::default();
         }
+        *all = Default::default();
     }
 }

@@ -532,10 +532,30 @@ impl LlamaModel {
         kv: &mut KvCache,
         scratch: &mut StepScratch,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        self.validate(batch, kv)?;
         #[cfg(feature = "cuda")]
         if self.attention == AttentionBackend::Cuda {
-            return cuda_forward::forward(&self.parts(), batch, kv);
+            let mut timer = crate::cuda_profile::StepTimer::start(batch.num_tokens(), &self.device);
+            let out = self.forward_step_timed(batch, kv, scratch, &mut timer);
+            timer.finish();
+            return out;
+        }
+        self.validate(batch, kv)?;
+        cpu_forward::forward(&self.parts(), self.attention, batch, kv, scratch)
+    }
+
+    /// [`LlamaModel::forward_step_in`] with the step's phases marked on `timer` (the CUDA
+    /// profile), which the caller finishes: its sampling belongs to the same step.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn forward_step_timed(
+        &self,
+        batch: &StepBatch,
+        kv: &mut KvCache,
+        scratch: &mut StepScratch,
+        timer: &mut crate::cuda_profile::StepTimer,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        self.validate(batch, kv)?;
+        if self.attention == AttentionBackend::Cuda {
+            return cuda_forward::forward(&self.parts(), batch, kv, timer);
         }
         cpu_forward::forward(&self.parts(), self.attention, batch, kv, scratch)
     }

@@ -11,16 +11,31 @@ use sluice_kernels::sampling::sample_row;
 use crate::batch::{StepBatch, StepOutput};
 use crate::error::{ModelError, Result};
 
+/// What a model keeps from step to step to sample its rows: on a GPU, the device sampler's
+/// buffers and the list of rows that go back to the engine.
+#[derive(Default)]
+pub(crate) struct RowSampler {
+    #[cfg(feature = "cuda")]
+    device: sluice_kernels::cuda::DeviceSampler,
+    #[cfg(feature = "cuda")]
+    kept: Vec<u32>,
+}
+
 /// Fills `out.logits` with the rows of `logits` (`[logits_indices.len(), vocab]`, f32) the
 /// model does not sample, and `out.sampled` with the tokens of those it does.
-pub(crate) fn split_rows(logits: &Tensor, batch: &StepBatch, out: &mut StepOutput) -> Result<()> {
+pub(crate) fn split_rows(
+    logits: &Tensor,
+    batch: &StepBatch,
+    out: &mut StepOutput,
+    sampler: &mut RowSampler,
+) -> Result<()> {
     out.logits.clear();
     out.sampled.clear();
     if !batch.model_sampling.iter().any(Option::is_some) {
         return copy_rows(logits, &mut out.logits);
     }
     if logits.device().is_cuda() {
-        return split_on_device(logits, batch, out);
+        return split_on_device(logits, batch, out, sampler);
     }
     let (rows, vocab) = logits.dims2()?;
     let (storage, layout) = logits.storage_and_layout();
@@ -48,34 +63,46 @@ pub(crate) fn split_rows(logits: &Tensor, batch: &StepBatch, out: &mut StepOutpu
     Ok(())
 }
 
+/// The rows to sample go to the device sampler where they lie in `logits`; the others are
+/// gathered and copied back.
 #[cfg(feature = "cuda")]
-fn split_on_device(logits: &Tensor, batch: &StepBatch, out: &mut StepOutput) -> Result<()> {
-    let dev = logits.device();
-    let mut kept = Vec::new();
-    let mut picked = Vec::new();
-    let mut rules = Vec::new();
-    for (i, rule) in batch.model_sampling.iter().enumerate() {
-        match rule {
-            Some(rule) => {
-                picked.push(i as u32);
-                rules.push(*rule);
-            }
-            None => kept.push(i as u32),
-        }
+fn split_on_device(
+    logits: &Tensor,
+    batch: &StepBatch,
+    out: &mut StepOutput,
+    sampler: &mut RowSampler,
+) -> Result<()> {
+    let rows = logits.dims2()?.0;
+    let picked = |i: usize| batch.model_sampling.get(i).copied().flatten();
+    sampler.kept.clear();
+    sampler
+        .kept
+        .extend((0..rows).filter(|&i| picked(i).is_none()).map(|i| i as u32));
+    if !sampler.kept.is_empty() {
+        let index = Tensor::from_slice(&sampler.kept, sampler.kept.len(), logits.device())?;
+        copy_rows(&logits.index_select(&index, 0)?, &mut out.logits)?;
     }
-    let select = |rows: &[u32]| -> Result<Tensor> {
-        Ok(logits.index_select(&Tensor::from_slice(rows, rows.len(), dev)?, 0)?)
+    // The kernel reads rows of unit stride along the vocabulary.
+    let logits = if logits.stride()[1] == 1 {
+        logits.clone()
+    } else {
+        logits.contiguous()?
     };
-    if !kept.is_empty() {
-        copy_rows(&select(&kept)?, &mut out.logits)?;
-    }
-    let sampled = sluice_kernels::cuda::sample_rows(&select(&picked)?.contiguous()?, &rules)?;
-    out.sampled.extend(sampled);
+    sampler.device.sample(
+        &logits,
+        (0..rows).filter_map(|i| Some((i, picked(i)?))),
+        &mut out.sampled,
+    )?;
     Ok(())
 }
 
 #[cfg(not(feature = "cuda"))]
-fn split_on_device(_: &Tensor, _: &StepBatch, _: &mut StepOutput) -> Result<()> {
+fn split_on_device(
+    _: &Tensor,
+    _: &StepBatch,
+    _: &mut StepOutput,
+    _: &mut RowSampler,
+) -> Result<()> {
     Err(ModelError::InvalidStep(
         "logits on a GPU in a build without the `cuda` feature".into(),
     ))

@@ -8,7 +8,7 @@ use crate::error::{ModelError, Result};
 use crate::kv_cache::{KvCache, KvPools, WindowDemand};
 use crate::load::CudaGraphs;
 use crate::model::LlamaModel;
-use crate::model_sampling::{copy_rows, split_rows};
+use crate::model_sampling::{copy_rows, split_rows, RowSampler};
 
 /// The real model and its KV cache.
 pub struct PagedLlama {
@@ -16,6 +16,8 @@ pub struct PagedLlama {
     kv: KvCache,
     /// The CPU step's buffers, reused from step to step.
     scratch: StepScratch,
+    /// What sampling rows in the model keeps from step to step.
+    sampler: RowSampler,
     /// Decode steps on static buffers and CUDA graphs, once enabled on a GPU.
     #[cfg(feature = "cuda")]
     decode: Option<crate::cuda_graph::DecodeSteps>,
@@ -38,6 +40,7 @@ impl PagedLlama {
             model,
             kv,
             scratch: StepScratch::default(),
+            sampler: RowSampler::default(),
             #[cfg(feature = "cuda")]
             decode: None,
         })
@@ -145,28 +148,48 @@ impl PagedLlama {
     /// hidden states of the pooled rows, row-major.
     pub fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<()> {
         #[cfg(feature = "cuda")]
-        if let Some(decode) = self.decode.as_mut().filter(|d| d.takes(batch)) {
-            use crate::cuda_graph::{Phase, StepTimer};
-            let mut timer = StepTimer::start(batch.sequences.len());
-            let logits = self
-                .model
-                .forward_decode(decode, batch, &mut self.kv, &mut timer)?;
-            out.hidden.clear();
-            split_rows(&logits, batch, out)?;
-            timer.mark(Phase::Sample);
-            timer.finish();
-            return Ok(());
+        {
+            use crate::cuda_profile::{Phase, StepTimer};
+            if let Some(decode) = self.decode.as_mut().filter(|d| d.takes(batch)) {
+                let mut timer = StepTimer::start(batch.sequences.len(), self.model.device());
+                let logits = self
+                    .model
+                    .forward_decode(decode, batch, &mut self.kv, &mut timer)?;
+                out.hidden.clear();
+                split_rows(&logits, batch, out, &mut self.sampler)?;
+                timer.mark(Phase::Sample);
+                timer.finish();
+                return Ok(());
+            }
+            if self.model.device().is_cuda() {
+                let mut timer = StepTimer::start(batch.num_tokens(), self.model.device());
+                let (logits, hidden) = self.model.forward_step_timed(
+                    batch,
+                    &mut self.kv,
+                    &mut self.scratch,
+                    &mut timer,
+                )?;
+                split_rows(&logits, batch, out, &mut self.sampler)?;
+                timer.mark(Phase::Sample);
+                timer.finish();
+                return copy_hidden(hidden.as_ref(), out);
+            }
         }
         let (logits, hidden) =
             self.model
                 .forward_step_in(batch, &mut self.kv, &mut self.scratch)?;
-        split_rows(&logits, batch, out)?;
-        match hidden {
-            Some(hidden) => copy_rows(&hidden, &mut out.hidden),
-            None => {
-                out.hidden.clear();
-                Ok(())
-            }
+        split_rows(&logits, batch, out, &mut self.sampler)?;
+        copy_hidden(hidden.as_ref(), out)
+    }
+}
+
+/// The pooled rows' final hidden states into `out.hidden` (cleared when the step pooled none).
+fn copy_hidden(hidden: Option<&candle_core::Tensor>, out: &mut StepOutput) -> Result<()> {
+    match hidden {
+        Some(hidden) => copy_rows(hidden, &mut out.hidden),
+        None => {
+            out.hidden.clear();
+            Ok(())
         }
     }
 }

@@ -23,7 +23,7 @@ mod gpu {
     use std::path::PathBuf;
 
     use candle_core::{Device, Tensor};
-    use sluice_kernels::cuda::{sample_rows, RowSampling};
+    use sluice_kernels::cuda::{sample_rows, DeviceSampler, RowSampling};
     use sluice_kernels::sampling::sample_row;
     use sluice_model::testing::TinyModelSpec;
     use sluice_model::{
@@ -632,6 +632,69 @@ mod gpu {
             }
         }
         assert_eq!(got[3].token, 0);
+    }
+
+    /// One sampler over steps of growing and shrinking size, each sampling a subset of the
+    /// logits rows, out of order and repeated: every token as the host rule gives it, whether
+    /// the step downloads whole records (top logprobs) or the greedy rows' first words only.
+    #[test]
+    fn the_device_sampler_reads_rows_where_they_lie() {
+        let Some(device) = gpu() else { return };
+        let (rows, vocab) = (300, 1000);
+        let logits: Vec<f32> = (0..rows * vocab)
+            .map(|i| ((i * 7919 + i / vocab * 31) % 1009) as f32 / 97.0)
+            .collect();
+        let t = Tensor::from_vec(logits.clone(), (rows, vocab), &device).unwrap();
+        let hot = RowSampling {
+            temperature: 0.9,
+            top_k: 50,
+            top_p: 0.95,
+            min_p: 0.01,
+            uniform: 0.42,
+            top_logprobs: 5,
+        };
+        let greedy_top = RowSampling {
+            top_logprobs: 20,
+            ..RowSampling::GREEDY
+        };
+        let steps: Vec<Vec<(usize, RowSampling)>> = vec![
+            vec![(5, RowSampling::GREEDY), (2, greedy_top), (5, hot)],
+            (0..rows).rev().map(|i| (i, RowSampling::GREEDY)).collect(),
+            (0..rows).step_by(7).map(|i| (i, hot)).collect(),
+            vec![(299, RowSampling::GREEDY)],
+        ];
+        let mut sampler = DeviceSampler::new();
+        for (step, picked) in steps.iter().enumerate() {
+            let mut got = Vec::new();
+            sampler
+                .sample(&t, picked.iter().copied(), &mut got)
+                .unwrap();
+            assert_eq!(got.len(), picked.len(), "step {step}");
+            for (s, &(row, rule)) in got.iter().zip(picked) {
+                let want = sample_row(&logits[row * vocab..][..vocab], &rule);
+                assert_eq!(s.token, want.token, "step {step} row {row}");
+                assert!(
+                    (s.logprob - want.logprob).abs() < 1e-4,
+                    "step {step} row {row}"
+                );
+                let (g, w) = (s.top.as_slice(), want.top.as_slice());
+                assert_eq!(g.len(), w.len(), "step {step} row {row} top logprobs");
+                for (g, w) in g.iter().zip(w) {
+                    assert_eq!(g.0, w.0, "step {step} row {row} top token");
+                    assert!(
+                        (g.1 - w.1).abs() < 1e-4,
+                        "step {step} row {row} top logprob"
+                    );
+                }
+            }
+        }
+        let mut none = Vec::new();
+        sampler.sample(&t, std::iter::empty(), &mut none).unwrap();
+        assert!(none.is_empty());
+        let mut out = Vec::new();
+        assert!(sampler
+            .sample(&t, [(rows, RowSampling::GREEDY)], &mut out)
+            .is_err());
     }
 
     #[test]

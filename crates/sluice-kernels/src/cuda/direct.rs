@@ -99,6 +99,24 @@ impl StepBuffer {
         dev.cuda_stream().memcpy_htod(data, &mut prefix).w()?;
         Ok(())
     }
+
+    /// Copies the first `len` words of a u32 buffer into `host` (resized to `len`): the copy
+    /// waits for every launch before it on the stream.
+    pub fn download_u32(&self, len: usize, host: &mut Vec<u32>) -> Result<()> {
+        if len > self.len {
+            candle_core::bail!("{len} words from a step buffer of {}", self.len);
+        }
+        let CudaStorageSlice::U32(slice) = &self.storage.slice else {
+            candle_core::bail!("download_u32 from a buffer of {:?}", self.dtype());
+        };
+        host.resize(len, 0);
+        self.storage
+            .device
+            .cuda_stream()
+            .memcpy_dtoh(&slice.slice(..len), host.as_mut_slice())
+            .w()?;
+        Ok(())
+    }
 }
 
 /// `out[0] = x (+ delta)`, `out[1] = rms_norm(out[0]) * weight`: `out` holds `2 * rows *

@@ -31,6 +31,8 @@ fn constants_match_the_cuda_sources() {
     assert_eq!(define(fused, "SWIGLU_THREADS"), SWIGLU_THREADS as usize);
     let sampling = include_str!("../../cuda/sampling.cu");
     assert_eq!(define(sampling, "SAMPLE_THREADS"), SAMPLE_THREADS as usize);
+    assert_eq!(define(sampling, "SAMPLE_PARAM_WORDS"), SAMPLE_PARAM_WORDS);
+    assert_eq!(define(sampling, "SAMPLE_OUT_WORDS"), SAMPLE_OUT_WORDS);
     assert_eq!(
         define(sampling, "THRESHOLD_STEPS"),
         crate::sampling::THRESHOLD_STEPS
