@@ -25,9 +25,8 @@
 #   where SLUICE_GPU_PROFILE=1: where a step's time goes, decode and op-by-op steps apart
 #   (SLUICE_CUDA_PROFILE_SYNC=1 in the environment: each phase as its kernels' GPU time); SLUICE_GPU_NCU=1 counts one decode
 #   step's kernels with Nsight Compute (`sluice generate`, one row); SLUICE_GPU_NCU_LEVEL=N
-#   counts them on the first model's server while N clients decode (a full step's kernels);
-#   SLUICE_GPU_NSYS_LEVEL=N traces that server with Nsight Systems for a whole sweep of N
-#   clients (prefill and decode steps, graphs' kernels one by one) and sums its kernels by kind.
+#   counts them on the first model's server while N clients decode (a full step's kernels;
+#   SLUICE_GPU_NCU_GRAPHS=graph: a replayed graph as one record, its whole time).
 # SLUICE_GPU_TESTS=0 skips the tests, SLUICE_GPU_SWEEP=0 the sweeps (the models are still made).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -165,9 +164,6 @@ run() {
     if [ -n "${SLUICE_GPU_NCU_LEVEL:-}" ]; then
         ncu_serve "$work" "$out" "$SLUICE_GPU_NCU_LEVEL"
     fi
-    if [ -n "${SLUICE_GPU_NSYS_LEVEL:-}" ]; then
-        nsys_serve "$work" "$out" "$SLUICE_GPU_NSYS_LEVEL"
-    fi
     echo
     echo "sweep: sluice-bench --sweep ${SLUICE_GPU_LEVELS:-1,16,64,256} --num-requests 4x --prompt-tokens 128 --output-tokens 128, ignore_eos"
     echo "serve: --kv-cache-memory ${SLUICE_GPU_KV:-40GiB} --max-num-seqs 256 --max-num-batched-tokens 8192"
@@ -284,7 +280,8 @@ ncu_serve() {
     spec=${SLUICE_GPU_MODELS:-smollm2-135m:q4_1:f16}
     IFS=: read -r shape format weights marks <<<"${spec%% *}"
     local model="$work/models/$shape-$format.gguf" port=8498
-    (cd "$work/models" && exec timeout 400 "$ncu" --target-processes all --graph-profiling node \
+    (cd "$work/models" && exec timeout 400 "$ncu" --target-processes all \
+        --graph-profiling "${SLUICE_GPU_NCU_GRAPHS:-node}" \
         --launch-skip "${SLUICE_GPU_NCU_SKIP:-12000}" --launch-count "${SLUICE_GPU_NCU_COUNT:-800}" \
         --metrics gpu__time_duration.sum --csv --page raw "$work/bin/sluice" serve \
         --model "$model" --host 127.0.0.1 --port "$port" --weights "$weights" \
@@ -298,8 +295,9 @@ ncu_serve() {
     done
     if [ "$ready" = 1 ]; then
         timeout "${SLUICE_GPU_SWEEP_TIMEOUT:-240}" "$work/bin/sluice-bench" \
-            --base-url "http://127.0.0.1:$port" --sweep "$clients" --num-requests 1x \
-            --prompt-tokens 128 --output-tokens 128 --quiet >"$out/ncu-serve.md" 2>&1 || true
+            --base-url "http://127.0.0.1:$port" --sweep "$clients" \
+            --num-requests "${SLUICE_GPU_NCU_REQUESTS:-1x}" --prompt-tokens 128 \
+            --output-tokens 128 --quiet >"$out/ncu-serve.md" 2>&1 || true
     fi
     # SIGTERM to the server alone (ncu's child): it drains and exits, then ncu prints.
     pkill -TERM -f "^$work/bin/sluice serve" || true
@@ -307,49 +305,6 @@ ncu_serve() {
     echo
     echo "ncu, sluice serve at $clients clients, $shape $format --weights $weights: kernels of decode steps (count, mean GPU time)"
     python3 scripts/ncu-summary.py "$out/ncu-serve.csv" | sed 's/^/    /'
-}
-
-# nsys_serve WORK OUT CLIENTS: every kernel of a sweep of CLIENTS clients (4x requests), traced
-# by Nsight Systems on the first model's `sluice serve` (`--cuda-graph-trace node`: a replayed
-# graph's kernels one by one, at their real speed: nothing is replayed or flushed as under ncu),
-# then summed by kind with scripts/nsys-summary.py.
-nsys_serve() {
-    local work=$1 out=$2 clients=$3 nsys spec shape format weights marks
-    nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda*/bin/nsys \
-        2>/dev/null | head -n 1 || true)
-    [ -n "$nsys" ] || { echo "nsys: not found"; return; }
-    spec=${SLUICE_GPU_MODELS:-smollm2-135m:q4_1:f16}
-    IFS=: read -r shape format weights marks <<<"${spec%% *}"
-    local model="$work/models/$shape-$format.gguf" port=8499
-    (cd "$work/models" && exec timeout 300 "$nsys" profile --trace cuda --cuda-graph-trace node \
-        --sample none --cpuctxsw none --force-overwrite true --output "$out/nsys-serve" \
-        "$work/bin/sluice" serve --model "$model" --host 127.0.0.1 --port "$port" \
-        --weights "$weights" --kv-cache-memory "${SLUICE_GPU_KV:-40GiB}" --max-num-seqs 256 \
-        --max-num-batched-tokens 8192) >"$out/nsys-serve.log" 2>&1 &
-    local server=$! ready=0
-    for _ in $(seq 1 360); do
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && { ready=1; break; }
-        kill -0 "$server" 2>/dev/null || break
-        sleep 0.5
-    done
-    if [ "$ready" = 1 ]; then
-        timeout "${SLUICE_GPU_SWEEP_TIMEOUT:-240}" "$work/bin/sluice-bench" \
-            --base-url "http://127.0.0.1:$port" --sweep "$clients" --num-requests 4x \
-            --prompt-tokens 128 --output-tokens 128 --quiet >"$out/nsys-serve.md" 2>&1 || true
-    fi
-    pkill -TERM -f "^$work/bin/sluice serve" || true
-    wait "$server" 2>/dev/null || true
-    echo
-    echo "nsys, sluice serve at $clients clients ($(grep -m1 -E 'output throughput|server steps' "$out/nsys-serve.md" | tr -s ' ' || true); traced, so slower), $shape $format --weights $weights:"
-    local report
-    report=$(ls "$out"/nsys-serve*.nsys-rep 2>/dev/null | head -n 1 || true)
-    [ -n "$report" ] || { echo "    no report: $(tail -n 3 "$out/nsys-serve.log" | tr '\n' ' ')"; return; }
-    timeout 120 "$nsys" stats --report cuda_gpu_kern_sum --format csv --output - "$report" \
-        >"$out/nsys-kernels.csv" 2>"$out/nsys-stats.err" ||
-        timeout 120 "$nsys" stats --report gpukernsum --format csv --output - "$report" \
-            >"$out/nsys-kernels.csv" 2>>"$out/nsys-stats.err" || true
-    python3 scripts/nsys-summary.py "$out/nsys-kernels.csv" | sed 's/^/    /'
-    rm -f "$report" "${report%.nsys-rep}.sqlite"
 }
 
 case $mode in

@@ -14,7 +14,6 @@
 //! - [`add_rms_norm`], [`rope_qk`], [`swiglu`]: fused element-wise steps.
 //! - [`direct`]: the same kernels (and cuBLAS) writing buffers the caller owns, for a decode
 //!   step captured once as a CUDA graph ([`graph`]) and replayed.
-//! - [`memory`]: the device's pool keeps the memory a step frees.
 //! - [`DeviceSampler`]: greedy, temperature, top-k, top-p and min-p sampling of a step's rows
 //!   on the device, by the rule of [`crate::sampling`], in one upload, launch and download.
 
@@ -24,7 +23,6 @@ pub mod direct;
 mod fused;
 pub mod graph;
 mod launch;
-pub mod memory;
 mod sampling;
 
 pub use attention::{paged_attention, StepMetadata};

@@ -74,7 +74,6 @@ impl LlamaModel {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = &device {
             sluice_kernels::cuda::graph::single_stream(dev);
-            sluice_kernels::cuda::memory::retain_freed_memory(dev)?;
         }
         let kind = options.effective_weights();
         let linear = &options.linear();
