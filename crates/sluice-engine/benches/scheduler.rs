@@ -87,6 +87,7 @@ fn steady_decode(window: Option<usize>) {
             ),
             window,
         }),
+        max_loras: 0,
     };
     let mut s = Scheduler::new(cfg).unwrap();
     let mut batch = StepBatch::new(16);
@@ -126,6 +127,7 @@ fn churn() {
         max_model_len: 4096,
         speculation: None,
         window: None,
+        max_loras: 0,
     };
     let mut s = Scheduler::new(cfg).unwrap();
     let mut batch = StepBatch::new(16);

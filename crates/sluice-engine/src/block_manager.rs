@@ -16,7 +16,9 @@
 //! free block unlinks it from the middle of the queue. Every operation is O(1) per block.
 //!
 //! Prefix caching keys a FULL block by `hash(parent block's key, its token ids)`, so a key names
-//! the whole prefix up to the end of the block. Only blocks whose tokens are all computed are
+//! the whole prefix up to the end of the block. A sequence's first block hangs from a root: one
+//! for the base model and one per LoRA adapter ([`AdapterKey`]), so the K/V a prefix got under
+//! one adapter is never found by a sequence of another. Only blocks whose tokens are all computed are
 //! registered, and a sequence only ever writes K/V at positions past its computed tokens, so a
 //! shared block is never written: sharing needs no copy-on-write.
 //!
@@ -30,6 +32,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 use crate::kv_events::{CachedBlock, KvCacheEvent};
 
@@ -42,6 +45,22 @@ const NIL: u32 = u32::MAX;
 /// Key of the (nonexistent) block before the first one; any constant works, it only has to be
 /// the same for every sequence.
 const ROOT_HASH: u64 = 0x736c_7569_6365_0001;
+
+/// The LoRA adapter a sequence runs with, as the prefix cache keys it: `id` is unique to one
+/// load of an adapter (the same name loaded again gets a new id, since its weights may differ),
+/// `name` is what events report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterKey {
+    pub id: u64,
+    pub name: Arc<str>,
+}
+
+impl AdapterKey {
+    /// The root its sequences' first blocks hang from.
+    fn root(&self) -> u64 {
+        chain_hash(ROOT_HASH, &[self.id as u32, (self.id >> 32) as u32])
+    }
+}
 
 /// The keys of the cache map are already hashes, so hashing them again would only cost time.
 #[derive(Default)]
@@ -93,6 +112,8 @@ pub struct BlockTable {
     hashes: Vec<u64>,
     /// Leading blocks already offered to the prefix cache (hits, or registered after compute).
     num_registered: usize,
+    /// The adapter its sequence runs with, and that adapter's root; `None`: the base model.
+    adapter: Option<(AdapterKey, u64)>,
 }
 
 impl BlockTable {
@@ -122,6 +143,31 @@ impl BlockTable {
 
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
+    }
+
+    /// Keys its blocks under `adapter` (`None`: the base model). Set before the table holds or
+    /// hashes anything.
+    ///
+    /// # Panics
+    /// If the table already holds blocks or hashes.
+    pub fn set_adapter(&mut self, adapter: Option<AdapterKey>) {
+        assert!(
+            self.blocks.is_empty() && self.hashes.is_empty(),
+            "an adapter set on a table in use"
+        );
+        self.adapter = adapter.map(|a| {
+            let root = a.root();
+            (a, root)
+        });
+    }
+
+    /// The adapter its sequence runs with.
+    pub fn adapter(&self) -> Option<&AdapterKey> {
+        self.adapter.as_ref().map(|(a, _)| a)
+    }
+
+    fn root(&self) -> u64 {
+        self.adapter.as_ref().map_or(ROOT_HASH, |&(_, root)| root)
     }
 }
 
@@ -171,6 +217,10 @@ pub struct BlockManager {
     /// What a cached block holds, to tell a real hit from a 64-bit hash collision.
     block_parent: Vec<u64>,
     block_tokens: Vec<u32>,
+    /// A cached block that starts its sequence (its parent is a root, which events do not
+    /// name), and the adapter it was computed with: what events and snapshots report.
+    block_starts: Vec<bool>,
+    block_adapter: Vec<Option<Arc<str>>>,
     stats: PrefixCacheStats,
     /// Bumped by every change to ref counts or the cache, so a stale [`CachedPrefix`] is caught.
     epoch: u64,
@@ -205,6 +255,8 @@ impl BlockManager {
             block_key: vec![None; num_blocks],
             block_parent: vec![0; num_blocks],
             block_tokens: vec![0; num_blocks * block_size],
+            block_starts: vec![false; num_blocks],
+            block_adapter: vec![None; num_blocks],
             stats: PrefixCacheStats::default(),
             epoch: 0,
             events: None,
@@ -236,8 +288,9 @@ impl BlockManager {
                 let bu = b as usize;
                 CachedBlock {
                     hash,
-                    parent_hash: Self::public_parent(self.block_parent[bu]),
+                    parent_hash: (!self.block_starts[bu]).then_some(self.block_parent[bu]),
                     token_ids: self.block_tokens[bu * bs..(bu + 1) * bs].to_vec(),
+                    lora_name: self.block_adapter[bu].clone(),
                 }
             })
             .collect()
@@ -551,6 +604,8 @@ impl BlockManager {
                 self.block_key[bu] = Some(key);
                 self.block_parent[bu] = parent;
                 self.block_tokens[bu * bs..(bu + 1) * bs].copy_from_slice(chunk);
+                self.block_starts[bu] = i == 0;
+                self.block_adapter[bu] = table.adapter().map(|a| a.name.clone());
                 self.epoch += 1;
                 if let Some(events) = &mut self.events {
                     match events.last_mut() {
@@ -564,8 +619,9 @@ impl BlockManager {
                         }
                         _ => events.push(KvCacheEvent::Stored {
                             block_hashes: vec![key],
-                            parent_block_hash: Self::public_parent(parent),
+                            parent_block_hash: (i > 0).then_some(parent),
                             token_ids: chunk.to_vec(),
+                            lora_name: table.adapter().map(|a| a.name.clone()),
                         }),
                     }
                     extends_run = true;
@@ -672,14 +728,9 @@ impl BlockManager {
         Ok(())
     }
 
-    /// A block's parent as events name it: none for a sequence's first block.
-    fn public_parent(parent: u64) -> Option<u64> {
-        (parent != ROOT_HASH).then_some(parent)
-    }
-
     fn parent_key(table: &BlockTable, i: usize) -> u64 {
         if i == 0 {
-            ROOT_HASH
+            table.root()
         } else {
             table.hashes[i - 1]
         }
@@ -989,6 +1040,57 @@ mod tests {
         bm.cached_blocks().iter().map(|b| b.hash).collect()
     }
 
+    /// The same tokens under the base and under an adapter: two cache entries, neither found
+    /// by the other; the adapter's first block has no public parent and carries its name.
+    #[test]
+    fn an_adapter_s_blocks_hang_from_its_own_root() {
+        let mut bm = BlockManager::new(8, 2);
+        bm.record_events();
+        let tokens = [1, 2, 3, 4, 5];
+        let base = computed(&mut bm, &tokens);
+        let mut adapted = BlockTable::new();
+        adapted.set_adapter(Some(AdapterKey {
+            id: 7,
+            name: "fr".into(),
+        }));
+        let prefix = bm.find_cached_prefix(&mut adapted, &tokens);
+        assert_eq!(
+            prefix.num_tokens(2),
+            0,
+            "the base's blocks are not the adapter's"
+        );
+        assert!(bm.allocate_with_prefix(&mut adapted, &prefix, 5));
+        bm.register_computed(&mut adapted, &tokens, 5);
+        let mut events = Vec::new();
+        bm.drain_events(&mut events);
+        let Some(KvCacheEvent::Stored {
+            parent_block_hash,
+            lora_name,
+            ..
+        }) = events.last()
+        else {
+            panic!("expected a Stored last, got {events:?}");
+        };
+        assert_eq!(*parent_block_hash, None);
+        assert_eq!(lora_name.as_deref(), Some("fr"));
+        assert_eq!(bm.num_cached_blocks(), 4);
+        let starts: Vec<_> = bm
+            .cached_blocks()
+            .into_iter()
+            .filter(|b| b.parent_hash.is_none())
+            .map(|b| b.lora_name)
+            .collect();
+        assert_eq!(starts.len(), 2);
+        assert!(starts.contains(&None) && starts.contains(&Some("fr".into())));
+        let mut again = BlockTable::new();
+        again.set_adapter(Some(AdapterKey {
+            id: 7,
+            name: "fr".into(),
+        }));
+        assert_eq!(bm.find_cached_prefix(&mut again, &tokens).num_tokens(2), 4);
+        drop((base, adapted));
+    }
+
     #[test]
     fn events_describe_every_change_to_the_cache() {
         let mut bm = BlockManager::new(4, 2);
@@ -1002,12 +1104,14 @@ mod tests {
             block_hashes,
             parent_block_hash,
             token_ids,
+            lora_name,
         }] = events.as_slice()
         else {
             panic!("expected one Stored, got {events:?}");
         };
         assert_eq!(block_hashes.len(), 2);
         assert_eq!(*parent_block_hash, None);
+        assert_eq!(*lora_name, None);
         assert_eq!(token_ids, &[1, 2, 3, 4]);
         let blocks = bm.cached_blocks();
         let second = blocks.iter().find(|b| b.hash == block_hashes[1]).unwrap();

@@ -17,7 +17,7 @@
 //! both: a cached prefix is used only as far as the window pool also holds the blocks that the
 //! window of the first computed token reaches ([`BlockManager::find_cached_window`]).
 
-use crate::block_manager::{BlockManager, BlockTable, CachedPrefix, PrefixCacheStats};
+use crate::block_manager::{AdapterKey, BlockManager, BlockTable, CachedPrefix, PrefixCacheStats};
 use crate::kv_events::KvCacheEvent;
 
 /// The second pool of a model with sliding-window layers.
@@ -70,6 +70,13 @@ impl SeqBlocks {
 
     pub fn is_empty(&self) -> bool {
         self.full.is_empty()
+    }
+
+    /// Keys both tables' blocks under `adapter` ([`BlockTable::set_adapter`]): set before the
+    /// sequence holds anything.
+    pub fn set_adapter(&mut self, adapter: Option<AdapterKey>) {
+        self.full.set_adapter(adapter.clone());
+        self.window.set_adapter(adapter);
     }
 
     /// Blocks of the sequence (entries of either table).

@@ -41,6 +41,8 @@ pub struct EngineConfig {
     pub speculation: Option<SpeculationConfig>,
     /// Record KV-cache events and queue them for [`Engine::take_kv_events`] (`--kv-events`).
     pub kv_events: bool,
+    /// LoRA adapters the model holds at once (`--max-loras`); 0: requests name none.
+    pub max_loras: usize,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +55,7 @@ impl Default for EngineConfig {
             pooling: Pooling::Mean,
             speculation: None,
             kv_events: false,
+            max_loras: 0,
         }
     }
 }
@@ -138,12 +141,14 @@ impl Engine {
             max_model_len,
             speculation: config.speculation,
             window: model.window_pool(),
+            max_loras: config.max_loras,
         })?;
         let limits = ModelLimits {
             vocab_size: model.vocab_size(),
             max_model_len,
             kv_cache_tokens: num_blocks * block_size,
             max_n: MAX_N.min(config.max_waiting),
+            max_loras: config.max_loras,
         };
         tracing::info!(
             num_blocks,

@@ -29,6 +29,8 @@ pub enum KvCacheEvent {
         parent_block_hash: Option<u64>,
         /// The blocks' tokens, `block_size` per block.
         token_ids: Vec<u32>,
+        /// The LoRA adapter whose K/V they hold; `None`: the base model.
+        lora_name: Option<std::sync::Arc<str>>,
     },
     /// Cached blocks whose memory was reused: no longer findable.
     Removed { block_hashes: Vec<u64> },
@@ -52,6 +54,8 @@ pub struct CachedBlock {
     pub hash: u64,
     pub parent_hash: Option<u64>,
     pub token_ids: Vec<u32>,
+    /// The LoRA adapter whose K/V it holds; `None`: the base model.
+    pub lora_name: Option<std::sync::Arc<str>>,
 }
 
 /// Every block in the prefix cache once the batches up to `last_seq` are applied.

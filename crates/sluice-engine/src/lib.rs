@@ -30,7 +30,9 @@ mod telemetry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use block_manager::{BlockId, BlockManager, BlockTable, CachedPrefix, PrefixCacheStats};
+pub use block_manager::{
+    AdapterKey, BlockId, BlockManager, BlockTable, CachedPrefix, PrefixCacheStats,
+};
 pub use block_pools::{BlockPools, SeqBlocks, WindowPool};
 pub use constraint::{Constraint, ConstraintCompiler, ConstraintError};
 pub use engine::{Engine, EngineConfig, EngineError, ShutdownReport};
@@ -41,7 +43,9 @@ pub use kv_events::{
     kv_event_channel, CachedBlock, KvCacheEvent, KvCacheSnapshot, KvEventBatch, KvEventSender,
 };
 pub use model::{Model, ModelFailure};
-pub use params::{InvalidRequest, ModelLimits, Request, SamplingParams, StopParams, ValidRequest};
+pub use params::{
+    InvalidRequest, LoraRequest, ModelLimits, Request, SamplingParams, StopParams, ValidRequest,
+};
 pub use pooling::l2_normalize;
 pub use sampler::{SampleRow, Sampled, Sampler, TokenCounts, TokenLogprobs};
 pub use scheduler::{

@@ -4,7 +4,9 @@
 //! cache it owns) is the real thing; `testing::MockModel` (feature `testing`) implements the
 //! same trait without weights.
 
-use sluice_model::{ModelError, PagedLlama, StepBatch, StepOutput};
+use std::sync::Arc;
+
+use sluice_model::{LoraAdapter, ModelError, PagedLlama, StepBatch, StepOutput};
 
 use crate::block_pools::WindowPool;
 
@@ -60,6 +62,18 @@ pub trait Model: Send {
     fn expert_share(&self) -> Option<f64> {
         None
     }
+    /// Puts `adapter` in LoRA slot `slot` (1 and up) for the rows of later steps that name it
+    /// ([`StepBatch::lora_slots`]). A model without adapters refuses.
+    fn set_adapter(
+        &mut self,
+        slot: u16,
+        adapter: Option<Arc<LoraAdapter>>,
+    ) -> Result<(), ModelFailure> {
+        let _ = adapter;
+        Err(ModelFailure::new(format!(
+            "this model takes no LoRA adapters (slot {slot})"
+        )))
+    }
 }
 
 impl Model for PagedLlama {
@@ -97,5 +111,13 @@ impl Model for PagedLlama {
 
     fn expert_share(&self) -> Option<f64> {
         PagedLlama::expert_share(self)
+    }
+
+    fn set_adapter(
+        &mut self,
+        slot: u16,
+        adapter: Option<Arc<LoraAdapter>>,
+    ) -> Result<(), ModelFailure> {
+        Ok(PagedLlama::set_adapter(self, slot, adapter)?)
     }
 }

@@ -3,6 +3,11 @@
 //! [`ValidRequest`] is the only thing the engine takes, and every way a request can be
 //! malformed is one [`InvalidRequest`] variant the server turns into a 400.
 
+use std::sync::Arc;
+
+use sluice_model::LoraAdapter;
+
+use crate::block_manager::AdapterKey;
 use crate::constraint::Constraint;
 
 /// Temperatures below this are greedy, as in vLLM: dividing by a tiny temperature only turns
@@ -284,6 +289,8 @@ impl Request {
 pub struct ValidRequest {
     /// Its `max_tokens` resolved: what each sequence may generate.
     request: Request,
+    /// The LoRA adapter it runs with ([`ValidRequest::with_adapter`]); `None`: the base model.
+    lora: Option<LoraRequest>,
     /// What it was checked against: the engine refuses a request checked for another one.
     limits: ModelLimits,
     /// An embedding: the prompt is computed, pooled and returned, nothing is generated.
@@ -315,6 +322,7 @@ impl ValidRequest {
         request.max_tokens = Some(max_tokens);
         Ok(Self {
             request,
+            lora: None,
             limits: *limits,
             embedding: false,
         })
@@ -341,6 +349,7 @@ impl ValidRequest {
                 stop: StopParams::default(),
                 constraint: None,
             },
+            lora: None,
             limits: *limits,
             embedding: true,
         })
@@ -373,9 +382,54 @@ impl ValidRequest {
         &self.limits
     }
 
-    /// The checked request, for the engine thread.
-    pub(crate) fn into_request(self) -> Request {
-        self.request
+    /// Runs it with a LoRA adapter, which the engine must have room for
+    /// ([`ModelLimits::max_loras`]).
+    pub fn with_adapter(mut self, lora: LoraRequest) -> Result<Self, InvalidRequest> {
+        if self.limits.max_loras == 0 {
+            return Err(InvalidRequest::Param {
+                param: "model",
+                reason: format!(
+                    "`{}` is a LoRA adapter, and this engine has no adapter slots (max_loras 0)",
+                    lora.key.name
+                ),
+            });
+        }
+        self.lora = Some(lora);
+        Ok(self)
+    }
+
+    /// The LoRA adapter it runs with.
+    pub fn adapter(&self) -> Option<&LoraRequest> {
+        self.lora.as_ref()
+    }
+
+    /// The checked request and its adapter, for the engine thread.
+    pub(crate) fn into_parts(self) -> (Request, Option<LoraRequest>) {
+        (self.request, self.lora)
+    }
+}
+
+/// A request's LoRA adapter: its key (admission by adapter slot, the prefix cache's root, the
+/// name events report) and its weights, checked against the model when they were loaded.
+#[derive(Clone)]
+pub struct LoraRequest {
+    pub key: AdapterKey,
+    pub adapter: Arc<LoraAdapter>,
+}
+
+impl PartialEq for LoraRequest {
+    /// The key names one load of one adapter: equal keys, equal weights.
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+impl std::fmt::Debug for LoraRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoraRequest")
+            .field("key", &self.key)
+            .field("rank", &self.adapter.rank())
+            .finish()
     }
 }
 
@@ -390,6 +444,8 @@ pub struct ModelLimits {
     /// Most sequences one request may ask for: [`MAX_N`], or the waiting queue's bound when
     /// that is smaller (a request larger than the whole queue could never be admitted).
     pub max_n: usize,
+    /// LoRA adapters the model holds at once; 0: requests may not name one.
+    pub max_loras: usize,
 }
 
 impl ModelLimits {
@@ -524,6 +580,7 @@ mod tests {
         max_model_len: 64,
         kv_cache_tokens: 48,
         max_n: MAX_N,
+        max_loras: 0,
     };
 
     fn validate(r: &Request) -> Result<usize, InvalidRequest> {

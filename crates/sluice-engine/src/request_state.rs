@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::constraint::SeqConstraint;
 use crate::events::{ErrorCause, Event, FinishEvent, Timing, Usage};
 use crate::handle::Submission;
-use crate::params::{Request, SamplingParams};
+use crate::params::{LoraRequest, Request, SamplingParams};
 use crate::pooling::l2_normalize;
 use crate::rng::SeqRng;
 use crate::sampler::TokenCounts;
@@ -47,6 +47,9 @@ pub(crate) struct RequestState {
     /// An embedding's pooled hidden state so far (`None` for a generation): the sum of its
     /// pooled rows for mean pooling, the row itself for the others.
     pub pooled: Option<Vec<f32>>,
+    /// The LoRA adapter its sequences run with: the engine loads it into the model's slot
+    /// when the scheduler gives it one.
+    pub lora: Option<LoraRequest>,
 }
 
 impl RequestState {
@@ -102,6 +105,7 @@ impl RequestState {
             prompt_counted: false,
             constrained: constraint.is_some(),
             pooled: embedding_size.map(|size| vec![0.0; size]),
+            lora: None,
         };
         (state, seqs, prompt)
     }

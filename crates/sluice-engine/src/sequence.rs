@@ -64,6 +64,10 @@ pub struct Sequence<S = ()> {
     /// The draft model's guesses for the next step ([`crate::speculation::Proposer`]),
     /// handed over before it is planned; the plan takes them (or drops them) either way.
     pub(crate) proposal: Vec<u32>,
+    /// The LoRA adapter it runs with (its [`crate::AdapterKey::id`]); 0: the base model.
+    pub(crate) lora: u64,
+    /// While it runs with an adapter: the model's adapter slot it uses (1 and up); 0 otherwise.
+    pub(crate) lora_slot: u16,
     pub(crate) state: S,
 }
 
@@ -94,6 +98,8 @@ impl<S> Sequence<S> {
             num_draft: 0,
             draft_len: 1,
             proposal: Vec::new(),
+            lora: 0,
+            lora_slot: 0,
             state,
         }
     }
@@ -158,6 +164,11 @@ impl<S> Sequence<S> {
 
     pub fn is_prefill_only(&self) -> bool {
         self.prefill_only
+    }
+
+    /// The LoRA adapter it runs with, if any.
+    pub fn adapter(&self) -> Option<&crate::AdapterKey> {
+        self.blocks.full().adapter()
     }
 
     /// Its tokens without the drafts of the step in flight.

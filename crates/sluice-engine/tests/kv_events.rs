@@ -42,6 +42,7 @@ impl Replica {
                     block_hashes,
                     parent_block_hash,
                     token_ids,
+                    ..
                 } => {
                     assert_eq!(token_ids.len(), block_hashes.len() * BLOCK_SIZE);
                     let mut parent = *parent_block_hash;

@@ -162,6 +162,7 @@ fn run_case(c: &Case) {
         max_model_len: c.max_model_len,
         speculation: None,
         window: c.window_pool(),
+        max_loras: 0,
     };
     let bs = c.block_size;
     let mut sched: RecordingScheduler = Scheduler::new(config).unwrap();
@@ -592,7 +593,7 @@ proptest! {
             bm.drain_events(&mut events);
             for event in events.drain(..) {
                 match event {
-                    KvCacheEvent::Stored { block_hashes, parent_block_hash, token_ids } => {
+                    KvCacheEvent::Stored { block_hashes, parent_block_hash, token_ids, .. } => {
                         let mut parent = parent_block_hash;
                         for (h, chunk) in block_hashes.iter().zip(token_ids.chunks(block_size)) {
                             prop_assert!(replica.insert(*h, (parent, chunk.to_vec())).is_none());

@@ -14,6 +14,7 @@ fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
         max_model_len: 1024,
         speculation: None,
         window: None,
+        max_loras: 0,
     }
 }
 
@@ -390,4 +391,112 @@ fn commit_checks_its_input() {
         ..config(16, 4)
     })
     .is_err());
+}
+
+fn adapter(id: u64) -> sluice_engine::AdapterKey {
+    sluice_engine::AdapterKey {
+        id,
+        name: format!("adapter-{id}").into(),
+    }
+}
+
+/// One adapter slot, three requests: adapter 1, adapter 2, the base. Adapter 2 waits (counted
+/// in the queue) while adapter 1's sequence runs, the base request goes past it, and each
+/// token row names its sequence's slot.
+#[test]
+fn an_adapter_waits_for_a_free_slot_and_never_evicts_a_running_one() {
+    let mut d = Driver::new(SchedulerConfig {
+        max_loras: 1,
+        ..config(64, 16)
+    });
+    d.sched.add_request(1, tokens(1, 20), 6, 1);
+    d.sched.assign_adapter(1, adapter(1));
+    d.sched.add_request(2, tokens(2, 20), 6, 1);
+    d.sched.assign_adapter(2, adapter(2));
+    d.sched.add_request(3, tokens(3, 20), 6, 1);
+    let out = d.sched.schedule();
+    let ids: Vec<SeqId> = out.scheduled().iter().map(|s| s.seq_id).collect();
+    assert_eq!(
+        ids,
+        [seq(1), seq(3)],
+        "adapter 2 waits, the base goes past it"
+    );
+    assert_eq!(out.adapter_loads(), [(1, seq(1))]);
+    d.execute();
+    assert_eq!(
+        d.batch.lora_slots,
+        [vec![1u16; 20], vec![0u16; 20]].concat()
+    );
+    assert_eq!(d.sched.num_waiting(), 1);
+    // While adapter 1 runs, its slot is never handed to adapter 2.
+    while d.sched.get(seq(1)).is_some() {
+        let out = d.sched.schedule();
+        assert!(out.scheduled().iter().all(|s| s.seq_id != seq(2)));
+        assert!(out.adapter_loads().is_empty());
+        d.execute();
+    }
+    let out = d.sched.schedule();
+    assert_eq!(out.adapter_loads(), [(1, seq(2))]);
+    d.execute();
+    assert_eq!(d.batch.lora_slots[..20], [1u16; 20]);
+    d.run_to_completion(100);
+    assert_eq!(
+        d.sched.adapter_slots().collect::<Vec<_>>(),
+        [(1, 2, 0)],
+        "the slot keeps adapter 2, used by no one"
+    );
+}
+
+/// The same prompt under the base model, adapter 1 and adapter 2: no prefix is shared
+/// between them, and each finds its own the second time.
+#[test]
+fn the_prefix_cache_keys_blocks_by_adapter() {
+    let mut d = Driver::new(SchedulerConfig {
+        max_loras: 2,
+        ..config(64, 16)
+    });
+    let prompt = tokens(9, 80);
+    let mut id = 0;
+    let mut run = |d: &mut Driver, lora: Option<u64>| {
+        id += 1;
+        d.sched.add_request(id, prompt.clone(), 2, 1);
+        if let Some(lora) = lora {
+            d.sched.assign_adapter(id, adapter(lora));
+        }
+        let start = d.sched.schedule().scheduled()[0].start;
+        d.execute();
+        d.run_to_completion(50);
+        start
+    };
+    assert_eq!(run(&mut d, None), 0);
+    assert_eq!(
+        run(&mut d, Some(1)),
+        0,
+        "the base's blocks are not adapter 1's"
+    );
+    assert_eq!(run(&mut d, Some(2)), 0, "nor adapter 1's adapter 2's");
+    assert_eq!(run(&mut d, Some(1)), 64);
+    assert_eq!(run(&mut d, None), 64);
+    assert_eq!(run(&mut d, Some(2)), 64);
+}
+
+/// A preempted sequence gives its adapter slot back: another adapter may take it while the
+/// sequence waits, and the sequence gets a slot again when it is readmitted.
+#[test]
+fn preemption_frees_the_adapter_slot() {
+    let mut d = Driver::new(SchedulerConfig {
+        max_loras: 1,
+        max_num_batched_tokens: 64,
+        ..config(6, 16)
+    });
+    d.sched.add_request(1, tokens(1, 40), 40, 1);
+    d.sched.assign_adapter(1, adapter(1));
+    d.sched.add_request(2, tokens(2, 8), 30, 1);
+    d.run_to_completion(400);
+    assert!(
+        d.sched.num_preemptions() > 0,
+        "the pool is too small for both"
+    );
+    assert_eq!(d.generated[&seq(1)].len(), 40);
+    assert_eq!(d.generated[&seq(2)].len(), 30);
 }

@@ -233,6 +233,7 @@ fn a_32k_token_gpt_oss_shaped_sequence_holds_about_half_the_kv_of_full_attention
             num_blocks: window_blocks,
             window: WINDOW,
         }),
+        max_loras: 0,
     })
     .unwrap();
     sched.add_request(

@@ -21,6 +21,7 @@ fn config(num_blocks: usize, block_size: usize, budget: usize, k: usize) -> Sche
             ..SpeculationConfig::ngram(k)
         }),
         window: None,
+        max_loras: 0,
     }
 }
 

@@ -127,6 +127,15 @@ impl PagedLlama {
         self.model.config().hidden_size
     }
 
+    /// Puts `adapter` in LoRA slot `slot` ([`LlamaModel::set_adapter`]).
+    pub fn set_adapter(
+        &mut self,
+        slot: u16,
+        adapter: Option<std::sync::Arc<crate::lora::LoraAdapter>>,
+    ) -> Result<()> {
+        self.model.set_adapter(slot, adapter)
+    }
+
     /// Whether sampling rows inside the model ([`StepBatch::model_sampling`]) saves work: on
     /// a GPU, where the full logits would otherwise cross to the host. On the CPU the engine's
     /// own sampler is the faster one, though this model samples rows by the same rule there

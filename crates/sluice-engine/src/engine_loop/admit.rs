@@ -27,13 +27,16 @@ impl EngineLoop {
         }
         let embedding = request.is_embedding();
         let max_tokens = request.max_tokens();
-        let (state, seqs, prompt) = RequestState::admit(
-            request.into_request(),
+        let (request, lora) = request.into_parts();
+        let (mut state, seqs, prompt) = RequestState::admit(
+            request,
             events,
             arrival,
             &self.tokenizer,
             embedding.then_some(self.embedding.hidden_size),
         );
+        let adapter = lora.as_ref().map(|l| l.key.clone());
+        state.lora = lora;
         // Validated against this engine's limits (the handle checked they are its own), so
         // the scheduler can always run it.
         self.kinds.add(&state);
@@ -47,6 +50,9 @@ impl EngineLoop {
         } else {
             self.scheduler
                 .queue_request(id, prompt, max_tokens, state, seqs);
+        }
+        if let Some(adapter) = adapter {
+            self.scheduler.assign_adapter(id, adapter);
         }
         if self.scheduler.config().speculation.is_some() {
             if speculative {

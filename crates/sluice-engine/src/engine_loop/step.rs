@@ -78,10 +78,37 @@ impl EngineLoop {
             }
         });
         self.scheduler.fill_step_batch(&mut self.batch);
+        self.load_adapters();
         self.mark_pooled_rows();
         self.mark_model_sampled_rows();
         self.telemetry.publish_counts(&self.scheduler);
         Some(num_tokens)
+    }
+
+    /// Puts the adapters the plan gave a model slot into it, each from the record of a request
+    /// admitted with it. One that the model refuses ends that request at once, with the error:
+    /// its rows of this step are then dropped, never computed without their adapter.
+    fn load_adapters(&mut self) {
+        for i in 0..self.scheduler.output().adapter_loads().len() {
+            let (slot, seq) = self.scheduler.output().adapter_loads()[i];
+            let adapter = self
+                .scheduler
+                .request_record(seq.request)
+                .and_then(|r| r.lora.as_ref())
+                .map(|l| l.adapter.clone());
+            let Some(adapter) = adapter else { continue };
+            if let Err(e) = self.model.set_adapter(slot, Some(adapter)) {
+                tracing::error!("cannot load a LoRA adapter into slot {slot}: {e}");
+                self.end_request(
+                    seq.request,
+                    FinishReason::Error,
+                    Some((
+                        format!("cannot load the LoRA adapter: {e}"),
+                        ErrorCause::Engine,
+                    )),
+                );
+            }
+        }
     }
 
     /// Runs the forward; returns why the step failed, if it did (an error, a panic, or an

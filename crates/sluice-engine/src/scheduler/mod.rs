@@ -41,6 +41,13 @@
 //! `max_tokens`, ...). `finish` and [`Scheduler::abort`] may also be called between `fill_step_batch`
 //! and `commit`; the sequence's part of the step is then dropped.
 //!
+//! LoRA adapters ([`SchedulerConfig::max_loras`]): the model holds that many adapters at once,
+//! in slots. A waiting sequence with an adapter is admitted when its adapter is in a slot, or
+//! a slot is free of running sequences (the adapter then goes there:
+//! [`SchedulerOutput::adapter_loads`] tells the engine to load it before the forward).
+//! Otherwise it waits, and admission goes on with the sequences behind it: an adapter never
+//! evicts one that running sequences use, and a step holds at most `max_loras` adapters.
+//!
 //! Its parts: this module holds the types, queueing, and the step's core (`schedule`,
 //! `fill_step_batch`, `commit`); speculation's drafting, which feeds the core's plan, is in
 //! `drafting`; sequences and requests leaving, their records, counts and invariants in
@@ -50,6 +57,7 @@ use std::collections::{HashMap, VecDeque};
 
 use sluice_model::StepBatch;
 
+use crate::block_manager::AdapterKey;
 use crate::block_pools::{BlockPools, WindowPool};
 use crate::sequence::{RequestId, SeqId, Sequence, SequenceStatus};
 use crate::speculation::{next_draft_len, SpeculationConfig};
@@ -75,6 +83,8 @@ pub struct SchedulerConfig {
     pub speculation: Option<SpeculationConfig>,
     /// The pool of the model's sliding-window layers, when it has one (`crate::block_pools`).
     pub window: Option<WindowPool>,
+    /// LoRA adapters the model holds at once (its slots 1 to `max_loras`); 0: none.
+    pub max_loras: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -87,6 +97,7 @@ impl Default for SchedulerConfig {
             max_model_len: 4096,
             speculation: None,
             window: None,
+            max_loras: 0,
         }
     }
 }
@@ -141,6 +152,7 @@ impl ScheduledSeq {
 pub struct SchedulerOutput {
     scheduled: Vec<ScheduledSeq>,
     preempted: Vec<SeqId>,
+    adapter_loads: Vec<(u16, SeqId)>,
     num_tokens: usize,
     num_samples: usize,
 }
@@ -162,6 +174,12 @@ impl SchedulerOutput {
         &self.preempted
     }
 
+    /// Adapters this step puts in a model slot, each named by a sequence admitted with it:
+    /// the engine loads that sequence's adapter into the slot before the forward.
+    pub fn adapter_loads(&self) -> &[(u16, SeqId)] {
+        &self.adapter_loads
+    }
+
     pub fn num_tokens(&self) -> usize {
         self.num_tokens
     }
@@ -177,6 +195,7 @@ impl SchedulerOutput {
     fn clear(&mut self) {
         self.scheduled.clear();
         self.preempted.clear();
+        self.adapter_loads.clear();
         self.num_tokens = 0;
         self.num_samples = 0;
     }
@@ -223,6 +242,17 @@ pub struct Aborted<R, S> {
     pub sequences: Vec<(u32, S)>,
 }
 
+/// One of the model's adapter slots, as the scheduler fills it.
+#[derive(Debug, Clone, Copy, Default)]
+struct AdapterSlot {
+    /// The adapter in it ([`AdapterKey::id`]); 0: none yet.
+    lora: u64,
+    /// Running sequences that use it: it may take another adapter only at 0.
+    running: usize,
+    /// The step it last admitted a sequence: the free slot unused longest is refilled first.
+    last_used: u64,
+}
+
 #[derive(Debug)]
 pub struct Scheduler<R = (), S = ()> {
     config: SchedulerConfig,
@@ -241,6 +271,10 @@ pub struct Scheduler<R = (), S = ()> {
     next_serial: u64,
     /// The drafts being proposed for one sequence; reused.
     draft: Vec<u32>,
+    /// The model's adapter slots, `config.max_loras` of them (slot `i + 1` at index `i`).
+    adapter_slots: Vec<AdapterSlot>,
+    /// Steps planned, to order the adapter slots' use.
+    steps: u64,
 }
 
 /// The scheduler alone, with nothing kept beside its own records (tests, benches).
@@ -277,6 +311,9 @@ impl<R, S> Scheduler<R, S> {
         if config.num_blocks == 0 || config.num_blocks >= u32::MAX as usize {
             return invalid("num_blocks must be between 1 and u32::MAX - 1");
         }
+        if config.max_loras > usize::from(u16::MAX) - 1 {
+            return invalid("max_loras must fit the model's u16 adapter slots");
+        }
         if config.max_model_len < 2 {
             return invalid("max_model_len must be at least 2 (one prompt token, one generated)");
         }
@@ -311,6 +348,8 @@ impl<R, S> Scheduler<R, S> {
             num_preemptions: 0,
             next_serial: 0,
             draft: Vec::new(),
+            adapter_slots: vec![AdapterSlot::default(); config.max_loras],
+            steps: 0,
             config,
         })
     }
@@ -358,6 +397,71 @@ impl<R, S> Scheduler<R, S> {
             "a prompt that can never be computed"
         );
         self.add_sequences(request, prompt, 0, state, vec![seq], true);
+    }
+
+    /// Runs every sequence of a request just queued with `adapter` (a LoRA adapter): they are
+    /// admitted only while it is in one of the model's slots (or one is free for it), their
+    /// rows name that slot, and their blocks are keyed under it in the prefix cache.
+    ///
+    /// Precondition (the engine's limits guarantee it): `max_loras > 0`.
+    ///
+    /// # Panics
+    /// If the request is not waiting, untouched, in the queue.
+    pub fn assign_adapter(&mut self, request: RequestId, adapter: AdapterKey) {
+        debug_assert!(
+            self.config.max_loras > 0,
+            "an adapter without adapter slots"
+        );
+        let n = self.requests.get(&request).map_or(0, |r| r.n);
+        for index in 0..n {
+            let Some(&slot) = self.ids.get(&SeqId::new(request, index)) else {
+                continue;
+            };
+            let seq = self.slots[slot].as_mut().expect("live slot");
+            assert_eq!(
+                seq.status,
+                SequenceStatus::Waiting,
+                "an adapter set on a running sequence"
+            );
+            seq.lora = adapter.id;
+            seq.blocks.set_adapter(Some(adapter.clone()));
+        }
+    }
+
+    /// The model's adapter slots: for each (1 and up), the adapter in it ([`AdapterKey::id`],
+    /// 0 for none) and how many running sequences use it.
+    pub fn adapter_slots(&self) -> impl Iterator<Item = (u16, u64, usize)> + '_ {
+        self.adapter_slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i as u16 + 1, s.lora, s.running))
+    }
+
+    /// The adapter slot a waiting sequence with adapter `lora` would run in: the one holding
+    /// it, else the free slot (no running sequence) unused longest; `None` when every slot
+    /// holds another adapter that running sequences use. 0 for the base model.
+    fn adapter_slot_for(&self, lora: u64) -> Option<u16> {
+        if lora == 0 {
+            return Some(0);
+        }
+        if let Some(i) = self.adapter_slots.iter().position(|s| s.lora == lora) {
+            return Some(i as u16 + 1);
+        }
+        self.adapter_slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.running == 0)
+            .min_by_key(|(_, s)| (s.lora != 0, s.last_used))
+            .map(|(i, _)| i as u16 + 1)
+    }
+
+    /// A running sequence leaves its adapter slot (preempted, finished or aborted).
+    fn leave_adapter_slot(&mut self, slot: usize) {
+        let seq = self.slots[slot].as_mut().expect("live slot");
+        if seq.lora_slot > 0 {
+            self.adapter_slots[usize::from(seq.lora_slot) - 1].running -= 1;
+            seq.lora_slot = 0;
+        }
     }
 
     fn add_sequences(
@@ -470,13 +574,24 @@ impl<R, S> Scheduler<R, S> {
 
         // Admitting right after preempting would just thrash the pool.
         if self.output.preempted.is_empty() {
+            self.steps += 1;
+            // Index into the queue: a sequence whose adapter has no slot is passed over.
+            let mut w = 0;
             while budget > 0 && self.running.len() < self.config.max_num_seqs {
-                let Some(&slot) = self.waiting.front() else {
+                let Some(&slot) = self.waiting.get(w) else {
                     break;
                 };
                 if self.waits_for_leader(slot) {
                     break;
                 }
+                let lora = self.slots[slot]
+                    .as_ref()
+                    .expect("waiting slot is live")
+                    .lora;
+                let Some(lora_slot) = self.adapter_slot_for(lora) else {
+                    w += 1;
+                    continue;
+                };
                 let seq = self.slots[slot].as_mut().expect("waiting slot is live");
                 let (start, len) = if seq.is_prefill_only() {
                     // See `add_prefill_only`: every token is computed.
@@ -499,7 +614,17 @@ impl<R, S> Scheduler<R, S> {
                 };
                 seq.num_computed = start;
                 seq.status = SequenceStatus::Running;
-                self.waiting.pop_front();
+                seq.lora_slot = lora_slot;
+                if lora_slot > 0 {
+                    let entry = &mut self.adapter_slots[usize::from(lora_slot) - 1];
+                    if entry.lora != lora {
+                        entry.lora = lora;
+                        self.output.adapter_loads.push((lora_slot, seq.id()));
+                    }
+                    entry.running += 1;
+                    entry.last_used = self.steps;
+                }
+                self.waiting.remove(w);
                 self.running.push(slot);
                 self.output.push(seq, slot, len);
                 budget -= len;
@@ -530,6 +655,11 @@ impl<R, S> Scheduler<R, S> {
             let seq = self
                 .live_scheduled(s)
                 .expect("sequence removed between schedule and fill_step_batch");
+            if self.config.max_loras > 0 {
+                batch
+                    .lora_slots
+                    .extend(std::iter::repeat_n(seq.lora_slot, s.len));
+            }
             let window = self.blocks.window().map(|_| seq.blocks.window().blocks());
             batch.push_sequence_windowed(
                 &seq.tokens[s.start..s.start + s.len],
@@ -621,6 +751,7 @@ impl<R, S> Scheduler<R, S> {
             .running
             .pop()
             .expect("a sequence that needs blocks is running");
+        self.leave_adapter_slot(slot);
         let seq = self.slots[slot].as_mut().expect("running slot is live");
         self.blocks.free(&mut seq.blocks);
         seq.num_computed = 0;

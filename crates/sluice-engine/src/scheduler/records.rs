@@ -36,6 +36,7 @@ impl<R, S> Scheduler<R, S> {
     }
 
     fn remove_slot(&mut self, slot: usize) -> Removed<R, S> {
+        self.leave_adapter_slot(slot);
         let mut seq = self.slots[slot].take().expect("slot of a live sequence");
         match seq.status {
             SequenceStatus::Running => {
@@ -99,6 +100,11 @@ impl<R, S> Scheduler<R, S> {
             });
             (s, records)
         })
+    }
+
+    /// One request's record.
+    pub fn request_record(&self, request: RequestId) -> Option<&R> {
+        self.requests.get(&request).map(|r| &r.state)
     }
 
     /// Every request's record.
@@ -189,6 +195,46 @@ impl<R, S> Scheduler<R, S> {
                 self.running.len(),
                 self.config.max_num_seqs
             ));
+        }
+        // Each adapter slot counts exactly the running sequences in it, each of which runs
+        // with the slot's adapter; a waiting sequence holds no slot.
+        let mut in_slot = vec![0usize; self.adapter_slots.len()];
+        for seq in live() {
+            let running = seq.status == SequenceStatus::Running;
+            match (seq.lora, seq.lora_slot) {
+                (0, 0) => {}
+                (lora, 0) if !running && lora != 0 => {}
+                (lora, slot) if running && slot > 0 => {
+                    let entry = self
+                        .adapter_slots
+                        .get(usize::from(slot) - 1)
+                        .ok_or_else(|| format!("{} in adapter slot {slot} of none", seq.id()))?;
+                    if entry.lora != lora {
+                        return Err(format!(
+                            "{} runs adapter {lora} in slot {slot}, which holds {}",
+                            seq.id(),
+                            entry.lora
+                        ));
+                    }
+                    in_slot[usize::from(slot) - 1] += 1;
+                }
+                (lora, slot) => {
+                    return Err(format!(
+                        "{} ({:?}) with adapter {lora} in slot {slot}",
+                        seq.id(),
+                        seq.status
+                    ))
+                }
+            }
+        }
+        for (i, (entry, &n)) in self.adapter_slots.iter().zip(&in_slot).enumerate() {
+            if entry.running != n {
+                return Err(format!(
+                    "adapter slot {} counts {} running sequences; {n} run in it",
+                    i + 1,
+                    entry.running
+                ));
+            }
         }
         let mut queued = vec![0u8; self.slots.len()];
         for &slot in &self.running {

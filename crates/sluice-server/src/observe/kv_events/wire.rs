@@ -93,6 +93,7 @@ pub fn encode_batch(
                 block_hashes,
                 parent_block_hash,
                 token_ids,
+                lora_name,
             } => {
                 e.open("BlockStored", 7);
                 e.key("block_hashes");
@@ -113,13 +114,21 @@ pub fn encode_batch(
                 }
                 e.key("block_size");
                 let Ok(_) = mp::write_uint(e.w, block_size as u64);
-                // sluice's prefix cache holds the base model's blocks only.
+                // Routers key adapters' blocks by name; sluice's adapter ids are its own (one
+                // per load), so none is published.
                 e.key("lora_id");
                 let Ok(()) = mp::write_nil(e.w);
                 e.key("medium");
                 let Ok(()) = mp::write_str(e.w, medium.as_str());
                 e.key("lora_name");
-                let Ok(()) = mp::write_nil(e.w);
+                match lora_name {
+                    Some(name) => {
+                        let Ok(()) = mp::write_str(e.w, name);
+                    }
+                    None => {
+                        let Ok(()) = mp::write_nil(e.w);
+                    }
+                }
             }
             KvCacheEvent::Removed { block_hashes } => {
                 e.open("BlockRemoved", 2);
@@ -189,6 +198,7 @@ mod tests {
                     block_hashes: vec![1, u64::MAX],
                     parent_block_hash: None,
                     token_ids: vec![3, 300],
+                    lora_name: None,
                 },
                 KvCacheEvent::Removed {
                     block_hashes: vec![1],
@@ -274,5 +284,30 @@ mod tests {
         expected.extend(str_("AllBlocksCleared"));
         expected.push(0x00);
         assert_eq!(bytes, expected);
+    }
+
+    /// An adapter's blocks name it, in both formats: the last field of `BlockStored`.
+    #[test]
+    fn an_adapter_s_blocks_carry_its_name() {
+        let batch = KvEventBatch {
+            seq: 0,
+            timestamp: 0.0,
+            events: vec![KvCacheEvent::Stored {
+                block_hashes: vec![7],
+                parent_block_hash: Some(6),
+                token_ids: vec![1],
+                lora_name: Some("fr-support".into()),
+            }],
+        };
+        for format in [EventFormat::Map, EventFormat::Array] {
+            let bytes = encode_batch(&batch, 1, Medium::Cpu, format);
+            let mut tail = match format {
+                EventFormat::Map => str_("lora_name"),
+                EventFormat::Array => Vec::new(),
+            };
+            tail.extend(str_("fr-support"));
+            tail.push(0x00); // data_parallel_rank
+            assert!(bytes.ends_with(&tail), "{format:?}: {bytes:02x?}");
+        }
     }
 }
