@@ -266,6 +266,8 @@ pub struct Request {
     /// The language every sequence's output must belong to (structured outputs, forced tool
     /// calls), compiled by the server at the edge.
     pub constraint: Option<Constraint>,
+    /// The LoRA adapter it runs with (the server's, by the `model` name); `None`: the base.
+    pub lora: Option<LoraRequest>,
 }
 
 impl Request {
@@ -278,6 +280,7 @@ impl Request {
             sampling: SamplingParams::greedy(),
             stop: StopParams::default(),
             constraint: None,
+            lora: None,
         }
     }
 }
@@ -289,8 +292,6 @@ impl Request {
 pub struct ValidRequest {
     /// Its `max_tokens` resolved: what each sequence may generate.
     request: Request,
-    /// The LoRA adapter it runs with ([`ValidRequest::with_adapter`]); `None`: the base model.
-    lora: Option<LoraRequest>,
     /// What it was checked against: the engine refuses a request checked for another one.
     limits: ModelLimits,
     /// An embedding: the prompt is computed, pooled and returned, nothing is generated.
@@ -320,9 +321,11 @@ impl ValidRequest {
             });
         }
         request.max_tokens = Some(max_tokens);
+        if let Some(lora) = &request.lora {
+            limits.check_adapter(lora)?;
+        }
         Ok(Self {
             request,
-            lora: None,
             limits: *limits,
             embedding: false,
         })
@@ -348,8 +351,8 @@ impl ValidRequest {
                 sampling: SamplingParams::greedy(),
                 stop: StopParams::default(),
                 constraint: None,
+                lora: None,
             },
-            lora: None,
             limits: *limits,
             embedding: true,
         })
@@ -385,27 +388,20 @@ impl ValidRequest {
     /// Runs it with a LoRA adapter, which the engine must have room for
     /// ([`ModelLimits::max_loras`]).
     pub fn with_adapter(mut self, lora: LoraRequest) -> Result<Self, InvalidRequest> {
-        if self.limits.max_loras == 0 {
-            return Err(InvalidRequest::Param {
-                param: "model",
-                reason: format!(
-                    "`{}` is a LoRA adapter, and this engine has no adapter slots (max_loras 0)",
-                    lora.key.name
-                ),
-            });
-        }
-        self.lora = Some(lora);
+        self.limits.check_adapter(&lora)?;
+        self.request.lora = Some(lora);
         Ok(self)
     }
 
     /// The LoRA adapter it runs with.
     pub fn adapter(&self) -> Option<&LoraRequest> {
-        self.lora.as_ref()
+        self.request.lora.as_ref()
     }
 
     /// The checked request and its adapter, for the engine thread.
-    pub(crate) fn into_parts(self) -> (Request, Option<LoraRequest>) {
-        (self.request, self.lora)
+    pub(crate) fn into_parts(mut self) -> (Request, Option<LoraRequest>) {
+        let lora = self.request.lora.take();
+        (self.request, lora)
     }
 }
 
@@ -449,6 +445,20 @@ pub struct ModelLimits {
 }
 
 impl ModelLimits {
+    /// A request may name a LoRA adapter only where the engine has slots for adapters.
+    pub fn check_adapter(&self, lora: &LoraRequest) -> Result<(), InvalidRequest> {
+        if self.max_loras == 0 {
+            return Err(InvalidRequest::Param {
+                param: "model",
+                reason: format!(
+                    "`{}` is a LoRA adapter, and this engine has no adapter slots (max_loras 0)",
+                    lora.key.name
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// The most tokens one sequence can hold: the context, or the whole KV cache when that is
     /// smaller (admission could never place a longer one).
     pub fn capacity(&self) -> usize {

@@ -227,6 +227,32 @@ config_keys! {
     /// June 2026), or `array`, the fields by position (vLLM's earlier one) [default: map].
     kv_events_format: EventFormat = EventFormat::Map;
     flag EventFormat, #[arg(long, env = "SLUICE_KV_EVENTS_FORMAT", value_name = "FORMAT")]
+
+    /// LoRA adapters served beside the base model, `NAME=PATH` comma-separated (a PEFT
+    /// directory or a GGUF adapter each); a request's `model` names one [default: none].
+    lora_modules: LoraModules = LoraModules(Vec::new());
+    flag LoraModules, #[arg(long, env = "SLUICE_LORA_MODULES", value_name = "NAME=PATH,...")]
+
+    /// LoRA adapters one step may run at once; requests for others wait their turn
+    /// [default: 1].
+    max_loras: usize = 1;
+    flag usize, #[arg(long, env = "SLUICE_MAX_LORAS", value_name = "N")]
+
+    /// Highest rank an adapter may have; a higher one is refused at load [default: 16].
+    max_lora_rank: usize = 16;
+    flag usize, #[arg(long, env = "SLUICE_MAX_LORA_RANK", value_name = "N")]
+
+    /// Serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (behind the API key
+    /// when one is set) [default: false].
+    allow_runtime_lora_updating: bool = false;
+    flag bool, #[arg(
+        long,
+        env = "SLUICE_ALLOW_RUNTIME_LORA_UPDATING",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
 }
 
 /// Most tokens a sequence may draft per step: past it a draft only adds rows to verify.
@@ -322,6 +348,11 @@ impl Config {
         Ok(config)
     }
 
+    /// Whether requests may name LoRA adapters: some are listed, or may be loaded at run time.
+    pub fn lora_enabled(&self) -> bool {
+        !self.lora_modules.0.is_empty() || self.allow_runtime_lora_updating
+    }
+
     /// The model id clients use (resolved from the model's path when not given).
     pub fn served_model_name(&self) -> &str {
         self.served_model_name.as_deref().unwrap_or_default()
@@ -364,6 +395,25 @@ impl Config {
             });
         }
         positive("kv_events_hwm", self.kv_events_hwm as u64)?;
+        if self.lora_enabled() {
+            positive("max_loras", self.max_loras as u64)?;
+            positive("max_lora_rank", self.max_lora_rank as u64)?;
+        }
+        let mut names = std::collections::HashSet::new();
+        for (name, _) in &self.lora_modules.0 {
+            if !names.insert(name) {
+                return Err(ConfigError::Invalid {
+                    key: "lora_modules",
+                    reason: format!("`{name}` is named twice"),
+                });
+            }
+            if *name == self.served_model_name() {
+                return Err(ConfigError::Invalid {
+                    key: "lora_modules",
+                    reason: format!("`{name}` is the base model's name"),
+                });
+            }
+        }
         if let Some(replay) = &self.kv_events_replay {
             let reason = if self.kv_events.is_none() {
                 "needs kv_events to be set"
@@ -499,6 +549,59 @@ impl<'de> Deserialize<'de> for OriginList {
             Raw::One(s) => Self(split_origins(&s)),
             Raw::Many(v) => Self(v.iter().flat_map(|s| split_origins(s)).collect()),
         })
+    }
+}
+
+/// `--lora-modules`: adapters by name, `NAME=PATH` comma-separated (in the file, one string or
+/// a list of them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(into = "String")]
+pub struct LoraModules(pub Vec<(String, PathBuf)>);
+
+impl LoraModules {
+    fn parse(s: &str) -> Result<Vec<(String, PathBuf)>, String> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .map(|m| match m.split_once('=') {
+                Some((name, path)) if !name.trim().is_empty() && !path.trim().is_empty() => {
+                    Ok((name.trim().to_string(), PathBuf::from(path.trim())))
+                }
+                _ => Err(format!("`{m}` is not NAME=PATH")),
+            })
+            .collect()
+    }
+}
+
+impl FromStr for LoraModules {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::parse(s).map(Self)
+    }
+}
+
+impl From<LoraModules> for String {
+    fn from(m: LoraModules) -> String {
+        m.0.iter()
+            .map(|(name, path)| format!("{name}={}", path.display()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+impl<'de> Deserialize<'de> for LoraModules {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            One(String),
+            Many(Vec<String>),
+        }
+        let all = match Raw::deserialize(d)? {
+            Raw::One(s) => s,
+            Raw::Many(v) => v.join(","),
+        };
+        Self::parse(&all).map(Self).map_err(serde::de::Error::custom)
     }
 }
 
@@ -871,7 +974,7 @@ mod tests {
         flags_sorted.sort();
         keys_sorted.sort();
         assert_eq!(flags_sorted, keys_sorted);
-        assert_eq!(flags.len(), 31, "{flags:?}");
+        assert_eq!(flags.len(), 35, "{flags:?}");
     }
 
     #[test]

@@ -108,6 +108,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             ..SamplingParams::default()
         },
         constraint: None,
+        lora: None,
         stop: StopParams::default(),
     };
     // Checked like a server request (an empty prompt, a temperature out of [0, 2], ...).

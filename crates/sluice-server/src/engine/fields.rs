@@ -4,17 +4,27 @@
 //! checked here: the engine's [`sluice_engine::ValidRequest::new`] checks every one, once,
 //! when [`crate::engine::generation::validate`] is given the request with its prompt.
 
-use sluice_engine::{Request, SamplingParams, StopParams};
+use sluice_engine::{LoraRequest, Request, SamplingParams, StopParams};
 
 use crate::edge::error::ApiError;
 use crate::engine::state::ServedModel;
 use crate::openai::SamplingFields;
 
-/// The `model` field names the served model (or is left out, as vLLM allows).
-pub fn check_model(requested: Option<&str>, served: &ServedModel) -> Result<(), ApiError> {
+/// The `model` field names the served model (or is left out, as vLLM allows), or one of the
+/// LoRA adapters it serves: then the adapter the request runs with. Anything else is a 404.
+pub fn check_model(
+    requested: Option<&str>,
+    served: &ServedModel,
+) -> Result<Option<LoraRequest>, ApiError> {
     match requested {
-        Some(name) if name != served.name => Err(ApiError::model_not_found(name)),
-        _ => Ok(()),
+        None => Ok(None),
+        Some(name) if name == served.name => Ok(None),
+        Some(name) => served
+            .loras
+            .as_ref()
+            .and_then(|loras| loras.get(name))
+            .map(|adapter| Some(adapter.request))
+            .ok_or_else(|| ApiError::model_not_found(name)),
     }
 }
 
@@ -92,6 +102,7 @@ pub fn request(
         sampling,
         stop,
         constraint: None,
+        lora: None,
     })
 }
 

@@ -64,6 +64,9 @@ pub struct Generation {
     pub id: String,
     pub created: u64,
     pub model: Arc<ServedModel>,
+    /// The name its responses give as `model`: the LoRA adapter it runs with, else the
+    /// served model's.
+    pub served_as: String,
     /// Sequences per prompt.
     pub n: usize,
     /// Prompt tokens of each prompt.
@@ -116,6 +119,10 @@ impl Generation {
         // nothing in flight must not miss a request the engine already runs.
         let in_flight = state.track();
         let n = requests.first().map_or(1, ValidRequest::n);
+        let served_as = requests
+            .first()
+            .and_then(ValidRequest::adapter)
+            .map_or_else(|| model.name.clone(), |lora| lora.key.name.to_string());
         let prompt_tokens: Vec<usize> = requests.iter().map(ValidRequest::prompt_len).collect();
         let mut streams = Vec::with_capacity(requests.len());
         for request in requests {
@@ -148,6 +155,7 @@ impl Generation {
             id,
             created: crate::engine::state::unix_now(),
             model,
+            served_as,
             n,
             prompt_tokens,
             skip_special_tokens,

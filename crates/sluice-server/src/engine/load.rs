@@ -18,6 +18,7 @@ use sluice_model::{
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::config::{Config, KvCacheDtype, Speculative};
+use crate::engine::lora::LoraRegistry;
 use crate::engine::state::{ModelFacts, ServedModel};
 
 /// What [`load`] needs from the configuration.
@@ -38,7 +39,17 @@ pub struct ModelSettings {
     pub block_size: usize,
     /// `--speculative draft:PATH`: the draft model (`engine.speculation` asks for one).
     pub draft_model: Option<PathBuf>,
+    /// LoRA adapters, when requests may name them (`engine.max_loras` is then their slots).
+    pub lora: Option<LoraSettings>,
     pub engine: EngineConfig,
+}
+
+/// `--lora-modules`, `--max-lora-rank` and `--allow-runtime-lora-updating`.
+#[derive(Debug, Clone)]
+pub struct LoraSettings {
+    pub modules: Vec<(String, PathBuf)>,
+    pub max_rank: usize,
+    pub runtime_updates: bool,
 }
 
 impl ModelSettings {
@@ -57,6 +68,11 @@ impl ModelSettings {
                 Some(Speculative::DraftModel(path)) => Some(path.clone()),
                 _ => None,
             },
+            lora: c.lora_enabled().then(|| LoraSettings {
+                modules: c.lora_modules.0.clone(),
+                max_rank: c.max_lora_rank,
+                runtime_updates: c.allow_runtime_lora_updating,
+            }),
             engine: EngineConfig {
                 max_num_seqs: c.max_num_seqs,
                 max_num_batched_tokens: c.max_num_batched_tokens,
@@ -69,6 +85,7 @@ impl ModelSettings {
                     }
                 }),
                 kv_events: c.kv_events.is_some(),
+                max_loras: if c.lora_enabled() { c.max_loras } else { 0 },
                 ..EngineConfig::default()
             },
         }
@@ -138,6 +155,11 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     } = load_model(&settings.model, settings.weights, settings.kv_cache_dtype)?;
     let context_length = model.config().max_position_embeddings;
     let facts = ModelFacts::of(model.config());
+    let loras = settings
+        .lora
+        .as_ref()
+        .map(|lora| lora_registry(&model, &settings.served_model_name, lora))
+        .transpose()?;
     crate::observe::metrics::record_model(
         facts.parameters as u64,
         facts.active_parameters as u64,
@@ -238,7 +260,34 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     model.tool_call_format = settings.tool_call_parser;
     model.root = source_name(&settings.model);
     model.facts = Some(facts);
+    model.loras = loras.map(Arc::new);
     Ok(Loaded { engine, model })
+}
+
+/// The adapters of `--lora-modules`, each read and checked against `model`; the first that
+/// fails stops the start, naming it. Refused on a GPU: the CUDA forward has no LoRA update.
+fn lora_registry(
+    model: &LlamaModel,
+    base_name: &str,
+    lora: &LoraSettings,
+) -> anyhow::Result<LoraRegistry> {
+    if !model.device().is_cpu() {
+        anyhow::bail!(
+            "LoRA adapters (--lora-modules, --allow-runtime-lora-updating) are not served on a              GPU: sluice's CUDA forward has no LoRA update yet. Serve them with a build without              the `cuda` feature, whose CPU forward runs them"
+        );
+    }
+    let registry = LoraRegistry::new(
+        model.config().clone(),
+        base_name.to_string(),
+        lora.max_rank,
+        lora.runtime_updates,
+    );
+    for (name, path) in &lora.modules {
+        registry
+            .load(name, path)
+            .with_context(|| format!("--lora-modules {name}={}", path.display()))?;
+    }
+    Ok(registry)
 }
 
 /// For a model with sliding-window layers that will share the full pool (on the CPU, where
@@ -393,6 +442,7 @@ mod tests {
             kv_cache_dtype: KvCacheDtype::F16,
             block_size: 16,
             draft_model: None,
+            lora: None,
             engine: EngineConfig::default(),
         };
         let loaded = load(&settings).unwrap();
@@ -424,6 +474,7 @@ mod tests {
             kv_cache_bytes: 4 << 20,
             kv_cache_dtype: KvCacheDtype::F32,
             block_size: 16,
+            lora: None,
             engine: EngineConfig {
                 speculation: draft_model
                     .is_some()

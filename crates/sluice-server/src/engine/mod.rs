@@ -1,7 +1,7 @@
 //! The glue between the HTTP handlers and the engine: the served model and what handlers
 //! share ([`state`]), loading it ([`load`]), an API's fields made into the engine's request
 //! ([`fields`]), requests validated, submitted and their events merged ([`generation`]),
-//! log-probabilities in OpenAI's shapes ([`logprobs`]), and CPU work kept off the async
+//! log-probabilities in OpenAI's shapes ([`logprobs`]), the LoRA adapters served ([`lora`]), and CPU work kept off the async
 //! workers ([`blocking`]). Handlers never touch tensors; this is as close as they get.
 
 pub mod blocking;
@@ -9,4 +9,5 @@ pub mod fields;
 pub mod generation;
 pub mod load;
 pub mod logprobs;
+pub mod lora;
 pub mod state;

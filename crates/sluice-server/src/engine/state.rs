@@ -11,6 +11,7 @@ use sluice_tokenizer::tool_parser::ToolCallFormat;
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::edge::error::ApiError;
+use crate::engine::lora::LoraRegistry;
 use crate::observe::vllm_metrics::{CacheShape, VllmMetrics};
 
 /// The model being served, as handlers see it.
@@ -35,6 +36,8 @@ pub struct ServedModel {
     /// What the loader read of the model (architecture, parameters, experts), for
     /// `/v1/models`; `None` where a test serves a model without loading one.
     pub facts: Option<ModelFacts>,
+    /// The LoRA adapters served beside it; `None` when requests may name none.
+    pub loras: Option<Arc<LoraRegistry>>,
 }
 
 /// What `/v1/models` and `/metrics` say of the served model's shape.
@@ -78,6 +81,7 @@ impl ServedModel {
             tool_call_format: None,
             vllm_metrics,
             facts: None,
+            loras: None,
         }
     }
 

@@ -68,7 +68,7 @@ pub struct Delivery {
 /// logprobs, sampling and output-format fields), and the conversation the chat pipeline is to
 /// run: what [`handler`] generates from and `POST /v1/chat/completions/render` renders.
 pub fn job(model: &ServedModel, mut req: ChatRequest) -> Result<(ChatJob, Delivery), ApiError> {
-    fields::check_model(req.model.as_deref(), model)?;
+    let lora = fields::check_model(req.model.as_deref(), model)?;
     let want_logprobs = req.logprobs.unwrap_or(false);
     let top = req.top_logprobs;
     if top.is_some_and(|k| k > 0) && !want_logprobs {
@@ -79,7 +79,8 @@ pub fn job(model: &ServedModel, mut req: ChatRequest) -> Result<(ChatJob, Delive
     }
     let logprobs = want_logprobs.then(|| top.unwrap_or(0));
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
-    let request = fields::request(&req.sampling(), max_tokens, logprobs)?;
+    let mut request = fields::request(&req.sampling(), max_tokens, logprobs)?;
+    request.lora = lora;
     let names = ParamNames::chat(req.max_completion_tokens.is_some());
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream
@@ -144,7 +145,7 @@ async fn collect(
         id: generation.id.clone(),
         object: "chat.completion",
         created: generation.created,
-        model: generation.model.name.clone(),
+        model: generation.served_as.clone(),
         choices: choices
             .into_iter()
             .zip(logprobs)
@@ -196,7 +197,7 @@ fn chunk(generation: &Generation, choice: ChatChunkChoice, include_usage: bool) 
         id: generation.id.clone(),
         object: "chat.completion.chunk",
         created: generation.created,
-        model: generation.model.name.clone(),
+        model: generation.served_as.clone(),
         choices: vec![choice],
         usage: include_usage.then_some(None),
     })
@@ -292,7 +293,7 @@ fn stream_chunks(
                 id: generation.id.clone(),
                 object: "chat.completion.chunk",
                 created: generation.created,
-                model: generation.model.name.clone(),
+                model: generation.served_as.clone(),
                 choices: Vec::new(),
                 usage: Some(Some(if output.reasoning.is_some() {
                     generation.usage().with_reasoning_tokens(

@@ -85,7 +85,7 @@ pub async fn prepare(
     model: &Arc<ServedModel>,
     mut req: CompletionRequest,
 ) -> Result<PreparedCompletion, ApiError> {
-    fields::check_model(req.model.as_deref(), model)?;
+    let lora = fields::check_model(req.model.as_deref(), model)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid(
             "suffix",
@@ -103,6 +103,7 @@ pub async fn prepare(
     }
     let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let mut request = fields::request(&req.sampling(), Some(max_tokens), logprobs)?;
+    request.lora = lora;
     if let Some(best_of) = req.best_of.filter(|&b| b != request.n) {
         return Err(ApiError::invalid(
             "best_of",
@@ -256,7 +257,7 @@ async fn collect(
         id: generation.id.clone(),
         object: OBJECT,
         created: generation.created,
-        model: generation.model.name.clone(),
+        model: generation.served_as.clone(),
         choices: choices
             .into_iter()
             .enumerate()
@@ -280,7 +281,7 @@ fn chunk(generation: &Generation, choices: Vec<CompletionChoice>) -> CompletionR
         id: generation.id.clone(),
         object: OBJECT,
         created: generation.created,
-        model: generation.model.name.clone(),
+        model: generation.served_as.clone(),
         choices,
         usage: None,
     }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::Json;
 use base64::Engine as _;
-use sluice_engine::{l2_normalize, FinishReason, ValidRequest};
+use sluice_engine::{l2_normalize, FinishReason, LoraRequest, ValidRequest};
 
 use crate::edge::error::{ApiError, ParamNames};
 use crate::edge::field_policy;
@@ -28,7 +28,7 @@ pub async fn handler(
 ) -> Result<Json<EmbeddingResponse>, ApiError> {
     let started = Instant::now();
     let model = state.model()?;
-    fields::check_model(req.model.as_deref(), &model)?;
+    let lora = fields::check_model(req.model.as_deref(), &model)?;
     field_policy::check_extra_fields(&req.extra)?;
     let size = model.engine.embedding_size();
     if let Some(d) = req.dimensions.filter(|&d| d == 0 || d > size) {
@@ -39,7 +39,8 @@ pub async fn handler(
     }
     let tokenize_model = model.clone();
     let input = req.input;
-    let requests = tokenize_blocking(move || validated_inputs(&tokenize_model, input)).await?;
+    let requests =
+        tokenize_blocking(move || validated_inputs(&tokenize_model, input, lora)).await?;
     let mut generation = Generation::submit(
         &state,
         model,
@@ -93,7 +94,7 @@ pub async fn handler(
     Ok(Json(EmbeddingResponse {
         object: "list",
         data,
-        model: generation.model.name.clone(),
+        model: generation.served_as.clone(),
         usage: EmbeddingUsage {
             prompt_tokens,
             total_tokens: prompt_tokens,
@@ -104,7 +105,11 @@ pub async fn handler(
 /// Each input's token ids, validated as an embedding (it must fit one sequence). An empty
 /// input is a 400, as OpenAI's; so is a request of more inputs than the waiting queue holds,
 /// which could never be queued whole.
-fn validated_inputs(model: &ServedModel, input: Prompt) -> Result<Vec<ValidRequest>, ApiError> {
+fn validated_inputs(
+    model: &ServedModel,
+    input: Prompt,
+    lora: Option<LoraRequest>,
+) -> Result<Vec<ValidRequest>, ApiError> {
     let count = match &input {
         Prompt::Text(_) | Prompt::Tokens(_) => 1,
         Prompt::Texts(texts) => texts.len(),
@@ -131,10 +136,12 @@ fn validated_inputs(model: &ServedModel, input: Prompt) -> Result<Vec<ValidReque
     };
     ids.into_iter()
         .map(|ids| {
-            model
-                .engine
-                .validate_embedding(ids?)
-                .map_err(|e| ApiError::from_invalid(e, &ParamNames::EMBEDDINGS))
+            let valid = model.engine.validate_embedding(ids?);
+            let valid = match &lora {
+                Some(lora) => valid.and_then(|v| v.with_adapter(lora.clone())),
+                None => valid,
+            };
+            valid.map_err(|e| ApiError::from_invalid(e, &ParamNames::EMBEDDINGS))
         })
         .collect()
 }

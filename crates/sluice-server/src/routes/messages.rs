@@ -40,7 +40,7 @@ pub async fn handler(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model()?;
-    fields::check_model(Some(&req.model), &model)?;
+    let lora = fields::check_model(Some(&req.model), &model)?;
     let chat_template_kwargs = translate::template_switches(
         model.chat_template.as_ref(),
         &req.extra,
@@ -64,7 +64,8 @@ pub async fn handler(
         stop: req.stop_sequences.map(StopList),
         ..SamplingFields::default()
     };
-    let request = fields::request(&fields, Some(req.max_tokens), None)?;
+    let mut request = fields::request(&fields, Some(req.max_tokens), None)?;
+    request.lora = lora;
     let (tool_choice, parallel_tool_calls) = translate::tool_choice(req.tool_choice);
     let job = ChatJob {
         messages: translate::messages(req.system, req.messages)?,
@@ -124,7 +125,7 @@ fn message(run: &ChatRun, content: Vec<ContentBlockOut>) -> MessagesResponse {
         id: run.generation.id.clone(),
         kind: "message",
         role: "assistant",
-        model: run.generation.model.name.clone(),
+        model: run.generation.served_as.clone(),
         content,
         stop_reason: None,
         stop_sequence: None,

@@ -12,6 +12,7 @@ pub mod chat;
 pub mod completions;
 pub mod embeddings;
 pub mod json;
+pub mod lora;
 pub mod messages;
 pub mod render;
 pub mod responses;
@@ -130,6 +131,8 @@ fn api_routes() -> RouteTable {
             "/v1/responses/{response_id}",
             responses::retrieve,
         )
+        .add(Method::POST, "/v1/load_lora_adapter", lora::load)
+        .add(Method::POST, "/v1/unload_lora_adapter", lora::unload)
         .add(Method::GET, "/v1/models", models::list)
         .add(Method::GET, "/v1/models/{model}", models::retrieve)
         .add(Method::POST, "/tokenize", tokenize::tokenize)

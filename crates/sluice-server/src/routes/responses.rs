@@ -130,7 +130,8 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model()?;
-    fields::check_model(req.model.as_deref(), &model)?;
+    let lora = fields::check_model(req.model.as_deref(), &model)?;
+    let lora_named = lora.is_some();
     field_policy::RESPONSES.check(&req.extra)?;
     let encrypted_reasoning = translate::check_include(req.include.as_deref())?;
     let chat_template_kwargs = thinking::template_kwargs(
@@ -192,7 +193,8 @@ pub async fn create(
         top_p: req.top_p,
         ..SamplingFields::default()
     };
-    let request = fields::request(&fields, req.max_output_tokens, None)?;
+    let mut request = fields::request(&fields, req.max_output_tokens, None)?;
+    request.lora = lora;
     let echo = Echo {
         instructions: req.instructions.clone(),
         max_output_tokens: req.max_output_tokens,
@@ -232,7 +234,11 @@ pub async fn create(
     let context = Context {
         id: id.clone(),
         created_at: crate::engine::state::unix_now(),
-        model: model.name.clone(),
+        model: req
+            .model
+            .clone()
+            .filter(|_| lora_named)
+            .unwrap_or_else(|| model.name.clone()),
         echo,
         conversation,
         store: store.then(|| responses.clone()),

@@ -19,7 +19,7 @@ use sluice_engine::{Engine, EngineConfig};
 use sluice_model::testing::TinyModelSpec;
 use sluice_model::WeightsKind;
 use sluice_server::config::KvCacheDtype;
-use sluice_server::engine::load::{self, ModelSettings};
+use sluice_server::engine::load::{self, LoraSettings, ModelSettings};
 use sluice_server::{router, AppState, HttpSettings, ServedModel};
 use sluice_tokenizer::ChatTemplate;
 use tower::ServiceExt;
@@ -36,7 +36,8 @@ pub fn settings() -> HttpSettings {
     }
 }
 
-fn tiny_model_path() -> PathBuf {
+/// The tiny GGUF model every `tiny_app` serves, written once per test binary.
+pub fn tiny_model_path() -> PathBuf {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -71,6 +72,18 @@ impl TestApp {
         call(&self.app, Method::POST, path, body.into(), &[]).await
     }
 
+    /// GETs and parses the JSON answer.
+    pub async fn get_json(&self, path: &str) -> (StatusCode, Value) {
+        let (status, _, bytes) = self.get(path).await;
+        let value = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            panic!(
+                "{path} answered {status} with a body that is not JSON ({e}): {}",
+                String::from_utf8_lossy(&bytes)
+            )
+        });
+        (status, value)
+    }
+
     /// POSTs JSON and parses the JSON answer.
     pub async fn post_json(&self, path: &str, body: &Value) -> (StatusCode, Value) {
         let (status, _, bytes) = self.post(path, body.to_string()).await;
@@ -97,6 +110,21 @@ pub fn tiny_app_of(http: HttpSettings, spec: &TinyModelSpec, dir: &std::path::Pa
 }
 
 fn tiny_app_from(http: HttpSettings, model: PathBuf) -> TestApp {
+    tiny_app_with(http, model, None, 0)
+}
+
+/// [`tiny_app`] serving LoRA adapters as `sluice serve` does with `lora` (its
+/// `--lora-modules`, `--max-lora-rank`, `--allow-runtime-lora-updating`) and `max_loras`.
+pub fn tiny_app_with_lora(http: HttpSettings, lora: LoraSettings, max_loras: usize) -> TestApp {
+    tiny_app_with(http, tiny_model_path(), Some(lora), max_loras)
+}
+
+fn tiny_app_with(
+    http: HttpSettings,
+    model: PathBuf,
+    lora: Option<LoraSettings>,
+    max_loras: usize,
+) -> TestApp {
     let metrics = sluice_server::observe::metrics::install();
     let loaded = load::load(&ModelSettings {
         model,
@@ -109,8 +137,10 @@ fn tiny_app_from(http: HttpSettings, model: PathBuf) -> TestApp {
         kv_cache_dtype: KvCacheDtype::F32,
         block_size: 16,
         draft_model: None,
+        lora,
         engine: EngineConfig {
             max_num_seqs: 32,
+            max_loras,
             max_num_batched_tokens: 512,
             max_waiting: 256,
             max_model_len: None,

@@ -34,6 +34,8 @@ pub struct CachedBlock {
     /// Null for a sequence's first block.
     pub parent_hash: Option<u64>,
     pub token_ids: Vec<u32>,
+    /// The LoRA adapter whose K/V it holds; null for the base model.
+    pub lora_name: Option<String>,
 }
 
 /// The engine, for either route: a 404 on a server without `--kv-events`.
@@ -66,6 +68,7 @@ pub async fn snapshot(State(state): State<AppState>) -> Result<Json<KvCacheRespo
             hash: b.hash,
             parent_hash: b.parent_hash,
             token_ids: b.token_ids,
+            lora_name: b.lora_name.map(|n| n.to_string()),
         })
         .collect();
     blocks.sort_unstable_by_key(|b| b.hash);

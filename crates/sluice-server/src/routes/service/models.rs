@@ -1,10 +1,12 @@
-//! `GET /v1/models` and `GET /v1/models/{model}`: the one served model.
+//! `GET /v1/models` and `GET /v1/models/{model}`: the served model, then each LoRA adapter
+//! served beside it (its `parent` the base model, as vLLM lists them).
 
 use axum::extract::{Path, State};
 use axum::Json;
 use serde::Serialize;
 
 use crate::edge::error::ApiError;
+use crate::engine::lora::ServedAdapter;
 use crate::engine::state::{AppState, ServedModel};
 
 #[derive(Debug, Serialize)]
@@ -15,8 +17,7 @@ pub struct ModelCard {
     pub owned_by: &'static str,
     /// What the model was loaded from (vLLM's field): the model file's or directory's name.
     pub root: String,
-    /// The base model of an adapter (vLLM's field); null for a base model, as every model
-    /// sluice serves is.
+    /// The base model of a LoRA adapter (vLLM's field); null for the base model.
     pub parent: Option<String>,
     pub max_model_len: usize,
     /// sluice's own: the architecture as GGUF names it (`qwen3moe`; `llama` for Mixtral).
@@ -69,11 +70,31 @@ fn card(model: &ServedModel) -> ModelCard {
     }
 }
 
+/// An adapter's card: the base's context and shape, its own name, load time and root.
+fn adapter_card(model: &ServedModel, name: String, adapter: &ServedAdapter) -> ModelCard {
+    ModelCard {
+        id: name,
+        created: adapter.created,
+        root: adapter.root.clone(),
+        parent: Some(model.name.clone()),
+        ..card(model)
+    }
+}
+
 pub async fn list(State(state): State<AppState>) -> Result<Json<ModelList>, ApiError> {
     let model = state.model()?;
+    let mut data = vec![card(&model)];
+    if let Some(loras) = &model.loras {
+        data.extend(
+            loras
+                .list()
+                .into_iter()
+                .map(|(name, adapter)| adapter_card(&model, name, &adapter)),
+        );
+    }
     Ok(Json(ModelList {
         object: "list",
-        data: vec![card(&model)],
+        data,
     }))
 }
 
@@ -82,8 +103,11 @@ pub async fn retrieve(
     Path(name): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
     let model = state.model()?;
-    if name != model.name {
-        return Err(ApiError::model_not_found(&name));
+    if name == model.name {
+        return Ok(Json(card(&model)));
     }
-    Ok(Json(card(&model)))
+    match model.loras.as_ref().and_then(|loras| loras.get(&name)) {
+        Some(adapter) => Ok(Json(adapter_card(&model, name, &adapter))),
+        None => Err(ApiError::model_not_found(&name)),
+    }
 }
