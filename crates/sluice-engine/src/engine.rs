@@ -171,6 +171,7 @@ impl Engine {
             next_id: 1.into(),
             draining: false.into(),
             stopped: false.into(),
+            lora_usage: Default::default(),
         });
         shared
             .stats

@@ -98,6 +98,17 @@ pub(crate) struct Shared {
     pub draining: AtomicBool,
     /// Set when the engine thread has exited, however it exited (a panic included).
     pub stopped: AtomicBool,
+    /// The LoRA adapters running and waiting sequences use, as of the last step that changed
+    /// them.
+    pub lora_usage: std::sync::Mutex<LoraUsage>,
+}
+
+/// The LoRA adapters in use: by running sequences, and asked for by waiting ones (names,
+/// sorted, without repeats), as vLLM's `vllm:lora_requests_info` reports them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoraUsage {
+    pub running: Vec<Arc<str>>,
+    pub waiting: Vec<Arc<str>>,
 }
 
 /// A snapshot of the engine's counters.
@@ -230,6 +241,15 @@ impl EngineHandle {
     /// ids are ignored.
     pub fn abort(&self, id: RequestId) {
         let _ = self.commands.send(Command::Abort(id));
+    }
+
+    /// The LoRA adapters running and waiting sequences use ([`LoraUsage`]).
+    pub fn lora_usage(&self) -> LoraUsage {
+        self.shared
+            .lora_usage
+            .lock()
+            .map(|u| u.clone())
+            .unwrap_or_default()
     }
 
     pub fn stats(&self) -> EngineStats {

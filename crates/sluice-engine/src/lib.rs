@@ -38,7 +38,7 @@ pub use constraint::{Constraint, ConstraintCompiler, ConstraintError};
 pub use engine::{Engine, EngineConfig, EngineError, ShutdownReport};
 pub use events::{ErrorCause, Event, FinishEvent, Timing, TokenEvent, Usage};
 pub use grammar::{FunctionSpec, GbnfError, Grammar, GrammarError};
-pub use handle::{EngineHandle, EngineStats, RequestStream, SubmitError};
+pub use handle::{EngineHandle, EngineStats, LoraUsage, RequestStream, SubmitError};
 pub use kv_events::{
     kv_event_channel, CachedBlock, KvCacheEvent, KvCacheSnapshot, KvEventBatch, KvEventSender,
 };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::block_manager::PrefixCacheStats;
-use crate::handle::Shared;
+use crate::handle::{LoraUsage, Shared};
 use crate::metrics::EngineMetrics;
 use crate::scheduler::Scheduler;
 use crate::stop::FinishReason;
@@ -27,6 +27,10 @@ pub(crate) struct Telemetry {
     /// The scheduler's cumulative counters at the last publish: metrics get the difference.
     last_prefix: PrefixCacheStats,
     last_preemptions: u64,
+    /// The adapters in use as last published, and this publish's, reused: the shared copy is
+    /// locked and replaced only when they change.
+    lora_usage: LoraUsage,
+    lora_scratch: LoraUsage,
 }
 
 impl Telemetry {
@@ -36,6 +40,25 @@ impl Telemetry {
             metrics,
             last_prefix: PrefixCacheStats::default(),
             last_preemptions: 0,
+            lora_usage: LoraUsage::default(),
+            lora_scratch: LoraUsage::default(),
+        }
+    }
+
+    /// The adapters running and waiting sequences use, when they changed (nothing without
+    /// adapter slots).
+    fn publish_lora_usage<R, S>(&mut self, scheduler: &Scheduler<R, S>) {
+        if scheduler.config().max_loras == 0 {
+            return;
+        }
+        let scratch = &mut self.lora_scratch;
+        scheduler.adapters_in_use(&mut scratch.running, &mut scratch.waiting);
+        if *scratch == self.lora_usage {
+            return;
+        }
+        std::mem::swap(&mut self.lora_usage, &mut self.lora_scratch);
+        if let Ok(mut shared) = self.shared.lora_usage.lock() {
+            shared.clone_from(&self.lora_usage);
         }
     }
 
@@ -51,6 +74,7 @@ impl Telemetry {
     /// Everything, counters and gauges included.
     pub fn publish<R, S>(&mut self, scheduler: &Scheduler<R, S>) {
         self.publish_counts(scheduler);
+        self.publish_lora_usage(scheduler);
         let s = &self.shared.stats;
         let preemptions = scheduler.num_preemptions();
         s.preemptions.store(preemptions, Ordering::Release);

@@ -428,6 +428,10 @@ fn an_adapter_waits_for_a_free_slot_and_never_evicts_a_running_one() {
         [vec![1u16; 20], vec![0u16; 20]].concat()
     );
     assert_eq!(d.sched.num_waiting(), 1);
+    let (mut running, mut waiting) = (Vec::new(), Vec::new());
+    d.sched.adapters_in_use(&mut running, &mut waiting);
+    assert_eq!((&*running[0], &*waiting[0]), ("adapter-1", "adapter-2"));
+    assert_eq!((running.len(), waiting.len()), (1, 1));
     // While adapter 1 runs, its slot is never handed to adapter 2.
     while d.sched.get(seq(1)).is_some() {
         let out = d.sched.schedule();

@@ -601,7 +601,9 @@ impl<'de> Deserialize<'de> for LoraModules {
             Raw::One(s) => s,
             Raw::Many(v) => v.join(","),
         };
-        Self::parse(&all).map(Self).map_err(serde::de::Error::custom)
+        Self::parse(&all)
+            .map(Self)
+            .map_err(serde::de::Error::custom)
     }
 }
 

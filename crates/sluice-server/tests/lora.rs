@@ -20,7 +20,7 @@ use sluice_server::engine::load::LoraSettings;
 /// A random rank-`rank` adapter of the tiny model, on every projection, strong enough to move
 /// its greedy tokens: `adapter-SEED.gguf` in `dir`.
 fn write_adapter(dir: &Path, seed: u64, rank: usize) -> PathBuf {
-    let config = LlamaModel::load(&tiny_model_path(), &LoadOptions::default())
+    let config = LlamaModel::load(tiny_model_path(), &LoadOptions::default())
         .unwrap()
         .config()
         .clone();
@@ -76,10 +76,31 @@ async fn models_lists_each_adapter_under_its_base() {
     for m in &data[1..] {
         assert_eq!(m["parent"], TINY_NAME);
         assert!(m["root"].as_str().unwrap().ends_with(".gguf"), "{m}");
-        assert!(!m["root"].as_str().unwrap().contains('/'), "no host path: {m}");
+        assert!(
+            !m["root"].as_str().unwrap().contains('/'),
+            "no host path: {m}"
+        );
     }
     let (status, v) = t.get_json("/v1/models/lora-2").await;
-    assert_eq!((status, v["parent"].as_str()), (StatusCode::OK, Some(TINY_NAME)));
+    assert_eq!(
+        (status, v["parent"].as_str()),
+        (StatusCode::OK, Some(TINY_NAME))
+    );
+    // The inference extension's LoRA-affinity scorer reads this gauge.
+    complete(&t, "lora-1", "hi").await;
+    let (_, _, metrics) = t.get("/metrics").await;
+    let metrics = String::from_utf8(metrics.to_vec()).unwrap();
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("vllm:lora_requests_info{"))
+        .unwrap_or_else(|| panic!("no vllm:lora_requests_info in {metrics}"));
+    for label in [
+        "max_lora=\"2\"",
+        "running_lora_adapters=\"\"",
+        "waiting_lora_adapters=\"\"",
+    ] {
+        assert!(line.contains(label), "{label} in {line}");
+    }
 }
 
 #[tokio::test]
@@ -121,7 +142,10 @@ async fn the_model_field_picks_an_adapter_on_every_api() {
     let (status, e_lora) = t.post_json("/v1/embeddings", &embed("lora-1")).await;
     assert_eq!(status, StatusCode::OK, "{e_lora}");
     assert_eq!(e_lora["model"], "lora-1");
-    assert_ne!(e_base["data"][0]["embedding"], e_lora["data"][0]["embedding"]);
+    assert_ne!(
+        e_base["data"][0]["embedding"],
+        e_lora["data"][0]["embedding"]
+    );
 
     // Unknown names: OpenAI's 404 on the OpenAI routes, Anthropic's on Messages.
     let (status, v) = t.post_json("/v1/chat/completions", &chat("lora-9")).await;
@@ -156,9 +180,11 @@ async fn mixed_adapters_answer_what_each_answers_alone() {
     for (model, prompt) in &jobs {
         alone.push(complete(&t, model, prompt).await);
     }
-    let together =
-        futures_util::future::join_all(jobs.iter().map(|(model, prompt)| complete(&t, model, prompt)))
-            .await;
+    let together = futures_util::future::join_all(
+        jobs.iter()
+            .map(|(model, prompt)| complete(&t, model, prompt)),
+    )
+    .await;
     assert_eq!(alone, together);
 }
 
@@ -198,7 +224,9 @@ async fn adapters_load_and_unload_while_serving_and_bad_ones_are_refused() {
         (missing.as_path(), "missing.gguf"),
         (not_lora.as_path(), "adapter"),
     ] {
-        let (status, v) = t.post_json("/v1/load_lora_adapter", &load("bad", path)).await;
+        let (status, v) = t
+            .post_json("/v1/load_lora_adapter", &load("bad", path))
+            .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
         let message = v["error"]["message"].as_str().unwrap();
         assert!(message.contains(words), "{words}: {message}");

@@ -437,6 +437,34 @@ impl<R, S> Scheduler<R, S> {
             .map(|(i, s)| (i as u16 + 1, s.lora, s.running))
     }
 
+    /// The names of the adapters running sequences use, and of those waiting sequences ask
+    /// for, each sorted without repeats (both vectors are cleared first).
+    pub fn adapters_in_use(
+        &self,
+        running: &mut Vec<std::sync::Arc<str>>,
+        waiting: &mut Vec<std::sync::Arc<str>>,
+    ) {
+        running.clear();
+        waiting.clear();
+        if self.config.max_loras == 0 {
+            return;
+        }
+        for &slot in &self.running {
+            if let Some(a) = self.slots[slot].as_ref().and_then(|s| s.adapter()) {
+                running.push(a.name.clone());
+            }
+        }
+        for &slot in &self.waiting {
+            if let Some(a) = self.slots[slot].as_ref().and_then(|s| s.adapter()) {
+                waiting.push(a.name.clone());
+            }
+        }
+        for names in [running, waiting] {
+            names.sort_unstable();
+            names.dedup();
+        }
+    }
+
     /// The adapter slot a waiting sequence with adapter `lora` would run in: the one holding
     /// it, else the free slot (no running sequence) unused longest; `None` when every slot
     /// holds another adapter that running sequences use. 0 for the base model.

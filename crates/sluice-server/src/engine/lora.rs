@@ -89,7 +89,9 @@ impl LoraRegistry {
                 },
                 adapter: Arc::new(adapter),
             },
-            created: crate::engine::state::unix_now(),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             root: file_name(path),
         };
         let mut adapters = self.adapters.write().unwrap_or_else(|e| e.into_inner());
@@ -144,6 +146,8 @@ impl LoraRegistry {
 
 fn file_name(path: &Path) -> String {
     let path: PathBuf = path.components().collect();
-    path.file_name()
-        .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }

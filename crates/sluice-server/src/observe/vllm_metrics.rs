@@ -24,7 +24,11 @@
 //! labels that mean something here (`block_size`, `num_gpu_blocks`: the blocks of the KV cache,
 //! in host memory on a CPU; `enable_prefix_caching`, always `True`), with vLLM's spelling of the
 //! values (Python's `str`), and `model_name` as well, which vLLM's lacks.
-//! `vllm:lora_requests_info` is not exported: sluice serves no LoRA adapters.
+//! `vllm:lora_requests_info` (a gauge whose value is the Unix time it was last set, vLLM's
+//! convention) is exported where LoRA adapters are served: its labels `running_lora_adapters`
+//! and `waiting_lora_adapters` (the adapters running and waiting sequences use, names
+//! comma-separated) and `max_lora` (`--max-loras`) are what the inference extension's
+//! LoRA-affinity scorer reads. Each scrape sets the series of the current labels.
 //!
 //! Nothing here is measured anew. The engine publishes its counts once per step into the
 //! counters its handle reads ([`EngineStats`], the numbers behind the `sluice_*` metrics); each
@@ -32,7 +36,7 @@
 //! engine's step pays nothing for them and the two families cannot disagree on a quantity.
 
 use metrics::{counter, describe_counter, describe_gauge, gauge, Counter, Gauge, Unit};
-use sluice_engine::{EngineHandle, EngineStats};
+use sluice_engine::{EngineHandle, EngineStats, LoraUsage};
 
 pub const NUM_REQUESTS_RUNNING: &str = "vllm:num_requests_running";
 pub const NUM_REQUESTS_WAITING: &str = "vllm:num_requests_waiting";
@@ -46,6 +50,7 @@ pub const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
 pub const SPEC_DECODE_NUM_DRAFTS: &str = "vllm:spec_decode_num_drafts_total";
 pub const SPEC_DECODE_NUM_DRAFT_TOKENS: &str = "vllm:spec_decode_num_draft_tokens_total";
 pub const SPEC_DECODE_NUM_ACCEPTED_TOKENS: &str = "vllm:spec_decode_num_accepted_tokens_total";
+pub const LORA_REQUESTS_INFO: &str = "vllm:lora_requests_info";
 
 /// Every name above.
 pub const ALL: [&str; 12] = [
@@ -161,6 +166,10 @@ impl VllmMetrics {
             "Number of accepted tokens."
         );
         describe_gauge!(
+            LORA_REQUESTS_INFO,
+            "Running stats on LoRA requests (its value the Unix time it was set)."
+        );
+        describe_gauge!(
             CACHE_CONFIG_INFO,
             "Information of the KV cache's configuration (always 1)."
         );
@@ -200,6 +209,23 @@ impl VllmMetrics {
                 counter!(SPEC_DECODE_NUM_ACCEPTED_TOKENS, &labels()),
             ],
         }
+    }
+
+    /// Sets `vllm:lora_requests_info` for the adapters in use now (at each scrape, where LoRA
+    /// adapters are served): its value the time, its labels the adapters.
+    pub fn update_lora(usage: &LoraUsage, max_loras: usize) {
+        let names =
+            |v: &[std::sync::Arc<str>]| v.iter().map(|n| &**n).collect::<Vec<&str>>().join(",");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        gauge!(
+            LORA_REQUESTS_INFO,
+            "running_lora_adapters" => names(&usage.running),
+            "waiting_lora_adapters" => names(&usage.waiting),
+            "max_lora" => max_loras.to_string(),
+        )
+        .set(now);
     }
 
     /// Copies the engine's published counts into the series (at each scrape). The prefix

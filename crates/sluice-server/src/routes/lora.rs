@@ -77,7 +77,9 @@ pub async fn load(
         .await
         .map_err(|e| ApiError::internal(format!("Loading the adapter failed: {e}")))?
         .map_err(api_error)?;
-    Ok(format!("Success: LoRA adapter '{name}' added successfully."))
+    Ok(format!(
+        "Success: LoRA adapter '{name}' added successfully."
+    ))
 }
 
 pub async fn unload(

@@ -11,6 +11,13 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     // as fresh as the `sluice_*` series they render beside.
     if let Some(model) = state.loaded_model() {
         model.vllm_metrics.update(&model.engine.stats());
+        let max_loras = model.limits().max_loras;
+        if model.loras.is_some() && max_loras > 0 {
+            crate::observe::vllm_metrics::VllmMetrics::update_lora(
+                &model.engine.lora_usage(),
+                max_loras,
+            );
+        }
     }
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
