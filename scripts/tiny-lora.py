@@ -14,7 +14,8 @@ are permuted as llama.cpp's converters permute llama Q/K weights (its base file'
 `convert_lora_to_gguf.py`'s); the PEFT copy keeps Hugging Face's order.
 
 Deterministic: each tensor has its own numpy PCG64 stream seeded from the sha256 of
-"smollm2-r16/NAME" (first 8 bytes, little-endian), values uniform on [-a, a]: A's a is
+"smollm2-r16/NAME" (first 8 bytes, little-endian; `--name` changes the prefix, the files' names
+with it: `--name smollm2-r16-b` is a second adapter of other numbers), values uniform on [-a, a]: A's a is
 1/sqrt(in) (unit-sized projections of the input), B's 0.1, so that alpha/rank = 2 moves the
 base's logits by a few tenths of a nat and the greedy text changes but stays text.
 """
@@ -80,10 +81,14 @@ def base_shape(path):
 
 
 def main():
+    global NAME
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", required=True, help="SmolLM2-135M-Instruct GGUF (for its shapes)")
     ap.add_argument("--out", required=True, help="folder for the adapter files")
+    ap.add_argument("--name", default=NAME,
+                    help="file names and seed prefix: another name, other numbers [default: smollm2-r16]")
     args = ap.parse_args()
+    NAME = args.name
     layers, heads, kv_heads, shapes = base_shape(args.base)
     os.makedirs(args.out, exist_ok=True)
 
