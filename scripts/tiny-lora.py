@@ -65,8 +65,9 @@ def base_shape(path):
     def val(key):
         return r.fields[key].contents()
 
-    hidden, inter = val("llama.embedding_length"), val("llama.feed_forward_length")
-    heads, kv_heads, layers = val("llama.attention.head_count"), val("llama.attention.head_count_kv"), val("llama.block_count")
+    arch = val("general.architecture")
+    hidden, inter = val(f"{arch}.embedding_length"), val(f"{arch}.feed_forward_length")
+    heads, kv_heads, layers = val(f"{arch}.attention.head_count"), val(f"{arch}.attention.head_count_kv"), val(f"{arch}.block_count")
     head_dim = hidden // heads
     shapes = {  # (in, out)
         "attn_q": (hidden, heads * head_dim),
@@ -77,23 +78,24 @@ def base_shape(path):
         "ffn_up": (hidden, inter),
         "ffn_down": (inter, hidden),
     }
-    return layers, heads, kv_heads, shapes
+    return arch, layers, heads, kv_heads, shapes
 
 
 def main():
     global NAME
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", required=True, help="SmolLM2-135M-Instruct GGUF (for its shapes)")
+    ap.add_argument("--base", required=True,
+                    help="the base GGUF, for its shapes (SmolLM2-135M-Instruct; any llama or qwen2 file)")
     ap.add_argument("--out", required=True, help="folder for the adapter files")
     ap.add_argument("--name", default=NAME,
                     help="file names and seed prefix: another name, other numbers [default: smollm2-r16]")
     args = ap.parse_args()
     NAME = args.name
-    layers, heads, kv_heads, shapes = base_shape(args.base)
+    arch, layers, heads, kv_heads, shapes = base_shape(args.base)
     os.makedirs(args.out, exist_ok=True)
 
     gguf_path = os.path.join(args.out, f"{NAME}.gguf")
-    w = gguf.GGUFWriter(gguf_path + ".tmp", "llama")
+    w = gguf.GGUFWriter(gguf_path + ".tmp", arch)
     w.add_type(gguf.GGUFType.ADAPTER)
     w.add_string(gguf.Keys.Adapter.TYPE, "lora")
     w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, ALPHA)
@@ -105,9 +107,10 @@ def main():
             b = draw(f"blk.{i}.{short}.lora_b", (outputs, RANK), B_HALF_WIDTH)
             peft.append((f"base_model.model.model.layers.{i}.{module}.lora_A.weight", a))
             peft.append((f"base_model.model.model.layers.{i}.{module}.lora_B.weight", b))
-            if short == "attn_q":
+            # Only llama's Q/K rows are permuted by llama.cpp's converters (qwen2's are not).
+            if arch == "llama" and short == "attn_q":
                 b = permute(b, heads)
-            elif short == "attn_k":
+            elif arch == "llama" and short == "attn_k":
                 b = permute(b, kv_heads)
             w.add_tensor(f"blk.{i}.{short}.weight.lora_a", a)
             w.add_tensor(f"blk.{i}.{short}.weight.lora_b", np.ascontiguousarray(b))

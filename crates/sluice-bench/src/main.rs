@@ -36,7 +36,8 @@ pub struct Args {
     /// Server base URL (the part before `/v1/completions`).
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     base_url: String,
-    /// Model name to send; default: the first model the server lists.
+    /// Model name to send; default: the first model the server lists. Several, comma-separated
+    /// (a server's LoRA adapters): the requests name them in turn.
     #[arg(long)]
     model: Option<String>,
     /// Bearer API key, if the server wants one.
@@ -380,6 +381,14 @@ mod tests {
             .unwrap()
             .workload("m".into())
             .is_err());
+    }
+
+    /// Several models (a server's LoRA adapters): the requests name them in turn.
+    #[test]
+    fn requests_name_several_models_in_turn() {
+        let w = args(&[]).unwrap().workload("a,b,c".into()).unwrap();
+        let names: Vec<_> = (0..5).map(|i| w.request(i).body["model"].clone()).collect();
+        assert_eq!(names, ["a", "b", "c", "a", "b"]);
     }
 
     #[test]

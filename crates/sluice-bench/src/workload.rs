@@ -24,6 +24,8 @@ pub enum Load {
 }
 
 pub struct Workload {
+    /// `model` of each request, in turn: the `i`-th request names `model[i % len]` (several:
+    /// LoRA adapters of one server, spread over the requests).
     pub model: String,
     pub prompt_tokens: (usize, usize),
     pub output_tokens: (usize, usize),
@@ -102,8 +104,9 @@ impl Workload {
             StdRng::seed_from_u64(self.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let p = rng.gen_range(self.prompt_tokens.0..=self.prompt_tokens.1);
         let o = rng.gen_range(self.output_tokens.0..=self.output_tokens.1);
+        let names = self.model.split(',').collect::<Vec<_>>();
         let mut body = json!({
-            "model": self.model,
+            "model": names[i % names.len()],
             "max_tokens": o,
             "temperature": self.temperature,
             "stream": true,
