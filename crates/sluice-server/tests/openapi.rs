@@ -124,6 +124,10 @@ async fn the_document_is_served_at_openapi_json() {
 /// POST routes that read no body (vLLM's `reset_prefix_cache`).
 const BODILESS_POSTS: [&str; 1] = ["/reset_prefix_cache"];
 
+/// vLLM's LoRA routes: served only with `--allow-runtime-lora-updating`, which the tiny app
+/// lacks, so a valid body gets their documented 404 (tests/lora.rs runs them switched on).
+const RUNTIME_LORA_POSTS: [&str; 2] = ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"];
+
 /// A body the route accepts (200), for every POST route that reads one.
 fn valid_body(path: &str) -> Value {
     match path {
@@ -139,6 +143,8 @@ fn valid_body(path: &str) -> Value {
         "/v1/embeddings" => json!({"input": "hi"}),
         "/tokenize" => json!({"prompt": "hi"}),
         "/detokenize" => json!({"tokens": [104, 105]}),
+        "/v1/load_lora_adapter" => json!({"lora_name": "x", "lora_path": "/none"}),
+        "/v1/unload_lora_adapter" => json!({"lora_name": "x"}),
         other => panic!("no valid body known for POST {other}: add one"),
     }
 }
@@ -163,6 +169,13 @@ async fn every_operation_answers_with_a_documented_status() {
         let mut cases: Vec<(String, Body, StatusCode)> = Vec::new();
         if method == Method::POST && BODILESS_POSTS.contains(&path) {
             cases.push((concrete.clone(), Body::empty(), StatusCode::OK));
+        } else if method == Method::POST && RUNTIME_LORA_POSTS.contains(&path) {
+            cases.push((
+                concrete.clone(),
+                Body::from(valid_body(path).to_string()),
+                StatusCode::NOT_FOUND,
+            ));
+            cases.push((concrete.clone(), Body::from("{"), StatusCode::BAD_REQUEST));
         } else if method == Method::POST {
             cases.push((
                 concrete.clone(),
