@@ -638,7 +638,9 @@ pub(crate) struct StepLoras<'a> {
 impl StepLoras<'_> {
     /// Adds each adapted row's update to `out` (`[rows, n]`: a base projection's output, whose
     /// columns from `parts[i].1` on are `parts[i].0`'s), from that row of `x` (`[rows,
-    /// inputs]`). Row by row, in a fixed order: a row's result is the same in any batch.
+    /// inputs]`). Each adapter's rows are updated together ([`LowRank::add_rows`]), so its A
+    /// and B are read once a step, not once a row; every element is the same dot products in
+    /// the same order as a row alone, so a row's result is the same in any batch.
     pub fn add(
         &self,
         layer: usize,
@@ -650,42 +652,120 @@ impl StepLoras<'_> {
         if self.slots.is_empty() {
             return;
         }
-        let rows = out.len() / n;
-        let inputs = x.len() / rows;
-        out.par_chunks_mut(n)
-            .zip(x.par_chunks(inputs))
-            .zip(self.slots.par_iter())
-            .for_each(|((out, x), &slot)| {
-                let Some(adapter) = slot
-                    .checked_sub(1)
-                    .and_then(|s| self.adapters.get(s as usize))
-                    .and_then(Option::as_deref)
-                else {
-                    return;
-                };
-                for &(projection, offset) in parts {
-                    if let Some(u) = adapter.update(layer, projection) {
-                        u.add_row(adapter.scale, x, &mut out[offset..offset + u.outputs]);
-                    }
+        for (i, adapter) in self.adapters.iter().enumerate() {
+            let Some(adapter) = adapter.as_deref() else {
+                continue;
+            };
+            let slot = i as u16 + 1;
+            if !self.slots.contains(&slot) {
+                continue;
+            }
+            for &(projection, offset) in parts {
+                if let Some(u) = adapter.update(layer, projection) {
+                    let rows = Rows {
+                        slots: self.slots,
+                        slot,
+                    };
+                    u.add_rows(adapter.scale, rows, x, out, n, offset);
                 }
-            });
+            }
+        }
     }
 }
 
-/// Most ranks [`LowRank::add_row`] keeps on the stack.
+/// The rows of a step one adapter updates: those whose slot is `slot`.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    slots: &'a [u16],
+    slot: u16,
+}
+
+impl Rows<'_> {
+    fn has(&self, row: usize) -> bool {
+        self.slots[row] == self.slot
+    }
+}
+
+/// Most ranks an adapter may have ([`LoraAdapter::load`] refuses more).
 pub const MAX_RANK: usize = 512;
 
+/// Output columns one task of [`LowRank::add_rows`]'s second product computes.
+const COLUMNS_PER_TASK: usize = 64;
+
+thread_local! {
+    /// [`LowRank::add_rows`]'s intermediates, kept from call to call: `A x` by rank then row,
+    /// the same by row then rank, and the update by column then row.
+    static SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = Default::default();
+}
+
 impl LowRank {
-    /// `out += scale * B (A x)` for one row.
-    fn add_row(&self, scale: f32, x: &[f32], out: &mut [f32]) {
-        let mut t = [0f32; MAX_RANK];
-        let t = &mut t[..self.rank];
-        for (k, t) in t.iter_mut().enumerate() {
-            *t = dot(&self.a[k * self.inputs..][..self.inputs], x);
+    /// `out[row] += scale * B (A x[row])` for every row of `rows`, `x` `[rows, inputs]` and
+    /// `out` `[rows, n]` (this update's columns from `offset`). Parallel over A's rows, then
+    /// over B's: each is read once for all the rows. Every element is `dot(A_k, x_row)`, then
+    /// `out + scale * dot(B_o, t_row)`, as for one row alone.
+    fn add_rows(
+        &self,
+        scale: f32,
+        rows: Rows<'_>,
+        x: &[f32],
+        out: &mut [f32],
+        n: usize,
+        offset: usize,
+    ) {
+        let count = rows.slots.len();
+        let (inputs, rank) = (self.inputs, self.rank);
+        // Taken out for the call and put back after: a rayon worker waiting in this call's
+        // parallel loops may run another step's call on the same thread.
+        let [mut by_rank, mut by_row, mut delta] =
+            SCRATCH.with(|scratch| std::mem::take(&mut *scratch.borrow_mut()));
+        {
+            by_rank.clear();
+            by_rank.resize(rank * count, 0.0);
+            by_rank
+                .par_chunks_mut(count)
+                .enumerate()
+                .for_each(|(k, t)| {
+                    let a = &self.a[k * inputs..][..inputs];
+                    for (row, t) in t.iter_mut().enumerate() {
+                        if rows.has(row) {
+                            *t = dot(a, &x[row * inputs..][..inputs]);
+                        }
+                    }
+                });
+            by_row.clear();
+            by_row.resize(count * rank, 0.0);
+            for (row, t) in by_row.chunks_exact_mut(rank).enumerate() {
+                for (k, t) in t.iter_mut().enumerate() {
+                    *t = by_rank[k * count + row];
+                }
+            }
+            delta.clear();
+            delta.resize(self.outputs * count, 0.0);
+            delta
+                .par_chunks_mut(COLUMNS_PER_TASK * count)
+                .enumerate()
+                .for_each(|(chunk, d)| {
+                    for (j, d) in d.chunks_exact_mut(count).enumerate() {
+                        let o = chunk * COLUMNS_PER_TASK + j;
+                        let b = &self.b[o * rank..][..rank];
+                        for (row, d) in d.iter_mut().enumerate() {
+                            if rows.has(row) {
+                                *d = scale * dot(b, &by_row[row * rank..][..rank]);
+                            }
+                        }
+                    }
+                });
+            for (row, out) in out.chunks_exact_mut(n).enumerate() {
+                if !rows.has(row) {
+                    continue;
+                }
+                let out = &mut out[offset..offset + self.outputs];
+                for (o, out) in out.iter_mut().enumerate() {
+                    *out += delta[o * count + row];
+                }
+            }
         }
-        for (o, out) in out.iter_mut().enumerate() {
-            *out += scale * dot(&self.b[o * self.rank..][..self.rank], t);
-        }
+        SCRATCH.with(|scratch| *scratch.borrow_mut() = [by_rank, by_row, delta]);
     }
 }
 
