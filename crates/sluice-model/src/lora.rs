@@ -689,6 +689,11 @@ impl Rows<'_> {
 /// Most ranks an adapter may have ([`LoraAdapter::load`] refuses more).
 pub const MAX_RANK: usize = 512;
 
+/// Rows of one adapter up to which [`LowRank::add_rows`] reads A and B once for all of them,
+/// split over their columns (decode steps); past it each row is one task that reads them
+/// itself, from the cache (prefill chunks: the rows' inputs are then the larger stream).
+const GROUPED_ROWS: usize = 32;
+
 /// Output columns one task of [`LowRank::add_rows`]'s second product computes.
 const COLUMNS_PER_TASK: usize = 64;
 
@@ -714,6 +719,16 @@ impl LowRank {
     ) {
         let count = rows.slots.len();
         let (inputs, rank) = (self.inputs, self.rank);
+        if (0..count).filter(|&r| rows.has(r)).count() > GROUPED_ROWS {
+            out.par_chunks_mut(n)
+                .zip(x.par_chunks(inputs))
+                .enumerate()
+                .filter(|(row, _)| rows.has(*row))
+                .for_each(|(_, (out, x))| {
+                    self.add_row(scale, x, &mut out[offset..offset + self.outputs]);
+                });
+            return;
+        }
         // Taken out for the call and put back after: a rayon worker waiting in this call's
         // parallel loops may run another step's call on the same thread.
         let [mut by_rank, mut by_row, mut delta] =
@@ -766,6 +781,21 @@ impl LowRank {
             }
         }
         SCRATCH.with(|scratch| *scratch.borrow_mut() = [by_rank, by_row, delta]);
+    }
+}
+
+impl LowRank {
+    /// `out += scale * B (A x)` for one row: the same dot products, in the same order, as
+    /// [`LowRank::add_rows`]'s grouped path computes for each of its rows.
+    fn add_row(&self, scale: f32, x: &[f32], out: &mut [f32]) {
+        let mut t = [0f32; MAX_RANK];
+        let t = &mut t[..self.rank];
+        for (k, t) in t.iter_mut().enumerate() {
+            *t = dot(&self.a[k * self.inputs..][..self.inputs], x);
+        }
+        for (o, out) in out.iter_mut().enumerate() {
+            *out += scale * dot(&self.b[o * self.rank..][..self.rank], t);
+        }
     }
 }
 
