@@ -690,9 +690,11 @@ impl Rows<'_> {
 pub const MAX_RANK: usize = 512;
 
 /// Rows of one adapter up to which [`LowRank::add_rows`] reads A and B once for all of them,
-/// split over their columns (decode steps); past it each row is one task that reads them
-/// itself, from the cache (prefill chunks: the rows' inputs are then the larger stream).
-const GROUPED_ROWS: usize = 32;
+/// split over their columns; past it each row is one task that reads them itself. Measured on
+/// Qwen2.5-1.5B, rank 16, 2 cores (BENCHMARKS.md): the split pays for one row (a lone decode
+/// row would otherwise run on one core), while 16 decode rows or a prefill chunk run faster a
+/// row a task (A and B stay in the cache; the split's many small tasks cost more).
+const GROUPED_ROWS: usize = 1;
 
 /// Output columns one task of [`LowRank::add_rows`]'s second product computes.
 const COLUMNS_PER_TASK: usize = 64;
