@@ -15,19 +15,23 @@ use sluice_model::testing::{TinyModelSpec, TINY_GEMMA_WINDOW};
 use sluice_model::{Architecture, KvPools, LlamaModel, LoadOptions, PagedLlama, WeightsKind};
 use sluice_tokenizer::Tokenizer;
 
+/// The tiny Gemma 3 file, written once per process: the tests run in parallel, and one that
+/// found another's file half-written would read a truncated header.
 fn tiny_gemma() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sluice-window-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("gemma3.gguf");
-    if !path.is_file() {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("sluice-window-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gemma3.gguf");
         let spec = TinyModelSpec {
             architecture: Architecture::Gemma3,
             head_dim: Some(32),
             ..TinyModelSpec::default()
         };
         spec.write_gguf(&path).unwrap();
-    }
-    path
+        path
+    })
+    .clone()
 }
 
 /// An engine whose cache has `num_blocks` blocks of `block_size` tokens, and a window pool of
