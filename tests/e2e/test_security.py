@@ -28,6 +28,9 @@ BODIES = {
     "/v1/messages/count_tokens": {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}]},
     "/tokenize": {"prompt": "Hello"},
     "/detokenize": {"tokens": [19556]},
+    # vLLM's runtime LoRA routes (the keyed server allows them): loaded, then unloaded.
+    "/v1/load_lora_adapter": {"lora_name": "sec", "lora_path": str(ROOT / "models/lora/smollm2-r16.gguf")},
+    "/v1/unload_lora_adapter": {"lora_name": "sec"},
 }
 # Keyed routes that read no body: the prefix cache's (served with --kv-events).
 BODILESS = {"/debug/kv_cache", "/reset_prefix_cache"}
@@ -49,10 +52,11 @@ def call(
 
 @pytest.fixture(scope="module")
 def keyed():
-    # --kv-events: the prefix cache's routes are served (behind the key) only with it.
+    # --kv-events: the prefix cache's routes are served (behind the key) only with it; so are
+    # the LoRA routes with --allow-runtime-lora-updating.
     srv = SluiceServer(
         "--api-key", KEY, "--kv-cache-memory", "128MiB",
-        "--kv-events", f"tcp://*:{free_port()}", name="keyed",
+        "--kv-events", f"tcp://*:{free_port()}", "--allow-runtime-lora-updating", name="keyed",
     )
     try:
         yield srv.start()
@@ -77,7 +81,7 @@ def test_every_api_route_needs_the_key_and_probes_stay_open(keyed):
     api = [
         (m, p) for m, p in operations() if p.startswith("/v1/") or p in BODIES or p in BODILESS
     ]
-    assert len(api) == 15, api
+    assert len(api) == 17, api
     # A stored response for GET /v1/responses/{response_id} to find.
     stored = call(keyed.url, "post", "/v1/responses", KEY).json()["id"]
     for method, path in api:
