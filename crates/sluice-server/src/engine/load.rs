@@ -273,7 +273,9 @@ fn lora_registry(
 ) -> anyhow::Result<LoraRegistry> {
     if !model.device().is_cpu() {
         anyhow::bail!(
-            "LoRA adapters (--lora-modules, --allow-runtime-lora-updating) are not served on a              GPU: sluice's CUDA forward has no LoRA update yet. Serve them with a build without              the `cuda` feature, whose CPU forward runs them"
+            "LoRA adapters (--lora-modules, --allow-runtime-lora-updating) are not served on a GPU: \
+             sluice's CUDA forward has no LoRA update yet. Serve them with a build without the \
+             `cuda` feature, whose CPU forward runs them"
         );
     }
     let registry = LoraRegistry::new(
