@@ -539,17 +539,23 @@ impl FromStr for OriginList {
 
 impl<'de> Deserialize<'de> for OriginList {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            One(String),
-            Many(Vec<String>),
-        }
-        Ok(match Raw::deserialize(d)? {
-            Raw::One(s) => Self(split_origins(&s)),
-            Raw::Many(v) => Self(v.iter().flat_map(|s| split_origins(s)).collect()),
-        })
+        Ok(Self(split_origins(&one_or_many(d)?)))
     }
+}
+
+/// A file key written as one comma-separated string or as a list of them: the list joined by
+/// commas, so both parse alike.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match Raw::deserialize(d)? {
+        Raw::One(s) => s,
+        Raw::Many(v) => v.join(","),
+    })
 }
 
 /// `--lora-modules`: adapters by name, `NAME=PATH` comma-separated (in the file, one string or
@@ -591,17 +597,7 @@ impl From<LoraModules> for String {
 
 impl<'de> Deserialize<'de> for LoraModules {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            One(String),
-            Many(Vec<String>),
-        }
-        let all = match Raw::deserialize(d)? {
-            Raw::One(s) => s,
-            Raw::Many(v) => v.join(","),
-        };
-        Self::parse(&all)
+        Self::parse(&one_or_many(d)?)
             .map(Self)
             .map_err(serde::de::Error::custom)
     }
