@@ -9,6 +9,9 @@
 //! row each (speculative decoding's verification of `n - 1` guesses; empty by default);
 //! `SLUICE_BENCH_TIER=avx2` (`avx512`, `vnni`, `amx`) keeps every kernel at or below that tier,
 //! to time what a CPU with only those instructions runs.
+//! `SLUICE_BENCH_LORA=a.gguf,b.gguf` loads those LoRA adapters into slots 1.. and gives
+//! decode sequence `s` the adapter `s % n` (the prefill and verification steps the first):
+//! the low-rank update's cost is the difference from the same run without.
 //! Times are the median and the fastest run (the shared 2-core host is often busy). For a
 //! mixture of experts the last column is the share of the experts' weights a step read (experts
 //! at least one row chose, over every layer's experts); `-` for a dense model.
@@ -21,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use sluice_kernels::cpu::KernelTier;
 use sluice_model::{
-    KvCache, KvDtype, LlamaModel, LoadOptions, StepBatch, StepScratch, WeightsKind,
+    KvCache, KvDtype, LlamaModel, LoadOptions, LoraAdapter, StepBatch, StepScratch, WeightsKind,
 };
 
 #[global_allocator]
@@ -128,7 +131,7 @@ fn main() {
             ),
             k => (k.parse().unwrap(), None),
         };
-        let model = LlamaModel::load(
+        let mut model = LlamaModel::load(
             &path,
             &LoadOptions {
                 weights,
@@ -138,6 +141,23 @@ fn main() {
             },
         )
         .unwrap();
+        let loras: Vec<PathBuf> = list("SLUICE_BENCH_LORA", "");
+        for (i, path) in loras.iter().enumerate() {
+            let adapter = LoraAdapter::load(path, model.config(), sluice_model::lora::MAX_RANK)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            model
+                .set_adapter(i as u16 + 1, Some(std::sync::Arc::new(adapter)))
+                .unwrap();
+        }
+        // The adapter slot of a step's sequence `s`; rows repeat their sequence's slot.
+        let slot = |s: usize| (s % loras.len().max(1)) as u16 + 1;
+        let lora_rows = |batch: &mut StepBatch, slots: &[u16]| {
+            if loras.is_empty() {
+                return;
+            }
+            batch.lora_slots.clear();
+            batch.lora_slots.extend_from_slice(slots);
+        };
         let blocks_per_seq = (CONTEXT + 1).div_ceil(BLOCK);
         let max_b = batches.iter().copied().max().unwrap_or(1);
         let mut kv = model
@@ -155,6 +175,8 @@ fn main() {
                     .collect();
                 batch.push_sequence(&[(100 + s) as u32], CONTEXT, &table, true);
             }
+            let slots: Vec<u16> = (0..b).map(slot).collect();
+            lora_rows(&mut batch, &slots);
             time_step(
                 &model,
                 &batch,
@@ -170,6 +192,7 @@ fn main() {
             let tokens: Vec<u32> = (0..n as u32).map(|i| 100 + i).collect();
             let table: Vec<u32> = (0..blocks_per_seq as u32).collect();
             batch.push_sequence_rows(&tokens, CONTEXT - n, &table, n);
+            lora_rows(&mut batch, &vec![slot(0); n]);
             time_step(
                 &model,
                 &batch,
@@ -187,6 +210,7 @@ fn main() {
         let tokens: Vec<u32> = (0..prefill as u32).map(|i| 100 + i % 1000).collect();
         let table: Vec<u32> = (0..prefill.div_ceil(BLOCK) as u32).collect();
         batch.push_sequence(&tokens, 0, &table, true);
+        lora_rows(&mut batch, &vec![slot(0); prefill]);
         time_step(
             &model,
             &batch,

@@ -16,7 +16,7 @@ use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::last_layer::last_layer_rows;
 use crate::layer::{Mlp, ModelWeights};
-use crate::lora::{Projection, StepLoras};
+use crate::lora::{Group, LoraScratch, StepLoras};
 use crate::moe::MoeScratch;
 use crate::ops::{self, sized};
 
@@ -41,6 +41,8 @@ pub struct StepScratch {
     act: Vec<f32>,
     /// A mixture of experts' buffers (Mixtral, qwen MoE), and what its last step read.
     pub(crate) moe: MoeScratch,
+    /// The LoRA update's buffers.
+    lora: LoraScratch,
 }
 
 impl StepScratch {
@@ -157,6 +159,7 @@ fn forward_on_pool(
         &mut s.post[..0]
     };
     let moe = &mut s.moe;
+    let lora = &mut s.lora;
     moe.start_step();
     // A dense MLP's buffers; a model whose every layer is a mixture needs none.
     let dense_rows = if w.layers.iter().any(|l| matches!(l.mlp, Mlp::Dense { .. })) {
@@ -166,10 +169,7 @@ fn forward_on_pool(
     };
     let gate_up = sized(&mut s.gate_up, dense_rows * 2 * inter);
     let act = sized(&mut s.act, dense_rows * inter);
-    let loras = StepLoras {
-        slots: &batch.lora_slots,
-        adapters: w.adapters,
-    };
+    let loras = StepLoras::new(&batch.lora_slots, w.adapters, lora);
     let (q_cols, kv_cols) = (h * d, kvh * d);
     let (cos, sin) = w.rope.tables();
     let (cos, sin) = (
@@ -203,12 +203,7 @@ fn forward_on_pool(
             rows::add_rms_norm(x, delta, attn_norm.get()?, eps, normed);
         }
         layer.qkv.forward_into(normed, t, qkv)?;
-        let qkv_parts = [
-            (Projection::Q, 0),
-            (Projection::K, q_cols),
-            (Projection::V, q_cols + kv_cols),
-        ];
-        loras.add(i, &qkv_parts, normed, qkv, q_cols + 2 * kv_cols);
+        loras.add(i, Group::Qkv, normed, qkv, q_cols + 2 * kv_cols, lora);
         let qk_norm = match &layer.qk_norm {
             Some((qn, kn)) => Some((
                 HostValues::new(qn, "q_norm")?,
@@ -265,7 +260,7 @@ fn forward_on_pool(
             }
         }
         layer.o.forward_into(attn, t, proj)?;
-        loras.add(i, &[(Projection::O, 0)], attn, proj, hidden);
+        loras.add(i, Group::O, attn, proj, hidden, lora);
         let ffn_norm = HostValues::new(&layer.ffn_norm, "ffn_norm")?;
         match &layer.post_norms {
             Some(norms) => {
@@ -281,11 +276,10 @@ fn forward_on_pool(
                 down,
             } => {
                 w_gate_up.forward_into(normed, t, gate_up)?;
-                let gate_up_parts = [(Projection::Gate, 0), (Projection::Up, inter)];
-                loras.add(i, &gate_up_parts, normed, gate_up, 2 * inter);
+                loras.add(i, Group::GateUp, normed, gate_up, 2 * inter, lora);
                 ops::glu_rows_into(activation, gate_up, inter, act)?;
                 down.forward_into(act, t, proj)?;
-                loras.add(i, &[(Projection::Down, 0)], act, proj, hidden);
+                loras.add(i, Group::Down, act, proj, hidden, lora);
             }
             Mlp::Experts(experts) => experts.forward_into(normed, t, moe, proj)?,
         }

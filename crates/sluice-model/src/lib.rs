@@ -31,6 +31,7 @@ mod last_layer;
 mod layer;
 pub mod load;
 pub mod lora;
+mod low_rank;
 pub mod model;
 mod model_sampling;
 mod moe;

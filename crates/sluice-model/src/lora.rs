@@ -13,21 +13,23 @@
 //!   rows llama.cpp's converter permuted as it permutes the base weights: put back here, as the
 //!   base loader puts the weights back.
 //!
-//! The update runs row by row after the base matmul ([`StepLoras::add`]): each row's
-//! arithmetic is its own, in a fixed order, whatever else the step holds, so batching stays
-//! invisible; rows without an adapter pay nothing.
+//! The update runs after each fused projection's base matmul ([`StepLoras::add`]), each
+//! adapter's rows together on the packed kernels ([`crate::low_rank`]): each row's arithmetic
+//! is its own, in a fixed order, whatever else the step holds, so batching stays invisible;
+//! rows without an adapter pay nothing.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device, Tensor};
-use rayon::prelude::*;
 use serde::Deserialize;
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::low_rank::{LowRankGroup, LowRankScratch, PartValues};
 use crate::weights::unpermuted_row;
+use rayon::prelude::*;
 
 /// PEFT's adapter files.
 pub const PEFT_CONFIG_FILE: &str = "adapter_config.json";
@@ -114,28 +116,61 @@ impl Projection {
     fn is_mlp(self) -> bool {
         matches!(self, Self::Gate | Self::Up | Self::Down)
     }
+
+    /// The fused projection the CPU forward computes it in.
+    fn group(self) -> Group {
+        match self {
+            Self::Q | Self::K | Self::V => Group::Qkv,
+            Self::O => Group::O,
+            Self::Gate | Self::Up => Group::GateUp,
+            Self::Down => Group::Down,
+        }
+    }
 }
 
-/// One projection's update: `B (A x)`, the adapter's scale applied after.
-#[derive(Debug, Clone)]
-pub struct LowRank {
-    rank: usize,
-    inputs: usize,
-    outputs: usize,
-    /// `[rank, inputs]`, row-major.
-    a: Vec<f32>,
-    /// `[outputs, rank]`, row-major.
-    b: Vec<f32>,
+/// A fused projection of the CPU forward: projections that read one input, their outputs side
+/// by side in [`Group::projections`]' order (Q, K, V; gate, up).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Group {
+    Qkv,
+    O,
+    GateUp,
+    Down,
+}
+
+impl Group {
+    const ALL: [Group; 4] = [Self::Qkv, Self::O, Self::GateUp, Self::Down];
+
+    fn projections(self) -> &'static [Projection] {
+        match self {
+            Self::Qkv => &[Projection::Q, Projection::K, Projection::V],
+            Self::O => &[Projection::O],
+            Self::GateUp => &[Projection::Gate, Projection::Up],
+            Self::Down => &[Projection::Down],
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// An adapter's updates of one fused projection, and the projections they are (in the
+/// update's parts' order).
+#[derive(Debug)]
+struct AdaptedGroup {
+    update: LowRankGroup,
+    projections: Vec<Projection>,
 }
 
 /// A LoRA adapter, checked against the model it adapts.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct LoraAdapter {
     path: PathBuf,
     rank: usize,
     scale: f32,
-    /// Per layer, per [`Projection`]: its update, if the adapter has one.
-    layers: Vec<[Option<LowRank>; 7]>,
+    /// Per layer, per [`Group`]: its updates, if the adapter has any.
+    layers: Vec<[Option<AdaptedGroup>; 4]>,
 }
 
 impl LoraAdapter {
@@ -173,11 +208,14 @@ impl LoraAdapter {
 
     /// Whether the adapter has an update for `projection` of layer `layer`.
     pub fn adapts(&self, layer: usize, projection: Projection) -> bool {
-        self.update(layer, projection).is_some()
+        self.part(layer, projection).is_some()
     }
 
-    fn update(&self, layer: usize, projection: Projection) -> Option<&LowRank> {
-        self.layers.get(layer)?[projection.index()].as_ref()
+    /// The group holding `projection`'s update in layer `layer`, and its part there.
+    fn part(&self, layer: usize, projection: Projection) -> Option<(&LowRankGroup, usize)> {
+        let group = self.layers.get(layer)?[projection.group().index()].as_ref()?;
+        let part = group.projections.iter().position(|&p| p == projection)?;
+        Some((&group.update, part))
     }
 
     /// `W + scale * B A` for `projection` of layer `layer`, given `W` `[outputs, inputs]`
@@ -185,13 +223,15 @@ impl LoraAdapter {
     /// two ways of computing them).
     pub fn merged(&self, layer: usize, projection: Projection, w: &[f32]) -> Vec<f32> {
         let mut out = w.to_vec();
-        if let Some(u) = self.update(layer, projection) {
-            for o in 0..u.outputs {
-                for i in 0..u.inputs {
-                    let ba: f32 = (0..u.rank)
-                        .map(|k| u.b[o * u.rank + k] * u.a[k * u.inputs + i])
-                        .sum();
-                    out[o * u.inputs + i] += self.scale * ba;
+        if let Some((group, part)) = self.part(layer, projection) {
+            let (rank, outputs) = group.part_shape(part);
+            let inputs = w.len() / outputs;
+            let a: Vec<Vec<f32>> = (0..rank).map(|k| group.a_row(part, k)).collect();
+            for o in 0..outputs {
+                let b = group.b_row(part, o);
+                for i in 0..inputs {
+                    let ba: f32 = (0..rank).map(|k| b[k] * a[k][i]).sum();
+                    out[o * inputs + i] += self.scale * ba;
                 }
             }
         }
@@ -495,7 +535,7 @@ impl Pairs {
         let mut max_rank = 0;
         let mut one_rank = None;
         for (i, slots) in self.layers.into_iter().enumerate() {
-            let mut out: [Option<LowRank>; 7] = Default::default();
+            let mut loaded: [Option<LoadedUpdate>; 7] = Default::default();
             for (projection, (a, b)) in Projection::ALL.into_iter().zip(slots) {
                 let what = |side: &str| format!("layer {i}'s {} {side}", projection.peft_name());
                 let (a, b) = match (a, b) {
@@ -576,15 +616,9 @@ impl Pairs {
                     }
                 }
                 max_rank = max_rank.max(r);
-                out[projection.index()] = Some(LowRank {
-                    rank: r,
-                    inputs,
-                    outputs,
-                    a,
-                    b,
-                });
+                loaded[projection.index()] = Some((r, a, b));
             }
-            layers.push(out);
+            layers.push(Group::ALL.map(|group| adapted_group(group, config, &mut loaded)));
         }
         if max_rank == 0 {
             return Err(invalid(path, "the adapter updates nothing".into()));
@@ -610,6 +644,38 @@ impl Pairs {
     }
 }
 
+/// One projection's update as read: its rank, A `[rank, inputs]` and B `[outputs, rank]`.
+type LoadedUpdate = (usize, Vec<f32>, Vec<f32>);
+
+/// `group`'s updates among a layer's `loaded` ones (per [`Projection`]), taken out; `None`
+/// when it has none.
+fn adapted_group(
+    group: Group,
+    config: &ModelConfig,
+    loaded: &mut [Option<LoadedUpdate>; 7],
+) -> Option<AdaptedGroup> {
+    let inputs = group.projections()[0].shape(config).0;
+    let (mut column, mut parts, mut projections) = (0, Vec::new(), Vec::new());
+    for &projection in group.projections() {
+        let outputs = projection.shape(config).1;
+        if let Some((rank, a, b)) = loaded[projection.index()].take() {
+            parts.push(PartValues {
+                column,
+                rank,
+                outputs,
+                a,
+                b,
+            });
+            projections.push(projection);
+        }
+        column += outputs;
+    }
+    (!parts.is_empty()).then(|| AdaptedGroup {
+        update: LowRankGroup::new(inputs, parts),
+        projections,
+    })
+}
+
 /// How an adapter's layout scales its updates.
 #[derive(Debug, Clone, Copy)]
 enum Scale {
@@ -627,194 +693,120 @@ fn invalid(path: &Path, reason: String) -> ModelError {
     }
 }
 
+/// Rows of a step from which the updates are added back in parallel, a share of rows a task
+/// (below it the adds are too few to be worth the tasks).
+const PARALLEL_ADD_ROWS: usize = 16;
+
+/// The LoRA update's buffers, kept from step to step.
+#[derive(Debug, Default)]
+pub(crate) struct LoraScratch {
+    /// Per adapter slot (slot `i + 1` at `i`): its rows and their products.
+    slots: Vec<LowRankScratch>,
+    /// Per step row: its place among its adapter's rows.
+    positions: Vec<usize>,
+    /// The slots (as indices into `slots`) with rows in the step and an adapter.
+    active: Vec<usize>,
+}
+
 /// The adapters of one step's rows: `slots[row]` is 0 for the base model, else the adapter in
 /// `adapters[slot - 1]`. Empty `slots`: no row has one.
 #[derive(Clone, Copy)]
 pub(crate) struct StepLoras<'a> {
-    pub slots: &'a [u16],
-    pub adapters: &'a [Option<Arc<LoraAdapter>>],
+    slots: &'a [u16],
+    adapters: &'a [Option<Arc<LoraAdapter>>],
 }
 
-impl StepLoras<'_> {
-    /// Adds each adapted row's update to `out` (`[rows, n]`: a base projection's output, whose
-    /// columns from `parts[i].1` on are `parts[i].0`'s), from that row of `x` (`[rows,
-    /// inputs]`). Each adapter's rows are updated together ([`LowRank::add_rows`]), so its A
-    /// and B are read once a step, not once a row; every element is the same dot products in
-    /// the same order as a row alone, so a row's result is the same in any batch.
+impl<'a> StepLoras<'a> {
+    /// The step's adapters, its rows sorted by adapter into `scratch` once for all the step's
+    /// projections.
+    pub fn new(
+        slots: &'a [u16],
+        adapters: &'a [Option<Arc<LoraAdapter>>],
+        scratch: &mut LoraScratch,
+    ) -> Self {
+        scratch.active.clear();
+        scratch.positions.clear();
+        if !slots.is_empty() {
+            if scratch.slots.len() < adapters.len() {
+                scratch.slots.resize_with(adapters.len(), Default::default);
+            }
+            for s in &mut scratch.slots {
+                s.rows.clear();
+            }
+            for (row, &slot) in slots.iter().enumerate() {
+                let position = match scratch.slots.get_mut((slot as usize).wrapping_sub(1)) {
+                    Some(s) => {
+                        s.rows.push(row);
+                        s.rows.len() - 1
+                    }
+                    None => 0,
+                };
+                scratch.positions.push(position);
+            }
+            scratch.active.extend(
+                (0..adapters.len())
+                    .filter(|&i| adapters[i].is_some() && !scratch.slots[i].rows.is_empty()),
+            );
+        }
+        Self { slots, adapters }
+    }
+
+    /// Adapter slot `i`'s update of `group` in layer `layer`, with its scale.
+    fn update(&self, i: usize, layer: usize, group: Group) -> Option<(&LowRankGroup, f32)> {
+        let adapter = self.adapters.get(i)?.as_deref()?;
+        let update = adapter.layers.get(layer)?[group.index()].as_ref()?;
+        Some((&update.update, adapter.scale))
+    }
+
+    /// Adds each adapted row's update to `out` (`[rows, n]`: the output of the fused
+    /// projection `group`) from that row of `x` (`[rows, inputs]`). Each adapter's rows are
+    /// multiplied together ([`LowRankGroup::compute`]), so its A and B are read once a step,
+    /// not once a row, and the adapters of a step at once; every value is the same chain of
+    /// operations as for the row alone, so a row's result is the same in any batch.
     pub fn add(
         &self,
         layer: usize,
-        parts: &[(Projection, usize)],
+        group: Group,
         x: &[f32],
         out: &mut [f32],
         n: usize,
+        scratch: &mut LoraScratch,
     ) {
-        if self.slots.is_empty() {
-            return;
-        }
-        for (i, adapter) in self.adapters.iter().enumerate() {
-            let Some(adapter) = adapter.as_deref() else {
-                continue;
-            };
-            let slot = i as u16 + 1;
-            if !self.slots.contains(&slot) {
-                continue;
-            }
-            for &(projection, offset) in parts {
-                if let Some(u) = adapter.update(layer, projection) {
-                    let rows = Rows {
-                        slots: self.slots,
-                        slot,
-                    };
-                    u.add_rows(adapter.scale, rows, x, out, n, offset);
+        let LoraScratch {
+            slots,
+            positions,
+            active,
+        } = scratch;
+        match active.as_slice() {
+            [] => return,
+            &[i] => {
+                if let Some((update, _)) = self.update(i, layer, group) {
+                    update.compute(x, &mut slots[i]);
                 }
             }
+            _ => slots
+                .par_iter_mut()
+                .enumerate()
+                .filter(|(i, _)| active.contains(i))
+                .for_each(|(i, s)| {
+                    if let Some((update, _)) = self.update(i, layer, group) {
+                        update.compute(x, s);
+                    }
+                }),
         }
-    }
-}
-
-/// The rows of a step one adapter updates: those whose slot is `slot`.
-#[derive(Clone, Copy)]
-struct Rows<'a> {
-    slots: &'a [u16],
-    slot: u16,
-}
-
-impl Rows<'_> {
-    fn has(&self, row: usize) -> bool {
-        self.slots[row] == self.slot
+        let add = |(row, out): (usize, &mut [f32])| {
+            let i = (self.slots[row] as usize).wrapping_sub(1);
+            if let Some((update, scale)) = self.update(i, layer, group) {
+                update.add_row(scale, &slots[i], positions[row], out);
+            }
+        };
+        if self.slots.len() >= PARALLEL_ADD_ROWS {
+            out.par_chunks_mut(n).enumerate().for_each(add);
+        } else {
+            out.chunks_mut(n).enumerate().for_each(add);
+        }
     }
 }
 
 /// Most ranks an adapter may have ([`LoraAdapter::load`] refuses more).
 pub const MAX_RANK: usize = 512;
-
-/// Rows of one adapter up to which [`LowRank::add_rows`] reads A and B once for all of them,
-/// split over their columns; past it each row is one task that reads them itself. Measured on
-/// Qwen2.5-1.5B, rank 16, 2 cores (BENCHMARKS.md): the split pays for one row (a lone decode
-/// row would otherwise run on one core), while 16 decode rows or a prefill chunk run faster a
-/// row a task (A and B stay in the cache; the split's many small tasks cost more).
-const GROUPED_ROWS: usize = 1;
-
-/// Output columns one task of [`LowRank::add_rows`]'s second product computes.
-const COLUMNS_PER_TASK: usize = 64;
-
-thread_local! {
-    /// [`LowRank::add_rows`]'s intermediates, kept from call to call: `A x` by rank then row,
-    /// the same by row then rank, and the update by column then row.
-    static SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = Default::default();
-}
-
-impl LowRank {
-    /// `out[row] += scale * B (A x[row])` for every row of `rows`, `x` `[rows, inputs]` and
-    /// `out` `[rows, n]` (this update's columns from `offset`). Parallel over A's rows, then
-    /// over B's: each is read once for all the rows. Every element is `dot(A_k, x_row)`, then
-    /// `out + scale * dot(B_o, t_row)`, as for one row alone.
-    fn add_rows(
-        &self,
-        scale: f32,
-        rows: Rows<'_>,
-        x: &[f32],
-        out: &mut [f32],
-        n: usize,
-        offset: usize,
-    ) {
-        let count = rows.slots.len();
-        let (inputs, rank) = (self.inputs, self.rank);
-        if (0..count).filter(|&r| rows.has(r)).count() > GROUPED_ROWS {
-            out.par_chunks_mut(n)
-                .zip(x.par_chunks(inputs))
-                .enumerate()
-                .filter(|(row, _)| rows.has(*row))
-                .for_each(|(_, (out, x))| {
-                    self.add_row(scale, x, &mut out[offset..offset + self.outputs]);
-                });
-            return;
-        }
-        // Taken out for the call and put back after: a rayon worker waiting in this call's
-        // parallel loops may run another step's call on the same thread.
-        let [mut by_rank, mut by_row, mut delta] =
-            SCRATCH.with(|scratch| std::mem::take(&mut *scratch.borrow_mut()));
-        {
-            by_rank.clear();
-            by_rank.resize(rank * count, 0.0);
-            by_rank
-                .par_chunks_mut(count)
-                .enumerate()
-                .for_each(|(k, t)| {
-                    let a = &self.a[k * inputs..][..inputs];
-                    for (row, t) in t.iter_mut().enumerate() {
-                        if rows.has(row) {
-                            *t = dot(a, &x[row * inputs..][..inputs]);
-                        }
-                    }
-                });
-            by_row.clear();
-            by_row.resize(count * rank, 0.0);
-            for (row, t) in by_row.chunks_exact_mut(rank).enumerate() {
-                for (k, t) in t.iter_mut().enumerate() {
-                    *t = by_rank[k * count + row];
-                }
-            }
-            delta.clear();
-            delta.resize(self.outputs * count, 0.0);
-            delta
-                .par_chunks_mut(COLUMNS_PER_TASK * count)
-                .enumerate()
-                .for_each(|(chunk, d)| {
-                    for (j, d) in d.chunks_exact_mut(count).enumerate() {
-                        let o = chunk * COLUMNS_PER_TASK + j;
-                        let b = &self.b[o * rank..][..rank];
-                        for (row, d) in d.iter_mut().enumerate() {
-                            if rows.has(row) {
-                                *d = scale * dot(b, &by_row[row * rank..][..rank]);
-                            }
-                        }
-                    }
-                });
-            for (row, out) in out.chunks_exact_mut(n).enumerate() {
-                if !rows.has(row) {
-                    continue;
-                }
-                let out = &mut out[offset..offset + self.outputs];
-                for (o, out) in out.iter_mut().enumerate() {
-                    *out += delta[o * count + row];
-                }
-            }
-        }
-        SCRATCH.with(|scratch| *scratch.borrow_mut() = [by_rank, by_row, delta]);
-    }
-}
-
-impl LowRank {
-    /// `out += scale * B (A x)` for one row: the same dot products, in the same order, as
-    /// [`LowRank::add_rows`]'s grouped path computes for each of its rows.
-    fn add_row(&self, scale: f32, x: &[f32], out: &mut [f32]) {
-        let mut t = [0f32; MAX_RANK];
-        let t = &mut t[..self.rank];
-        for (k, t) in t.iter_mut().enumerate() {
-            *t = dot(&self.a[k * self.inputs..][..self.inputs], x);
-        }
-        for (o, out) in out.iter_mut().enumerate() {
-            *out += scale * dot(&self.b[o * self.rank..][..self.rank], t);
-        }
-    }
-}
-
-/// `a . b` in a fixed order: eight running sums over the elements in turn, added together
-/// left to right, then the tail. The compiler vectorizes the lanes; the order never changes.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let mut ca = a.chunks_exact(8);
-    let mut cb = b.chunks_exact(8);
-    for (a, b) in (&mut ca).zip(&mut cb) {
-        for l in 0..8 {
-            lanes[l] += a[l] * b[l];
-        }
-    }
-    let mut sum = lanes.iter().sum::<f32>();
-    for (a, b) in ca.remainder().iter().zip(cb.remainder()) {
-        sum += a * b;
-    }
-    sum
-}
