@@ -24,6 +24,12 @@ const NEAR_TIE: f32 = 1e-2;
 /// Largest logprob difference of an agreeing token where one side rounds activations to int8
 /// (as `tests/fidelity.rs` allows the base model).
 const QUANTIZED_TOLERANCE: f32 = 0.35;
+/// Largest teacher-forced logprob difference (every fixture step, also past a divergence, in
+/// flat distributions) where one side rounds activations to int8. Measured: two orders of the
+/// f32 update that agree within 5e-5 in f32 moved these logprobs by up to 0.55 under `auto`
+/// (int8 rounding flips, amplified by this strong random adapter), so a bound below that would
+/// test the luck of the rounding, not the update; the update itself is held to 1e-2 in f32.
+const QUANTIZED_TEACHER_FORCED_TOLERANCE: f32 = 0.6;
 
 /// The base model with the GGUF adapter in slot 1 and its PEFT copy in slot 2.
 fn model(weights: WeightsKind) -> Option<LlamaModel> {
@@ -51,7 +57,9 @@ fn model(weights: WeightsKind) -> Option<LlamaModel> {
     Some(model)
 }
 
-fn check(weights: WeightsKind, tol: f32, expect: Expect) {
+/// `tol` bounds the logprobs of greedy tokens that agree, `forced_tol` those teacher-forced on
+/// every fixture step.
+fn check(weights: WeightsKind, tol: f32, forced_tol: f32, expect: Expect) {
     let Some(model) = model(weights) else { return };
     let (mut agreed, mut total, mut worst) = (0, 0, 0f32);
     for row in common::read_jsonl("lora/smollm2-r16-greedy.jsonl") {
@@ -80,8 +88,9 @@ fn check(weights: WeightsKind, tol: f32, expect: Expect) {
          before any divergence, largest logprob difference {worst}"
     );
     // Teacher-forced on the fixture's tokens, every step: the adapted model's logprob of
-    // llama.cpp's token is within the tolerance, and the base model's is not (the adapter is
-    // strong enough that the comparison would catch one that did nothing).
+    // llama.cpp's token is within the tolerance, and (in f32, where the bound is tight) the base
+    // model's is not: the adapter is strong enough that the comparison would catch one that did
+    // nothing.
     let (mut adapted_worst, mut base_worst) = (0f32, 0f32);
     for row in common::read_jsonl("lora/smollm2-r16-greedy.jsonl") {
         let prompt = common::ids(&row["prompt_ids"]);
@@ -106,11 +115,13 @@ fn check(weights: WeightsKind, tol: f32, expect: Expect) {
         "LoRA under {weights}, teacher-forced: largest logprob difference {adapted_worst} with \
          the adapter, {base_worst} without"
     );
-    assert!(adapted_worst <= tol, "{adapted_worst}");
-    assert!(
-        base_worst > 3.0 * tol,
-        "the adapter moves the logprobs only {base_worst}"
-    );
+    assert!(adapted_worst <= forced_tol, "{adapted_worst}");
+    if matches!(expect, Expect::F32 { .. }) {
+        assert!(
+            base_worst > 3.0 * forced_tol,
+            "the adapter moves the logprobs only {base_worst}"
+        );
+    }
 }
 
 /// `exact` and `f32`: the Q4_1 file's numbers in f32 arithmetic, as llama.cpp's run on the
@@ -118,13 +129,20 @@ fn check(weights: WeightsKind, tol: f32, expect: Expect) {
 #[test]
 fn lora_matches_llama_cpp_in_f32() {
     for weights in [WeightsKind::Exact, WeightsKind::F32] {
-        check(weights, F32_TOLERANCE, Expect::F32 { near_tie: NEAR_TIE });
+        let expect = Expect::F32 { near_tie: NEAR_TIE };
+        check(weights, F32_TOLERANCE, F32_TOLERANCE, expect);
     }
 }
 
 /// `auto`, as it serves: the base matmuls with int8 activations against llama.cpp's f32 run;
-/// the update in f32 on both sides. The rule alone.
+/// the update in f32 on both sides. The rule for greedy tokens, and the teacher-forced bound of
+/// int8 activations.
 #[test]
 fn lora_matches_llama_cpp_auto() {
-    check(WeightsKind::Auto, QUANTIZED_TOLERANCE, Expect::Rounded);
+    check(
+        WeightsKind::Auto,
+        QUANTIZED_TOLERANCE,
+        QUANTIZED_TEACHER_FORCED_TOLERANCE,
+        Expect::Rounded,
+    );
 }
