@@ -83,6 +83,8 @@ class Replica:
         self.media: set[str] = set()
         # How the events were laid out: "map" (vLLM's current format) or "array".
         self.forms: set[str] = set()
+        # The LoRA adapter each stored block was computed under (None: the base model).
+        self.lora_names: dict[int, str | None] = {}
 
     def apply(self, seq: int, payload: bytes) -> None:
         assert seq == self.last_seq + 1, f"batch {seq} applied after {self.last_seq}"
@@ -98,7 +100,8 @@ class Replica:
             if tag == "BlockStored":
                 hashes, parent, tokens = f["block_hashes"], f["parent_block_hash"], f["token_ids"]
                 block_size = f["block_size"]
-                assert (f["lora_id"], f["lora_name"]) == (None, None)
+                # sluice's adapter ids are its own: routers key adapters by name.
+                assert f["lora_id"] is None
                 self.block_size = block_size
                 self.media.add(f["medium"])
                 assert len(tokens) == len(hashes) * block_size, event
@@ -106,6 +109,7 @@ class Replica:
                     assert h not in self.blocks, f"block {h:#x} stored twice"
                     chunk = tuple(tokens[k * block_size : (k + 1) * block_size])
                     self.blocks[h] = (parent, chunk)
+                    self.lora_names[h] = f["lora_name"]
                     parent = h
             elif tag == "BlockRemoved":
                 self.media.add(f["medium"])

@@ -10,7 +10,10 @@ rank-16 adapter of tests/fixtures/lora/ in llama.cpp's GGUF layout (`fr`) and in
   the same file loaded under another name gives the same text;
 - a cancellation storm over the adapters leaves nothing running or held;
 - bad adapters are refused naming the problem (a rank that contradicts the tensors, a missing
-  file, a rank above --max-lora-rank at start), and the server goes on serving.
+  file, a rank above --max-lora-rank at start), and the server goes on serving;
+- KV-cache events name the adapter of each stored block (`lora_name`), in vLLM's map format
+  and in the array format, read from a real libzmq socket: the same prompt under the base and
+  under an adapter makes two sets of blocks, and the subscriber's copy equals the cache.
 
 The adapters come from scripts/make-lora-adapters.sh (scripts/test.sh runs it)."""
 
@@ -192,3 +195,39 @@ def test_bad_adapters_are_refused_and_the_server_goes_on(lora_server, tmp_path):
     log = srv.log_tail(500)
     srv.close()
     assert "fr=" in log and "rank" in log, log
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("form", ["map", "array"])
+def test_kv_events_name_each_block_s_adapter(form):
+    from test_kv_events import TOPIC, Subscriber, events_server_with, snapshot, wait_subscribed
+
+    layout = ("--kv-events-format", "array") if form == "array" else ()
+    srv = events_server_with(
+        "--lora-modules", f"fr={ADAPTERS['fr']}", "--kv-events-topic", TOPIC, *layout,
+        name=f"lora-events-{form}",
+    ).start()
+    try:
+        sub = Subscriber(srv.pub_port, srv.replay_port).start_from(None)
+        try:
+            wait_subscribed(srv, 1)
+            # Several blocks of 16 tokens, the same under both.
+            prompt = "The history of the lighthouse keepers of the northern coast " * 6
+            for model in ("fr", BASE):
+                complete(srv, model, prompt, max_tokens=4)
+            snap = snapshot(srv.url)
+            sub.wait_for(snap["last_seq"])
+            with sub.lock:
+                sub.replica.compare(snap)
+                assert sub.replica.forms == {form}
+                by_name: dict[str | None, set[tuple[int, ...]]] = {}
+                for h, (_, tokens) in sub.replica.blocks.items():
+                    by_name.setdefault(sub.replica.lora_names[h], set()).add(tokens)
+        finally:
+            sub.close()
+    finally:
+        srv.close()
+    assert by_name.keys() == {"fr", None}, by_name.keys()
+    # The prompt's blocks were stored once under each: keyed by adapter, never shared.
+    shared = by_name["fr"] & by_name[None]
+    assert len(shared) >= 3, f"{len(shared)} blocks of the same tokens under both"
