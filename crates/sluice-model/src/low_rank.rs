@@ -304,25 +304,15 @@ mod tests {
     #[test]
     fn a_row_gets_the_same_update_in_any_step() {
         let (inputs, n) = (40, 3 + 24 + 5);
-        let group = LowRankGroup::new(
-            inputs,
-            vec![
-                PartValues {
-                    column: 3,
-                    rank: 4,
-                    outputs: 24,
-                    a: values(4 * inputs, 3),
-                    b: values(24 * 4, 4),
-                },
-                PartValues {
-                    column: 27,
-                    rank: 2,
-                    outputs: 5,
-                    a: values(2 * inputs, 5),
-                    b: values(5 * 2, 6),
-                },
-            ],
-        );
+        let part = |column, rank, outputs, seed| PartValues {
+            column,
+            rank,
+            outputs,
+            a: values(rank * inputs, seed),
+            b: values(outputs * rank, seed + 1),
+        };
+        // Two parts with a column before them that no update touches.
+        let group = LowRankGroup::new(inputs, vec![part(3, 4, 24, 3), part(27, 2, 5, 5)]);
         let rows = 20;
         let x = values(rows * inputs, 7);
         let base = values(rows * n, 8);
