@@ -214,6 +214,22 @@ async fn adapters_load_and_unload_while_serving_and_bad_ones_are_refused() {
         .post_json("/v1/load_lora_adapter", &load("late", &extra))
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "loaded twice: {v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("load_inplace"), "{message}");
+
+    // In place: the name serves the new weights, as the same file does under a name of its
+    // own; nothing the old weights computed (their cached prefix) is reused.
+    let other = write_adapter(dir.path(), 9, 8);
+    let mut in_place = load("late", &other);
+    in_place["load_inplace"] = json!(true);
+    for body in [in_place, load("other", &other)] {
+        let (status, _, text) = t.post("/v1/load_lora_adapter", body.to_string()).await;
+        let text = String::from_utf8_lossy(&text);
+        assert_eq!(status, StatusCode::OK, "{text}");
+    }
+    let replaced = complete(&t, "late", "the thin hen").await;
+    assert_ne!(replaced, late);
+    assert_eq!(replaced, complete(&t, "other", "the thin hen").await);
 
     // Bad adapters: each refused naming its problem, and the server still answers.
     let too_big = write_adapter(dir.path(), 8, 32);

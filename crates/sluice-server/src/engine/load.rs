@@ -286,7 +286,7 @@ fn lora_registry(
     );
     for (name, path) in &lora.modules {
         registry
-            .load(name, path)
+            .load(name, path, false)
             .with_context(|| format!("--lora-modules {name}={}", path.display()))?;
     }
     Ok(registry)

@@ -7,7 +7,9 @@
 //! `--max-lora-rank`, every tensor's shape) and gives it a new id: the prefix cache keys blocks
 //! by that id, so an adapter loaded again under the same name never reuses the K/V its earlier
 //! weights computed. Unloading removes the name at once; requests already running with the
-//! adapter finish with it (they hold its weights).
+//! adapter finish with it (they hold its weights). Loading in place (vLLM's `load_inplace`)
+//! swaps the weights under a served name the same way: running requests keep the old ones,
+//! later ones get the new (under a new id, so no K/V of the old is reused).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,7 +22,7 @@ use sluice_model::{LoraAdapter, ModelConfig};
 /// Why an adapter could not be loaded or unloaded; the message names the adapter.
 #[derive(Debug, thiserror::Error)]
 pub enum LoraError {
-    #[error("The LoRA adapter `{0}` is already loaded.")]
+    #[error("The LoRA adapter `{0}` is already loaded; set load_inplace to replace it.")]
     Exists(String),
     #[error("The LoRA adapter `{0}` is not loaded.")]
     NotFound(String),
@@ -67,12 +69,13 @@ impl LoraRegistry {
         }
     }
 
-    /// Reads the adapter at `path` and serves it as `name`. Blocking: it reads the files.
-    pub fn load(&self, name: &str, path: &Path) -> Result<(), LoraError> {
+    /// Reads the adapter at `path` and serves it as `name`; `replace`: in place of an adapter
+    /// already served under the name (refused otherwise). Blocking: it reads the files.
+    pub fn load(&self, name: &str, path: &Path, replace: bool) -> Result<(), LoraError> {
         if name == self.base_name {
             return Err(LoraError::BaseName { name: name.into() });
         }
-        if self.get(name).is_some() {
+        if !replace && self.get(name).is_some() {
             return Err(LoraError::Exists(name.into()));
         }
         let adapter = LoraAdapter::load(path, &self.config, self.max_rank).map_err(|e| {
@@ -95,14 +98,15 @@ impl LoraRegistry {
             root: file_name(path),
         };
         let mut adapters = self.adapters.write().unwrap_or_else(|e| e.into_inner());
-        // Loaded twice at once: the first one in stays.
-        if adapters.contains_key(name) {
+        // Loaded twice at once: the first one in stays (unless replacing, where the last does).
+        if !replace && adapters.contains_key(name) {
             return Err(LoraError::Exists(name.into()));
         }
-        adapters.insert(name.to_string(), served);
+        let replaced = adapters.insert(name.to_string(), served).is_some();
         tracing::info!(
             adapter = name,
             rank = adapters[name].request.adapter.rank(),
+            replaced,
             "LoRA adapter loaded"
         );
         Ok(())

@@ -22,7 +22,8 @@ use crate::routes::json::ApiJson;
 pub struct LoadRequest {
     pub lora_name: String,
     pub lora_path: PathBuf,
-    /// vLLM's: replace an adapter loaded under the same name. Refused when true.
+    /// vLLM's: replace an adapter loaded under the same name (without it that is a 400).
+    /// Requests running with the old weights finish with them.
     #[serde(default)]
     pub load_inplace: bool,
 }
@@ -63,20 +64,16 @@ pub async fn load(
     ApiJson(req): ApiJson<LoadRequest>,
 ) -> Result<String, ApiError> {
     let loras = registry(&state, "POST /v1/load_lora_adapter")?;
-    if req.load_inplace {
-        return Err(ApiError::invalid(
-            "load_inplace",
-            "load_inplace is not supported: unload the adapter, then load it again.",
-        ));
-    }
     if req.lora_name.is_empty() {
         return Err(ApiError::invalid("lora_name", "lora_name is empty."));
     }
     let name = req.lora_name.clone();
-    tokio::task::spawn_blocking(move || loras.load(&req.lora_name, &req.lora_path))
-        .await
-        .map_err(|e| ApiError::internal(format!("Loading the adapter failed: {e}")))?
-        .map_err(api_error)?;
+    tokio::task::spawn_blocking(move || {
+        loras.load(&req.lora_name, &req.lora_path, req.load_inplace)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("Loading the adapter failed: {e}")))?
+    .map_err(api_error)?;
     Ok(format!(
         "Success: LoRA adapter '{name}' added successfully."
     ))
