@@ -127,13 +127,11 @@ async fn the_model_field_picks_an_adapter_on_every_api() {
         .await;
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["model"], "lora-3");
-    let (status, v) = t
-        .post_json(
-            "/v1/messages",
-            &json!({"model": "lora-1", "max_tokens": 6,
-                    "messages": [{"role": "user", "content": "hi"}]}),
-        )
-        .await;
+    let messages = |model: &str| {
+        json!({"model": model, "max_tokens": 6,
+               "messages": [{"role": "user", "content": "hi"}]})
+    };
+    let (status, v) = t.post_json("/v1/messages", &messages("lora-1")).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["model"], "lora-1");
     let embed = |model: &str| json!({"model": model, "input": "the thin hen"});
@@ -151,13 +149,7 @@ async fn the_model_field_picks_an_adapter_on_every_api() {
     let (status, v) = t.post_json("/v1/chat/completions", &chat("lora-9")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(v["error"]["code"], "model_not_found", "{v}");
-    let (status, v) = t
-        .post_json(
-            "/v1/messages",
-            &json!({"model": "lora-9", "max_tokens": 6,
-                    "messages": [{"role": "user", "content": "hi"}]}),
-        )
-        .await;
+    let (status, v) = t.post_json("/v1/messages", &messages("lora-9")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(v["type"], "error", "{v}");
     assert_eq!(v["error"]["type"], "not_found_error", "{v}");
