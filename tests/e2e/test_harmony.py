@@ -8,17 +8,23 @@ reasoning item), a
 call on the commentary channel as `tool_calls` (a `tool_use` block, a `function_call` item), the
 final channel as the answer, never with Harmony's markup in it; and output that is not Harmony
 reaches the client as content, every token of it. Without the file the tests are skipped,
-saying which script makes it (scripts/test.sh runs it, so CI does)."""
+saying which script makes it (scripts/test.sh runs it, so CI does).
+
+gpt-oss's template prints the date into the system message (`strftime_now`), so what the
+random model chooses for a prompt depends on the day: the server pins it
+(`--chat-template-date`), and scripts/test.sh runs this file a second time with the clock a
+year ahead (faketime) to hold it to that."""
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import openai
 import pytest
 import requests
 
-from harness import ROOT, served
+from harness import ROOT, SluiceServer, served
 
 OSS = ROOT / "models" / "tiny-moe" / "gpt-oss-harmony-mxfp4.gguf"
 MODEL = OSS.stem
@@ -45,9 +51,16 @@ WEATHER = {
 STRICT_WEATHER = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
 
 
+# The day every prompt here renders with: the prompts below were chosen by running them on it.
+PINNED_DATE = "2026-11-28"
+
+
 @pytest.fixture(scope="module")
 def oss_server():
-    yield from served("--kv-cache-memory", "64MiB", "--max-num-seqs", "8", name="harmony", model=OSS)
+    yield from served(
+        "--kv-cache-memory", "64MiB", "--max-num-seqs", "8",
+        "--chat-template-date", PINNED_DATE, name="harmony", model=OSS,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,28 +111,66 @@ def reasoning_of(message) -> str | None:
     return (message.model_extra or {}).get("reasoning_content")
 
 
+def rendered_prompt(server, content: str) -> str:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}]}
+    reply = requests.post(f"{server.base_url}/chat/completions/render", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["prompt"]
+
+
+def test_the_pinned_date_is_the_prompts_whatever_the_clock(oss_server):
+    """The server's clock (moved by faketime in CI's second run) does not reach the prompt."""
+    assert f"Current date: {PINNED_DATE}\n" in rendered_prompt(oss_server, "Hi")
+    assert f"chat_template_date={PINNED_DATE}" in oss_server.log_path.read_text()
+
+
+def test_without_a_pin_the_prompt_has_the_hosts_date():
+    srv = SluiceServer("--kv-cache-memory", "16MiB", "--max-num-seqs", "2", name="harmony-today",
+                       model=OSS)
+    try:
+        srv.start()
+        before = datetime.date.today().isoformat()
+        prompt = rendered_prompt(srv, "Hi")
+        after = datetime.date.today().isoformat()
+    finally:
+        srv.close()
+    assert f"Current date: {before}\n" in prompt or f"Current date: {after}\n" in prompt, prompt
+
+
+def kind_of(choice) -> str:
+    """What the model chose under strict `auto`: to call, to reason, or to answer."""
+    if choice.finish_reason == "tool_calls":
+        return "call"
+    return "reasoning" if reasoning_of(choice.message) else "answer"
+
+
+# Prompts for strict `auto`; on the pinned date the random model reasons on the first, answers
+# the second and calls on the third (found by running them).
+AUTO_PROMPTS = {"Tell me a story": "reasoning", "What is 2+2?": "answer", "Weather?": "call"}
+
+
 def test_reasoning_answers_and_calls_come_back_by_channel(client):
-    """Under strict `auto` the model picks: for these prompts (found by running them) it
-    reasons on the analysis channel, answers on the final one, or calls."""
-    reasoned, (content, reasoning, calls) = chat(client, "Tell me a story", tools=[STRICT_WEATHER])
-    assert reasoning_of(reasoned.message), reasoned
-    assert reasoning == reasoning_of(reasoned.message)
-    assert content == (reasoned.message.content or "") and not calls
-    answered, (content, reasoning, calls) = chat(client, "What is 2+2?", tools=[STRICT_WEATHER])
-    assert answered.message.content, answered
-    assert content == answered.message.content
-    assert not reasoning_of(answered.message) and reasoning == "" and not calls
-    called, (content, reasoning, calls) = chat(client, "Weather?", tools=[STRICT_WEATHER])
-    assert called.finish_reason == "tool_calls", called
-    assert json.loads(called.message.tool_calls[0].function.arguments)["city"] in ("Paris", "Oslo")
-    assert calls[0]["name"] == "get_weather"
-    no_markup(
-        reasoning_of(reasoned.message),
-        reasoned.message.content,
-        answered.message.content,
-        content,
-        reasoning,
-    )
+    """Under strict `auto` the model picks its channel. Whatever it picks, the whole answer and
+    the stream say the same and carry no markup: reasoning is `reasoning_content`, the final
+    channel the content, a call `tool_calls`. Across the prompts all three are seen."""
+    kinds = {}
+    for prompt in AUTO_PROMPTS:
+        choice, (content, reasoning, calls) = chat(client, prompt, tools=[STRICT_WEATHER])
+        kinds[prompt] = kind_of(choice)
+        message = choice.message
+        assert content == (message.content or ""), choice
+        assert reasoning == (reasoning_of(message) or ""), choice
+        no_markup(reasoning_of(message), message.content, content, reasoning)
+        if kinds[prompt] == "call":
+            [call] = message.tool_calls
+            assert call.function.name == "get_weather"
+            assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
+            assert calls == {0: {"name": "get_weather", "arguments": call.function.arguments}}
+        else:
+            assert not message.tool_calls and not calls, choice
+        if kinds[prompt] == "answer":
+            assert message.content, choice
+    assert kinds == AUTO_PROMPTS
 
 
 def test_a_structured_answer_is_the_final_channel(client):
@@ -189,7 +240,8 @@ def test_messages_and_responses_read_harmony_too(oss_server):
     )
     assert json.loads(partial) == block["input"]
 
-    # Strict tools under `auto`: this prompt reasons first (found by running it).
+    # Strict tools under `auto`: this prompt reasons first (found by running it on the pinned
+    # date).
     thinking_body = {
         **body,
         "messages": [{"role": "user", "content": "Tell me a story"}],

@@ -82,7 +82,8 @@ def test_completion_n2(client, model_name):
 def test_completion_n2_stream(client, model_name):
     chunks = list(
         client.completions.create(
-            model=model_name, prompt=FRANCE, max_tokens=6, temperature=0.8, n=2, stream=True
+            model=model_name, prompt=FRANCE, max_tokens=6, temperature=0.8, n=2, stream=True,
+            seed=11,
         )
     )
     text = {0: "", 1: ""}

@@ -13,10 +13,10 @@ docs/routers.md is the reader's side of this file.
 
 from __future__ import annotations
 
+import random
 import re
 import threading
 import time
-import uuid
 
 import pytest
 import requests
@@ -177,7 +177,9 @@ def test_values_move_while_a_burst_runs(busy):
 def test_prefix_cache_hits_grow_when_a_long_prompt_comes_back(busy):
     """Counted in tokens, as vLLM counts them: every prompt token is a query, and the second
     time a prompt comes, its leading full blocks are hits (all but the last token's block)."""
-    words = " ".join(f"{uuid.uuid4().hex[:6]}" for _ in range(120))
+    # A list no other test sends (the server's prefix cache is shared), the same every run.
+    rng = random.Random(66)
+    words = " ".join(f"{rng.getrandbits(24):06x}" for _ in range(120))
     prompt = f"Keep this list in mind: {words}. Now say hello."
     rendered = requests.post(
         f"{busy.base_url}/completions/render", json={"prompt": prompt}, timeout=60

@@ -15,6 +15,7 @@
 //! error naming its key or flag wherever it was written.
 
 use sluice_tokenizer::tool_parser::ToolCallFormat;
+use sluice_tokenizer::TemplateDate;
 use std::fmt;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
@@ -176,6 +177,12 @@ config_keys! {
     /// Seconds in-flight requests may take to finish after SIGTERM [default: 30].
     drain_timeout_secs: u64 = 30;
     flag u64, #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_SECS", value_name = "N")]
+
+    /// The date chat templates print through `strftime_now` (gpt-oss's "Current date:"):
+    /// `today`, the host's local date at each render, or a day `YYYY-MM-DD` pinned, so that a
+    /// prompt renders the same every day [default: today].
+    chat_template_date: Named<TemplateDate> = Named(TemplateDate::Today);
+    flag Named<TemplateDate>, #[arg(long, env = "SLUICE_CHAT_TEMPLATE_DATE", value_name = "DATE")]
 
     /// Format tool calls are parsed in and forced in: hermes, llama3_json, mistral or openai (Harmony)
     /// [default: the one the chat template shows, else hermes].
@@ -972,7 +979,7 @@ mod tests {
         flags_sorted.sort();
         keys_sorted.sort();
         assert_eq!(flags_sorted, keys_sorted);
-        assert_eq!(flags.len(), 35, "{flags:?}");
+        assert_eq!(flags.len(), 36, "{flags:?}");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::error::{Result, TokenizerError};
 use crate::python_json::{to_python_json, to_python_json_default, PythonJsonStyle};
+use crate::template_date::TemplateDate;
 use crate::tool_parser::ToolCallFormat;
 
 /// Name under which the template is stored in its environment. No file extension, so
@@ -147,6 +148,8 @@ pub struct ChatTemplate {
     /// The template reads `tool_calls` (or handles `tool` messages); otherwise tool history is
     /// rewritten into plain Hermes-style text before rendering.
     renders_tool_history: bool,
+    /// What `strftime_now` formats.
+    date: TemplateDate,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -155,6 +158,7 @@ impl std::fmt::Debug for ChatTemplate {
             .field("bos_token", &self.bos_token)
             .field("eos_token", &self.eos_token)
             .field("renders_tools", &self.renders_tools)
+            .field("date", &self.date)
             .finish_non_exhaustive()
     }
 }
@@ -172,8 +176,8 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         // Hugging Face's global for templates that print today's date (gpt-oss's system
-        // message: "Current date: ...").
-        env.add_function("strftime_now", strftime_now);
+        // message: "Current date: ..."); [`ChatTemplate::with_date`] pins it.
+        add_strftime_now(&mut env, TemplateDate::Today);
         // minijinja's own `tojson` writes compact, HTML-escaped JSON; templates expect the text
         // of Python's json.dumps, which is what the model saw in training.
         env.add_filter("tojson", python_tojson);
@@ -196,7 +200,27 @@ impl ChatTemplate {
             eos_token: eos_token.unwrap_or_default().to_string(),
             renders_tools,
             renders_tool_history,
+            date: TemplateDate::Today,
         })
+    }
+
+    /// The template with `strftime_now` formatting `date` instead of the clock's: a pinned
+    /// day renders the same prompt every day.
+    pub fn with_date(mut self, date: TemplateDate) -> Self {
+        add_strftime_now(&mut self.env, date);
+        self.date = date;
+        self
+    }
+
+    /// What `strftime_now` formats in this template.
+    pub fn date(&self) -> TemplateDate {
+        self.date
+    }
+
+    /// Whether the template prints a date (calls `strftime_now`), so that the rendered prompt
+    /// depends on [`ChatTemplate::date`].
+    pub fn reads_date(&self) -> bool {
+        self.source.contains("strftime_now")
     }
 
     /// The ChatML template, the fallback for a model without `tokenizer.chat_template` whose
@@ -297,18 +321,24 @@ impl ChatTemplate {
     }
 }
 
-/// The local date and time now, formatted by `format` as Python's `datetime.strftime` (what
-/// Hugging Face's `strftime_now` gives a template); an unknown directive is a template error.
-fn strftime_now(format: &str) -> std::result::Result<String, minijinja::Error> {
-    use std::fmt::Write;
-    let mut out = String::new();
-    write!(out, "{}", chrono::Local::now().format(format)).map_err(|_| {
-        minijinja::Error::new(
-            minijinja::ErrorKind::InvalidOperation,
-            format!("strftime_now: cannot format the date with {format:?}"),
-        )
-    })?;
-    Ok(out)
+/// Registers `strftime_now(format)`: `date`'s moment formatted by `format` as Python's
+/// `datetime.strftime` (what Hugging Face's `strftime_now` gives a template); an unknown
+/// directive is a template error.
+fn add_strftime_now(env: &mut Environment<'static>, date: TemplateDate) {
+    env.add_function(
+        "strftime_now",
+        move |format: &str| -> std::result::Result<String, minijinja::Error> {
+            use std::fmt::Write;
+            let mut out = String::new();
+            write!(out, "{}", date.moment().format(format)).map_err(|_| {
+                minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    format!("strftime_now: cannot format the date with {format:?}"),
+                )
+            })?;
+            Ok(out)
+        },
+    );
 }
 
 /// The system text that teaches a model without a tool-aware template to call `tools` in the
@@ -444,6 +474,33 @@ mod tests {
             .iter()
             .map(|(r, c)| ChatMessage::new(*r, *c))
             .collect()
+    }
+
+    /// A pinned date is what `strftime_now` formats, in any directive, the time at midnight;
+    /// a template without `strftime_now` does not read it.
+    #[test]
+    fn a_pinned_date_is_what_strftime_now_prints() {
+        let source = "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|\
+                      {{ strftime_now('%A %H:%M:%S') }}";
+        let pinned = ChatTemplate::new(source, None, None)
+            .unwrap()
+            .with_date("2026-11-28".parse().unwrap());
+        assert!(pinned.reads_date());
+        assert_eq!(
+            pinned.render(&[], false).unwrap(),
+            "2026-11-28|28 Nov 2026|Saturday 00:00:00"
+        );
+        // Pinning again replaces the day; `today` hands the date back to the clock.
+        let later = pinned.with_date("2027-12-01".parse().unwrap());
+        assert!(later.render(&[], false).unwrap().starts_with("2027-12-01|"));
+        let today = later.with_date(TemplateDate::Today);
+        let clock = || chrono::Local::now().format("%Y-%m-%d").to_string();
+        let (before, text, after) = (clock(), today.render(&[], false).unwrap(), clock());
+        assert!(
+            text.starts_with(&before) || text.starts_with(&after),
+            "{text}"
+        );
+        assert!(!ChatTemplate::chatml().unwrap().reads_date());
     }
 
     #[test]

@@ -22,6 +22,7 @@ mod pretokenize;
 mod python_json;
 pub mod reasoning;
 mod spm;
+pub mod template_date;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tokenizer;
@@ -36,5 +37,6 @@ pub use error::{Result, TokenizerError};
 pub use gguf_metadata::{GgufMetadata, MetadataMap, MetadataValue};
 pub use harmony::HarmonyParser;
 pub use reasoning::{ReasoningEvent, ReasoningParser};
+pub use template_date::TemplateDate;
 pub use tokenizer::{Tokenizer, SUPPORTED_PRE_TOKENIZERS};
 pub use tool_parser::{ToolCallFormat, ToolCallParser, ToolEvent};

@@ -4,10 +4,11 @@
 //! Face's `apply_chat_template` does it, for plain chat, turns with a system message, each
 //! reasoning effort, tools and tool-call history, with and without the generation prompt
 //! (`tests/fixtures/templates/gpt-oss-renders.jsonl`, `scripts/gpt-oss-template-fixture.py`;
-//! the template is llama.cpp's copy, MIT). The fixture's date is fixed; today's replaces it.
+//! the template is llama.cpp's copy, MIT). The fixture's date is the one the template is pinned to
+//! here (`ChatTemplate::with_date`); unpinned, it prints the host's date.
 
 use serde_json::Value;
-use sluice_tokenizer::{ChatMessage, ChatTemplate, RenderOptions};
+use sluice_tokenizer::{ChatMessage, ChatTemplate, RenderOptions, TemplateDate};
 
 fn fixtures() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/templates")
@@ -16,9 +17,11 @@ fn fixtures() -> std::path::PathBuf {
 #[test]
 fn the_harmony_template_renders_as_jinja2_renders_it() {
     let source = std::fs::read_to_string(fixtures().join("openai-gpt-oss-120b.jinja")).unwrap();
-    let template = ChatTemplate::new(&source, Some("<|startoftext|>"), Some("<|return|>")).unwrap();
+    let template = ChatTemplate::new(&source, Some("<|startoftext|>"), Some("<|return|>"))
+        .unwrap()
+        .with_date("2026-01-02".parse().unwrap());
     assert!(template.renders_tools() && template.reads("reasoning_effort"));
-    let today = chrono::Local::now().format("%Y-%m-%d").to_string();
+    assert!(template.reads_date());
     let rows = std::fs::read_to_string(fixtures().join("gpt-oss-renders.jsonl")).unwrap();
     let mut checked = 0;
     for line in rows.lines().filter(|l| !l.trim().is_empty()) {
@@ -32,10 +35,7 @@ fn the_harmony_template_renders_as_jinja2_renders_it() {
             kwargs: kwargs.as_ref(),
         };
         let got = template.render_with(&messages, &options).unwrap();
-        let want = row["text"].as_str().unwrap().replace(
-            "Current date: 2026-01-02",
-            &format!("Current date: {today}"),
-        );
+        let want = row["text"].as_str().unwrap();
         assert_eq!(
             got, want,
             "case {} ({})",
@@ -44,4 +44,24 @@ fn the_harmony_template_renders_as_jinja2_renders_it() {
         checked += 1;
     }
     assert_eq!(checked, 12);
+}
+
+/// Unpinned, the template prints the host's local date (read before and after the render, so
+/// a render across midnight passes too).
+#[test]
+fn the_unpinned_template_prints_the_hosts_date() {
+    let source = std::fs::read_to_string(fixtures().join("openai-gpt-oss-120b.jinja")).unwrap();
+    let template = ChatTemplate::new(&source, None, None).unwrap();
+    assert_eq!(template.date(), TemplateDate::Today);
+    let today = || chrono::Local::now().format("%Y-%m-%d").to_string();
+    let before = today();
+    let text = template
+        .render(&[ChatMessage::new("user", "Hi")], true)
+        .unwrap();
+    let after = today();
+    assert!(
+        text.contains(&format!("Current date: {before}\n"))
+            || text.contains(&format!("Current date: {after}\n")),
+        "{text}"
+    );
 }

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::KvCacheDtype;
-use crate::engine::load::{load_model, LoadedModel};
+use crate::engine::load::{dated, load_model, LoadedModel};
 use anyhow::{bail, Context};
 use sluice_engine::{
     Engine, EngineConfig, Event, FinishReason, Request, SamplingParams, StopParams,
 };
 use sluice_model::{CudaGraphs, PagedLlama, WeightsKind};
-use sluice_tokenizer::ChatMessage;
+use sluice_tokenizer::{ChatMessage, TemplateDate};
 
 const BLOCK_SIZE: usize = 16;
 
@@ -37,6 +37,15 @@ pub struct GenerateArgs {
     /// Render the prompt as a user message with the model's chat template.
     #[arg(long)]
     chat: bool,
+    /// With --chat: the date the template prints through `strftime_now`, `today` or a day
+    /// `YYYY-MM-DD` pinned (as `sluice serve --chat-template-date`).
+    #[arg(
+        long,
+        env = "SLUICE_CHAT_TEMPLATE_DATE",
+        default_value = "today",
+        value_name = "DATE"
+    )]
+    chat_template_date: TemplateDate,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
@@ -71,6 +80,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
 
     let prompt = if args.chat {
         let template = chat_template.context("the model has no chat template; drop --chat")?;
+        let template = dated(template, args.chat_template_date);
         let text = template.render(&[ChatMessage::new("user", &args.prompt)], true)?;
         // The template writes any BOS the model wants itself.
         tokenizer.encode(&text)?

@@ -15,7 +15,7 @@ use sluice_model::{
     CudaGraphs, LlamaModel, LoadOptions, ModelSource, PagedLlama, Pooling, WeightsKind,
     WindowDemand,
 };
-use sluice_tokenizer::{ChatTemplate, Tokenizer};
+use sluice_tokenizer::{ChatTemplate, TemplateDate, Tokenizer};
 
 use crate::config::{Config, KvCacheDtype, Speculative};
 use crate::engine::lora::LoraRegistry;
@@ -31,6 +31,8 @@ pub struct ModelSettings {
     pub cuda_graphs: CudaGraphs,
     /// `--tool-call-parser`.
     pub tool_call_parser: Option<ToolCallFormat>,
+    /// `--chat-template-date`: what the chat template's `strftime_now` prints.
+    pub chat_template_date: TemplateDate,
     /// `--pooling`; `None`: the pooling the model file declares, else mean. It replaces
     /// `engine.pooling` once the model is loaded.
     pub pooling: Option<Pooling>,
@@ -60,6 +62,7 @@ impl ModelSettings {
             weights: *c.weights,
             cuda_graphs: *c.cuda_graphs,
             tool_call_parser: c.tool_call_parser.map(|f| *f),
+            chat_template_date: *c.chat_template_date,
             pooling: c.pooling.map(|p| *p),
             kv_cache_bytes: usize::try_from(c.kv_cache_memory.bytes()).unwrap_or(usize::MAX),
             kv_cache_dtype: c.kv_cache_dtype,
@@ -153,6 +156,7 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
         tokenizer,
         chat_template,
     } = load_model(&settings.model, settings.weights, settings.kv_cache_dtype)?;
+    let chat_template = chat_template.map(|t| dated(t, settings.chat_template_date));
     let context_length = model.config().max_position_embeddings;
     let facts = ModelFacts::of(model.config());
     let loras = settings
@@ -405,6 +409,23 @@ fn chat_template(tokenizer: &Tokenizer) -> Option<ChatTemplate> {
     None
 }
 
+/// `template` printing `date` through `strftime_now`; logged when the template prints a date,
+/// since every prompt then depends on it.
+pub fn dated(template: ChatTemplate, date: TemplateDate) -> ChatTemplate {
+    let template = template.with_date(date);
+    if template.reads_date() {
+        tracing::info!(
+            chat_template_date = %date,
+            "the chat template prints the date (strftime_now): {}",
+            match date {
+                TemplateDate::Today => "today's, so prompts change at midnight (pin it with --chat-template-date)",
+                TemplateDate::Pinned(_) => "pinned by --chat-template-date",
+            }
+        );
+    }
+    template
+}
+
 #[cfg(feature = "cuda")]
 fn device() -> anyhow::Result<Device> {
     Device::new_cuda(0).context("cannot open CUDA device 0")
@@ -437,6 +458,7 @@ mod tests {
             model: dir,
             served_model_name: "tiny-hf".into(),
             tool_call_parser: None,
+            chat_template_date: TemplateDate::Today,
             pooling: None,
             weights: WeightsKind::Auto,
             cuda_graphs: CudaGraphs::On,
@@ -470,6 +492,7 @@ mod tests {
             model,
             served_model_name: "tiny".into(),
             tool_call_parser: None,
+            chat_template_date: TemplateDate::Today,
             pooling: None,
             weights: WeightsKind::F32,
             cuda_graphs: CudaGraphs::On,

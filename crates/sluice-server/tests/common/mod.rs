@@ -132,6 +132,7 @@ fn tiny_app_with(
         weights: WeightsKind::F32,
         cuda_graphs: sluice_model::CudaGraphs::On,
         tool_call_parser: None,
+        chat_template_date: sluice_tokenizer::TemplateDate::Today,
         pooling: None,
         kv_cache_bytes: 2 << 20,
         kv_cache_dtype: KvCacheDtype::F32,
