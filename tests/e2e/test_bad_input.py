@@ -137,13 +137,13 @@ REJECTED = [
     # huge numbers
     (C, b'{"prompt": "hi", "max_tokens": 1e30}'),
     (C, b'{"prompt": "hi", "max_tokens": 18446744073709551616}'),
-    (C, b'{"prompt": "hi", "max_tokens": 18446744073709551615}'),
     (C, b'{"prompt": "hi", "n": 1e300}'),
     (C, b'{"prompt": "hi", "seed": 1e400}'),
     (C, b'{"prompt": "hi", "top_k": 99999999999999999999}'),
     (C, b'{"prompt": "hi", "temperature": 1e308}'),
     (C, b'{"prompt": "hi", "logprobs": 4294967296}'),
-    (CHAT, j({"messages": MSG, "max_completion_tokens": 2**63})),
+    # (a budget that fits a usize, however large, is lowered to the context: see
+    # test_max_tokens_policy.py)
     # negative and NaN-like values
     (C, j({"prompt": "hi", "max_tokens": -1})),
     (C, j({"prompt": "hi", "temperature": -1})),

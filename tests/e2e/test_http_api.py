@@ -80,8 +80,8 @@ def test_context_length_message(server, model_name):
     ]
     r = requests.post(
         f"{server.base_url}/completions",
-        json={"model": model_name, "prompt": "Hello", "max_tokens": max_len + 1},
-        timeout=10,
+        json={"model": model_name, "prompt": "Hello " * (max_len + 1), "max_tokens": 1},
+        timeout=30,
     )
     err = _error(r)
     assert f"maximum context length is {max_len} tokens" in err["message"], err["message"]

@@ -17,7 +17,7 @@ use crate::handle::{Command, EngineHandle, Shared, SharedStats};
 use crate::kv_events::{kv_event_channel, KvEventBatch};
 use crate::metrics::EngineMetrics;
 use crate::model::Model;
-use crate::params::{ModelLimits, MAX_N};
+use crate::params::{MaxTokensPolicy, ModelLimits, MAX_N};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerError};
 use crate::speculation::{Proposer, SpeculationConfig};
 use crate::telemetry::Telemetry;
@@ -43,6 +43,9 @@ pub struct EngineConfig {
     pub kv_events: bool,
     /// LoRA adapters the model holds at once (`--max-loras`); 0: requests name none.
     pub max_loras: usize,
+    /// A `max_tokens` past what the context leaves: lowered to it, or refused
+    /// (`--max-tokens-policy`).
+    pub max_tokens_policy: MaxTokensPolicy,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +59,7 @@ impl Default for EngineConfig {
             speculation: None,
             kv_events: false,
             max_loras: 0,
+            max_tokens_policy: MaxTokensPolicy::Clamp,
         }
     }
 }
@@ -149,6 +153,7 @@ impl Engine {
             kv_cache_tokens: num_blocks * block_size,
             max_n: MAX_N.min(config.max_waiting),
             max_loras: config.max_loras,
+            max_tokens_policy: config.max_tokens_policy,
         };
         tracing::info!(
             num_blocks,

@@ -44,7 +44,8 @@ pub use kv_events::{
 };
 pub use model::{Model, ModelFailure};
 pub use params::{
-    InvalidRequest, LoraRequest, ModelLimits, Request, SamplingParams, StopParams, ValidRequest,
+    InvalidRequest, LoraRequest, MaxTokensPolicy, ModelLimits, Request, SamplingParams, StopParams,
+    ValidRequest,
 };
 pub use pooling::l2_normalize;
 pub use sampler::{SampleRow, Sampled, Sampler, TokenCounts, TokenLogprobs};

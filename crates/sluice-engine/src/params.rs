@@ -314,10 +314,18 @@ impl ValidRequest {
         if request.stop.min_tokens > max_tokens {
             return Err(InvalidRequest::Param {
                 param: "min_tokens",
-                reason: format!(
-                    "{} is more than max_tokens ({max_tokens})",
-                    request.stop.min_tokens
-                ),
+                reason: if request.max_tokens.is_some_and(|m| m > max_tokens) {
+                    format!(
+                        "{} is more than the {max_tokens} tokens the context leaves after the \
+                         prompt",
+                        request.stop.min_tokens
+                    )
+                } else {
+                    format!(
+                        "{} is more than max_tokens ({max_tokens})",
+                        request.stop.min_tokens
+                    )
+                },
             });
         }
         request.max_tokens = Some(max_tokens);
@@ -429,6 +437,48 @@ impl std::fmt::Debug for LoraRequest {
     }
 }
 
+/// What becomes of a request whose `max_tokens` asks for more than the context leaves after
+/// its prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MaxTokensPolicy {
+    /// Lowered to what is left, as llama.cpp's server, Ollama and LM Studio do: clients that
+    /// send a fixed large budget (Qwen Code's 32768, opencode's configured output limit) get
+    /// an answer that ends with `length` if it reaches the context's end.
+    #[default]
+    Clamp,
+    /// Refused with a 400 naming the numbers, as vLLM and OpenAI do.
+    Strict,
+}
+
+impl MaxTokensPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Clamp => "clamp",
+            Self::Strict => "strict",
+        }
+    }
+}
+
+impl std::str::FromStr for MaxTokensPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "clamp" => Ok(Self::Clamp),
+            "strict" => Ok(Self::Strict),
+            _ => Err(format!(
+                "`{s}` is not a max_tokens policy; use clamp or strict"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for MaxTokensPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// What bounds a request: the model's vocabulary and context, and the KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelLimits {
@@ -442,6 +492,8 @@ pub struct ModelLimits {
     pub max_n: usize,
     /// LoRA adapters the model holds at once; 0: requests may not name one.
     pub max_loras: usize,
+    /// A `max_tokens` past what the context leaves is lowered to it, or refused.
+    pub max_tokens_policy: MaxTokensPolicy,
 }
 
 impl ModelLimits {
@@ -481,8 +533,9 @@ impl ModelLimits {
         }
     }
 
-    /// The prompt plus what may be generated fits [`ModelLimits::capacity`]; returns what each
-    /// sequence may generate (`None`: the rest of the context).
+    /// The prompt fits [`ModelLimits::capacity`] with room for a token; returns what each
+    /// sequence may generate: `max_tokens`, or the rest of the context when it is `None` or
+    /// (under [`MaxTokensPolicy::Clamp`]) asks for more than that.
     fn check_length(
         &self,
         prompt_tokens: usize,
@@ -498,13 +551,14 @@ impl ModelLimits {
         match max_tokens {
             None => Ok(capacity - prompt_tokens),
             Some(0) => Err(InvalidRequest::ZeroMaxTokens),
-            Some(m) if prompt_tokens.saturating_add(m) > capacity => {
-                Err(InvalidRequest::TooManyTokens {
+            Some(m) if prompt_tokens.saturating_add(m) > capacity => match self.max_tokens_policy {
+                MaxTokensPolicy::Clamp => Ok(capacity - prompt_tokens),
+                MaxTokensPolicy::Strict => Err(InvalidRequest::TooManyTokens {
                     prompt_tokens,
                     max_tokens: m,
                     capacity,
-                })
-            }
+                }),
+            },
             Some(m) => Ok(m),
         }
     }
@@ -591,10 +645,63 @@ mod tests {
         kv_cache_tokens: 48,
         max_n: MAX_N,
         max_loras: 0,
+        max_tokens_policy: MaxTokensPolicy::Strict,
     };
 
     fn validate(r: &Request) -> Result<usize, InvalidRequest> {
         ValidRequest::new(r.clone(), &LIMITS).map(|v| v.max_tokens())
+    }
+
+    /// At the context's edge (48 tokens here: the cache is smaller than the context): a budget
+    /// that fits is kept, one token over is lowered to what is left (or refused, strictly), and
+    /// a prompt that alone fills the context is refused either way.
+    #[test]
+    fn a_budget_past_the_context_is_clamped_or_refused_by_the_policy() {
+        let clamp = ModelLimits {
+            max_tokens_policy: MaxTokensPolicy::Clamp,
+            ..LIMITS
+        };
+        let budget = |prompt: usize, max_tokens: usize, limits: &ModelLimits| {
+            ValidRequest::new(Request::new(vec![1; prompt], max_tokens), limits)
+                .map(|v| v.max_tokens())
+        };
+        assert_eq!(budget(10, 38, &clamp), Ok(38));
+        assert_eq!(budget(10, 38, &LIMITS), Ok(38));
+        for over in [39, 32_768, usize::MAX] {
+            assert_eq!(budget(10, over, &clamp), Ok(38));
+            assert_eq!(
+                budget(10, over, &LIMITS),
+                Err(InvalidRequest::TooManyTokens {
+                    prompt_tokens: 10,
+                    max_tokens: over,
+                    capacity: 48
+                })
+            );
+        }
+        assert_eq!(budget(47, 1000, &clamp), Ok(1));
+        for limits in [&clamp, &LIMITS] {
+            assert_eq!(
+                budget(48, 1, limits),
+                Err(InvalidRequest::PromptTooLong {
+                    prompt_tokens: 48,
+                    capacity: 48
+                })
+            );
+        }
+        // `min_tokens` is checked against the clamped budget, and says so.
+        let mut r = Request::new(vec![1; 40], 100);
+        r.stop.min_tokens = 9;
+        let Err(InvalidRequest::Param { param, reason }) = ValidRequest::new(r, &clamp) else {
+            panic!("min_tokens past the clamped budget must be refused");
+        };
+        assert_eq!(param, "min_tokens");
+        assert!(
+            reason.contains("the 8 tokens the context leaves"),
+            "{reason}"
+        );
+        assert_eq!("clamp".parse(), Ok(MaxTokensPolicy::Clamp));
+        assert_eq!(MaxTokensPolicy::Strict.to_string(), "strict");
+        assert!("lenient".parse::<MaxTokensPolicy>().is_err());
     }
 
     #[test]

@@ -7,8 +7,8 @@ use sluice_engine::testing::{
     byte_prompt, tiny_tokenizer, MockControl, MockModel, TINY_ENDOFTEXT, TINY_VOCAB,
 };
 use sluice_engine::{
-    Engine, EngineConfig, EngineHandle, Event, FinishEvent, FinishReason, InvalidRequest, Request,
-    RequestStream, SamplingParams, StopParams, StopReason, SubmitError,
+    Engine, EngineConfig, EngineHandle, Event, FinishEvent, FinishReason, InvalidRequest,
+    MaxTokensPolicy, Request, RequestStream, SamplingParams, StopParams, StopReason, SubmitError,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -339,7 +339,8 @@ fn invalid_requests_are_refused_before_queueing() {
     let cases = [
         Request::new(vec![], 4),
         Request::new(vec![TINY_VOCAB as u32], 4),
-        Request::new(byte_prompt(1, 10), 600),
+        // A prompt that alone fills the context (512 tokens).
+        Request::new(byte_prompt(1, 512), 4),
         Request {
             sampling: SamplingParams {
                 top_p: 1.5,
@@ -355,6 +356,39 @@ fn invalid_requests_are_refused_before_queueing() {
         }
     }
     assert_eq!(h.stats().in_flight(), 0);
+}
+
+/// A budget past the context is lowered to what the context leaves (the default policy), the
+/// answer then ends at the context's end; the strict policy refuses it.
+#[test]
+fn max_tokens_past_the_context_is_clamped_or_refused() {
+    let model = MockModel::new(TINY_VOCAB, 40, 64, 16);
+    let engine = Engine::start(Box::new(model), tiny_tokenizer(), EngineConfig::default()).unwrap();
+    let h = engine.handle();
+    let out = run(&h, long_request(2, 30, 600));
+    assert_eq!(out[0].tokens.len(), 10);
+    assert_eq!(out[0].reason(), FinishReason::Length);
+    let strict = EngineConfig {
+        max_tokens_policy: MaxTokensPolicy::Strict,
+        ..EngineConfig::default()
+    };
+    let model = MockModel::new(TINY_VOCAB, 40, 64, 16);
+    let engine = Engine::start(Box::new(model), tiny_tokenizer(), strict).unwrap();
+    assert!(matches!(
+        engine.handle().validate(long_request(2, 30, 600)),
+        Err(InvalidRequest::TooManyTokens {
+            prompt_tokens: 30,
+            max_tokens: 600,
+            capacity: 40
+        })
+    ));
+    assert_eq!(
+        engine
+            .handle()
+            .validate(long_request(2, 30, 10))
+            .map(|v| v.max_tokens()),
+        Ok(10)
+    );
 }
 
 #[test]

@@ -25,6 +25,7 @@ use std::time::Duration;
 use figment::providers::{Data, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize, Serializer};
+use sluice_engine::MaxTokensPolicy;
 use sluice_model::{CudaGraphs, KvDtype, Pooling, WeightsKind};
 
 use crate::observe::kv_events::{EndpointMode, EventFormat, ZmqEndpoint};
@@ -137,6 +138,12 @@ config_keys! {
     /// Longest sequence (prompt + completion) [default: the model's context length].
     max_model_len: Option<usize> = None;
     flag usize, #[arg(long, env = "SLUICE_MAX_MODEL_LEN", value_name = "N")]
+
+    /// A `max_tokens` past what the context leaves after the prompt: `clamp` lowers it to
+    /// that (the answer ends with `length` if it gets there), `strict` refuses it with a 400
+    /// as vLLM does [default: clamp].
+    max_tokens_policy: Named<MaxTokensPolicy> = Named(MaxTokensPolicy::Clamp);
+    flag Named<MaxTokensPolicy>, #[arg(long, env = "SLUICE_MAX_TOKENS_POLICY", value_name = "POLICY")]
 
     /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /tokenize and
     /// /detokenize.
@@ -979,7 +986,7 @@ mod tests {
         flags_sorted.sort();
         keys_sorted.sort();
         assert_eq!(flags_sorted, keys_sorted);
-        assert_eq!(flags.len(), 36, "{flags:?}");
+        assert_eq!(flags.len(), 37, "{flags:?}");
     }
 
     #[test]

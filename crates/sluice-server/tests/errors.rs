@@ -9,6 +9,7 @@ use axum::body::Body;
 use axum::http::{Method, StatusCode};
 use common::*;
 use serde_json::{json, Value};
+use sluice_engine::{EngineConfig, MaxTokensPolicy};
 use sluice_server::HttpSettings;
 
 fn chat(extra: Value) -> Value {
@@ -309,9 +310,38 @@ async fn an_unknown_model_is_404_model_not_found() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
+/// Under the default policy a budget past the context is lowered to what is left: the answer
+/// runs to the context's end and says `length`.
 #[tokio::test]
-async fn prompt_plus_max_tokens_past_the_context_is_refused_with_openais_message() {
-    let t = tiny_app(settings());
+async fn prompt_plus_max_tokens_past_the_context_is_clamped_by_default() {
+    let t = mock_app(settings(), EngineConfig::default());
+    for max_tokens in [600, usize::MAX] {
+        let (status, v) = t
+            .post_json(
+                "/v1/chat/completions",
+                &chat(json!({"max_tokens": max_tokens, "ignore_eos": true})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+        let usage = &v["usage"];
+        assert_eq!(
+            usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap(),
+            512,
+            "{v}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn prompt_plus_max_tokens_past_the_context_is_refused_with_openais_message_when_strict() {
+    let t = mock_app(
+        settings(),
+        EngineConfig {
+            max_tokens_policy: MaxTokensPolicy::Strict,
+            ..EngineConfig::default()
+        },
+    );
     let (status, v) = t
         .post_json("/v1/chat/completions", &chat(json!({"max_tokens": 600})))
         .await;

@@ -307,10 +307,25 @@ async fn claude_codes_default_fields_are_accepted() {
     }
 }
 
-/// Past the context, Anthropic's words, whose numbers Claude Code reads to retry.
+/// Past the context, under the strict policy, Anthropic's words, whose numbers Claude Code
+/// reads to retry; by default the budget is lowered to what the context leaves.
 #[tokio::test]
 async fn a_prompt_that_does_not_fit_is_told_in_anthropics_words() {
-    let t = app();
+    let (status, v) = app()
+        .post_json("/v1/messages", &ask(json!({"max_tokens": 100_000_000})))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert!(
+        ["end_turn", "max_tokens"].contains(&v["stop_reason"].as_str().unwrap()),
+        "{v}"
+    );
+    let t = mock_app_long(
+        settings(),
+        EngineConfig {
+            max_tokens_policy: sluice_engine::MaxTokensPolicy::Strict,
+            ..EngineConfig::default()
+        },
+    );
     let (status, v) = t
         .post_json("/v1/messages", &ask(json!({"max_tokens": 100_000_000})))
         .await;

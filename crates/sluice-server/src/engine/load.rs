@@ -89,6 +89,7 @@ impl ModelSettings {
                 }),
                 kv_events: c.kv_events.is_some(),
                 max_loras: if c.lora_enabled() { c.max_loras } else { 0 },
+                max_tokens_policy: *c.max_tokens_policy,
                 ..EngineConfig::default()
             },
         }
@@ -175,9 +176,10 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
         .filter(|&l| l > context_length)
     {
         tracing::warn!(
-            max_model_len = len,
-            context_length,
-            "--max-model-len is past the model's context length; using the model's"
+            requested = len,
+            max_model_len = context_length,
+            "--max-model-len {len} is past the model's context length: serving {context_length} \
+             tokens a sequence"
         );
     }
     let pooling = settings
