@@ -4,8 +4,11 @@ chat through its own ChatML template, and code completion. `scripts/fetch-qwen.s
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
+import requests
 
 from harness import ROOT, SluiceServer, run_together, served
 
@@ -55,6 +58,59 @@ def test_code_completion(qwen_client):
     )
     text = r.choices[0].text
     assert "return" in text, text
+
+
+WRITE = {
+    "type": "function",
+    "function": {
+        "name": "write",
+        "description": "Write a file.",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["path", "content"],
+        },
+    },
+}
+# Qwen2.5-Coder-0.5B answers this with the call's JSON alone, no <tool_call> tags (as it did
+# under opencode); the test checks that premise on the raw completion first.
+BARE_PROMPT = [{"role": "user", "content": "Write hello to a.txt."}]
+
+
+def test_a_call_written_without_its_tags_is_a_tool_call(qwen, qwen_client):
+    body = {"model": QWEN.stem, "messages": BARE_PROMPT, "tools": [WRITE], "temperature": 0,
+            "max_tokens": 80}
+    rendered = requests.post(f"{qwen.base_url}/chat/completions/render", json=body, timeout=60)
+    raw = qwen_client.completions.create(
+        model=QWEN.stem, prompt=rendered.json()["token_ids"], temperature=0, max_tokens=80,
+        extra_body={"skip_special_tokens": False},
+    ).choices[0].text
+    written = json.loads(raw)
+    assert written["name"] == "write" and "<tool_call>" not in raw, raw
+
+    answer = qwen_client.chat.completions.create(**body).choices[0]
+    assert answer.finish_reason == "tool_calls", answer
+    [call] = answer.message.tool_calls
+    assert call.function.name == "write" and not answer.message.content
+    assert json.loads(call.function.arguments) == written["arguments"]
+    streamed = qwen_client.chat.completions.create(**body, stream=True)
+    pieces = [c.choices[0].delta for c in streamed if c.choices]
+    assert not "".join(d.content or "" for d in pieces)
+    arguments = "".join(t.function.arguments or "" for d in pieces for t in d.tool_calls or [])
+    assert arguments == call.function.arguments
+
+    # A response format asked for wins: the same JSON is the answer's text.
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+              "arguments": {"type": "object"}}, "required": ["name", "arguments"]}
+    formatted = qwen_client.chat.completions.create(
+        **body, response_format={"type": "json_schema",
+                                 "json_schema": {"name": "call", "schema": schema}},
+    ).choices[0]
+    assert not formatted.message.tool_calls and json.loads(formatted.message.content), formatted
+    # Without tools the JSON it writes is text.
+    plain = {k: v for k, v in body.items() if k != "tools"}
+    untooled = qwen_client.chat.completions.create(**plain).choices[0]
+    assert not untooled.message.tool_calls, untooled
 
 
 def test_concurrent_streams_match_each_alone(qwen_client):

@@ -5,6 +5,7 @@
 //! Harmony's channels (`harmony`).
 //! Nothing here knows about tensors.
 
+mod bare_call;
 mod bpe;
 pub mod byte_level;
 pub mod chat;

@@ -8,6 +8,9 @@
 //! client sees the same deltas OpenAI sends. Any chunking of the same text gives the same
 //! events once merged.
 
+use std::sync::Arc;
+
+use crate::bare_call::BareCallScanner;
 use crate::harmony::HarmonyParser;
 use crate::partial_marker::hold_point;
 pub use crate::tool_event::ToolEvent;
@@ -164,8 +167,15 @@ impl std::fmt::Display for ToolCallFormat {
 /// formats, parsing goes back to content at the first character that cannot belong to it).
 ///
 /// Harmony is read by [`HarmonyParser`], with its own rules for output that breaks the format.
+///
+/// [`ToolCallParser::with_bare_calls`] also reads an answer that is a call's JSON alone,
+/// without the format's markup ([`crate::bare_call`]).
 #[derive(Debug, Clone)]
-pub struct ToolCallParser(Reader);
+pub struct ToolCallParser {
+    reader: Reader,
+    /// While the answer may still be a bare call: its text, held.
+    bare: Option<BareCallScanner>,
+}
 
 #[derive(Debug, Clone)]
 enum Reader {
@@ -176,26 +186,61 @@ enum Reader {
 impl ToolCallParser {
     /// A parser for one response in `format` (the same as [`ToolCallFormat::parser`]).
     pub fn new(format: ToolCallFormat) -> Self {
-        Self(match format.markup() {
+        let reader = match format.markup() {
             Some(markup) => Reader::Markup(Box::new(MarkupParser::new(markup))),
             None => Reader::Harmony(HarmonyParser::new()),
-        })
+        };
+        Self { reader, bare: None }
+    }
+
+    /// Also reads a whole answer that is exactly a call's JSON object, or an array of them,
+    /// without the format's markup, as those calls, when each names one of `offered` and has
+    /// an object of arguments (`{"name": ..., "arguments": {...}}`). Such an answer is held back
+    /// while it can still be one. Harmony marks every message with its channel, so it reads
+    /// no bare calls; Llama 3's bare `{` and Mistral's bare `[` are already its format's own.
+    pub fn with_bare_calls(mut self, offered: Arc<[String]>) -> Self {
+        if let Reader::Markup(parser) = &self.reader {
+            self.bare = Some(BareCallScanner::new(offered, parser.format.bare_opener()));
+        }
+        self
     }
 
     /// Parses the next piece of generated text, appending what it completes to `out`.
     pub fn push(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
-        match &mut self.0 {
-            Reader::Markup(parser) => parser.push(text, out),
-            Reader::Harmony(parser) => parser.push(text, out),
+        if let Some(bare) = &mut self.bare {
+            if bare.feed(text) {
+                return;
+            }
+            // Not a bare call: what was held is read as the format reads any text.
+            let held = self.bare.take().map(BareCallScanner::into_held);
+            self.read(held.as_deref().unwrap_or_default(), out);
+            return;
         }
+        self.read(text, out);
     }
 
     /// Ends the response: held-back text and a call that never started come out as content.
     /// A call that started stays as it is (see the type's documentation).
     pub fn finish(&mut self, out: &mut Vec<ToolEvent>) {
-        match &mut self.0 {
+        if let Some(bare) = self.bare.take() {
+            match bare.finish() {
+                Ok(calls) => {
+                    out.extend(calls);
+                    return;
+                }
+                Err(held) => self.read(&held, out),
+            }
+        }
+        match &mut self.reader {
             Reader::Markup(parser) => parser.finish(out),
             Reader::Harmony(parser) => parser.finish(out),
+        }
+    }
+
+    fn read(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
+        match &mut self.reader {
+            Reader::Markup(parser) => parser.push(text, out),
+            Reader::Harmony(parser) => parser.push(text, out),
         }
     }
 }
@@ -1191,5 +1236,71 @@ mod tests {
             vec![content("[1, 2] are [TOOL")]
         );
         assert_eq!(parse(Mistral, "[\"x\"]"), vec![content("[\"x\"]")]);
+    }
+
+    fn with_bare<'a>(
+        format: ToolCallFormat,
+        chunks: impl IntoIterator<Item = &'a str>,
+    ) -> (Vec<ToolEvent>, usize) {
+        let offered: Arc<[String]> = vec!["write".to_string()].into();
+        let mut parser = format.parser().with_bare_calls(offered);
+        let mut out = Vec::new();
+        let mut before_finish = 0;
+        for chunk in chunks {
+            parser.push(chunk, &mut out);
+            before_finish = out.len();
+        }
+        parser.finish(&mut out);
+        (merged(out), before_finish)
+    }
+
+    /// A Hermes answer that is a call's JSON alone is that call, given out at the end (until
+    /// then it could still turn out to be text); with markup, or as text, it reads as ever.
+    #[test]
+    fn hermes_reads_a_bare_call_when_tools_were_offered() {
+        let bare = "{\"name\": \"write\", \"arguments\": {\"content\": \"hello\"}}";
+        let chars: Vec<String> = bare.chars().map(String::from).collect();
+        let (events, streamed) = with_bare(Hermes, chars.iter().map(String::as_str));
+        assert_eq!(streamed, 0, "nothing is given out while it may be a call");
+        assert_eq!(
+            events,
+            vec![
+                ToolEvent::CallStart {
+                    index: 0,
+                    name: "write".into()
+                },
+                ToolEvent::CallArguments {
+                    index: 0,
+                    fragment: "{\"content\": \"hello\"}".into()
+                },
+            ]
+        );
+        // Without the offer the same text is content.
+        assert_eq!(parse(Hermes, bare), vec![content(bare)]);
+        // A tagged call and plain text are unchanged, and text streams at once.
+        let tagged = format!("<tool_call>\n{bare}\n</tool_call>");
+        assert_eq!(
+            with_bare(Hermes, [tagged.as_str()]).0,
+            parse(Hermes, &tagged)
+        );
+        let (events, streamed) = with_bare(Hermes, ["The answer", " is 4."]);
+        assert_eq!(events, vec![content("The answer is 4.")]);
+        assert!(streamed > 0);
+        // JSON that is not a call is content, released at its first key.
+        let (events, streamed) = with_bare(Hermes, ["{\"answer\"", ": 4}"]);
+        assert_eq!(events, vec![content("{\"answer\": 4}")]);
+        assert!(streamed > 0);
+    }
+
+    /// Llama 3 reads a bare `{` as its own format does (streaming the call); Harmony reads no
+    /// bare calls.
+    #[test]
+    fn formats_that_read_bare_json_keep_their_own_reading() {
+        let bare = "{\"name\": \"write\", \"parameters\": {\"content\": \"hi\"}}";
+        let (events, streamed) = with_bare(Llama3Json, [bare]);
+        assert_eq!(events, parse(Llama3Json, bare));
+        assert!(streamed > 0);
+        let (events, _) = with_bare(ToolCallFormat::Harmony, [bare]);
+        assert_eq!(events, parse(ToolCallFormat::Harmony, bare));
     }
 }

@@ -3,6 +3,8 @@
 //! calls (`tool_calls`), as deltas while it streams and as a whole message at the end. The
 //! markup around reasoning and calls never reaches `content`.
 
+use std::sync::Arc;
+
 use sluice_tokenizer::reasoning::{ReasoningEvent, ReasoningParser};
 use sluice_tokenizer::tool_parser::{ToolCallFormat, ToolCallParser, ToolEvent};
 
@@ -23,7 +25,7 @@ impl Delta {
 }
 
 /// How a chat request's output is read.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct OutputFormat {
     /// The model thinks in `<think>` blocks; `true` in the pair: the prompt already opened one.
     pub reasoning: Option<bool>,
@@ -32,6 +34,10 @@ pub struct OutputFormat {
     pub tools: Option<ToolCallFormat>,
     /// Calls after the first are dropped (`parallel_tool_calls: false`).
     pub single_call: bool,
+    /// The tools the model may call, when a whole answer that is a call's JSON without the
+    /// format's markup is to be read as that call (`tool_choice` allows calls and no response
+    /// format was asked for: [`ToolCallParser::with_bare_calls`]).
+    pub bare_calls: Option<Arc<[String]>>,
 }
 
 struct Call {
@@ -52,10 +58,14 @@ pub struct ChoiceOutput {
 }
 
 impl ChoiceOutput {
-    pub fn new(format: OutputFormat) -> Self {
+    pub fn new(format: &OutputFormat) -> Self {
+        let tools = format.tools.map(|f| match &format.bare_calls {
+            Some(offered) => f.parser().with_bare_calls(offered.clone()),
+            None => f.parser(),
+        });
         Self {
             reasoning: format.reasoning.map(ReasoningParser::new),
-            tools: format.tools.map(ToolCallFormat::parser),
+            tools,
             single_call: format.single_call,
             calls: Vec::new(),
             reasoning_tokens: 0,
@@ -188,7 +198,7 @@ mod tests {
     use super::*;
 
     fn run(format: OutputFormat, pieces: &[&str]) -> (Delta, ChoiceOutput) {
-        let mut out = ChoiceOutput::new(format);
+        let mut out = ChoiceOutput::new(&format);
         let mut all = Delta::default();
         let mut merge = |d: Delta| {
             all.content.push_str(&d.content);
@@ -238,6 +248,40 @@ mod tests {
         let calls = out.calls();
         assert_eq!(calls.len(), 1);
         assert_eq!(calls[0].function.arguments, args);
+    }
+
+    /// Offered tools under `auto`: an answer that is only a call's JSON, after any reasoning,
+    /// is that call; without the offer, or as other JSON, it is content.
+    #[test]
+    fn a_bare_call_is_a_call_only_where_tools_were_offered() {
+        let bare = "{\"name\": \"write\", \"arguments\": {\"content\": \"hello\"}}";
+        let offered = OutputFormat {
+            reasoning: Some(false),
+            tools: Some(ToolCallFormat::Hermes),
+            bare_calls: Some(vec!["write".to_string()].into()),
+            ..Default::default()
+        };
+        let thought = format!("<think>It wants a file.</think>\n\n{bare}");
+        let (d, out) = run(offered.clone(), &[&thought[..20], &thought[20..]]);
+        assert_eq!(
+            (d.reasoning.trim(), d.content.as_str()),
+            ("It wants a file.", "")
+        );
+        assert_eq!(out.calls()[0].function.name, "write");
+        assert_eq!(
+            out.calls()[0].function.arguments,
+            "{\"content\": \"hello\"}"
+        );
+        let (d, out) = run(offered, &["{\"answer\": 4}"]);
+        assert_eq!(d.content, "{\"answer\": 4}");
+        assert!(!out.has_calls());
+        let plain = OutputFormat {
+            tools: Some(ToolCallFormat::Hermes),
+            ..Default::default()
+        };
+        let (d, out) = run(plain, &[bare]);
+        assert_eq!(d.content, bare);
+        assert!(!out.has_calls());
     }
 
     #[test]

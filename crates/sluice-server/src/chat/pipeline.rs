@@ -101,6 +101,8 @@ pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedC
         .chat_template
         .as_ref()
         .is_some_and(|t| t.tool_call_format() == ToolCallFormat::Harmony);
+    // An asked-for response format wins: its JSON is the answer, never a bare call.
+    let bare_calls = plan.bare_calls.clone().filter(|_| requested.is_none());
     let grammar = match (plan.grammar.clone(), requested) {
         (Some(_), Some(r)) => {
             return Err(ApiError::invalid(
@@ -151,6 +153,7 @@ pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedC
             reasoning: thinks.then_some(opens_thinking),
             tools: output_format,
             single_call: plan.single_call,
+            bare_calls,
         },
         names,
     })
@@ -258,7 +261,7 @@ pub async fn collect(
 ) -> Result<Vec<ChoiceResult>, ApiError> {
     let generation = &mut run.generation;
     let mut parsed: Vec<ChoiceOutput> = (0..generation.num_choices())
-        .map(|_| ChoiceOutput::new(run.output))
+        .map(|_| ChoiceOutput::new(&run.output))
         .collect();
     let mut results: Vec<ChoiceResult> = (0..generation.num_choices())
         .map(|_| ChoiceResult {

@@ -3,6 +3,8 @@
 //! shown, which format the output is parsed in, and, for `required` or a named function, the
 //! grammar that forces a valid call.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 use sluice_engine::{FunctionSpec, Grammar};
 use sluice_tokenizer::tool_parser::ToolCallFormat;
@@ -28,6 +30,9 @@ pub struct ToolPlan {
     pub grammar: Option<Grammar>,
     /// At most one call is returned (`parallel_tool_calls: false`).
     pub single_call: bool,
+    /// Under `auto`, the names of the tools offered: an answer that is a call's JSON alone,
+    /// without the format's markup, is read as that call.
+    pub bare_calls: Option<Arc<[String]>>,
 }
 
 /// Checks the tool fields and plans the request. `format_override` is the server's
@@ -165,11 +170,18 @@ pub fn plan(
         }
         ToolChoice::Auto | ToolChoice::None => None,
     };
+    let bare_calls = (choice == ToolChoice::Auto).then(|| {
+        specs
+            .iter()
+            .map(|s| s.name.clone())
+            .collect::<Arc<[String]>>()
+    });
     Ok(ToolPlan {
         template_tools: Some(raw_tools),
         format: Some(format),
         grammar,
         single_call,
+        bare_calls,
     })
 }
 
@@ -208,6 +220,8 @@ mod tests {
         let t = chatml();
         let auto = plan(Some(vec![tool("f")]), None, None, &t, None).unwrap();
         assert!(auto.template_tools.is_some() && auto.format.is_some() && auto.grammar.is_none());
+        // Under `auto` a bare call's JSON may name the offered tools; forced calls have markup.
+        assert_eq!(auto.bare_calls.as_deref(), Some(&["f".to_string()][..]));
         let none = plan(
             Some(vec![tool("f")]),
             Some(ToolChoice::None),
@@ -228,6 +242,7 @@ mod tests {
         assert!(
             matches!(req.grammar, Some(Grammar::Lark(ref l)) if l.contains("\"f\"") && l.contains("\"g\""))
         );
+        assert!(req.bare_calls.is_none() && none.bare_calls.is_none());
         let named = plan(
             Some(vec![tool("f"), tool("g")]),
             Some(ToolChoice::Function("g".into())),

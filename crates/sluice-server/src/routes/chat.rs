@@ -128,6 +128,7 @@ async fn collect(
         .map(|_| want_logprobs.then(ChatLogprobs::default))
         .collect();
     let tokenizer = generation.model.tokenizer().clone();
+    let thinks = output.reasoning.is_some();
     let mut run = ChatRun { generation, output };
     let choices = pipeline::collect(&mut run, |choice, event| {
         if let (Some(Some(all)), Some(lp)) = (logprobs.get_mut(choice), &event.logprobs) {
@@ -138,7 +139,7 @@ async fn collect(
     let generation = run.generation;
     let reasoning_tokens: usize = choices.iter().map(|c| c.reasoning_tokens).sum();
     let mut usage = generation.usage();
-    if output.reasoning.is_some() {
+    if thinks {
         usage = usage.with_reasoning_tokens(reasoning_tokens);
     }
     Ok(axum::Json(ChatResponse {
@@ -213,7 +214,7 @@ fn stream_chunks(
 ) -> impl futures_util::Stream<Item = SseEvent> + Send {
     async_stream::stream! {
         let mut parsed: Vec<ChoiceOutput> = (0..generation.num_choices())
-            .map(|_| ChoiceOutput::new(output))
+            .map(|_| ChoiceOutput::new(&output))
             .collect();
         for index in 0..generation.num_choices() {
             let role = ChatChunkChoice {

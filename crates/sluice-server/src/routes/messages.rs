@@ -217,7 +217,7 @@ fn stream_events(
 ) -> impl futures_util::Stream<Item = SseEvent> + Send {
     async_stream::stream! {
         let mut run = run;
-        let mut parser = ChoiceOutput::new(run.output);
+        let mut parser = ChoiceOutput::new(&run.output);
         let mut blocks = BlockStream::default();
         let mut block_events: Vec<BlockEvent> = Vec::new();
         let mut events: Vec<StreamEvent> = Vec::new();

@@ -521,7 +521,7 @@ fn stream_events(
     async_stream::stream! {
         let mut run = run;
         let mut sequence = 0u64;
-        let mut parser = ChoiceOutput::new(run.output);
+        let mut parser = ChoiceOutput::new(&run.output);
         let mut blocks = BlockStream::default();
         let mut items = ItemWriter::new(context.style.clone());
         let mut block_events: Vec<BlockEvent> = Vec::new();
