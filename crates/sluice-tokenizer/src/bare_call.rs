@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use crate::json_scan::{NestingScanner, StringLiteral};
 use crate::tool_event::ToolEvent;
 
 /// Where the scanner is in the answer.
@@ -57,36 +58,6 @@ struct Candidate {
     arguments: Option<(usize, usize)>,
 }
 
-/// A JSON string read a character at a time, quotes included.
-#[derive(Debug, Clone, Default)]
-struct Literal {
-    text: String,
-    escaped: bool,
-}
-
-impl Literal {
-    /// Reads the next character (the opening quote first); true when it closed the string.
-    fn feed(&mut self, c: char) -> bool {
-        let opening = self.text.is_empty();
-        self.text.push(c);
-        if opening {
-            return false;
-        }
-        if self.escaped {
-            self.escaped = false;
-            return false;
-        }
-        match c {
-            '\\' => {
-                self.escaped = true;
-                false
-            }
-            '"' => true,
-            _ => false,
-        }
-    }
-}
-
 /// Reads an answer that may be a bare call, holding its text until it is decided.
 #[derive(Debug, Clone)]
 pub(crate) struct BareCallScanner {
@@ -100,11 +71,9 @@ pub(crate) struct BareCallScanner {
     expect: Expect,
     key: CallKey,
     /// A key, or a call's name, being read.
-    literal: Option<Literal>,
-    /// Inside the arguments: depth, and whether in a string.
-    depth: usize,
-    in_string: bool,
-    escaped: bool,
+    literal: Option<StringLiteral>,
+    /// Inside the arguments: their nesting.
+    arguments: NestingScanner,
     arguments_start: usize,
     current: Candidate,
     calls: Vec<Candidate>,
@@ -121,9 +90,7 @@ impl BareCallScanner {
             expect: Expect::FirstKey,
             key: CallKey::Name,
             literal: None,
-            depth: 0,
-            in_string: false,
-            escaped: false,
+            arguments: NestingScanner::default(),
             arguments_start: 0,
             current: Candidate::default(),
             calls: Vec::new(),
@@ -204,8 +171,7 @@ impl BareCallScanner {
             },
             Position::Object => self.object_step(at, c),
             Position::Arguments => {
-                self.arguments_step(c);
-                if self.depth == 0 {
+                if self.arguments.feed(c) {
                     self.current.arguments = Some((self.arguments_start, at + c.len_utf8()));
                     self.position = Position::Object;
                     self.expect = Expect::CommaOrEnd;
@@ -228,7 +194,7 @@ impl BareCallScanner {
             if !literal.feed(c) {
                 return true;
             }
-            let Ok(value) = serde_json::from_str::<String>(&literal.text) else {
+            let Some(value) = literal.decode() else {
                 return false;
             };
             self.literal = None;
@@ -267,9 +233,8 @@ impl BareCallScanner {
             (Expect::Value, '{') if self.key == CallKey::Arguments => {
                 self.position = Position::Arguments;
                 self.arguments_start = at;
-                self.depth = 1;
-                self.in_string = false;
-                self.escaped = false;
+                self.arguments = NestingScanner::default();
+                self.arguments.feed(c);
                 // The arguments object itself is marked read once it closes.
                 self.current.arguments = Some((at, at));
                 true
@@ -294,30 +259,10 @@ impl BareCallScanner {
     }
 
     fn start_literal(&mut self, quote: char) -> bool {
-        let mut literal = Literal::default();
+        let mut literal = StringLiteral::default();
         literal.feed(quote);
         self.literal = Some(literal);
         true
-    }
-
-    /// Follows the arguments' nesting; strings hide brackets and quotes behind a backslash.
-    fn arguments_step(&mut self, c: char) {
-        if self.in_string {
-            if self.escaped {
-                self.escaped = false;
-            } else if c == '\\' {
-                self.escaped = true;
-            } else if c == '"' {
-                self.in_string = false;
-            }
-            return;
-        }
-        match c {
-            '"' => self.in_string = true,
-            '{' | '[' => self.depth += 1,
-            '}' | ']' => self.depth -= 1,
-            _ => {}
-        }
     }
 }
 

@@ -17,6 +17,7 @@ mod gguf_spm;
 mod gguf_vocab;
 pub mod harmony;
 mod hf_json;
+mod json_scan;
 mod partial_marker;
 mod parts;
 mod pretokenize;

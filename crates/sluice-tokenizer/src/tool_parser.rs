@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use crate::bare_call::BareCallScanner;
 use crate::harmony::HarmonyParser;
+use crate::json_scan::{NestingScanner, StringLiteral};
 use crate::partial_marker::hold_point;
 pub use crate::tool_event::ToolEvent;
 
@@ -843,76 +844,6 @@ impl CallObject {
         } else {
             ObjectStep::Broken
         }
-    }
-}
-
-/// A JSON string literal read a character at a time, quotes included.
-#[derive(Debug, Clone, Default)]
-struct StringLiteral {
-    text: String,
-    escaped: bool,
-}
-
-impl StringLiteral {
-    /// Reads the next character (the opening quote first); true when it closed the string.
-    fn feed(&mut self, c: char) -> bool {
-        let opening = self.text.is_empty();
-        self.text.push(c);
-        if opening {
-            return false;
-        }
-        if self.escaped {
-            self.escaped = false;
-            return false;
-        }
-        match c {
-            '\\' => {
-                self.escaped = true;
-                false
-            }
-            '"' => true,
-            _ => false,
-        }
-    }
-
-    /// The string's value, escapes resolved; `None` for an invalid escape.
-    fn decode(&self) -> Option<String> {
-        serde_json::from_str(&self.text).ok()
-    }
-}
-
-/// Follows a JSON object or array a character at a time: its depth, and whether it is inside a
-/// string, where braces and quotes behind a backslash do not count.
-#[derive(Debug, Clone, Default)]
-struct NestingScanner {
-    depth: usize,
-    in_string: bool,
-    escaped: bool,
-}
-
-impl NestingScanner {
-    /// Reads the next character (the opening bracket first); true when it closed the value.
-    fn feed(&mut self, c: char) -> bool {
-        if self.in_string {
-            if self.escaped {
-                self.escaped = false;
-            } else if c == '\\' {
-                self.escaped = true;
-            } else if c == '"' {
-                self.in_string = false;
-            }
-            return false;
-        }
-        match c {
-            '"' => self.in_string = true,
-            '{' | '[' => self.depth += 1,
-            '}' | ']' => {
-                self.depth = self.depth.saturating_sub(1);
-                return self.depth == 0;
-            }
-            _ => {}
-        }
-        false
     }
 }
 
