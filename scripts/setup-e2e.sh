@@ -8,7 +8,9 @@
 # - Debian's `faketime` (libfaketime) when missing: scripts/test.sh runs the Harmony file again
 #   with the clock a year ahead;
 # - node and npm from Debian when either is missing, then tests/e2e/node/node_modules: the
-#   pinned official `openai` Node SDK and the agent CLIs (tests/e2e/node/package-lock.json).
+#   pinned official `openai` Node SDK, the agent CLIs (Claude Code, Codex, opencode, Qwen Code)
+#   and Node 22 as the registry's `node` package, for Qwen Code, which needs Node >= 22
+#   (tests/e2e/node/package-lock.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,15 +1,22 @@
 """Real agent clients at their defaults against `sluice serve`: Claude Code (`claude -p`, over
-/v1/messages) and Codex (`codex exec`, over /v1/responses with a custom provider), and the
-OpenAI Agents SDK with a function tool over both OpenAI APIs.
+/v1/messages), Codex (`codex exec`, over /v1/responses with a custom provider), opencode
+(`opencode run`, a custom `@ai-sdk/openai-compatible` provider over /v1/chat/completions) and
+Qwen Code (`qwen`, its OPENAI_* variables, over /v1/chat/completions), and the OpenAI Agents SDK
+with a function tool over both OpenAI APIs.
 
-The two CLIs come from npm (tests/e2e/node/package-lock.json; scripts/setup-e2e.sh installs
-them, so CI has them). Each runs with its telemetry off, and inside a network namespace of its
+The four CLIs come from npm (tests/e2e/node/package-lock.json; scripts/setup-e2e.sh installs
+them, so CI has them; Qwen Code needs Node >= 22, which comes from the registry's `node`
+package beside them). Each runs with its telemetry off, and inside a network namespace of its
 own (`unshare -rn`) whose only interface is loopback, with the server started inside it: the
 CLI can reach the server and nothing else, so a run that completes made no other connection
 it needed, and any other it tried failed without leaving the machine.
 
-The CLIs run on Qwen2.5-Coder-0.5B (`scripts/fetch-qwen.sh`): their default prompts (system
-prompt and a dozen tools, 8.7k and 11.6k tokens) do not fit SmolLM2's 8192-token context. On
+Each runs on the smallest model whose context holds its default prompt: opencode's (~7.7k
+tokens) fits SmolLM2's 8192; Claude Code's, Codex's and Qwen Code's (system prompt and a dozen
+tools, 8.7k, 11.6k and 13k tokens) need Qwen2.5-Coder-0.5B (`scripts/fetch-qwen.sh`).
+opencode and Qwen Code ask for an output budget past what the context leaves (Qwen Code
+32768 whatever the model), which sluice lowers to what is left (a 400 before, on which Qwen
+Code exited and opencode compacted and retried without end). On
 SmolLM2, Claude Code gets Anthropic's `prompt is too long` (checked below). Text from a small
 model may be poor; the assertions are on the protocol: the run completes with an answer.
 """
@@ -30,6 +37,8 @@ from harness import BINARY, MODEL, ROOT
 NODE_BIN = ROOT / "tests" / "e2e" / "node" / "node_modules" / ".bin"
 CLAUDE = NODE_BIN / "claude"
 CODEX = NODE_BIN / "codex"
+OPENCODE = NODE_BIN / "opencode"
+QWEN_CODE = NODE_BIN / "qwen"
 QWEN = ROOT / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 # gpt-oss's shape with random weights, Harmony's tokens and gpt-oss's chat template
 # (scripts/make-moe-models.sh).
@@ -253,6 +262,83 @@ def test_codex_completes_a_turn_on_gpt_oss(tmp_path):
     answer, unparsed, and the turn completes."""
     messages = codex_turn(tmp_path, OSS)
     assert messages and messages[-1].strip(), messages
+
+
+TURN = "Write the word hello into the file hello.txt"
+
+
+@needs_namespace
+@needs(OPENCODE, "run scripts/setup-e2e.sh (npm)")
+@pytest.mark.timeout(CLI_TIMEOUT_S + 60)
+def test_opencode_completes_a_turn_at_its_defaults(tmp_path):
+    """`opencode run` with only the provider (endpoint and model) configured, its update
+    check, model list fetch, default plugins and LSP downloads off; the turn ends without an
+    error event and exit 0."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "opencode.json").write_text(json.dumps({
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": False,
+        "share": "disabled",
+        "provider": {"sluice": {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "sluice",
+            "options": {"baseURL": "http://127.0.0.1:8000/v1"},
+            "models": {MODEL.stem: {}},
+        }},
+        "model": f"sluice/{MODEL.stem}",
+    }))
+    env = {
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    }
+    proc = run_isolated(tmp_path, MODEL, env, str(OPENCODE), "run", "--format", "json", TURN)
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], proc.server_log[-3000:])
+    kinds = [e["type"] for e in events]
+    assert "step_finish" in kinds and "error" not in kinds, (events, proc.stderr[-3000:])
+    assert 'endpoint="chat"' in proc.server_log
+    # Its prompt and its output budget pass SmolLM2's context: the answer ran to the end.
+    finish = [e["part"] for e in events if e["type"] == "step_finish"][-1]
+    assert finish["tokens"]["input"] > 5000, finish
+
+
+@needs_namespace
+@needs(QWEN_CODE, "run scripts/setup-e2e.sh (npm)")
+@needs(QWEN, "run scripts/fetch-qwen.sh")
+@pytest.mark.timeout(CLI_TIMEOUT_S + 60)
+def test_qwen_code_completes_a_turn_at_its_defaults(tmp_path):
+    """`qwen` with OPENAI_BASE_URL, OPENAI_API_KEY and OPENAI_MODEL only, its usage statistics
+    and update checks off (settings.json); it sends max_tokens 32768 beside a 13k-token
+    prompt, which a 32768-token context lowers: the turn completes, no API error, exit 0."""
+    home = tmp_path / "home"
+    (home / ".qwen").mkdir(parents=True)
+    (home / ".qwen" / "settings.json").write_text(json.dumps({
+        "general": {"enableAutoUpdate": False},
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False},
+    }))
+    env = {
+        # Qwen Code's `#!/usr/bin/env node` finds the registry's Node 22 first.
+        "PATH": f"{NODE_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "OPENAI_BASE_URL": "http://127.0.0.1:8000/v1",
+        "OPENAI_API_KEY": "sk-unused",
+        "OPENAI_MODEL": QWEN.stem,
+    }
+    proc = run_isolated(tmp_path, QWEN, env, str(QWEN_CODE), "--output-format", "json", TURN)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], proc.server_log[-3000:])
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("{", "["))]
+    assert lines, (proc.stdout[-3000:], proc.stderr[-3000:])
+    events = json.loads(lines[-1])
+    result = [e for e in (events if isinstance(events, list) else [events])
+              if e.get("type") == "result"][-1]
+    assert result["is_error"] is False, result
+    api = result["stats"]["models"][QWEN.stem]["api"]
+    assert api["totalRequests"] >= 1 and api["totalErrors"] == 0, api
+    assert 'endpoint="chat"' in proc.server_log
+    assert result["usage"]["input_tokens"] > 10000, result["usage"]
 
 
 @pytest.fixture(scope="module")
