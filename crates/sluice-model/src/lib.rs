@@ -8,7 +8,7 @@
 //! candle's), [`attention`], [`rope`] and [`ops`], over the [`kv_cache`] and the
 //! [`batch::StepBatch`] the scheduler fills; [`paged::PagedLlama`] is a model with its cache,
 //! what the engine drives. With the `cuda` feature, a model on a GPU runs the whole step on
-//! sluice's own CUDA kernels (`cuda_forward`, unverified on a GPU so far).
+//! sluice's own CUDA kernels and cuBLAS (`cuda_forward`; measured on an H200: docs/gpu.md).
 
 pub mod attention;
 pub mod batch;
