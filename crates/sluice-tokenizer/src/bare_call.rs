@@ -213,7 +213,7 @@ impl BareCallScanner {
                 }
                 // A name: one of the offered tools'.
                 _ => {
-                    let offered = self.offered.iter().any(|name| *name == value);
+                    let offered = self.offered.contains(&value);
                     self.current.name = Some(value);
                     self.expect = Expect::CommaOrEnd;
                     offered
