@@ -21,6 +21,7 @@ if [ "$quick" = 1 ]; then
     cargo fmt --all -- --check
     cargo clippy --release --workspace --all-targets -- -D warnings
     python3 scripts/check-module-cycles.py
+    python3 scripts/check-file-sizes.py
     python3 scripts/check-doc-paths.py
     # Tests of the optional models print that they skipped (those models are not fetched here).
     cargo test --release --workspace
@@ -65,6 +66,8 @@ cuda_env=$(./scripts/setup-cuda.sh | tail -n 1)
 )
 # No module of a crate imports a module that imports it back (ARCHITECTURE.md, invariants).
 python3 scripts/check-module-cycles.py
+# No Rust file is over 1,200 lines (one module, one job).
+python3 scripts/check-file-sizes.py
 # Every file ARCHITECTURE.md, README.md and docs/ name exists.
 python3 scripts/check-doc-paths.py
 cargo test --release --workspace
