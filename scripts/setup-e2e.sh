@@ -54,6 +54,10 @@ if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
 fi
 node_stamp=tests/e2e/node/node_modules/.e2e-package-lock
 if ! cmp -s tests/e2e/node/package-lock.json "$node_stamp"; then
-    (cd tests/e2e/node && npm ci --no-audit --no-fund --loglevel=error)
+    # `npm install --no-save`, not `npm ci`: the lock holds the optional packages of this
+    # platform that the registry serves, and `npm ci` refuses a lock that lacks another
+    # platform's (Qwen Code's @teddyzhu/clipboard-darwin-* are not in every registry). With the
+    # lock in place and `--no-save`, npm installs exactly its versions and writes nothing back.
+    (cd tests/e2e/node && npm install --no-save --no-audit --no-fund --loglevel=error)
     cp tests/e2e/node/package-lock.json "$node_stamp"
 fi
