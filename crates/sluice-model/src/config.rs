@@ -1,164 +1,27 @@
 //! Hyper-parameters of a llama-family transformer, independent of the file they came from.
+//! What a family decides lives in the `arch` modules (with `ModelConfig::layer_plan` and the
+//! parameter counts, which ask the family); this is what every family's files fill.
 
-use sluice_kernels::cpu::swiglu::GatedActivation;
-
-/// The architectures whose forward we implement. They share one code path; the differences are
-/// data (biases, QK-norm, a mixture of experts in place of the MLP) rather than structure.
+/// The families whose forward sluice runs: the key of the `arch` registry, where each
+/// family's module says what it is (`Architecture::family`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
-    /// llama, SmolLM, Mistral: no biases. With `expert_count` in a GGUF file (or HF
-    /// `MixtralForCausalLM`), Mixtral: a mixture of experts in every layer.
+    /// llama, SmolLM, Mistral; Mixtral with experts (`arch::llama`).
     Llama,
-    /// qwen2: biases on the Q, K and V projections.
+    /// qwen2: biases on Q, K and V (`arch::qwen2`).
     Qwen2,
-    /// qwen3: no biases; an RMSNorm over each head of Q and K before the rotary embedding, and
-    /// a head size of its own (not necessarily hidden / heads).
+    /// qwen3: per-head QK-norm (`arch::qwen3`).
     Qwen3,
-    /// qwen2moe: qwen2's attention; a mixture of experts beside one shared expert whose output
-    /// a sigmoid gate scales.
+    /// qwen2moe: qwen2's attention, experts beside a gated shared expert (`arch::qwen_moe`).
     Qwen2Moe,
-    /// qwen3moe (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): qwen3's attention; a mixture of experts.
+    /// qwen3moe (Qwen3-30B-A3B): qwen3's attention, experts (`arch::qwen_moe`).
     Qwen3Moe,
-    /// gemma3 (Gemma 3 text models): embeddings scaled by sqrt(hidden), qwen3's QK-norm, a norm
-    /// after attention and after the MLP besides the two before them, GeGLU, and local
-    /// (sliding-window) layers between global ones ([`ModelConfig::sliding_window`]).
+    /// gemma3 text models (`arch::gemma3`).
     Gemma3,
-    /// gpt-oss (gpt-oss-20b, -120b): biases on Q, K, V and O; one learned sink logit a head in
-    /// the softmax's denominator; sliding-window layers between global ones (both with the
-    /// file's YaRN rotary); a mixture of experts with biases, routed by a softmax over the top
-    /// k's raw logits, through a clamped SwiGLU.
+    /// gpt-oss-20b/-120b (`arch::gpt_oss`).
     GptOss,
-}
-
-impl Architecture {
-    /// Names as GGUF `general.architecture` and Hugging Face `model_type` spell them.
-    pub const NAMES: &'static [&'static str] = &[
-        "llama",
-        "mistral",
-        "mixtral",
-        "qwen2",
-        "qwen3",
-        "qwen2moe",
-        "qwen2_moe",
-        "qwen3moe",
-        "qwen3_moe",
-        "gemma3",
-        "gemma3_text",
-        "gpt-oss",
-    ];
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            // Mixtral is llama with experts: GGUF files say `llama`, HF configs `mixtral`.
-            "llama" | "mistral" | "mixtral" => Some(Self::Llama),
-            "qwen2" => Some(Self::Qwen2),
-            "qwen3" => Some(Self::Qwen3),
-            "qwen2moe" | "qwen2_moe" => Some(Self::Qwen2Moe),
-            "qwen3moe" | "qwen3_moe" => Some(Self::Qwen3Moe),
-            // HF configs of the text-only Gemma 3 models say `gemma3_text`.
-            "gemma3" | "gemma3_text" => Some(Self::Gemma3),
-            "gpt-oss" | "gpt_oss" => Some(Self::GptOss),
-            _ => None,
-        }
-    }
-
-    /// The name GGUF files give the architecture (`general.architecture`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Llama => "llama",
-            Self::Qwen2 => "qwen2",
-            Self::Qwen3 => "qwen3",
-            Self::Qwen2Moe => "qwen2moe",
-            Self::Qwen3Moe => "qwen3moe",
-            Self::Gemma3 => "gemma3",
-            Self::GptOss => "gpt-oss",
-        }
-    }
-
-    pub fn has_qkv_bias(self) -> bool {
-        matches!(self, Self::Qwen2 | Self::Qwen2Moe | Self::GptOss)
-    }
-
-    /// A bias on the attention's output projection (gpt-oss).
-    pub fn has_output_bias(self) -> bool {
-        self == Self::GptOss
-    }
-
-    /// One learned logit a query head that joins every softmax's denominator as a key without
-    /// a value (gpt-oss's `attn_sinks`).
-    pub fn has_attention_sinks(self) -> bool {
-        self == Self::GptOss
-    }
-
-    /// Whether the sliding-window layers take the global layers' rope scaling (gpt-oss: YaRN
-    /// on both, and the same base unless the file gives the local ones theirs), rather than a
-    /// base of their own and no scaling (Gemma 3).
-    pub fn local_layers_share_rope(self) -> bool {
-        self == Self::GptOss
-    }
-
-    /// Per-head RMSNorm of Q and K (weights of `head_dim`) before the rotary embedding.
-    pub fn has_qk_norm(self) -> bool {
-        matches!(self, Self::Qwen3 | Self::Qwen3Moe | Self::Gemma3)
-    }
-
-    /// Gemma: the embedding rows are multiplied by sqrt(hidden) before the first layer.
-    pub fn scales_embeddings(self) -> bool {
-        self == Self::Gemma3
-    }
-
-    /// Gemma: an RMSNorm on the attention's and on the MLP's output before each joins the
-    /// residual stream (`post_attention_norm`, `post_ffw_norm`).
-    pub fn has_post_norms(self) -> bool {
-        self == Self::Gemma3
-    }
-
-    /// The dense MLP's gate activation: GELU (tanh) for Gemma, SiLU for the others.
-    pub fn gated_activation(self) -> GatedActivation {
-        match self {
-            Self::Gemma3 => GatedActivation::GeluTanh,
-            _ => GatedActivation::Silu,
-        }
-    }
-
-    /// Whether every file of this architecture holds a mixture of experts (llama holds one
-    /// only when it says so: Mixtral).
-    pub fn requires_experts(self) -> bool {
-        matches!(self, Self::Qwen2Moe | Self::Qwen3Moe | Self::GptOss)
-    }
-
-    /// How the router's logits become the chosen experts' weights.
-    pub fn expert_gating(self) -> ExpertGating {
-        match self {
-            Self::GptOss => ExpertGating::TopKSoftmax,
-            _ => ExpertGating::SoftmaxTopK,
-        }
-    }
-
-    /// The experts' gated activation.
-    pub fn expert_activation(self) -> ExpertActivation {
-        match self {
-            Self::GptOss => ExpertActivation::ClampedSwiglu,
-            _ => ExpertActivation::Swiglu,
-        }
-    }
-
-    /// Biases on the router and on every expert's gate, up and down (gpt-oss).
-    pub fn has_expert_biases(self) -> bool {
-        self == Self::GptOss
-    }
-
-    /// Whether the chosen experts' weights are divided by their sum, where a file does not say
-    /// (llama.cpp's choice for each architecture: Mixtral and qwen3moe renormalise, qwen2moe
-    /// does not).
-    pub fn default_norm_topk(self) -> bool {
-        !matches!(self, Self::Qwen2Moe | Self::GptOss)
-    }
-
-    /// Whether the architecture has a shared expert beside the routed ones.
-    pub fn has_shared_expert(self) -> bool {
-        matches!(self, Self::Qwen2Moe)
-    }
+    /// SmolLM3: llama's layers, every fourth without RoPE (`arch::smollm3`).
+    SmolLm3,
 }
 
 /// How a router's logits become its chosen experts' weights.
@@ -375,6 +238,8 @@ pub struct ModelConfig {
     pub attention_scale: Option<f32>,
     /// Final logits soft-capped as `cap * tanh(logits / cap)` (Gemma 2, some Gemma 3 files).
     pub final_logit_softcap: Option<f32>,
+    /// Layers that attend without rotating Q and K (SmolLM3's every fourth); empty for most.
+    pub layers_without_rope: Vec<usize>,
 }
 
 impl ModelConfig {
@@ -397,48 +262,5 @@ impl ModelConfig {
     /// Bytes of K and V that one token occupies across all layers at `bytes_per_value`.
     pub fn kv_bytes_per_token(&self, bytes_per_value: usize) -> usize {
         2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
-    }
-
-    /// Parameters of the transformer (embedding counted once when tied), for FLOP estimates;
-    /// every expert of a mixture counted.
-    pub fn num_parameters(&self) -> usize {
-        self.parameters(false)
-    }
-
-    /// Parameters one token's forward multiplies by: a mixture's k chosen experts only (and
-    /// its router and shared expert); [`Self::num_parameters`] for a dense model.
-    pub fn active_parameters(&self) -> usize {
-        self.parameters(true)
-    }
-
-    fn parameters(&self, active: bool) -> usize {
-        let h = self.hidden_size;
-        let attn =
-            h * self.num_heads * self.head_dim * 2 + h * self.num_kv_heads * self.head_dim * 2;
-        let dense_mlp = 3 * h * self.intermediate_size;
-        let embed = self.vocab_size * h;
-        let head = if self.tie_word_embeddings { 0 } else { embed };
-        let mlps: usize = (0..self.num_layers)
-            .map(|i| match &self.moe {
-                Some(moe) if moe.is_sparse(i) => {
-                    let experts = if active {
-                        moe.num_experts_used
-                    } else {
-                        moe.num_experts
-                    };
-                    let shared = moe
-                        .shared_expert_intermediate_size
-                        .map_or(0, |inter| 3 * h * inter + h);
-                    experts * 3 * h * moe.expert_intermediate_size + moe.num_experts * h + shared
-                }
-                _ => dense_mlp,
-            })
-            .sum();
-        let norms = if self.architecture.has_post_norms() {
-            4
-        } else {
-            2
-        } * h;
-        self.num_layers * (attn + norms) + mlps + embed + head + h
     }
 }

@@ -10,6 +10,7 @@ use candle_core::{DType, Storage, Tensor};
 use sluice_kernels::cpu::rows::{self, QkNorm, QkvShape};
 use sluice_kernels::AttentionShape;
 
+use crate::arch::Rotary;
 use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend};
 use crate::batch::StepBatch;
 use crate::error::{ModelError, Result};
@@ -125,8 +126,7 @@ fn forward_on_pool(
     let (hidden, inter) = (cfg.hidden_size, cfg.intermediate_size);
     let eps = cfg.rms_norm_eps as f32;
     let dev = candle_core::Device::Cpu;
-    let arch = cfg.architecture;
-    let activation = arch.gated_activation();
+    let traits = cfg.architecture.traits();
     let global_shape = AttentionShape {
         num_heads: h,
         num_kv_heads: kvh,
@@ -141,7 +141,7 @@ fn forward_on_pool(
     };
     let x = sized(&mut s.x, t * hidden);
     w.embed.lookup_into(&batch.input_ids, x)?;
-    if arch.scales_embeddings() {
+    if traits.scales_embeddings {
         // Gemma: the rows times sqrt(hidden), in f32 as llama.cpp and transformers round it.
         let scale = (hidden as f32).sqrt();
         x.iter_mut().for_each(|v| *v *= scale);
@@ -153,7 +153,7 @@ fn forward_on_pool(
     let v = sized(&mut s.v, t * kvh * d);
     let attn = sized(&mut s.attn, t * h * d);
     let proj = sized(&mut s.proj, t * hidden);
-    let post = if arch.has_post_norms() {
+    let post = if w.layers.iter().any(|l| l.post_norms.is_some()) {
         sized(&mut s.post, t * hidden)
     } else {
         &mut s.post[..0]
@@ -219,12 +219,13 @@ fn forward_on_pool(
             }),
             None => None,
         };
-        // A sliding-window layer rotates with its own base (Gemma 3's local layers).
-        let (cos, sin) = match (layer.window, local) {
-            (Some(_), Some(tables)) => tables,
-            _ => (cos, sin),
+        // A local layer rotates with its own base where it has one (Gemma 3's local layers).
+        let rope = match (layer.rotary, local) {
+            (Rotary::None, _) => None,
+            (Rotary::Local, Some(tables)) => Some(tables),
+            (Rotary::Local | Rotary::Global, _) => Some((cos, sin)),
         };
-        rows::split_rope(qkv, &batch.positions, cos, sin, qkv_shape, qk_norm, q, k, v);
+        rows::split_rope(qkv, &batch.positions, rope, qkv_shape, qk_norm, q, k, v);
         let shape = AttentionShape {
             window: layer.window,
             ..global_shape
@@ -274,10 +275,11 @@ fn forward_on_pool(
             Mlp::Dense {
                 gate_up: w_gate_up,
                 down,
+                activation,
             } => {
                 w_gate_up.forward_into(normed, t, gate_up)?;
                 loras.add(i, Group::GateUp, normed, gate_up, 2 * inter, lora);
-                ops::glu_rows_into(activation, gate_up, inter, act)?;
+                ops::glu_rows_into(*activation, gate_up, inter, act)?;
                 down.forward_into(act, t, proj)?;
                 loras.add(i, Group::Down, act, proj, hidden, lora);
             }

@@ -14,11 +14,11 @@ use memmap2::Mmap;
 use candle_core::Tensor;
 use sluice_tokenizer::{GgufMetadata, Tokenizer};
 
-use crate::config::{
-    Architecture, ModelConfig, MoeConfig, MoeConfigError, Pooling, RopeScaling, SlidingWindow, Yarn,
-};
+use crate::arch::SharedParams;
+use crate::config::{Architecture, ModelConfig, Pooling, RopeScaling, Yarn};
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
+use crate::gguf_keys::{int_value, GgufKeys};
 use crate::load::{check_shape, ExpertMatrices, LoadOptions, Weight, WeightSource};
 use crate::model::LlamaModel;
 use crate::weights::{GgufMatrix, Linear, LinearOptions, WeightsKind};
@@ -167,48 +167,26 @@ impl GgufFile {
         Ok(QTensor::new(storage, dims)?)
     }
 
-    fn meta_err(&self, key: &str, reason: impl Into<String>) -> ModelError {
-        ModelError::Metadata {
-            path: self.path.clone(),
-            key: key.to_string(),
-            reason: reason.into(),
-        }
+    /// The file's metadata by key ([`GgufKeys`], its `{arch}.*` prefix unset).
+    fn keys(&self) -> GgufKeys<'_> {
+        GgufKeys::new(&self.path, self.metadata(), "")
     }
 
-    fn get(&self, key: &str) -> Result<&Value> {
-        self.metadata()
-            .get(key)
-            .ok_or_else(|| self.meta_err(key, "not present"))
+    fn meta_err(&self, key: &str, reason: impl Into<String>) -> ModelError {
+        self.keys().err(key, reason)
     }
 
     pub fn get_string(&self, key: &str) -> Result<&str> {
-        let v = self.get(key)?;
-        v.to_string()
-            .map(|s| s.as_str())
-            .map_err(|e| self.meta_err(key, e.to_string()))
+        self.keys().get_string(key)
     }
 
     /// Integer metadata of any width, as GGUF writers disagree on u32 vs u64 vs i32.
     pub fn get_usize(&self, key: &str) -> Result<usize> {
-        let v = self.get(key)?;
-        let n = match *v {
-            // Wider than i64 can hold, and so than any size.
-            Value::U64(x) if x > i64::MAX as u64 => {
-                return Err(self.meta_err(key, format!("{x} is out of range")))
-            }
-            ref other => int_value(other).ok_or_else(|| {
-                self.meta_err(key, format!("expected an integer, found {other:?}"))
-            })?,
-        };
-        usize::try_from(n).map_err(|_| self.meta_err(key, format!("{n} is out of range")))
+        self.keys().get_usize(key)
     }
 
     pub fn get_f32(&self, key: &str) -> Result<f32> {
-        match self.get(key)? {
-            Value::F32(x) => Ok(*x),
-            Value::F64(x) => Ok(*x as f32),
-            other => Err(self.meta_err(key, format!("expected a float, found {other:?}"))),
-        }
+        self.keys().get_f32(key)
     }
 
     fn opt<T>(&self, key: &str, f: impl Fn(&Self, &str) -> Result<T>) -> Result<Option<T>> {
@@ -225,13 +203,14 @@ impl GgufFile {
             path: self.path.clone(),
             what: format!(
                 "architecture `{name}` (supported: {})",
-                Architecture::NAMES.join(", ")
+                Architecture::supported_names().join(", ")
             ),
         })
     }
 
-    /// Hyper-parameters from `{arch}.*` metadata. `rope_freqs` is the optional per-frequency
-    /// scaling tensor some llama3 GGUFs carry.
+    /// Hyper-parameters from `{arch}.*` metadata: the keys every family shares here, then the
+    /// family's own ([`crate::arch::Family::gguf_params`]). `rope_freqs` is the optional
+    /// per-frequency scaling tensor some llama3 GGUFs carry.
     pub fn model_config(&mut self) -> Result<ModelConfig> {
         let architecture = self.architecture()?;
         let arch = self.get_string("general.architecture")?.to_string();
@@ -278,19 +257,30 @@ impl GgufFile {
             }
             other => other,
         };
+        let rope_theta = self
+            .opt(&key("rope.freq_base"), Self::get_f32)?
+            .unwrap_or(10_000.0);
         let tie_word_embeddings = !self.has_tensor("output.weight");
-        let intermediate_size = self.get_usize(&key("feed_forward_length"))?;
-        let moe = self.moe_config(&arch, architecture, intermediate_size)?;
-        let num_layers = self.get_usize(&key("block_count"))?;
-        let sliding_window = self.sliding_window(&arch, architecture, num_layers)?;
-        let attention_scale = self.attention_scale(
-            &arch,
-            architecture,
+        let shared = SharedParams {
             hidden_size,
             num_heads,
             head_dim,
-            num_layers,
-        )?;
+            num_layers: self.get_usize(&key("block_count"))?,
+            intermediate_size: self.get_usize(&key("feed_forward_length"))?,
+            rope_theta,
+        };
+        let family = architecture
+            .family()
+            .gguf_params(&GgufKeys::new(&self.path, self.metadata(), &arch), &shared)?;
+        let attention_scale = match self.opt(&key("attention.scale"), Self::get_f32)? {
+            Some(scale) if !(scale.is_finite() && scale > 0.0) => {
+                return Err(
+                    self.meta_err(&key("attention.scale"), format!("{scale} must be positive"))
+                )
+            }
+            Some(scale) => Some(scale),
+            None => family.attention_scale,
+        };
         let final_logit_softcap = match self.opt(&key("final_logit_softcapping"), Self::get_f32)? {
             // llama.cpp's rule: 0 (or no key) is no capping.
             Some(cap) if cap > 0.0 && cap.is_finite() => Some(cap),
@@ -301,13 +291,13 @@ impl GgufFile {
                     format!("{cap} must be positive (or 0 for none)"),
                 ))
             }
-            None => None,
+            None => family.final_logit_softcap,
         };
         Ok(ModelConfig {
             architecture,
             hidden_size,
-            intermediate_size,
-            num_layers,
+            intermediate_size: shared.intermediate_size,
+            num_layers: shared.num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -315,9 +305,7 @@ impl GgufFile {
             rms_norm_eps: self
                 .opt(&key("attention.layer_norm_rms_epsilon"), Self::get_f32)?
                 .unwrap_or(1e-5) as f64,
-            rope_theta: self
-                .opt(&key("rope.freq_base"), Self::get_f32)?
-                .unwrap_or(10_000.0),
+            rope_theta,
             rope_scaling,
             max_position_embeddings: context_length,
             tie_word_embeddings,
@@ -329,234 +317,12 @@ impl GgufFile {
                 Some(3) => Some(Pooling::Last),
                 _ => None,
             },
-            moe,
-            sliding_window,
+            moe: family.moe,
+            sliding_window: family.sliding_window,
             attention_scale,
             final_logit_softcap,
+            layers_without_rope: family.layers_without_rope,
         })
-    }
-
-    /// Gemma 3's and gpt-oss's local layers, as llama.cpp reads them:
-    /// `attention.sliding_window` (Gemma: none, or 0, every layer global; gpt-oss: required
-    /// and positive); `attention.sliding_window_pattern`, an array of one flag a layer or a
-    /// period N (layers `i % N < N - 1` local; 6 when absent for Gemma, 2 for gpt-oss);
-    /// `rope.freq_base_swa`, Gemma's local rotary base (10000 when absent; gpt-oss's local
-    /// layers rotate as its global ones). Other architectures: none.
-    fn sliding_window(
-        &self,
-        arch: &str,
-        architecture: Architecture,
-        num_layers: usize,
-    ) -> Result<Option<SlidingWindow>> {
-        let default_period = match architecture {
-            Architecture::Gemma3 => 6,
-            Architecture::GptOss => 2,
-            _ => return Ok(None),
-        };
-        let key = |k: &str| format!("{arch}.{k}");
-        let window = match self.opt(&key("attention.sliding_window"), Self::get_usize)? {
-            Some(0) | None if architecture == Architecture::GptOss => {
-                return Err(self.meta_err(
-                    &key("attention.sliding_window"),
-                    "gpt-oss's sliding-window layers need a window of at least one token",
-                ))
-            }
-            None | Some(0) => return Ok(None),
-            Some(w) => w,
-        };
-        let pattern_key = key("attention.sliding_window_pattern");
-        let local: Vec<bool> = match self.metadata().get(&pattern_key) {
-            Some(Value::Array(flags)) => {
-                let flags: Option<Vec<bool>> = flags
-                    .iter()
-                    .map(|f| match f {
-                        Value::Bool(b) => Some(*b),
-                        _ => None,
-                    })
-                    .collect();
-                match flags {
-                    Some(flags) if flags.len() == num_layers => flags,
-                    Some(flags) => {
-                        return Err(self.meta_err(
-                            &pattern_key,
-                            format!("{} flags for {num_layers} layers", flags.len()),
-                        ))
-                    }
-                    None => {
-                        return Err(self.meta_err(&pattern_key, "an array of booleans or a period"))
-                    }
-                }
-            }
-            Some(_) => {
-                let period = self.get_usize(&pattern_key)?;
-                (0..num_layers)
-                    .map(|i| period == 0 || i % period < period - 1)
-                    .collect()
-            }
-            None => (0..num_layers)
-                .map(|i| i % default_period < default_period - 1)
-                .collect(),
-        };
-        // gpt-oss's local layers rotate as its global ones unless the file says otherwise.
-        let default_local_theta = match architecture {
-            Architecture::GptOss => self
-                .opt(&key("rope.freq_base"), Self::get_f32)?
-                .unwrap_or(10_000.0),
-            _ => 10_000.0,
-        };
-        let local_rope_theta = self
-            .opt(&key("rope.freq_base_swa"), Self::get_f32)?
-            .unwrap_or(default_local_theta);
-        if !(local_rope_theta.is_finite() && local_rope_theta > 0.0) {
-            return Err(self.meta_err(&key("rope.freq_base_swa"), "must be positive"));
-        }
-        Ok(Some(SlidingWindow {
-            window,
-            local,
-            local_rope_theta,
-        }))
-    }
-
-    /// The factor on Q·K: `attention.scale` where the file has it; for Gemma 3,
-    /// llama.cpp's rule (`1 / sqrt(head_dim)`, but `1 / sqrt(hidden / heads)` for the 62-layer
-    /// 27B, whose `query_pre_attn_scalar` is that); `None` (1 / sqrt(head_dim)) otherwise.
-    fn attention_scale(
-        &self,
-        arch: &str,
-        architecture: Architecture,
-        hidden: usize,
-        heads: usize,
-        head_dim: usize,
-        num_layers: usize,
-    ) -> Result<Option<f32>> {
-        let scale_key = format!("{arch}.attention.scale");
-        if let Some(scale) = self.opt(&scale_key, Self::get_f32)? {
-            if !(scale.is_finite() && scale > 0.0) {
-                return Err(self.meta_err(&scale_key, format!("{scale} must be positive")));
-            }
-            return Ok(Some(scale));
-        }
-        Ok(match architecture {
-            Architecture::Gemma3 if num_layers == 62 => {
-                Some(1.0 / ((hidden / heads) as f32).sqrt())
-            }
-            Architecture::Gemma3 => Some(1.0 / (head_dim as f32).sqrt()),
-            _ => None,
-        })
-    }
-
-    /// The mixture of experts `{arch}.expert_*` describes, as llama.cpp reads it: `None` for a
-    /// llama file without experts (`expert_count` absent or 0); required of qwen2moe and
-    /// qwen3moe. Each expert's size is `expert_feed_forward_length`, else the dense
-    /// `feed_forward_length` (`dense_ff`; divided by k for the qwen MoEs, as llama.cpp does).
-    fn moe_config(
-        &self,
-        arch: &str,
-        architecture: Architecture,
-        dense_ff: usize,
-    ) -> Result<Option<MoeConfig>> {
-        let key = |k: &str| format!("{arch}.{k}");
-        let num_experts = match self.opt(&key("expert_count"), Self::get_usize)? {
-            Some(n) if n > 0 || architecture.requires_experts() => n,
-            None if architecture.requires_experts() => {
-                return Err(self.meta_err(
-                    &key("expert_count"),
-                    format!("not present: a {arch} model is a mixture of experts"),
-                ))
-            }
-            _ => return Ok(None),
-        };
-        let num_experts_used = self.get_usize(&key("expert_used_count"))?;
-        let expert_ff = match self.metadata().get(&key("expert_feed_forward_length")) {
-            None => None,
-            // llama.cpp allows one size a layer; sluice runs one size for every layer.
-            Some(Value::Array(sizes)) => {
-                let sizes: Vec<i64> = sizes.iter().filter_map(int_value).collect();
-                match sizes.first() {
-                    Some(&first) if sizes.iter().all(|&s| s == first) && first > 0 => {
-                        Some(first as usize)
-                    }
-                    _ => {
-                        return Err(ModelError::Unsupported {
-                            path: self.path.clone(),
-                            what: format!(
-                                "`{}`: experts of different sizes in different layers ({sizes:?})",
-                                key("expert_feed_forward_length")
-                            ),
-                        })
-                    }
-                }
-            }
-            Some(_) => Some(self.get_usize(&key("expert_feed_forward_length"))?),
-        };
-        let expert_intermediate_size = match expert_ff {
-            Some(n) => n,
-            None if architecture.requires_experts() => dense_ff / num_experts_used.max(1),
-            None => dense_ff,
-        };
-        let norm_topk_prob = match self.metadata().get(&key("expert_weights_norm")) {
-            Some(Value::Bool(b)) => *b,
-            Some(other) => {
-                return Err(self.meta_err(
-                    &key("expert_weights_norm"),
-                    format!("expected a bool, found {other:?}"),
-                ))
-            }
-            None => architecture.default_norm_topk(),
-        };
-        // gpt-oss's weights are the softmax of the chosen logits, never divided again
-        // (llama.cpp's rule, whatever the key says).
-        let norm_topk_prob = norm_topk_prob && architecture != Architecture::GptOss;
-        // llama.cpp reads 0 (its default) as no scale.
-        let weights_scale = match self.opt(&key("expert_weights_scale"), Self::get_f32)? {
-            None | Some(0.0) => 1.0,
-            Some(x) => x,
-        };
-        // 1 is a softmax over the experts' logits, the only gating these architectures use
-        // (gpt-oss's softmax over the top k is its own, whatever the key says: llama.cpp's
-        // rule).
-        if let Some(gating) = self
-            .opt(&key("expert_gating_func"), Self::get_usize)?
-            .filter(|_| architecture != Architecture::GptOss)
-        {
-            if gating != 1 {
-                return Err(ModelError::Unsupported {
-                    path: self.path.clone(),
-                    what: format!(
-                        "`{}` = {gating} (supported: 1, a softmax over the experts)",
-                        key("expert_gating_func")
-                    ),
-                });
-            }
-        }
-        let shared_expert_intermediate_size = if architecture.has_shared_expert() {
-            Some(
-                self.opt(&key("expert_shared_feed_forward_length"), Self::get_usize)?
-                    .filter(|&n| n > 0)
-                    .unwrap_or(dense_ff),
-            )
-        } else {
-            None
-        };
-        let moe = MoeConfig {
-            num_experts,
-            num_experts_used,
-            expert_intermediate_size,
-            norm_topk_prob,
-            weights_scale,
-            shared_expert_intermediate_size,
-            dense_layers: Vec::new(),
-        };
-        moe.check().map_err(|e| {
-            let k = match e {
-                MoeConfigError::NoExperts => "expert_count",
-                MoeConfigError::ExpertsUsed { .. } => "expert_used_count",
-                MoeConfigError::IntermediateSize => "expert_feed_forward_length",
-                MoeConfigError::Scale(_) => "expert_weights_scale",
-            };
-            self.meta_err(&key(k), e.to_string())
-        })?;
-        Ok(Some(moe))
     }
 
     fn rope_scaling(&mut self, arch: &str, head_dim: usize) -> Result<Option<RopeScaling>> {
@@ -643,16 +409,20 @@ impl<'a> GgufWeights<'a> {
     pub(crate) fn new(file: &'a mut GgufFile, config: &ModelConfig) -> Self {
         Self {
             file,
-            // llama.cpp permutes llama Q/K for its interleaved rotary; undo it (qwen2/qwen3 are
-            // stored unpermuted) so one rotary convention serves every architecture.
-            unpermute_head_dim: (config.architecture == Architecture::Llama)
+            // llama.cpp permutes Q/K of its NORM-rotary families for its interleaved rotary;
+            // undo it (NEOX families are stored unpermuted) so one rotary convention serves
+            // every family.
+            unpermute_head_dim: config
+                .architecture
+                .traits()
+                .gguf_qk_permuted
                 .then_some(config.head_dim),
             architecture: config.architecture,
         }
     }
 
     fn name(&self, w: Weight) -> String {
-        w.gguf_name_in(self.architecture)
+        self.architecture.family().gguf_tensor_name(w)
     }
 
     fn read(&mut self, w: Weight, shape: &[usize]) -> Result<QTensor> {
@@ -1029,20 +799,6 @@ impl GgufFile {
 }
 
 /// GGUF integers of every width as `i64` (converters disagree on widths and signedness).
-fn int_value(value: &Value) -> Option<i64> {
-    Some(match *value {
-        Value::U8(v) => v.into(),
-        Value::I8(v) => v.into(),
-        Value::U16(v) => v.into(),
-        Value::I16(v) => v.into(),
-        Value::U32(v) => v.into(),
-        Value::I32(v) => v.into(),
-        Value::U64(v) => i64::try_from(v).ok()?,
-        Value::I64(v) => v,
-        _ => return None,
-    })
-}
-
 impl GgufFile {
     fn typed<'a, T>(
         &'a self,

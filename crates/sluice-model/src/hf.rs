@@ -16,7 +16,8 @@ use serde_json::Value as Json;
 
 use sluice_tokenizer::Tokenizer;
 
-use crate::config::{Architecture, ModelConfig};
+use crate::arch::HfExpertLayout;
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::hf_config::parse_config;
 use crate::load::{check_shape, ExpertMatrices, LoadOptions, Weight, WeightSource};
@@ -223,7 +224,7 @@ impl HfWeights<'_> {
     /// The name `w` has in this checkpoint: transformers' current one, or for a router the
     /// `block_sparse_moe.gate` of Mixtral checkpoints written before transformers 5.
     fn name(&self, w: Weight) -> String {
-        let name = w.hf_name_in(self.dir.config.architecture);
+        let name = self.dir.config.architecture.family().hf_tensor_name(w);
         if let Weight::Router(i) = w {
             let legacy = format!("model.layers.{i}.block_sparse_moe.gate.weight");
             if !self.dir.shards.contains(&name) && self.dir.shards.contains(&legacy) {
@@ -460,7 +461,15 @@ impl WeightSource for HfWeights<'_> {
             inter,
             hidden,
         } = shape;
-        if self.dir.config.architecture == Architecture::GptOss {
+        let layout = self
+            .dir
+            .config
+            .architecture
+            .traits()
+            .experts
+            .as_ref()
+            .map(|e| e.hf_layout);
+        if layout == Some(HfExpertLayout::GptOss) {
             return self.gpt_oss_experts(layer, shape, options);
         }
         let at = |t: &str| format!("model.layers.{layer}.{t}");
@@ -526,7 +535,7 @@ impl WeightSource for HfWeights<'_> {
             return Ok(pairs.get_on_dim(2, half)?.contiguous()?.to_device(device)?);
         }
         let mut t = self.read(w, shape)?.to_dtype(DType::F32)?;
-        if self.dir.config.architecture == Architecture::Gemma3 && w.is_norm() {
+        if self.dir.config.architecture.traits().hf_norms_minus_one && w.is_norm() {
             // Gemma's RMSNorm multiplies by `1 + w` (transformers' Gemma3RMSNorm): the one
             // added once here, as llama.cpp's converter adds it into GGUF files.
             t = (t + 1.0)?;

@@ -1,117 +1,20 @@
-//! `config.json` of a Hugging Face checkpoint, read into a serde struct (type errors name the
-//! field through serde_path_to_error) and checked into a [`ModelConfig`].
+//! `config.json` of a Hugging Face checkpoint: the fields every family shares, read into a
+//! serde struct (type errors name the field through serde_path_to_error), then the family's
+//! own ([`crate::arch::Family::hf_params`], each family with its own struct of fields),
+//! checked into a [`ModelConfig`].
 
 use std::path::Path;
 
-use serde::Deserialize;
 use serde_json::Value as Json;
+use sluice_kernels::cpu::swiglu::GatedActivation;
 
-use crate::config::{
-    Architecture, ModelConfig, MoeConfig, MoeConfigError, RopeScaling, SlidingWindow, Yarn,
-};
+use crate::arch::SharedParams;
+use crate::config::{Architecture, ModelConfig, RopeScaling, Yarn};
 use crate::error::{ModelError, Result};
-
-/// The fields of `config.json` sluice reads; absent and `null` are both `None`. Unknown fields
-/// are ignored, as transformers' configs carry many.
-#[derive(Debug, Deserialize)]
-struct ConfigJson {
-    model_type: Option<String>,
-    architectures: Option<Vec<String>>,
-    quantization_config: Option<QuantizationJson>,
-    hidden_act: Option<String>,
-    hidden_size: Option<usize>,
-    intermediate_size: Option<usize>,
-    num_hidden_layers: Option<usize>,
-    num_attention_heads: Option<usize>,
-    num_key_value_heads: Option<usize>,
-    head_dim: Option<usize>,
-    vocab_size: Option<usize>,
-    rms_norm_eps: Option<f64>,
-    rope_theta: Option<f64>,
-    rope_scaling: Option<RopeScalingJson>,
-    max_position_embeddings: Option<usize>,
-    sliding_window: Option<usize>,
-    use_sliding_window: Option<bool>,
-    tie_word_embeddings: Option<bool>,
-    /// Mixtral's expert count.
-    num_local_experts: Option<usize>,
-    /// qwen2_moe's and qwen3_moe's expert count.
-    num_experts: Option<usize>,
-    num_experts_per_tok: Option<usize>,
-    moe_intermediate_size: Option<usize>,
-    shared_expert_intermediate_size: Option<usize>,
-    norm_topk_prob: Option<bool>,
-    decoder_sparse_step: Option<usize>,
-    mlp_only_layers: Option<Vec<usize>>,
-    /// Gemma's name for `hidden_act`.
-    hidden_activation: Option<String>,
-    /// Gemma: the query scale is its inverse square root.
-    query_pre_attn_scalar: Option<f64>,
-    /// Gemma 3: `sliding_attention` or `full_attention` for each layer (newer configs).
-    layer_types: Option<Vec<String>>,
-    /// Gemma 3: every N-th layer global (older configs; 6).
-    sliding_window_pattern: Option<usize>,
-    /// Gemma 3: the local layers' rotary base.
-    rope_local_base_freq: Option<f64>,
-    final_logit_softcapping: Option<f64>,
-    // gpt-oss
-    swiglu_limit: Option<f64>,
-    attention_bias: Option<bool>,
-}
-
-/// `quantization_config`: only gpt-oss's own MXFP4 experts are read.
-#[derive(Debug, Deserialize)]
-struct QuantizationJson {
-    quant_method: Option<String>,
-}
-
-/// `rope_scaling`; newer configs say `rope_type`, older ones `type`.
-#[derive(Debug, Deserialize)]
-struct RopeScalingJson {
-    rope_type: Option<String>,
-    #[serde(rename = "type")]
-    legacy_type: Option<String>,
-    factor: Option<f64>,
-    low_freq_factor: Option<f64>,
-    high_freq_factor: Option<f64>,
-    original_max_position_embeddings: Option<usize>,
-    // YaRN
-    beta_fast: Option<f64>,
-    beta_slow: Option<f64>,
-    attention_factor: Option<f64>,
-    truncate: Option<bool>,
-    mscale: Option<f64>,
-    mscale_all_dim: Option<f64>,
-}
-
-/// Errors naming the file and the field.
-struct Fields<'a> {
-    path: &'a Path,
-}
-
-impl Fields<'_> {
-    fn err(&self, key: &str, reason: impl Into<String>) -> ModelError {
-        ModelError::Metadata {
-            path: self.path.to_path_buf(),
-            key: key.to_string(),
-            reason: reason.into(),
-        }
-    }
-
-    fn required<T>(&self, key: &str, value: Option<T>) -> Result<T> {
-        value.ok_or_else(|| self.err(key, "not present"))
-    }
-
-    fn unsupported(&self, what: String) -> ModelError {
-        ModelError::Unsupported {
-            path: self.path.to_path_buf(),
-            what,
-        }
-    }
-}
+use crate::hf_keys::{Fields, HfKeys, RopeScalingJson, SharedJson};
 
 /// The architecture a config.json names: `model_type`, else its `architectures` class.
-fn architecture(f: &Fields<'_>, c: &ConfigJson) -> Result<Architecture> {
+fn architecture(f: &Fields<'_>, c: &SharedJson) -> Result<Architecture> {
     let name = match &c.model_type {
         Some(t) => t.clone(),
         None => {
@@ -130,7 +33,7 @@ fn architecture(f: &Fields<'_>, c: &ConfigJson) -> Result<Architecture> {
         Some(a) => Ok(a),
         None => Err(f.unsupported(format!(
             "architecture `{name}` (model_type; supported: {})",
-            Architecture::NAMES.join(", ")
+            Architecture::supported_names().join(", ")
         ))),
     }
 }
@@ -145,51 +48,10 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         });
     }
     let f = Fields { path };
-    let c: ConfigJson = serde_path_to_error::deserialize(json)
-        .map_err(|e| f.err(&e.path().to_string(), e.inner().to_string()))?;
+    let c: SharedJson = f.parse(json)?;
     let architecture = architecture(&f, &c)?;
-    if c.model_type.as_deref() == Some("gemma3") {
-        return Err(f.unsupported(
-            "Gemma 3's multimodal checkpoint (`model_type` `gemma3`, Gemma3ForConditionalGeneration): \
-             sluice serves the text model, `model_type` gemma3_text (Gemma3ForCausalLM)"
-                .into(),
-        ));
-    }
-    match (&c.quantization_config, architecture) {
-        (None, _) => {}
-        // gpt-oss's experts in MXFP4 (its `*_blocks` and `*_scales` tensors), read as such.
-        (Some(q), Architecture::GptOss) if q.quant_method.as_deref() == Some("mxfp4") => {}
-        (Some(q), _) => {
-            return Err(f.unsupported(format!(
-                "quantized checkpoint (`quantization_config.quant_method` {}): use f32, f16 or \
-                 bf16 weights (or gpt-oss's MXFP4 experts), or a GGUF file",
-                q.quant_method.as_deref().unwrap_or("unnamed")
-            )));
-        }
-    }
-    if architecture == Architecture::GptOss {
-        // The experts' clamped SwiGLU clamps at 7 (`ops::clamped_swiglu_rows_into`).
-        if let Some(limit) = c.swiglu_limit.filter(|&l| l != 7.0) {
-            return Err(f.unsupported(format!("swiglu_limit {limit} (supported: 7.0)")));
-        }
-        if c.attention_bias == Some(false) {
-            return Err(
-                f.unsupported("gpt-oss without attention biases (`attention_bias` false)".into())
-            );
-        }
-    }
-    if architecture == Architecture::Gemma3 {
-        let act = c.hidden_activation.as_deref().or(c.hidden_act.as_deref());
-        if let Some(act) = act.filter(|a| !matches!(*a, "gelu_pytorch_tanh" | "gelu_tanh")) {
-            return Err(f.unsupported(format!(
-                "hidden_activation `{act}` for gemma3 (supported: gelu_pytorch_tanh)"
-            )));
-        }
-    } else if let Some(act) = &c.hidden_act {
-        if !matches!(act.as_str(), "silu" | "swish") {
-            return Err(f.unsupported(format!("hidden_act `{act}` (supported: silu)")));
-        }
-    }
+    let family = architecture.family();
+    let traits = family.traits();
     let hidden_size = f.required("hidden_size", c.hidden_size)?;
     let num_heads = f.required("num_attention_heads", c.num_attention_heads)?;
     let num_kv_heads = c.num_key_value_heads.unwrap_or(num_heads);
@@ -209,23 +71,53 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         None => None,
     };
     let mut max_position_embeddings = c.max_position_embeddings.unwrap_or(2048);
-    // Attention limited to a window only differs from full attention past the window; serve
-    // contexts up to it. Mistral says so with `sliding_window` alone, qwen2/qwen3 with
-    // `use_sliding_window`.
-    let windowed = match architecture {
-        Architecture::Llama => true,
-        Architecture::Qwen2
-        | Architecture::Qwen3
-        | Architecture::Qwen2Moe
-        | Architecture::Qwen3Moe => c.use_sliding_window.unwrap_or(false),
-        // Gemma's and gpt-oss's local layers attend over their window (below), their global
-        // ones to all.
-        Architecture::Gemma3 | Architecture::GptOss => false,
+    let shared = SharedParams {
+        hidden_size,
+        num_heads,
+        head_dim,
+        num_layers: f.required("num_hidden_layers", c.num_hidden_layers)?,
+        intermediate_size: f.required("intermediate_size", c.intermediate_size)?,
+        rope_theta: rope_theta as f32,
     };
-    let num_layers = f.required("num_hidden_layers", c.num_hidden_layers)?;
-    let intermediate_size = f.required("intermediate_size", c.intermediate_size)?;
-    let moe = moe_config(&f, &c, architecture, num_layers, intermediate_size)?;
-    if let Some(window) = c.sliding_window.filter(|_| windowed) {
+    let params = family.hf_params(
+        &HfKeys {
+            fields: Fields { path },
+            json,
+            shared: &c,
+        },
+        &shared,
+    )?;
+    // After the family's own checks (which refuse a whole kind of checkpoint first).
+    if let Some(q) = &c.quantization_config {
+        let method = q.quant_method.as_deref().unwrap_or("unnamed");
+        if !family.hf_accepts_quantization(method) {
+            return Err(f.unsupported(format!(
+                "quantized checkpoint (`quantization_config.quant_method` {method}): use f32, \
+                 f16 or bf16 weights (or gpt-oss's MXFP4 experts), or a GGUF file"
+            )));
+        }
+    }
+    match traits.activation {
+        GatedActivation::GeluTanh => {
+            let act = c.hidden_activation.as_deref().or(c.hidden_act.as_deref());
+            if let Some(act) = act.filter(|a| !matches!(*a, "gelu_pytorch_tanh" | "gelu_tanh")) {
+                return Err(f.unsupported(format!(
+                    "hidden_activation `{act}` for {} (supported: gelu_pytorch_tanh)",
+                    architecture.name()
+                )));
+            }
+        }
+        GatedActivation::Silu => {
+            if let Some(act) = &c.hidden_act {
+                if !matches!(act.as_str(), "silu" | "swish") {
+                    return Err(f.unsupported(format!("hidden_act `{act}` (supported: silu)")));
+                }
+            }
+        }
+    }
+    // Attention limited to a window only differs from full attention past the window; serve
+    // contexts up to it.
+    if let Some(window) = params.context_limit {
         if window < max_position_embeddings {
             tracing::warn!(
                 path = %path.display(),
@@ -236,20 +128,11 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
             max_position_embeddings = window;
         }
     }
-    let (sliding_window, attention_scale, final_logit_softcap) = match architecture {
-        Architecture::Gemma3 => gemma3(&f, &c, num_layers)?,
-        Architecture::GptOss => (
-            Some(gpt_oss_window(&f, &c, num_layers, rope_theta)?),
-            None,
-            None,
-        ),
-        _ => (None, None, None),
-    };
     Ok(ModelConfig {
         architecture,
         hidden_size,
-        intermediate_size,
-        num_layers,
+        intermediate_size: shared.intermediate_size,
+        num_layers: shared.num_layers,
         num_heads,
         num_kv_heads,
         head_dim,
@@ -258,203 +141,18 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         rope_theta: rope_theta as f32,
         rope_scaling,
         max_position_embeddings,
-        // Gemma ties its embeddings unless the config says not (transformers' default).
         tie_word_embeddings: c
             .tie_word_embeddings
-            .unwrap_or(architecture == Architecture::Gemma3 || !has_lm_head),
+            .unwrap_or(traits.hf_tied_by_default || !has_lm_head),
         // config.json declares none; a sentence-transformers directory's pooling lives in
         // `1_Pooling/config.json`, which sluice does not read (`--pooling` sets it).
         pooling: None,
-        moe,
-        sliding_window,
-        attention_scale,
-        final_logit_softcap,
+        moe: params.moe,
+        sliding_window: params.sliding_window,
+        attention_scale: params.attention_scale,
+        final_logit_softcap: params.final_logit_softcap,
+        layers_without_rope: params.layers_without_rope,
     })
-}
-
-/// gpt-oss's local layers: `sliding_window` (required, positive), which layers by `layer_types`
-/// (else every even one, as the real models alternate), rotating as the global ones do.
-fn gpt_oss_window(
-    f: &Fields<'_>,
-    c: &ConfigJson,
-    num_layers: usize,
-    rope_theta: f64,
-) -> Result<SlidingWindow> {
-    let window = match c.sliding_window {
-        Some(w) if w > 0 => w,
-        _ => {
-            return Err(f.err(
-                "sliding_window",
-                "gpt-oss's sliding-window layers need a window of at least one token",
-            ))
-        }
-    };
-    let local = match &c.layer_types {
-        Some(types) => layer_types(f, types, num_layers)?,
-        None => (0..num_layers).map(|i| i % 2 == 0).collect(),
-    };
-    Ok(SlidingWindow {
-        window,
-        local,
-        local_rope_theta: rope_theta as f32,
-    })
-}
-
-/// `layer_types`: one `sliding_attention` (local, `true`) or `full_attention` a layer.
-fn layer_types(f: &Fields<'_>, types: &[String], num_layers: usize) -> Result<Vec<bool>> {
-    if types.len() != num_layers {
-        return Err(f.err(
-            "layer_types",
-            format!("{} types for {num_layers} layers", types.len()),
-        ));
-    }
-    types
-        .iter()
-        .map(|t| match t.as_str() {
-            "sliding_attention" => Ok(true),
-            "full_attention" => Ok(false),
-            other => Err(f.err(
-                "layer_types",
-                format!("`{other}` (expected sliding_attention or full_attention)"),
-            )),
-        })
-        .collect()
-}
-
-/// What a Gemma 3 text config adds: its local layers (`sliding_window`, and `layer_types` or
-/// else `sliding_window_pattern`, 6 by default: layers `i % N < N - 1` local), their rotary
-/// base (`rope_local_base_freq`, 10000), the query scale `query_pre_attn_scalar^-1/2` (256 by
-/// default, transformers' Gemma3TextConfig), and `final_logit_softcapping`.
-#[allow(clippy::type_complexity)]
-fn gemma3(
-    f: &Fields<'_>,
-    c: &ConfigJson,
-    num_layers: usize,
-) -> Result<(Option<SlidingWindow>, Option<f32>, Option<f32>)> {
-    let local: Vec<bool> = match &c.layer_types {
-        Some(types) => layer_types(f, types, num_layers)?,
-        None => {
-            let period = c.sliding_window_pattern.unwrap_or(6);
-            (0..num_layers)
-                .map(|i| period == 0 || i % period < period - 1)
-                .collect()
-        }
-    };
-    let local_rope_theta = c.rope_local_base_freq.unwrap_or(10_000.0);
-    if !(local_rope_theta.is_finite() && local_rope_theta > 0.0) {
-        return Err(f.err("rope_local_base_freq", "must be positive"));
-    }
-    let sliding_window = match c.sliding_window {
-        Some(window) if window > 0 => Some(SlidingWindow {
-            window,
-            local,
-            local_rope_theta: local_rope_theta as f32,
-        }),
-        _ => None,
-    };
-    let scalar = c.query_pre_attn_scalar.unwrap_or(256.0);
-    if !(scalar.is_finite() && scalar > 0.0) {
-        return Err(f.err("query_pre_attn_scalar", "must be positive"));
-    }
-    let softcap = match c.final_logit_softcapping {
-        Some(cap) if cap > 0.0 && cap.is_finite() => Some(cap as f32),
-        Some(0.0) => None,
-        Some(cap) => {
-            return Err(f.err(
-                "final_logit_softcapping",
-                format!("{cap} must be positive (or null for none)"),
-            ))
-        }
-        None => None,
-    };
-    Ok((sliding_window, Some((1.0 / scalar.sqrt()) as f32), softcap))
-}
-
-/// The mixture of experts a config.json describes, as transformers builds it: Mixtral
-/// (`num_local_experts`, experts of `intermediate_size`, the chosen weights always divided by
-/// their sum), qwen2_moe and qwen3_moe (`num_experts`, `moe_intermediate_size`,
-/// `norm_topk_prob` (default false), dense layers by `mlp_only_layers` and
-/// `decoder_sparse_step`; qwen2_moe's shared expert of `shared_expert_intermediate_size`).
-fn moe_config(
-    f: &Fields<'_>,
-    c: &ConfigJson,
-    architecture: Architecture,
-    num_layers: usize,
-    intermediate_size: usize,
-) -> Result<Option<MoeConfig>> {
-    let named_mixtral = c.model_type.as_deref() == Some("mixtral")
-        || c.architectures
-            .as_ref()
-            .and_then(|a| a.first())
-            .is_some_and(|class| class == "MixtralForCausalLM");
-    let (count_key, count) = match (c.num_local_experts, c.num_experts) {
-        (Some(n), _) => ("num_local_experts", n),
-        (None, Some(n)) => ("num_experts", n),
-        (None, None) if named_mixtral => {
-            return Err(f.err(
-                "num_local_experts",
-                "not present: Mixtral is a mixture of experts",
-            ))
-        }
-        (None, None) if architecture.requires_experts() => {
-            return Err(f.err(
-                "num_experts",
-                format!(
-                    "not present: a {} model is a mixture of experts",
-                    architecture.name()
-                ),
-            ))
-        }
-        (None, None) => return Ok(None),
-    };
-    if count == 0 && !architecture.requires_experts() && !named_mixtral {
-        return Ok(None);
-    }
-    let mixtral = architecture == Architecture::Llama;
-    let step = c.decoder_sparse_step.unwrap_or(1);
-    if step == 0 {
-        return Err(f.err("decoder_sparse_step", "must be at least 1"));
-    }
-    let only_dense = c.mlp_only_layers.clone().unwrap_or_default();
-    let dense_layers = (0..num_layers)
-        .filter(|&i| only_dense.contains(&i) || !(i + 1).is_multiple_of(step))
-        .collect();
-    let shared_expert_intermediate_size = if architecture.has_shared_expert() {
-        Some(f.required(
-            "shared_expert_intermediate_size",
-            c.shared_expert_intermediate_size,
-        )?)
-    } else {
-        None
-    };
-    let moe = MoeConfig {
-        num_experts: count,
-        num_experts_used: f.required("num_experts_per_tok", c.num_experts_per_tok)?,
-        // Mixtral's and gpt-oss's experts are of `intermediate_size` (they have no dense MLP).
-        expert_intermediate_size: if mixtral || architecture == Architecture::GptOss {
-            intermediate_size
-        } else {
-            f.required("moe_intermediate_size", c.moe_intermediate_size)?
-        },
-        // gpt-oss's softmax is over the chosen k already (`ExpertGating::TopKSoftmax`).
-        norm_topk_prob: mixtral
-            || (architecture != Architecture::GptOss && c.norm_topk_prob.unwrap_or(false)),
-        weights_scale: 1.0,
-        shared_expert_intermediate_size,
-        dense_layers,
-    };
-    moe.check().map_err(|e| {
-        let key = match e {
-            MoeConfigError::NoExperts => count_key,
-            MoeConfigError::ExpertsUsed { .. } => "num_experts_per_tok",
-            MoeConfigError::IntermediateSize if mixtral || architecture == Architecture::GptOss => {
-                "intermediate_size"
-            }
-            MoeConfigError::IntermediateSize | MoeConfigError::Scale(_) => "moe_intermediate_size",
-        };
-        f.err(key, e.to_string())
-    })?;
-    Ok(Some(moe))
 }
 
 /// `rope_scaling`: `default` for none; `linear` (`factor`); `llama3` (`factor`,
@@ -667,6 +365,42 @@ mod tests {
             c.tie_word_embeddings,
             "no lm_head.weight and no tie_word_embeddings: tied"
         );
+    }
+
+    #[test]
+    fn smollm3_layers_without_rope() {
+        // BASE has 2 layers: neither is a fourth one by default.
+        let c = config(&format!(
+            r#"{{"architectures": ["SmolLM3ForCausalLM"], {BASE}}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.architecture, Architecture::SmolLm3);
+        assert!(c.layers_without_rope.is_empty());
+        let c = config(&format!(
+            r#"{{"model_type": "smollm3", {BASE}, "no_rope_layer_interval": 2}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.layers_without_rope, [1]);
+        let c = config(&format!(
+            r#"{{"model_type": "smollm3", {BASE}, "no_rope_layers": [0, 1]}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.layers_without_rope, [0]);
+        assert_eq!(
+            c.layer_plan(0).rotary,
+            crate::arch::Rotary::None,
+            "the plan reads it"
+        );
+        for (bad, key) in [
+            (r#""no_rope_layers": [1, 1, 1]"#, "no_rope_layers"),
+            (r#""no_rope_layers": [2, 1]"#, "no_rope_layers"),
+            (r#""no_rope_layer_interval": 0"#, "no_rope_layer_interval"),
+        ] {
+            let err = config(&format!(r#"{{"model_type": "smollm3", {BASE}, {bad}}}"#))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{bad}: {err}");
+        }
     }
 
     #[test]

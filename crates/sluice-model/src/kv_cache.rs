@@ -545,6 +545,7 @@ mod tests {
             }),
             attention_scale: None,
             final_logit_softcap: None,
+            layers_without_rope: Vec::new(),
         }
     }
 

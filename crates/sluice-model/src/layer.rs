@@ -2,6 +2,9 @@
 //! them.
 
 use candle_core::Tensor;
+use sluice_kernels::cpu::swiglu::GatedActivation;
+
+use crate::arch::Rotary;
 
 use crate::config::ModelConfig;
 use crate::embedding::Embedding;
@@ -37,9 +40,12 @@ pub(crate) struct Layer {
     pub post_norms: Option<PostNorms>,
     pub ffn_norm: Tensor,
     pub mlp: Mlp,
-    /// The sliding window this layer attends over (a Gemma 3 local layer, which also rotates
-    /// with [`ModelWeights::local_rope`]); `None`: every earlier key.
+    /// The sliding window this layer attends over (a Gemma 3 local layer); `None`: every
+    /// earlier key.
     pub window: Option<usize>,
+    /// Which tables rotate its Q and K ([`ModelWeights::local_rope`] for a local layer), or
+    /// none.
+    pub rotary: Rotary,
     /// gpt-oss: one sink logit a query head, joining each softmax's denominator.
     pub sinks: Option<Vec<f32>>,
 }
@@ -52,11 +58,12 @@ pub(crate) struct PostNorms {
 
 /// What follows a layer's FFN norm.
 pub(crate) enum Mlp {
-    /// One SwiGLU MLP.
+    /// One gated MLP.
     Dense {
         /// Gate and up stacked.
         gate_up: Linear,
         down: Linear,
+        activation: GatedActivation,
     },
     /// A mixture of experts (the CPU forward runs it; a GPU model refuses it at load).
     Experts(Box<MoeLayer>),
@@ -65,7 +72,7 @@ pub(crate) enum Mlp {
 impl Mlp {
     pub fn weight_bytes(&self) -> usize {
         match self {
-            Mlp::Dense { gate_up, down } => gate_up.weight_bytes() + down.weight_bytes(),
+            Mlp::Dense { gate_up, down, .. } => gate_up.weight_bytes() + down.weight_bytes(),
             Mlp::Experts(moe) => moe.weight_bytes(),
         }
     }
@@ -78,7 +85,7 @@ impl Layer {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub fn dense_mlp(&self) -> Result<(&Linear, &Linear)> {
         match &self.mlp {
-            Mlp::Dense { gate_up, down } => Ok((gate_up, down)),
+            Mlp::Dense { gate_up, down, .. } => Ok((gate_up, down)),
             Mlp::Experts(_) => Err(ModelError::InvalidStep(
                 "a mixture-of-experts layer on a forward that runs only dense MLPs".into(),
             )),

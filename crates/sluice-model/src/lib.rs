@@ -10,6 +10,7 @@
 //! what the engine drives. With the `cuda` feature, a model on a GPU runs the whole step on
 //! sluice's own CUDA kernels and cuBLAS (`cuda_forward`; measured on an H200: docs/gpu.md).
 
+pub mod arch;
 pub mod attention;
 pub mod batch;
 pub mod config;
@@ -24,8 +25,10 @@ mod embedding;
 pub mod error;
 pub mod gguf;
 mod gguf_header;
+mod gguf_keys;
 pub mod hf;
 mod hf_config;
+mod hf_keys;
 pub mod kv_cache;
 mod last_layer;
 mod layer;

@@ -8,7 +8,6 @@ use std::str::FromStr;
 use candle_core::{Device, Tensor};
 
 use crate::attention::AttentionBackend;
-use crate::config::Architecture;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvDtype;
@@ -190,32 +189,6 @@ impl Weight {
         }
     }
 
-    /// The tensor's name in a GGUF file of `architecture`: [`Self::gguf_name`], but for
-    /// gpt-oss's MLP pre-norm, `post_attention_norm` (llama.cpp's name for it there).
-    pub fn gguf_name_in(self, architecture: Architecture) -> String {
-        match (architecture, self) {
-            (Architecture::GptOss, Self::FfnNorm(i)) => {
-                format!("blk.{i}.post_attention_norm.weight")
-            }
-            _ => self.gguf_name(),
-        }
-    }
-
-    /// The tensor's name in a Hugging Face checkpoint of `architecture`: [`Self::hf_name`], but
-    /// for Gemma's MLP pre-norm, `pre_feedforward_layernorm` (its `post_attention_layernorm`
-    /// is the attention's post-norm).
-    pub fn hf_name_in(self, architecture: Architecture) -> String {
-        match (architecture, self) {
-            (Architecture::Gemma3, Self::FfnNorm(i)) => {
-                format!("model.layers.{i}.pre_feedforward_layernorm.weight")
-            }
-            (Architecture::GptOss, Self::Router(i)) => {
-                format!("model.layers.{i}.mlp.router.weight")
-            }
-            _ => self.hf_name(),
-        }
-    }
-
     /// Whether the tensor is an RMSNorm's weight: Gemma's Hugging Face checkpoints store it
     /// minus one (`x * (1 + w)`), GGUF files with the one added.
     pub fn is_norm(self) -> bool {
@@ -250,7 +223,7 @@ impl Weight {
             Self::O(i) => layer(i, "self_attn.o_proj.weight"),
             Self::FfnNorm(i) => layer(i, "post_attention_layernorm.weight"),
             // Gemma's post-norms (its `post_attention_layernorm` is the attention's post-norm,
-            // not the MLP's pre-norm: `hf_name_in`).
+            // not the MLP's pre-norm: `arch::gemma3`).
             Self::AttnPostNorm(i) => layer(i, "post_attention_layernorm.weight"),
             Self::FfnPostNorm(i) => layer(i, "post_feedforward_layernorm.weight"),
             Self::Gate(i) => layer(i, "mlp.gate_proj.weight"),

@@ -25,7 +25,7 @@ use candle_core::quantized::gguf_file;
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
-use crate::config::{Architecture, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::low_rank::{LowRankGroup, LowRankScratch, PartValues};
 use crate::weights::unpermuted_row;
@@ -304,7 +304,7 @@ impl LoraAdapter {
             ));
         }
         let arch = text("general.architecture").unwrap_or_default();
-        if Architecture::from_name(&arch) != Some(config.architecture) {
+        if !config.architecture.answers_to(&arch) {
             return Err(invalid(
                 path,
                 format!(
@@ -338,7 +338,7 @@ impl LoraAdapter {
             pairs.insert(path, &name, layer, projection, side, tensor)?;
         }
         // llama files' Q and K rows were permuted by the converter, B's with them.
-        let permuted = config.architecture == Architecture::Llama;
+        let permuted = config.architecture.traits().gguf_qk_permuted;
         pairs.into_adapter(path, config, Scale::Gguf { alpha, permuted })
     }
 }

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
+use crate::arch::{self, Backend, MlpKind, Traits};
 use crate::attention::{cpu as cpu_attention, AttentionBackend};
 use crate::batch::StepBatch;
-use crate::config::Architecture;
 use crate::config::ModelConfig;
 use crate::cpu_forward::{self, StepScratch};
 #[cfg(feature = "cuda")]
@@ -47,30 +47,17 @@ impl LlamaModel {
         options: &LoadOptions,
     ) -> Result<Self> {
         let device = options.device.clone();
-        if let (Some(moe), false) = (&config.moe, device.is_cpu()) {
-            // Before any weight moves: the CUDA forwards run dense MLPs only, and running the
-            // experts row by row there would be a silent slowdown, not a feature.
-            return Err(ModelError::Unsupported {
-                path: src.path().to_path_buf(),
-                what: format!(
-                    "mixture-of-experts model ({} experts, {} a token) on a GPU: sluice's CUDA \
-                     forward has no grouped expert matmul yet; serve it with a build without \
-                     the `cuda` feature, whose CPU forward runs it",
-                    moe.num_experts, moe.num_experts_used
-                ),
-            });
-        }
-        if config.architecture == Architecture::Gemma3 && !device.is_cpu() {
-            // The CUDA forwards have no post-norms, GeGLU or sliding-window attention yet:
-            // refused rather than computed wrong.
-            return Err(ModelError::Unsupported {
-                path: src.path().to_path_buf(),
-                what: "Gemma 3 on a GPU: sluice's CUDA forward has no post-norms, GeGLU or \
-                       sliding-window attention yet; serve it with a build without the `cuda` \
-                       feature, whose CPU forward runs it"
-                    .into(),
-            });
-        }
+        let backend = if device.is_cpu() {
+            Backend::Cpu
+        } else {
+            Backend::Cuda
+        };
+        // Before any weight moves: a layer kind the backend lacks is refused, not computed
+        // wrong or slowly.
+        arch::supports(&config, backend).map_err(|what| ModelError::Unsupported {
+            path: src.path().to_path_buf(),
+            what,
+        })?;
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = &device {
             sluice_kernels::cuda::graph::single_stream(dev);
@@ -80,7 +67,6 @@ impl LlamaModel {
         // Norm weights in the element type the forward's activations take (f32 on the CPU; a
         // GPU's half-precision weights make theirs half too), converted once here.
         let act = linear.activation_dtype();
-        let arch = config.architecture;
         let (hidden, heads, kv_heads, d, inter, vocab) = (
             config.hidden_size,
             config.num_heads,
@@ -93,7 +79,8 @@ impl LlamaModel {
 
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
-            let biases = if arch.has_qkv_bias() || src.has(Weight::QBias(i)) {
+            let plan = config.layer_plan(i);
+            let biases = if plan.qkv_bias || src.has(Weight::QBias(i)) {
                 Some(Tensor::cat(
                     &[
                         src.dense(Weight::QBias(i), &[heads * d], &device)?,
@@ -115,13 +102,13 @@ impl LlamaModel {
                 biases,
                 linear,
             )?;
-            let o_bias = if arch.has_output_bias() {
+            let o_bias = if plan.output_bias {
                 Some(src.dense(Weight::OBias(i), &[hidden], &device)?)
             } else {
                 None
             };
             let o = src.linear(&[(Weight::O(i), hidden)], heads * d, o_bias, linear)?;
-            let sinks = if arch.has_attention_sinks() {
+            let sinks = if plan.sinks {
                 Some(
                     src.dense(Weight::Sinks(i), &[heads], &Device::Cpu)?
                         .to_vec1::<f32>()?,
@@ -129,11 +116,17 @@ impl LlamaModel {
             } else {
                 None
             };
-            let mlp = match &config.moe {
-                Some(moe) if moe.is_sparse(i) => Mlp::Experts(Box::new(Self::build_moe(
-                    src, arch, i, moe, hidden, linear,
+            let mlp = match (plan.mlp, &config.moe) {
+                (MlpKind::Experts, Some(moe)) => Mlp::Experts(Box::new(Self::build_moe(
+                    src,
+                    config.architecture.traits(),
+                    i,
+                    moe,
+                    hidden,
+                    linear,
                 )?)),
-                _ => Mlp::Dense {
+                (MlpKind::Dense(activation), _) => Mlp::Dense {
+                    activation,
                     gate_up: src.linear(
                         &[(Weight::Gate(i), inter), (Weight::Up(i), inter)],
                         hidden,
@@ -142,8 +135,14 @@ impl LlamaModel {
                     )?,
                     down: src.linear(&[(Weight::Down(i), hidden)], inter, None, linear)?,
                 },
+                (MlpKind::Experts, None) => {
+                    return Err(ModelError::Unsupported {
+                        path: src.path().to_path_buf(),
+                        what: format!("layer {i} planned with experts in a model without any"),
+                    })
+                }
             };
-            let post_norms = if arch.has_post_norms() {
+            let post_norms = if plan.post_norms {
                 Some(PostNorms {
                     attn: src
                         .dense(Weight::AttnPostNorm(i), &[hidden], &device)?
@@ -155,7 +154,7 @@ impl LlamaModel {
             } else {
                 None
             };
-            let qk_norm = if arch.has_qk_norm() {
+            let qk_norm = if plan.qk_norm {
                 Some((
                     src.dense(Weight::QNorm(i), &[d], &device)?.to_dtype(act)?,
                     src.dense(Weight::KNorm(i), &[d], &device)?.to_dtype(act)?,
@@ -175,7 +174,8 @@ impl LlamaModel {
                     .dense(Weight::FfnNorm(i), &[hidden], &device)?
                     .to_dtype(act)?,
                 mlp,
-                window: config.window_of_layer(i),
+                window: plan.attention.window(),
+                rotary: plan.rotary,
                 sinks,
             });
             src.layer_done()?;
@@ -248,7 +248,7 @@ impl LlamaModel {
     /// expert.
     fn build_moe(
         src: &mut dyn WeightSource,
-        arch: Architecture,
+        traits: &Traits,
         i: usize,
         moe: &crate::config::MoeConfig,
         hidden: usize,
@@ -263,7 +263,11 @@ impl LlamaModel {
             hidden,
         };
         let mut experts = src.experts(i, shape, linear)?;
-        let router_bias = if arch.has_expert_biases() {
+        let rules = traits
+            .experts
+            .as_ref()
+            .expect("a family with a mixture has expert traits");
+        let router_bias = if rules.biases {
             let rows = |src: &mut dyn WeightSource, w: Weight, cols: usize| -> Result<Vec<f32>> {
                 Ok(src
                     .dense(w, &[n, cols], &Device::Cpu)?
@@ -309,10 +313,10 @@ impl LlamaModel {
         Ok(MoeLayer {
             router,
             router_bias,
-            activation: arch.expert_activation(),
+            activation: rules.activation,
             experts,
             rule: RoutingRule {
-                gating: arch.expert_gating(),
+                gating: rules.gating,
                 k: moe.num_experts_used,
                 norm_topk: moe.norm_topk_prob,
                 scale: moe.weights_scale,

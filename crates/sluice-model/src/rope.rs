@@ -28,7 +28,7 @@ impl RotaryTables {
     /// (Gemma 3's local layers: their base, no scaling); `None` for a model without.
     pub fn local(config: &ModelConfig, device: &Device) -> Result<Option<Self>> {
         if let (true, Some(s)) = (
-            config.architecture.local_layers_share_rope(),
+            config.architecture.traits().local_layers_share_rope,
             &config.sliding_window,
         ) {
             // gpt-oss: the global layers' scaling; their very tables unless the base differs.
@@ -233,6 +233,7 @@ mod tests {
             sliding_window: None,
             attention_scale: None,
             final_logit_softcap: None,
+            layers_without_rope: Vec::new(),
         };
         let tables = RotaryTables::new(&config, &Device::Cpu).unwrap();
         let cos = tables.cos.to_vec2::<f32>().unwrap();

@@ -544,17 +544,22 @@ impl SyntheticSpec {
         for i in 0..layers {
             let p = |t: &str| format!("blk.{i}.{t}");
             vector(p("attn_norm.weight"), h, 1.0, 0.1)?;
-            vector(Weight::FfnNorm(i).gguf_name_in(s.architecture), h, 1.0, 0.1)?;
+            vector(
+                s.architecture.family().gguf_tensor_name(Weight::FfnNorm(i)),
+                h,
+                1.0,
+                0.1,
+            )?;
             if s.gpt_oss.is_some() {
                 vector(p("attn_output.bias"), h, 0.0, 0.1)?;
                 vector(p("attn_sinks.weight"), s.num_heads, 0.0, 1.0)?;
             }
-            if s.architecture.has_qkv_bias() {
+            if s.architecture.traits().qkv_bias {
                 vector(p("attn_q.bias"), s.num_heads * head_dim, 0.0, 0.1)?;
                 vector(p("attn_k.bias"), kvh * head_dim, 0.0, 0.1)?;
                 vector(p("attn_v.bias"), kvh * head_dim, 0.0, 0.1)?;
             }
-            if s.architecture.has_qk_norm() {
+            if s.architecture.traits().qk_norm {
                 vector(p("attn_q_norm.weight"), head_dim, 1.0, 0.1)?;
                 vector(p("attn_k_norm.weight"), head_dim, 1.0, 0.1)?;
             }

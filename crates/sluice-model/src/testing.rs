@@ -39,7 +39,12 @@ impl TinyMoe {
             experts,
             experts_used: k,
             expert_intermediate_size: inter,
-            shared_expert_intermediate_size: architecture.has_shared_expert().then_some(inter),
+            shared_expert_intermediate_size: architecture
+                .traits()
+                .experts
+                .as_ref()
+                .is_some_and(|e| e.shared_expert)
+                .then_some(inter),
             router_scale: 4.0,
         }
     }
@@ -241,13 +246,10 @@ impl TinyModelSpec {
             }
             w.vector(&p("attn_norm.weight"), h, 1.0, 0.1)?;
             // gpt-oss names its MLP pre-norm `post_attention_norm` (llama.cpp's name there).
-            let ffn_norm = if self.architecture == Architecture::GptOss {
-                "post_attention_norm.weight"
-            } else {
-                "ffn_norm.weight"
-            };
-            w.vector(&p(ffn_norm), h, 1.0, 0.1)?;
-            if self.architecture == Architecture::GptOss {
+            let family = self.architecture.family();
+            w.vector(&family.gguf_tensor_name(Weight::FfnNorm(i)), h, 1.0, 0.1)?;
+            // gpt-oss's sinks, output bias and expert biases.
+            if self.architecture.traits().attention_sinks {
                 let moe = self.moe.as_ref().expect("gpt-oss is a mixture of experts");
                 let (n, ei) = (moe.experts, moe.expert_intermediate_size);
                 w.vector(&p("attn_output.bias"), h, 0.0, 0.2)?;
@@ -257,16 +259,16 @@ impl TinyModelSpec {
                 w.matrix(&p("ffn_up_exps.bias"), (n, ei), 0.2, GgmlDType::F32)?;
                 w.matrix(&p("ffn_down_exps.bias"), (n, h), 0.2, GgmlDType::F32)?;
             }
-            if self.architecture.has_qkv_bias() {
+            if self.architecture.traits().qkv_bias {
                 w.vector(&p("attn_q.bias"), self.num_heads * hd, 0.0, 0.5)?;
                 w.vector(&p("attn_k.bias"), kvh * hd, 0.0, 0.5)?;
                 w.vector(&p("attn_v.bias"), kvh * hd, 0.0, 0.5)?;
             }
-            if self.architecture.has_qk_norm() {
+            if self.architecture.traits().qk_norm {
                 w.vector(&p("attn_q_norm.weight"), hd, 1.0, 0.1)?;
                 w.vector(&p("attn_k_norm.weight"), hd, 1.0, 0.1)?;
             }
-            if self.architecture.has_post_norms() {
+            if self.architecture.traits().post_norms {
                 w.vector(&p("post_attention_norm.weight"), h, 1.0, 0.1)?;
                 w.vector(&p("post_ffw_norm.weight"), h, 1.0, 0.1)?;
             }
@@ -429,13 +431,13 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             continue;
         }
         let mut t = file.tensor(&name, &Device::Cpu)?;
-        if arch == Architecture::Llama {
+        if arch.traits().gguf_qk_permuted {
             if let Weight::Q(_) | Weight::K(_) = role {
                 t = unpermute_qk(&t, t.shape().dims()[0] / d, d)?;
             }
         }
         let mut dense = t.dequantize(&Device::Cpu)?;
-        if arch == Architecture::Gemma3 && role.is_norm() {
+        if arch.traits().hf_norms_minus_one && role.is_norm() {
             // transformers' Gemma norms hold `w - 1` (exact for the weights near 1 here).
             dense = (dense - 1.0)?;
         }
@@ -449,7 +451,7 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             Weight::Router(i) if mixtral_names => {
                 format!("model.layers.{i}.block_sparse_moe.gate.weight")
             }
-            _ => role.hf_name_in(arch),
+            _ => arch.family().hf_tensor_name(role),
         };
         tensors.push((hf_name, dense));
     }
@@ -549,6 +551,7 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
         (Architecture::Qwen2Moe, _) => ("Qwen2MoeForCausalLM", "qwen2_moe"),
         (Architecture::Qwen3Moe, _) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
         (Architecture::Gemma3, _) => ("Gemma3ForCausalLM", "gemma3_text"),
+        (Architecture::SmolLm3, _) => ("SmolLM3ForCausalLM", "smollm3"),
         (Architecture::GptOss, _) => {
             return Err(ModelError::Unsupported {
                 path: gguf.to_path_buf(),
@@ -578,7 +581,7 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             "max_position_embeddings": config.max_position_embeddings,
             "tie_word_embeddings": config.tie_word_embeddings,
             "hidden_act": "silu",
-            "attention_bias": arch.has_qkv_bias(),
+            "attention_bias": arch.traits().qkv_bias,
             "use_sliding_window": false,
             "sliding_window": config.max_position_embeddings,
             "max_window_layers": config.num_layers,
@@ -586,6 +589,13 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             "bos_token_id": tokenizer.bos_token_id(),
             "eos_token_id": tokenizer.eos_token_id(),
     });
+    if !config.layers_without_rope.is_empty() {
+        // SmolLM3's: one flag a layer, 1 rotates.
+        let flags: Vec<u8> = (0..config.num_layers)
+            .map(|i| u8::from(!config.layers_without_rope.contains(&i)))
+            .collect();
+        config_json["no_rope_layers"] = serde_json::json!(flags);
+    }
     if arch == Architecture::Gemma3 {
         let window = config.sliding_window.as_ref();
         let layer_types: Vec<&str> = (0..config.num_layers)
@@ -753,7 +763,7 @@ impl TinyLoraSpec {
             ("adapter.type".into(), Value::String("lora".into())),
             ("adapter.lora.alpha".into(), Value::F32(self.alpha)),
         ];
-        let permuted = config.architecture == Architecture::Llama;
+        let permuted = config.architecture.traits().gguf_qk_permuted;
         let mut tensors: Vec<(String, QTensor)> = Vec::new();
         for (layer, p, a, b) in self.updates(config) {
             let (inputs, outputs) = p.shape(config);

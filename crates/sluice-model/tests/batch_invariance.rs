@@ -99,6 +99,16 @@ fn cases() -> Vec<Case> {
         },
         kinds: &[WeightsKind::Auto, WeightsKind::Exact],
     });
+    // SmolLM3's layers: the fourth attends without RoPE.
+    cases.push(Case {
+        name: "smollm3-Q4K".into(),
+        spec: TinyModelSpec {
+            architecture: Architecture::SmolLm3,
+            num_layers: 4,
+            ..spec(GgmlDType::Q4K)
+        },
+        kinds: &[WeightsKind::Auto, WeightsKind::Exact],
+    });
     // gpt-oss's layers (biases, sinks, YaRN, the top k's softmax, the clamped SwiGLU) with a
     // window of 8 keys on every other layer.
     cases.push(Case {

@@ -152,6 +152,15 @@ fn gemma3_spec() -> TinyModelSpec {
     }
 }
 
+/// SmolLM3's layers: 4, the last without RoPE (config.json's `no_rope_layers`).
+fn smollm3_spec() -> TinyModelSpec {
+    TinyModelSpec {
+        architecture: Architecture::SmolLm3,
+        num_layers: 4,
+        ..TinyModelSpec::default()
+    }
+}
+
 /// candle-transformers' gemma3 over the directory's safetensors: last-position logits, fed
 /// one token at a time (its local layers' rotating cache then holds the window's keys, as
 /// transformers and llama.cpp see them; a whole prompt at once fails in its cache's
@@ -385,8 +394,8 @@ fn bf16_weights_load_as_f32() {
 
 /// A GGUF file and the HF directory exported from it are the same model: identical logits,
 /// and the same tokenizer, stop ids and chat template. Covers llama (Q/K un-permuted), qwen2
-/// (biases), qwen3 (QK-norm, own head size) and gemma3 (norms minus one, its layer pattern and
-/// window), batched over every weight kind.
+/// (biases), qwen3 (QK-norm, own head size), gemma3 (norms minus one, its layer pattern and
+/// window) and smollm3 (its layers without RoPE), batched over every weight kind.
 #[test]
 fn tiny_gguf_and_its_hf_export_agree() {
     for spec in [
@@ -394,6 +403,7 @@ fn tiny_gguf_and_its_hf_export_agree() {
         qwen2_spec(),
         qwen3_spec(),
         gemma3_spec(),
+        smollm3_spec(),
     ] {
         let (tmp, dir) = tiny_dir(
             &spec,

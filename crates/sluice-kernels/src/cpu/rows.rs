@@ -106,15 +106,15 @@ pub struct QkNorm<'a> {
 /// Splits each token's QKV row into `q: [T, heads, head_dim]`, `k` and `v: [T, kv_heads,
 /// head_dim]`, normalising each head of Q and K first if `qk_norm` says so, and rotating Q and
 /// K by the token's position with the half-split convention (candle's `rope_thd`: the first
-/// half `x1`, the second `x2`, `x1 cos - x2 sin` and `x1 sin + x2 cos`). `cos` and `sin` are
-/// tables `[positions, head_dim / 2]`. Panics if a slice disagrees with the shape or a
-/// position is past the tables.
+/// half `x1`, the second `x2`, `x1 cos - x2 sin` and `x1 sin + x2 cos`). `rope` holds the
+/// tables `(cos, sin)`, each `[positions, head_dim / 2]`; `None` leaves Q and K unrotated (a
+/// layer without positional encoding, SmolLM3's "NoPE" layers). Panics if a slice disagrees
+/// with the shape or a position is past the tables.
 #[allow(clippy::too_many_arguments)]
 pub fn split_rope(
     qkv: &[f32],
     positions: &[u32],
-    cos: &[f32],
-    sin: &[f32],
+    rope: Option<(&[f32], &[f32])>,
     shape: QkvShape,
     qk_norm: Option<QkNorm<'_>>,
     q: &mut [f32],
@@ -131,11 +131,13 @@ pub fn split_rope(
     assert!(d > 0 && d.is_multiple_of(2), "head_dim must be even");
     assert_eq!(qkv.len(), t * (qw + 2 * kw), "qkv rows");
     assert!(q.len() == t * qw && k.len() == t * kw && v.len() == t * kw);
-    assert_eq!(cos.len(), sin.len());
     let half = d / 2;
-    assert!(positions
-        .iter()
-        .all(|&p| (p as usize + 1) * half <= cos.len()));
+    if let Some((cos, sin)) = rope {
+        assert_eq!(cos.len(), sin.len());
+        assert!(positions
+            .iter()
+            .all(|&p| (p as usize + 1) * half <= cos.len()));
+    }
     if let Some(n) = &qk_norm {
         assert!(
             n.q.len() == d && n.k.len() == d,
@@ -145,12 +147,12 @@ pub fn split_rope(
     let token = |i: usize, q: &mut [f32], k: &mut [f32], v: &mut [f32]| {
         let row = &qkv[i * (qw + 2 * kw)..][..qw + 2 * kw];
         let p = positions[i] as usize;
-        let (c, s) = (&cos[p * half..][..half], &sin[p * half..][..half]);
+        let tables = rope.map(|(cos, sin)| (&cos[p * half..][..half], &sin[p * half..][..half]));
         for (src, dst) in row[..qw].chunks_exact(d).zip(q.chunks_exact_mut(d)) {
-            rotate(src, qk_norm.map(|n| (n.q, n.eps)), c, s, dst);
+            rotate(src, qk_norm.map(|n| (n.q, n.eps)), tables, dst);
         }
         for (src, dst) in row[qw..qw + kw].chunks_exact(d).zip(k.chunks_exact_mut(d)) {
-            rotate(src, qk_norm.map(|n| (n.k, n.eps)), c, s, dst);
+            rotate(src, qk_norm.map(|n| (n.k, n.eps)), tables, dst);
         }
         v.copy_from_slice(&row[qw + kw..]);
     };
@@ -175,13 +177,21 @@ pub fn split_rope(
 
 /// One head: optionally RMS-normalised, then rotated into `out`.
 #[inline]
-fn rotate(x: &[f32], norm: Option<(&[f32], f32)>, cos: &[f32], sin: &[f32], out: &mut [f32]) {
-    let half = cos.len();
+/// One head: normed if `norm` says so, then rotated by `tables` (`(cos, sin)` at its
+/// position) where it has them.
+fn rotate(
+    x: &[f32],
+    norm: Option<(&[f32], f32)>,
+    tables: Option<(&[f32], &[f32])>,
+    out: &mut [f32],
+) {
     if let Some((w, eps)) = norm {
         norm_row(x, w, eps, out);
     } else {
         out.copy_from_slice(x);
     }
+    let Some((cos, sin)) = tables else { return };
+    let half = cos.len();
     let (x1, x2) = out.split_at_mut(half);
     for i in 0..half {
         let (a, b) = (x1[i], x2[i]);
@@ -263,7 +273,14 @@ mod tests {
             let (mut q, mut k, mut v) =
                 (vec![0f32; t * 32], vec![0f32; t * 16], vec![0f32; t * 16]);
             split_rope(
-                &qkv, &positions, &cos, &sin, shape, None, &mut q, &mut k, &mut v,
+                &qkv,
+                &positions,
+                Some((&cos, &sin)),
+                shape,
+                None,
+                &mut q,
+                &mut k,
+                &mut v,
             );
             for i in 0..t {
                 let p = positions[i] as usize;
@@ -305,8 +322,7 @@ mod tests {
         split_rope(
             &qkv,
             &[0],
-            &cos,
-            &sin,
+            Some((&cos, &sin)),
             shape,
             Some(norm),
             &mut q,
@@ -321,5 +337,34 @@ mod tests {
         rms_norm(&qkv[8..12], &wk, 1e-6, &mut want);
         assert_eq!(k, want);
         assert_eq!(v, &qkv[12..16]);
+    }
+
+    #[test]
+    fn without_tables_q_and_k_are_split_unrotated() {
+        let shape = QkvShape {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+        };
+        let t = 3;
+        let qkv = values(t * 16, 5);
+        let (mut q, mut k, mut v) = (vec![0f32; t * 8], vec![0f32; t * 4], vec![0f32; t * 4]);
+        // Positions past any table: none is read.
+        split_rope(
+            &qkv,
+            &[7, 900, 3],
+            None,
+            shape,
+            None,
+            &mut q,
+            &mut k,
+            &mut v,
+        );
+        for i in 0..t {
+            let row = &qkv[i * 16..][..16];
+            assert_eq!(&q[i * 8..][..8], &row[..8]);
+            assert_eq!(&k[i * 4..][..4], &row[8..12]);
+            assert_eq!(&v[i * 4..][..4], &row[12..16]);
+        }
     }
 }

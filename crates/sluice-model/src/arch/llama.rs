@@ -1,0 +1,70 @@
+//! llama (SmolLM2, Llama 2/3), Mistral, and Mixtral (llama with a mixture of experts): no
+//! biases, SwiGLU, RMSNorm; llama.cpp's NORM rotary, so its GGUF files hold Q and K permuted.
+
+use super::{
+    Architecture, ExpertActivation, ExpertGating, ExpertTraits, Family, FamilyParams,
+    HfExpertLayout, SharedParams, Traits,
+};
+use crate::error::Result;
+use crate::hf_keys::HfKeys;
+use sluice_kernels::cpu::swiglu::GatedActivation;
+
+pub(crate) struct Llama;
+
+pub(super) const LLAMA_TRAITS: Traits = Traits {
+    qkv_bias: false,
+    output_bias: false,
+    attention_sinks: false,
+    qk_norm: false,
+    scales_embeddings: false,
+    post_norms: false,
+    activation: GatedActivation::Silu,
+    gguf_qk_permuted: true,
+    local_layers_share_rope: false,
+    hf_norms_minus_one: false,
+    hf_tied_by_default: false,
+    // Mixtral's, in a file that has experts: a softmax over all, the top k renormalised.
+    experts: Some(ExpertTraits {
+        required: false,
+        gating: ExpertGating::SoftmaxTopK,
+        activation: ExpertActivation::Swiglu,
+        biases: false,
+        default_norm_topk: Some(true),
+        hf_norm_topk_from_config: false,
+        shared_expert: false,
+        gguf_ff_divided_by_k: false,
+        hf_experts_of_intermediate_size: true,
+        hf_layout: HfExpertLayout::Separate,
+    }),
+};
+
+impl Family for Llama {
+    fn architecture(&self) -> Architecture {
+        Architecture::Llama
+    }
+
+    // Mixtral is llama with experts: GGUF files say `llama`, HF configs `mixtral`.
+    fn names(&self) -> &'static [&'static str] {
+        &["llama", "mistral", "mixtral"]
+    }
+
+    fn traits(&self) -> &'static Traits {
+        &LLAMA_TRAITS
+    }
+
+    fn hf_params(&self, keys: &HfKeys<'_>, shared: &SharedParams) -> Result<FamilyParams> {
+        let c = keys.shared();
+        // A config that names Mixtral must describe its experts.
+        let mixtral = c.model_type.as_deref() == Some("mixtral")
+            || c.architectures
+                .as_ref()
+                .and_then(|a| a.first())
+                .is_some_and(|class| class == "MixtralForCausalLM");
+        Ok(FamilyParams {
+            moe: super::hf_moe(self.architecture(), keys, shared, mixtral)?,
+            // Mistral says that its attention is windowed with `sliding_window` alone.
+            context_limit: keys.shared().sliding_window,
+            ..FamilyParams::default()
+        })
+    }
+}
