@@ -30,19 +30,15 @@ python=$("$root/scripts/lib/gguf-venv.sh")
 tok=$root/models/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p "$out"
 
-expected() { [ -f "$sums" ] && awk -v f="$1" '$2 == f { print $1 }' "$sums"; }
-matches() {
-  local want
-  want=$(expected "$1") || return 1
-  [ -n "$want" ] && [ -f "$out/$1" ] && [ "$(sha256sum "$out/$1" | cut -d' ' -f1)" = "$want" ]
-}
+# expected, matches, stale, q4_k_m and check_sums.
+. "$root/scripts/lib/tiny-models.sh"
 
 files=()
 for arch in $archs; do
   for fmt in f32 q8_0; do
     f=$arch-$fmt.gguf
     files+=("$f")
-    if [ "$update" = 1 ] || ! matches "$f"; then
+    if stale "$f"; then
       "$python" "$root/scripts/tiny-moe.py" --tokenizer "$tok" --out "$out" --arch "$arch" --format "$fmt"
     fi
   done
@@ -51,13 +47,13 @@ done
 for fmt in f32 mxfp4; do
   f=gpt-oss-$fmt.gguf
   files+=("$f")
-  if [ "$update" = 1 ] || ! matches "$f"; then
+  if stale "$f"; then
     "$python" "$root/scripts/tiny-moe.py" --tokenizer "$tok" --out "$out" --arch gpt-oss --format "$fmt"
   fi
 done
 f=gpt-oss-harmony-mxfp4.gguf
 files+=("$f")
-if [ "$update" = 1 ] || ! matches "$f"; then
+if stale "$f"; then
   "$python" "$root/scripts/tiny-moe.py" --tokenizer "$tok" --out "$out" --arch gpt-oss --format mxfp4 --harmony
 fi
 # The tiny gpt-oss as Hugging Face checkpoints (MXFP4 experts, and dequantized).
@@ -65,7 +61,7 @@ hf=(gpt-oss-hf-mxfp4/config.json gpt-oss-hf-mxfp4/model.safetensors
     gpt-oss-hf-f32/config.json gpt-oss-hf-f32/model.safetensors)
 files+=("${hf[@]}")
 for f in "${hf[@]}"; do
-  if [ "$update" = 1 ] || ! matches "$f"; then
+  if stale "$f"; then
     "$python" "$root/scripts/tiny-gpt-oss-hf.py" --out "$out" >&2
     break
   fi
@@ -74,39 +70,8 @@ done
 if [ "$kquants" != 0 ]; then
   bin=$(LLAMA_TARGETS="llama-quantize" "$root/scripts/llama-server.sh")
   for arch in $archs; do
-    f=$arch-q4_k_m.gguf
-    files+=("$f")
-    if [ "$update" = 1 ] || ! matches "$f"; then
-      LD_LIBRARY_PATH=$bin "$bin/llama-quantize" "$out/$arch-f32.gguf" "$out/$f.tmp" Q4_K_M 2 >"$out/$f.log" 2>&1 \
-        || { cat "$out/$f.log" >&2; echo "error: llama-quantize failed on $arch-f32.gguf" >&2; exit 1; }
-      mv "$out/$f.tmp" "$out/$f"
-      echo "$out/$f" >&2
-    fi
-    # The Q4_K_M file dequantized back to F32 by llama.cpp: the same numbers as the Q4_K_M
-    # file's weights, so its fixtures are an exact oracle for a dequantizing implementation.
-    g=$arch-q4_k_m-f32.gguf
-    files+=("$g")
-    if [ "$update" = 1 ] || ! matches "$g"; then
-      LD_LIBRARY_PATH=$bin "$bin/llama-quantize" --allow-requantize "$out/$f" "$out/$g.tmp" F32 2 >"$out/$g.log" 2>&1 \
-        || { cat "$out/$g.log" >&2; echo "error: llama-quantize failed on $f" >&2; exit 1; }
-      mv "$out/$g.tmp" "$out/$g"
-      echo "$out/$g" >&2
-    fi
+    q4_k_m "$bin" "$arch"
   done
 fi
 
-if [ "$update" = 1 ]; then
-  mkdir -p "$(dirname "$sums")"
-  (cd "$out" && sha256sum "${files[@]}") >"$sums"
-  echo "wrote $sums" >&2
-fi
-
-bad=0
-for f in "${files[@]}"; do
-  if ! matches "$f"; then
-    echo "error: $out/$f: sha256 $(sha256sum "$out/$f" | cut -d' ' -f1) does not match $(expected "$f" || true) in tests/fixtures/moe/SHA256SUMS" >&2
-    bad=1
-  fi
-done
-[ $bad = 0 ] || { echo "error: the models differ from those the fixtures were made from (see tests/fixtures/moe/README.md)" >&2; exit 1; }
-echo "$out"
+check_sums

@@ -45,6 +45,8 @@ fi
 # scripts/llama-server.sh, makes the Q4_K_M ones), checked against their sha256: their tests
 # skip without them, CI runs them.
 ./scripts/make-moe-models.sh >/dev/null
+# The tiny SmolLM3 models of tests/fixtures/smollm3, made and checked the same way.
+./scripts/make-smollm3-models.sh >/dev/null
 # The random LoRA adapter llama.cpp's fixtures in tests/fixtures/lora were made with (the PyPI
 # gguf package writes it, in llama.cpp's and PEFT's layouts): its tests skip without it.
 ./scripts/make-lora-adapters.sh >/dev/null

@@ -230,6 +230,22 @@ def tokenizer_fields(path):
     }
 
 
+def add_tokenizer(w, tok):
+    """Writes `tok` (from `tokenizer_fields`) into the GGUFWriter `w`'s key-values."""
+    w.add_tokenizer_model(tok["model"])
+    w.add_tokenizer_pre(tok["pre"])
+    w.add_token_list(tok["tokens"])
+    w.add_token_types(tok["token_type"])
+    w.add_token_merges(tok["merges"])
+    w.add_bos_token_id(tok["bos"])
+    w.add_eos_token_id(tok["eos"])
+    w.add_unk_token_id(tok["unk"])
+    w.add_pad_token_id(tok["pad"])
+    w.add_add_bos_token(tok["add_bos"])
+    w.add_add_space_prefix(tok["add_space_prefix"])
+    w.add_chat_template(tok["chat_template"])
+
+
 HARMONY_TOKENS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
                   "<|return|>", "<|call|>"]
 HARMONY_FIRST_ID = 3
@@ -299,18 +315,7 @@ def write(arch, fmt, tok, path, n_ctx=N_CTX):
     if fmt != "f32":
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    w.add_tokenizer_model(tok["model"])
-    w.add_tokenizer_pre(tok["pre"])
-    w.add_token_list(tok["tokens"])
-    w.add_token_types(tok["token_type"])
-    w.add_token_merges(tok["merges"])
-    w.add_bos_token_id(tok["bos"])
-    w.add_eos_token_id(tok["eos"])
-    w.add_unk_token_id(tok["unk"])
-    w.add_pad_token_id(tok["pad"])
-    w.add_add_bos_token(tok["add_bos"])
-    w.add_add_space_prefix(tok["add_space_prefix"])
-    w.add_chat_template(tok["chat_template"])
+    add_tokenizer(w, tok)
 
     for name, arr in ts:
         if fmt == "mxfp4" and "_exps.weight" in name:

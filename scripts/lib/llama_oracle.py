@@ -1,11 +1,16 @@
 """The calls to llama.cpp's server that the fixture scripts share (scripts/moe-fixtures.py,
-scripts/gemma-fixtures.py): llama.cpp is their oracle. Standard library only.
+scripts/smollm3-fixtures.py, scripts/gemma-fixtures.py, scripts/lora-fixtures.py): llama.cpp is
+their oracle. Standard library only.
 
 - `complete` asks for greedy tokens with the raw logits' top 5 (`post_sampling_probs` false:
   log-softmax of the logits before any sampler), the prompt given as ids, no prompt cache.
 - `alone` recovers a step whose probabilities the server left out (see its docstring).
+- `record_file` records the greedy fixture of one tiny random-weight model file (the MoE and
+  SmolLM3 ones): one server on it, a row per prompt of `PROMPTS`.
 """
 import json
+import os
+import subprocess
 import sys
 import time
 import urllib.error
@@ -107,3 +112,99 @@ def greedy_steps(port, ids, res, pieces=False):
             steps[i] = alone(port, ids + toks[:i], t, pieces)
             filled += 1
     return steps, dropped, filled
+
+
+# The tiny random-weight models' fixtures (tests/fixtures/moe, tests/fixtures/smollm3): 32
+# greedy tokens after each of these prompts.
+N_PREDICT = 32
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, there was a little",
+    "def fibonacci(n):",
+    "1, 2, 3, 4, 5, 6,",
+    "<|im_start|>user\nWhat is a mixture of experts?<|im_end|>\n<|im_start|>assistant\n",
+    # Longer prompts (100-300 tokens): attention over many positions, and many routing choices.
+    "The river left its banks in the spring of that year, and the people of the valley moved "
+    "their animals to the high pastures. For three weeks the water stood in the fields. When it "
+    "went down, it left a layer of fine grey silt over everything: the roads, the walls of the "
+    "houses, the floors of the barns. The old men said that the silt would make the ground rich, "
+    "and that the harvest would be the best in twenty years. The young men did not believe them, "
+    "but they planted anyway, because there was nothing else to do. By August the wheat stood "
+    "taller than anyone could remember, and the",
+    "import json\nimport sys\n\n\ndef load_rows(path):\n    \"\"\"Read a JSON-lines file and "
+    "return its rows as a list of dicts.\"\"\"\n    rows = []\n    with open(path) as f:\n"
+    "        for n, line in enumerate(f, 1):\n            line = line.strip()\n"
+    "            if not line:\n                continue\n            try:\n"
+    "                rows.append(json.loads(line))\n            except json.JSONDecodeError as e:\n"
+    "                print(f\"{path}:{n}: {e}\", file=sys.stderr)\n                raise\n"
+    "    return rows\n\n\ndef main():\n    rows = load_rows(sys.argv[1])\n"
+    "    by_key = {}\n    for row in rows:\n        by_key.setdefault(row[\"key\"], []).append(row)\n"
+    "    for key in sorted(by_key):\n",
+    "Inventory report, warehouse 7, week 32. Item A-1043 (steel brackets, 40 mm): 1,250 units in "
+    "stock, 310 shipped, 95 returned, reorder point 500. Item A-1044 (steel brackets, 60 mm): 870 "
+    "units in stock, 402 shipped, 12 returned, reorder point 600. Item B-2210 (hex bolts, M8 x 30): "
+    "14,400 units in stock, 3,120 shipped, 0 returned, reorder point 5,000. Item B-2211 (hex bolts, "
+    "M10 x 40): 9,830 units in stock, 2,245 shipped, 40 returned, reorder point 4,000. Item C-0007 "
+    "(washers, 8 mm): 52,000 units in stock, 11,600 shipped, 150 returned, reorder point 20,000. "
+    "Notes: the 60 mm brackets fell below the reorder point on Thursday; an order for 1,000 "
+    "units was placed with the usual supplier, delivery expected in week 34. Summary:",
+]
+
+
+def record_row(port, prompt, n_predict=N_PREDICT):
+    """One fixture row: /tokenize (no BOS, special tokens parsed), then greedy tokens on those
+    ids. Returns the row and how many of its steps were taken alone."""
+    ids = post(port, "/tokenize", {"content": prompt, "add_special": False, "parse_special": True})["tokens"]
+    res = complete(port, ids, n_predict)
+    steps, _, filled = greedy_steps(port, ids, res, pieces=True)
+    row = {"prompt": prompt, "prompt_ids": ids, "text": res["content"], "ids": res["tokens"], "steps": steps}
+    return row, filled
+
+
+def record_file(bin_dir, model, path, port, server_args=(), prompts=PROMPTS):
+    """Serves `model` with llama-server from `bin_dir` (its log next to the model as
+    NAME.server.log), records a row per prompt into `path` (JSON lines) and prints a summary
+    of it on stderr."""
+    log = model[:-len(".gguf")] + ".server.log"
+    # One slot, two threads; the KV cache f32 and flash attention off, so that F32 files run in
+    # exact f32 arithmetic.
+    cmd = [os.path.join(bin_dir, "llama-server"), "-m", model, "-t", "2", "-tb", "2",
+           "-np", "1", "-c", "4096", "--port", str(port), "--host", "127.0.0.1",
+           "--no-warmup", "-ctk", "f32", "-ctv", "f32", "-fa", "off"] + list(server_args)
+    env = dict(os.environ, LD_LIBRARY_PATH=bin_dir)
+    with open(log, "w") as lf:
+        proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_ready(port, proc, log)
+        rows, filled = zip(*[record_row(port, p) for p in prompts])
+    finally:
+        proc.terminate()
+        proc.wait()
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    print(f"{path}: {summary(rows)}; steps taken alone: {sum(filled)}", file=sys.stderr)
+    return rows
+
+
+def summary(rows):
+    """Distinct tokens, the longest run of one token, and the top-1 minus top-2 margins."""
+    toks = [t for r in rows for t in r["ids"]]
+    margins = sorted(s["top"][0][1] - s["top"][1][1] for r in rows for s in r["steps"])
+    small = sum(m < 0.1 for m in margins)
+    return (f"{len(rows)} rows, {len(toks)} tokens, {len(set(toks))} distinct; "
+            f"longest run of one token {longest_run(rows)}; top1-top2 logprob margin p10 / median "
+            f"/ p90 {margins[len(margins) // 10]:.2f} / {margins[len(margins) // 2]:.2f} / "
+            f"{margins[len(margins) * 9 // 10]:.2f}, < 0.1 in {small}/{len(margins)}; prompt lengths "
+            f"{[len(r['prompt_ids']) for r in rows]}")
+
+
+def longest_run(rows):
+    best = 0
+    for r in rows:
+        run, prev = 0, None
+        for t in r["ids"]:
+            run = run + 1 if t == prev else 1
+            prev = t
+            best = max(best, run)
+    return best
