@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use sluice_engine::testing::xorshift;
-use sluice_engine::{Scheduler, SchedulerConfig, WindowPool};
+use sluice_engine::{KvGroupSpec, Scheduler, SchedulerConfig, WindowPool};
 use sluice_model::StepBatch;
 
 fn tokens(seed: u64, len: usize) -> Vec<u32> {
@@ -78,15 +78,20 @@ fn steady_decode(window: Option<usize>) {
         num_blocks: 256 * 80,
         max_model_len: 4096,
         speculation: None,
-        window: window.map(|window| WindowPool {
-            num_blocks: WindowPool::blocks_for_all(
-                window,
-                max_num_seqs,
-                max_num_batched_tokens,
-                block_size,
-            ),
-            window,
-        }),
+        kv_groups: window
+            .map(|window| {
+                KvGroupSpec::SlidingWindow(WindowPool {
+                    num_blocks: WindowPool::blocks_for_all(
+                        window,
+                        max_num_seqs,
+                        max_num_batched_tokens,
+                        block_size,
+                    ),
+                    window,
+                })
+            })
+            .into_iter()
+            .collect(),
         max_loras: 0,
     };
     let mut s = Scheduler::new(cfg).unwrap();
@@ -126,7 +131,7 @@ fn churn() {
         num_blocks: 256 * 16,
         max_model_len: 4096,
         speculation: None,
-        window: None,
+        kv_groups: Vec::new(),
         max_loras: 0,
     };
     let mut s = Scheduler::new(cfg).unwrap();

@@ -144,7 +144,7 @@ impl Engine {
             num_blocks,
             max_model_len,
             speculation: config.speculation,
-            window: model.window_pool(),
+            kv_groups: model.kv_groups(),
             max_loras: config.max_loras,
         })?;
         let limits = ModelLimits {
@@ -193,9 +193,12 @@ impl Engine {
         let (exited_tx, exited) = channel();
         let metrics = EngineMetrics::register();
         metrics.blocks_total.set(num_blocks as f64);
-        metrics
-            .window_blocks_total
-            .set(model.window_pool().map_or(0, |w| w.num_blocks) as f64);
+        metrics.window_blocks_total.set(
+            scheduler
+                .block_pools()
+                .window()
+                .map_or(0, |w| w.num_blocks()) as f64,
+        );
         metrics.window_blocks_used.set(0.0);
         let drafter = draft.map(|draft| {
             let cost_aware = config.speculation.is_none_or(|s| s.cost_aware);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use sluice_model::{LoraAdapter, ModelError, PagedLlama, StepBatch, StepOutput};
 
-use crate::block_pools::WindowPool;
+use crate::block_pools::{KvGroupSpec, WindowPool};
 
 /// A forward that did not produce logits. The engine fails the requests of that step and
 /// keeps serving.
@@ -37,10 +37,11 @@ pub trait Model: Send {
     fn block_size(&self) -> usize;
     /// Blocks in the KV cache (its full pool).
     fn num_blocks(&self) -> usize;
-    /// The sliding-window layers' own pool, if the model gives them one: then every step
-    /// carries window tables (`StepBatch::window_block_tables`).
-    fn window_pool(&self) -> Option<WindowPool> {
-        None
+    /// The model's layer groups beside its full-attention layers, each with a pool of its
+    /// own (`crate::block_pools`): a sliding-window group makes every step carry window
+    /// tables (`StepBatch::window_block_tables`). None by default.
+    fn kv_groups(&self) -> Vec<KvGroupSpec> {
+        Vec::new()
     }
     /// Entries per hidden state (what an embedding's vector holds).
     fn hidden_size(&self) -> usize;
@@ -93,8 +94,13 @@ impl Model for PagedLlama {
         PagedLlama::num_blocks(self)
     }
 
-    fn window_pool(&self) -> Option<WindowPool> {
-        PagedLlama::window_pool(self).map(|(num_blocks, window)| WindowPool { num_blocks, window })
+    fn kv_groups(&self) -> Vec<KvGroupSpec> {
+        PagedLlama::window_pool(self)
+            .map(|(num_blocks, window)| {
+                KvGroupSpec::SlidingWindow(WindowPool { num_blocks, window })
+            })
+            .into_iter()
+            .collect()
     }
 
     fn hidden_size(&self) -> usize {

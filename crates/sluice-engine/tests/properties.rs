@@ -9,8 +9,8 @@ use proptest::collection::vec;
 use proptest::option;
 use proptest::prelude::*;
 use sluice_engine::{
-    BlockManager, BlockTable, KvCacheEvent, Scheduler, SchedulerConfig, SeqId, SequenceStatus,
-    WindowPool,
+    BlockManager, BlockTable, KvCacheEvent, KvGroupSpec, Scheduler, SchedulerConfig, SeqId,
+    SequenceStatus, WindowPool,
 };
 use sluice_model::StepBatch;
 
@@ -161,7 +161,11 @@ fn run_case(c: &Case) {
         num_blocks: c.num_blocks,
         max_model_len: c.max_model_len,
         speculation: None,
-        window: c.window_pool(),
+        kv_groups: c
+            .window_pool()
+            .map(KvGroupSpec::SlidingWindow)
+            .into_iter()
+            .collect(),
         max_loras: 0,
     };
     let bs = c.block_size;

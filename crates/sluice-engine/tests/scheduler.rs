@@ -2,7 +2,8 @@ mod common;
 
 use common::{reference_generate, tokens, Driver};
 use sluice_engine::{
-    PrefixCacheStats, Scheduler, SchedulerConfig, SchedulerError, SeqId, SequenceStatus,
+    KvGroupSpec, PrefixCacheStats, RecurrentPool, Scheduler, SchedulerConfig, SchedulerError,
+    SeqId, SequenceStatus,
 };
 
 fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
@@ -13,7 +14,7 @@ fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
         num_blocks,
         max_model_len: 1024,
         speculation: None,
-        window: None,
+        kv_groups: Vec::new(),
         max_loras: 0,
     }
 }
@@ -344,6 +345,58 @@ fn the_sequence_cap_is_kept_and_admission_is_first_come_first_served() {
         assert!(d.sched.num_running() <= 3);
     }
     assert_eq!(admitted, (0..8).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_recurrent_group_runs_as_many_sequences_as_it_has_states_and_no_cached_prefix() {
+    let mut cfg = config(256, 4);
+    cfg.kv_groups = vec![KvGroupSpec::Recurrent(RecurrentPool { num_states: 2 })];
+    let mut d = Driver::new(cfg);
+    let shared = tokens(9, 40);
+    let prompts: Vec<Vec<u32>> = (0..6)
+        .map(|r| {
+            let mut p = shared.clone();
+            p.extend(tokens(r, 3));
+            p
+        })
+        .collect();
+    for (r, p) in prompts.iter().enumerate() {
+        d.sched.add_request(r as u64, p.clone(), 6, 1);
+    }
+    let mut admitted = Vec::new();
+    while d.sched.has_unfinished() {
+        let out = d.sched.schedule();
+        for s in out.scheduled() {
+            if s.start < 40 && !admitted.contains(&s.seq_id.request) {
+                admitted.push(s.seq_id.request);
+                // Never from a cached prefix: the state is computed from the first token.
+                assert_eq!(
+                    s.start, 0,
+                    "request {} started at {}",
+                    s.seq_id.request, s.start
+                );
+            }
+        }
+        d.execute();
+        assert!(d.sched.num_running() <= 2);
+        assert!(d.sched.block_pools().num_used_states(0).unwrap() <= 2);
+        d.sched.check_invariants().unwrap();
+    }
+    assert_eq!(
+        admitted,
+        (0..6).collect::<Vec<_>>(),
+        "first come, first served"
+    );
+    assert_eq!(d.sched.prefix_cache_stats().hits, 0);
+    assert_eq!(d.sched.block_pools().num_used_states(0), Some(0));
+    for (r, p) in prompts.iter().enumerate() {
+        let id = seq(r as u64);
+        assert_eq!(
+            d.generated[&id],
+            reference_generate(id, p, 6, false),
+            "request {r}"
+        );
+    }
 }
 
 #[test]

@@ -215,7 +215,7 @@ fn a_long_sequence_keeps_only_its_window_in_the_window_pool() {
 /// scheduler's own tables while it prefills in chunks of 2048 and decodes 64 tokens.
 #[test]
 fn a_32k_token_gpt_oss_shaped_sequence_holds_about_half_the_kv_of_full_attention() {
-    use sluice_engine::{Scheduler, SchedulerConfig, WindowPool};
+    use sluice_engine::{KvGroupSpec, Scheduler, SchedulerConfig, WindowPool};
     use sluice_model::StepBatch;
 
     const LAYERS: usize = 24;
@@ -233,10 +233,10 @@ fn a_32k_token_gpt_oss_shaped_sequence_holds_about_half_the_kv_of_full_attention
         num_blocks,
         max_model_len: prompt + generated,
         speculation: None,
-        window: Some(WindowPool {
+        kv_groups: vec![KvGroupSpec::SlidingWindow(WindowPool {
             num_blocks: window_blocks,
             window: WINDOW,
-        }),
+        })],
         max_loras: 0,
     })
     .unwrap();

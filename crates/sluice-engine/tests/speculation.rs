@@ -7,7 +7,9 @@ mod common;
 
 use common::{next_token_periodic, reference_generate_with, tokens, Driver};
 use proptest::prelude::*;
-use sluice_engine::{Scheduler, SchedulerConfig, SeqId, SpeculationConfig, WindowPool};
+use sluice_engine::{
+    KvGroupSpec, Scheduler, SchedulerConfig, SeqId, SpeculationConfig, WindowPool,
+};
 
 fn config(num_blocks: usize, block_size: usize, budget: usize, k: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -20,7 +22,7 @@ fn config(num_blocks: usize, block_size: usize, budget: usize, k: usize) -> Sche
             max_running: 16,
             ..SpeculationConfig::ngram(k)
         }),
-        window: None,
+        kv_groups: Vec::new(),
         max_loras: 0,
     }
 }
@@ -115,11 +117,17 @@ proptest! {
         let mut c = config(num_blocks, block_size, budget, k);
         // A sliding-window pool: drafts taken back must leave each window's K/V in place
         // (the model checks it at every read), from the least one sequence needs up.
-        c.window = window.map(|(window, spare)| WindowPool {
-            num_blocks: WindowPool::blocks_for_one(window, budget, block_size).min(num_blocks)
-                + spare,
-            window,
-        });
+        c.kv_groups = window
+            .map(|(window, spare)| {
+                KvGroupSpec::SlidingWindow(WindowPool {
+                    num_blocks: WindowPool::blocks_for_one(window, budget, block_size)
+                        .min(num_blocks)
+                        + spare,
+                    window,
+                })
+            })
+            .into_iter()
+            .collect();
         run(c, &prompts, max_tokens, eos);
     }
 }

@@ -58,7 +58,7 @@ use std::collections::{HashMap, VecDeque};
 use sluice_model::StepBatch;
 
 use crate::block_manager::AdapterKey;
-use crate::block_pools::{BlockPools, WindowPool};
+use crate::block_pools::{BlockPools, KvGroupSpec, WindowPool};
 use crate::sequence::{RequestId, SeqId, Sequence, SequenceStatus};
 use crate::speculation::{next_draft_len, SpeculationConfig};
 
@@ -81,8 +81,9 @@ pub struct SchedulerConfig {
     pub max_model_len: usize,
     /// Speculative decoding by n-gram lookup; `None`: off.
     pub speculation: Option<SpeculationConfig>,
-    /// The pool of the model's sliding-window layers, when it has one (`crate::block_pools`).
-    pub window: Option<WindowPool>,
+    /// The model's layer groups beside its full-attention layers, each with its own pool
+    /// (`crate::block_pools`): sliding-window layers, recurrent layers.
+    pub kv_groups: Vec<KvGroupSpec>,
     /// LoRA adapters the model holds at once (its slots 1 to `max_loras`); 0: none.
     pub max_loras: usize,
 }
@@ -96,7 +97,7 @@ impl Default for SchedulerConfig {
             num_blocks: 4096,
             max_model_len: 4096,
             speculation: None,
-            window: None,
+            kv_groups: Vec::new(),
             max_loras: 0,
         }
     }
@@ -317,7 +318,30 @@ impl<R, S> Scheduler<R, S> {
         if config.max_model_len < 2 {
             return invalid("max_model_len must be at least 2 (one prompt token, one generated)");
         }
-        if let Some(w) = config.window {
+        let windows = config
+            .kv_groups
+            .iter()
+            .filter(|g| matches!(g, KvGroupSpec::SlidingWindow(_)))
+            .count();
+        if windows > 1 {
+            // The step batch carries one table beside the full one.
+            return invalid(
+                "at most one sliding-window group (the step batch has one window table)",
+            );
+        }
+        if config.kv_groups.len() > crate::block_pools::MAX_GROUPS {
+            return invalid("too many layer groups");
+        }
+        for group in &config.kv_groups {
+            let w = match *group {
+                KvGroupSpec::SlidingWindow(w) => w,
+                KvGroupSpec::Recurrent(r) => {
+                    if r.num_states == 0 || r.num_states >= u32::MAX as usize {
+                        return invalid("a recurrent pool needs between 1 and u32::MAX - 1 states");
+                    }
+                    continue;
+                }
+            };
             // A sequence alone must always fit, or admission could promise what never runs.
             let one = WindowPool::blocks_for_one(
                 w.window.max(1),
@@ -333,7 +357,7 @@ impl<R, S> Scheduler<R, S> {
             }
         }
         Ok(Self {
-            blocks: BlockPools::new(config.num_blocks, config.block_size, config.window),
+            blocks: BlockPools::new(config.num_blocks, config.block_size, &config.kv_groups),
             slots: Vec::new(),
             free_slots: Vec::new(),
             ids: HashMap::new(),

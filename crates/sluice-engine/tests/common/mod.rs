@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 
 use sluice_engine::{
-    EngineHandle, Request, RequestStream, Scheduler, SchedulerConfig, SeqId, WindowPool,
+    EngineHandle, KvGroupSpec, Request, RequestStream, Scheduler, SchedulerConfig, SeqId,
+    WindowPool,
 };
 use sluice_model::StepBatch;
 
@@ -183,7 +184,11 @@ pub struct Driver {
 
 impl Driver {
     pub fn new(config: SchedulerConfig) -> Self {
-        let model = match config.window {
+        let window = config.kv_groups.iter().find_map(|g| match *g {
+            KvGroupSpec::SlidingWindow(pool) => Some(pool),
+            KvGroupSpec::Recurrent(_) => None,
+        });
+        let model = match window {
             Some(pool) => HashModel::with_window(config.num_blocks, config.block_size, pool),
             None => HashModel::new(config.num_blocks, config.block_size),
         };
