@@ -95,7 +95,6 @@ pub struct SeqBlocks {
     /// One entry a group, in the pools' order; filled the first time the pools see the
     /// sequence.
     groups: Vec<GroupHold>,
-    adapter: Option<AdapterKey>,
 }
 
 static NO_TABLE: LazyLock<BlockTable> = LazyLock::new(BlockTable::new);
@@ -134,13 +133,12 @@ impl SeqBlocks {
     /// Keys every table's blocks under `adapter` ([`BlockTable::set_adapter`]): set before the
     /// sequence holds anything.
     pub fn set_adapter(&mut self, adapter: Option<AdapterKey>) {
-        self.full.set_adapter(adapter.clone());
         for g in &mut self.groups {
             if let GroupHold::Window(t) = g {
                 t.set_adapter(adapter.clone());
             }
         }
-        self.adapter = adapter;
+        self.full.set_adapter(adapter);
     }
 
     /// Blocks of the sequence (entries of any of its tables).
@@ -307,7 +305,7 @@ impl BlockPools {
             .map(|g| match g {
                 Group::Window { .. } => {
                     let mut t = BlockTable::new();
-                    t.set_adapter(seq.adapter.clone());
+                    t.set_adapter(seq.full.adapter().cloned());
                     GroupHold::Window(t)
                 }
                 Group::Recurrent(_) => GroupHold::State(None),
@@ -494,7 +492,6 @@ impl BlockPools {
             }
         }
         for (i, g) in self.groups.iter().enumerate() {
-            let holds = seqs.clone().filter_map(move |s| s.groups.get(i));
             match g {
                 Group::Window { blocks, .. } => {
                     let mut tables = Vec::new();
@@ -516,10 +513,11 @@ impl BlockPools {
                 }
                 Group::Recurrent(p) => {
                     let mut held = vec![false; p.num_states];
-                    let states = holds
-                        .filter_map(|h| match h {
-                            GroupHold::State(s) => *s,
-                            GroupHold::Window(_) => None,
+                    let states = seqs
+                        .clone()
+                        .filter_map(|s| match s.groups.get(i) {
+                            Some(GroupHold::State(state)) => *state,
+                            _ => None,
                         })
                         .chain(p.free.iter().copied());
                     let mut count = 0;
@@ -592,15 +590,21 @@ mod tests {
         pools.check_consistency(seqs.iter()).unwrap();
     }
 
+    /// A sequence of `t` admitted through the prefix cache, every token computed.
+    fn computed(pools: &mut BlockPools, t: &[u32]) -> SeqBlocks {
+        let mut seq = SeqBlocks::default();
+        let p = pools.find_cached_prefix(&mut seq, t);
+        assert!(pools.allocate_with_prefix(&mut seq, &p, t.len()));
+        pools.register_computed(&mut seq, t, t.len());
+        seq
+    }
+
     #[test]
     fn a_model_with_recurrent_layers_serves_no_cached_prefix() {
+        let t = tokens(30);
         for groups in [vec![recurrent(4)], vec![window(32, 6), recurrent(4)]] {
             let mut pools = BlockPools::new(64, BS, &groups);
-            let t = tokens(30);
-            let mut first = SeqBlocks::default();
-            let p = pools.find_cached_prefix(&mut first, &t);
-            assert!(pools.allocate_with_prefix(&mut first, &p, t.len()));
-            pools.register_computed(&mut first, &t, t.len());
+            let first = computed(&mut pools, &t);
             let mut second = SeqBlocks::default();
             let p = pools.find_cached_prefix(&mut second, &t);
             assert_eq!(p.num_tokens(BS), 0, "{groups:?}");
@@ -611,11 +615,7 @@ mod tests {
         }
         // The same prompt without the recurrent group: its full blocks are reused.
         let mut pools = BlockPools::new(64, BS, &[window(32, 6)]);
-        let t = tokens(30);
-        let mut first = SeqBlocks::default();
-        let p = pools.find_cached_prefix(&mut first, &t);
-        assert!(pools.allocate_with_prefix(&mut first, &p, t.len()));
-        pools.register_computed(&mut first, &t, t.len());
+        computed(&mut pools, &t);
         let mut second = SeqBlocks::default();
         assert_eq!(pools.find_cached_prefix(&mut second, &t).num_tokens(BS), 28);
     }
