@@ -4,19 +4,18 @@
 //! files are errors naming the key or tensor. Batching (`batch_invariance.rs`) and llama.cpp's
 //! numbers (`moe_fidelity.rs`) are checked elsewhere.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::GgmlDType;
 use candle_core::Shape;
+use common::prefill_logit_bits;
 use sluice_model::testing::{
     optional_model, write_hf_from_gguf, HfExperts, HfExport, TinyModelSpec, TinyMoe,
 };
-use sluice_model::{
-    Architecture, GgufFile, HfModelDir, LlamaModel, LoadOptions, StepBatch, WeightsKind,
-};
-
-const BLOCK: usize = 16;
+use sluice_model::{Architecture, GgufFile, HfModelDir, LlamaModel, LoadOptions, WeightsKind};
 
 fn dir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sluice-moe-{}", std::process::id()));
@@ -48,24 +47,6 @@ fn write(spec: &TinyModelSpec, name: &str) -> PathBuf {
     path
 }
 
-/// Logits of every position of `tokens` (one prefill step, each row sampled).
-fn all_logits(model: &LlamaModel, tokens: &[u32]) -> Vec<Vec<u32>> {
-    let blocks = tokens.len().div_ceil(BLOCK);
-    let mut kv = model.new_kv_cache(blocks, BLOCK).unwrap();
-    let table: Vec<u32> = (0..blocks as u32).collect();
-    let mut batch = StepBatch::new(BLOCK);
-    batch.push_sequence(tokens, 0, &table, true);
-    batch.logits_indices = (0..tokens.len() as u32).collect();
-    model
-        .forward(&batch, &mut kv)
-        .unwrap()
-        .to_vec2::<f32>()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.into_iter().map(f32::to_bits).collect())
-        .collect()
-}
-
 fn prompt(vocab: usize) -> Vec<u32> {
     (0..23)
         .map(|i| (i * 37 + 11) as u32 % vocab as u32)
@@ -77,7 +58,7 @@ fn hugging_face_layouts_give_the_gguf_files_logits() {
     for (arch, name) in ARCHS {
         let spec = spec(arch, GgmlDType::F32);
         let gguf = write(&spec, name);
-        let want = all_logits(
+        let want = prefill_logit_bits(
             &LlamaModel::load(&gguf, &LoadOptions::default()).unwrap(),
             &prompt(spec.vocab_size()),
         );
@@ -97,7 +78,7 @@ fn hugging_face_layouts_give_the_gguf_files_logits() {
             );
             let model = LlamaModel::from_hf(&opened, &LoadOptions::default()).unwrap();
             assert!(
-                all_logits(&model, &prompt(spec.vocab_size())) == want,
+                prefill_logit_bits(&model, &prompt(spec.vocab_size())) == want,
                 "{name} in the {experts:?} layout: logits differ from the GGUF file's"
             );
         }
@@ -141,8 +122,8 @@ fn gpt_oss_hugging_face_checkpoints_give_the_gguf_files_logits() {
                 weights: kind,
                 ..LoadOptions::default()
             };
-            let want = all_logits(&LlamaModel::load(&gguf, &options).unwrap(), &prompt);
-            let got = all_logits(&LlamaModel::from_hf(&opened, &options).unwrap(), &prompt);
+            let want = prefill_logit_bits(&LlamaModel::load(&gguf, &options).unwrap(), &prompt);
+            let got = prefill_logit_bits(&LlamaModel::from_hf(&opened, &options).unwrap(), &prompt);
             assert!(
                 got == want,
                 "{hf} under {kind:?}: logits differ from {}",
@@ -248,7 +229,7 @@ fn the_experts_change_the_output() {
         let moe = config.moe.as_ref().unwrap();
         assert_eq!((moe.num_experts, moe.num_experts_used), (6, 2));
         assert!(config.active_parameters() < config.num_parameters());
-        let base = all_logits(&model, &prompt(spec.vocab_size()));
+        let base = prefill_logit_bits(&model, &prompt(spec.vocab_size()));
 
         let mut file = GgufFile::open(&gguf).unwrap();
         let meta = &mut file.content.metadata;
@@ -256,7 +237,7 @@ fn the_experts_change_the_output() {
         meta.insert(format!("{}.expert_used_count", arch.name()), Value::U32(6));
         let all = LlamaModel::from_gguf(&mut file, &LoadOptions::default()).unwrap();
         assert!(
-            all_logits(&all, &prompt(spec.vocab_size())) != base,
+            prefill_logit_bits(&all, &prompt(spec.vocab_size())) != base,
             "{name}: running every expert gave the logits of running two"
         );
     }

@@ -9,8 +9,8 @@
 //! Compared by the fixtures' rule (`tests/fixtures/README.md`): equal tokens until the first
 //! disagreement, where each side's choice is in the other's top five. Where both sides compute
 //! in f32 (the F32 files; `exact` on the Q4_K_M file against llama.cpp's F32 run of its
-//! dequantized copy) the rule is tighter: every token, logprobs within [`F32_TOLERANCE`], a
-//! disagreement only at a near-tie of llama.cpp's own top two ([`NEAR_TIE`]). On quantized
+//! dequantized copy) the rule is tighter: every token, logprobs within `TINY_F32_TOLERANCE`, a
+//! disagreement only at a near-tie of llama.cpp's own top two (`TINY_NEAR_TIE`). On quantized
 //! files both sides round activations to int8 (llama.cpp's Q8_0/Q8_K blocks, number for
 //! number), and these random models amplify a rounding that differs by one ulp (summation
 //! order) into tenths of a nat later on: there the rule alone holds, and every row's first
@@ -21,16 +21,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::fidelity::{check_agreement, compare_with_fixture, Expect};
+use common::fidelity::check_tiny_file;
 use sluice_model::testing::optional_model;
-use sluice_model::{KvDtype, LlamaModel, LoadOptions, WeightsKind};
-
-/// Largest logprob difference of an agreeing token where both sides compute in f32.
-const F32_TOLERANCE: f32 = 1e-3;
-/// There, a divergence is allowed only where llama.cpp's top two logprobs were this close.
-const NEAR_TIE: f32 = 1e-2;
-/// Largest logprob difference of an agreeing token on quantized files (measured up to 0.25).
-const QUANTIZED_TOLERANCE: f32 = 0.35;
+use sluice_model::WeightsKind;
 
 const ARCHS: [&str; 3] = ["qwen3moe", "qwen2moe", "mixtral"];
 
@@ -38,45 +31,12 @@ fn model(name: &str) -> Option<PathBuf> {
     optional_model(&format!("tiny-moe/{name}"), "scripts/make-moe-models.sh")
 }
 
-/// Every row of `fixture` against `file` served with `weights`.
+/// Every row of `fixture` against `file` served with `weights` (`check_tiny_file`).
 fn check(file: &str, fixture: &str, weights: WeightsKind, in_f32: bool) {
     let Some(path) = model(file) else { return };
-    let model = LlamaModel::load(
-        &path,
-        &LoadOptions {
-            weights,
-            kv_dtype: KvDtype::F32,
-            ..LoadOptions::default()
-        },
-    )
-    .unwrap();
-    assert!(model.config().moe.is_some(), "{file}: not a mixture");
-    let tol = if in_f32 {
-        F32_TOLERANCE
-    } else {
-        QUANTIZED_TOLERANCE
-    };
-    let (mut agreed, mut total, mut worst) = (0, 0, 0f32);
-    for row in common::read_jsonl(&format!("moe/{fixture}")) {
-        let a = compare_with_fixture(&model, &row, tol);
-        let expect = if in_f32 {
-            Expect::F32 { near_tie: NEAR_TIE }
-        } else {
-            Expect::Rounded
-        };
-        check_agreement(
-            &a,
-            expect,
-            &format!("{file} as {weights}, {}", row["prompt"]),
-        );
-        agreed += a.agreed;
-        total += row["ids"].as_array().unwrap().len();
-        worst = worst.max(a.max_logprob_diff);
-    }
-    eprintln!(
-        "{file} as {weights}: {agreed}/{total} greedy tokens identical to llama.cpp before any \
-         divergence, largest logprob difference {worst}"
-    );
+    check_tiny_file(&path, &format!("moe/{fixture}"), weights, in_f32, |model| {
+        assert!(model.config().moe.is_some(), "{file}: not a mixture")
+    });
 }
 
 /// F32 files: f32's arithmetic on both sides, `auto` (f32 panels) and `exact` alike.

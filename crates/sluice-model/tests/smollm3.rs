@@ -10,8 +10,8 @@
 //!
 //! The rules of `moe_fidelity.rs`: where both sides compute in f32 (the F32 files; `exact` on
 //! the quantized files against llama.cpp's F32 run of the same numbers) every token, logprobs
-//! within [`F32_TOLERANCE`], a disagreement only at a near-tie of llama.cpp's own top two
-//! ([`NEAR_TIE`]); on quantized files under `auto` both sides round activations to int8, and
+//! within `TINY_F32_TOLERANCE`, a disagreement only at a near-tie of llama.cpp's own top two
+//! (`TINY_NEAR_TIE`); on quantized files under `auto` both sides round activations to int8, and
 //! the rule alone holds, with every row's first token equal. Without the files the tests say
 //! that they skipped and which script makes them (scripts/test.sh runs it, so CI does).
 
@@ -19,17 +19,11 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::fidelity::{check_agreement, compare_with_fixture, Expect};
+use common::fidelity::check_tiny_file;
+use common::prefill_logit_bits;
 use sluice_model::arch::Rotary;
 use sluice_model::testing::{optional_model, TinyModelSpec};
-use sluice_model::{Architecture, KvDtype, LlamaModel, LoadOptions, StepBatch, WeightsKind};
-
-/// Largest logprob difference of an agreeing token where both sides compute in f32.
-const F32_TOLERANCE: f32 = 1e-3;
-/// There, a divergence is allowed only where llama.cpp's top two logprobs were this close.
-const NEAR_TIE: f32 = 1e-2;
-/// Largest logprob difference of an agreeing token on quantized files (as for the mixtures).
-const QUANTIZED_TOLERANCE: f32 = 0.35;
+use sluice_model::{Architecture, LlamaModel, LoadOptions, WeightsKind};
 
 fn model(name: &str) -> Option<PathBuf> {
     optional_model(
@@ -38,48 +32,21 @@ fn model(name: &str) -> Option<PathBuf> {
     )
 }
 
-/// Every row of `fixture` against `file` served with `weights`.
+/// Every row of `fixture` against `file` served with `weights` (`check_tiny_file`).
 fn check(file: &str, fixture: &str, weights: WeightsKind, in_f32: bool) {
     let Some(path) = model(file) else { return };
-    let model = LlamaModel::load(
+    check_tiny_file(
         &path,
-        &LoadOptions {
-            weights,
-            kv_dtype: KvDtype::F32,
-            ..LoadOptions::default()
+        &format!("smollm3/{fixture}"),
+        weights,
+        in_f32,
+        |model| {
+            assert_eq!(
+                model.config().architecture.name(),
+                "smollm3",
+                "{file}: not read as SmolLM3"
+            )
         },
-    )
-    .unwrap();
-    assert_eq!(
-        model.config().architecture.name(),
-        "smollm3",
-        "{file}: not read as SmolLM3"
-    );
-    let tol = if in_f32 {
-        F32_TOLERANCE
-    } else {
-        QUANTIZED_TOLERANCE
-    };
-    let (mut agreed, mut total, mut worst) = (0, 0, 0f32);
-    for row in common::read_jsonl(&format!("smollm3/{fixture}")) {
-        let a = compare_with_fixture(&model, &row, tol);
-        let expect = if in_f32 {
-            Expect::F32 { near_tie: NEAR_TIE }
-        } else {
-            Expect::Rounded
-        };
-        check_agreement(
-            &a,
-            expect,
-            &format!("{file} as {weights}, {}", row["prompt"]),
-        );
-        agreed += a.agreed;
-        total += row["ids"].as_array().unwrap().len();
-        worst = worst.max(a.max_logprob_diff);
-    }
-    eprintln!(
-        "{file} as {weights}: {agreed}/{total} greedy tokens identical to llama.cpp before any \
-         divergence, largest logprob difference {worst}"
     );
 }
 
@@ -153,9 +120,7 @@ fn q4_k_m_file_matches_llama_cpp() {
     );
 }
 
-const BLOCK: usize = 16;
-
-/// The logits bits of every position of a 23-token prompt, one prefill step.
+/// The logits bits of every position of a 23-token prompt of the model `spec` writes.
 fn prefill_logits(spec: &TinyModelSpec, name: &str) -> Vec<Vec<u32>> {
     let dir = std::env::temp_dir().join(format!("sluice-smollm3-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -163,20 +128,7 @@ fn prefill_logits(spec: &TinyModelSpec, name: &str) -> Vec<Vec<u32>> {
     spec.write_gguf(&path).unwrap();
     let model = LlamaModel::load(&path, &LoadOptions::default()).unwrap();
     let tokens: Vec<u32> = (0..23).map(|i| (i * 37 + 11) % 200).collect();
-    let blocks = tokens.len().div_ceil(BLOCK);
-    let mut kv = model.new_kv_cache(blocks, BLOCK).unwrap();
-    let table: Vec<u32> = (0..blocks as u32).collect();
-    let mut batch = StepBatch::new(BLOCK);
-    batch.push_sequence(&tokens, 0, &table, true);
-    batch.logits_indices = (0..tokens.len() as u32).collect();
-    model
-        .forward(&batch, &mut kv)
-        .unwrap()
-        .to_vec2::<f32>()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.into_iter().map(f32::to_bits).collect())
-        .collect()
+    prefill_logit_bits(&model, &tokens)
 }
 
 #[test]

@@ -173,3 +173,64 @@ pub fn check_agreement(a: &Agreement, expect: Expect, what: &str) {
         }
     }
 }
+
+/// Largest logprob difference of an agreeing token on the tiny random-weight files
+/// (`moe_fidelity.rs`, `smollm3.rs`) where both sides compute in f32.
+pub const TINY_F32_TOLERANCE: f32 = 1e-3;
+/// There, a divergence is allowed only where llama.cpp's top two logprobs were this close.
+pub const TINY_NEAR_TIE: f32 = 1e-2;
+/// Largest logprob difference of an agreeing token on their quantized files (measured up to
+/// 0.25).
+pub const TINY_QUANTIZED_TOLERANCE: f32 = 0.35;
+
+/// Every row of the fixture `fixture` (a path under `tests/fixtures`) against the tiny file at
+/// `path` served with `weights` and an f32 KV cache, as llama.cpp's fixtures were recorded:
+/// where both sides compute in f32 (`in_f32`) every token, logprobs within
+/// [`TINY_F32_TOLERANCE`], a divergence only at a near-tie; else the fixtures' rule with every
+/// row's first token equal. `what_it_is` asserts what the file must load as first. Prints how
+/// far the rows agreed.
+pub fn check_tiny_file(
+    path: &std::path::Path,
+    fixture: &str,
+    weights: sluice_model::WeightsKind,
+    in_f32: bool,
+    what_it_is: impl Fn(&LlamaModel),
+) {
+    let model = LlamaModel::load(
+        path,
+        &sluice_model::LoadOptions {
+            weights,
+            kv_dtype: sluice_model::KvDtype::F32,
+            ..sluice_model::LoadOptions::default()
+        },
+    )
+    .unwrap();
+    what_it_is(&model);
+    let (tol, expect) = if in_f32 {
+        (
+            TINY_F32_TOLERANCE,
+            Expect::F32 {
+                near_tie: TINY_NEAR_TIE,
+            },
+        )
+    } else {
+        (TINY_QUANTIZED_TOLERANCE, Expect::Rounded)
+    };
+    let file = path.file_name().unwrap().to_string_lossy();
+    let (mut agreed, mut total, mut worst) = (0, 0, 0f32);
+    for row in super::read_jsonl(fixture) {
+        let a = compare_with_fixture(&model, &row, tol);
+        check_agreement(
+            &a,
+            expect,
+            &format!("{file} as {weights}, {}", row["prompt"]),
+        );
+        agreed += a.agreed;
+        total += row["ids"].as_array().unwrap().len();
+        worst = worst.max(a.max_logprob_diff);
+    }
+    eprintln!(
+        "{file} as {weights}: {agreed}/{total} greedy tokens identical to llama.cpp before any \
+         divergence, largest logprob difference {worst}"
+    );
+}

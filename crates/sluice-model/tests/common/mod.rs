@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use sluice_model::{LlamaModel, LoadOptions, ModelSource, WeightsKind};
+use sluice_model::{LlamaModel, LoadOptions, ModelSource, StepBatch, WeightsKind};
 use sluice_tokenizer::Tokenizer;
 
 /// The model at `path` as `kind` holds it, loaded into `cell` once for every test of a binary
@@ -101,5 +101,25 @@ pub fn ids(value: &serde_json::Value) -> Vec<u32> {
                 .and_then(|id| u32::try_from(id).ok())
                 .unwrap_or_else(|| panic!("not a token id: {v}"))
         })
+        .collect()
+}
+
+/// The bits of every position's logits of `tokens`, computed by one prefill step over a cache
+/// of 16-token blocks.
+pub fn prefill_logit_bits(model: &LlamaModel, tokens: &[u32]) -> Vec<Vec<u32>> {
+    const BLOCK: usize = 16;
+    let blocks = tokens.len().div_ceil(BLOCK);
+    let mut kv = model.new_kv_cache(blocks, BLOCK).unwrap();
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut batch = StepBatch::new(BLOCK);
+    batch.push_sequence(tokens, 0, &table, true);
+    batch.logits_indices = (0..tokens.len() as u32).collect();
+    model
+        .forward(&batch, &mut kv)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.into_iter().map(f32::to_bits).collect())
         .collect()
 }
