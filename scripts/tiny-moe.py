@@ -317,6 +317,13 @@ def write(arch, fmt, tok, path, n_ctx=N_CTX):
 
     add_tokenizer(w, tok)
 
+    write_tensors(w, ts, fmt, tmp, path)
+
+
+def write_tensors(w, ts, fmt, tmp, path):
+    """Adds the (name, array) pairs `ts` in `fmt` (MXFP4 experts, Q8_0 matrices, the rest F32,
+    each quantized block checked to dequantize to the array), writes the file `tmp` and moves
+    it to `path`."""
     for name, arr in ts:
         if fmt == "mxfp4" and "_exps.weight" in name:
             q = gguf.quants.quantize(arr, QT.MXFP4)

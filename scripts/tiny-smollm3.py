@@ -26,7 +26,6 @@ import importlib.util
 import os
 import sys
 
-import numpy as np
 
 import gguf
 from gguf import GGMLQuantizationType as QT
@@ -105,18 +104,7 @@ def write(fmt, tok, path, gguf_arch=ARCH):
     if fmt != "f32":
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     tiny.add_tokenizer(w, tok)
-    for name, arr in tensors():
-        if fmt == "q8_0" and not tiny.keep_f32(name, arr):
-            q = gguf.quants.quantize(arr, QT.Q8_0)
-            assert np.array_equal(gguf.quants.dequantize(q, QT.Q8_0), arr), name
-            w.add_tensor(name, q, raw_dtype=QT.Q8_0)
-        else:
-            w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, path)
+    tiny.write_tensors(w, tensors(), fmt, tmp, path)
 
 
 def main():
