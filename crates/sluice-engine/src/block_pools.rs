@@ -81,6 +81,15 @@ pub enum KvGroupSpec {
 /// A sequence's state in a recurrent pool.
 pub type StateId = u32;
 
+/// What a sequence holds in one group ([`SeqBlocks::holdings`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holding<'a> {
+    /// Its table in a paged group, one entry per entry of its full table.
+    Table(&'a [u32]),
+    /// Its state in a recurrent group.
+    State(StateId),
+}
+
 /// What one sequence holds in one group.
 #[derive(Debug)]
 enum GroupHold {
@@ -115,6 +124,21 @@ impl SeqBlocks {
                 GroupHold::State(_) => None,
             })
             .unwrap_or(&NO_TABLE)
+    }
+
+    /// What it holds in each group, in the pools' order, as a step lays it out: its table in
+    /// a paged group, its state in a recurrent one.
+    ///
+    /// # Panics
+    /// If it holds no state in a recurrent group (a sequence is given one by its first
+    /// allocation).
+    pub fn holdings(&self) -> impl Iterator<Item = Holding<'_>> {
+        self.groups.iter().map(|g| match g {
+            GroupHold::Window(t) => Holding::Table(t.blocks()),
+            GroupHold::State(s) => Holding::State(
+                s.expect("an allocated sequence holds a state in every recurrent group"),
+            ),
+        })
     }
 
     /// Its state in group `group` (an index of the pools' groups), if that group is recurrent

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use sluice_model::{LoraAdapter, ModelError, PagedLlama, StepBatch, StepOutput};
+use sluice_model::{CacheKind, LoraAdapter, ModelError, PagedLlama, StepBatch, StepOutput};
 
 use crate::block_pools::{KvGroupSpec, WindowPool};
 
@@ -38,8 +38,8 @@ pub trait Model: Send {
     /// Blocks in the KV cache (its full pool).
     fn num_blocks(&self) -> usize;
     /// The model's layer groups beside its full-attention layers, each with a pool of its
-    /// own (`crate::block_pools`): a sliding-window group makes every step carry window
-    /// tables (`StepBatch::window_block_tables`). None by default.
+    /// own (`crate::block_pools`), in the order the step carries their tables
+    /// (`StepBatch::groups`). None by default.
     fn kv_groups(&self) -> Vec<KvGroupSpec> {
         Vec::new()
     }
@@ -95,11 +95,13 @@ impl Model for PagedLlama {
     }
 
     fn kv_groups(&self) -> Vec<KvGroupSpec> {
-        PagedLlama::window_pool(self)
-            .map(|(num_blocks, window)| {
-                KvGroupSpec::SlidingWindow(WindowPool { num_blocks, window })
-            })
+        PagedLlama::kv_groups(self)
             .into_iter()
+            .map(|(kind, num_blocks)| match kind {
+                CacheKind::SlidingWindow(window) => {
+                    KvGroupSpec::SlidingWindow(WindowPool { num_blocks, window })
+                }
+            })
             .collect()
     }
 

@@ -26,7 +26,7 @@ fn run(
 ) -> Vec<Vec<u32>> {
     let pools = KvPools {
         num_blocks: 256,
-        window_blocks,
+        group_blocks: window_blocks.into_iter().collect(),
     };
     let paged = PagedLlama::with_pools(model, pools, BLOCK).unwrap();
     let config = EngineConfig {

@@ -308,7 +308,8 @@ fn run_case(c: &Case) {
             // A sliding-window layer's table holds what its first query's window reaches,
             // and hardly more.
             if let Some((window, _)) = c.window {
-                let wtable = slice.block_table(&batch.window_block_tables);
+                // The window pool is the scheduler's only group.
+                let wtable = slice.block_table(batch.tables(Some(0)).1);
                 let seq = sched.get(s.seq_id).unwrap();
                 assert_eq!(wtable, seq.blocks().window().blocks());
                 for p in (s.start + 1).saturating_sub(window)..s.start {
@@ -338,7 +339,7 @@ fn run_case(c: &Case) {
         }
         let logits = model.forward(&batch);
         if c.window.is_some() {
-            for (q, &slot) in batch.window_slot_mapping.iter().enumerate() {
+            for (q, &slot) in batch.tables(Some(0)).0.iter().enumerate() {
                 window_kv[slot as usize] = model.kv[batch.slot_mapping[q] as usize];
             }
         }

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use common::submit_all;
 use sluice_engine::{Engine, EngineConfig, EngineHandle, Event, Request, SamplingParams};
 use sluice_model::testing::{TinyModelSpec, TINY_GEMMA_WINDOW};
-use sluice_model::{Architecture, KvPools, LlamaModel, LoadOptions, PagedLlama, WeightsKind};
+use sluice_model::{
+    Architecture, CacheKind, KvPools, LlamaModel, LoadOptions, PagedLlama, WeightsKind,
+};
 use sluice_tokenizer::Tokenizer;
 
 /// The tiny Gemma 3 file, written once per process: the tests run in parallel, and one that
@@ -56,12 +58,15 @@ fn start(
     let model = LlamaModel::load(&path, &options).unwrap();
     let pools = KvPools {
         num_blocks,
-        window_blocks,
+        group_blocks: window_blocks.into_iter().collect(),
     };
     let paged = PagedLlama::with_pools(model, pools, block_size).unwrap();
     assert_eq!(
-        paged.window_pool(),
-        window_blocks.map(|b| (b, TINY_GEMMA_WINDOW))
+        paged.kv_groups(),
+        window_blocks
+            .map(|b| (CacheKind::SlidingWindow(TINY_GEMMA_WINDOW), b))
+            .into_iter()
+            .collect::<Vec<_>>()
     );
     let engine = Engine::start(Box::new(paged), tokenizer.clone(), config).unwrap();
     (engine, tokenizer)

@@ -18,14 +18,10 @@ pub struct StepBatch {
     pub sequences: Vec<SequenceSlice>,
     /// All sequences' block tables, concatenated.
     pub block_tables: Vec<u32>,
-    /// A model whose sliding-window layers have their own pool (`KvCache::window_pool`):
-    /// `[T]` the slot of each token in that pool. Empty otherwise.
-    pub window_slot_mapping: Vec<u32>,
-    /// Beside `block_tables`, entry for entry (each sequence's [`SequenceSlice`] indexes both):
-    /// the sequences' tables in the window pool. Their leading entries may be placeholders
-    /// (block 0) for blocks out of every window of the step, which attention never reads.
-    /// Empty without a window pool.
-    pub window_block_tables: Vec<u32>,
+    /// One entry per layer group with a pool of its own beside the full one, in the cache's
+    /// group order (`KvCache::group_of_layer`): what each sequence holds there. Empty for a
+    /// model whose every layer lives in the full pool.
+    pub groups: Vec<GroupTables>,
     /// Rows of the flat batch whose logits are wanted (the last token of each sequence that
     /// samples this step, or its last few when it verifies drafted tokens), in output order.
     pub logits_indices: Vec<u32>,
@@ -40,6 +36,54 @@ pub struct StepBatch {
     /// [`LlamaModel::set_adapter`](crate::LlamaModel::set_adapter) filled. Empty: no row has
     /// one (and the step pays nothing for adapters).
     pub lora_slots: Vec<u16>,
+}
+
+/// What the sequences of a step hold in one layer group beside the full pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupTables {
+    /// Paged K/V (a sliding window): `[T]` each token's slot in the group's pool, and the
+    /// sequences' tables there beside [`StepBatch::block_tables`], entry for entry (each
+    /// [`SequenceSlice`] indexes both).
+    Paged {
+        slot_mapping: Vec<u32>,
+        block_tables: Vec<u32>,
+    },
+    /// One fixed-size state a sequence (the hybrids' recurrent layers): each sequence's, in
+    /// [`StepBatch::sequences`] order.
+    Recurrent { states: Vec<u32> },
+}
+
+impl GroupTables {
+    /// An empty paged group.
+    pub fn paged() -> Self {
+        Self::Paged {
+            slot_mapping: Vec::new(),
+            block_tables: Vec::new(),
+        }
+    }
+
+    /// An empty recurrent group.
+    pub fn recurrent() -> Self {
+        Self::Recurrent { states: Vec::new() }
+    }
+
+    fn clear(&mut self) {
+        match self {
+            Self::Paged {
+                slot_mapping,
+                block_tables,
+            } => {
+                slot_mapping.clear();
+                block_tables.clear();
+            }
+            Self::Recurrent { states } => states.clear(),
+        }
+    }
+}
+
+/// The slot of position `pos` through `table`.
+fn slot(table: &[u32], pos: usize, block_size: usize) -> u32 {
+    table[pos / block_size] * block_size as u32 + (pos % block_size) as u32
 }
 
 /// What one forward returns, in buffers reused across steps.
@@ -70,8 +114,9 @@ impl StepBatch {
         self.slot_mapping.clear();
         self.sequences.clear();
         self.block_tables.clear();
-        self.window_slot_mapping.clear();
-        self.window_block_tables.clear();
+        for g in &mut self.groups {
+            g.clear();
+        }
         self.logits_indices.clear();
         self.hidden_indices.clear();
         self.model_sampling.clear();
@@ -93,26 +138,14 @@ impl StepBatch {
 
     /// [`StepBatch::push_sequence`] returning the logits of the last `logit_rows` tokens (a
     /// sequence verifying drafted tokens wants one row per position from its last known
-    /// token on).
+    /// token on). A model with further groups ([`StepBatch::groups`]) then takes the
+    /// sequence's entry in each ([`StepBatch::push_group_table`],
+    /// [`StepBatch::push_group_state`]).
     pub fn push_sequence_rows(
         &mut self,
         tokens: &[u32],
         start_pos: usize,
         block_table: &[u32],
-        logit_rows: usize,
-    ) {
-        self.push_sequence_windowed(tokens, start_pos, block_table, None, logit_rows);
-    }
-
-    /// [`StepBatch::push_sequence_rows`] with the sequence's table in the window pool too, for
-    /// a model whose sliding-window layers have their own (`Some` for every sequence of the
-    /// step, or for none). It has one entry per entry of `block_table`.
-    pub fn push_sequence_windowed(
-        &mut self,
-        tokens: &[u32],
-        start_pos: usize,
-        block_table: &[u32],
-        window_table: Option<&[u32]>,
         logit_rows: usize,
     ) {
         assert!(
@@ -131,29 +164,12 @@ impl StepBatch {
             block_table.len(),
             context_len
         );
-        assert!(
-            self.sequences.is_empty()
-                || window_table.is_some() != self.window_block_tables.is_empty(),
-            "a step's sequences all have window tables or none do"
-        );
         let query_start = self.input_ids.len();
         self.input_ids.extend_from_slice(tokens);
+        self.positions.extend(start_pos as u32..context_len as u32);
         let bs = self.block_size;
-        let slot = |table: &[u32], pos: usize| table[pos / bs] * bs as u32 + (pos % bs) as u32;
-        for pos in start_pos..context_len {
-            self.positions.push(pos as u32);
-            self.slot_mapping.push(slot(block_table, pos));
-        }
-        if let Some(window) = window_table {
-            assert_eq!(
-                window.len(),
-                block_table.len(),
-                "a window table has one entry per block"
-            );
-            self.window_slot_mapping
-                .extend((start_pos..context_len).map(|pos| slot(window, pos)));
-            self.window_block_tables.extend_from_slice(window);
-        }
+        self.slot_mapping
+            .extend((start_pos..context_len).map(|pos| slot(block_table, pos, bs)));
         self.sequences.push(SequenceSlice {
             query_start,
             query_len: tokens.len(),
@@ -167,13 +183,54 @@ impl StepBatch {
             .extend((end - logit_rows..end).map(|row| row as u32));
     }
 
-    /// The slots and tables a layer reads: the window pool's for a sliding-window layer of a
-    /// model that has one, else the full pool's.
-    pub fn tables(&self, window_pool: bool) -> (&[u32], &[u32]) {
-        if window_pool {
-            (&self.window_slot_mapping, &self.window_block_tables)
-        } else {
-            (&self.slot_mapping, &self.block_tables)
+    /// The last pushed sequence's table in paged group `group`: one entry per entry of its
+    /// full table (a sliding-window group's leading entries may be placeholders, block 0, for
+    /// blocks out of every window of the step, which attention never reads).
+    ///
+    /// # Panics
+    /// If no sequence was pushed, `group` is not paged, or the table's length differs.
+    pub fn push_group_table(&mut self, group: usize, table: &[u32]) {
+        let seq = self.sequences.last().expect("a sequence pushed first");
+        assert_eq!(
+            table.len(),
+            seq.block_table_len,
+            "a group's table has one entry per block"
+        );
+        let bs = self.block_size;
+        let (start, end) = (seq.context_len - seq.query_len, seq.context_len);
+        match &mut self.groups[group] {
+            GroupTables::Paged {
+                slot_mapping,
+                block_tables,
+            } => {
+                slot_mapping.extend((start..end).map(|pos| slot(table, pos, bs)));
+                block_tables.extend_from_slice(table);
+            }
+            GroupTables::Recurrent { .. } => panic!("group {group} is recurrent"),
+        }
+    }
+
+    /// The last pushed sequence's state in recurrent group `group`.
+    ///
+    /// # Panics
+    /// If `group` is not recurrent.
+    pub fn push_group_state(&mut self, group: usize, state: u32) {
+        match &mut self.groups[group] {
+            GroupTables::Recurrent { states } => states.push(state),
+            GroupTables::Paged { .. } => panic!("group {group} is paged"),
+        }
+    }
+
+    /// The slots and tables a layer reads: those of its group (`KvCache::group_of_layer`),
+    /// `None` for the full pool. A recurrent group has neither (empty slices).
+    pub fn tables(&self, group: Option<usize>) -> (&[u32], &[u32]) {
+        match group.map(|g| &self.groups[g]) {
+            None => (&self.slot_mapping, &self.block_tables),
+            Some(GroupTables::Paged {
+                slot_mapping,
+                block_tables,
+            }) => (slot_mapping, block_tables),
+            Some(GroupTables::Recurrent { .. }) => (&[], &[]),
         }
     }
 
@@ -218,5 +275,28 @@ mod tests {
         b.model_sampling = vec![Some(RowSampling::GREEDY)];
         b.clear();
         assert!(b.model_sampling.is_empty() && b.logits_indices.is_empty());
+    }
+
+    #[test]
+    fn a_group_table_addresses_the_same_positions_in_its_own_pool() {
+        let mut b = StepBatch::new(4);
+        b.groups = vec![GroupTables::paged(), GroupTables::recurrent()];
+        b.push_sequence_rows(&[1, 2], 3, &[7, 2], 1);
+        b.push_group_table(0, &[0, 5]);
+        b.push_group_state(1, 9);
+        b.push_sequence(&[3], 0, &[4], true);
+        b.push_group_table(0, &[1]);
+        b.push_group_state(1, 2);
+        assert_eq!(
+            b.tables(None),
+            (&[7 * 4 + 3, 2 * 4, 4 * 4][..], &[7, 2, 4][..])
+        );
+        assert_eq!(b.tables(Some(0)), (&[3, 5 * 4, 4][..], &[0, 5, 1][..]));
+        assert_eq!(b.groups[1], GroupTables::Recurrent { states: vec![9, 2] });
+        b.clear();
+        assert_eq!(
+            b.groups,
+            vec![GroupTables::paged(), GroupTables::recurrent()]
+        );
     }
 }

@@ -230,8 +230,8 @@ fn forward_on_pool(
             window: layer.window,
             ..global_shape
         };
-        // A sliding-window layer with a pool of its own is addressed through the window tables.
-        let (slots, tables) = batch.tables(kv.in_window_pool(i));
+        // A layer of a group with a pool of its own is addressed through that group's tables.
+        let (slots, tables) = batch.tables(kv.group_of_layer(i));
         kv.write_rows(i, k, v, slots)?;
         let cache = kv
             .host_layer(i)

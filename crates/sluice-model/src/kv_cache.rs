@@ -1,11 +1,13 @@
 //! The paged KV cache: per layer, K and V for `num_blocks * block_size` token slots. Which slots
 //! a sequence owns is the block manager's business; the cache only stores and reads slots.
 //!
-//! A model with sliding-window layers may give them a pool of their own ([`KvPools`]): those
-//! layers then hold `window_blocks` blocks, sized for the running sequences' windows rather
-//! than their lengths, and the step addresses them through its window tables
-//! (`StepBatch::window_slot_mapping`). The memory this saves goes to the full pool, which is
-//! what bounds how many tokens the server holds.
+//! The layers are described by group, as vLLM v1 describes a cache by per-layer specs: the
+//! full-attention layers share the full pool, and each further group the layer plans declare
+//! ([`cache_groups`]: today the sliding-window layers, by window) may have a pool of its own
+//! ([`KvPools`]), sized for the running sequences' windows rather than their lengths, that the
+//! step addresses through that group's tables (`StepBatch::groups`). The memory this saves
+//! goes to the full pool, which is what bounds how many tokens the server holds. All pools
+//! come out of one budget ([`KvCache::pools_for_budget`]).
 //!
 //! Its layout is the kernels' ([`KvLayout`]): block-major, K dimension-major within a block.
 //! On the CPU the cache is host memory that the step writes and the attention kernels read in
@@ -126,12 +128,67 @@ impl HostKv<'_> {
 }
 
 /// How many blocks each pool of a cache has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvPools {
-    /// Blocks of the full-attention layers (of every layer without a window pool).
+    /// Blocks of the full pool (the full-attention layers, and every layer of a group
+    /// without a pool of its own).
     pub num_blocks: usize,
-    /// Blocks of the sliding-window layers' own pool, if they have one.
-    pub window_blocks: Option<usize>,
+    /// Blocks of each group's own pool, one entry per group of [`cache_groups`] in its order;
+    /// empty: every layer in the full pool.
+    pub group_blocks: Vec<usize>,
+}
+
+impl KvPools {
+    /// One pool of `num_blocks` blocks for every layer.
+    pub fn one(num_blocks: usize) -> Self {
+        Self {
+            num_blocks,
+            group_blocks: Vec::new(),
+        }
+    }
+}
+
+/// What a group of layers keeps for a sequence beside the full-attention layers' paged K/V.
+/// (The hybrids' recurrent state arrives with them; the engine's block pools already hold it.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheKind {
+    /// Paged K/V of the keys in a window of this many tokens.
+    SlidingWindow(usize),
+}
+
+/// Layers that may keep their cache in a pool of their own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheGroup {
+    pub kind: CacheKind,
+    /// Its layers, ascending.
+    pub layers: Vec<usize>,
+}
+
+/// The groups beside the full-attention layers that `config`'s layer plans declare: its
+/// sliding-window layers, one group a window, in the order of their first layers. A model
+/// whose every layer is windowed declares none (its full pool is the window layers' pool).
+pub fn cache_groups(config: &ModelConfig) -> Vec<CacheGroup> {
+    let mut groups: Vec<CacheGroup> = Vec::new();
+    let mut full = false;
+    for layer in 0..config.num_layers {
+        let Some(window) = config.layer_plan(layer).attention.window() else {
+            full = true;
+            continue;
+        };
+        let kind = CacheKind::SlidingWindow(window);
+        match groups.iter_mut().find(|g| g.kind == kind) {
+            Some(g) => g.layers.push(layer),
+            None => groups.push(CacheGroup {
+                kind,
+                layers: vec![layer],
+            }),
+        }
+    }
+    if full {
+        groups
+    } else {
+        Vec::new()
+    }
 }
 
 /// What the running sequences may need of a window pool at once: at most `max_seqs` of them,
@@ -154,8 +211,10 @@ impl WindowDemand {
 pub struct KvCache {
     layers: Layers,
     layout: KvLayout,
-    /// The sliding-window layers' own pool, and which layers use it.
-    window: Option<(KvLayout, Vec<bool>)>,
+    /// Each group's own pool (empty: every layer in the full pool), in [`cache_groups`] order.
+    groups: Vec<(CacheKind, KvLayout)>,
+    /// Per layer, the group whose pool holds it; `None`: the full pool.
+    layer_group: Vec<Option<usize>>,
     dtype: KvDtype,
 }
 
@@ -170,15 +229,11 @@ impl KvCache {
         dtype: KvDtype,
         device: &Device,
     ) -> Result<Self> {
-        let pools = KvPools {
-            num_blocks,
-            window_blocks: None,
-        };
-        Self::with_pools(config, pools, block_size, dtype, device)
+        Self::with_pools(config, KvPools::one(num_blocks), block_size, dtype, device)
     }
 
-    /// [`KvCache::new`] with a pool of its own for the sliding-window layers when `pools`
-    /// has one (host caches only: the CUDA forward has no sliding-window attention).
+    /// [`KvCache::new`] with a pool of its own for each group of [`cache_groups`] when `pools`
+    /// has them (host caches only: the CUDA forward has no sliding-window attention).
     pub fn with_pools(
         config: &ModelConfig,
         pools: KvPools,
@@ -219,34 +274,39 @@ impl KvCache {
             num_kv_heads: config.num_kv_heads,
             head_dim: config.head_dim,
         };
-        let window = match pools.window_blocks {
-            None => None,
-            Some(_) if !device.is_cpu() => {
+        let mut layer_group = vec![None; config.num_layers];
+        let mut groups = Vec::new();
+        if !pools.group_blocks.is_empty() {
+            let declared = cache_groups(config);
+            if declared.len() != pools.group_blocks.len() {
+                return Err(ModelError::KvCache(format!(
+                    "pools for {} layer groups; the model has {} beside its full-attention layers",
+                    pools.group_blocks.len(),
+                    declared.len()
+                )));
+            }
+            if !device.is_cpu() {
                 return Err(ModelError::KvCache(
                     "a sliding-window pool is read by the CPU attention kernels only".into(),
-                ))
+                ));
             }
-            Some(_) if config.sliding_window.is_none() => {
-                return Err(ModelError::KvCache(
-                    "a sliding-window pool for a model without sliding-window layers".into(),
-                ))
-            }
-            Some(0) => {
-                return Err(ModelError::KvCache(
-                    "a sliding-window pool needs at least one block".into(),
-                ))
-            }
-            Some(blocks) => Some((
-                KvLayout {
+            for (g, (group, &blocks)) in declared.iter().zip(&pools.group_blocks).enumerate() {
+                if blocks == 0 {
+                    return Err(ModelError::KvCache(
+                        "a layer group's pool needs at least one block".into(),
+                    ));
+                }
+                for &layer in &group.layers {
+                    layer_group[layer] = Some(g);
+                }
+                let group_layout = KvLayout {
                     num_blocks: blocks,
                     ..layout
-                },
-                (0..config.num_layers)
-                    .map(|i| config.window_of_layer(i).is_some())
-                    .collect::<Vec<_>>(),
-            )),
-        };
-        for l in std::iter::once(&layout).chain(window.as_ref().map(|(l, _)| l)) {
+                };
+                groups.push((group.kind, group_layout));
+            }
+        }
+        for l in std::iter::once(&layout).chain(groups.iter().map(|(_, l)| l)) {
             if l.values_per_layer() > u32::MAX as usize {
                 return Err(ModelError::KvCache(format!(
                     "{} blocks of {block_size} tokens exceed the 2^32 values per layer a cache can address",
@@ -254,10 +314,11 @@ impl KvCache {
                 )));
             }
         }
-        let values = |i: usize| match &window {
-            Some((w, local)) if local[i] => w.values_per_layer(),
-            _ => layout.values_per_layer(),
+        let layout_of = |i: usize| match layer_group[i] {
+            Some(g) => &groups[g].1,
+            None => &layout,
         };
+        let values = |i: usize| layout_of(i).values_per_layer();
         let num_layers = config.num_layers;
         let layers = match (dtype, device.is_cpu()) {
             (KvDtype::F32, true) => Layers::F32(
@@ -279,7 +340,7 @@ impl KvCache {
             (KvDtype::Q8_0, _) => Layers::Q8(
                 (0..num_layers)
                     .map(|i| {
-                        let (n, l) = (values(i), Self::layout_in(&layout, &window, i));
+                        let (n, l) = (values(i), layout_of(i));
                         let scales = Q8Cache::scales_per_layer(l);
                         Q8Layer {
                             k: vec![0; n],
@@ -310,26 +371,17 @@ impl KvCache {
         Ok(Self {
             layers,
             layout,
-            window,
+            groups,
+            layer_group,
             dtype,
         })
     }
 
-    fn layout_in<'a>(
-        layout: &'a KvLayout,
-        window: &'a Option<(KvLayout, Vec<bool>)>,
-        layer: usize,
-    ) -> &'a KvLayout {
-        match window {
-            Some((w, local)) if local[layer] => w,
-            _ => layout,
-        }
-    }
-
-    /// How to split `budget_bytes` between the pools: for a model with both sliding-window and
-    /// full-attention layers, the window pool gets what `demand` can use at most
-    /// ([`WindowDemand::blocks`]) and the full pool the rest, when that leaves the full pool
-    /// at least as many blocks; otherwise (or for a model without windows) one pool for all.
+    /// How to split `budget_bytes` between the pools: for a model with full-attention layers
+    /// and further groups ([`cache_groups`]), each group's pool gets what `demand` can use at
+    /// most ([`WindowDemand::blocks`]) and the full pool the rest, when that leaves the full
+    /// pool at least as many blocks as the largest group's; otherwise (or for a model without
+    /// groups) one pool for all.
     pub fn pools_for_budget(
         config: &ModelConfig,
         budget_bytes: usize,
@@ -337,31 +389,39 @@ impl KvCache {
         dtype: KvDtype,
         demand: WindowDemand,
     ) -> KvPools {
-        let one_pool = KvPools {
-            num_blocks: Self::num_blocks_for_budget(config, budget_bytes, block_size, dtype),
-            window_blocks: None,
-        };
-        let Some(sw) = &config.sliding_window else {
-            return one_pool;
-        };
-        let local = (0..config.num_layers)
-            .filter(|&i| config.window_of_layer(i).is_some())
-            .count();
-        let global = config.num_layers - local;
-        if local == 0 || global == 0 || sw.window == 0 {
+        let one_pool = KvPools::one(Self::num_blocks_for_budget(
+            config,
+            budget_bytes,
+            block_size,
+            dtype,
+        ));
+        let groups = cache_groups(config);
+        let grouped: usize = groups.iter().map(|g| g.layers.len()).sum();
+        let no_window = groups.iter().any(|g| g.kind == CacheKind::SlidingWindow(0));
+        if groups.is_empty() || grouped == config.num_layers || no_window {
             return one_pool;
         }
         // Bytes of one block in one layer.
         let layer_block = dtype.bytes_per_token(config) * block_size / config.num_layers;
-        let window_blocks = demand.blocks(sw.window, block_size);
-        let window_bytes = window_blocks * local * layer_block;
-        let num_blocks = budget_bytes.saturating_sub(window_bytes) / (global * layer_block);
-        if num_blocks < window_blocks {
+        let group_blocks: Vec<usize> = groups
+            .iter()
+            .map(|g| match g.kind {
+                CacheKind::SlidingWindow(window) => demand.blocks(window, block_size),
+            })
+            .collect();
+        let group_bytes: usize = groups
+            .iter()
+            .zip(&group_blocks)
+            .map(|(g, &blocks)| blocks * g.layers.len() * layer_block)
+            .sum();
+        let full_layers = config.num_layers - grouped;
+        let num_blocks = budget_bytes.saturating_sub(group_bytes) / (full_layers * layer_block);
+        if num_blocks < group_blocks.iter().copied().max().unwrap_or(0) {
             return one_pool;
         }
         KvPools {
             num_blocks,
-            window_blocks: Some(window_blocks),
+            group_blocks,
         }
     }
 
@@ -369,24 +429,28 @@ impl KvCache {
     pub fn pools(&self) -> KvPools {
         KvPools {
             num_blocks: self.layout.num_blocks,
-            window_blocks: self.window.as_ref().map(|(l, _)| l.num_blocks),
+            group_blocks: self.groups.iter().map(|(_, l)| l.num_blocks).collect(),
         }
     }
 
-    /// The sliding-window layers' own pool, if they have one: its blocks, and the window.
-    pub fn window_pool(&self) -> Option<KvLayout> {
-        self.window.as_ref().map(|(l, _)| *l)
+    /// The groups with a pool of their own, in [`cache_groups`] order: what each keeps and
+    /// its pool's layout. Empty when every layer lives in the full pool.
+    pub fn groups(&self) -> &[(CacheKind, KvLayout)] {
+        &self.groups
     }
 
-    /// Whether layer `layer` lives in the window pool (and the step addresses it through its
-    /// window tables).
-    pub fn in_window_pool(&self, layer: usize) -> bool {
-        self.window.as_ref().is_some_and(|(_, local)| local[layer])
+    /// The group whose pool holds layer `layer` (and whose tables the step addresses it
+    /// through, `StepBatch::tables`); `None`: the full pool.
+    pub fn group_of_layer(&self, layer: usize) -> Option<usize> {
+        self.layer_group[layer]
     }
 
     /// The layout of layer `layer`'s pool.
     pub fn layer_layout(&self, layer: usize) -> &KvLayout {
-        Self::layout_in(&self.layout, &self.window, layer)
+        match self.layer_group[layer] {
+            Some(g) => &self.groups[g].1,
+            None => &self.layout,
+        }
     }
 
     /// Bytes of K and V the cache holds, every layer and pool.
@@ -560,7 +624,7 @@ mod tests {
         let budget = 4 << 30;
         let pools = KvCache::pools_for_budget(&config, budget, 16, KvDtype::F16, DEMAND);
         // (16 * 127 + 2048) / 16 + 2 * 16 blocks for the windows.
-        assert_eq!(pools.window_blocks, Some(287));
+        assert_eq!(pools.group_blocks, vec![287]);
         // A block of 16 tokens in one layer: 2 (K, V) * 8 * 64 * 2 bytes * 16 = 32 KiB; the
         // full pool's 12 layers share the budget that the window pool's 12 leave.
         let layer_block = 32 << 10;
@@ -576,9 +640,11 @@ mod tests {
             "{} vs {one}",
             pools.num_blocks
         );
-        let cache = KvCache::with_pools(&config, pools, 16, KvDtype::F16, &Device::Cpu).unwrap();
+        let cache =
+            KvCache::with_pools(&config, pools.clone(), 16, KvDtype::F16, &Device::Cpu).unwrap();
         assert!(cache.bytes(&config) <= budget);
-        assert!(cache.in_window_pool(0) && !cache.in_window_pool(1));
+        assert_eq!(cache.group_of_layer(0), Some(0));
+        assert_eq!(cache.group_of_layer(1), None);
         assert_eq!(cache.layer_layout(0).num_blocks, 287);
         assert_eq!(cache.layer_layout(1).num_blocks, pools.num_blocks);
     }
@@ -588,13 +654,13 @@ mod tests {
         let config = gpt_oss_20b_shape();
         // 287 window blocks take 107 MiB; what is left would give the full pool fewer blocks.
         let pools = KvCache::pools_for_budget(&config, 200 << 20, 16, KvDtype::F16, DEMAND);
-        assert_eq!(pools.window_blocks, None);
+        assert_eq!(pools.group_blocks, Vec::<usize>::new());
         let plain = ModelConfig {
             sliding_window: None,
             ..config
         };
         let pools = KvCache::pools_for_budget(&plain, 4 << 30, 16, KvDtype::F16, DEMAND);
-        assert_eq!(pools.window_blocks, None);
+        assert_eq!(pools.group_blocks, Vec::<usize>::new());
     }
 
     #[test]
@@ -602,7 +668,7 @@ mod tests {
         let config = gpt_oss_20b_shape();
         let pools = KvPools {
             num_blocks: 4,
-            window_blocks: Some(0),
+            group_blocks: vec![0],
         };
         assert!(KvCache::with_pools(&config, pools, 16, KvDtype::F16, &Device::Cpu).is_err());
         let plain = ModelConfig {
@@ -611,7 +677,7 @@ mod tests {
         };
         let pools = KvPools {
             num_blocks: 4,
-            window_blocks: Some(4),
+            group_blocks: vec![4],
         };
         assert!(KvCache::with_pools(&plain, pools, 16, KvDtype::F16, &Device::Cpu).is_err());
     }

@@ -48,13 +48,15 @@ pub mod testing;
 pub mod weights;
 
 pub use attention::AttentionBackend;
-pub use batch::{RowSampling, SampledToken, SequenceSlice, StepBatch, StepOutput};
+pub use batch::{GroupTables, RowSampling, SampledToken, SequenceSlice, StepBatch, StepOutput};
 pub use config::{Architecture, ModelConfig, MoeConfig, Pooling, RopeScaling};
 pub use cpu_forward::StepScratch;
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfModelDir;
-pub use kv_cache::{KvCache, KvDtype, KvLayout, KvPools, WindowDemand};
+pub use kv_cache::{
+    cache_groups, CacheGroup, CacheKind, KvCache, KvDtype, KvLayout, KvPools, WindowDemand,
+};
 pub use load::{CudaGraphs, LoadOptions};
 pub use lora::{LoraAdapter, Projection as LoraProjection};
 pub use model::LlamaModel;

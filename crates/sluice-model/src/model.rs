@@ -7,7 +7,7 @@ use candle_core::{Device, Tensor};
 
 use crate::arch::{self, Backend, MlpKind, Traits};
 use crate::attention::{cpu as cpu_attention, AttentionBackend};
-use crate::batch::StepBatch;
+use crate::batch::{GroupTables, StepBatch};
 use crate::config::ModelConfig;
 use crate::cpu_forward::{self, StepScratch};
 #[cfg(feature = "cuda")]
@@ -367,10 +367,7 @@ impl LlamaModel {
         demand: WindowDemand,
     ) -> KvPools {
         if !self.device.is_cpu() {
-            return KvPools {
-                num_blocks: self.kv_blocks_for_budget(budget_bytes, block_size),
-                window_blocks: None,
-            };
+            return KvPools::one(self.kv_blocks_for_budget(budget_bytes, block_size));
         }
         KvCache::pools_for_budget(
             &self.config,
@@ -447,29 +444,29 @@ impl LlamaModel {
             kv.layout(),
             "the cache",
         )?;
-        match kv.window_pool() {
-            Some(pool) => {
-                if batch.window_slot_mapping.len() != t
-                    || batch.window_block_tables.len() != batch.block_tables.len()
-                {
-                    return err(
-                        "the cache has a sliding-window pool: the step needs a window slot and table entry beside each full one"
-                            .into(),
-                    );
-                }
-                check_pool(
-                    &batch.window_slot_mapping,
-                    &batch.window_block_tables,
-                    &pool,
-                    "the window pool",
-                )?;
+        if batch.groups.len() != kv.groups().len() {
+            return err(format!(
+                "the step has tables for {} layer groups; the cache has {} beside its full pool",
+                batch.groups.len(),
+                kv.groups().len()
+            ));
+        }
+        for (g, (tables, (kind, pool))) in batch.groups.iter().zip(kv.groups()).enumerate() {
+            let GroupTables::Paged {
+                slot_mapping,
+                block_tables,
+            } = tables
+            else {
+                return err(format!(
+                    "layer group {g} ({kind:?}) is paged: the step gave it recurrent states"
+                ));
+            };
+            if slot_mapping.len() != t || block_tables.len() != batch.block_tables.len() {
+                return err(format!(
+                    "layer group {g} ({kind:?}) has a pool of its own: the step needs a slot and a table entry there beside each full one"
+                ));
             }
-            None if !batch.window_slot_mapping.is_empty()
-                || !batch.window_block_tables.is_empty() =>
-            {
-                return err("window tables for a cache without a sliding-window pool".into());
-            }
-            None => {}
+            check_pool(slot_mapping, block_tables, pool, "a layer group's pool")?;
         }
         let mut expected_start = 0;
         for s in &batch.sequences {

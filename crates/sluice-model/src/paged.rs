@@ -5,7 +5,7 @@
 use crate::batch::{StepBatch, StepOutput};
 use crate::cpu_forward::StepScratch;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::{KvCache, KvPools, WindowDemand};
+use crate::kv_cache::{CacheKind, KvCache, KvPools, WindowDemand};
 use crate::load::CudaGraphs;
 use crate::model::LlamaModel;
 use crate::model_sampling::{copy_rows, split_rows, RowSampler};
@@ -26,11 +26,7 @@ pub struct PagedLlama {
 impl PagedLlama {
     /// A cache of `num_blocks` blocks of `block_size` tokens, one pool for every layer.
     pub fn new(model: LlamaModel, num_blocks: usize, block_size: usize) -> Result<Self> {
-        let pools = KvPools {
-            num_blocks,
-            window_blocks: None,
-        };
-        Self::with_pools(model, pools, block_size)
+        Self::with_pools(model, KvPools::one(num_blocks), block_size)
     }
 
     /// A cache with the pools `pools` (a second one for the sliding-window layers, if it has).
@@ -111,11 +107,15 @@ impl PagedLlama {
         self.kv.num_blocks()
     }
 
-    /// The sliding-window layers' own pool, if they have one: its blocks and the window.
-    pub fn window_pool(&self) -> Option<(usize, usize)> {
-        let pool = self.kv.window_pool()?;
-        let window = self.model.config().sliding_window.as_ref()?.window;
-        Some((pool.num_blocks, window))
+    /// The layer groups with a pool of their own (none when every layer lives in the full
+    /// pool): what each keeps, and its blocks. The step carries their tables in this order
+    /// ([`StepBatch::groups`]).
+    pub fn kv_groups(&self) -> Vec<(CacheKind, usize)> {
+        self.kv
+            .groups()
+            .iter()
+            .map(|(kind, layout)| (*kind, layout.num_blocks))
+            .collect()
     }
 
     /// Bytes of the KV cache, every pool.

@@ -55,10 +55,10 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use sluice_model::StepBatch;
+use sluice_model::{GroupTables, StepBatch};
 
 use crate::block_manager::AdapterKey;
-use crate::block_pools::{BlockPools, KvGroupSpec, WindowPool};
+use crate::block_pools::{BlockPools, Holding, KvGroupSpec, WindowPool};
 use crate::sequence::{RequestId, SeqId, Sequence, SequenceStatus};
 use crate::speculation::{next_draft_len, SpeculationConfig};
 
@@ -703,6 +703,18 @@ impl<R, S> Scheduler<R, S> {
             "StepBatch block size mismatch"
         );
         batch.clear();
+        if batch.groups.len() != self.config.kv_groups.len() {
+            // Once per engine: the groups stay, their buffers are reused.
+            batch.groups = self
+                .config
+                .kv_groups
+                .iter()
+                .map(|g| match g {
+                    KvGroupSpec::SlidingWindow(_) => GroupTables::paged(),
+                    KvGroupSpec::Recurrent(_) => GroupTables::recurrent(),
+                })
+                .collect();
+        }
         for s in &self.output.scheduled {
             let seq = self
                 .live_scheduled(s)
@@ -712,14 +724,18 @@ impl<R, S> Scheduler<R, S> {
                     .lora_slots
                     .extend(std::iter::repeat_n(seq.lora_slot, s.len));
             }
-            let window = self.blocks.window().map(|_| seq.blocks.window().blocks());
-            batch.push_sequence_windowed(
+            batch.push_sequence_rows(
                 &seq.tokens[s.start..s.start + s.len],
                 s.start,
                 seq.blocks.full().blocks(),
-                window,
                 s.num_rows(),
             );
+            for (group, holding) in seq.blocks.holdings().enumerate() {
+                match holding {
+                    Holding::Table(table) => batch.push_group_table(group, table),
+                    Holding::State(state) => batch.push_group_state(group, state),
+                }
+            }
         }
     }
 

@@ -101,10 +101,10 @@ pub fn reference_generate_with(
 pub struct HashModel {
     block_size: usize,
     pub kv: Vec<Option<u64>>,
-    /// A sliding-window layer's pool (its window and its slots), when the scheduler has one:
-    /// written through the window tables, and checked at every read to hold what the full
-    /// cache holds across each query's window.
-    window: Option<(usize, Vec<Option<u64>>)>,
+    /// A sliding-window layer's pool (its group's index, its window and its slots), when the
+    /// scheduler has one: written through that group's tables, and checked at every read to
+    /// hold what the full cache holds across each query's window.
+    window: Option<(usize, usize, Vec<Option<u64>>)>,
 }
 
 impl HashModel {
@@ -116,10 +116,15 @@ impl HashModel {
         }
     }
 
-    /// [`HashModel::new`] with a window pool of `pool.num_blocks` blocks.
-    pub fn with_window(num_blocks: usize, block_size: usize, pool: WindowPool) -> Self {
+    /// [`HashModel::new`] with a window pool of `pool.num_blocks` blocks, layer group `group`.
+    pub fn with_window(
+        num_blocks: usize,
+        block_size: usize,
+        group: usize,
+        pool: WindowPool,
+    ) -> Self {
         Self {
-            window: Some((pool.window, vec![None; pool.num_blocks * block_size])),
+            window: Some((group, pool.window, vec![None; pool.num_blocks * block_size])),
             ..Self::new(num_blocks, block_size)
         }
     }
@@ -136,8 +141,8 @@ impl HashModel {
             let table = batch.block_table(seq);
             for q in seq.query_start..seq.query_start + seq.query_len {
                 let pos = batch.positions[q] as usize;
-                if let Some((window, wkv)) = &self.window {
-                    let wtable = seq.block_table(&batch.window_block_tables);
+                if let Some((group, window, wkv)) = &self.window {
+                    let wtable = seq.block_table(batch.tables(Some(*group)).1);
                     let wslot = |p: usize| {
                         wtable[p / self.block_size] as usize * self.block_size + p % self.block_size
                     };
@@ -154,8 +159,8 @@ impl HashModel {
                 };
                 let value = Some(mix(prev, u64::from(batch.input_ids[q])));
                 self.kv[batch.slot_mapping[q] as usize] = value;
-                if let Some((_, wkv)) = &mut self.window {
-                    wkv[batch.window_slot_mapping[q] as usize] = value;
+                if let Some((group, _, wkv)) = &mut self.window {
+                    wkv[batch.tables(Some(*group)).0[q] as usize] = value;
                 }
                 if batch.logits_indices.contains(&(q as u32)) {
                     let ctx = (0..=pos)
@@ -184,12 +189,18 @@ pub struct Driver {
 
 impl Driver {
     pub fn new(config: SchedulerConfig) -> Self {
-        let window = config.kv_groups.iter().find_map(|g| match *g {
-            KvGroupSpec::SlidingWindow(pool) => Some(pool),
-            KvGroupSpec::Recurrent(_) => None,
-        });
+        let window = config
+            .kv_groups
+            .iter()
+            .enumerate()
+            .find_map(|(i, g)| match *g {
+                KvGroupSpec::SlidingWindow(pool) => Some((i, pool)),
+                KvGroupSpec::Recurrent(_) => None,
+            });
         let model = match window {
-            Some(pool) => HashModel::with_window(config.num_blocks, config.block_size, pool),
+            Some((group, pool)) => {
+                HashModel::with_window(config.num_blocks, config.block_size, group, pool)
+            }
             None => HashModel::new(config.num_blocks, config.block_size),
         };
         let batch = StepBatch::new(config.block_size);

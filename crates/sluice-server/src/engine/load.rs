@@ -12,7 +12,7 @@ use anyhow::Context;
 use candle_core::Device;
 use sluice_engine::{Engine, EngineConfig, SpeculationConfig};
 use sluice_model::{
-    CudaGraphs, LlamaModel, LoadOptions, ModelSource, PagedLlama, Pooling, WeightsKind,
+    CacheKind, CudaGraphs, LlamaModel, LoadOptions, ModelSource, PagedLlama, Pooling, WeightsKind,
     WindowDemand,
 };
 use sluice_tokenizer::{ChatTemplate, TemplateDate, Tokenizer};
@@ -201,16 +201,20 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     let mut paged =
         PagedLlama::with_memory_budget(model, settings.kv_cache_bytes, settings.block_size, demand)
             .context("cannot allocate the KV cache")?;
-    if let Some((window_blocks, window)) = paged.window_pool() {
-        tracing::info!(
-            window,
-            window_blocks,
-            full_blocks = paged.num_blocks(),
-            kv_cache_mib = paged.kv_cache_bytes() >> 20,
-            "sliding-window layers keep only their window: their own pool of {window_blocks} \
-             blocks, the rest of --kv-cache-memory goes to the full-attention layers"
-        );
-    } else if let Some(advice) = shared_window {
+    let groups = paged.kv_groups();
+    for &(kind, group_blocks) in &groups {
+        match kind {
+            CacheKind::SlidingWindow(window) => tracing::info!(
+                window,
+                window_blocks = group_blocks,
+                full_blocks = paged.num_blocks(),
+                kv_cache_mib = paged.kv_cache_bytes() >> 20,
+                "sliding-window layers keep only their window: their own pool of {group_blocks} \
+                 blocks, the rest of --kv-cache-memory goes to the full-attention layers"
+            ),
+        }
+    }
+    if let (true, Some(advice)) = (groups.is_empty(), shared_window) {
         tracing::warn!("{advice}");
     }
     // The decode steps' static buffers (GPU): the largest bucket is the most sequences a step
@@ -311,7 +315,8 @@ fn window_pool_advice(
         let demand = WindowDemand { max_seqs, ..demand };
         model.kv_pools_for_budget(settings.kv_cache_bytes, settings.block_size, demand)
     };
-    if !model.device().is_cpu() || pools(demand.max_seqs).window_blocks.is_some() {
+    let own_pools = |max_seqs| !pools(max_seqs).group_blocks.is_empty();
+    if !model.device().is_cpu() || own_pools(demand.max_seqs) {
         return None;
     }
     let global = (0..config.num_layers).any(|i| config.window_of_layer(i).is_none());
@@ -319,9 +324,7 @@ fn window_pool_advice(
         return None;
     }
     // The most sequences whose windows a pool of their own could hold within the budget.
-    let fits = (1..demand.max_seqs)
-        .rev()
-        .find(|&n| pools(n).window_blocks.is_some());
+    let fits = (1..demand.max_seqs).rev().find(|&n| own_pools(n));
     let hint = match fits {
         Some(n) => format!("--max-num-seqs {n} or less, or a larger --kv-cache-memory"),
         None => "a larger --kv-cache-memory".to_string(),
