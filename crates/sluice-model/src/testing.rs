@@ -301,29 +301,11 @@ impl TinyModelSpec {
             meta.push((k("attention.key_length"), Value::U32(d as u32)));
             meta.push((k("attention.value_length"), Value::U32(d as u32)));
         }
-        if self.architecture == Architecture::Gemma3 {
-            // Small enough that short prompts cross it: local layers (even ones, the pattern's
-            // period of 2) see 8 keys; the global ones rotate with another base than the local
-            // ones' default 10000; logits soft-capped, as Gemma 2 and some Gemma 3 files say.
-            meta.retain(|(key, _)| key != &k("rope.freq_base"));
-            meta.push((k("rope.freq_base"), Value::F32(1_000_000.0)));
-            meta.push((
-                k("attention.sliding_window"),
-                Value::U32(TINY_GEMMA_WINDOW as u32),
-            ));
-            meta.push((k("attention.sliding_window_pattern"), Value::U32(2)));
-            meta.push((k("final_logit_softcapping"), Value::F32(30.0)));
-        }
-        if self.architecture == Architecture::GptOss {
-            // Layers local (a window of TINY_GEMMA_WINDOW keys) and global in turn, the
-            // default pattern; YaRN over a short original context.
-            meta.push((
-                k("attention.sliding_window"),
-                Value::U32(TINY_GEMMA_WINDOW as u32),
-            ));
-            meta.push((k("rope.scaling.type"), Value::String("yarn".into())));
-            meta.push((k("rope.scaling.factor"), Value::F32(8.0)));
-            meta.push((k("rope.scaling.original_context_length"), Value::U32(64)));
+        // The family's own keys (Gemma 3's and gpt-oss's windows, ...), replacing shared ones.
+        for (key, value) in self.architecture.family().tiny_gguf_keys() {
+            let key = k(key);
+            meta.retain(|(other, _)| other != &key);
+            meta.push((key, value));
         }
         if let Some(moe) = &self.moe {
             meta.push((k("expert_count"), Value::U32(moe.experts as u32)));
@@ -420,10 +402,15 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             Weight::SharedRouter(i),
         ]);
     }
+    let checkpoint =
+        arch.family()
+            .hf_checkpoint(&config)
+            .ok_or_else(|| ModelError::Unsupported {
+                path: gguf.to_path_buf(),
+                what: format!("export of {} to a Hugging Face checkpoint", arch.name()),
+            })?;
     // Mixtral's own names, in the per-expert layout it was published in.
-    let mixtral_names = config.moe.is_some()
-        && arch == Architecture::Llama
-        && export.experts == HfExperts::PerExpert;
+    let mixtral_names = checkpoint.mixtral_expert_names && export.experts == HfExperts::PerExpert;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     for role in roles {
         let name = role.gguf_name();
@@ -543,22 +530,6 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             "attention_factor": y.attn_factor,
         }),
     };
-    let (class, model_type) = match (arch, &config.moe) {
-        (Architecture::Llama, Some(_)) => ("MixtralForCausalLM", "mixtral"),
-        (Architecture::Llama, None) => ("LlamaForCausalLM", "llama"),
-        (Architecture::Qwen2, _) => ("Qwen2ForCausalLM", "qwen2"),
-        (Architecture::Qwen3, _) => ("Qwen3ForCausalLM", "qwen3"),
-        (Architecture::Qwen2Moe, _) => ("Qwen2MoeForCausalLM", "qwen2_moe"),
-        (Architecture::Qwen3Moe, _) => ("Qwen3MoeForCausalLM", "qwen3_moe"),
-        (Architecture::Gemma3, _) => ("Gemma3ForCausalLM", "gemma3_text"),
-        (Architecture::SmolLm3, _) => ("SmolLM3ForCausalLM", "smollm3"),
-        (Architecture::GptOss, _) => {
-            return Err(ModelError::Unsupported {
-                path: gguf.to_path_buf(),
-                what: "export of gpt-oss to a Hugging Face checkpoint".into(),
-            })
-        }
-    };
     let torch_dtype = match export.dtype {
         DType::BF16 => "bfloat16",
         DType::F16 => "float16",
@@ -566,8 +537,8 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
     };
     let eos_ids = tokenizer.eos_token_ids().to_vec();
     let mut config_json = serde_json::json!({
-            "architectures": [class],
-            "model_type": model_type,
+            "architectures": [checkpoint.class],
+            "model_type": checkpoint.model_type,
             "hidden_size": config.hidden_size,
             "intermediate_size": config.intermediate_size,
             "num_hidden_layers": config.num_layers,
@@ -589,34 +560,6 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             "bos_token_id": tokenizer.bos_token_id(),
             "eos_token_id": tokenizer.eos_token_id(),
     });
-    if !config.layers_without_rope.is_empty() {
-        // SmolLM3's: one flag a layer, 1 rotates.
-        let flags: Vec<u8> = (0..config.num_layers)
-            .map(|i| u8::from(!config.layers_without_rope.contains(&i)))
-            .collect();
-        config_json["no_rope_layers"] = serde_json::json!(flags);
-    }
-    if arch == Architecture::Gemma3 {
-        let window = config.sliding_window.as_ref();
-        let layer_types: Vec<&str> = (0..config.num_layers)
-            .map(|i| match config.window_of_layer(i) {
-                Some(_) => "sliding_attention",
-                None => "full_attention",
-            })
-            .collect();
-        let fields = serde_json::json!({
-            "hidden_activation": "gelu_pytorch_tanh",
-            "hidden_act": null,
-            "query_pre_attn_scalar": 1.0 / (config.query_scale() as f64).powi(2),
-            "sliding_window": window.map(|w| w.window),
-            "layer_types": layer_types,
-            "rope_local_base_freq": window.map(|w| w.local_rope_theta),
-            "final_logit_softcapping": config.final_logit_softcap,
-        });
-        for (key, value) in fields.as_object().expect("an object") {
-            config_json[key] = value.clone();
-        }
-    }
     if let Some(moe) = &config.moe {
         if moe.weights_scale != 1.0 || !moe.dense_layers.is_empty() {
             return Err(ModelError::Unsupported {
@@ -624,26 +567,9 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
                 what: "export of a scaled or partly dense mixture of experts to config.json".into(),
             });
         }
-        let fields = match arch {
-            // Mixtral's experts are its `intermediate_size`; it always renormalises.
-            Architecture::Llama => serde_json::json!({
-                "num_local_experts": moe.num_experts,
-                "num_experts_per_tok": moe.num_experts_used,
-                "intermediate_size": moe.expert_intermediate_size,
-            }),
-            _ => serde_json::json!({
-                "num_experts": moe.num_experts,
-                "num_experts_per_tok": moe.num_experts_used,
-                "moe_intermediate_size": moe.expert_intermediate_size,
-                "shared_expert_intermediate_size": moe.shared_expert_intermediate_size,
-                "norm_topk_prob": moe.norm_topk_prob,
-                "decoder_sparse_step": 1,
-                "mlp_only_layers": [],
-            }),
-        };
-        for (key, value) in fields.as_object().expect("an object") {
-            config_json[key] = value.clone();
-        }
+    }
+    for (key, value) in checkpoint.fields.as_object().expect("an object") {
+        config_json[key] = value.clone();
     }
     write_json(hf::CONFIG_FILE, config_json)?;
     let tokenizer_json = Tokenizer::hf_json_from_gguf(&file, gguf)?;

@@ -149,4 +149,47 @@ impl Family for Gemma3 {
             _ => w.hf_name(),
         }
     }
+    #[cfg(any(test, feature = "testing"))]
+    fn tiny_gguf_keys(&self) -> super::export::TinyKeys {
+        use candle_core::quantized::gguf_file::Value;
+        // Small enough that short prompts cross it: local layers (even ones, the pattern's
+        // period of 2) see TINY_GEMMA_WINDOW keys; the global ones rotate with another base
+        // than the local ones' default 10000; logits soft-capped, as Gemma 2 and some Gemma 3
+        // files say.
+        vec![
+            ("rope.freq_base", Value::F32(1_000_000.0)),
+            (
+                "attention.sliding_window",
+                Value::U32(crate::testing::TINY_GEMMA_WINDOW as u32),
+            ),
+            ("attention.sliding_window_pattern", Value::U32(2)),
+            ("final_logit_softcapping", Value::F32(30.0)),
+        ]
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    fn hf_checkpoint(
+        &self,
+        config: &crate::config::ModelConfig,
+    ) -> Option<super::export::HfCheckpoint> {
+        let window = config.sliding_window.as_ref();
+        let layer_types: Vec<&str> = (0..config.num_layers)
+            .map(|i| match config.window_of_layer(i) {
+                Some(_) => "sliding_attention",
+                None => "full_attention",
+            })
+            .collect();
+        Some(super::export::HfCheckpoint {
+            fields: serde_json::json!({
+                "hidden_activation": "gelu_pytorch_tanh",
+                "hidden_act": null,
+                "query_pre_attn_scalar": 1.0 / (config.query_scale() as f64).powi(2),
+                "sliding_window": window.map(|w| w.window),
+                "layer_types": layer_types,
+                "rope_local_base_freq": window.map(|w| w.local_rope_theta),
+                "final_logit_softcapping": config.final_logit_softcap,
+            }),
+            ..super::export::HfCheckpoint::plain("Gemma3ForCausalLM", "gemma3_text")
+        })
+    }
 }

@@ -141,4 +141,25 @@ impl Family for GptOss {
             _ => w.hf_name(),
         }
     }
+    #[cfg(any(test, feature = "testing"))]
+    fn tiny_gguf_keys(&self) -> super::export::TinyKeys {
+        use candle_core::quantized::gguf_file::Value;
+        // Layers local (a window of TINY_GEMMA_WINDOW keys) and global in turn, the default
+        // pattern; YaRN over a short original context.
+        vec![
+            (
+                "attention.sliding_window",
+                Value::U32(crate::testing::TINY_GEMMA_WINDOW as u32),
+            ),
+            ("rope.scaling.type", Value::String("yarn".into())),
+            ("rope.scaling.factor", Value::F32(8.0)),
+            ("rope.scaling.original_context_length", Value::U32(64)),
+        ]
+    }
+
+    /// Not written: its checkpoints' MXFP4 experts are not what the test writer produces.
+    #[cfg(any(test, feature = "testing"))]
+    fn hf_checkpoint(&self, _: &crate::config::ModelConfig) -> Option<super::export::HfCheckpoint> {
+        None
+    }
 }

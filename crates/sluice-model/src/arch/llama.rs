@@ -67,4 +67,24 @@ impl Family for Llama {
             ..FamilyParams::default()
         })
     }
+    #[cfg(any(test, feature = "testing"))]
+    fn hf_checkpoint(
+        &self,
+        config: &crate::config::ModelConfig,
+    ) -> Option<super::export::HfCheckpoint> {
+        use super::export::HfCheckpoint;
+        Some(match &config.moe {
+            None => HfCheckpoint::plain("LlamaForCausalLM", "llama"),
+            // Mixtral's experts are its `intermediate_size`; it always renormalises.
+            Some(moe) => HfCheckpoint {
+                mixtral_expert_names: true,
+                fields: serde_json::json!({
+                    "num_local_experts": moe.num_experts,
+                    "num_experts_per_tok": moe.num_experts_used,
+                    "intermediate_size": moe.expert_intermediate_size,
+                }),
+                ..HfCheckpoint::plain("MixtralForCausalLM", "mixtral")
+            },
+        })
+    }
 }

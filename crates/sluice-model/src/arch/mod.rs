@@ -11,6 +11,8 @@
 //! the forwards read, and a line in [`supports`] for a backend that lacks it.
 
 mod experts;
+#[cfg(any(test, feature = "testing"))]
+pub(crate) mod export;
 mod gemma3;
 mod gpt_oss;
 mod layer_plan;
@@ -226,6 +228,18 @@ pub(crate) trait Family: Sync {
     fn layer_plan(&self, config: &ModelConfig, layer: usize) -> LayerPlan {
         LayerPlan::from_traits(self.traits(), config, layer)
     }
+
+    /// What a tiny test model of the family holds beyond the shared GGUF keys
+    /// (`crate::testing::TinyModelSpec`). The default: nothing.
+    #[cfg(any(test, feature = "testing"))]
+    fn tiny_gguf_keys(&self) -> export::TinyKeys {
+        Vec::new()
+    }
+
+    /// `config` as a Hugging Face checkpoint of the family, the inverse of
+    /// [`Family::hf_params`] (`crate::testing::write_hf_from_gguf`); `None`: not written as one.
+    #[cfg(any(test, feature = "testing"))]
+    fn hf_checkpoint(&self, config: &ModelConfig) -> Option<export::HfCheckpoint>;
 }
 
 /// The experts a GGUF file of a family with `traits` holds, if it can hold any.

@@ -42,4 +42,12 @@ impl Family for Qwen2 {
             ..FamilyParams::default()
         })
     }
+
+    #[cfg(any(test, feature = "testing"))]
+    fn hf_checkpoint(&self, _: &crate::config::ModelConfig) -> Option<super::export::HfCheckpoint> {
+        Some(super::export::HfCheckpoint::plain(
+            "Qwen2ForCausalLM",
+            "qwen2",
+        ))
+    }
 }

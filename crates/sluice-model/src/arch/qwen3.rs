@@ -32,4 +32,12 @@ impl Family for Qwen3 {
             ..FamilyParams::default()
         })
     }
+
+    #[cfg(any(test, feature = "testing"))]
+    fn hf_checkpoint(&self, _: &crate::config::ModelConfig) -> Option<super::export::HfCheckpoint> {
+        Some(super::export::HfCheckpoint::plain(
+            "Qwen3ForCausalLM",
+            "qwen3",
+        ))
+    }
 }

@@ -60,6 +60,17 @@ impl Family for Qwen2Moe {
             ..FamilyParams::default()
         })
     }
+    #[cfg(any(test, feature = "testing"))]
+    fn hf_checkpoint(
+        &self,
+        config: &crate::config::ModelConfig,
+    ) -> Option<super::export::HfCheckpoint> {
+        use super::export::{qwen_moe_fields, HfCheckpoint};
+        Some(HfCheckpoint {
+            fields: config.moe.as_ref().map(qwen_moe_fields)?,
+            ..HfCheckpoint::plain("Qwen2MoeForCausalLM", "qwen2_moe")
+        })
+    }
 }
 
 impl Family for Qwen3Moe {
@@ -80,6 +91,17 @@ impl Family for Qwen3Moe {
             moe: super::hf_moe(self.architecture(), keys, shared, false)?,
             context_limit: keys.qwen_window(),
             ..FamilyParams::default()
+        })
+    }
+    #[cfg(any(test, feature = "testing"))]
+    fn hf_checkpoint(
+        &self,
+        config: &crate::config::ModelConfig,
+    ) -> Option<super::export::HfCheckpoint> {
+        use super::export::{qwen_moe_fields, HfCheckpoint};
+        Some(HfCheckpoint {
+            fields: config.moe.as_ref().map(qwen_moe_fields)?,
+            ..HfCheckpoint::plain("Qwen3MoeForCausalLM", "qwen3_moe")
         })
     }
 }

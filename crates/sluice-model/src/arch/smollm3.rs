@@ -81,6 +81,20 @@ impl Family for SmolLm3 {
             ..FamilyParams::default()
         })
     }
+    #[cfg(any(test, feature = "testing"))]
+    fn hf_checkpoint(
+        &self,
+        config: &crate::config::ModelConfig,
+    ) -> Option<super::export::HfCheckpoint> {
+        // One flag a layer, 1 rotates.
+        let flags: Vec<u8> = (0..config.num_layers)
+            .map(|i| u8::from(!config.layers_without_rope.contains(&i)))
+            .collect();
+        Some(super::export::HfCheckpoint {
+            fields: serde_json::json!({ "no_rope_layers": flags }),
+            ..super::export::HfCheckpoint::plain("SmolLM3ForCausalLM", "smollm3")
+        })
+    }
 }
 
 #[cfg(test)]
