@@ -7,7 +7,8 @@
 //! SwiGLU and down. The attention metadata is uploaded once per step.
 //!
 //! Prefill and mixed steps run here op by op; decode steps of dense weights replay a CUDA
-//! graph of the same kernels (`cuda_graph.rs`). `tests/gpu.rs` compares this forward with the
+//! graph of the same kernels (`cuda_graph.rs`). Both run the one layer loop of
+//! `cuda_layers.rs`; this file is its eager executor. `tests/gpu.rs` compares this forward with the
 //! CPU's on a GPU (H200: within 2.8e-5 to 8.5e-5 of the largest logit).
 
 use candle_core::Tensor;
@@ -17,10 +18,12 @@ use sluice_kernels::AttentionShape;
 
 use crate::batch::StepBatch;
 use crate::config::ModelConfig;
+use crate::cuda_layers::{run_layers, LayerOps};
 use crate::cuda_profile::{Phase, StepTimer};
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvLayout};
 use crate::layer::ModelWeights as Weights;
+use crate::weights::Linear;
 
 /// Whether the CUDA kernels run a model of this shape: the head dims and GQA groups the
 /// attention kernel is instantiated for.
@@ -78,55 +81,40 @@ pub(crate) fn forward(
     let step = StepMetadata::upload(plan, dev)?;
     let positions = Tensor::from_slice(&batch.positions, t, dev)?;
     let slot_mapping = Tensor::from_slice(&batch.slot_mapping, t, dev)?;
-    let (cos, sin) = w.rope.tables();
     let layout = *kv.layout();
     timer.mark(Phase::Plan);
 
     // Activations in the norms' element type: the weights' own for half-precision weights
     // (`LinearOptions::activation_dtype`), so that no matmul casts.
-    let mut x = w
+    let x = w
         .embed
         .lookup(&batch.input_ids, dev)?
         .to_dtype(w.norm.dtype())?;
     timer.mark(Phase::Embedding);
-    // The MLP's output of the previous layer, added to the residual stream by the next norm.
-    let mut pending: Option<Tensor> = None;
-    for (i, layer) in w.layers.iter().enumerate() {
-        let (resid, normed) = cuda::add_rms_norm(&x, pending.as_ref(), &layer.attn_norm, eps)?;
-        timer.mark(Phase::Norm);
-        let qkv = layer.qkv.forward(&normed)?.contiguous()?;
-        timer.mark(Phase::Qkv);
-        let rotated = cuda::rope_qk(
-            &qkv,
-            (cos, sin),
-            &positions,
-            layer.qk_norm.as_ref().map(|(q, k)| QkNorm { q, k, eps }),
-            h,
-            kvh,
-            d,
-        )?;
-        timer.mark(Phase::Rope);
-        let q = rotated.narrow(1, 0, h * d)?;
-        let k = rotated.narrow(1, h * d, kvh * d)?;
-        let v = qkv.narrow(1, (h + kvh) * d, kvh * d)?;
-        let layer_kv = kv.layer_kv(i)?;
-        cuda::write_kv(layer_kv, &k, &v, &slot_mapping, &layout)?;
-        timer.mark(Phase::KvWrite);
-        let attn = cuda::paged_attention(&q, layer_kv, &layout, &step)?;
-        timer.mark(Phase::Attention);
-        let o = layer.o.forward(&attn)?;
-        timer.mark(Phase::O);
-        let (resid, normed) = cuda::add_rms_norm(&resid, Some(&o), &layer.ffn_norm, eps)?;
-        x = resid;
-        timer.mark(Phase::Norm);
-        let (gate_up_w, down_w) = layer.dense_mlp()?;
-        let gate_up = gate_up_w.forward(&normed)?;
-        timer.mark(Phase::GateUp);
-        let act = cuda::swiglu(&gate_up, cfg.intermediate_size)?;
-        timer.mark(Phase::Swiglu);
-        pending = Some(down_w.forward(&act)?);
-        timer.mark(Phase::Down);
-    }
+    let mut ops = EagerStep {
+        rope: w.rope.tables(),
+        positions: &positions,
+        slot_mapping: &slot_mapping,
+        step: &step,
+        layout: &layout,
+        heads: (h, kvh, d),
+        intermediate: cfg.intermediate_size,
+        eps,
+        timer,
+        x,
+        pending: None,
+        normed: None,
+        qkv: None,
+        rotated: None,
+        attn: None,
+    };
+    run_layers(&mut ops, w, kv)?;
+    let EagerStep {
+        mut x,
+        pending,
+        timer,
+        ..
+    } = ops;
     if let Some(delta) = pending {
         x = (x + delta)?;
     }
@@ -134,4 +122,106 @@ pub(crate) fn forward(
     timer.mark(Phase::Head);
     timer.drain(dev);
     Ok(out)
+}
+
+/// The layer loop's stages as candle ops on tensors allocated as they go.
+struct EagerStep<'a> {
+    rope: (&'a Tensor, &'a Tensor),
+    positions: &'a Tensor,
+    slot_mapping: &'a Tensor,
+    step: &'a StepMetadata,
+    layout: &'a KvLayout,
+    /// Query heads, KV heads, head size.
+    heads: (usize, usize, usize),
+    intermediate: usize,
+    eps: f32,
+    timer: &'a mut StepTimer,
+    /// The residual stream.
+    x: Tensor,
+    /// The last projection's output, added to the stream by the next norm.
+    pending: Option<Tensor>,
+    normed: Option<Tensor>,
+    qkv: Option<Tensor>,
+    rotated: Option<Tensor>,
+    attn: Option<Tensor>,
+}
+
+/// A stage's input, set by the stage before it in [`run_layers`]'s order.
+fn input(t: &Option<Tensor>, what: &str) -> Result<Tensor> {
+    t.clone().ok_or_else(|| {
+        ModelError::InvalidStep(format!("the layer loop read {what} before it was computed"))
+    })
+}
+
+impl LayerOps for EagerStep<'_> {
+    fn attention_norm(&mut self, _layer: usize, weight: &Tensor) -> Result<()> {
+        self.mlp_norm(weight)
+    }
+
+    fn qkv(&mut self, linear: &Linear) -> Result<()> {
+        let normed = input(&self.normed, "the normed rows")?;
+        self.qkv = Some(linear.forward(&normed)?.contiguous()?);
+        self.timer.mark(Phase::Qkv);
+        Ok(())
+    }
+
+    fn rope(&mut self, qk_norm: Option<&(Tensor, Tensor)>) -> Result<()> {
+        let (h, kvh, d) = self.heads;
+        let qkv = input(&self.qkv, "Q, K and V")?;
+        let eps = self.eps;
+        self.rotated = Some(cuda::rope_qk(
+            &qkv,
+            self.rope,
+            self.positions,
+            qk_norm.map(|(q, k)| QkNorm { q, k, eps }),
+            h,
+            kvh,
+            d,
+        )?);
+        self.timer.mark(Phase::Rope);
+        Ok(())
+    }
+
+    fn attention(&mut self, layer_kv: &Tensor) -> Result<()> {
+        let (h, kvh, d) = self.heads;
+        let (qkv, rotated) = (
+            input(&self.qkv, "Q, K and V")?,
+            input(&self.rotated, "rotated Q and K")?,
+        );
+        let q = rotated.narrow(1, 0, h * d)?;
+        let k = rotated.narrow(1, h * d, kvh * d)?;
+        let v = qkv.narrow(1, (h + kvh) * d, kvh * d)?;
+        cuda::write_kv(layer_kv, &k, &v, self.slot_mapping, self.layout)?;
+        self.timer.mark(Phase::KvWrite);
+        self.attn = Some(cuda::paged_attention(&q, layer_kv, self.layout, self.step)?);
+        self.timer.mark(Phase::Attention);
+        Ok(())
+    }
+
+    fn output(&mut self, linear: &Linear) -> Result<()> {
+        let attn = input(&self.attn, "the attention's output")?;
+        self.pending = Some(linear.forward(&attn)?);
+        self.timer.mark(Phase::O);
+        Ok(())
+    }
+
+    fn mlp_norm(&mut self, weight: &Tensor) -> Result<()> {
+        let (resid, normed) =
+            cuda::add_rms_norm(&self.x, self.pending.take().as_ref(), weight, self.eps)?;
+        self.x = resid;
+        self.normed = Some(normed);
+        self.timer.mark(Phase::Norm);
+        Ok(())
+    }
+
+    fn mlp(&mut self, gate_up_w: &Linear, down_w: &Linear) -> Result<()> {
+        let normed = input(&self.normed, "the normed rows")?;
+        let gate_up = gate_up_w.forward(&normed)?;
+        self.timer.mark(Phase::GateUp);
+        let act = cuda::swiglu(&gate_up, self.intermediate)?;
+        self.timer.mark(Phase::Swiglu);
+        self.pending = Some(down_w.forward(&act)?);
+        self.timer.mark(Phase::Down);
+        Ok(())
+    }
 }

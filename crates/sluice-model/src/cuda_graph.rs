@@ -1,8 +1,8 @@
 //! Decode steps on the GPU without per-launch host work: the step's inputs copied into static
 //! device buffers in one upload, then one CUDA graph replayed per step, captured once per
 //! batch-size bucket (`sluice_kernels::cuda_plan::decode_buckets`; a step is padded to the
-//! smallest bucket that holds it). The graph runs the same kernels as the eager forward
-//! (`cuda_forward.rs`) on buffers the model owns, with cuBLAS called on them directly: no device
+//! smallest bucket that holds it). The graph runs the same layer loop as the eager forward
+//! (`cuda_layers.rs`), with the same kernels, on buffers the model owns, with cuBLAS called on them directly: no device
 //! memory is allocated, nothing synchronizes the host, and a replay computes exactly what the same
 //! launches compute eagerly ([`CudaGraphs::Eager`], which a GPU test compares bit for bit).
 //!
@@ -18,11 +18,13 @@ use sluice_kernels::cuda_plan::{decode_buckets, AttentionPlan, DeviceLimits, PAD
 
 use crate::batch::StepBatch;
 use crate::cuda_forward::attention_shape;
+use crate::cuda_layers::{run_layers, LayerOps};
 pub(crate) use crate::cuda_profile::{Phase, StepTimer};
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvLayout};
 use crate::layer::ModelWeights;
 use crate::load::CudaGraphs;
+use crate::weights::Linear;
 
 /// The decode steps of one model on one device: its static buffers and captured graphs.
 pub(crate) struct DecodeSteps {
@@ -384,130 +386,29 @@ impl DecodeSteps {
     }
 
     /// Enqueues the step of `plan.num_tokens` rows on the static buffers: what a graph
-    /// captures, or what runs eagerly.
+    /// captures, or what runs eagerly. The layers are `cuda_layers.rs`'s loop.
     fn record(&self, w: &ModelWeights<'_>, plan: &AttentionPlan, kv: &KvCache) -> Result<()> {
         let cfg = w.config;
         let dev = self.device.as_cuda_device()?;
         let b = &self.buffers;
         let rows = plan.num_tokens;
-        let (h, kvh, d, hidden, inter) = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            cfg.hidden_size,
-            cfg.intermediate_size,
-        );
-        let (qkv_width, rot_width) = ((h + 2 * kvh) * d, (h + kvh) * d);
+        let hidden = cfg.hidden_size;
         let eps = cfg.rms_norm_eps as f32;
-        let layout = *kv.layout();
         let ids = b.inputs.at(0)?;
-        let positions = b.inputs.at(b.offsets.positions)?;
-        let slots = b.inputs.at(b.offsets.slots)?;
-        let metadata = b.inputs.at(b.offsets.metadata)?;
-        let (embedded, norm_a, norm_b) = (b.embedded.at(0)?, b.norm_a.at(0)?, b.norm_b.at(0)?);
+        let embedded = b.embedded.at(0)?;
+        let (norm_a, norm_b, delta) = (b.norm_a.at(0)?, b.norm_b.at(0)?, b.delta.at(0)?);
         // The normed half of a norm buffer, for this step's rows.
         let normed_a = b.norm_a.at(rows * hidden)?;
-        let normed_b = b.norm_b.at(rows * hidden)?;
-        let (qkv, rotated, attn) = (b.qkv.at(0)?, b.rotated.at(0)?, b.attn.at(0)?);
-        let (delta, gate_up, act) = (b.delta.at(0)?, b.gate_up.at(0)?, b.act.at(0)?);
-        let workspace = (b.split_acc.at(0)?, b.split_ml.at(0)?);
-        let workspace = plan.split.map(|_| (&workspace.0, &workspace.1));
         let (cos, sin) = w.rope.tables();
-        let mm = |x: &View<'_>, linear: &crate::weights::Linear, out: &View<'_>| -> Result<()> {
-            let weight = linear.dense_weight().ok_or_else(|| {
-                ModelError::InvalidStep("a captured step needs dense weights".into())
-            })?;
-            let (n, k) = weight.dims2()?;
-            tensor_view(weight, |wv| {
-                self.matmul.rows_times_transposed(x, &wv, out, (rows, n, k))
-            })?;
-            if let Some(bias) = linear.bias() {
-                tensor_view(bias, |bv| direct::add_bias_into(dev, out, &bv, rows, n))?;
-            }
-            Ok(())
-        };
 
         tensor_view(&self.embed_table, |table| {
             direct::gather_rows_into(dev, &table, &ids, &embedded, rows, hidden)
         })?;
         tensor_view(cos, |cos| {
             tensor_view(sin, |sin| {
-                for (i, layer) in w.layers.iter().enumerate() {
-                    // The residual stream: the embeddings, then the second norm's output of
-                    // the layer before, plus its MLP's output.
-                    let (x, pending) = if i == 0 {
-                        (&embedded, None)
-                    } else {
-                        (&norm_b, Some(&delta))
-                    };
-                    tensor_view(&layer.attn_norm, |nw| {
-                        direct::add_rms_norm_into(dev, x, pending, &nw, &norm_a, rows, hidden, eps)
-                    })?;
-                    mm(&normed_a, &layer.qkv, &qkv).map_err(candle_core::Error::wrap)?;
-                    let rope = |norm: Option<(&View<'_>, &View<'_>, f32)>| {
-                        direct::rope_qk_into(
-                            dev,
-                            &qkv,
-                            qkv_width,
-                            (&cos, &sin),
-                            w.rope.max_positions(),
-                            &positions,
-                            norm,
-                            &rotated,
-                            rows,
-                            (h, kvh, d),
-                        )
-                    };
-                    match &layer.qk_norm {
-                        Some((qn, kn)) => {
-                            tensor_view(qn, |qn| tensor_view(kn, |kn| rope(Some((&qn, &kn, eps)))))?
-                        }
-                        None => rope(None)?,
-                    }
-                    let kv_layer = kv.layer_kv(i).map_err(candle_core::Error::wrap)?;
-                    tensor_view(kv_layer, |cache| {
-                        let k = b.rotated.at(h * d)?;
-                        let v = b.qkv.at((h + kvh) * d)?;
-                        direct::write_kv_into(
-                            dev,
-                            &cache,
-                            (&k, rot_width),
-                            (&v, qkv_width),
-                            &slots,
-                            rows,
-                            &layout,
-                        )?;
-                        direct::paged_attention_into(
-                            dev,
-                            plan,
-                            &metadata,
-                            (&rotated, rot_width),
-                            &cache,
-                            &layout,
-                            &attn,
-                            workspace,
-                        )
-                    })?;
-                    mm(&attn, &layer.o, &delta).map_err(candle_core::Error::wrap)?;
-                    tensor_view(&layer.ffn_norm, |nw| {
-                        direct::add_rms_norm_into(
-                            dev,
-                            &norm_a,
-                            Some(&delta),
-                            &nw,
-                            &norm_b,
-                            rows,
-                            hidden,
-                            eps,
-                        )
-                    })?;
-                    let (gate_up_w, down_w) =
-                        layer.dense_mlp().map_err(candle_core::Error::wrap)?;
-                    mm(&normed_b, gate_up_w, &gate_up).map_err(candle_core::Error::wrap)?;
-                    direct::swiglu_into(dev, &gate_up, &act, rows, inter)?;
-                    mm(&act, down_w, &delta).map_err(candle_core::Error::wrap)?;
-                }
-                Ok(())
+                let mut ops = StaticStep::new(self, w, plan, kv, (&cos, &sin))
+                    .map_err(candle_core::Error::wrap)?;
+                run_layers(&mut ops, w, kv).map_err(candle_core::Error::wrap)
             })
         })?;
         // The last MLP's output into the stream, the final norm, the logits in f32.
@@ -520,8 +421,230 @@ impl DecodeSteps {
             direct::add_rms_norm_into(dev, x, pending, &nw, &norm_a, rows, hidden, eps)
         })?;
         tensor_view(&b.logits, |logits| {
-            mm(&normed_a, w.lm_head, &logits).map_err(candle_core::Error::wrap)
+            self.linear_into(&normed_a, w.lm_head, &logits, rows)
+                .map_err(candle_core::Error::wrap)
         })?;
         Ok(())
+    }
+
+    /// `out = x linear^T (+ bias)` on `rows` rows, cuBLAS on the static buffers.
+    fn linear_into(
+        &self,
+        x: &View<'_>,
+        linear: &crate::weights::Linear,
+        out: &View<'_>,
+        rows: usize,
+    ) -> Result<()> {
+        let weight = linear
+            .dense_weight()
+            .ok_or_else(|| ModelError::InvalidStep("a captured step needs dense weights".into()))?;
+        let (n, k) = weight.dims2()?;
+        tensor_view(weight, |wv| {
+            self.matmul.rows_times_transposed(x, &wv, out, (rows, n, k))
+        })?;
+        if let Some(bias) = linear.bias() {
+            let dev = self.device.as_cuda_device()?;
+            tensor_view(bias, |bv| direct::add_bias_into(dev, out, &bv, rows, n))?;
+        }
+        Ok(())
+    }
+}
+
+/// The layer loop's stages as launches on the static buffers: the first norm of a layer
+/// writes `norm_a` (reading the embeddings for layer 0, else `norm_b`'s residual plus the
+/// pending `delta`), the second writes `norm_b` from `norm_a`'s.
+struct StaticStep<'s, 'v> {
+    steps: &'s DecodeSteps,
+    dev: &'s candle_core::CudaDevice,
+    plan: &'s AttentionPlan,
+    rope: (&'v View<'v>, &'v View<'v>),
+    max_positions: usize,
+    layout: KvLayout,
+    rows: usize,
+    /// Query heads, KV heads, head size.
+    heads: (usize, usize, usize),
+    hidden: usize,
+    intermediate: usize,
+    eps: f32,
+    v: StepViews<'s>,
+}
+
+/// The static buffers as this step's launches read and write them.
+struct StepViews<'s> {
+    positions: View<'s>,
+    slots: View<'s>,
+    metadata: View<'s>,
+    embedded: View<'s>,
+    norm_a: View<'s>,
+    norm_b: View<'s>,
+    normed_a: View<'s>,
+    normed_b: View<'s>,
+    qkv: View<'s>,
+    rotated: View<'s>,
+    /// K's rows in `rotated`, V's in `qkv`.
+    k: View<'s>,
+    v: View<'s>,
+    attn: View<'s>,
+    delta: View<'s>,
+    gate_up: View<'s>,
+    act: View<'s>,
+    split: (View<'s>, View<'s>),
+}
+
+impl<'s, 'v> StaticStep<'s, 'v> {
+    fn new(
+        steps: &'s DecodeSteps,
+        w: &ModelWeights<'_>,
+        plan: &'s AttentionPlan,
+        kv: &KvCache,
+        rope: (&'v View<'v>, &'v View<'v>),
+    ) -> Result<Self> {
+        let cfg = w.config;
+        let b = &steps.buffers;
+        let rows = plan.num_tokens;
+        let (h, kvh, d, hidden) = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.hidden_size,
+        );
+        let v = StepViews {
+            positions: b.inputs.at(b.offsets.positions)?,
+            slots: b.inputs.at(b.offsets.slots)?,
+            metadata: b.inputs.at(b.offsets.metadata)?,
+            embedded: b.embedded.at(0)?,
+            norm_a: b.norm_a.at(0)?,
+            norm_b: b.norm_b.at(0)?,
+            normed_a: b.norm_a.at(rows * hidden)?,
+            normed_b: b.norm_b.at(rows * hidden)?,
+            qkv: b.qkv.at(0)?,
+            rotated: b.rotated.at(0)?,
+            k: b.rotated.at(h * d)?,
+            v: b.qkv.at((h + kvh) * d)?,
+            attn: b.attn.at(0)?,
+            delta: b.delta.at(0)?,
+            gate_up: b.gate_up.at(0)?,
+            act: b.act.at(0)?,
+            split: (b.split_acc.at(0)?, b.split_ml.at(0)?),
+        };
+        Ok(Self {
+            steps,
+            dev: steps.device.as_cuda_device()?,
+            plan,
+            rope,
+            max_positions: w.rope.max_positions(),
+            layout: *kv.layout(),
+            rows,
+            heads: (h, kvh, d),
+            hidden,
+            intermediate: cfg.intermediate_size,
+            eps: cfg.rms_norm_eps as f32,
+            v,
+        })
+    }
+
+    fn norm(
+        &self,
+        x: &View<'_>,
+        pending: Option<&View<'_>>,
+        weight: &Tensor,
+        out: &View<'_>,
+    ) -> Result<()> {
+        let (dev, rows, hidden, eps) = (self.dev, self.rows, self.hidden, self.eps);
+        tensor_view(weight, |nw| {
+            direct::add_rms_norm_into(dev, x, pending, &nw, out, rows, hidden, eps)
+        })?;
+        Ok(())
+    }
+}
+
+impl LayerOps for StaticStep<'_, '_> {
+    fn attention_norm(&mut self, layer: usize, weight: &Tensor) -> Result<()> {
+        let v = &self.v;
+        // The residual stream: the embeddings, then the second norm's output of the layer
+        // before, plus its MLP's output.
+        let (x, pending) = if layer == 0 {
+            (&v.embedded, None)
+        } else {
+            (&v.norm_b, Some(&v.delta))
+        };
+        self.norm(x, pending, weight, &v.norm_a)
+    }
+
+    fn qkv(&mut self, linear: &Linear) -> Result<()> {
+        self.steps
+            .linear_into(&self.v.normed_a, linear, &self.v.qkv, self.rows)
+    }
+
+    fn rope(&mut self, qk_norm: Option<&(Tensor, Tensor)>) -> Result<()> {
+        let (h, kvh, d) = self.heads;
+        let v = &self.v;
+        let rope = |norm: Option<(&View<'_>, &View<'_>, f32)>| {
+            direct::rope_qk_into(
+                self.dev,
+                &v.qkv,
+                (h + 2 * kvh) * d,
+                self.rope,
+                self.max_positions,
+                &v.positions,
+                norm,
+                &v.rotated,
+                self.rows,
+                (h, kvh, d),
+            )
+        };
+        match qk_norm {
+            Some((qn, kn)) => tensor_view(qn, |qn| {
+                tensor_view(kn, |kn| rope(Some((&qn, &kn, self.eps))))
+            })?,
+            None => rope(None)?,
+        }
+        Ok(())
+    }
+
+    fn attention(&mut self, layer_kv: &Tensor) -> Result<()> {
+        let (h, kvh, d) = self.heads;
+        let v = &self.v;
+        let workspace = self.plan.split.map(|_| (&v.split.0, &v.split.1));
+        tensor_view(layer_kv, |cache| {
+            direct::write_kv_into(
+                self.dev,
+                &cache,
+                (&v.k, (h + kvh) * d),
+                (&v.v, (h + 2 * kvh) * d),
+                &v.slots,
+                self.rows,
+                &self.layout,
+            )?;
+            direct::paged_attention_into(
+                self.dev,
+                self.plan,
+                &v.metadata,
+                (&v.rotated, (h + kvh) * d),
+                &cache,
+                &self.layout,
+                &v.attn,
+                workspace,
+            )
+        })?;
+        Ok(())
+    }
+
+    fn output(&mut self, linear: &Linear) -> Result<()> {
+        self.steps
+            .linear_into(&self.v.attn, linear, &self.v.delta, self.rows)
+    }
+
+    fn mlp_norm(&mut self, weight: &Tensor) -> Result<()> {
+        let v = &self.v;
+        self.norm(&v.norm_a, Some(&v.delta), weight, &v.norm_b)
+    }
+
+    fn mlp(&mut self, gate_up: &Linear, down: &Linear) -> Result<()> {
+        let v = &self.v;
+        self.steps
+            .linear_into(&v.normed_b, gate_up, &v.gate_up, self.rows)?;
+        direct::swiglu_into(self.dev, &v.gate_up, &v.act, self.rows, self.intermediate)?;
+        self.steps.linear_into(&v.act, down, &v.delta, self.rows)
     }
 }

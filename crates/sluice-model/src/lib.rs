@@ -20,6 +20,8 @@ mod cuda_forward;
 #[cfg(feature = "cuda")]
 mod cuda_graph;
 #[cfg(feature = "cuda")]
+mod cuda_layers;
+#[cfg(feature = "cuda")]
 mod cuda_profile;
 mod embedding;
 pub mod error;
