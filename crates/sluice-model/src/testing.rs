@@ -88,8 +88,7 @@ impl Default for TinyModelSpec {
     }
 }
 
-/// The sliding window of a tiny gemma3 (or gpt-oss) model's local layers.
-pub const TINY_GEMMA_WINDOW: usize = 8;
+pub use crate::arch::export::TINY_GEMMA_WINDOW;
 
 /// Control tokens after the 256 byte tokens.
 pub const TINY_SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];

@@ -7,6 +7,9 @@ use candle_core::quantized::gguf_file::Value;
 
 use crate::config::MoeConfig;
 
+/// The sliding window of a tiny gemma3 (or gpt-oss) model's local layers.
+pub const TINY_GEMMA_WINDOW: usize = 8;
+
 /// A family's Hugging Face checkpoint, as the test writer lays it out.
 #[derive(Debug)]
 pub(crate) struct HfCheckpoint {

@@ -160,7 +160,7 @@ impl Family for Gemma3 {
             ("rope.freq_base", Value::F32(1_000_000.0)),
             (
                 "attention.sliding_window",
-                Value::U32(crate::testing::TINY_GEMMA_WINDOW as u32),
+                Value::U32(super::export::TINY_GEMMA_WINDOW as u32),
             ),
             ("attention.sliding_window_pattern", Value::U32(2)),
             ("final_logit_softcapping", Value::F32(30.0)),

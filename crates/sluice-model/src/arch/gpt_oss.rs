@@ -149,7 +149,7 @@ impl Family for GptOss {
         vec![
             (
                 "attention.sliding_window",
-                Value::U32(crate::testing::TINY_GEMMA_WINDOW as u32),
+                Value::U32(super::export::TINY_GEMMA_WINDOW as u32),
             ),
             ("rope.scaling.type", Value::String("yarn".into())),
             ("rope.scaling.factor", Value::F32(8.0)),
