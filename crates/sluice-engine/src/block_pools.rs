@@ -266,6 +266,14 @@ impl BlockPools {
         })
     }
 
+    /// Every sliding-window pool, in the groups' order.
+    pub fn windows(&self) -> impl Iterator<Item = &BlockManager> {
+        self.groups.iter().filter_map(|g| match g {
+            Group::Window { blocks, .. } => Some(blocks),
+            Group::Recurrent(_) => None,
+        })
+    }
+
     /// States of recurrent group `group` that sequences hold; `None` for another kind.
     pub fn num_used_states(&self, group: usize) -> Option<usize> {
         match self.groups.get(group) {

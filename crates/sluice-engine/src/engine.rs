@@ -196,8 +196,9 @@ impl Engine {
         metrics.window_blocks_total.set(
             scheduler
                 .block_pools()
-                .window()
-                .map_or(0, |w| w.num_blocks()) as f64,
+                .windows()
+                .map(|w| w.num_blocks())
+                .sum::<usize>() as f64,
         );
         metrics.window_blocks_used.set(0.0);
         let drafter = draft.map(|draft| {

@@ -33,7 +33,9 @@ pub mod testing;
 pub use block_manager::{
     AdapterKey, BlockId, BlockManager, BlockTable, CachedPrefix, PrefixCacheStats,
 };
-pub use block_pools::{BlockPools, KvGroupSpec, RecurrentPool, SeqBlocks, StateId, WindowPool};
+pub use block_pools::{
+    BlockPools, Holding, KvGroupSpec, RecurrentPool, SeqBlocks, StateId, WindowPool,
+};
 pub use constraint::{Constraint, ConstraintCompiler, ConstraintError};
 pub use engine::{Engine, EngineConfig, EngineError, ShutdownReport};
 pub use events::{ErrorCause, Event, FinishEvent, Timing, TokenEvent, Usage};

@@ -9,8 +9,8 @@
 //! | `sluice_requests_waiting` | gauge | sequences queued (new or preempted), plus submissions not yet taken in |
 //! | `sluice_kv_cache_blocks_used` | gauge | KV-cache blocks referenced by a sequence |
 //! | `sluice_kv_cache_blocks_capacity` | gauge | KV-cache blocks in the pool (a gauge: promtool reserves `_total` for counters) |
-//! | `sluice_kv_window_blocks_used` | gauge | blocks of the sliding-window layers' own pool referenced by a sequence (0 without one) |
-//! | `sluice_kv_window_blocks_capacity` | gauge | blocks in that pool (0 for a model without one) |
+//! | `sluice_kv_window_blocks_used` | gauge | blocks of the sliding-window layers' own pools referenced by a sequence, every window group summed (0 without one) |
+//! | `sluice_kv_window_blocks_capacity` | gauge | blocks in those pools (0 for a model without one) |
 //! | `sluice_prefix_cache_queries_total` | counter | prompt tokens looked up in the prefix cache at (re)admission |
 //! | `sluice_prefix_cache_hits_total` | counter | of those, tokens whose K/V came from cached blocks |
 //! | `sluice_preemptions_total` | counter | sequences preempted (blocks freed, recomputed later) |

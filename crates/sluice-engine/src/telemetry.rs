@@ -100,11 +100,9 @@ impl Telemetry {
         self.metrics
             .blocks_used
             .set(scheduler.num_used_blocks() as f64);
-        if let Some(window) = scheduler.block_pools().window() {
-            self.metrics
-                .window_blocks_used
-                .set(window.num_used_blocks() as f64);
-        }
+        let windows = scheduler.block_pools().windows();
+        let window_used: usize = windows.map(|w| w.num_used_blocks()).sum();
+        self.metrics.window_blocks_used.set(window_used as f64);
     }
 
     /// Counts a finished step (failed or not) and publishes everything.

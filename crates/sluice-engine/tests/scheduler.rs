@@ -3,8 +3,9 @@ mod common;
 use common::{reference_generate, tokens, Driver};
 use sluice_engine::{
     KvGroupSpec, PrefixCacheStats, RecurrentPool, Scheduler, SchedulerConfig, SchedulerError,
-    SeqId, SequenceStatus,
+    SeqId, SequenceStatus, WindowPool,
 };
+use sluice_model::GroupTables;
 
 fn config(num_blocks: usize, block_size: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -556,4 +557,77 @@ fn preemption_frees_the_adapter_slot() {
     );
     assert_eq!(d.generated[&seq(1)].len(), 40);
     assert_eq!(d.generated[&seq(2)].len(), 30);
+}
+
+#[test]
+fn every_group_gets_its_tables_in_the_step_batch() {
+    // Two windows and a recurrent group between them: each sequence of a step has a table in
+    // each paged group, beside its full one, that covers its window, and a state of its own
+    // in the recurrent one.
+    let (bs, windows) = (4, [6, 13]);
+    let mut cfg = config(256, bs);
+    let window = |window| {
+        KvGroupSpec::SlidingWindow(WindowPool {
+            num_blocks: 160,
+            window,
+        })
+    };
+    cfg.kv_groups = vec![
+        window(windows[0]),
+        KvGroupSpec::Recurrent(RecurrentPool { num_states: 3 }),
+        window(windows[1]),
+    ];
+    let mut d = Driver::new(cfg);
+    let prompts: Vec<Vec<u32>> = (0..5).map(|r| tokens(r, 20 + 7 * r as usize)).collect();
+    for (r, p) in prompts.iter().enumerate() {
+        d.sched.add_request(r as u64, p.clone(), 9, 1);
+    }
+    let mut steps = 0;
+    while d.sched.has_unfinished() {
+        d.sched.schedule();
+        d.sched.fill_step_batch(&mut d.batch);
+        let b = &d.batch;
+        assert_eq!(b.groups.len(), 3);
+        let GroupTables::Recurrent { states } = &b.groups[1] else {
+            panic!("group 1 is recurrent");
+        };
+        assert_eq!(states.len(), b.sequences.len());
+        let mut distinct = states.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), states.len(), "one state a sequence");
+        assert!(states.iter().all(|&s| s < 3));
+        for (g, window) in [(0, windows[0]), (2, windows[1])] {
+            let (slots, tables) = b.tables(Some(g));
+            assert_eq!(slots.len(), b.num_tokens());
+            assert_eq!(tables.len(), b.block_tables.len());
+            for seq in &b.sequences {
+                let table = seq.block_table(tables);
+                let first = seq.context_len - seq.query_len;
+                // The blocks the first query's window reaches are live in this group's pool.
+                let live: Vec<u32> = table[(first + 1).saturating_sub(window) / bs..].to_vec();
+                assert!(
+                    live.iter().all(|&blk| (blk as usize) < 160),
+                    "group {g}: {live:?}"
+                );
+                let rows = seq.query_start..seq.query_start + seq.query_len;
+                for (&slot, &pos) in slots[rows.clone()].iter().zip(&b.positions[rows]) {
+                    let pos = pos as usize;
+                    let expected = table[pos / bs] * bs as u32 + (pos % bs) as u32;
+                    assert_eq!(slot, expected, "group {g}, position {pos}");
+                }
+            }
+        }
+        d.execute();
+        steps += 1;
+        assert!(steps < 500, "not done");
+    }
+    for (r, p) in prompts.iter().enumerate() {
+        let id = seq(r as u64);
+        assert_eq!(
+            d.generated[&id],
+            reference_generate(id, p, 9, false),
+            "request {r}"
+        );
+    }
 }

@@ -318,17 +318,6 @@ impl<R, S> Scheduler<R, S> {
         if config.max_model_len < 2 {
             return invalid("max_model_len must be at least 2 (one prompt token, one generated)");
         }
-        let windows = config
-            .kv_groups
-            .iter()
-            .filter(|g| matches!(g, KvGroupSpec::SlidingWindow(_)))
-            .count();
-        if windows > 1 {
-            // The step batch carries one table beside the full one.
-            return invalid(
-                "at most one sliding-window group (the step batch has one window table)",
-            );
-        }
         if config.kv_groups.len() > crate::block_pools::MAX_GROUPS {
             return invalid("too many layer groups");
         }
