@@ -101,14 +101,7 @@ fn a_tight_pool_preempts_and_everything_still_completes_with_the_same_tokens() {
         d.sched.num_preemptions() > 0,
         "the pool was meant to be tight"
     );
-    for (r, p) in prompts.iter().enumerate() {
-        let id = seq(r as u64);
-        assert_eq!(
-            d.generated[&id],
-            reference_generate(id, p, 14, false),
-            "request {r}"
-        );
-    }
+    d.assert_same_as_alone(&prompts, 14);
     d.sched.check_invariants().unwrap();
 }
 
@@ -390,14 +383,7 @@ fn a_recurrent_group_runs_as_many_sequences_as_it_has_states_and_no_cached_prefi
     );
     assert_eq!(d.sched.prefix_cache_stats().hits, 0);
     assert_eq!(d.sched.block_pools().num_used_states(0), Some(0));
-    for (r, p) in prompts.iter().enumerate() {
-        let id = seq(r as u64);
-        assert_eq!(
-            d.generated[&id],
-            reference_generate(id, p, 6, false),
-            "request {r}"
-        );
-    }
+    d.assert_same_as_alone(&prompts, 6);
 }
 
 #[test]
@@ -415,14 +401,7 @@ fn many_requests_at_once_give_the_same_tokens_as_each_alone() {
     }
     d.run_to_completion(10_000);
     assert_eq!(d.finished.len(), 32);
-    for (r, p) in prompts.iter().enumerate() {
-        let id = seq(r as u64);
-        assert_eq!(
-            d.generated[&id],
-            reference_generate(id, p, 24, true),
-            "request {r}"
-        );
-    }
+    d.assert_same_as_alone(&prompts, 24);
 }
 
 #[test]
@@ -582,7 +561,6 @@ fn every_group_gets_its_tables_in_the_step_batch() {
     for (r, p) in prompts.iter().enumerate() {
         d.sched.add_request(r as u64, p.clone(), 9, 1);
     }
-    let mut steps = 0;
     while d.sched.has_unfinished() {
         d.sched.schedule();
         d.sched.fill_step_batch(&mut d.batch);
@@ -605,7 +583,7 @@ fn every_group_gets_its_tables_in_the_step_batch() {
                 let table = seq.block_table(tables);
                 let first = seq.context_len - seq.query_len;
                 // The blocks the first query's window reaches are live in this group's pool.
-                let live: Vec<u32> = table[(first + 1).saturating_sub(window) / bs..].to_vec();
+                let live = &table[(first + 1).saturating_sub(window) / bs..];
                 assert!(
                     live.iter().all(|&blk| (blk as usize) < 160),
                     "group {g}: {live:?}"
@@ -619,15 +597,7 @@ fn every_group_gets_its_tables_in_the_step_batch() {
             }
         }
         d.execute();
-        steps += 1;
-        assert!(steps < 500, "not done");
+        assert!(d.steps < 500, "not done");
     }
-    for (r, p) in prompts.iter().enumerate() {
-        let id = seq(r as u64);
-        assert_eq!(
-            d.generated[&id],
-            reference_generate(id, p, 9, false),
-            "request {r}"
-        );
-    }
+    d.assert_same_as_alone(&prompts, 9);
 }

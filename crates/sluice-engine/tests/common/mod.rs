@@ -278,6 +278,19 @@ impl Driver {
         }
         assert_eq!(self.sched.num_used_blocks(), 0, "blocks leaked");
     }
+
+    /// Request `r` (sequence `r`, prompt `prompts[r]`) generated what it generates alone:
+    /// batching, preemption and the cache groups changed no token.
+    pub fn assert_same_as_alone(&self, prompts: &[Vec<u32>], max_tokens: usize) {
+        for (r, p) in prompts.iter().enumerate() {
+            let id = SeqId::new(r as u64, 0);
+            assert_eq!(
+                self.generated[&id],
+                reference_generate(id, p, max_tokens, self.eos),
+                "request {r}"
+            );
+        }
+    }
 }
 
 /// A deterministic pseudo-random token stream, for prompts.
