@@ -260,10 +260,7 @@ impl BlockPools {
 
     /// The (first) sliding-window pool, if the model has one.
     pub fn window(&self) -> Option<&BlockManager> {
-        self.groups.iter().find_map(|g| match g {
-            Group::Window { blocks, .. } => Some(blocks),
-            Group::Recurrent(_) => None,
-        })
+        self.windows().next()
     }
 
     /// Every sliding-window pool, in the groups' order.
