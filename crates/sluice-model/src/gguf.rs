@@ -38,6 +38,29 @@ pub struct GgufFile {
     file: File,
 }
 
+/// A shard of a split GGUF (llama.cpp's `split.count` > 1) holds only some tensors; sluice
+/// loads one file, so it says how to make one rather than failing on the first missing tensor.
+fn refuse_split(path: &Path, content: &Content) -> Result<()> {
+    let count = match content.metadata.get("split.count") {
+        Some(Value::U16(n)) => u64::from(*n),
+        Some(Value::U32(n)) => u64::from(*n),
+        Some(Value::U64(n)) => *n,
+        Some(Value::I32(n)) => u64::try_from(*n).unwrap_or(0),
+        _ => return Ok(()),
+    };
+    if count <= 1 {
+        return Ok(());
+    }
+    Err(ModelError::Unsupported {
+        path: path.to_path_buf(),
+        what: format!(
+            "split GGUF ({count} shards): sluice loads one file; merge the shards with \
+             llama.cpp's `llama-gguf-split --merge FIRST-SHARD.gguf MERGED.gguf` and serve \
+             MERGED.gguf"
+        ),
+    })
+}
+
 impl GgufFile {
     /// Opens and maps the file, and checks every tensor's type, shape and extent against the
     /// file before anything is read: a truncated or inconsistent file is an error naming the
@@ -69,6 +92,7 @@ impl GgufFile {
                 reason,
             })
         })?;
+        refuse_split(&path, &content)?;
         let len = file.metadata().map_err(io)?.len();
         check_extents(&path, &content, &mxfp4, len)?;
         // SAFETY: the map is only read, within the extents checked above against the file's

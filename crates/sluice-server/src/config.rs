@@ -83,10 +83,16 @@ macro_rules! config_keys {
 }
 
 config_keys! {
-    /// GGUF model file, or Hugging Face model directory (config.json, tokenizer.json,
-    /// *.safetensors) [default: models/SmolLM2-135M-Instruct.Q4_1.gguf].
+    /// GGUF model file, Hugging Face model directory (config.json, tokenizer.json,
+    /// *.safetensors), or a hub name `ORG/NAME[:QUANT]` fetched into the Hugging Face cache
+    /// (docs/models.md) [default: models/SmolLM2-135M-Instruct.Q4_1.gguf].
     model: PathBuf = PathBuf::from(DEFAULT_MODEL);
-    flag PathBuf, #[arg(long, env = "SLUICE_MODEL", value_name = "PATH")]
+    flag PathBuf, #[arg(long, env = "SLUICE_MODEL", value_name = "PATH|ORG/NAME[:QUANT]")]
+
+    /// The hub revision (branch, tag or commit) a hub name is fetched at, for the model and
+    /// a `draft:` model alike [default: main].
+    revision: String = sluice_hub::DEFAULT_REVISION.into();
+    flag String, #[arg(long, env = "SLUICE_REVISION", value_name = "REV")]
 
     /// Model id clients use and `/v1/models` lists [default: the model file name without
     /// extension, or the directory name].
@@ -460,9 +466,13 @@ impl Config {
     }
 }
 
-/// `models/SmolLM2-135M-Instruct.Q4_1.gguf` is served as `SmolLM2-135M-Instruct.Q4_1`, and a
-/// Hugging Face directory `models/Qwen2.5-0.5B-Instruct/` as `Qwen2.5-0.5B-Instruct`.
+/// `models/SmolLM2-135M-Instruct.Q4_1.gguf` is served as `SmolLM2-135M-Instruct.Q4_1`, a
+/// Hugging Face directory `models/Qwen2.5-0.5B-Instruct/` as `Qwen2.5-0.5B-Instruct`, and a hub
+/// name as written (`Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q8_0`, as vLLM serves `org/name`).
 fn default_served_name(model: &Path) -> String {
+    if let sluice_hub::ModelRef::Hub(name) = sluice_hub::ModelRef::classify(model) {
+        return name.to_string();
+    }
     let name = if model.is_dir() {
         model.file_name()
     } else {
@@ -986,7 +996,24 @@ mod tests {
         flags_sorted.sort();
         keys_sorted.sort();
         assert_eq!(flags_sorted, keys_sorted);
-        assert_eq!(flags.len(), 37, "{flags:?}");
+        assert_eq!(flags.len(), 38, "{flags:?}");
+    }
+
+    /// A hub name is served as written; a path by its file's stem.
+    #[test]
+    fn a_hub_name_is_served_as_written() {
+        let c = Config::from_layers(
+            None,
+            &args(&["--model", "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q8_0"]),
+        )
+        .unwrap();
+        assert_eq!(
+            c.served_model_name(),
+            "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q8_0"
+        );
+        assert_eq!(c.revision, "main");
+        let c = Config::from_layers(None, &args(&["--model", "models/absent.gguf"])).unwrap();
+        assert_eq!(c.served_model_name(), "absent");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 mod allocator;
 
 use clap::{Parser, Subcommand};
-use sluice_server::commands::{generate, synth};
+use sluice_server::commands::{generate, hub_cache, synth};
 
 #[derive(Parser)]
 #[command(
@@ -27,6 +27,11 @@ enum Command {
     /// Write a random-weight GGUF model of a real model's shape, in any format, for benchmarks
     /// on machines that can download nothing.
     Synth(synth::SynthArgs),
+    /// Download a model from the Hugging Face hub into its cache (HF_HUB_CACHE, HF_HOME) and
+    /// print the path `--model` loads; `serve --model ORG/NAME` does the same on its own.
+    Pull(hub_cache::PullArgs),
+    /// List the models the Hugging Face cache holds, with their sizes.
+    Models(hub_cache::ModelsArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -35,15 +40,26 @@ fn main() -> anyhow::Result<()> {
         // The server sets up its own logging from its configuration.
         Command::Serve(args) => sluice_server::commands::serve::run(*args),
         Command::Generate(args) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-                        .unwrap_or_else(|_| "warn".into()),
-                )
-                .with_writer(std::io::stderr)
-                .init();
+            log_to_stderr("warn");
             generate::run(args)
         }
         Command::Synth(args) => synth::run(args),
+        Command::Pull(args) => {
+            log_to_stderr("info");
+            hub_cache::pull(args)
+        }
+        Command::Models(args) => hub_cache::models(args),
     }
+}
+
+/// Log lines at `level` and above (or as `SLUICE_LOG` says) to stderr, leaving stdout to what
+/// the command prints.
+fn log_to_stderr(level: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+                .unwrap_or_else(|_| level.into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
 }

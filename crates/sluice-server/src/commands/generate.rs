@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::KvCacheDtype;
+use crate::engine::hub;
 use crate::engine::load::{dated, load_model, LoadedModel};
 use anyhow::{bail, Context};
 use sluice_engine::{
@@ -20,14 +21,18 @@ const BLOCK_SIZE: usize = 16;
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
-    /// GGUF model file, or Hugging Face model directory (config.json, tokenizer.json,
-    /// *.safetensors).
+    /// GGUF model file, Hugging Face model directory (config.json, tokenizer.json,
+    /// *.safetensors), or hub name `ORG/NAME[:QUANT]` (fetched into the Hugging Face cache).
     #[arg(
         long,
         env = "SLUICE_MODEL",
-        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        value_name = "PATH|ORG/NAME[:QUANT]"
     )]
     model: PathBuf,
+    /// The hub revision a hub name is fetched at.
+    #[arg(long, default_value = sluice_hub::DEFAULT_REVISION, value_name = "REV")]
+    revision: String,
     /// The prompt text (a user message with --chat).
     #[arg(long)]
     prompt: String,
@@ -75,7 +80,11 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         model,
         tokenizer,
         chat_template,
-    } = load_model(&args.model, args.weights, KvCacheDtype::F16)?;
+    } = load_model(
+        &hub::resolve_blocking(&args.model, &args.revision)?,
+        args.weights,
+        KvCacheDtype::F16,
+    )?;
     let load_time = load_start.elapsed();
 
     let prompt = if args.chat {

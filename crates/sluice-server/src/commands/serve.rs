@@ -8,6 +8,7 @@ use tokio::net::TcpListener;
 use crate::commands::shutdown::{self, Drained, Signals};
 use crate::config::{Config, ServeArgs};
 use crate::edge::http::HttpServer;
+use crate::engine::hub;
 use crate::engine::load::{self, ModelSettings};
 use crate::engine::state::AppState;
 use crate::observe::kv_events::{KvEventPublisher, Medium, PublisherSettings};
@@ -70,7 +71,38 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         None => None,
     };
 
-    let settings = ModelSettings::from_config(&config);
+    let mut settings = ModelSettings::from_config(&config);
+    // A hub name becomes files in the cache first (downloaded if missing; /health shows how
+    // far), then loads as a path does.
+    let progress = sluice_hub::DownloadProgress::new();
+    state.track_download(progress.clone());
+    let fetch = async {
+        settings.model = hub::resolve(&settings.model, &config.revision, &progress).await?;
+        if let Some(draft) = &settings.draft_model {
+            let draft = hub::resolve(
+                draft,
+                &config.revision,
+                &sluice_hub::DownloadProgress::new(),
+            )
+            .await
+            .context("the draft model")?;
+            settings.draft_model = Some(draft);
+        }
+        anyhow::Ok(())
+    };
+    let fetched = tokio::select! {
+        fetched = fetch => fetched,
+        signal = signals.recv() => {
+            tracing::info!(signal, "shutdown requested while fetching the model");
+            server.shutdown(CLOSE_GRACE).await;
+            upkeep.abort();
+            return Ok(());
+        }
+    };
+    if let Err(e) = fetched {
+        server.shutdown(CLOSE_GRACE).await;
+        return Err(e);
+    }
     let loading = tokio::task::spawn_blocking(move || load::load(&settings));
     let loaded = tokio::select! {
         loaded = loading => loaded,

@@ -1,5 +1,5 @@
 //! The glue between the HTTP handlers and the engine: the served model and what handlers
-//! share ([`state`]), loading it ([`load`]), an API's fields made into the engine's request
+//! share ([`state`]), finding it by hub name ([`hub`]), loading it ([`load`]), an API's fields made into the engine's request
 //! ([`fields`]), requests validated, submitted and their events merged ([`generation`]),
 //! log-probabilities in OpenAI's shapes ([`logprobs`]), the LoRA adapters served ([`lora`]), and CPU work kept off the async
 //! workers ([`blocking`]). Handlers never touch tensors; this is as close as they get.
@@ -7,6 +7,7 @@
 pub mod blocking;
 pub mod fields;
 pub mod generation;
+pub mod hub;
 pub mod load;
 pub mod logprobs;
 pub mod lora;

@@ -125,6 +125,8 @@ impl ServedModel {
 
 struct Inner {
     model: OnceLock<Arc<ServedModel>>,
+    /// The model's download while it is fetched from the hub (`/health` shows it).
+    download: OnceLock<sluice_hub::DownloadProgress>,
     draining: AtomicBool,
     in_flight: AtomicUsize,
     /// Longest time a client may take to send its request body.
@@ -142,6 +144,7 @@ impl AppState {
         Self {
             inner: Arc::new(Inner {
                 model: OnceLock::new(),
+                download: OnceLock::new(),
                 draining: AtomicBool::new(false),
                 in_flight: AtomicUsize::new(0),
                 body_timeout,
@@ -155,6 +158,15 @@ impl AppState {
         if self.inner.model.set(Arc::new(model)).is_err() {
             tracing::warn!("a model was already being served; keeping the first");
         }
+    }
+
+    /// Where `/health` reads the download's progress from while the model is fetched.
+    pub fn track_download(&self, progress: sluice_hub::DownloadProgress) {
+        let _ = self.inner.download.set(progress);
+    }
+
+    pub fn download(&self) -> Option<&sluice_hub::DownloadProgress> {
+        self.inner.download.get()
     }
 
     /// The served model, or the 503 a client gets while it loads or while the server drains.

@@ -1,6 +1,7 @@
-//! `GET /health`: 200 once the model is loaded and its engine runs; 503 while it loads, while
-//! the server drains for shutdown, and if the engine thread has stopped (so a load balancer or
-//! an orchestrator stops sending traffic, or restarts the process).
+//! `GET /health`: 200 once the model is loaded and its engine runs; 503 while it downloads or
+//! loads (the body says how far a download is), while the server drains for shutdown, and if
+//! the engine thread has stopped (so a load balancer or an orchestrator stops sending traffic,
+//! or restarts the process).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -19,7 +20,15 @@ pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) 
             return (StatusCode::OK, Json(json!({"status": "ok"})));
         }
     } else {
-        "loading"
+        match state.download().map(|d| d.snapshot()) {
+            Some(download) if !download.finished => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Json(json!({ "status": "downloading", "download": download })),
+                )
+            }
+            _ => "loading",
+        }
     };
     (
         StatusCode::SERVICE_UNAVAILABLE,
