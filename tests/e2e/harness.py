@@ -55,11 +55,20 @@ def free_port() -> int:
 class SluiceServer:
     """One `sluice serve` child process on 127.0.0.1 with its log in a temp file."""
 
-    def __init__(self, *args: str, name: str = "sluice", model: Path | None = None):
+    def __init__(
+        self,
+        *args: str,
+        name: str = "sluice",
+        model: Path | str | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.args = list(args)
         self.name = name
-        # The model file or Hugging Face directory to serve (default: MODEL).
-        self.model = Path(model) if model is not None else MODEL
+        # The model file or Hugging Face directory to serve (default: MODEL); a str is a hub
+        # name (test_hub.py), fetched by the server itself.
+        self.model = model if isinstance(model, str) else Path(model) if model else MODEL
+        # Variables set for this server beside the environment's (HF_ENDPOINT, HF_HOME...).
+        self.env = dict(env or {})
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self._logdir = tempfile.TemporaryDirectory(prefix=f"sluice-e2e-{name}-")
@@ -86,17 +95,18 @@ class SluiceServer:
             *self.args,
         ]
 
-    def start(self, timeout: float = STARTUP_TIMEOUT_S) -> "SluiceServer":
+    def start(self, timeout: float = STARTUP_TIMEOUT_S, wait: bool = True) -> "SluiceServer":
         if not BINARY.is_file():
             raise AssertionError(
                 f"{BINARY} does not exist: build it first with "
                 "`cargo build --release -p sluice-server` (scripts/test.sh does)"
             )
-        if not self.model.exists():
+        if isinstance(self.model, Path) and not self.model.exists():
             raise AssertionError(f"{self.model} does not exist: run ./scripts/fetch-model.sh")
         # The server reads SLUICE_* variables as configuration: only the flags given here count.
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         env.setdefault("RUST_BACKTRACE", "1")
+        env.update(self.env)
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             self.command(),
@@ -108,7 +118,8 @@ class SluiceServer:
             cwd=self._logdir.name,
         )
         log.close()
-        self.wait_healthy(timeout)
+        if wait:
+            self.wait_healthy(timeout)
         return self
 
     def wait_healthy(self, timeout: float) -> None:
