@@ -914,3 +914,32 @@ impl LlamaModel {
         Self::build(config, &mut source, options)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard of a split GGUF is refused at open, naming the merge that makes one file.
+    #[test]
+    fn a_split_gguf_shard_is_refused_with_the_merge_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m-Q8_0-00001-of-00003.gguf");
+        let tensor = Tensor::zeros((4, 32), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&tensor, GgmlDType::F32).unwrap();
+        let meta = [
+            ("general.architecture", Value::String("llama".into())),
+            ("split.no", Value::U16(0)),
+            ("split.count", Value::U16(3)),
+        ];
+        let meta: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+        let mut file = File::create(&path).unwrap();
+        candle_core::quantized::gguf_file::write(&mut file, &meta, &[("token_embd.weight", &q)])
+            .unwrap();
+        drop(file);
+        let err = GgufFile::open(&path).err().expect("refused").to_string();
+        assert!(
+            err.contains("split GGUF (3 shards)") && err.contains("llama-gguf-split --merge"),
+            "{err}"
+        );
+    }
+}
