@@ -75,11 +75,13 @@ def test_chat_and_completion_answer_and_stream_the_same_text(moe_client):
 def test_metrics_count_parameters_experts_and_the_share_read(moe_server, moe_client):
     moe_client.completions.create(model=MOE.stem, prompt="metrics", max_tokens=4)
     text = moe_server.metrics_text()
+    # Each series is labelled with its model's served name and its kind.
     samples = {(n, labels): v for n, labels, v in parse_metrics(text)}
-    assert samples[("sluice_model_experts", '{kind="total"}')] == 8, text
-    assert samples[("sluice_model_experts", '{kind="per_token"}')] == 2, text
-    total = samples[("sluice_model_parameters", '{kind="total"}')]
-    active = samples[("sluice_model_parameters", '{kind="active"}')]
+    model = f'model="{MOE.stem}"'
+    assert samples[("sluice_model_experts", "{" + model + ',kind="total"}')] == 8, text
+    assert samples[("sluice_model_experts", "{" + model + ',kind="per_token"}')] == 2, text
+    total = samples[("sluice_model_parameters", "{" + model + ',kind="total"}')]
+    active = samples[("sluice_model_parameters", "{" + model + ',kind="active"}')]
     assert 0 < active < total
     count = metric_value(text, "sluice_moe_expert_weights_read_ratio_count")
     assert count and count > 0, text

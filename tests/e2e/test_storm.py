@@ -245,6 +245,7 @@ def _samples(text: str, name: str):
 
 
 def _series(text: str, series: str) -> float:
+    """The sum of `name{label}`'s samples whose labels hold `label` (beside `model`)."""
     name, _, rest = series.partition("{")
-    labels = "{" + rest
-    return sum(v for _, l, v in _samples(text, name) if l == labels)
+    label = rest.rstrip("}")
+    return sum(v for _, l, v in _samples(text, name) if label in l)

@@ -46,6 +46,9 @@ pub struct EngineConfig {
     /// A `max_tokens` past what the context leaves: lowered to it, or refused
     /// (`--max-tokens-policy`).
     pub max_tokens_policy: MaxTokensPolicy,
+    /// The `model` label of this engine's metrics (the served name): several engines in one
+    /// process each record their own series.
+    pub metrics_model: String,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +63,7 @@ impl Default for EngineConfig {
             kv_events: false,
             max_loras: 0,
             max_tokens_policy: MaxTokensPolicy::Clamp,
+            metrics_model: String::new(),
         }
     }
 }
@@ -191,7 +195,7 @@ impl Engine {
         };
         let (commands, command_rx) = channel();
         let (exited_tx, exited) = channel();
-        let metrics = EngineMetrics::register();
+        let metrics = EngineMetrics::register(&config.metrics_model);
         metrics.blocks_total.set(num_blocks as f64);
         metrics.window_blocks_total.set(
             scheduler

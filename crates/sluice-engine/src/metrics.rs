@@ -143,7 +143,9 @@ pub(crate) struct EngineMetrics {
 }
 
 impl EngineMetrics {
-    pub fn register() -> Self {
+    /// Every series carries `model` (the served name), so engines of several models in one
+    /// process record apart.
+    pub fn register(model: &str) -> Self {
         describe_gauge!(REQUESTS_RUNNING, "Sequences running (holding KV blocks).");
         describe_gauge!(REQUESTS_WAITING, "Sequences waiting to be scheduled.");
         describe_gauge!(KV_CACHE_BLOCKS_USED, "KV-cache blocks in use.");
@@ -238,36 +240,36 @@ impl EngineMetrics {
             "A mixture-of-experts step's share of the experts' weights it read."
         );
         Self {
-            running: gauge!(REQUESTS_RUNNING),
-            waiting: gauge!(REQUESTS_WAITING),
-            blocks_used: gauge!(KV_CACHE_BLOCKS_USED),
-            blocks_total: gauge!(KV_CACHE_BLOCKS_CAPACITY),
-            window_blocks_used: gauge!(KV_WINDOW_BLOCKS_USED),
-            window_blocks_total: gauge!(KV_WINDOW_BLOCKS_CAPACITY),
-            prefix_queries: counter!(PREFIX_CACHE_QUERIES),
-            prefix_hits: counter!(PREFIX_CACHE_HITS),
-            preemptions: counter!(PREEMPTIONS),
-            prompt_tokens: counter!(PROMPT_TOKENS),
-            generation_tokens: counter!(GENERATION_TOKENS),
+            running: gauge!(REQUESTS_RUNNING, "model" => model.to_string()),
+            waiting: gauge!(REQUESTS_WAITING, "model" => model.to_string()),
+            blocks_used: gauge!(KV_CACHE_BLOCKS_USED, "model" => model.to_string()),
+            blocks_total: gauge!(KV_CACHE_BLOCKS_CAPACITY, "model" => model.to_string()),
+            window_blocks_used: gauge!(KV_WINDOW_BLOCKS_USED, "model" => model.to_string()),
+            window_blocks_total: gauge!(KV_WINDOW_BLOCKS_CAPACITY, "model" => model.to_string()),
+            prefix_queries: counter!(PREFIX_CACHE_QUERIES, "model" => model.to_string()),
+            prefix_hits: counter!(PREFIX_CACHE_HITS, "model" => model.to_string()),
+            preemptions: counter!(PREEMPTIONS, "model" => model.to_string()),
+            prompt_tokens: counter!(PROMPT_TOKENS, "model" => model.to_string()),
+            generation_tokens: counter!(GENERATION_TOKENS, "model" => model.to_string()),
             success: FinishReason::ALL
-                .map(|r| counter!(REQUEST_SUCCESS, "finish_reason" => r.as_str())),
-            step_failures: counter!(STEP_FAILURES),
-            time_to_first_token: histogram!(TIME_TO_FIRST_TOKEN),
-            inter_token_latency: histogram!(INTER_TOKEN_LATENCY),
-            e2e_latency: histogram!(E2E_REQUEST_LATENCY),
-            queue_time: histogram!(REQUEST_QUEUE_TIME),
-            tokens_per_step: histogram!(TOKENS_PER_STEP),
-            step_duration: histogram!(STEP_DURATION),
-            mask_duration: histogram!(CONSTRAINT_MASK_DURATION),
-            spec_drafts: counter!(SPEC_DRAFTS),
-            spec_draft_tokens: counter!(SPEC_DRAFT_TOKENS),
-            spec_accepted_tokens: counter!(SPEC_ACCEPTED_TOKENS),
-            spec_ineligible: counter!(SPEC_INELIGIBLE),
-            draft_model_failures: counter!(SPEC_DRAFT_MODEL_FAILURES),
-            draft_blocks_used: gauge!(DRAFT_KV_CACHE_BLOCKS_USED),
-            kv_event_batches: counter!(KV_EVENT_BATCHES),
-            kv_events_dropped: counter!(KV_EVENTS_DROPPED, "reason" => "queue"),
-            expert_share: histogram!(MOE_EXPERT_SHARE),
+                .map(|r| counter!(REQUEST_SUCCESS, "model" => model.to_string(), "finish_reason" => r.as_str())),
+            step_failures: counter!(STEP_FAILURES, "model" => model.to_string()),
+            time_to_first_token: histogram!(TIME_TO_FIRST_TOKEN, "model" => model.to_string()),
+            inter_token_latency: histogram!(INTER_TOKEN_LATENCY, "model" => model.to_string()),
+            e2e_latency: histogram!(E2E_REQUEST_LATENCY, "model" => model.to_string()),
+            queue_time: histogram!(REQUEST_QUEUE_TIME, "model" => model.to_string()),
+            tokens_per_step: histogram!(TOKENS_PER_STEP, "model" => model.to_string()),
+            step_duration: histogram!(STEP_DURATION, "model" => model.to_string()),
+            mask_duration: histogram!(CONSTRAINT_MASK_DURATION, "model" => model.to_string()),
+            spec_drafts: counter!(SPEC_DRAFTS, "model" => model.to_string()),
+            spec_draft_tokens: counter!(SPEC_DRAFT_TOKENS, "model" => model.to_string()),
+            spec_accepted_tokens: counter!(SPEC_ACCEPTED_TOKENS, "model" => model.to_string()),
+            spec_ineligible: counter!(SPEC_INELIGIBLE, "model" => model.to_string()),
+            draft_model_failures: counter!(SPEC_DRAFT_MODEL_FAILURES, "model" => model.to_string()),
+            draft_blocks_used: gauge!(DRAFT_KV_CACHE_BLOCKS_USED, "model" => model.to_string()),
+            kv_event_batches: counter!(KV_EVENT_BATCHES, "model" => model.to_string()),
+            kv_events_dropped: counter!(KV_EVENTS_DROPPED, "model" => model.to_string(), "reason" => "queue"),
+            expert_share: histogram!(MOE_EXPERT_SHARE, "model" => model.to_string()),
         }
     }
 

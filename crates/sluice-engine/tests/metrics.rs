@@ -62,7 +62,14 @@ fn every_metric_is_recorded_with_the_right_counts() {
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
         let (_, k) = key.into_parts();
         let mut name = k.name().to_string();
-        for label in k.labels() {
+        // Every series carries the engine's `model` label (empty here: the config names none);
+        // the keys below leave it out.
+        assert!(
+            k.labels()
+                .any(|l| l.key() == "model" && l.value().is_empty()),
+            "{name} has no model label"
+        );
+        for label in k.labels().filter(|l| l.key() != "model") {
             name.push_str(&format!("{{{}={}}}", label.key(), label.value()));
         }
         match value {

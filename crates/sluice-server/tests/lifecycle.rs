@@ -207,13 +207,20 @@ async fn an_engine_failure_is_an_error_never_a_hang() {
     let (status, _, body) = t.get("/metrics").await;
     assert_eq!(status, StatusCode::OK);
     let text = String::from_utf8_lossy(&body);
-    let value = |series: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
+    // Summed over the series of `name` whose labels hold `label` (every engine series also
+    // carries `model`).
+    let value = |name: &str, label: &str| -> f64 {
+        let values: Vec<f64> = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+            .filter(|l| l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect();
+        assert!(!values.is_empty(), "no {name} {label} in /metrics:\n{text}");
+        values.iter().sum()
     };
-    assert!(value("sluice_engine_step_failures_total ") >= 2.0);
-    assert!(value("sluice_request_success_total{finish_reason=\"error\"} ") >= 2.0);
+    assert!(value("sluice_engine_step_failures_total", "model=") >= 2.0);
+    assert!(value("sluice_request_success_total", "finish_reason=\"error\"") >= 2.0);
 }
 
 #[tokio::test]

@@ -49,18 +49,25 @@ async fn a_mixture_says_what_it_is_on_models_and_metrics() {
     let (status, _, body) = t.get("/metrics").await;
     assert_eq!(status, StatusCode::OK);
     let text = String::from_utf8(body.to_vec()).unwrap();
-    for line in [
-        "sluice_model_experts{kind=\"total\"} 8".to_string(),
-        "sluice_model_experts{kind=\"per_token\"} 2".to_string(),
-        format!("sluice_model_parameters{{kind=\"total\"}} {total}"),
-        format!("sluice_model_parameters{{kind=\"active\"}} {active}"),
-    ] {
-        assert!(text.contains(&line), "{line} missing from:\n{text}");
-    }
-    let count = text
-        .lines()
-        .find_map(|l| l.strip_prefix("sluice_moe_expert_weights_read_ratio_count "))
-        .unwrap_or_else(|| panic!("no expert share in:\n{text}"));
+    // A series' value by its name and one of its labels (each also carries `model`).
+    let value = |name: &str, label: &str| -> String {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name}{{model=")) && l.contains(label))
+            .and_then(|l| l.rsplit(' ').next())
+            .unwrap_or_else(|| panic!("no {name} {label} in:\n{text}"))
+            .to_string()
+    };
+    assert_eq!(value("sluice_model_experts", "kind=\"total\""), "8");
+    assert_eq!(value("sluice_model_experts", "kind=\"per_token\""), "2");
+    assert_eq!(
+        value("sluice_model_parameters", "kind=\"total\""),
+        total.to_string()
+    );
+    assert_eq!(
+        value("sluice_model_parameters", "kind=\"active\""),
+        active.to_string()
+    );
+    let count = value("sluice_moe_expert_weights_read_ratio_count", "");
     // The prompt's step and the three decode steps after it.
     assert!(count.parse::<f64>().unwrap() >= 4.0, "{count}");
 }

@@ -90,24 +90,52 @@ fn builder() -> Result<PrometheusBuilder, BuildError> {
         )
 }
 
+/// Each served model's state (`sluice_model_loaded`: 1 while loaded) and the requests waiting
+/// for it to load (`sluice_model_load_waiting`), refreshed at each scrape: `(name, loaded,
+/// waiting)` a model.
+pub fn record_models(models: &[(String, bool, usize)]) {
+    describe_gauge!(
+        MODEL_LOADED,
+        "1 while the served model is loaded (others load on first use)."
+    );
+    describe_gauge!(
+        MODEL_LOAD_WAITING,
+        "Requests waiting for the model to load, or for room under --max-loaded-models."
+    );
+    for (name, loaded, waiting) in models {
+        gauge!(MODEL_LOADED, "model" => name.clone()).set(if *loaded { 1.0 } else { 0.0 });
+        gauge!(MODEL_LOAD_WAITING, "model" => name.clone()).set(*waiting as f64);
+    }
+}
+
 /// The served model's shape as gauges: its parameters (total and active), and a mixture's
 /// experts (in a layer, per token).
-pub fn record_model(parameters: u64, active_parameters: u64, experts: Option<(usize, usize)>) {
+pub const MODEL_LOADED: &str = "sluice_model_loaded";
+pub const MODEL_LOAD_WAITING: &str = "sluice_model_load_waiting";
+
+pub fn record_model(
+    model: &str,
+    parameters: u64,
+    active_parameters: u64,
+    experts: Option<(usize, usize)>,
+) {
+    let model = model.to_string();
     describe_gauge!(
         MODEL_PARAMETERS,
         Unit::Count,
         "Parameters of the served model: total, and active (what one token multiplies by)."
     );
-    gauge!(MODEL_PARAMETERS, "kind" => "total").set(parameters as f64);
-    gauge!(MODEL_PARAMETERS, "kind" => "active").set(active_parameters as f64);
+    gauge!(MODEL_PARAMETERS, "model" => model.clone(), "kind" => "total").set(parameters as f64);
+    gauge!(MODEL_PARAMETERS, "model" => model.clone(), "kind" => "active")
+        .set(active_parameters as f64);
     if let Some((experts, per_token)) = experts {
         describe_gauge!(
             MODEL_EXPERTS,
             Unit::Count,
             "A mixture of experts: experts a layer holds (total) and a token runs (per_token)."
         );
-        gauge!(MODEL_EXPERTS, "kind" => "total").set(experts as f64);
-        gauge!(MODEL_EXPERTS, "kind" => "per_token").set(per_token as f64);
+        gauge!(MODEL_EXPERTS, "model" => model.clone(), "kind" => "total").set(experts as f64);
+        gauge!(MODEL_EXPERTS, "model" => model, "kind" => "per_token").set(per_token as f64);
     }
 }
 
