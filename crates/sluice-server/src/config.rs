@@ -85,9 +85,17 @@ macro_rules! config_keys {
 config_keys! {
     /// GGUF model file, Hugging Face model directory (config.json, tokenizer.json,
     /// *.safetensors), or a hub name `ORG/NAME[:QUANT]` fetched into the Hugging Face cache
-    /// (docs/models.md) [default: models/SmolLM2-135M-Instruct.Q4_1.gguf].
-    model: PathBuf = PathBuf::from(DEFAULT_MODEL);
-    flag PathBuf, #[arg(long, env = "SLUICE_MODEL", value_name = "PATH|ORG/NAME[:QUANT]")]
+    /// (docs/models.md). Repeat it to serve several models, each by its own name; the first
+    /// is the default and loads at start, the others when first asked for
+    /// [default: models/SmolLM2-135M-Instruct.Q4_1.gguf].
+    model: ModelPaths = ModelPaths(vec![PathBuf::from(DEFAULT_MODEL)]);
+    flag Vec<PathBuf>, #[arg(long, env = "SLUICE_MODEL", value_name = "PATH|ORG/NAME[:QUANT]")]
+
+    /// Most models loaded at once when several are served: asking for another unloads the
+    /// one least recently used that has no request running (new requests for a model being
+    /// loaded wait) [default: 0, every model].
+    max_loaded_models: usize = 0;
+    flag usize, #[arg(long, env = "SLUICE_MAX_LOADED_MODELS", value_name = "N")]
 
     /// The hub revision (branch, tag or commit) a hub name is fetched at, for the model and
     /// a `draft:` model alike [default: main].
@@ -360,7 +368,7 @@ impl Config {
             .extract()
             .map_err(|e| ConfigError::Layers(Box::new(e)))?;
         if config.served_model_name.is_none() {
-            config.served_model_name = Some(default_served_name(&config.model));
+            config.served_model_name = Some(default_served_name(config.model.first()));
         }
         // An empty key would make "Bearer " a valid credential; treat it as no key.
         config.api_key = config.api_key.filter(|k| !k.0.is_empty());
@@ -371,6 +379,24 @@ impl Config {
     /// Whether requests may name LoRA adapters: some are listed, or may be loaded at run time.
     pub fn lora_enabled(&self) -> bool {
         !self.lora_modules.0.is_empty() || self.allow_runtime_lora_updating
+    }
+
+    /// Every model served, `(path or hub name, served name)`, the default first: its name is
+    /// `--served-model-name`'s, the others' their files' (or hub names').
+    pub fn models(&self) -> Vec<(PathBuf, String)> {
+        self.model
+            .0
+            .iter()
+            .enumerate()
+            .map(|(i, path)| {
+                let name = if i == 0 {
+                    self.served_model_name().to_string()
+                } else {
+                    default_served_name(path)
+                };
+                (path.clone(), name)
+            })
+            .collect()
     }
 
     /// The model id clients use (resolved from the model's path when not given).
@@ -397,6 +423,24 @@ impl Config {
                 Ok(())
             }
         };
+        if self.model.0.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "model",
+                reason: "names no model".into(),
+            });
+        }
+        let mut names: Vec<String> = self.models().into_iter().map(|(_, n)| n).collect();
+        names.sort();
+        if let Some(pair) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(ConfigError::Invalid {
+                key: "model",
+                reason: format!(
+                    "two models would be served as `{}`: give them files of other names (the \
+                     served name is the file's stem, a directory's name or the hub name)",
+                    pair[0]
+                ),
+            });
+        }
         positive("block_size", self.block_size as u64)?;
         positive("max_num_seqs", self.max_num_seqs as u64)?;
         positive("max_num_batched_tokens", self.max_num_batched_tokens as u64)?;
@@ -481,6 +525,43 @@ fn default_served_name(model: &Path) -> String {
     name.map(|s| s.to_string_lossy().into_owned())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| model.to_string_lossy().into_owned())
+}
+
+/// `model`: one path (the file's form) or several (the flag repeated, or a list in the file).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelPaths(pub Vec<PathBuf>);
+
+impl ModelPaths {
+    /// The default model.
+    pub fn first(&self) -> &Path {
+        self.0
+            .first()
+            .map_or(Path::new(DEFAULT_MODEL), PathBuf::as_path)
+    }
+}
+
+impl Serialize for ModelPaths {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0.as_slice() {
+            [one] => one.serialize(s),
+            many => many.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ModelPaths {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            One(PathBuf),
+            Many(Vec<PathBuf>),
+        }
+        Ok(Self(match OneOrMany::deserialize(d)? {
+            OneOrMany::One(p) => vec![p],
+            OneOrMany::Many(v) => v,
+        }))
+    }
 }
 
 /// A key whose value is written as one of its names (`bf16`, `last`, `hermes`): the flag, the
@@ -801,7 +882,7 @@ mod tests {
     #[test]
     fn defaults_without_file_or_flags() {
         let c = Config::from_layers(None, &ServeArgs::default()).unwrap();
-        assert_eq!(c.model, PathBuf::from(DEFAULT_MODEL));
+        assert_eq!(c.model.0, [PathBuf::from(DEFAULT_MODEL)]);
         assert_eq!(c.served_model_name(), "SmolLM2-135M-Instruct.Q4_1");
         assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 8000));
         assert_eq!(*c.weights, WeightsKind::Auto);
@@ -996,7 +1077,7 @@ mod tests {
         flags_sorted.sort();
         keys_sorted.sort();
         assert_eq!(flags_sorted, keys_sorted);
-        assert_eq!(flags.len(), 38, "{flags:?}");
+        assert_eq!(flags.len(), 39, "{flags:?}");
     }
 
     /// A hub name is served as written; a path by its file's stem.

@@ -1,5 +1,6 @@
 //! `sluice serve`: bind, answer 503 while the model loads, serve, and drain on SIGTERM.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -10,6 +11,7 @@ use crate::config::{Config, ServeArgs};
 use crate::edge::http::HttpServer;
 use crate::engine::hub;
 use crate::engine::load::{self, ModelSettings};
+use crate::engine::registry::{Loader, ModelRegistry};
 use crate::engine::state::AppState;
 use crate::observe::kv_events::{KvEventPublisher, Medium, PublisherSettings};
 use crate::routes::{self, HttpSettings};
@@ -43,7 +45,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let server = HttpServer::spawn(listener, app, config.request_timeout());
     tracing::info!(
         address = %server.local_addr(),
-        model = %config.model.display(),
+        model = %config.model.first().display(),
         "listening; /health answers 503 until the model has loaded"
     );
     let upkeep = tokio::spawn(async move {
@@ -73,9 +75,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 
     let mut settings = ModelSettings::from_config(&config);
     // A hub name becomes files in the cache first (downloaded if missing; /health shows how
-    // far), then loads as a path does.
+    // far), then loads as a path does. Every served model is fetched before the server is
+    // ready, so that a later load on first use reads only the disk.
     let progress = sluice_hub::DownloadProgress::new();
     state.track_download(progress.clone());
+    let models = config.models();
     let fetch = async {
         settings.model = hub::resolve(&settings.model, &config.revision, &progress).await?;
         if let Some(draft) = &settings.draft_model {
@@ -88,7 +92,14 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             .context("the draft model")?;
             settings.draft_model = Some(draft);
         }
-        anyhow::Ok(())
+        let mut others = Vec::new();
+        for (path, name) in models.iter().skip(1) {
+            let path = hub::resolve(path, &config.revision, &sluice_hub::DownloadProgress::new())
+                .await
+                .with_context(|| format!("the model {name}"))?;
+            others.push(settings.for_other_model(path, name.clone()));
+        }
+        anyhow::Ok(others)
     };
     let fetched = tokio::select! {
         fetched = fetch => fetched,
@@ -99,10 +110,14 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             return Ok(());
         }
     };
-    if let Err(e) = fetched {
-        server.shutdown(CLOSE_GRACE).await;
-        return Err(e);
-    }
+    let others = match fetched {
+        Ok(others) => others,
+        Err(e) => {
+            server.shutdown(CLOSE_GRACE).await;
+            return Err(e);
+        }
+    };
+    let (default_path, default_draft) = (settings.model.clone(), settings.draft_model.clone());
     let loading = tokio::task::spawn_blocking(move || load::load(&settings));
     let loaded = tokio::select! {
         loaded = loading => loaded,
@@ -125,7 +140,6 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         }
     };
     let mut engine = loaded.engine;
-    let handle = engine.handle();
     // The publisher's task ends by itself when the engine, and with it the event queue, goes.
     if let Some(publisher) = kv_events {
         let Some(batches) = engine.take_kv_events() else {
@@ -147,8 +161,34 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         publisher.start(batches, config.block_size, medium);
     }
     let name = loaded.model.name.clone();
-    state.set_ready(loaded.model);
-    tracing::info!(address = %server.local_addr(), model = %name, "ready");
+    // The other models load on first use, each with the default's settings and its own
+    // engine; model 0 is the default, already loaded.
+    let names: Vec<String> = models.into_iter().map(|(_, name)| name).collect();
+    // The default reloads (after an unload) with its own settings, less the KV-event stream
+    // whose publisher was bound to its first engine.
+    let mut reload = ModelSettings::from_config(&config);
+    reload.model = default_path;
+    reload.draft_model = default_draft;
+    reload.engine.kv_events = false;
+    let all: Vec<ModelSettings> = std::iter::once(reload).chain(others).collect();
+    let loader: Loader = Arc::new(move |i: usize| {
+        let loaded = load::load(&all[i])?;
+        Ok((loaded.model, loaded.engine))
+    });
+    let registry = Arc::new(ModelRegistry::new(
+        names.clone(),
+        loader,
+        config.max_loaded_models,
+    ));
+    registry.insert(0, loaded.model, Some(engine));
+    state.set_models(registry.clone());
+    tracing::info!(
+        address = %server.local_addr(),
+        model = %name,
+        served = ?names,
+        max_loaded_models = config.max_loaded_models,
+        "ready"
+    );
 
     let signal = signals.recv().await;
     tracing::info!(
@@ -158,10 +198,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         "draining: refusing new requests, finishing those in flight"
     );
     state.begin_drain();
-    handle.begin_drain();
+    registry.begin_drain();
     let drained = shutdown::drain(
         &state,
-        || handle.stats().in_flight(),
+        || registry.in_flight(),
         config.drain_timeout(),
         &mut signals,
     )
@@ -172,11 +212,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         Drained::Interrupted => tracing::warn!("second signal; aborting what is left"),
     }
     // Anything still running is aborted here: its streams end with finish_reason "abort".
-    let report = tokio::task::spawn_blocking(move || engine.shutdown(Duration::ZERO))
+    let aborted = tokio::task::spawn_blocking(move || registry.shutdown())
         .await
-        .context("the engine's shutdown panicked")?;
-    if report.aborted > 0 {
-        tracing::warn!(aborted = report.aborted, "sequences aborted at shutdown");
+        .context("the engines' shutdown panicked")?;
+    if aborted > 0 {
+        tracing::warn!(aborted, "sequences aborted at shutdown");
     }
     server.shutdown(CLOSE_GRACE).await;
     upkeep.abort();

@@ -129,6 +129,21 @@ impl ApiError {
         }
     }
 
+    /// 404 naming what is served, when several models are: a client can correct its `model`.
+    pub fn model_not_served(model: &str, served: &[&str]) -> Self {
+        Self {
+            message: format!(
+                "The model `{model}` does not exist. Served here: {}.",
+                served
+                    .iter()
+                    .map(|m| format!("`{m}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            ..Self::model_not_found(model)
+        }
+    }
+
     pub fn unauthorized() -> Self {
         Self {
             code: Some("invalid_api_key"),

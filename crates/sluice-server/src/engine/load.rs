@@ -55,9 +55,10 @@ pub struct LoraSettings {
 }
 
 impl ModelSettings {
+    /// The default model's settings.
     pub fn from_config(c: &Config) -> Self {
         Self {
-            model: c.model.clone(),
+            model: c.model.first().to_path_buf(),
             served_model_name: c.served_model_name().to_string(),
             weights: *c.weights,
             cuda_graphs: *c.cuda_graphs,
@@ -90,9 +91,31 @@ impl ModelSettings {
                 kv_events: c.kv_events.is_some(),
                 max_loras: if c.lora_enabled() { c.max_loras } else { 0 },
                 max_tokens_policy: *c.max_tokens_policy,
+                metrics_model: c.served_model_name().to_string(),
                 ..EngineConfig::default()
             },
         }
+    }
+}
+
+impl ModelSettings {
+    /// Another model served beside the default one: the same settings (weights, cache budget,
+    /// limits), its own path and name; the default's draft model, adapters and KV events stay
+    /// the default's.
+    pub fn for_other_model(&self, model: PathBuf, name: String) -> Self {
+        let mut settings = self.clone();
+        settings.model = model;
+        settings.engine.metrics_model = name.clone();
+        settings.served_model_name = name;
+        settings.draft_model = None;
+        settings.lora = None;
+        settings.engine.speculation = settings
+            .engine
+            .speculation
+            .filter(|_| self.draft_model.is_none());
+        settings.engine.kv_events = false;
+        settings.engine.max_loras = 0;
+        settings
     }
 }
 
@@ -166,6 +189,7 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
         .map(|lora| lora_registry(&model, &settings.served_model_name, lora))
         .transpose()?;
     crate::observe::metrics::record_model(
+        &settings.served_model_name,
         facts.parameters as u64,
         facts.active_parameters as u64,
         facts.experts,

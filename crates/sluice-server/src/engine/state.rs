@@ -1,130 +1,19 @@
-//! What every handler shares: the served model once it has loaded, the draining flag, and the
-//! count of requests in flight that shutdown waits for.
+//! What every handler shares: the models served (their registry, once the default has loaded),
+//! the download shown while it is fetched, the draining flag, and the count of requests in
+//! flight that shutdown waits for.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use sluice_engine::{Constraint, ConstraintCompiler, EngineHandle, Grammar, ModelLimits};
-use sluice_tokenizer::tool_parser::ToolCallFormat;
-use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::edge::error::ApiError;
-use crate::engine::lora::LoraRegistry;
-use crate::observe::vllm_metrics::{CacheShape, VllmMetrics};
-
-/// The model being served, as handlers see it.
-pub struct ServedModel {
-    pub engine: EngineHandle,
-    /// The id clients send as `model` and `/v1/models` lists.
-    pub name: String,
-    /// `None` when the model has no usable chat template: chat requests are then a 400.
-    pub chat_template: Option<ChatTemplate>,
-    /// Unix seconds when the model was loaded.
-    pub created: u64,
-    /// Built at the first constrained request: it walks the whole vocabulary, which a server
-    /// that never sees one should not pay for at start.
-    constraints: OnceLock<Result<ConstraintCompiler, String>>,
-    /// `--tool-call-parser`: the format tool calls are parsed in, over the template's own.
-    pub tool_call_format: Option<ToolCallFormat>,
-    /// What the weights were loaded from (`/v1/models`' `root`): the model file's or
-    /// directory's name, never a path on this host; the served name until a loader says.
-    pub root: String,
-    /// vLLM's metric names for this model, refreshed at each scrape of `/metrics`.
-    pub vllm_metrics: VllmMetrics,
-    /// What the loader read of the model (architecture, parameters, experts), for
-    /// `/v1/models`; `None` where a test serves a model without loading one.
-    pub facts: Option<ModelFacts>,
-    /// The LoRA adapters served beside it; `None` when requests may name none.
-    pub loras: Option<Arc<LoraRegistry>>,
-}
-
-/// What `/v1/models` and `/metrics` say of the served model's shape.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModelFacts {
-    /// GGUF's name of the architecture (`llama` for Mixtral too).
-    pub architecture: &'static str,
-    pub parameters: usize,
-    /// Parameters one token multiplies by: a mixture's chosen experts only.
-    pub active_parameters: usize,
-    /// A mixture of experts: (experts a layer holds, experts a token runs).
-    pub experts: Option<(usize, usize)>,
-}
-
-impl ModelFacts {
-    pub fn of(config: &sluice_model::ModelConfig) -> Self {
-        Self {
-            architecture: config.architecture.name(),
-            parameters: config.num_parameters(),
-            active_parameters: config.active_parameters(),
-            experts: config
-                .moe
-                .as_ref()
-                .map(|m| (m.num_experts, m.num_experts_used)),
-        }
-    }
-}
-
-impl ServedModel {
-    /// Registers the model's vLLM-named metrics (labelled with `name`) with the installed
-    /// recorder, so `/metrics` lists them from the moment the model is served.
-    pub fn new(engine: EngineHandle, name: String, chat_template: Option<ChatTemplate>) -> Self {
-        let vllm_metrics = VllmMetrics::register(&name, CacheShape::of(&engine));
-        Self {
-            engine,
-            root: name.clone(),
-            name,
-            chat_template,
-            created: unix_now(),
-            constraints: OnceLock::new(),
-            tool_call_format: None,
-            vllm_metrics,
-            facts: None,
-            loras: None,
-        }
-    }
-
-    /// Compiles a request's grammar against this model's vocabulary; a grammar that does not
-    /// compile is a 400 naming `param`. Blocking (a schema can take milliseconds): call it
-    /// off the async runtime.
-    pub fn compile_constraint(
-        &self,
-        grammar: Grammar,
-        param: &str,
-    ) -> Result<Constraint, ApiError> {
-        let compiler = self
-            .constraints
-            .get_or_init(|| {
-                ConstraintCompiler::new(self.tokenizer().clone(), self.limits().vocab_size)
-                    .map_err(|e| e.to_string())
-            })
-            .as_ref()
-            .map_err(|e| ApiError::invalid(param, e.clone()))?;
-        compiler
-            .compile(grammar)
-            .map_err(|e| ApiError::invalid(param, e.to_string()))
-    }
-
-    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
-        self.engine.tokenizer()
-    }
-
-    pub fn limits(&self) -> ModelLimits {
-        self.engine.limits()
-    }
-
-    /// The most tokens one sequence can hold: the context length, or the whole KV cache when
-    /// that is smaller. This is the `max_model_len` clients are shown, and the length the
-    /// context-length error names.
-    pub fn capacity(&self) -> usize {
-        let l = self.limits();
-        l.max_model_len.min(l.kv_cache_tokens)
-    }
-}
+use crate::engine::registry::ModelRegistry;
+pub use crate::engine::served::{unix_now, ModelFacts, ServedModel};
 
 struct Inner {
-    model: OnceLock<Arc<ServedModel>>,
+    models: OnceLock<Arc<ModelRegistry>>,
     /// The model's download while it is fetched from the hub (`/health` shows it).
     download: OnceLock<sluice_hub::DownloadProgress>,
     draining: AtomicBool,
@@ -143,7 +32,7 @@ impl AppState {
     pub fn new(body_timeout: Duration, metrics: PrometheusHandle) -> Self {
         Self {
             inner: Arc::new(Inner {
-                model: OnceLock::new(),
+                models: OnceLock::new(),
                 download: OnceLock::new(),
                 draining: AtomicBool::new(false),
                 in_flight: AtomicUsize::new(0),
@@ -155,9 +44,7 @@ impl AppState {
 
     /// The model has loaded: from now on requests are served and `/health` is 200.
     pub fn set_ready(&self, model: ServedModel) {
-        if self.inner.model.set(Arc::new(model)).is_err() {
-            tracing::warn!("a model was already being served; keeping the first");
-        }
+        self.set_models(Arc::new(ModelRegistry::single(model)));
     }
 
     /// Where `/health` reads the download's progress from while the model is fetched.
@@ -169,26 +56,56 @@ impl AppState {
         self.inner.download.get()
     }
 
-    /// The served model, or the 503 a client gets while it loads or while the server drains.
+    /// The models served, the default one loaded: from now on requests are served.
+    pub fn set_models(&self, models: Arc<ModelRegistry>) {
+        if self.inner.models.set(models).is_err() {
+            tracing::warn!("models were already being served; keeping the first");
+        }
+    }
+
+    pub fn models(&self) -> Option<&Arc<ModelRegistry>> {
+        self.inner.models.get()
+    }
+
+    /// The default model, or the 503 a client gets while it loads or while the server drains.
     pub fn model(&self) -> Result<Arc<ServedModel>, ApiError> {
         if self.is_draining() {
             return Err(ApiError::unavailable("The server is shutting down."));
         }
-        self.inner
-            .model
-            .get()
-            .cloned()
+        self.loaded_model()
             .ok_or_else(|| ApiError::unavailable("The model is still loading; retry shortly."))
     }
 
-    /// The served model once loaded, draining or not (for what is still true while the server
+    /// The model a request's `model` names (the default when it names none), loaded first
+    /// if it is not; a 404 listing what is served when it names none of them.
+    pub async fn model_for(&self, requested: Option<&str>) -> Result<Arc<ServedModel>, ApiError> {
+        if self.is_draining() {
+            return Err(ApiError::unavailable("The server is shutting down."));
+        }
+        let models =
+            self.inner.models.get().ok_or_else(|| {
+                ApiError::unavailable("The model is still loading; retry shortly.")
+            })?;
+        models.get(requested).await
+    }
+
+    /// The default model once loaded, draining or not (for what is still true while the server
     /// drains, such as its metrics).
     pub fn loaded_model(&self) -> Option<Arc<ServedModel>> {
-        self.inner.model.get().cloned()
+        self.inner.models.get()?.default_model()
+    }
+
+    /// Every model loaded now.
+    pub fn loaded_models(&self) -> Vec<Arc<ServedModel>> {
+        self.inner
+            .models
+            .get()
+            .map(|m| m.loaded())
+            .unwrap_or_default()
     }
 
     pub fn is_loaded(&self) -> bool {
-        self.inner.model.get().is_some()
+        self.loaded_model().is_some()
     }
 
     /// Turns `/health` to 503 and refuses new requests; the engine is told separately.
@@ -231,10 +148,4 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.inner.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

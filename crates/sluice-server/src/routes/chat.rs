@@ -30,7 +30,7 @@ pub async fn handler(
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let model = state.model()?;
+    let model = state.model_for(req.model.as_deref()).await?;
     let (job, delivery) = job(&model, req)?;
     let ChatRun { generation, output } = pipeline::start(
         &state,

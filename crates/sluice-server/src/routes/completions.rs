@@ -31,7 +31,7 @@ pub async fn handler(
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let model = state.model()?;
+    let model = state.model_for(req.model.as_deref()).await?;
     let PreparedCompletion {
         texts,
         requests,

@@ -27,7 +27,7 @@ pub async fn handler(
     ApiJson(req): ApiJson<EmbeddingRequest>,
 ) -> Result<Json<EmbeddingResponse>, ApiError> {
     let started = Instant::now();
-    let model = state.model()?;
+    let model = state.model_for(req.model.as_deref()).await?;
     let lora = fields::check_model(req.model.as_deref(), &model)?;
     field_policy::check_extra_fields(&req.extra)?;
     let size = model.engine.embedding_size();

@@ -37,9 +37,10 @@ pub struct UnloadRequest {
     pub lora_int_id: Option<u64>,
 }
 
-/// The registry, when runtime updates are on.
-fn registry(state: &AppState, route: &str) -> Result<Arc<LoraRegistry>, ApiError> {
-    let model = state.model()?;
+/// The default model's adapters, when runtime updates are on (the default is loaded again if
+/// `--max-loaded-models` had unloaded it).
+async fn registry(state: &AppState, route: &str) -> Result<Arc<LoraRegistry>, ApiError> {
+    let model = state.model_for(None).await?;
     match &model.loras {
         Some(loras) if loras.runtime_updates => Ok(loras.clone()),
         _ => Err(ApiError::from_status(
@@ -63,7 +64,7 @@ pub async fn load(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<LoadRequest>,
 ) -> Result<String, ApiError> {
-    let loras = registry(&state, "POST /v1/load_lora_adapter")?;
+    let loras = registry(&state, "POST /v1/load_lora_adapter").await?;
     if req.lora_name.is_empty() {
         return Err(ApiError::invalid("lora_name", "lora_name is empty."));
     }
@@ -83,7 +84,7 @@ pub async fn unload(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<UnloadRequest>,
 ) -> Result<String, ApiError> {
-    let loras = registry(&state, "POST /v1/unload_lora_adapter")?;
+    let loras = registry(&state, "POST /v1/unload_lora_adapter").await?;
     let _ = req.lora_int_id;
     loras.unload(&req.lora_name).map_err(api_error)?;
     Ok(format!(

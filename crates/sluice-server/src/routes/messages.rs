@@ -39,7 +39,7 @@ pub async fn handler(
     ApiJson(req): ApiJson<MessagesRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let model = state.model()?;
+    let model = state.model_for(Some(&req.model)).await?;
     let lora = fields::check_model(Some(&req.model), &model)?;
     let chat_template_kwargs = translate::template_switches(
         model.chat_template.as_ref(),
@@ -95,7 +95,7 @@ pub async fn count_tokens(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<CountTokensRequest>,
 ) -> Result<axum::Json<CountTokensResponse>, ApiError> {
-    let model = state.model()?;
+    let model = state.model_for(Some(&req.model)).await?;
     fields::check_model(Some(&req.model), &model)?;
     let chat_template_kwargs = translate::template_switches(
         model.chat_template.as_ref(),

@@ -135,6 +135,8 @@ fn api_routes() -> RouteTable {
         .add(Method::POST, "/v1/unload_lora_adapter", lora::unload)
         .add(Method::GET, "/v1/models", models::list)
         .add(Method::GET, "/v1/models/{model}", models::retrieve)
+        .add(Method::POST, "/models/load", models::load)
+        .add(Method::POST, "/models/unload", models::unload)
         .add(Method::POST, "/tokenize", tokenize::tokenize)
         .add(Method::POST, "/detokenize", tokenize::detokenize)
         .add(Method::GET, "/debug/kv_cache", kv_cache::snapshot)

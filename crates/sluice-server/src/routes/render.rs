@@ -24,7 +24,7 @@ pub async fn completions(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Json<Vec<RenderedRequest>>, ApiError> {
-    let model = state.model()?;
+    let model = state.model_for(req.model.as_deref()).await?;
     let prepared = completions::prepare(&model, req).await?;
     let options = stream_options(prepared.stream, prepared.include_usage);
     let requests = generation::validate(&model, prepared.requests, &ParamNames::COMPLETIONS)?;
@@ -42,7 +42,7 @@ pub async fn chat(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Result<Json<RenderedRequest>, ApiError> {
-    let model = state.model()?;
+    let model = state.model_for(req.model.as_deref()).await?;
     let (job, delivery) = chat::job(&model, req)?;
     let prepared = pipeline::prepare(&model, job).await?;
     let options = stream_options(delivery.stream, delivery.include_usage);

@@ -129,7 +129,7 @@ pub async fn create(
     ApiJson(req): ApiJson<ResponsesRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let model = state.model()?;
+    let model = state.model_for(req.model.as_deref()).await?;
     let lora = fields::check_model(req.model.as_deref(), &model)?;
     let lora_named = lora.is_some();
     field_policy::RESPONSES.check(&req.extra)?;

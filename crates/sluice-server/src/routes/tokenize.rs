@@ -18,7 +18,7 @@ pub async fn tokenize(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<TokenizeRequest>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
-    let model = state.model()?;
+    let model = state.model_for(req.model.as_deref()).await?;
     fields::check_model(req.model.as_deref(), &model)?;
     let max_model_len = model.capacity();
     let tokens = tokenize_blocking(move || {
@@ -66,7 +66,7 @@ pub async fn detokenize(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<DetokenizeRequest>,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
-    let model = state.model()?;
+    let model = state.model_for(req.model.as_deref()).await?;
     fields::check_model(req.model.as_deref(), &model)?;
     let vocab = model.limits().vocab_size;
     if let Some((i, bad)) = req

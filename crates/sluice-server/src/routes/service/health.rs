@@ -13,8 +13,10 @@ use crate::engine::state::AppState;
 pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     let status = if state.is_draining() {
         "draining"
-    } else if let Ok(model) = state.model() {
-        if !model.engine.is_running() {
+    } else if state.models().is_some() {
+        // Ready once the default model has loaded; models unloaded since (under
+        // --max-loaded-models) load again on use, so only a loaded engine that stopped counts.
+        if state.loaded_models().iter().any(|m| !m.engine.is_running()) {
             "engine stopped"
         } else {
             return (StatusCode::OK, Json(json!({"status": "ok"})));

@@ -39,8 +39,8 @@ pub struct CachedBlock {
 }
 
 /// The engine, for either route: a 404 on a server without `--kv-events`.
-fn engine_with_kv_events(state: &AppState, route: &str) -> Result<EngineHandle, ApiError> {
-    let engine = state.model()?.engine.clone();
+async fn engine_with_kv_events(state: &AppState, route: &str) -> Result<EngineHandle, ApiError> {
+    let engine = state.model_for(None).await?.engine.clone();
     if !engine.records_kv_events() {
         return Err(ApiError::from_status(
             StatusCode::NOT_FOUND,
@@ -57,7 +57,8 @@ fn engine_stopped() -> ApiError {
 }
 
 pub async fn snapshot(State(state): State<AppState>) -> Result<Json<KvCacheResponse>, ApiError> {
-    let snap = engine_with_kv_events(&state, "GET /debug/kv_cache")?
+    let snap = engine_with_kv_events(&state, "GET /debug/kv_cache")
+        .await?
         .kv_cache_snapshot()
         .await
         .ok_or_else(engine_stopped)?;
@@ -89,7 +90,8 @@ pub struct ResetResponse {
 pub async fn reset_prefix_cache(
     State(state): State<AppState>,
 ) -> Result<Json<ResetResponse>, ApiError> {
-    let cleared_blocks = engine_with_kv_events(&state, "POST /reset_prefix_cache")?
+    let cleared_blocks = engine_with_kv_events(&state, "POST /reset_prefix_cache")
+        .await?
         .reset_prefix_cache()
         .await
         .ok_or_else(engine_stopped)?;

@@ -1,13 +1,19 @@
-//! `GET /v1/models` and `GET /v1/models/{model}`: the served model, then each LoRA adapter
-//! served beside it (its `parent` the base model, as vLLM lists them).
+//! `GET /v1/models` and `GET /v1/models/{model}`: every served model with its state (loaded,
+//! loading, unloading, unloaded), each loaded one followed by the LoRA adapters served beside
+//! it (their `parent` the base model, as vLLM lists them); `POST /models/load` and
+//! `/models/unload` load or unload one by name.
+
+use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::Json;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::edge::error::ApiError;
 use crate::engine::lora::ServedAdapter;
+use crate::engine::registry::{ModelRegistry, ModelState};
 use crate::engine::state::{AppState, ServedModel};
+use crate::routes::json::ApiJson;
 
 #[derive(Debug, Serialize)]
 pub struct ModelCard {
@@ -19,7 +25,11 @@ pub struct ModelCard {
     pub root: String,
     /// The base model of a LoRA adapter (vLLM's field); null for the base model.
     pub parent: Option<String>,
-    pub max_model_len: usize,
+    /// Unknown (absent) while the model is not loaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<usize>,
+    /// sluice's own: loaded, loading, unloading or unloaded.
+    pub state: &'static str,
     /// sluice's own: the architecture as GGUF names it (`qwen3moe`; `llama` for Mixtral).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub architecture: Option<&'static str>,
@@ -56,7 +66,8 @@ fn card(model: &ServedModel) -> ModelCard {
         owned_by: "sluice",
         root: model.root.clone(),
         parent: None,
-        max_model_len: model.capacity(),
+        state: ModelState::Loaded.as_str(),
+        max_model_len: Some(model.capacity()),
         architecture: model.facts.as_ref().map(|f| f.architecture),
         parameters: model.facts.as_ref().map(|f| f.parameters),
         active_parameters: model.facts.as_ref().map(|f| f.active_parameters),
@@ -81,16 +92,54 @@ fn adapter_card(model: &ServedModel, name: String, adapter: &ServedAdapter) -> M
     }
 }
 
-pub async fn list(State(state): State<AppState>) -> Result<Json<ModelList>, ApiError> {
-    let model = state.model()?;
-    let mut data = vec![card(&model)];
+/// A model served but not loaded now: its name and state only.
+fn unloaded_card(name: String, state: ModelState) -> ModelCard {
+    ModelCard {
+        root: name.clone(),
+        id: name,
+        object: "model",
+        created: 0,
+        owned_by: "sluice",
+        parent: None,
+        state: state.as_str(),
+        max_model_len: None,
+        architecture: None,
+        parameters: None,
+        active_parameters: None,
+        mixture_of_experts: None,
+    }
+}
+
+/// A loaded model's card and its adapters' cards.
+fn cards(model: &ServedModel) -> Vec<ModelCard> {
+    let mut data = vec![card(model)];
     if let Some(loras) = &model.loras {
         data.extend(
             loras
                 .list()
                 .into_iter()
-                .map(|(name, adapter)| adapter_card(&model, name, &adapter)),
+                .map(|(name, adapter)| adapter_card(model, name, &adapter)),
         );
+    }
+    data
+}
+
+fn registry(state: &AppState) -> Result<&Arc<ModelRegistry>, ApiError> {
+    if state.is_draining() {
+        return Err(ApiError::unavailable("The server is shutting down."));
+    }
+    state
+        .models()
+        .ok_or_else(|| ApiError::unavailable("The model is still loading; retry shortly."))
+}
+
+pub async fn list(State(state): State<AppState>) -> Result<Json<ModelList>, ApiError> {
+    let mut data = Vec::new();
+    for (name, model_state, served) in registry(&state)?.list() {
+        match served {
+            Some(model) => data.extend(cards(&model)),
+            None => data.push(unloaded_card(name, model_state)),
+        }
     }
     Ok(Json(ModelList {
         object: "list",
@@ -102,12 +151,69 @@ pub async fn retrieve(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
-    let model = state.model()?;
-    if name == model.name {
-        return Ok(Json(card(&model)));
+    let list = registry(&state)?.list();
+    for (id, model_state, served) in &list {
+        match served {
+            Some(model) => {
+                if let Some(card) = cards(model).into_iter().find(|c| c.id == name) {
+                    return Ok(Json(card));
+                }
+            }
+            None if *id == name => return Ok(Json(unloaded_card(name, *model_state))),
+            None => {}
+        }
     }
-    match model.loras.as_ref().and_then(|loras| loras.get(&name)) {
-        Some(adapter) => Ok(Json(adapter_card(&model, name, &adapter))),
-        None => Err(ApiError::model_not_found(&name)),
+    let names: Vec<&str> = list.iter().map(|(n, _, _)| n.as_str()).collect();
+    Err(ApiError::model_not_served(&name, &names))
+}
+
+/// The body of `POST /models/load` and `/models/unload`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRequest {
+    pub model: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelStateBody {
+    pub model: String,
+    pub state: &'static str,
+}
+
+/// Loads the model now (waiting for room as a request would) and answers once it is loaded.
+pub async fn load(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<ModelRequest>,
+) -> Result<Json<ModelStateBody>, ApiError> {
+    let models = registry(&state)?.clone();
+    require_served(&models, &req.model)?;
+    models.get(Some(&req.model)).await?;
+    Ok(Json(ModelStateBody {
+        model: req.model,
+        state: ModelState::Loaded.as_str(),
+    }))
+}
+
+/// Unloads the model once no request runs on it, and answers once it is unloaded.
+pub async fn unload(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<ModelRequest>,
+) -> Result<Json<ModelStateBody>, ApiError> {
+    let models = registry(&state)?.clone();
+    require_served(&models, &req.model)?;
+    models.unload(&req.model).await?;
+    Ok(Json(ModelStateBody {
+        model: req.model,
+        state: ModelState::Unloaded.as_str(),
+    }))
+}
+
+/// These routes name served models only (not adapters, not the default by omission).
+fn require_served(models: &ModelRegistry, name: &str) -> Result<(), ApiError> {
+    let names = models.names();
+    if names.iter().any(|n| n == name) {
+        return Ok(());
     }
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    Err(ApiError::model_not_served(name, &names))
 }
