@@ -158,3 +158,29 @@ def test_load_and_unload_by_name_behind_the_key(model_dir):
         assert requests.get(f"{srv.url}/health", timeout=10).status_code == 200
     finally:
         srv.close()
+
+
+def test_model_tables_give_each_model_its_own_name_and_cache(model_dir, tmp_path):
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        f'kv_cache_memory = "64MiB"\n'
+        f'[[model]]\nmodel = "{model_dir / "alpha.gguf"}"\n'
+        f'[[model]]\nmodel = "{model_dir / "beta.gguf"}"\nserved_model_name = "big-cache"\n'
+        f'weights = "exact"\nkv_cache_memory = "128MiB"\n'
+    )
+    srv = SluiceServer("--config", str(config), name="tables", model=model_dir / "alpha.gguf")
+    # The file names the models; the harness's --model would replace its list.
+    srv.command = lambda: [a for a in SluiceServer.command(srv) if a not in (
+        "--model", str(model_dir / "alpha.gguf"))]
+    try:
+        srv.start()
+        assert states(srv) == {"alpha": "loaded", "big-cache": "unloaded"}
+        r = requests.post(f"{srv.url}/models/load", json={"model": "big-cache"}, timeout=120)
+        assert r.status_code == 200, r.text
+        cards = {m["id"]: m for m in requests.get(f"{srv.base_url}/models", timeout=30).json()["data"]}
+        # Twice the KV memory holds twice the tokens (both below the 8192-token context).
+        small, big = cards["alpha"]["max_model_len"], cards["big-cache"]["max_model_len"]
+        assert small < 8192 and big == 2 * small, cards
+        assert complete(srv, "big-cache", "Hello")
+    finally:
+        srv.close()

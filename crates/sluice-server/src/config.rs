@@ -88,7 +88,7 @@ config_keys! {
     /// (docs/models.md). Repeat it to serve several models, each by its own name; the first
     /// is the default and loads at start, the others when first asked for
     /// [default: models/SmolLM2-135M-Instruct.Q4_1.gguf].
-    model: ModelPaths = ModelPaths(vec![PathBuf::from(DEFAULT_MODEL)]);
+    model: ModelPaths = ModelPaths::paths(vec![PathBuf::from(DEFAULT_MODEL)]);
     flag Vec<PathBuf>, #[arg(long, env = "SLUICE_MODEL", value_name = "PATH|ORG/NAME[:QUANT]")]
 
     /// Most models loaded at once when several are served: asking for another unloads the
@@ -367,6 +367,15 @@ impl Config {
             .merge(Serialized::defaults(args))
             .extract()
             .map_err(|e| ConfigError::Layers(Box::new(e)))?;
+        // A `[[model]]` table's name for the default model stands over --served-model-name.
+        if let Some(name) = config
+            .model
+            .0
+            .first()
+            .and_then(|e| e.served_model_name.clone())
+        {
+            config.served_model_name = Some(name);
+        }
         if config.served_model_name.is_none() {
             config.served_model_name = Some(default_served_name(config.model.first()));
         }
@@ -381,20 +390,23 @@ impl Config {
         !self.lora_modules.0.is_empty() || self.allow_runtime_lora_updating
     }
 
-    /// Every model served, `(path or hub name, served name)`, the default first: its name is
-    /// `--served-model-name`'s, the others' their files' (or hub names').
-    pub fn models(&self) -> Vec<(PathBuf, String)> {
+    /// Every model served, the default first, with what it is loaded with: a `[[model]]`
+    /// table's own name, weights and KV memory, else the server's (the default's name is
+    /// `--served-model-name`'s, the others' their files' or hub names).
+    pub fn models(&self) -> Vec<ModelChoice> {
         self.model
             .0
             .iter()
             .enumerate()
-            .map(|(i, path)| {
-                let name = if i == 0 {
-                    self.served_model_name().to_string()
-                } else {
-                    default_served_name(path)
-                };
-                (path.clone(), name)
+            .map(|(i, e)| ModelChoice {
+                path: e.model.clone(),
+                name: match (&e.served_model_name, i) {
+                    (Some(name), _) => name.clone(),
+                    (None, 0) => self.served_model_name().to_string(),
+                    (None, _) => default_served_name(&e.model),
+                },
+                weights: e.weights.map_or(*self.weights, |w| *w),
+                kv_cache_memory: e.kv_cache_memory.unwrap_or(self.kv_cache_memory),
             })
             .collect()
     }
@@ -429,7 +441,7 @@ impl Config {
                 reason: "names no model".into(),
             });
         }
-        let mut names: Vec<String> = self.models().into_iter().map(|(_, n)| n).collect();
+        let mut names: Vec<String> = self.models().into_iter().map(|m| m.name).collect();
         names.sort();
         if let Some(pair) = names.windows(2).find(|w| w[0] == w[1]) {
             return Err(ConfigError::Invalid {
@@ -527,22 +539,63 @@ fn default_served_name(model: &Path) -> String {
         .unwrap_or_else(|| model.to_string_lossy().into_owned())
 }
 
-/// `model`: one path (the file's form) or several (the flag repeated, or a list in the file).
+/// `model`: one path (the flag's and the file's form), several (the flag repeated, or a list in
+/// the file), or `[[model]]` tables in the file, each with its own settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ModelPaths(pub Vec<PathBuf>);
+pub struct ModelPaths(pub Vec<ModelEntry>);
+
+/// One served model: its path or hub name and, from a `[[model]]` table, what it sets apart
+/// from the server's keys.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelEntry {
+    pub model: PathBuf,
+    /// Its served name [default: the file's stem, the directory's or the hub name].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_model_name: Option<String>,
+    /// Its `weights` [default: the server's].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<Named<WeightsKind>>,
+    /// Its KV cache's memory [default: the server's `kv_cache_memory`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_memory: Option<ByteSize>,
+}
+
+impl ModelEntry {
+    fn path(model: PathBuf) -> Self {
+        Self {
+            model,
+            served_model_name: None,
+            weights: None,
+            kv_cache_memory: None,
+        }
+    }
+
+    fn is_plain(&self) -> bool {
+        self.served_model_name.is_none() && self.weights.is_none() && self.kv_cache_memory.is_none()
+    }
+}
 
 impl ModelPaths {
+    pub fn paths(paths: Vec<PathBuf>) -> Self {
+        Self(paths.into_iter().map(ModelEntry::path).collect())
+    }
+
     /// The default model.
     pub fn first(&self) -> &Path {
         self.0
             .first()
-            .map_or(Path::new(DEFAULT_MODEL), PathBuf::as_path)
+            .map_or(Path::new(DEFAULT_MODEL), |e| e.model.as_path())
     }
 }
 
 impl Serialize for ModelPaths {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self.0.as_slice() {
+        if !self.0.iter().all(ModelEntry::is_plain) {
+            return self.0.serialize(s);
+        }
+        let paths: Vec<&PathBuf> = self.0.iter().map(|e| &e.model).collect();
+        match paths.as_slice() {
             [one] => one.serialize(s),
             many => many.serialize(s),
         }
@@ -553,15 +606,36 @@ impl<'de> Deserialize<'de> for ModelPaths {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
         #[serde(untagged)]
-        enum OneOrMany {
-            One(PathBuf),
-            Many(Vec<PathBuf>),
+        enum Item {
+            Path(PathBuf),
+            Table(ModelEntry),
         }
+        // A list first: serde would otherwise read a list of two paths as one table's fields
+        // by position.
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            Many(Vec<Item>),
+            One(Item),
+        }
+        let item = |i| match i {
+            Item::Path(p) => ModelEntry::path(p),
+            Item::Table(t) => t,
+        };
         Ok(Self(match OneOrMany::deserialize(d)? {
-            OneOrMany::One(p) => vec![p],
-            OneOrMany::Many(v) => v,
+            OneOrMany::One(i) => vec![item(i)],
+            OneOrMany::Many(v) => v.into_iter().map(item).collect(),
         }))
     }
+}
+
+/// What one served model is loaded with: [`Config::models`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelChoice {
+    pub path: PathBuf,
+    pub name: String,
+    pub weights: WeightsKind,
+    pub kv_cache_memory: ByteSize,
 }
 
 /// A key whose value is written as one of its names (`bf16`, `last`, `hermes`): the flag, the
@@ -882,7 +956,10 @@ mod tests {
     #[test]
     fn defaults_without_file_or_flags() {
         let c = Config::from_layers(None, &ServeArgs::default()).unwrap();
-        assert_eq!(c.model.0, [PathBuf::from(DEFAULT_MODEL)]);
+        assert_eq!(
+            c.model,
+            ModelPaths::paths(vec![PathBuf::from(DEFAULT_MODEL)])
+        );
         assert_eq!(c.served_model_name(), "SmolLM2-135M-Instruct.Q4_1");
         assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 8000));
         assert_eq!(*c.weights, WeightsKind::Auto);
@@ -1078,6 +1155,52 @@ mod tests {
         keys_sorted.sort();
         assert_eq!(flags_sorted, keys_sorted);
         assert_eq!(flags.len(), 39, "{flags:?}");
+    }
+
+    /// `[[model]]` tables set a model's own name, weights and KV memory; plain entries and the
+    /// flag take the server's.
+    #[test]
+    fn model_tables_set_their_own_name_weights_and_cache() {
+        let file = Toml::string(
+            r#"
+            kv_cache_memory = "256MiB"
+            [[model]]
+            model = "models/a.gguf"
+            [[model]]
+            model = "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q8_0"
+            served_model_name = "coder"
+            weights = "f16"
+            kv_cache_memory = "2GiB"
+            "#,
+        );
+        let c = Config::from_layers(Some(file), &ServeArgs::default()).unwrap();
+        let models = c.models();
+        assert_eq!(models.len(), 2);
+        assert_eq!(
+            (
+                models[0].name.as_str(),
+                models[0].weights,
+                models[0].kv_cache_memory
+            ),
+            ("a", WeightsKind::Auto, ByteSize(256 << 20))
+        );
+        assert_eq!(
+            (
+                models[1].name.as_str(),
+                models[1].weights,
+                models[1].kv_cache_memory
+            ),
+            ("coder", WeightsKind::F16, ByteSize(2 << 30))
+        );
+        // The flag repeated; two models of one name are refused.
+        let c = Config::from_layers(None, &args(&["--model", "x/a.gguf", "--model", "y/b.gguf"]))
+            .unwrap();
+        assert_eq!(c.models().len(), 2, "{:?}", c.model);
+        assert_eq!(c.models()[1].name, "b");
+        let err = Config::from_layers(None, &args(&["--model", "x/a.gguf", "--model", "y/a.gguf"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("two models would be served as `a`"), "{err}");
     }
 
     /// A hub name is served as written; a path by its file's stem.

@@ -93,11 +93,15 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             settings.draft_model = Some(draft);
         }
         let mut others = Vec::new();
-        for (path, name) in models.iter().skip(1) {
-            let path = hub::resolve(path, &config.revision, &sluice_hub::DownloadProgress::new())
-                .await
-                .with_context(|| format!("the model {name}"))?;
-            others.push(settings.for_other_model(path, name.clone()));
+        for choice in models.iter().skip(1) {
+            let path = hub::resolve(
+                &choice.path,
+                &config.revision,
+                &sluice_hub::DownloadProgress::new(),
+            )
+            .await
+            .with_context(|| format!("the model {}", choice.name))?;
+            others.push(settings.for_other_model(path, choice));
         }
         anyhow::Ok(others)
     };
@@ -163,7 +167,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let name = loaded.model.name.clone();
     // The other models load on first use, each with the default's settings and its own
     // engine; model 0 is the default, already loaded.
-    let names: Vec<String> = models.into_iter().map(|(_, name)| name).collect();
+    let names: Vec<String> = models.into_iter().map(|m| m.name).collect();
     // The default reloads (after an unload) with its own settings, less the KV-event stream
     // whose publisher was bound to its first engine.
     let mut reload = ModelSettings::from_config(&config);

@@ -17,7 +17,7 @@ use sluice_model::{
 };
 use sluice_tokenizer::{ChatTemplate, TemplateDate, Tokenizer};
 
-use crate::config::{Config, KvCacheDtype, Speculative};
+use crate::config::{Config, KvCacheDtype, ModelChoice, Speculative};
 use crate::engine::lora::LoraRegistry;
 use crate::engine::state::{ModelFacts, ServedModel};
 
@@ -55,17 +55,18 @@ pub struct LoraSettings {
 }
 
 impl ModelSettings {
-    /// The default model's settings.
+    /// The default model's settings (its `[[model]]` table's weights and KV memory, if any).
     pub fn from_config(c: &Config) -> Self {
+        let default = c.models().swap_remove(0);
         Self {
             model: c.model.first().to_path_buf(),
             served_model_name: c.served_model_name().to_string(),
-            weights: *c.weights,
+            weights: default.weights,
             cuda_graphs: *c.cuda_graphs,
             tool_call_parser: c.tool_call_parser.map(|f| *f),
             chat_template_date: *c.chat_template_date,
             pooling: c.pooling.map(|p| *p),
-            kv_cache_bytes: usize::try_from(c.kv_cache_memory.bytes()).unwrap_or(usize::MAX),
+            kv_cache_bytes: usize::try_from(default.kv_cache_memory.bytes()).unwrap_or(usize::MAX),
             kv_cache_dtype: c.kv_cache_dtype,
             block_size: c.block_size,
             draft_model: match c.speculative.as_deref() {
@@ -99,12 +100,16 @@ impl ModelSettings {
 }
 
 impl ModelSettings {
-    /// Another model served beside the default one: the same settings (weights, cache budget,
-    /// limits), its own path and name; the default's draft model, adapters and KV events stay
-    /// the default's.
-    pub fn for_other_model(&self, model: PathBuf, name: String) -> Self {
+    /// Another model served beside the default one: the default's settings (limits, KV-cache
+    /// dtype, block size) with its own path, name, weights and KV memory; the default's draft
+    /// model, adapters and KV events stay the default's.
+    pub fn for_other_model(&self, model: PathBuf, choice: &ModelChoice) -> Self {
+        let name = choice.name.clone();
         let mut settings = self.clone();
         settings.model = model;
+        settings.weights = choice.weights;
+        settings.kv_cache_bytes =
+            usize::try_from(choice.kv_cache_memory.bytes()).unwrap_or(usize::MAX);
         settings.engine.metrics_model = name.clone();
         settings.served_model_name = name;
         settings.draft_model = None;
