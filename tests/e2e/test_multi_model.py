@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from harness import MODEL, SluiceServer, parse_metrics, run_together
+from harness import MISSING_INPUT, MODEL, ROOT, SluiceServer, parse_metrics, run_together
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
 
@@ -182,5 +182,35 @@ def test_model_tables_give_each_model_its_own_name_and_cache(model_dir, tmp_path
         small, big = cards["alpha"]["max_model_len"], cards["big-cache"]["max_model_len"]
         assert small < 8192 and big == 2 * small, cards
         assert complete(srv, "big-cache", "Hello")
+    finally:
+        srv.close()
+
+
+def test_a_second_model_serves_its_own_adapters(model_dir, tmp_path, alone):
+    adapter = ROOT / "models" / "lora" / "smollm2-r16.gguf"
+    if not adapter.is_file():
+        pytest.skip(f"{MISSING_INPUT} {adapter} missing, run scripts/make-lora-adapters.sh")
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        f'kv_cache_memory = "64MiB"\n'
+        f'[[model]]\nmodel = "{model_dir / "alpha.gguf"}"\n'
+        f'[[model]]\nmodel = "{model_dir / "beta.gguf"}"\nlora_modules = "tuned={adapter}"\n'
+    )
+    srv = SluiceServer("--config", str(config), name="adapters", model=model_dir / "alpha.gguf")
+    srv.command = lambda: [a for a in SluiceServer.command(srv) if a not in (
+        "--model", str(model_dir / "alpha.gguf"))]
+    try:
+        srv.start()
+        assert states(srv) == {"alpha": "loaded", "beta": "unloaded"}
+        # Naming the adapter loads its base model and runs with it.
+        tuned = complete(srv, "tuned", PROMPTS[0])
+        assert complete(srv, "beta", PROMPTS[0]) == alone[PROMPTS[0]]
+        assert tuned != alone[PROMPTS[0]], "the adapter changes the greedy text"
+        cards = {m["id"]: m for m in requests.get(f"{srv.base_url}/models", timeout=30).json()["data"]}
+        assert cards["tuned"]["parent"] == "beta" and cards["beta"]["state"] == "loaded", cards
+        # The default model has no adapter of that name.
+        r = requests.post(f"{srv.base_url}/completions", timeout=30,
+                          json={"model": "alpha", "prompt": "x", "max_tokens": 1})
+        assert r.status_code == 200
     finally:
         srv.close()

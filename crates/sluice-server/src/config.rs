@@ -388,9 +388,16 @@ impl Config {
         Ok(config)
     }
 
-    /// Whether requests may name LoRA adapters: some are listed, or may be loaded at run time.
+    /// Whether requests may name the default model's LoRA adapters: some are listed, or may
+    /// be loaded at run time.
     pub fn lora_enabled(&self) -> bool {
-        !self.lora_modules.0.is_empty() || self.allow_runtime_lora_updating
+        !self.lora_modules.0.is_empty()
+            || self.allow_runtime_lora_updating
+            || self
+                .model
+                .0
+                .first()
+                .is_some_and(|e| !e.adapters().is_empty())
     }
 
     /// Every model served, the default first, with what it is loaded with: a `[[model]]`
@@ -410,6 +417,16 @@ impl Config {
                 },
                 weights: e.weights.map_or(*self.weights, |w| *w),
                 kv_cache_memory: e.kv_cache_memory.unwrap_or(self.kv_cache_memory),
+                lora_modules: match i {
+                    0 => self
+                        .lora_modules
+                        .0
+                        .iter()
+                        .chain(e.adapters())
+                        .cloned()
+                        .collect(),
+                    _ => e.adapters().to_vec(),
+                },
             })
             .collect()
     }
@@ -444,14 +461,20 @@ impl Config {
                 reason: "names no model".into(),
             });
         }
-        let mut names: Vec<String> = self.models().into_iter().map(|m| m.name).collect();
+        // Model and adapter names share one namespace: a request's `model` picks either.
+        let mut names: Vec<String> = self
+            .models()
+            .into_iter()
+            .flat_map(|m| std::iter::once(m.name).chain(m.lora_modules.into_iter().map(|(n, _)| n)))
+            .collect();
         names.sort();
         if let Some(pair) = names.windows(2).find(|w| w[0] == w[1]) {
             return Err(ConfigError::Invalid {
                 key: "model",
                 reason: format!(
-                    "two models would be served as `{}`: give them files of other names (the \
-                     served name is the file's stem, a directory's name or the hub name)",
+                    "two models or adapters would be served as `{}`: give them other names (a \
+                     model's served name is its file's stem, a directory's name or the hub \
+                     name, unless a [[model]] table names it)",
                     pair[0]
                 ),
             });
@@ -1104,7 +1127,10 @@ mod tests {
         let err = Config::from_layers(None, &args(&["--model", "x/a.gguf", "--model", "y/a.gguf"]))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("two models would be served as `a`"), "{err}");
+        assert!(
+            err.contains("two models or adapters would be served as `a`"),
+            "{err}"
+        );
     }
 
     /// A hub name is served as written; a path by its file's stem.

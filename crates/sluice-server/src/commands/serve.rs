@@ -101,7 +101,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             )
             .await
             .with_context(|| format!("the model {}", choice.name))?;
-            others.push(settings.for_other_model(path, choice));
+            others.push(settings.for_other_model(
+                path,
+                choice,
+                config.max_lora_rank,
+                config.max_loras,
+            ));
         }
         anyhow::Ok(others)
     };
@@ -167,7 +172,17 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let name = loaded.model.name.clone();
     // The other models load on first use, each with the default's settings and its own
     // engine; model 0 is the default, already loaded.
-    let names: Vec<String> = models.into_iter().map(|m| m.name).collect();
+    let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
+    // Which model each configured adapter belongs to, so that a request naming one loads it.
+    let adapters: Vec<(String, usize)> = models
+        .iter()
+        .enumerate()
+        .flat_map(|(i, m)| {
+            m.lora_modules
+                .iter()
+                .map(move |(name, _)| (name.clone(), i))
+        })
+        .collect();
     // The default reloads (after an unload) with its own settings, less the KV-event stream
     // whose publisher was bound to its first engine.
     let mut reload = ModelSettings::from_config(&config);
@@ -181,6 +196,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     });
     let registry = Arc::new(ModelRegistry::new(
         names.clone(),
+        adapters,
         loader,
         config.max_loaded_models,
     ));

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sluice_model::WeightsKind;
 
-use super::{ByteSize, Named, DEFAULT_MODEL};
+use super::{ByteSize, LoraModules, Named, DEFAULT_MODEL};
 
 /// `model`: one path (the flag's and the file's form), several (the flag repeated, or a list in
 /// the file), or `[[model]]` tables in the file, each with its own settings.
@@ -28,6 +28,10 @@ pub struct ModelEntry {
     /// Its KV cache's memory [default: the server's `kv_cache_memory`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache_memory: Option<ByteSize>,
+    /// LoRA adapters served beside it, `NAME=PATH` comma-separated (for the default model,
+    /// beside `lora_modules`') [default: none].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_modules: Option<LoraModules>,
 }
 
 impl ModelEntry {
@@ -37,11 +41,20 @@ impl ModelEntry {
             served_model_name: None,
             weights: None,
             kv_cache_memory: None,
+            lora_modules: None,
         }
     }
 
     fn is_plain(&self) -> bool {
-        self.served_model_name.is_none() && self.weights.is_none() && self.kv_cache_memory.is_none()
+        self.served_model_name.is_none()
+            && self.weights.is_none()
+            && self.kv_cache_memory.is_none()
+            && self.lora_modules.is_none()
+    }
+
+    /// The adapters its table lists.
+    pub fn adapters(&self) -> &[(String, PathBuf)] {
+        self.lora_modules.as_ref().map_or(&[], |m| m.0.as_slice())
     }
 }
 
@@ -105,4 +118,6 @@ pub struct ModelChoice {
     pub name: String,
     pub weights: WeightsKind,
     pub kv_cache_memory: ByteSize,
+    /// Its LoRA adapters, `(name, path)`.
+    pub lora_modules: Vec<(String, PathBuf)>,
 }

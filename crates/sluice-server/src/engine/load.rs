@@ -74,7 +74,7 @@ impl ModelSettings {
                 _ => None,
             },
             lora: c.lora_enabled().then(|| LoraSettings {
-                modules: c.lora_modules.0.clone(),
+                modules: default.lora_modules.clone(),
                 max_rank: c.max_lora_rank,
                 runtime_updates: c.allow_runtime_lora_updating,
             }),
@@ -103,7 +103,15 @@ impl ModelSettings {
     /// Another model served beside the default one: the default's settings (limits, KV-cache
     /// dtype, block size) with its own path, name, weights and KV memory; the default's draft
     /// model, adapters and KV events stay the default's.
-    pub fn for_other_model(&self, model: PathBuf, choice: &ModelChoice) -> Self {
+    /// Its adapters (a `[[model]]` table's `lora_modules`) get `lora`'s rank and `max_loras`
+    /// slots, without runtime updates.
+    pub fn for_other_model(
+        &self,
+        model: PathBuf,
+        choice: &ModelChoice,
+        max_lora_rank: usize,
+        max_loras: usize,
+    ) -> Self {
         let name = choice.name.clone();
         let mut settings = self.clone();
         settings.model = model;
@@ -113,13 +121,21 @@ impl ModelSettings {
         settings.engine.metrics_model = name.clone();
         settings.served_model_name = name;
         settings.draft_model = None;
-        settings.lora = None;
+        settings.lora = (!choice.lora_modules.is_empty()).then(|| LoraSettings {
+            modules: choice.lora_modules.clone(),
+            max_rank: max_lora_rank,
+            runtime_updates: false,
+        });
         settings.engine.speculation = settings
             .engine
             .speculation
             .filter(|_| self.draft_model.is_none());
         settings.engine.kv_events = false;
-        settings.engine.max_loras = 0;
+        settings.engine.max_loras = if settings.lora.is_some() {
+            max_loras
+        } else {
+            0
+        };
         settings
     }
 }

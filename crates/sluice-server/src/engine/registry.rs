@@ -63,6 +63,9 @@ struct Slot {
 
 pub struct ModelRegistry {
     slots: Mutex<Vec<Slot>>,
+    /// The configured LoRA adapters' names and their models' indices (a request naming one
+    /// loads its model; adapters loaded at run time are found on the loaded models).
+    adapters: Vec<(String, usize)>,
     changed: tokio::sync::Notify,
     /// 0: every model may be loaded at once.
     max_loaded: usize,
@@ -71,8 +74,16 @@ pub struct ModelRegistry {
 
 impl ModelRegistry {
     /// `names[0]` is the default model; none is loaded yet.
-    pub fn new(names: Vec<String>, loader: Loader, max_loaded: usize) -> Self {
-        Self::with_slots(names, Some(loader), max_loaded)
+    pub fn new(
+        names: Vec<String>,
+        adapters: Vec<(String, usize)>,
+        loader: Loader,
+        max_loaded: usize,
+    ) -> Self {
+        Self {
+            adapters,
+            ..Self::with_slots(names, Some(loader), max_loaded)
+        }
     }
 
     fn with_slots(names: Vec<String>, loader: Option<Loader>, max_loaded: usize) -> Self {
@@ -89,6 +100,7 @@ impl ModelRegistry {
                     })
                     .collect(),
             ),
+            adapters: Vec::new(),
             changed: tokio::sync::Notify::new(),
             max_loaded,
             loader,
@@ -175,6 +187,9 @@ impl ModelRegistry {
             return Ok(0);
         };
         if let Some(i) = slots.iter().position(|s| s.name == name) {
+            return Ok(i);
+        }
+        if let Some(&(_, i)) = self.adapters.iter().find(|(a, _)| a == name) {
             return Ok(i);
         }
         let adapter_of = slots.iter().position(|s| match &s.phase {
