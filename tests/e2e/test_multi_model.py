@@ -51,6 +51,15 @@ def complete(srv: SluiceServer, model: str, prompt: str, stream: bool = False,
     return text
 
 
+def configured(config: Path, name: str, model_dir: Path) -> SluiceServer:
+    """A server whose models the config file names: the harness's own --model would replace
+    the file's list, so it is left out."""
+    srv = SluiceServer("--config", str(config), name=name, model=model_dir / "alpha.gguf")
+    own = ("--model", str(model_dir / "alpha.gguf"))
+    srv.command = lambda: [a for a in SluiceServer.command(srv) if a not in own]
+    return srv
+
+
 def states(srv: SluiceServer) -> dict[str, str]:
     data = requests.get(f"{srv.base_url}/models", timeout=30).json()["data"]
     return {m["id"]: m["state"] for m in data}
@@ -168,10 +177,7 @@ def test_model_tables_give_each_model_its_own_name_and_cache(model_dir, tmp_path
         f'[[model]]\nmodel = "{model_dir / "beta.gguf"}"\nserved_model_name = "big-cache"\n'
         f'weights = "exact"\nkv_cache_memory = "128MiB"\n'
     )
-    srv = SluiceServer("--config", str(config), name="tables", model=model_dir / "alpha.gguf")
-    # The file names the models; the harness's --model would replace its list.
-    srv.command = lambda: [a for a in SluiceServer.command(srv) if a not in (
-        "--model", str(model_dir / "alpha.gguf"))]
+    srv = configured(config, "tables", model_dir)
     try:
         srv.start()
         assert states(srv) == {"alpha": "loaded", "big-cache": "unloaded"}
@@ -196,9 +202,7 @@ def test_a_second_model_serves_its_own_adapters(model_dir, tmp_path, alone):
         f'[[model]]\nmodel = "{model_dir / "alpha.gguf"}"\n'
         f'[[model]]\nmodel = "{model_dir / "beta.gguf"}"\nlora_modules = "tuned={adapter}"\n'
     )
-    srv = SluiceServer("--config", str(config), name="adapters", model=model_dir / "alpha.gguf")
-    srv.command = lambda: [a for a in SluiceServer.command(srv) if a not in (
-        "--model", str(model_dir / "alpha.gguf"))]
+    srv = configured(config, "adapters", model_dir)
     try:
         srv.start()
         assert states(srv) == {"alpha": "loaded", "beta": "unloaded"}

@@ -73,23 +73,31 @@ impl Hub {
 
     /// The files `name` asks for at `revision`, downloaded unless the cache holds them; from
     /// the cache alone when offline, or (with a warning) when the hub cannot be reached.
+    /// `progress` is finished when this returns, whatever the outcome.
     pub async fn resolve(
         &self,
         name: &HubName,
         revision: &str,
         progress: &DownloadProgress,
     ) -> Result<Resolved> {
+        let resolved = self.resolve_unfinished(name, revision, progress).await;
+        progress.finish();
+        resolved
+    }
+
+    async fn resolve_unfinished(
+        &self,
+        name: &HubName,
+        revision: &str,
+        progress: &DownloadProgress,
+    ) -> Result<Resolved> {
         if self.settings.offline {
-            let resolved = self.resolve_cached(name, revision);
-            progress.finish();
-            return resolved;
+            return self.resolve_cached(name, revision);
         }
         let listing = match self.listing(name, revision).await {
             Ok(l) => l,
             Err(HubError::Unreachable { endpoint, source }) => {
-                let cached = self.resolve_cached(name, revision);
-                progress.finish();
-                return match cached {
+                return match self.resolve_cached(name, revision) {
                     Ok(r) => {
                         tracing::warn!(%endpoint, error = %source, model = %name, "the hub cannot be reached; serving the cached snapshot");
                         Ok(r)
@@ -111,19 +119,12 @@ impl Hub {
         progress.begin(&name.to_string(), files.len() as u64, bytes);
         let mut paths = Vec::with_capacity(files.len());
         for file in files {
-            let path = self
-                .ensure_file(&cache, &name.repo, &listing.commit, file, progress)
-                .await;
-            match path {
-                Ok(p) => paths.push(p),
-                Err(e) => {
-                    progress.finish();
-                    return Err(e);
-                }
-            }
+            paths.push(
+                self.ensure_file(&cache, &name.repo, &listing.commit, file, progress)
+                    .await?,
+            );
         }
         cache.set_ref(revision, &listing.commit)?;
-        progress.finish();
         Ok(Resolved {
             name: name.clone(),
             path: entry_path(&cache, &listing.commit, &selection),

@@ -126,7 +126,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    let (default_path, default_draft) = (settings.model.clone(), settings.draft_model.clone());
+    // The default reloads (after an unload) with its own settings, less the KV-event stream
+    // whose publisher is bound to its first engine.
+    let mut reload = settings.clone();
+    reload.engine.kv_events = false;
     let loading = tokio::task::spawn_blocking(move || load::load(&settings));
     let loaded = tokio::select! {
         loaded = loading => loaded,
@@ -183,12 +186,6 @@ async fn serve(config: Config) -> anyhow::Result<()> {
                 .map(move |(name, _)| (name.clone(), i))
         })
         .collect();
-    // The default reloads (after an unload) with its own settings, less the KV-event stream
-    // whose publisher was bound to its first engine.
-    let mut reload = ModelSettings::from_config(&config);
-    reload.model = default_path;
-    reload.draft_model = default_draft;
-    reload.engine.kv_events = false;
     let all: Vec<ModelSettings> = std::iter::once(reload).chain(others).collect();
     let loader: Loader = Arc::new(move |i: usize| {
         let loaded = load::load(&all[i])?;

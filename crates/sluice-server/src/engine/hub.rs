@@ -33,8 +33,8 @@ pub async fn resolve(
         "resolving the model on the hub"
     );
     let reporter = tokio::spawn(progress.clone().report(LOG_EVERY));
+    // The reporter ends as the resolve finishes the progress, whatever the outcome.
     let resolved = hub.resolve(&name, revision, progress).await;
-    progress.finish();
     let _ = reporter.await;
     let resolved = resolved.with_context(|| format!("cannot fetch the model {name}"))?;
     tracing::info!(

@@ -158,14 +158,6 @@ impl ModelRegistry {
         self.list().into_iter().filter_map(|(_, _, m)| m).collect()
     }
 
-    /// The default model, if loaded.
-    pub fn default_model(&self) -> Option<Arc<ServedModel>> {
-        match &self.slots.lock().unwrap().first()?.phase {
-            Phase::Loaded { served, .. } => Some(served.clone()),
-            _ => None,
-        }
-    }
-
     /// `(name, loaded, requests waiting for it to load)` of each model, for `/metrics`.
     pub fn states(&self) -> Vec<(String, bool, usize)> {
         self.slots

@@ -67,32 +67,21 @@ impl AppState {
         self.inner.models.get()
     }
 
-    /// The default model, or the 503 a client gets while it loads or while the server drains.
-    pub fn model(&self) -> Result<Arc<ServedModel>, ApiError> {
+    /// The models, or the 503 a client gets while the default loads or the server drains.
+    pub fn registry(&self) -> Result<&Arc<ModelRegistry>, ApiError> {
         if self.is_draining() {
             return Err(ApiError::unavailable("The server is shutting down."));
         }
-        self.loaded_model()
+        self.inner
+            .models
+            .get()
             .ok_or_else(|| ApiError::unavailable("The model is still loading; retry shortly."))
     }
 
     /// The model a request's `model` names (the default when it names none), loaded first
     /// if it is not; a 404 listing what is served when it names none of them.
     pub async fn model_for(&self, requested: Option<&str>) -> Result<Arc<ServedModel>, ApiError> {
-        if self.is_draining() {
-            return Err(ApiError::unavailable("The server is shutting down."));
-        }
-        let models =
-            self.inner.models.get().ok_or_else(|| {
-                ApiError::unavailable("The model is still loading; retry shortly.")
-            })?;
-        models.get(requested).await
-    }
-
-    /// The default model once loaded, draining or not (for what is still true while the server
-    /// drains, such as its metrics).
-    pub fn loaded_model(&self) -> Option<Arc<ServedModel>> {
-        self.inner.models.get()?.default_model()
+        self.registry()?.get(requested).await
     }
 
     /// Every model loaded now.
@@ -102,10 +91,6 @@ impl AppState {
             .get()
             .map(|m| m.loaded())
             .unwrap_or_default()
-    }
-
-    pub fn is_loaded(&self) -> bool {
-        self.loaded_model().is_some()
     }
 
     /// Turns `/health` to 503 and refuses new requests; the engine is told separately.

@@ -3,8 +3,6 @@
 //! it (their `parent` the base model, as vLLM lists them); `POST /models/load` and
 //! `/models/unload` load or unload one by name.
 
-use std::sync::Arc;
-
 use axum::extract::{Path, State};
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -124,18 +122,9 @@ fn cards(model: &ServedModel) -> Vec<ModelCard> {
     data
 }
 
-fn registry(state: &AppState) -> Result<&Arc<ModelRegistry>, ApiError> {
-    if state.is_draining() {
-        return Err(ApiError::unavailable("The server is shutting down."));
-    }
-    state
-        .models()
-        .ok_or_else(|| ApiError::unavailable("The model is still loading; retry shortly."))
-}
-
 pub async fn list(State(state): State<AppState>) -> Result<Json<ModelList>, ApiError> {
     let mut data = Vec::new();
-    for (name, model_state, served) in registry(&state)?.list() {
+    for (name, model_state, served) in state.registry()?.list() {
         match served {
             Some(model) => data.extend(cards(&model)),
             None => data.push(unloaded_card(name, model_state)),
@@ -151,7 +140,7 @@ pub async fn retrieve(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
-    let list = registry(&state)?.list();
+    let list = state.registry()?.list();
     for (id, model_state, served) in &list {
         match served {
             Some(model) => {
@@ -185,7 +174,7 @@ pub async fn load(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<ModelRequest>,
 ) -> Result<Json<ModelStateBody>, ApiError> {
-    let models = registry(&state)?.clone();
+    let models = state.registry()?.clone();
     require_served(&models, &req.model)?;
     models.get(Some(&req.model)).await?;
     Ok(Json(ModelStateBody {
@@ -199,7 +188,7 @@ pub async fn unload(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<ModelRequest>,
 ) -> Result<Json<ModelStateBody>, ApiError> {
-    let models = registry(&state)?.clone();
+    let models = state.registry()?.clone();
     require_served(&models, &req.model)?;
     models.unload(&req.model).await?;
     Ok(Json(ModelStateBody {
