@@ -349,7 +349,8 @@ container_check() {
     # The completion is counted: sluice_http_requests_total{route="/v1/completions",status="200"}.
     printf '%s\n' "$body" | grep -q '^sluice_http_requests_total{.*route="/v1/completions".*status="200".*} [1-9]' \
         || die "GET $url/metrics: sluice_http_requests_total did not count the completion"
-    printf '%s\n' "$body" | grep -q '^sluice_generation_tokens_total [1-9]' \
+    # Engine series carry the served model's name: sluice_generation_tokens_total{model="..."}.
+    printf '%s\n' "$body" | grep -q '^sluice_generation_tokens_total{[^}]*model="[^"]*"[^}]*} [1-9]' \
         || die "GET $url/metrics: sluice_generation_tokens_total did not count its tokens"
     log "GET $url/metrics: $count sluice_ samples"
 }
