@@ -31,7 +31,8 @@ if [ "$quick" = 1 ]; then
     # are left out; the rest runs on the default model.
     .venv/bin/pytest -q tests/e2e --ignore=tests/e2e/test_qwen.py \
         --ignore=tests/e2e/test_moe.py --ignore=tests/e2e/test_gemma.py \
-        --ignore=tests/e2e/test_gpt_oss.py --ignore=tests/e2e/test_agent_clients.py
+        --ignore=tests/e2e/test_gpt_oss.py --ignore=tests/e2e/test_agent_clients.py \
+        --ignore=tests/e2e/test_qwen35.py
     exit 0
 fi
 # The optional second model (Qwen2.5-Coder-0.5B, qwen2): its tests skip without it, CI runs them.
@@ -47,6 +48,9 @@ fi
 ./scripts/make-moe-models.sh >/dev/null
 # The tiny SmolLM3 models of tests/fixtures/smollm3, made and checked the same way.
 ./scripts/make-smollm3-models.sh >/dev/null
+# The tiny Qwen3.5 hybrids (qwen35, qwen35moe: Gated DeltaNet layers) of tests/fixtures/qwen35,
+# made and checked the same way.
+./scripts/make-qwen35-models.sh >/dev/null
 # The random LoRA adapter llama.cpp's fixtures in tests/fixtures/lora were made with (the PyPI
 # gguf package writes it, in llama.cpp's and PEFT's layouts): its tests skip without it.
 ./scripts/make-lora-adapters.sh >/dev/null

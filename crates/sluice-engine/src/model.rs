@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use sluice_model::{CacheKind, LoraAdapter, ModelError, PagedLlama, StepBatch, StepOutput};
 
-use crate::block_pools::{KvGroupSpec, WindowPool};
+use crate::block_pools::{KvGroupSpec, RecurrentPool, WindowPool};
 
 /// A forward that did not produce logits. The engine fails the requests of that step and
 /// keeps serving.
@@ -101,6 +101,12 @@ impl Model for PagedLlama {
                 CacheKind::SlidingWindow(window) => {
                     KvGroupSpec::SlidingWindow(WindowPool { num_blocks, window })
                 }
+                // The scheduler sets aside the states beyond its running sequences for
+                // checkpoints.
+                CacheKind::Recurrent => KvGroupSpec::Recurrent(RecurrentPool {
+                    num_states: num_blocks,
+                    num_checkpoints: 0,
+                }),
             })
             .collect()
     }

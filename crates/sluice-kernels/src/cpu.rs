@@ -9,12 +9,14 @@
 //! and AVX-512 VNNI, `int8_matmul/kquant_avx2.rs` and `int8_matmul/kquant_vnni.rs` the
 //! K-quants), [`amx`] (split-bf16 tiles; the integer and int8 tiles in `amx/integer.rs`,
 //! `amx/int8.rs`) and [`attention`] (`attention/avx2.rs`, `attention/avx512.rs`,
-//! `attention/portable.rs`, and the 8-bit cache in `attention/q8.rs`). `dequant_avx512.rs`
+//! `attention/portable.rs`, and the 8-bit cache in `attention/q8.rs`); [`delta_net`] is the
+//! hybrids' recurrent mixer (portable code the compiler vectorises). `dequant_avx512.rs`
 //! forms f32 weights from quantized panels on AVX-512 for both `gemm` and `amx`.
 
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
 pub mod attention;
+pub mod delta_net;
 #[cfg(target_arch = "x86_64")]
 mod dequant_avx512;
 pub mod gemm;

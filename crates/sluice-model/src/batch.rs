@@ -49,8 +49,14 @@ pub enum GroupTables {
         block_tables: Vec<u32>,
     },
     /// One fixed-size state a sequence (the hybrids' recurrent layers): each sequence's, in
-    /// [`StepBatch::sequences`] order.
-    Recurrent { states: Vec<u32> },
+    /// [`StepBatch::sequences`] order; and, entry for entry, the checkpoint its state starts
+    /// from (a prefix-cache hit) and `(checkpoint, n)`: the state after its first `n` tokens of
+    /// the step saved into that checkpoint.
+    Recurrent {
+        states: Vec<u32>,
+        restore: Vec<Option<u32>>,
+        save: Vec<Option<(u32, u32)>>,
+    },
 }
 
 impl GroupTables {
@@ -64,7 +70,11 @@ impl GroupTables {
 
     /// An empty recurrent group.
     pub fn recurrent() -> Self {
-        Self::Recurrent { states: Vec::new() }
+        Self::Recurrent {
+            states: Vec::new(),
+            restore: Vec::new(),
+            save: Vec::new(),
+        }
     }
 
     fn clear(&mut self) {
@@ -76,7 +86,15 @@ impl GroupTables {
                 slot_mapping.clear();
                 block_tables.clear();
             }
-            Self::Recurrent { states } => states.clear(),
+            Self::Recurrent {
+                states,
+                restore,
+                save,
+            } => {
+                states.clear();
+                restore.clear();
+                save.clear();
+            }
         }
     }
 }
@@ -215,8 +233,31 @@ impl StepBatch {
     /// # Panics
     /// If `group` is not recurrent.
     pub fn push_group_state(&mut self, group: usize, state: u32) {
+        self.push_group_state_with(group, state, None, None);
+    }
+
+    /// [`StepBatch::push_group_state`], the state starting from checkpoint `restore` and/or
+    /// its value after `save.1` tokens of the step saved into checkpoint `save.0`.
+    ///
+    /// # Panics
+    /// If `group` is not recurrent.
+    pub fn push_group_state_with(
+        &mut self,
+        group: usize,
+        state: u32,
+        from: Option<u32>,
+        to: Option<(u32, u32)>,
+    ) {
         match &mut self.groups[group] {
-            GroupTables::Recurrent { states } => states.push(state),
+            GroupTables::Recurrent {
+                states,
+                restore,
+                save,
+            } => {
+                states.push(state);
+                restore.push(from);
+                save.push(to);
+            }
             GroupTables::Paged { .. } => panic!("group {group} is paged"),
         }
     }
@@ -292,7 +333,14 @@ mod tests {
             (&[7 * 4 + 3, 2 * 4, 4 * 4][..], &[7, 2, 4][..])
         );
         assert_eq!(b.tables(Some(0)), (&[3, 5 * 4, 4][..], &[0, 5, 1][..]));
-        assert_eq!(b.groups[1], GroupTables::Recurrent { states: vec![9, 2] });
+        assert_eq!(
+            b.groups[1],
+            GroupTables::Recurrent {
+                states: vec![9, 2],
+                restore: vec![None, None],
+                save: vec![None, None]
+            }
+        );
         b.clear();
         assert_eq!(
             b.groups,

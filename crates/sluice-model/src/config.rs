@@ -22,6 +22,69 @@ pub enum Architecture {
     GptOss,
     /// SmolLM3: llama's layers, every fourth without RoPE (`arch::smollm3`).
     SmolLm3,
+    /// qwen35 (Qwen3.5/3.6 dense): Gated DeltaNet layers and gated full attention
+    /// (`arch::qwen35`).
+    Qwen35,
+    /// qwen35moe (Qwen3.5/3.6-A3B...): qwen35's layers, experts beside a gated shared expert
+    /// (`arch::qwen35`).
+    Qwen35Moe,
+}
+
+/// The Gated DeltaNet layers of a hybrid (Qwen3.5/3.6): linear attention whose memory of a
+/// sequence is a fixed-size state (a conv's last inputs and a `head_dim x head_dim` matrix a
+/// value head), not a KV cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeltaNetConfig {
+    /// Taps of the causal conv over q, k and v (GGUF `ssm.conv_kernel`).
+    pub conv_kernel: usize,
+    /// The size of every key and value head (`ssm.state_size`).
+    pub head_dim: usize,
+    /// Key heads (`ssm.group_count`).
+    pub k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`).
+    pub v_heads: usize,
+    /// `recurrent[i]`: layer `i` is a DeltaNet layer (the others full attention).
+    pub recurrent: Vec<bool>,
+    /// Value head `h` reads key head `h % k_heads` (llama.cpp's GGUF order) rather than
+    /// `h / (v_heads / k_heads)`.
+    pub tiled: bool,
+}
+
+impl DeltaNetConfig {
+    /// The kernel's view of a layer.
+    pub fn shape(&self) -> sluice_kernels::cpu::delta_net::DeltaNetShape {
+        sluice_kernels::cpu::delta_net::DeltaNetShape {
+            k_heads: self.k_heads,
+            v_heads: self.v_heads,
+            head_dim: self.head_dim,
+            conv_kernel: self.conv_kernel,
+            tiled: self.tiled,
+        }
+    }
+
+    /// Whether layer `i` is a DeltaNet layer.
+    pub fn is_recurrent(&self, layer: usize) -> bool {
+        self.recurrent.get(layer).copied().unwrap_or(false)
+    }
+
+    /// The DeltaNet layers, ascending.
+    pub fn layers(&self) -> Vec<usize> {
+        (0..self.recurrent.len())
+            .filter(|&i| self.recurrent[i])
+            .collect()
+    }
+
+    /// f32 values of one sequence's state in one layer: the conv's last inputs and every
+    /// value head's matrix.
+    pub fn state_values_per_layer(&self) -> usize {
+        let shape = self.shape();
+        shape.conv_state_len() + self.v_heads * shape.head_state_len()
+    }
+
+    /// Bytes of one sequence's state over every DeltaNet layer (f32).
+    pub fn state_bytes(&self) -> usize {
+        4 * self.state_values_per_layer() * self.layers().len()
+    }
 }
 
 /// How a router's logits become its chosen experts' weights.
@@ -240,6 +303,11 @@ pub struct ModelConfig {
     pub final_logit_softcap: Option<f32>,
     /// Layers that attend without rotating Q and K (SmolLM3's every fourth); empty for most.
     pub layers_without_rope: Vec<usize>,
+    /// Dimensions of each head that RoPE rotates, from the first (GGUF `rope.dimension_count`,
+    /// HF `partial_rotary_factor`); `None`: all of them. The rest pass through.
+    pub rotary_dim: Option<usize>,
+    /// The hybrids' Gated DeltaNet layers; `None` when every layer attends.
+    pub delta_net: Option<DeltaNetConfig>,
 }
 
 impl ModelConfig {
@@ -259,8 +327,26 @@ impl ModelConfig {
         self.num_heads / self.num_kv_heads
     }
 
-    /// Bytes of K and V that one token occupies across all layers at `bytes_per_value`.
+    /// Bytes of K and V that one token occupies across all layers at `bytes_per_value` (the
+    /// attention layers: a DeltaNet layer keeps no K/V).
     pub fn kv_bytes_per_token(&self, bytes_per_value: usize) -> usize {
-        2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
+        2 * self.num_attention_layers() * self.num_kv_heads * self.head_dim * bytes_per_value
+    }
+
+    /// Layers that attend (and keep K/V): all but the DeltaNet layers.
+    pub fn num_attention_layers(&self) -> usize {
+        self.num_layers - self.delta_net.as_ref().map_or(0, |d| d.layers().len())
+    }
+
+    /// Whether layer `i` is a DeltaNet layer.
+    pub fn is_recurrent(&self, layer: usize) -> bool {
+        self.delta_net
+            .as_ref()
+            .is_some_and(|d| d.is_recurrent(layer))
+    }
+
+    /// Dimensions of a head that RoPE rotates.
+    pub fn rotary_dims(&self) -> usize {
+        self.rotary_dim.unwrap_or(self.head_dim)
     }
 }

@@ -7,14 +7,15 @@
 use std::ops::Deref;
 
 use candle_core::{DType, Storage, Tensor};
+use sluice_kernels::cpu::delta_net::{self, DeltaNetScratch, DeltaNetSeq, DeltaNetWeights};
 use sluice_kernels::cpu::rows::{self, QkNorm, QkvShape};
 use sluice_kernels::AttentionShape;
 
 use crate::arch::Rotary;
 use crate::attention::{cpu as cpu_attention, paged_attention, AttentionBackend};
-use crate::batch::StepBatch;
+use crate::batch::{GroupTables, StepBatch};
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{CacheKind, KvCache};
 use crate::last_layer::last_layer_rows;
 use crate::layer::{Mlp, ModelWeights};
 use crate::lora::{Group, LoraScratch, StepLoras};
@@ -40,6 +41,15 @@ pub struct StepScratch {
     post: Vec<f32>,
     gate_up: Vec<f32>,
     act: Vec<f32>,
+    /// Qwen3.5's gated attention: the projection with each query head's gate, and the gates.
+    qkv_gated: Vec<f32>,
+    gates: Vec<f32>,
+    /// A DeltaNet layer's in-projection rows, its output before the out-projection, the
+    /// kernel's buffers, and the step's sequences as the kernel takes them.
+    mixed: Vec<f32>,
+    delta_out: Vec<f32>,
+    delta: DeltaNetScratch,
+    delta_seqs: Vec<DeltaNetSeq>,
     /// A mixture of experts' buffers (Mixtral, qwen MoE), and what its last step read.
     pub(crate) moe: MoeScratch,
     /// The LoRA update's buffers.
@@ -138,6 +148,7 @@ fn forward_on_pool(
         heads: h,
         kv_heads: kvh,
         head_dim: d,
+        rotary_dim: cfg.rotary_dims(),
     };
     let x = sized(&mut s.x, t * hidden);
     w.embed.lookup_into(&batch.input_ids, x)?;
@@ -148,6 +159,27 @@ fn forward_on_pool(
     }
     let normed = sized(&mut s.normed, t * hidden);
     let qkv = sized(&mut s.qkv, t * (h + 2 * kvh) * d);
+    let gated = w.layers.iter().any(|l| l.output_gate);
+    let (qkv_gated, gates) = if gated {
+        (
+            sized(&mut s.qkv_gated, t * (2 * h + 2 * kvh) * d),
+            sized(&mut s.gates, t * h * d),
+        )
+    } else {
+        (&mut s.qkv_gated[..0], &mut s.gates[..0])
+    };
+    let delta_shape = cfg.delta_net.as_ref().map(|dn| dn.shape());
+    let (mixed, delta_out) = match delta_shape {
+        Some(sh) => {
+            delta_sequences(batch, kv, &mut s.delta_seqs)?;
+            (
+                sized(&mut s.mixed, t * sh.in_cols()),
+                sized(&mut s.delta_out, t * sh.value_dim()),
+            )
+        }
+        None => (&mut s.mixed[..0], &mut s.delta_out[..0]),
+    };
+    let (delta_scratch, delta_seqs) = (&mut s.delta, &s.delta_seqs);
     let q = sized(&mut s.q, t * h * d);
     let k = sized(&mut s.k, t * kvh * d);
     let v = sized(&mut s.v, t * kvh * d);
@@ -202,7 +234,45 @@ fn forward_on_pool(
             };
             rows::add_rms_norm(x, delta, attn_norm.get()?, eps, normed);
         }
-        layer.qkv.forward_into(normed, t, qkv)?;
+        if let (Some(dn), Some(shape)) = (&layer.delta_net, delta_shape) {
+            // A Gated DeltaNet layer: its in-projections, the recurrence over each sequence's
+            // state, its out-projection into `proj` (where attention's output would be).
+            layer.qkv.forward_into(normed, t, mixed)?;
+            let states = kv.delta_net_states(dn.index).ok_or_else(|| {
+                ModelError::InvalidStep("the cache has no recurrent states".into())
+            })?;
+            let weights = DeltaNetWeights {
+                conv: &dn.conv,
+                dt_bias: &dn.dt_bias,
+                a: &dn.a,
+                norm: &dn.norm,
+                eps,
+            };
+            delta_net::forward(
+                shape,
+                weights,
+                delta_seqs,
+                mixed,
+                states,
+                delta_scratch,
+                delta_out,
+            );
+            layer.o.forward_into(delta_out, t, proj)?;
+            let ffn_norm = HostValues::new(&layer.ffn_norm, "ffn_norm")?;
+            rows::add_rms_norm(x, proj, ffn_norm.get()?, eps, normed);
+            run_mlp(
+                layer, i, normed, t, inter, hidden, gate_up, act, moe, &loras, lora, proj,
+            )?;
+            continue;
+        }
+        if layer.output_gate {
+            // Qwen3.5: each query head's rows are followed by its gate's; the gates aside, the
+            // rows are an ordinary Q, K and V.
+            layer.qkv.forward_into(normed, t, qkv_gated)?;
+            split_gates(qkv_gated, h, kvh, d, qkv, gates);
+        } else {
+            layer.qkv.forward_into(normed, t, qkv)?;
+        }
         loras.add(i, Group::Qkv, normed, qkv, q_cols + 2 * kv_cols, lora);
         let qk_norm = match &layer.qk_norm {
             Some((qn, kn)) => Some((
@@ -260,6 +330,11 @@ fn forward_on_pool(
                 attn.copy_from_slice(&out.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
             }
         }
+        if layer.output_gate {
+            for (a, g) in attn.iter_mut().zip(gates.iter()) {
+                *a *= 1.0 / (1.0 + (-g).exp());
+            }
+        }
         layer.o.forward_into(attn, t, proj)?;
         loras.add(i, Group::O, attn, proj, hidden, lora);
         let ffn_norm = HostValues::new(&layer.ffn_norm, "ffn_norm")?;
@@ -271,20 +346,9 @@ fn forward_on_pool(
             }
             None => rows::add_rms_norm(x, proj, ffn_norm.get()?, eps, normed),
         }
-        match &layer.mlp {
-            Mlp::Dense {
-                gate_up: w_gate_up,
-                down,
-                activation,
-            } => {
-                w_gate_up.forward_into(normed, t, gate_up)?;
-                loras.add(i, Group::GateUp, normed, gate_up, 2 * inter, lora);
-                ops::glu_rows_into(*activation, gate_up, inter, act)?;
-                down.forward_into(act, t, proj)?;
-                loras.add(i, Group::Down, act, proj, hidden, lora);
-            }
-            Mlp::Experts(experts) => experts.forward_into(normed, t, moe, proj)?,
-        }
+        run_mlp(
+            layer, i, normed, t, inter, hidden, gate_up, act, moe, &loras, lora, proj,
+        )?;
         if let Some(norms) = &layer.post_norms {
             let ffn_post = HostValues::new(&norms.ffn, "post_ffw_norm")?;
             rows::rms_norm(proj, ffn_post.get()?, eps, post);
@@ -294,4 +358,92 @@ fn forward_on_pool(
     rows::add(x, if last_has_post { post } else { proj });
     let x = Tensor::from_slice(x, (t, hidden), &dev)?;
     last_layer_rows(&x, w.norm, eps, w.lm_head, batch, cfg)
+}
+
+/// Layer `i`'s MLP (dense or experts) on `normed`, into `proj`.
+#[allow(clippy::too_many_arguments)]
+fn run_mlp(
+    layer: &crate::layer::Layer,
+    i: usize,
+    normed: &[f32],
+    t: usize,
+    inter: usize,
+    hidden: usize,
+    gate_up: &mut [f32],
+    act: &mut [f32],
+    moe: &mut MoeScratch,
+    loras: &StepLoras<'_>,
+    lora: &mut LoraScratch,
+    proj: &mut [f32],
+) -> Result<()> {
+    match &layer.mlp {
+        Mlp::Dense {
+            gate_up: w_gate_up,
+            down,
+            activation,
+        } => {
+            w_gate_up.forward_into(normed, t, gate_up)?;
+            loras.add(i, Group::GateUp, normed, gate_up, 2 * inter, lora);
+            ops::glu_rows_into(*activation, gate_up, inter, act)?;
+            down.forward_into(act, t, proj)?;
+            loras.add(i, Group::Down, act, proj, hidden, lora);
+        }
+        Mlp::Experts(experts) => experts.forward_into(normed, t, moe, proj)?,
+    }
+    Ok(())
+}
+
+/// Qwen3.5's gated Q rows apart: each token's row of `gated` holds, per query head, its `d`
+/// query values then its `d` gate values, then K and V; `qkv` gets the queries, K and V (an
+/// ordinary projection's row) and `gates` the gates.
+fn split_gates(gated: &[f32], h: usize, kvh: usize, d: usize, qkv: &mut [f32], gates: &mut [f32]) {
+    let (wide, plain, kv) = ((2 * h + 2 * kvh) * d, (h + 2 * kvh) * d, 2 * kvh * d);
+    for ((src, dst), g) in gated
+        .chunks_exact(wide)
+        .zip(qkv.chunks_exact_mut(plain))
+        .zip(gates.chunks_exact_mut(h * d))
+    {
+        for head in 0..h {
+            dst[head * d..][..d].copy_from_slice(&src[2 * head * d..][..d]);
+            g[head * d..][..d].copy_from_slice(&src[(2 * head + 1) * d..][..d]);
+        }
+        dst[h * d..][..kv].copy_from_slice(&src[2 * h * d..][..kv]);
+    }
+}
+
+/// The step's sequences as the DeltaNet kernel takes them: each one's rows, its state in the
+/// cache's recurrent group, and whether it starts at position 0 (a fresh state).
+fn delta_sequences(batch: &StepBatch, kv: &KvCache, out: &mut Vec<DeltaNetSeq>) -> Result<()> {
+    let group = kv
+        .groups()
+        .iter()
+        .position(|(kind, _)| *kind == CacheKind::Recurrent)
+        .ok_or_else(|| ModelError::InvalidStep("the cache has no recurrent group".into()))?;
+    let Some(GroupTables::Recurrent {
+        states,
+        restore,
+        save,
+    }) = batch.groups.get(group)
+    else {
+        return Err(ModelError::InvalidStep(format!(
+            "layer group {group} is recurrent: the step gave it no states"
+        )));
+    };
+    out.clear();
+    out.extend(
+        batch
+            .sequences
+            .iter()
+            .zip(states)
+            .zip(restore.iter().zip(save))
+            .map(|((q, &state), (from, to))| DeltaNetSeq {
+                start: q.query_start,
+                len: q.query_len,
+                state: state as usize,
+                fresh: q.context_len == q.query_len,
+                restore: from.map(|c| c as usize),
+                save: to.map(|(c, n)| (c as usize, n as usize)),
+            }),
+    );
+    Ok(())
 }

@@ -321,7 +321,7 @@ impl GgufFile {
             architecture,
             hidden_size,
             intermediate_size: shared.intermediate_size,
-            num_layers: shared.num_layers,
+            num_layers: family.trunk_layers.unwrap_or(shared.num_layers),
             num_heads,
             num_kv_heads,
             head_dim,
@@ -346,6 +346,8 @@ impl GgufFile {
             attention_scale,
             final_logit_softcap,
             layers_without_rope: family.layers_without_rope,
+            rotary_dim: family.rotary_dim,
+            delta_net: family.delta_net,
         })
     }
 

@@ -152,6 +152,8 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         attention_scale: params.attention_scale,
         final_logit_softcap: params.final_logit_softcap,
         layers_without_rope: params.layers_without_rope,
+        rotary_dim: params.rotary_dim,
+        delta_net: params.delta_net,
     })
 }
 

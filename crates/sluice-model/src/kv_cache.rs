@@ -9,6 +9,11 @@
 //! goes to the full pool, which is what bounds how many tokens the server holds. All pools
 //! come out of one budget ([`KvCache::pools_for_budget`]).
 //!
+//! The hybrids' Gated DeltaNet layers keep no K/V: their group ([`CacheKind::Recurrent`]) is
+//! a pool of fixed-size states, one a running sequence, taken from the same budget (states
+//! for up to the running sequences' count, at most half of it), and the full pool holds the
+//! attention layers only.
+//!
 //! Its layout is the kernels' ([`KvLayout`]): block-major, K dimension-major within a block.
 //! On the CPU the cache is host memory that the step writes and the attention kernels read in
 //! place ([`HostKv`]): f32, f16, or 8-bit ([`KvDtype::Q8_0`]: the same layout as int8 with a
@@ -91,6 +96,12 @@ struct Q8Layer {
     v_scales: Vec<f32>,
 }
 
+/// One DeltaNet layer's states (`sluice_kernels::cpu::delta_net::DeltaNetStates`'s layout).
+struct StateLayer {
+    conv: Vec<f32>,
+    ssm: Vec<f32>,
+}
+
 enum Layers {
     Device(Vec<DeviceLayer>),
     F32(Vec<HostLayer<f32>>),
@@ -133,8 +144,9 @@ pub struct KvPools {
     /// Blocks of the full pool (the full-attention layers, and every layer of a group
     /// without a pool of its own).
     pub num_blocks: usize,
-    /// Blocks of each group's own pool, one entry per group of [`cache_groups`] in its order;
-    /// empty: every layer in the full pool.
+    /// Blocks of each group's own pool, one entry per group of [`cache_groups`] in its order
+    /// (a recurrent group's: its states); empty: every layer in the full pool (a model
+    /// without recurrent layers).
     pub group_blocks: Vec<usize>,
 }
 
@@ -149,11 +161,13 @@ impl KvPools {
 }
 
 /// What a group of layers keeps for a sequence beside the full-attention layers' paged K/V.
-/// (The hybrids' recurrent state arrives with them; the engine's block pools already hold it.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheKind {
     /// Paged K/V of the keys in a window of this many tokens.
     SlidingWindow(usize),
+    /// One fixed-size state a sequence (the hybrids' Gated DeltaNet layers): the group's
+    /// "blocks" are its states.
+    Recurrent,
 }
 
 /// Layers that may keep their cache in a pool of their own.
@@ -165,17 +179,22 @@ pub struct CacheGroup {
 }
 
 /// The groups beside the full-attention layers that `config`'s layer plans declare: its
-/// sliding-window layers, one group a window, in the order of their first layers. A model
-/// whose every layer is windowed declares none (its full pool is the window layers' pool).
+/// recurrent layers, and its sliding-window layers, one group a window, in the order of their
+/// first layers. A model whose every attention layer is windowed declares no window group
+/// (its full pool is the window layers' pool).
 pub fn cache_groups(config: &ModelConfig) -> Vec<CacheGroup> {
     let mut groups: Vec<CacheGroup> = Vec::new();
     let mut full = false;
     for layer in 0..config.num_layers {
-        let Some(window) = config.layer_plan(layer).attention.window() else {
+        let plan = config.layer_plan(layer);
+        let kind = if plan.mixer == crate::arch::Mixer::GatedDeltaNet {
+            CacheKind::Recurrent
+        } else if let Some(window) = plan.attention.window() {
+            CacheKind::SlidingWindow(window)
+        } else {
             full = true;
             continue;
         };
-        let kind = CacheKind::SlidingWindow(window);
         match groups.iter_mut().find(|g| g.kind == kind) {
             Some(g) => g.layers.push(layer),
             None => groups.push(CacheGroup {
@@ -184,11 +203,10 @@ pub fn cache_groups(config: &ModelConfig) -> Vec<CacheGroup> {
             }),
         }
     }
-    if full {
-        groups
-    } else {
-        Vec::new()
+    if !full {
+        groups.retain(|g| g.kind == CacheKind::Recurrent);
     }
+    groups
 }
 
 /// What the running sequences may need of a window pool at once: at most `max_seqs` of them,
@@ -210,6 +228,8 @@ impl WindowDemand {
 
 pub struct KvCache {
     layers: Layers,
+    /// The DeltaNet layers' states, by their index among them (`Layer::delta_net`).
+    states: Vec<StateLayer>,
     layout: KvLayout,
     /// Each group's own pool (empty: every layer in the full pool), in [`cache_groups`] order.
     groups: Vec<(CacheKind, KvLayout)>,
@@ -276,8 +296,15 @@ impl KvCache {
         };
         let mut layer_group = vec![None; config.num_layers];
         let mut groups = Vec::new();
+        let declared = cache_groups(config);
+        if pools.group_blocks.is_empty() && declared.iter().any(|g| g.kind == CacheKind::Recurrent)
+        {
+            return Err(ModelError::KvCache(
+                "a model with Gated DeltaNet layers needs a pool of states beside its KV blocks"
+                    .into(),
+            ));
+        }
         if !pools.group_blocks.is_empty() {
-            let declared = cache_groups(config);
             if declared.len() != pools.group_blocks.len() {
                 return Err(ModelError::KvCache(format!(
                     "pools for {} layer groups; the model has {} beside its full-attention layers",
@@ -287,7 +314,8 @@ impl KvCache {
             }
             if !device.is_cpu() {
                 return Err(ModelError::KvCache(
-                    "a sliding-window pool is read by the CPU attention kernels only".into(),
+                    "a layer group's pool (sliding-window K/V, recurrent states) is read by the CPU forward only"
+                        .into(),
                 ));
             }
             for (g, (group, &blocks)) in declared.iter().zip(&pools.group_blocks).enumerate() {
@@ -306,7 +334,10 @@ impl KvCache {
                 groups.push((group.kind, group_layout));
             }
         }
-        for l in std::iter::once(&layout).chain(groups.iter().map(|(_, l)| l)) {
+        let paged = groups
+            .iter()
+            .filter(|(kind, _)| *kind != CacheKind::Recurrent);
+        for l in std::iter::once(&layout).chain(paged.map(|(_, l)| l)) {
             if l.values_per_layer() > u32::MAX as usize {
                 return Err(ModelError::KvCache(format!(
                     "{} blocks of {block_size} tokens exceed the 2^32 values per layer a cache can address",
@@ -318,7 +349,29 @@ impl KvCache {
             Some(g) => &groups[g].1,
             None => &layout,
         };
-        let values = |i: usize| layout_of(i).values_per_layer();
+        // A DeltaNet layer keeps no K/V.
+        let values = |i: usize| {
+            if config.is_recurrent(i) {
+                0
+            } else {
+                layout_of(i).values_per_layer()
+            }
+        };
+        let states = match (
+            &config.delta_net,
+            groups.iter().find(|(k, _)| *k == CacheKind::Recurrent),
+        ) {
+            (Some(dn), Some((_, l))) => {
+                let shape = dn.shape();
+                (0..dn.layers().len())
+                    .map(|_| StateLayer {
+                        conv: vec![0.0; l.num_blocks * shape.conv_state_len()],
+                        ssm: vec![0.0; l.num_blocks * dn.v_heads * shape.head_state_len()],
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
         let num_layers = config.num_layers;
         let layers = match (dtype, device.is_cpu()) {
             (KvDtype::F32, true) => Layers::F32(
@@ -370,11 +423,52 @@ impl KvCache {
         };
         Ok(Self {
             layers,
+            states,
             layout,
             groups,
             layer_group,
             dtype,
         })
+    }
+
+    /// The states of the `index`-th DeltaNet layer, for the CPU forward.
+    pub(crate) fn delta_net_states(
+        &mut self,
+        index: usize,
+    ) -> Option<sluice_kernels::cpu::delta_net::DeltaNetStates<'_>> {
+        self.states
+            .get_mut(index)
+            .map(|l| sluice_kernels::cpu::delta_net::DeltaNetStates {
+                conv: &mut l.conv,
+                ssm: &mut l.ssm,
+            })
+    }
+
+    /// A step's empty tables for each group with a pool of its own, in order: what
+    /// [`crate::StepBatch::groups`] starts from.
+    pub fn step_groups(&self) -> Vec<crate::batch::GroupTables> {
+        self.groups
+            .iter()
+            .map(|(kind, _)| match kind {
+                CacheKind::Recurrent => crate::batch::GroupTables::recurrent(),
+                CacheKind::SlidingWindow(_) => crate::batch::GroupTables::paged(),
+            })
+            .collect()
+    }
+
+    /// The index of the recurrent group among [`Self::groups`], if the cache has one.
+    pub fn recurrent_group(&self) -> Option<usize> {
+        self.groups
+            .iter()
+            .position(|(kind, _)| *kind == CacheKind::Recurrent)
+    }
+
+    /// States in the recurrent group (0 for a model without).
+    pub fn num_states(&self) -> usize {
+        self.groups
+            .iter()
+            .find(|(k, _)| *k == CacheKind::Recurrent)
+            .map_or(0, |(_, l)| l.num_blocks)
     }
 
     /// How to split `budget_bytes` between the pools: for a model with full-attention layers
@@ -389,32 +483,49 @@ impl KvCache {
         dtype: KvDtype,
         demand: WindowDemand,
     ) -> KvPools {
-        let one_pool = KvPools::one(Self::num_blocks_for_budget(
-            config,
-            budget_bytes,
-            block_size,
-            dtype,
-        ));
         let groups = cache_groups(config);
-        let grouped: usize = groups.iter().map(|g| g.layers.len()).sum();
+        // The recurrent states first: one a sequence that can run and as many for prefix
+        // checkpoints (the scheduler keeps those beyond its running sequences for them), in at
+        // most half the budget (at least one: a budget too small for any KV block refuses the
+        // model anyway).
+        let (states, budget_bytes) = match &config.delta_net {
+            Some(dn) if groups.iter().any(|g| g.kind == CacheKind::Recurrent) => {
+                let state = dn.state_bytes().max(1);
+                let states = (2 * demand.max_seqs).min(budget_bytes / 2 / state).max(1);
+                (Some(states), budget_bytes.saturating_sub(states * state))
+            }
+            _ => (None, budget_bytes),
+        };
+        let one_pool = KvPools {
+            num_blocks: Self::num_blocks_for_budget(config, budget_bytes, block_size, dtype),
+            group_blocks: states.into_iter().collect(),
+        };
+        let windows: Vec<&CacheGroup> = groups
+            .iter()
+            .filter(|g| g.kind != CacheKind::Recurrent)
+            .collect();
+        let windowed: usize = windows.iter().map(|g| g.layers.len()).sum();
         let no_window = groups.iter().any(|g| g.kind == CacheKind::SlidingWindow(0));
-        if groups.is_empty() || grouped == config.num_layers || no_window {
+        let attention_layers = config.num_attention_layers();
+        if windows.is_empty() || windowed == attention_layers || no_window || states.is_some() {
+            // A model with recurrent layers and sliding windows: no family has both.
             return one_pool;
         }
         // Bytes of one block in one layer.
-        let layer_block = dtype.bytes_per_token(config) * block_size / config.num_layers;
-        let group_blocks: Vec<usize> = groups
+        let layer_block = dtype.bytes_per_token(config) * block_size / attention_layers;
+        let group_blocks: Vec<usize> = windows
             .iter()
             .map(|g| match g.kind {
                 CacheKind::SlidingWindow(window) => demand.blocks(window, block_size),
+                CacheKind::Recurrent => unreachable!("filtered out above"),
             })
             .collect();
-        let group_bytes: usize = groups
+        let group_bytes: usize = windows
             .iter()
             .zip(&group_blocks)
             .map(|(g, &blocks)| blocks * g.layers.len() * layer_block)
             .sum();
-        let full_layers = config.num_layers - grouped;
+        let full_layers = attention_layers - windowed;
         let num_blocks = budget_bytes.saturating_sub(group_bytes) / (full_layers * layer_block);
         if num_blocks < group_blocks.iter().copied().max().unwrap_or(0) {
             return one_pool;
@@ -453,12 +564,19 @@ impl KvCache {
         }
     }
 
-    /// Bytes of K and V the cache holds, every layer and pool.
+    /// Bytes of K and V the cache holds, every layer and pool, and of the recurrent states.
     pub fn bytes(&self, config: &ModelConfig) -> usize {
-        let layer_token = self.dtype.bytes_per_token(config) / config.num_layers;
-        (0..config.num_layers)
+        let layer_token = self.dtype.bytes_per_token(config) / config.num_attention_layers();
+        let kv: usize = (0..config.num_layers)
+            .filter(|&i| !config.is_recurrent(i))
             .map(|i| self.layer_layout(i).num_slots() * layer_token)
-            .sum()
+            .sum();
+        let states: usize = self
+            .states
+            .iter()
+            .map(|l| 4 * (l.conv.len() + l.ssm.len()))
+            .sum();
+        kv + states
     }
 
     /// Blocks that fit in `budget_bytes` of K/V held as `dtype`.
@@ -610,6 +728,8 @@ mod tests {
             attention_scale: None,
             final_logit_softcap: None,
             layers_without_rope: Vec::new(),
+            rotary_dim: None,
+            delta_net: None,
         }
     }
 

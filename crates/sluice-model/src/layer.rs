@@ -30,8 +30,15 @@ pub(crate) struct ModelWeights<'a> {
 
 pub(crate) struct Layer {
     pub attn_norm: Tensor,
-    /// Q, K and V stacked: one matmul for all three.
+    /// Q, K and V stacked: one matmul for all three (with Qwen3.5's gates, each query head's
+    /// rows followed by its gate's). A DeltaNet layer's in-projections stacked the same way
+    /// (q, k, v, z, beta, alpha: `DeltaNetShape::in_cols`).
     pub qkv: Linear,
+    /// Each query head's attention output times the sigmoid of its gate (`qkv`'s gate rows).
+    pub output_gate: bool,
+    /// A Gated DeltaNet layer's own tensors; `None` for an attention layer. Its `o` is the
+    /// DeltaNet's out-projection.
+    pub delta_net: Option<Box<DeltaNetLayer>>,
     /// qwen3: RMSNorm weights `[head_dim]` applied to each head of Q and of K before RoPE.
     pub qk_norm: Option<(Tensor, Tensor)>,
     pub o: Linear,
@@ -48,6 +55,19 @@ pub(crate) struct Layer {
     pub rotary: Rotary,
     /// gpt-oss: one sink logit a query head, joining each softmax's denominator.
     pub sinks: Option<Vec<f32>>,
+}
+
+/// A Gated DeltaNet layer's small tensors, as the CPU kernel reads them
+/// (`sluice_kernels::cpu::delta_net::DeltaNetWeights`).
+pub(crate) struct DeltaNetLayer {
+    /// `[conv_dim, conv_kernel]`.
+    pub conv: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    /// `-exp(A_log)`.
+    pub a: Vec<f32>,
+    pub norm: Vec<f32>,
+    /// Its index among the model's DeltaNet layers: where its states live in the cache.
+    pub index: usize,
 }
 
 /// Gemma's norms after the attention and after the MLP.

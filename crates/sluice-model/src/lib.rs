@@ -51,7 +51,7 @@ pub mod weights;
 
 pub use attention::AttentionBackend;
 pub use batch::{GroupTables, RowSampling, SampledToken, SequenceSlice, StepBatch, StepOutput};
-pub use config::{Architecture, ModelConfig, MoeConfig, Pooling, RopeScaling};
+pub use config::{Architecture, DeltaNetConfig, ModelConfig, MoeConfig, Pooling, RopeScaling};
 pub use cpu_forward::StepScratch;
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;

@@ -149,6 +149,19 @@ pub enum Weight {
     ExpertGateBias(usize),
     ExpertUpBias(usize),
     ExpertDownBias(usize),
+    /// A Gated DeltaNet layer's in-projections: q, k and v (the conv's input) `[conv_dim,
+    /// hidden]`, the output gate z `[value_dim, hidden]`, beta and alpha `[v_heads, hidden]`.
+    SsmQkv(usize),
+    SsmGate(usize),
+    SsmBeta(usize),
+    SsmAlpha(usize),
+    /// Its conv taps `[conv_dim, conv_kernel]`, alpha's bias and `-exp(A_log)` (`[v_heads]`
+    /// each), its output norm `[head_dim]` and out-projection `[hidden, value_dim]`.
+    SsmConv(usize),
+    SsmDtBias(usize),
+    SsmA(usize),
+    SsmNorm(usize),
+    SsmOut(usize),
 }
 
 impl Weight {
@@ -186,6 +199,15 @@ impl Weight {
             Self::ExpertGateBias(i) => blk(i, "ffn_gate_exps.bias"),
             Self::ExpertUpBias(i) => blk(i, "ffn_up_exps.bias"),
             Self::ExpertDownBias(i) => blk(i, "ffn_down_exps.bias"),
+            Self::SsmQkv(i) => blk(i, "attn_qkv.weight"),
+            Self::SsmGate(i) => blk(i, "attn_gate.weight"),
+            Self::SsmBeta(i) => blk(i, "ssm_beta.weight"),
+            Self::SsmAlpha(i) => blk(i, "ssm_alpha.weight"),
+            Self::SsmConv(i) => blk(i, "ssm_conv1d.weight"),
+            Self::SsmDtBias(i) => blk(i, "ssm_dt.bias"),
+            Self::SsmA(i) => blk(i, "ssm_a"),
+            Self::SsmNorm(i) => blk(i, "ssm_norm.weight"),
+            Self::SsmOut(i) => blk(i, "ssm_out.weight"),
         }
     }
 
@@ -245,6 +267,16 @@ impl Weight {
                 layer(i, "mlp.experts.gate_up_proj_bias")
             }
             Self::ExpertDownBias(i) => layer(i, "mlp.experts.down_proj_bias"),
+            // transformers' Qwen3.5 names.
+            Self::SsmQkv(i) => layer(i, "linear_attn.in_proj_qkv.weight"),
+            Self::SsmGate(i) => layer(i, "linear_attn.in_proj_z.weight"),
+            Self::SsmBeta(i) => layer(i, "linear_attn.in_proj_b.weight"),
+            Self::SsmAlpha(i) => layer(i, "linear_attn.in_proj_a.weight"),
+            Self::SsmConv(i) => layer(i, "linear_attn.conv1d.weight"),
+            Self::SsmDtBias(i) => layer(i, "linear_attn.dt_bias"),
+            Self::SsmA(i) => layer(i, "linear_attn.A_log"),
+            Self::SsmNorm(i) => layer(i, "linear_attn.norm.weight"),
+            Self::SsmOut(i) => layer(i, "linear_attn.out_proj.weight"),
         }
     }
 }

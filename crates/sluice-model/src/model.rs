@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use crate::arch::{self, Backend, MlpKind, Traits};
+use crate::arch::{self, Backend, Mixer, MlpKind, Traits};
 use crate::attention::{cpu as cpu_attention, AttentionBackend};
 use crate::batch::{GroupTables, StepBatch};
 use crate::config::ModelConfig;
@@ -14,8 +14,8 @@ use crate::cpu_forward::{self, StepScratch};
 use crate::cuda_forward;
 use crate::embedding::Embedding;
 use crate::error::{ModelError, Result};
-use crate::kv_cache::{KvCache, KvDtype, KvLayout, KvPools, WindowDemand};
-use crate::layer::{Layer, Mlp, ModelWeights, PostNorms};
+use crate::kv_cache::{CacheKind, KvCache, KvDtype, KvLayout, KvPools, WindowDemand};
+use crate::layer::{DeltaNetLayer, Layer, Mlp, ModelWeights, PostNorms};
 use crate::load::{ExpertMatrices, LoadOptions, Weight, WeightSource};
 use crate::lora::LoraAdapter;
 use crate::moe::{routing::RoutingRule, MoeLayer, SharedExpert};
@@ -67,19 +67,51 @@ impl LlamaModel {
         // Norm weights in the element type the forward's activations take (f32 on the CPU; a
         // GPU's half-precision weights make theirs half too), converted once here.
         let act = linear.activation_dtype();
-        let (hidden, heads, kv_heads, d, inter, vocab) = (
+        let (hidden, heads, kv_heads, d, vocab) = (
             config.hidden_size,
             config.num_heads,
             config.num_kv_heads,
             config.head_dim,
-            config.intermediate_size,
             config.vocab_size,
         );
         let mut embed = src.embedding([vocab, hidden], linear)?;
 
         let mut layers = Vec::with_capacity(config.num_layers);
+        let mut recurrent_index = 0;
         for i in 0..config.num_layers {
             let plan = config.layer_plan(i);
+            if plan.mixer == Mixer::GatedDeltaNet {
+                let dn = config
+                    .delta_net
+                    .as_ref()
+                    .expect("a DeltaNet layer has a DeltaNetConfig");
+                let (mixer, o, delta_net) =
+                    Self::build_delta_net(src, dn, i, recurrent_index, hidden, linear)?;
+                recurrent_index += 1;
+                let mlp = Self::build_mlp(src, &config, &plan, i, linear)?;
+                layers.push(Layer {
+                    attn_norm: src
+                        .dense(Weight::AttnNorm(i), &[hidden], &device)?
+                        .to_dtype(act)?,
+                    qkv: mixer,
+                    output_gate: false,
+                    delta_net: Some(Box::new(delta_net)),
+                    qk_norm: None,
+                    o,
+                    post_norms: None,
+                    ffn_norm: src
+                        .dense(Weight::FfnNorm(i), &[hidden], &device)?
+                        .to_dtype(act)?,
+                    mlp,
+                    window: None,
+                    rotary: plan.rotary,
+                    sinks: None,
+                });
+                src.layer_done()?;
+                continue;
+            }
+            // With an output gate, each query head's rows are followed by its gate's.
+            let q_rows = heads * d * if plan.output_gate { 2 } else { 1 };
             let biases = if plan.qkv_bias || src.has(Weight::QBias(i)) {
                 Some(Tensor::cat(
                     &[
@@ -94,7 +126,7 @@ impl LlamaModel {
             };
             let qkv = src.linear(
                 &[
-                    (Weight::Q(i), heads * d),
+                    (Weight::Q(i), q_rows),
                     (Weight::K(i), kv_heads * d),
                     (Weight::V(i), kv_heads * d),
                 ],
@@ -116,32 +148,7 @@ impl LlamaModel {
             } else {
                 None
             };
-            let mlp = match (plan.mlp, &config.moe) {
-                (MlpKind::Experts, Some(moe)) => Mlp::Experts(Box::new(Self::build_moe(
-                    src,
-                    config.architecture.traits(),
-                    i,
-                    moe,
-                    hidden,
-                    linear,
-                )?)),
-                (MlpKind::Dense(activation), _) => Mlp::Dense {
-                    activation,
-                    gate_up: src.linear(
-                        &[(Weight::Gate(i), inter), (Weight::Up(i), inter)],
-                        hidden,
-                        None,
-                        linear,
-                    )?,
-                    down: src.linear(&[(Weight::Down(i), hidden)], inter, None, linear)?,
-                },
-                (MlpKind::Experts, None) => {
-                    return Err(ModelError::Unsupported {
-                        path: src.path().to_path_buf(),
-                        what: format!("layer {i} planned with experts in a model without any"),
-                    })
-                }
-            };
+            let mlp = Self::build_mlp(src, &config, &plan, i, linear)?;
             let post_norms = if plan.post_norms {
                 Some(PostNorms {
                     attn: src
@@ -167,6 +174,8 @@ impl LlamaModel {
                     .dense(Weight::AttnNorm(i), &[hidden], &device)?
                     .to_dtype(act)?,
                 qkv,
+                output_gate: plan.output_gate,
+                delta_net: None,
                 qk_norm,
                 o,
                 post_norms,
@@ -242,6 +251,83 @@ impl LlamaModel {
             kv_dtype: options.kv_dtype,
             adapters: Vec::new(),
         })
+    }
+
+    /// Layer `i`'s MLP as its plan says: dense, or a mixture of experts.
+    fn build_mlp(
+        src: &mut dyn WeightSource,
+        config: &ModelConfig,
+        plan: &arch::LayerPlan,
+        i: usize,
+        linear: &crate::weights::LinearOptions,
+    ) -> Result<Mlp> {
+        let (hidden, inter) = (config.hidden_size, config.intermediate_size);
+        Ok(match (plan.mlp, &config.moe) {
+            (MlpKind::Experts, Some(moe)) => Mlp::Experts(Box::new(Self::build_moe(
+                src,
+                config.architecture.traits(),
+                i,
+                moe,
+                hidden,
+                linear,
+            )?)),
+            (MlpKind::Dense(activation), _) => Mlp::Dense {
+                activation,
+                gate_up: src.linear(
+                    &[(Weight::Gate(i), inter), (Weight::Up(i), inter)],
+                    hidden,
+                    None,
+                    linear,
+                )?,
+                down: src.linear(&[(Weight::Down(i), hidden)], inter, None, linear)?,
+            },
+            (MlpKind::Experts, None) => {
+                return Err(ModelError::Unsupported {
+                    path: src.path().to_path_buf(),
+                    what: format!("layer {i} planned with experts in a model without any"),
+                })
+            }
+        })
+    }
+
+    /// Layer `i`'s Gated DeltaNet (the `index`-th of the model's): its in-projections stacked
+    /// in the kernel's order (q, k, v, z, beta, alpha), its out-projection, and its small
+    /// tensors as f32 on the host (the CPU kernel reads them; a GPU refuses these layers).
+    fn build_delta_net(
+        src: &mut dyn WeightSource,
+        dn: &crate::config::DeltaNetConfig,
+        i: usize,
+        index: usize,
+        hidden: usize,
+        linear: &crate::weights::LinearOptions,
+    ) -> Result<(Linear, Linear, DeltaNetLayer)> {
+        let sh = dn.shape();
+        let mixer = src.linear(
+            &[
+                (Weight::SsmQkv(i), sh.conv_dim()),
+                (Weight::SsmGate(i), sh.value_dim()),
+                (Weight::SsmBeta(i), dn.v_heads),
+                (Weight::SsmAlpha(i), dn.v_heads),
+            ],
+            hidden,
+            None,
+            linear,
+        )?;
+        let o = src.linear(&[(Weight::SsmOut(i), hidden)], sh.value_dim(), None, linear)?;
+        let mut host = |w: Weight, shape: &[usize]| -> Result<Vec<f32>> {
+            Ok(src
+                .dense(w, shape, &Device::Cpu)?
+                .flatten_all()?
+                .to_vec1::<f32>()?)
+        };
+        let layer = DeltaNetLayer {
+            conv: host(Weight::SsmConv(i), &[sh.conv_dim(), dn.conv_kernel])?,
+            dt_bias: host(Weight::SsmDtBias(i), &[dn.v_heads])?,
+            a: host(Weight::SsmA(i), &[dn.v_heads])?,
+            norm: host(Weight::SsmNorm(i), &[dn.head_dim])?,
+            index,
+        };
+        Ok((mixer, o, layer))
     }
 
     /// Layer `i`'s mixture of experts: its router, each expert's MLP, and qwen2moe's shared
@@ -342,8 +428,18 @@ impl LlamaModel {
         self.attention
     }
 
-    /// A KV cache shaped for this model, of the element type it was loaded with.
+    /// A KV cache shaped for this model, of the element type it was loaded with: one pool for
+    /// every attention layer, and for a hybrid as many recurrent states as blocks (a sequence
+    /// holds at least one block, so every sequence the cache can hold has a state; the
+    /// sequence in state `i` is addressed as state `i`, `KvCache::step_groups`).
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
+        if self.config.delta_net.is_some() {
+            let pools = KvPools {
+                num_blocks,
+                group_blocks: vec![num_blocks],
+            };
+            return self.new_kv_cache_pools(pools, block_size);
+        }
         KvCache::new(
             &self.config,
             num_blocks,
@@ -452,14 +548,67 @@ impl LlamaModel {
             ));
         }
         for (g, (tables, (kind, pool))) in batch.groups.iter().zip(kv.groups()).enumerate() {
-            let GroupTables::Paged {
-                slot_mapping,
-                block_tables,
-            } = tables
-            else {
-                return err(format!(
-                    "layer group {g} ({kind:?}) is paged: the step gave it recurrent states"
-                ));
+            let (slot_mapping, block_tables) = match (tables, kind) {
+                (
+                    GroupTables::Recurrent {
+                        states,
+                        restore,
+                        save,
+                    },
+                    CacheKind::Recurrent,
+                ) => {
+                    let n = batch.sequences.len();
+                    if states.len() != n || restore.len() != n || save.len() != n {
+                        return err(format!(
+                            "layer group {g} is recurrent: the step needs one state a sequence, not {} for {}",
+                            states.len(),
+                            batch.sequences.len()
+                        ));
+                    }
+                    let checkpoints = restore
+                        .iter()
+                        .flatten()
+                        .chain(save.iter().flatten().map(|s| &s.0));
+                    if let Some(s) = states
+                        .iter()
+                        .chain(checkpoints)
+                        .find(|&&s| s as usize >= pool.num_blocks)
+                    {
+                        return err(format!(
+                            "state {s} is outside the {} states of layer group {g}",
+                            pool.num_blocks
+                        ));
+                    }
+                    for (i, q) in batch.sequences.iter().enumerate() {
+                        let start = q.context_len - q.query_len;
+                        if restore[i].is_some() && start == 0 || restore[i] == Some(states[i]) {
+                            return err(format!(
+                                "sequence {i} restores a checkpoint at position 0 or into itself"
+                            ));
+                        }
+                        if let Some((c, after)) = save[i] {
+                            if c == states[i] || after == 0 || after as usize > q.query_len {
+                                return err(format!(
+                                    "sequence {i} saves its state after {after} of its {} tokens into state {c}",
+                                    q.query_len
+                                ));
+                            }
+                        }
+                    }
+                    continue;
+                }
+                (
+                    GroupTables::Paged {
+                        slot_mapping,
+                        block_tables,
+                    },
+                    CacheKind::SlidingWindow(_),
+                ) => (slot_mapping, block_tables),
+                (_, kind) => {
+                    return err(format!(
+                        "layer group {g} ({kind:?}): the step gave it the other kind of tables"
+                    ))
+                }
             };
             if slot_mapping.len() != t || block_tables.len() != batch.block_tables.len() {
                 return err(format!(
@@ -577,6 +726,16 @@ impl LlamaModel {
     /// A LoRA adapter for this model, read from `path` (a PEFT directory or a GGUF adapter)
     /// and checked against it ([`LoraAdapter::load`]).
     pub fn load_adapter(&self, path: &std::path::Path, max_rank: usize) -> Result<LoraAdapter> {
+        if self.config.delta_net.is_some() {
+            // An adapter's Q/K/V/O would land on a DeltaNet layer's other projections.
+            return Err(ModelError::Unsupported {
+                path: path.to_path_buf(),
+                what: format!(
+                    "a LoRA adapter on {}: adapters on models with Gated DeltaNet layers",
+                    self.config.architecture.name()
+                ),
+            });
+        }
         LoraAdapter::load(path, &self.config, max_rank)
     }
 

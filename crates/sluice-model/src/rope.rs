@@ -60,9 +60,12 @@ impl RotaryTables {
         scaling: Option<&RopeScaling>,
         device: &Device,
     ) -> Result<Self> {
-        let half = config.head_dim / 2;
+        // A partial rotary (Qwen3.5) turns the first `rotary` dimensions of a head with the
+        // frequencies of a head that size; the rest pass through.
+        let rotary = config.rotary_dims();
+        let half = rotary / 2;
         let mut inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / theta.powf((2 * i) as f32 / config.head_dim as f32))
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / rotary as f32))
             .collect();
         // YaRN: each frequency's share of the interpolated one, and the factor on cos and sin.
         let mut yarn: Option<(Vec<f32>, f32, f32)> = None;
@@ -73,7 +76,7 @@ impl RotaryTables {
             }
             Some(RopeScaling::Yarn(y)) => {
                 yarn = Some((
-                    yarn_extrapolation(y, config.head_dim, theta),
+                    yarn_extrapolation(y, rotary, theta),
                     1.0 / y.factor,
                     y.attn_factor * (1.0 + 0.1 * y.factor.ln()),
                 ))
@@ -112,8 +115,9 @@ impl RotaryTables {
         })
     }
 
-    /// `(cos, sin)` of every position, each `[max_positions, head_dim / 2]` f32 (YaRN's scaled
-    /// by its attention factor).
+    /// `(cos, sin)` of every position, each `[max_positions, rotary / 2]` f32 (`rotary`: the
+    /// rotated dimensions of a head, `ModelConfig::rotary_dims`; YaRN's scaled by its attention
+    /// factor).
     pub fn tables(&self) -> (&Tensor, &Tensor) {
         (&self.cos, &self.sin)
     }
@@ -234,6 +238,8 @@ mod tests {
             attention_scale: None,
             final_logit_softcap: None,
             layers_without_rope: Vec::new(),
+            rotary_dim: None,
+            delta_net: None,
         };
         let tables = RotaryTables::new(&config, &Device::Cpu).unwrap();
         let cos = tables.cos.to_vec2::<f32>().unwrap();

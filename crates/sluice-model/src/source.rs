@@ -19,7 +19,8 @@ pub enum ModelSource {
     Gguf(GgufFile),
     /// A Hugging Face directory: `config.json`, `tokenizer.json` (+ `tokenizer_config.json`,
     /// `generation_config.json`), `model.safetensors` or shards with an index.
-    Hf(HfModelDir),
+    /// Boxed: its parsed config is several times the GGUF handle's size.
+    Hf(Box<HfModelDir>),
 }
 
 impl ModelSource {
@@ -27,7 +28,7 @@ impl ModelSource {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         if path.is_dir() {
-            Ok(Self::Hf(HfModelDir::open(path)?))
+            Ok(Self::Hf(Box::new(HfModelDir::open(path)?)))
         } else {
             Ok(Self::Gguf(GgufFile::open(path)?))
         }

@@ -7,8 +7,10 @@
 //! For every GGUF format our kernels read and every weight kind, on a model wide enough for
 //! the K-quants' 256-input super-blocks, and on mixtures of experts (qwen3moe in five formats
 //! under every kind; qwen2moe with its shared expert and Mixtral in Q4_K), whose experts each
-//! multiply however many rows of the step chose them, and on Gemma 3's and gpt-oss's layers with
-//! a sliding window (Q4_K under `auto` and `exact`):
+//! multiply however many rows of the step chose them, on Gemma 3's and gpt-oss's layers with a
+//! sliding window (Q4_K under `auto` and `exact`), and on the Qwen3.5 hybrids' Gated DeltaNet
+//! layers, whose recurrent state moves with each sequence's own tokens (their tiny Q4_K_M files,
+//! under `auto` and `exact`):
 //! - a sequence's decode row alone equals it inside steps of 1 to 128 rows, which cross every
 //!   row threshold a kernel has (the int8 kernels' tiles of 4 and 8 rows, the packed kernel's
 //!   6-row tiles and its dequantize-once path from 12 rows, AMX's 16);
@@ -59,8 +61,16 @@ fn moe_spec(architecture: Architecture, dtype: GgmlDType) -> TinyModelSpec {
 /// One model of the test: a name for `SLUICE_INVARIANCE_CASES`, its file's spec, its kinds.
 struct Case {
     name: String,
-    spec: TinyModelSpec,
+    source: Source,
     kinds: &'static [WeightsKind],
+}
+
+/// Where a case's model comes from.
+enum Source {
+    /// Written here.
+    Spec(TinyModelSpec),
+    /// A file a script makes (skipped, saying so, without it).
+    File(Option<std::path::PathBuf>),
 }
 
 fn cases() -> Vec<Case> {
@@ -68,14 +78,14 @@ fn cases() -> Vec<Case> {
         .into_iter()
         .map(|dtype| Case {
             name: format!("{dtype:?}"),
-            spec: spec(dtype),
+            source: Source::Spec(spec(dtype)),
             kinds: &KINDS,
         })
         .collect();
     for dtype in MOE_FORMATS {
         cases.push(Case {
             name: format!("qwen3moe-{dtype:?}"),
-            spec: moe_spec(Architecture::Qwen3Moe, dtype),
+            source: Source::Spec(moe_spec(Architecture::Qwen3Moe, dtype)),
             kinds: &KINDS,
         });
     }
@@ -85,7 +95,7 @@ fn cases() -> Vec<Case> {
     ] {
         cases.push(Case {
             name: format!("{name}-Q4K"),
-            spec: moe_spec(arch, GgmlDType::Q4K),
+            source: Source::Spec(moe_spec(arch, GgmlDType::Q4K)),
             kinds: &[WeightsKind::Auto],
         });
     }
@@ -93,29 +103,41 @@ fn cases() -> Vec<Case> {
     // the 37-token prompt crosses several times.
     cases.push(Case {
         name: "gemma3-Q4K".into(),
-        spec: TinyModelSpec {
+        source: Source::Spec(TinyModelSpec {
             architecture: Architecture::Gemma3,
             ..spec(GgmlDType::Q4K)
-        },
+        }),
         kinds: &[WeightsKind::Auto, WeightsKind::Exact],
     });
     // SmolLM3's layers: the fourth attends without RoPE.
     cases.push(Case {
         name: "smollm3-Q4K".into(),
-        spec: TinyModelSpec {
+        source: Source::Spec(TinyModelSpec {
             architecture: Architecture::SmolLm3,
             num_layers: 4,
             ..spec(GgmlDType::Q4K)
-        },
+        }),
         kinds: &[WeightsKind::Auto, WeightsKind::Exact],
     });
     // gpt-oss's layers (biases, sinks, YaRN, the top k's softmax, the clamped SwiGLU) with a
     // window of 8 keys on every other layer.
     cases.push(Case {
         name: "gpt-oss-Q4K".into(),
-        spec: moe_spec(Architecture::GptOss, GgmlDType::Q4K),
+        source: Source::Spec(moe_spec(Architecture::GptOss, GgmlDType::Q4K)),
         kinds: &[WeightsKind::Auto, WeightsKind::Exact],
     });
+    // The Qwen3.5 hybrids' Gated DeltaNet layers, each sequence in a recurrent state of its
+    // own (the tiny files of scripts/make-qwen35-models.sh: Q4_K, Q6_K, Q8_0 and Q5_0).
+    for arch in ["qwen35", "qwen35moe"] {
+        cases.push(Case {
+            name: format!("{arch}-Q4_K_M"),
+            source: Source::File(sluice_model::testing::optional_model(
+                &format!("tiny-qwen35/{arch}-q4_k_m.gguf"),
+                "scripts/make-qwen35-models.sh",
+            )),
+            kinds: &[WeightsKind::Auto, WeightsKind::Exact],
+        });
+    }
     cases
 }
 
@@ -172,12 +194,18 @@ fn run(
         .unwrap();
     let table: Vec<u32> = (0..4).collect();
     let mut batch = StepBatch::new(BLOCK);
+    // A hybrid's states: the sequence's is 0, each step's filler a fresh one of its own.
+    batch.groups = kv.step_groups();
+    let recurrent = kv.recurrent_group();
     // Another sequence's prompt of `n` rows in the step, on blocks of its own.
     let filler_at = |batch: &mut StepBatch, n: usize, step: usize| {
         let t: Vec<u32> = (0..filler_blocks)
             .map(|b| (4 + step * filler_blocks + b) as u32)
             .collect();
         batch.push_sequence(&tokens(n, 1000 + step as u64, vocab), 0, &t, true);
+        if let Some(g) = recurrent {
+            batch.push_group_state(g, 1 + step as u32);
+        }
     };
     // One step: the sequence's `ids` from `pos`, beside `n` filler rows, which go first on odd
     // steps (the sequence's row is not always row 0). Its logits row.
@@ -189,6 +217,9 @@ fn run(
             filler_at(&mut batch, n, step);
         }
         batch.push_sequence(ids, pos, &table, true);
+        if let Some(g) = recurrent {
+            batch.push_group_state(g, 0);
+        }
         if n > 0 && !filler_first {
             filler_at(&mut batch, n, step);
         }
@@ -306,8 +337,15 @@ fn a_rows_logits_never_depend_on_its_step_or_kernel() {
         if !case.kinds.iter().any(|&kind| wanted(name, kind)) {
             continue;
         }
-        let path = dir.join(format!("{name}.gguf"));
-        case.spec.write_gguf(&path).unwrap();
+        let path = match &case.source {
+            Source::Spec(spec) => {
+                let path = dir.join(format!("{name}.gguf"));
+                spec.write_gguf(&path).unwrap();
+                path
+            }
+            Source::File(Some(path)) => path.clone(),
+            Source::File(None) => continue,
+        };
         for &kind in case.kinds.iter().filter(|&&kind| wanted(name, kind)) {
             ran += 1;
             let mut first: Option<(KernelTier, Logits)> = None;

@@ -93,6 +93,9 @@ pub struct QkvShape {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// The dimensions of a head that RoPE rotates, from the first (all of them but for a
+    /// partial rotary: Qwen3.5's quarter); the rest pass through.
+    pub rotary_dim: usize,
 }
 
 /// Per-head RMSNorm of Q and K before RoPE (qwen3): the weights `[head_dim]` of each and eps.
@@ -106,8 +109,9 @@ pub struct QkNorm<'a> {
 /// Splits each token's QKV row into `q: [T, heads, head_dim]`, `k` and `v: [T, kv_heads,
 /// head_dim]`, normalising each head of Q and K first if `qk_norm` says so, and rotating Q and
 /// K by the token's position with the half-split convention (candle's `rope_thd`: the first
-/// half `x1`, the second `x2`, `x1 cos - x2 sin` and `x1 sin + x2 cos`). `rope` holds the
-/// tables `(cos, sin)`, each `[positions, head_dim / 2]`; `None` leaves Q and K unrotated (a
+/// half `x1`, the second `x2`, `x1 cos - x2 sin` and `x1 sin + x2 cos`) over the head's first
+/// `rotary_dim` dimensions (the rest pass through). `rope` holds the tables `(cos, sin)`, each
+/// `[positions, rotary_dim / 2]`; `None` leaves Q and K unrotated (a
 /// layer without positional encoding, SmolLM3's "NoPE" layers). Panics if a slice disagrees
 /// with the shape or a position is past the tables.
 #[allow(clippy::too_many_arguments)]
@@ -125,13 +129,18 @@ pub fn split_rope(
         heads,
         kv_heads,
         head_dim: d,
+        rotary_dim,
     } = shape;
     let t = positions.len();
     let (qw, kw) = (heads * d, kv_heads * d);
     assert!(d > 0 && d.is_multiple_of(2), "head_dim must be even");
+    assert!(
+        rotary_dim > 0 && rotary_dim.is_multiple_of(2) && rotary_dim <= d,
+        "the rotary's dimensions are even and at most head_dim"
+    );
     assert_eq!(qkv.len(), t * (qw + 2 * kw), "qkv rows");
     assert!(q.len() == t * qw && k.len() == t * kw && v.len() == t * kw);
-    let half = d / 2;
+    let half = rotary_dim / 2;
     if let Some((cos, sin)) = rope {
         assert_eq!(cos.len(), sin.len());
         assert!(positions
@@ -192,7 +201,8 @@ fn rotate(
     }
     let Some((cos, sin)) = tables else { return };
     let half = cos.len();
-    let (x1, x2) = out.split_at_mut(half);
+    let (x1, rest) = out.split_at_mut(half);
+    let x2 = &mut rest[..half];
     for i in 0..half {
         let (a, b) = (x1[i], x2[i]);
         x1[i] = a * cos[i] - b * sin[i];
@@ -261,6 +271,7 @@ mod tests {
             heads: 4,
             kv_heads: 2,
             head_dim: 8,
+            rotary_dim: 8,
         };
         let half = 4;
         let angles: Vec<f32> = (0..10 * half).map(|i| i as f32 * 0.37).collect();
@@ -304,11 +315,49 @@ mod tests {
     }
 
     #[test]
+    fn a_partial_rotary_turns_the_first_dimensions_and_passes_the_rest() {
+        // Qwen3.5's: 4 of a head's 8 dimensions, NEOX pairs (i, i + 2) among them.
+        let shape = QkvShape {
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 8,
+            rotary_dim: 4,
+        };
+        let (cos, sin) = (vec![0.6f32, 0.8, 0.0, 1.0], vec![0.8f32, 0.6, 1.0, 0.0]);
+        let qkv = values(24, 5);
+        let (mut q, mut k, mut v) = (vec![0f32; 8], vec![0f32; 8], vec![0f32; 8]);
+        split_rope(
+            &qkv,
+            &[1],
+            Some((&cos, &sin)),
+            shape,
+            None,
+            &mut q,
+            &mut k,
+            &mut v,
+        );
+        for (x, y) in [(&qkv[..8], &q), (&qkv[8..16], &k)] {
+            let (c, s) = (&cos[2..], &sin[2..]);
+            for j in 0..2 {
+                assert_eq!(y[j], x[j] * c[j] - x[j + 2] * s[j]);
+                assert_eq!(y[j + 2], x[j] * s[j] + x[j + 2] * c[j]);
+            }
+            assert_eq!(
+                &y[4..],
+                &x[4..],
+                "the dimensions past the rotary pass through"
+            );
+        }
+        assert_eq!(&v[..], &qkv[16..]);
+    }
+
+    #[test]
     fn qk_norm_normalises_each_head_before_rotating() {
         let shape = QkvShape {
             heads: 2,
             kv_heads: 1,
             head_dim: 4,
+            rotary_dim: 4,
         };
         let (cos, sin) = (vec![1.0f32; 2], vec![0.0f32; 2]); // position 0: no rotation
         let qkv = values(16, 2);
@@ -345,6 +394,7 @@ mod tests {
             heads: 2,
             kv_heads: 1,
             head_dim: 4,
+            rotary_dim: 4,
         };
         let t = 3;
         let qkv = values(t * 16, 5);

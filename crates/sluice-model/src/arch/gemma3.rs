@@ -20,6 +20,7 @@ const GEMMA3_TRAITS: Traits = Traits {
     output_bias: false,
     attention_sinks: false,
     qk_norm: true,
+    attention_output_gate: false,
     scales_embeddings: true,
     post_norms: true,
     activation: GatedActivation::GeluTanh,

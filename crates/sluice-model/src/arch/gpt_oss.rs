@@ -23,6 +23,7 @@ const GPT_OSS_TRAITS: Traits = Traits {
     output_bias: true,
     attention_sinks: true,
     qk_norm: false,
+    attention_output_gate: false,
     scales_embeddings: false,
     post_norms: false,
     activation: GatedActivation::Silu,

@@ -8,6 +8,8 @@ use crate::config::ModelConfig;
 /// One layer's kinds, as its family decides them ([`super::Family::layer_plan`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerPlan {
+    /// What mixes the tokens: attention (of [`Self::attention`]'s kind) or a recurrence.
+    pub mixer: Mixer,
     pub attention: AttentionKind,
     pub rotary: Rotary,
     pub qkv_bias: bool,
@@ -17,7 +19,19 @@ pub struct LayerPlan {
     pub qk_norm: bool,
     /// Norms of the attention's and the MLP's outputs before each joins the residual stream.
     pub post_norms: bool,
+    /// Each query head's projection followed by a gate of its own, whose sigmoid scales that
+    /// head's attention output (Qwen3.5's full-attention layers).
+    pub output_gate: bool,
     pub mlp: MlpKind,
+}
+
+/// What mixes a layer's tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mixer {
+    /// Attention over the paged KV cache.
+    Attention,
+    /// A Gated DeltaNet: a fixed-size state a sequence ([`crate::config::DeltaNetConfig`]).
+    GatedDeltaNet,
 }
 
 /// Which keys a layer's queries see.
@@ -79,6 +93,11 @@ impl LayerPlan {
             Rotary::Global
         };
         Self {
+            mixer: if config.is_recurrent(layer) {
+                Mixer::GatedDeltaNet
+            } else {
+                Mixer::Attention
+            },
             attention: window.map_or(AttentionKind::Full, AttentionKind::SlidingWindow),
             rotary,
             qkv_bias: traits.qkv_bias,
@@ -86,6 +105,7 @@ impl LayerPlan {
             sinks: traits.attention_sinks,
             qk_norm: traits.qk_norm,
             post_norms: traits.post_norms,
+            output_gate: traits.attention_output_gate,
             mlp: match &config.moe {
                 Some(moe) if moe.is_sparse(layer) => MlpKind::Experts,
                 _ => MlpKind::Dense(traits.activation),

@@ -19,12 +19,13 @@ mod layer_plan;
 mod llama;
 mod qwen2;
 mod qwen3;
+mod qwen35;
 mod qwen_moe;
 mod smollm3;
 mod windows;
 
 pub use crate::config::{Architecture, ExpertActivation, ExpertGating};
-pub use layer_plan::{AttentionKind, LayerPlan, MlpKind, Rotary};
+pub use layer_plan::{AttentionKind, LayerPlan, Mixer, MlpKind, Rotary};
 pub(crate) use windows::{LocalTheta, WindowRule};
 
 use sluice_kernels::cpu::swiglu::GatedActivation;
@@ -45,6 +46,8 @@ static FAMILIES: &[&dyn Family] = &[
     &gemma3::Gemma3,
     &gpt_oss::GptOss,
     &smollm3::SmolLm3,
+    &qwen35::Qwen35,
+    &qwen35::Qwen35Moe,
 ];
 
 impl Architecture {
@@ -99,6 +102,9 @@ pub struct Traits {
     pub attention_sinks: bool,
     /// Per-head RMSNorm of Q and K (weights of `head_dim`) before the rotary embedding.
     pub qk_norm: bool,
+    /// Each query head's projection followed by a gate's (`attn_q` twice the heads' size):
+    /// the attention output times its sigmoid (Qwen3.5's full-attention layers).
+    pub attention_output_gate: bool,
     /// The embedding rows multiplied by sqrt(hidden) before the first layer (Gemma).
     pub scales_embeddings: bool,
     /// An RMSNorm on the attention's and on the MLP's output before each joins the residual
@@ -177,6 +183,13 @@ pub(crate) struct FamilyParams {
     /// A context limit the family's config imposes (Mistral's and qwen's `sliding_window`
     /// attention, which sluice serves up to the window).
     pub context_limit: Option<usize>,
+    /// Dimensions of a head that RoPE rotates, where not all (Qwen3.5's quarter).
+    pub rotary_dim: Option<usize>,
+    /// The hybrids' Gated DeltaNet layers.
+    pub delta_net: Option<crate::config::DeltaNetConfig>,
+    /// Layers of the main model where the file holds more blocks (Qwen3.5's multi-token
+    /// prediction layers after them, kept aside): `block_count` less those.
+    pub trunk_layers: Option<usize>,
 }
 
 /// One model family: see the module's documentation.
@@ -301,8 +314,27 @@ impl ModelConfig {
 
     fn parameters(&self, active: bool) -> usize {
         let h = self.hidden_size;
-        let attn =
-            h * self.num_heads * self.head_dim * 2 + h * self.num_kv_heads * self.head_dim * 2;
+        let gates = usize::from(self.architecture.traits().attention_output_gate);
+        let attn = h * self.num_heads * self.head_dim * (2 + gates)
+            + h * self.num_kv_heads * self.head_dim * 2;
+        // A DeltaNet layer: its in-projections, conv taps, out-projection and small vectors.
+        let recurrent = self.delta_net.as_ref().map_or(0, |d| {
+            let sh = d.shape();
+            h * sh.in_cols()
+                + sh.conv_dim() * d.conv_kernel
+                + sh.value_dim() * h
+                + 2 * d.v_heads
+                + d.head_dim
+        });
+        let mixers: usize = (0..self.num_layers)
+            .map(|i| {
+                if self.is_recurrent(i) {
+                    recurrent
+                } else {
+                    attn
+                }
+            })
+            .sum();
         let dense_mlp = 3 * h * self.intermediate_size;
         let embed = self.vocab_size * h;
         let head = if self.tie_word_embeddings { 0 } else { embed };
@@ -325,7 +357,7 @@ impl ModelConfig {
         let norms: usize = (0..self.num_layers)
             .map(|i| if self.layer_plan(i).post_norms { 4 } else { 2 } * h)
             .sum();
-        self.num_layers * attn + norms + mlps + embed + head + h
+        mixers + norms + mlps + embed + head + h
     }
 }
 
@@ -357,6 +389,8 @@ pub fn supports(config: &ModelConfig, backend: Backend) -> std::result::Result<(
             ));
         }
         let gaps = [
+            (plan.mixer == Mixer::GatedDeltaNet, "Gated DeltaNet layers"),
+            (plan.output_gate, "gated attention outputs"),
             (plan.post_norms, "post-norms"),
             (
                 plan.mlp != MlpKind::Dense(GatedActivation::Silu),
@@ -379,6 +413,10 @@ pub fn supports(config: &ModelConfig, backend: Backend) -> std::result::Result<(
             (
                 config.query_scale() != 1.0 / (config.head_dim as f32).sqrt(),
                 "attention scale but 1 / sqrt(head_dim)",
+            ),
+            (
+                config.rotary_dims() != config.head_dim,
+                "RoPE on part of each head",
             ),
         ]
         .iter()
@@ -440,6 +478,8 @@ mod tests {
             attention_scale: None,
             final_logit_softcap: None,
             layers_without_rope: Vec::new(),
+            rotary_dim: None,
+            delta_net: None,
         }
     }
 
@@ -482,6 +522,27 @@ mod tests {
                     ..tiny(Architecture::Llama)
                 },
                 "attention scale",
+            ),
+            (
+                ModelConfig {
+                    delta_net: Some(crate::config::DeltaNetConfig {
+                        conv_kernel: 4,
+                        head_dim: 16,
+                        k_heads: 2,
+                        v_heads: 4,
+                        recurrent: vec![true, true, true, false],
+                        tiled: true,
+                    }),
+                    ..tiny(Architecture::Qwen35)
+                },
+                "Gated DeltaNet layers (layer 0)",
+            ),
+            (
+                ModelConfig {
+                    rotary_dim: Some(8),
+                    ..tiny(Architecture::Qwen3)
+                },
+                "RoPE on part of each head",
             ),
         ];
         for (config, missing) in cases {

@@ -13,6 +13,7 @@ pub(super) const QWEN2_TRAITS: Traits = Traits {
     output_bias: false,
     attention_sinks: false,
     qk_norm: false,
+    attention_output_gate: false,
     scales_embeddings: false,
     post_norms: false,
     activation: GatedActivation::Silu,

@@ -12,7 +12,7 @@ use crate::hf_keys::HfKeys;
 pub(crate) struct Qwen2Moe;
 pub(crate) struct Qwen3Moe;
 
-const QWEN_EXPERTS: ExpertTraits = ExpertTraits {
+pub(super) const QWEN_EXPERTS: ExpertTraits = ExpertTraits {
     required: true,
     gating: ExpertGating::SoftmaxTopK,
     activation: ExpertActivation::Swiglu,

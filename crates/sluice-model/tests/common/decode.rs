@@ -44,6 +44,7 @@ pub fn greedy_together(
     let mut outs: Vec<Vec<u32>> = vec![Vec::new(); requests.len()];
     let mut done = vec![false; requests.len()];
     let mut batch = StepBatch::new(BLOCK);
+    batch.groups = kv.step_groups();
     let mut step = 0;
     while done.contains(&false) {
         batch.clear();
@@ -62,12 +63,14 @@ pub fn greedy_together(
                         })
                         .collect();
                     batch.push_sequence(r.prompt, 0, &table, true);
+                    super::push_state(&kv, &mut batch, i as u32);
                     tables[i] = Some(table);
                 }
                 Some(table) => {
                     let last = *outs[i].last().expect("a running sequence has a token");
                     let pos = r.prompt.len() + outs[i].len() - 1;
                     batch.push_sequence(&[last], pos, table, true);
+                    super::push_state(&kv, &mut batch, i as u32);
                 }
             }
             rows.push(i);

@@ -112,7 +112,9 @@ pub fn prefill_logit_bits(model: &LlamaModel, tokens: &[u32]) -> Vec<Vec<u32>> {
     let mut kv = model.new_kv_cache(blocks, BLOCK).unwrap();
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut batch = StepBatch::new(BLOCK);
+    batch.groups = kv.step_groups();
     batch.push_sequence(tokens, 0, &table, true);
+    push_state(&kv, &mut batch, 0);
     batch.logits_indices = (0..tokens.len() as u32).collect();
     model
         .forward(&batch, &mut kv)
@@ -122,4 +124,13 @@ pub fn prefill_logit_bits(model: &LlamaModel, tokens: &[u32]) -> Vec<Vec<u32>> {
         .into_iter()
         .map(|r| r.into_iter().map(f32::to_bits).collect())
         .collect()
+}
+
+/// For a hybrid's cache (`LlamaModel::new_kv_cache`: a state a block), the last pushed
+/// sequence's recurrent state: `state`, which the caller keeps for that sequence. Nothing for
+/// a model without recurrent layers.
+pub fn push_state(kv: &sluice_model::KvCache, batch: &mut StepBatch, state: u32) {
+    if let Some(g) = kv.recurrent_group() {
+        batch.push_group_state(g, state);
+    }
 }

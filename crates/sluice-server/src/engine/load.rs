@@ -257,6 +257,23 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
                 "sliding-window layers keep only their window: their own pool of {group_blocks} \
                  blocks, the rest of --kv-cache-memory goes to the full-attention layers"
             ),
+            CacheKind::Recurrent => {
+                let state_mib = paged
+                    .model()
+                    .config()
+                    .delta_net
+                    .as_ref()
+                    .map_or(0.0, |d| d.state_bytes() as f64 / (1 << 20) as f64);
+                tracing::info!(
+                    states = group_blocks,
+                    state_mib,
+                    full_blocks = paged.num_blocks(),
+                    kv_cache_mib = paged.kv_cache_bytes() >> 20,
+                    "Gated DeltaNet layers keep a fixed state a sequence: {group_blocks} states \
+                     of {state_mib:.1} MiB (at most --max-num-seqs, at most half of \
+                     --kv-cache-memory), the rest to the full-attention layers' KV blocks"
+                )
+            }
         }
     }
     if let (true, Some(advice)) = (groups.is_empty(), shared_window) {
