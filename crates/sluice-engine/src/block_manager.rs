@@ -128,6 +128,12 @@ impl BlockTable {
     }
 
     /// The leading entries that are placeholders for blocks out of the window.
+    /// The chain hash of block `i`, where the table has computed it (a lookup or a
+    /// registration did).
+    pub fn block_hash(&self, i: usize) -> Option<u64> {
+        self.hashes.get(i).copied()
+    }
+
     pub fn first_live(&self) -> usize {
         self.first_live
     }
@@ -461,6 +467,17 @@ impl BlockManager {
             Some(&b) if self.holds(b, parent, chunk) => Some(b),
             _ => None,
         }
+    }
+
+    /// The chain hash of block `i` of `tokens` (the tokens `0..(i + 1) * block_size`), which
+    /// `table` memoises.
+    pub fn chain_hash_of(&self, table: &mut BlockTable, tokens: &[u32], i: usize) -> u64 {
+        self.ensure_hash(table, tokens, i)
+    }
+
+    /// Whether a block of chain hash `hash` is in the prefix cache.
+    pub fn is_cached(&self, hash: u64) -> bool {
+        self.cache.contains_key(&hash)
     }
 
     /// Whether [`BlockManager::allocate_with_prefix`] would succeed.

@@ -20,10 +20,15 @@
 //! scheduler's admission and preemption reason about one thing. The prefix cache works in
 //! every paged pool: a cached prefix is used only as far as each window pool also holds the
 //! blocks that the window of the first computed token reaches
-//! ([`BlockManager::find_cached_window`]). A recurrent pool keeps no state per prefix (a
-//! checkpoint of the state at a block boundary is what would let one be reused), so a model
-//! with recurrent layers serves no cached prefix: every prompt is computed from its first
-//! token, which keeps its state exact.
+//! ([`BlockManager::find_cached_window`]). A recurrent state cannot be cut at a block
+//! boundary after the fact, so a recurrent pool serves a prefix only from a checkpoint: the
+//! state of a sequence saved as its prefill crossed the last full block of its tokens (the
+//! model copies it, `StepBatch::push_group_state_with`), kept under that block's chain hash in
+//! states of their own ([`RecurrentPool::num_checkpoints`]). A prompt then starts from the
+//! deepest cached block that has a checkpoint, its state a copy of it, and computes the rest:
+//! the cold run's bits, since a state moves token by token the same way in any chunking. A new
+//! checkpoint takes a free checkpoint state, else the one whose block left the full pool's
+//! cache, else the least recently used; a checkpoint whose block is gone is never used.
 
 use std::sync::LazyLock;
 
@@ -65,8 +70,29 @@ impl WindowPool {
 /// The states of a model's recurrent layers: one a sequence, of a fixed size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecurrentPool {
-    /// States in the pool: at most this many sequences hold one at once.
+    /// States in the pool (the model's count): the running sequences' and the checkpoints'.
     pub num_states: usize,
+    /// Of those, the last this many hold prefix checkpoints (0: no prefix is served); at most
+    /// `num_states - num_checkpoints` sequences hold a state at once.
+    pub num_checkpoints: usize,
+}
+
+impl RecurrentPool {
+    /// `num_states` states split between at most `max_seqs` running sequences and prefix
+    /// checkpoints: half each while that leaves fewer than `max_seqs` running (at least one),
+    /// and past `2 * max_seqs` every state beyond the running ones a checkpoint.
+    pub fn split(num_states: usize, max_seqs: usize) -> Self {
+        let running = max_seqs.min(num_states - num_states / 2).max(1);
+        Self {
+            num_states,
+            num_checkpoints: num_states.saturating_sub(running),
+        }
+    }
+
+    /// States for running sequences.
+    pub fn running(&self) -> usize {
+        self.num_states - self.num_checkpoints
+    }
 }
 
 /// What a group of layers keeps for a sequence, beside the full-attention layers' paged K/V.
@@ -104,6 +130,30 @@ pub struct SeqBlocks {
     /// One entry a group, in the pools' order; filled the first time the pools see the
     /// sequence.
     groups: Vec<GroupHold>,
+    /// The checkpoint its recurrent state starts from, until its first step commits.
+    restore: Option<StateId>,
+    /// The checkpoint its state is saved into when its computed tokens reach the position.
+    save: Option<PendingSave>,
+}
+
+/// A checkpoint a sequence's step will save.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PendingSave {
+    state: StateId,
+    /// The position (a block boundary) whose state it keeps.
+    tokens: usize,
+    /// The chain hash of the block that ends there.
+    hash: u64,
+}
+
+/// What a sequence's recurrent state does in a step beside moving past its tokens
+/// ([`BlockPools::checkpoint_step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StateStep {
+    /// Start as a copy of this checkpoint.
+    pub restore: Option<StateId>,
+    /// `(checkpoint, n)`: save the state after the step's first `n` tokens there.
+    pub save: Option<(StateId, usize)>,
 }
 
 static NO_TABLE: LazyLock<BlockTable> = LazyLock::new(BlockTable::new);
@@ -178,6 +228,9 @@ pub struct PoolsPrefix {
     full: CachedPrefix,
     /// Per group, its window pool's part (`None` for a recurrent group).
     groups: [Option<CachedPrefix>; MAX_GROUPS],
+    /// The checkpoint a recurrent state starts from (a prefix that a model with recurrent
+    /// layers serves).
+    restore: Option<StateId>,
 }
 
 impl PoolsPrefix {
@@ -195,19 +248,49 @@ enum Group {
     Recurrent(StatePool),
 }
 
-/// The free states of a recurrent pool, the last freed taken first.
+/// The free states of a recurrent pool, the last freed taken first, and its checkpoints.
 #[derive(Debug)]
 struct StatePool {
     num_states: usize,
+    /// States for running sequences (the first ones; the rest are checkpoints').
+    running: usize,
     free: Vec<StateId>,
+    /// Checkpoint states no checkpoint or pending save holds.
+    free_checkpoints: Vec<StateId>,
+    /// Kept checkpoints: the chain hash of the block that ends at the saved position, its
+    /// state, and when it was last saved or used.
+    checkpoints: Vec<(u64, StateId, u64)>,
+    /// Counts saves and uses, for the least recently used.
+    clock: u64,
 }
 
 impl StatePool {
-    fn new(num_states: usize) -> Self {
+    fn new(spec: RecurrentPool) -> Self {
+        let running = spec.num_states - spec.num_checkpoints;
         Self {
-            num_states,
-            free: (0..num_states as StateId).rev().collect(),
+            num_states: spec.num_states,
+            running,
+            free: (0..running as StateId).rev().collect(),
+            free_checkpoints: (running as StateId..spec.num_states as StateId)
+                .rev()
+                .collect(),
+            checkpoints: Vec::new(),
+            clock: 0,
         }
+    }
+
+    /// A state for a new checkpoint: a free one, else the one whose block `cached` says left
+    /// the cache, else the least recently used; `None` without checkpoint states.
+    fn take_checkpoint(&mut self, cached: impl Fn(u64) -> bool) -> Option<StateId> {
+        if let Some(state) = self.free_checkpoints.pop() {
+            return Some(state);
+        }
+        let victim = self
+            .checkpoints
+            .iter()
+            .position(|&(hash, _, _)| !cached(hash))
+            .or_else(|| (0..self.checkpoints.len()).min_by_key(|&i| self.checkpoints[i].2))?;
+        Some(self.checkpoints.swap_remove(victim).1)
     }
 }
 
@@ -239,11 +322,12 @@ impl BlockPools {
                 }
                 KvGroupSpec::Recurrent(r) => {
                     assert!(
-                        r.num_states > 0 && r.num_states <= u32::MAX as usize,
-                        "a recurrent pool of {} states",
-                        r.num_states
+                        r.num_states > r.num_checkpoints && r.num_states <= u32::MAX as usize,
+                        "a recurrent pool of {} states ({} checkpoints)",
+                        r.num_states,
+                        r.num_checkpoints
                     );
-                    Group::Recurrent(StatePool::new(r.num_states))
+                    Group::Recurrent(StatePool::new(r))
                 }
             })
             .collect();
@@ -271,10 +355,23 @@ impl BlockPools {
         })
     }
 
+    /// Groups beside the full pool.
+    pub fn num_groups(&self) -> usize {
+        self.groups.len()
+    }
+
     /// States of recurrent group `group` that sequences hold; `None` for another kind.
     pub fn num_used_states(&self, group: usize) -> Option<usize> {
         match self.groups.get(group) {
-            Some(Group::Recurrent(p)) => Some(p.num_states - p.free.len()),
+            Some(Group::Recurrent(p)) => Some(p.running - p.free.len()),
+            _ => None,
+        }
+    }
+
+    /// Prefix checkpoints kept in recurrent group `group`; `None` for another kind.
+    pub fn num_checkpoints(&self, group: usize) -> Option<usize> {
+        match self.groups.get(group) {
+            Some(Group::Recurrent(p)) => Some(p.checkpoints.len()),
             _ => None,
         }
     }
@@ -342,16 +439,36 @@ impl BlockPools {
             .collect();
     }
 
-    /// The longest cached prefix of `tokens` that every pool can serve (none with a recurrent
-    /// group: see the module docs).
+    /// The longest cached prefix of `tokens` that every pool can serve (with a recurrent
+    /// group, only as far as its deepest checkpoint: see the module docs).
     ///
     /// # Panics
     /// If `seq` holds blocks.
     pub fn find_cached_prefix(&mut self, seq: &mut SeqBlocks, tokens: &[u32]) -> PoolsPrefix {
         self.join(seq);
         let full = self.full.find_cached_prefix(&mut seq.full, tokens);
-        let recurrent = self.groups.iter().any(|g| matches!(g, Group::Recurrent(_)));
-        let mut limit = if recurrent { 0 } else { full.num_blocks };
+        let mut limit = full.num_blocks;
+        // The checkpoint found, and the blocks it ends.
+        let mut restore: Option<(usize, StateId)> = None;
+        for g in &mut self.groups {
+            if let Group::Recurrent(p) = g {
+                // The deepest found block with a checkpoint of the state where it ends.
+                let found = (1..=limit).rev().find_map(|k| {
+                    let hash = seq.full.block_hash(k - 1)?;
+                    let i = p.checkpoints.iter().position(|c| c.0 == hash)?;
+                    Some((k, i))
+                });
+                match found {
+                    Some((k, i)) => {
+                        p.clock += 1;
+                        p.checkpoints[i].2 = p.clock;
+                        limit = k;
+                        restore = Some((k, p.checkpoints[i].1));
+                    }
+                    None => limit = 0,
+                }
+            }
+        }
         let mut groups = [None; MAX_GROUPS];
         // Each window pool serves a prefix no longer than the limit; the limit falls to the
         // shortest, and the pools are asked again until every one serves the same length.
@@ -374,7 +491,13 @@ impl BlockPools {
         } else {
             full
         };
-        PoolsPrefix { full, groups }
+        PoolsPrefix {
+            full,
+            groups,
+            // Only where every pool serves the checkpoint's blocks (a window pool may serve
+            // fewer, and then none of the state).
+            restore: restore.filter(|&(k, _)| k == limit).map(|(_, s)| s),
+        }
     }
 
     /// Whether every group can give `seq` what `num_tokens` tokens need (`prefix`: its window
@@ -453,7 +576,52 @@ impl BlockPools {
             .full
             .allocate_with_prefix(&mut seq.full, &prefix.full, num_tokens);
         debug_assert!(done || self.groups.is_empty(), "checked above");
+        if done {
+            seq.restore = prefix.restore;
+        }
         done
+    }
+
+    /// Plans a checkpoint of `seq`'s recurrent state at the last block boundary of `tokens`
+    /// that a later lookup can reach (at least one token after it), when the pools have a
+    /// recurrent group with checkpoint states, that boundary lies past the `start` it computes
+    /// from, and no checkpoint of it is kept. The save happens in the step whose tokens cross
+    /// it ([`BlockPools::checkpoint_step`]) and is kept once that step commits.
+    pub fn plan_checkpoint(&mut self, seq: &mut SeqBlocks, tokens: &[u32], start: usize) {
+        let bs = self.full.block_size();
+        let boundary = tokens.len().saturating_sub(1) / bs * bs;
+        if seq.save.is_some() || boundary == 0 || boundary <= start {
+            return;
+        }
+        let full = &self.full;
+        for g in &mut self.groups {
+            let Group::Recurrent(p) = g else { continue };
+            let hash = full.chain_hash_of(&mut seq.full, tokens, boundary / bs - 1);
+            if p.checkpoints.iter().any(|c| c.0 == hash) {
+                return;
+            }
+            let cached = |h: u64| full.is_cached(h);
+            if let Some(state) = p.take_checkpoint(cached) {
+                seq.save = Some(PendingSave {
+                    state,
+                    tokens: boundary,
+                    hash,
+                });
+            }
+        }
+    }
+
+    /// What `seq`'s recurrent state does in the step that computes its tokens `start..start +
+    /// len`: start from its checkpoint (its first step after a prefix hit), save one (the step
+    /// that crosses its planned checkpoint).
+    pub fn checkpoint_step(&self, seq: &SeqBlocks, start: usize, len: usize) -> StateStep {
+        StateStep {
+            restore: seq.restore,
+            save: seq
+                .save
+                .filter(|s| start < s.tokens && s.tokens <= start + len)
+                .map(|s| (s.state, s.tokens - start)),
+        }
     }
 
     /// Grows `seq` to hold `num_tokens` tokens in every pool, or changes nothing and returns
@@ -473,13 +641,19 @@ impl BlockPools {
         done
     }
 
-    /// Returns every block and state of `seq` to the pools.
+    /// Returns every block and state of `seq` to the pools (a checkpoint it had yet to save
+    /// too).
     pub fn free(&mut self, seq: &mut SeqBlocks) {
         self.full.free(&mut seq.full);
+        seq.restore = None;
+        let save = seq.save.take();
         for (g, hold) in self.groups.iter_mut().zip(&mut seq.groups) {
             match (g, hold) {
                 (Group::Window { blocks, .. }, GroupHold::Window(table)) => blocks.free(table),
-                (Group::Recurrent(p), GroupHold::State(s)) => p.free.extend(s.take()),
+                (Group::Recurrent(p), GroupHold::State(s)) => {
+                    p.free.extend(s.take());
+                    p.free_checkpoints.extend(save.map(|s| s.state));
+                }
                 _ => unreachable!("a sequence's groups follow the pools'"),
             }
         }
@@ -491,6 +665,22 @@ impl BlockPools {
     pub fn register_computed(&mut self, seq: &mut SeqBlocks, tokens: &[u32], num_computed: usize) {
         self.full
             .register_computed(&mut seq.full, tokens, num_computed);
+        // A step committed: its restore is done, and a checkpoint it saved is kept.
+        seq.restore = None;
+        if let Some(save) = seq.save.filter(|s| s.tokens <= num_computed) {
+            seq.save = None;
+            for g in &mut self.groups {
+                if let Group::Recurrent(p) = g {
+                    p.clock += 1;
+                    // Another sequence of the same prefix may have saved it first.
+                    if p.checkpoints.iter().any(|c| c.0 == save.hash) {
+                        p.free_checkpoints.push(save.state);
+                    } else {
+                        p.checkpoints.push((save.hash, save.state, p.clock));
+                    }
+                }
+            }
+        }
         for (g, hold) in self.groups.iter_mut().zip(&mut seq.groups) {
             if let (Group::Window { blocks, tokens: w }, GroupHold::Window(table)) = (g, hold) {
                 blocks.register_computed(table, tokens, num_computed);
@@ -548,7 +738,10 @@ impl BlockPools {
                             Some(GroupHold::State(state)) => *state,
                             _ => None,
                         })
-                        .chain(p.free.iter().copied());
+                        .chain(seqs.clone().filter_map(|s| s.save.map(|v| v.state)))
+                        .chain(p.free.iter().copied())
+                        .chain(p.free_checkpoints.iter().copied())
+                        .chain(p.checkpoints.iter().map(|c| c.1));
                     let mut count = 0;
                     for s in states {
                         let slot = held
@@ -586,7 +779,10 @@ mod tests {
     }
 
     fn recurrent(num_states: usize) -> KvGroupSpec {
-        KvGroupSpec::Recurrent(RecurrentPool { num_states })
+        KvGroupSpec::Recurrent(RecurrentPool {
+            num_states,
+            num_checkpoints: 0,
+        })
     }
 
     fn window(num_blocks: usize, window: usize) -> KvGroupSpec {
@@ -649,6 +845,99 @@ mod tests {
         assert_eq!(pools.find_cached_prefix(&mut second, &t).num_tokens(BS), 28);
     }
 
+    fn with_checkpoints(running: usize, checkpoints: usize) -> KvGroupSpec {
+        KvGroupSpec::Recurrent(RecurrentPool {
+            num_states: running + checkpoints,
+            num_checkpoints: checkpoints,
+        })
+    }
+
+    /// [`computed`] as the scheduler runs it for a model with checkpoints: a checkpoint
+    /// planned at admission, saved by the step (which must ask for it at `save_at`).
+    fn computed_saving(pools: &mut BlockPools, t: &[u32], save_at: Option<usize>) -> SeqBlocks {
+        let mut seq = SeqBlocks::default();
+        let p = pools.find_cached_prefix(&mut seq, t);
+        let start = p.num_tokens(BS);
+        assert!(pools.allocate_with_prefix(&mut seq, &p, t.len()));
+        pools.plan_checkpoint(&mut seq, t, start);
+        let step = pools.checkpoint_step(&seq, start, t.len() - start);
+        assert_eq!(step.save.map(|(_, n)| start + n), save_at);
+        pools.register_computed(&mut seq, t, t.len());
+        seq
+    }
+
+    #[test]
+    fn a_checkpoint_serves_the_prefix_it_saved_and_nothing_past_it() {
+        let mut pools = BlockPools::new(64, BS, &[with_checkpoints(4, 2)]);
+        let t = tokens(30);
+        // The first run saves the state after its last block boundary a lookup can reach.
+        let first = computed_saving(&mut pools, &t, Some(28));
+        // The same prompt: served up to that checkpoint, the state restored from it; the
+        // step that computes the rest starts from it and saves nothing (kept already).
+        let mut again = SeqBlocks::default();
+        let p = pools.find_cached_prefix(&mut again, &t);
+        assert_eq!(p.num_tokens(BS), 28);
+        assert!(pools.allocate_with_prefix(&mut again, &p, t.len()));
+        pools.plan_checkpoint(&mut again, &t, 28);
+        let step = pools.checkpoint_step(&again, 28, 2);
+        assert!(step.restore.is_some() && step.save.is_none(), "{step:?}");
+        pools.register_computed(&mut again, &t, t.len());
+        assert_eq!(pools.checkpoint_step(&again, 30, 1), StateStep::default());
+        // A longer prompt sharing it: served to the checkpoint, and it plans its own further.
+        let longer: Vec<u32> = t
+            .iter()
+            .copied()
+            .chain(tokens(50)[30..].iter().copied())
+            .collect();
+        let mut third = SeqBlocks::default();
+        let p = pools.find_cached_prefix(&mut third, &longer);
+        assert_eq!(p.num_tokens(BS), 28);
+        assert!(pools.allocate_with_prefix(&mut third, &p, longer.len()));
+        pools.plan_checkpoint(&mut third, &longer, 28);
+        assert_eq!(
+            pools.checkpoint_step(&third, 28, 22).save.map(|s| s.1),
+            Some(48 - 28)
+        );
+        pools
+            .check_consistency([&first, &again, &third].into_iter())
+            .unwrap();
+        // A prompt that only shares blocks before the checkpoint's gets nothing: no state is
+        // kept where it parts.
+        let mut other = SeqBlocks::default();
+        let parted: Vec<u32> = t[..20].iter().copied().chain([999; 10]).collect();
+        assert_eq!(
+            pools.find_cached_prefix(&mut other, &parted).num_tokens(BS),
+            0
+        );
+    }
+
+    #[test]
+    fn checkpoints_are_replaced_least_recently_used_and_freed_with_their_sequence() {
+        let mut pools = BlockPools::new(64, BS, &[with_checkpoints(2, 1)]);
+        let (a, b) = (
+            tokens(30),
+            tokens(31).iter().map(|t| t + 1).collect::<Vec<u32>>(),
+        );
+        let mut sa = computed_saving(&mut pools, &a, Some(28));
+        pools.free(&mut sa);
+        // b's checkpoint takes the only checkpoint state: a's prefix is no longer served.
+        let mut sb = computed_saving(&mut pools, &b, Some(28));
+        pools.free(&mut sb);
+        let mut probe = SeqBlocks::default();
+        assert_eq!(pools.find_cached_prefix(&mut probe, &a).num_tokens(BS), 0);
+        let mut probe = SeqBlocks::default();
+        assert_eq!(pools.find_cached_prefix(&mut probe, &b).num_tokens(BS), 28);
+        // A sequence freed before its step saved gives its planned checkpoint state back.
+        let c: Vec<u32> = tokens(30).iter().map(|t| t + 3).collect();
+        let mut sc = SeqBlocks::default();
+        let p = pools.find_cached_prefix(&mut sc, &c);
+        assert!(pools.allocate_with_prefix(&mut sc, &p, c.len()));
+        pools.plan_checkpoint(&mut sc, &c, 0);
+        pools.free(&mut sc);
+        pools.check_consistency([&sc].into_iter()).unwrap();
+        assert_eq!(pools.num_used_states(0), Some(0));
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Admit { seq: usize, len: usize },
@@ -675,9 +964,10 @@ mod tests {
         fn every_group_changes_together(
             ops in proptest::collection::vec(op(), 1..80),
             states in 1..5usize,
+            checkpoints in 0..3usize,
             window_tokens in 1..12usize,
         ) {
-            let groups = [window(24, window_tokens), recurrent(states)];
+            let groups = [window(24, window_tokens), with_checkpoints(states, checkpoints)];
             let mut pools = BlockPools::new(40, BS, &groups);
             let mut seqs: Vec<(SeqBlocks, Vec<u32>, usize)> =
                 (0..6).map(|i| (SeqBlocks::default(), tokens(60 + i), 0)).collect();
@@ -694,6 +984,7 @@ mod tests {
                         let ok = pools.allocate_with_prefix(blocks, &p, len);
                         if ok {
                             *computed = p.num_tokens(BS);
+                            pools.plan_checkpoint(blocks, &toks[..len], *computed);
                         }
                         (Some(ok), seq)
                     }
@@ -730,6 +1021,15 @@ mod tests {
                     .check_consistency(seqs.iter().map(|(b, _, _)| b))
                     .map_err(TestCaseError::fail)?;
             }
+            // Every sequence gone: no state leaked (checkpoints stay, each in its own state,
+            // which check_consistency counts).
+            for (blocks, _, _) in &mut seqs {
+                pools.free(blocks);
+            }
+            prop_assert_eq!(pools.num_used_states(1), Some(0));
+            pools
+                .check_consistency(seqs.iter().map(|(b, _, _)| b))
+                .map_err(TestCaseError::fail)?;
         }
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use sluice_model::Pooling;
 use sluice_tokenizer::Tokenizer;
 
+use crate::block_pools::KvGroupSpec;
 use crate::draft_model::DraftModel;
 use crate::engine_loop::EngineLoop;
 use crate::handle::{Command, EngineHandle, Shared, SharedStats};
@@ -141,6 +142,38 @@ impl Engine {
             .max_model_len
             .map_or(model.max_model_len(), |m| m.min(model.max_model_len()));
         let (block_size, num_blocks) = (model.block_size(), model.num_blocks());
+        let kv_groups = model.kv_groups();
+        let states = kv_groups.iter().find_map(|g| match g {
+            KvGroupSpec::Recurrent(r) => Some(r.num_states),
+            KvGroupSpec::SlidingWindow(_) => None,
+        });
+        if let (Some(_), Some(_)) = (config.speculation, states) {
+            // Verifying k drafted tokens moves a recurrent state past all k; the rejected
+            // ones cannot be taken back out of it (yet: a checkpoint before verification).
+            return Err(EngineError::Speculation(
+                "speculative decoding on a model with recurrent (Gated DeltaNet) layers: their \
+                 state cannot be rolled back past rejected draft tokens yet; serve it without \
+                 --speculative"
+                    .into(),
+            ));
+        }
+        if let Some(states) = states {
+            let split = crate::block_pools::RecurrentPool::split(states, config.max_num_seqs);
+            let (running, checkpoints) = (split.running(), split.num_checkpoints);
+            tracing::info!(
+                states,
+                running,
+                checkpoints,
+                "recurrent layers: {states} states from the KV budget, one a running sequence \
+                 ({running}) and {checkpoints} for prefix checkpoints{}",
+                if checkpoints == 0 {
+                    " (none: no prefix of this model is served from the cache; raise \
+                     --kv-cache-memory)"
+                } else {
+                    ""
+                }
+            );
+        }
         let mut scheduler = Scheduler::new(SchedulerConfig {
             max_num_seqs: config.max_num_seqs,
             max_num_batched_tokens: config.max_num_batched_tokens,
@@ -148,7 +181,7 @@ impl Engine {
             num_blocks,
             max_model_len,
             speculation: config.speculation,
-            kv_groups: model.kv_groups(),
+            kv_groups,
             max_loras: config.max_loras,
         })?;
         let limits = ModelLimits {
@@ -205,6 +238,8 @@ impl Engine {
                 .sum::<usize>() as f64,
         );
         metrics.window_blocks_used.set(0.0);
+        metrics.states_total.set(states.unwrap_or(0) as f64);
+        metrics.states_used.set(0.0);
         let drafter = draft.map(|draft| {
             let cost_aware = config.speculation.is_none_or(|s| s.cost_aware);
             let drafter = DraftModel::new(

@@ -11,6 +11,8 @@
 //! | `sluice_kv_cache_blocks_capacity` | gauge | KV-cache blocks in the pool (a gauge: promtool reserves `_total` for counters) |
 //! | `sluice_kv_window_blocks_used` | gauge | blocks of the sliding-window layers' own pools referenced by a sequence, every window group summed (0 without one) |
 //! | `sluice_kv_window_blocks_capacity` | gauge | blocks in those pools (0 for a model without one) |
+//! | `sluice_recurrent_states_used` | gauge | the hybrids' recurrent states held by a running sequence (0 without recurrent layers) |
+//! | `sluice_recurrent_states_capacity` | gauge | recurrent states in the pool (0 for a model without recurrent layers) |
 //! | `sluice_prefix_cache_queries_total` | counter | prompt tokens looked up in the prefix cache at (re)admission |
 //! | `sluice_prefix_cache_hits_total` | counter | of those, tokens whose K/V came from cached blocks |
 //! | `sluice_preemptions_total` | counter | sequences preempted (blocks freed, recomputed later) |
@@ -48,6 +50,8 @@ pub const KV_CACHE_BLOCKS_USED: &str = "sluice_kv_cache_blocks_used";
 pub const KV_CACHE_BLOCKS_CAPACITY: &str = "sluice_kv_cache_blocks_capacity";
 pub const KV_WINDOW_BLOCKS_USED: &str = "sluice_kv_window_blocks_used";
 pub const KV_WINDOW_BLOCKS_CAPACITY: &str = "sluice_kv_window_blocks_capacity";
+pub const RECURRENT_STATES_USED: &str = "sluice_recurrent_states_used";
+pub const RECURRENT_STATES_CAPACITY: &str = "sluice_recurrent_states_capacity";
 pub const PREFIX_CACHE_QUERIES: &str = "sluice_prefix_cache_queries_total";
 pub const PREFIX_CACHE_HITS: &str = "sluice_prefix_cache_hits_total";
 pub const PREEMPTIONS: &str = "sluice_preemptions_total";
@@ -73,13 +77,15 @@ pub const KV_EVENTS_DROPPED: &str = "sluice_kv_events_dropped_total";
 pub const MOE_EXPERT_SHARE: &str = "sluice_moe_expert_weights_read_ratio";
 
 /// Every name above, for exporters that want to pre-declare buckets or check coverage.
-pub const ALL: [&str; 28] = [
+pub const ALL: [&str; 30] = [
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
     KV_CACHE_BLOCKS_USED,
     KV_CACHE_BLOCKS_CAPACITY,
     KV_WINDOW_BLOCKS_USED,
     KV_WINDOW_BLOCKS_CAPACITY,
+    RECURRENT_STATES_USED,
+    RECURRENT_STATES_CAPACITY,
     PREFIX_CACHE_QUERIES,
     PREFIX_CACHE_HITS,
     PREEMPTIONS,
@@ -115,6 +121,8 @@ pub(crate) struct EngineMetrics {
     pub blocks_total: Gauge,
     pub window_blocks_used: Gauge,
     pub window_blocks_total: Gauge,
+    pub states_used: Gauge,
+    pub states_total: Gauge,
     pub prefix_queries: Counter,
     pub prefix_hits: Counter,
     pub preemptions: Counter,
@@ -157,6 +165,14 @@ impl EngineMetrics {
         describe_gauge!(
             KV_WINDOW_BLOCKS_CAPACITY,
             "Blocks in the sliding-window layers' own pool (0 without one)."
+        );
+        describe_gauge!(
+            RECURRENT_STATES_USED,
+            "Recurrent states (the hybrids' Gated DeltaNet layers) held by running sequences."
+        );
+        describe_gauge!(
+            RECURRENT_STATES_CAPACITY,
+            "Recurrent states in the pool (0 without recurrent layers)."
         );
         describe_counter!(
             PREFIX_CACHE_QUERIES,
@@ -246,6 +262,8 @@ impl EngineMetrics {
             blocks_total: gauge!(KV_CACHE_BLOCKS_CAPACITY, "model" => model.to_string()),
             window_blocks_used: gauge!(KV_WINDOW_BLOCKS_USED, "model" => model.to_string()),
             window_blocks_total: gauge!(KV_WINDOW_BLOCKS_CAPACITY, "model" => model.to_string()),
+            states_used: gauge!(RECURRENT_STATES_USED, "model" => model.to_string()),
+            states_total: gauge!(RECURRENT_STATES_CAPACITY, "model" => model.to_string()),
             prefix_queries: counter!(PREFIX_CACHE_QUERIES, "model" => model.to_string()),
             prefix_hits: counter!(PREFIX_CACHE_HITS, "model" => model.to_string()),
             preemptions: counter!(PREEMPTIONS, "model" => model.to_string()),

@@ -103,6 +103,9 @@ impl Telemetry {
         let windows = scheduler.block_pools().windows();
         let window_used: usize = windows.map(|w| w.num_used_blocks()).sum();
         self.metrics.window_blocks_used.set(window_used as f64);
+        let pools = scheduler.block_pools();
+        let states = (0..pools.num_groups()).filter_map(|g| pools.num_used_states(g));
+        self.metrics.states_used.set(states.sum::<usize>() as f64);
     }
 
     /// Counts a finished step (failed or not) and publishes everything.

@@ -341,10 +341,14 @@ fn the_sequence_cap_is_kept_and_admission_is_first_come_first_served() {
     assert_eq!(admitted, (0..8).collect::<Vec<_>>());
 }
 
-#[test]
-fn a_recurrent_group_runs_as_many_sequences_as_it_has_states_and_no_cached_prefix() {
+/// Six prompts sharing a 40-token prefix on a recurrent pool of `states` states.
+fn recurrent_run(states: usize) -> (Driver, Vec<(u64, usize)>, Vec<Vec<u32>>) {
     let mut cfg = config(256, 4);
-    cfg.kv_groups = vec![KvGroupSpec::Recurrent(RecurrentPool { num_states: 2 })];
+    cfg.kv_groups = vec![KvGroupSpec::Recurrent(RecurrentPool {
+        num_states: states,
+        num_checkpoints: 0,
+    })];
+    let running = RecurrentPool::split(states, cfg.max_num_seqs).running();
     let mut d = Driver::new(cfg);
     let shared = tokens(9, 40);
     let prompts: Vec<Vec<u32>> = (0..6)
@@ -357,33 +361,48 @@ fn a_recurrent_group_runs_as_many_sequences_as_it_has_states_and_no_cached_prefi
     for (r, p) in prompts.iter().enumerate() {
         d.sched.add_request(r as u64, p.clone(), 6, 1);
     }
-    let mut admitted = Vec::new();
+    // Each request's first scheduled position.
+    let mut admitted: Vec<(u64, usize)> = Vec::new();
     while d.sched.has_unfinished() {
         let out = d.sched.schedule();
         for s in out.scheduled() {
-            if s.start < 40 && !admitted.contains(&s.seq_id.request) {
-                admitted.push(s.seq_id.request);
-                // Never from a cached prefix: the state is computed from the first token.
-                assert_eq!(
-                    s.start, 0,
-                    "request {} started at {}",
-                    s.seq_id.request, s.start
-                );
+            if !admitted.iter().any(|a| a.0 == s.seq_id.request) {
+                admitted.push((s.seq_id.request, s.start));
             }
         }
         d.execute();
-        assert!(d.sched.num_running() <= 2);
-        assert!(d.sched.block_pools().num_used_states(0).unwrap() <= 2);
+        assert!(d.sched.num_running() <= running);
+        assert!(d.sched.block_pools().num_used_states(0).unwrap() <= running);
         d.sched.check_invariants().unwrap();
     }
     assert_eq!(
-        admitted,
+        admitted.iter().map(|a| a.0).collect::<Vec<_>>(),
         (0..6).collect::<Vec<_>>(),
         "first come, first served"
     );
-    assert_eq!(d.sched.prefix_cache_stats().hits, 0);
     assert_eq!(d.sched.block_pools().num_used_states(0), Some(0));
     d.assert_same_as_alone(&prompts, 6);
+    (d, admitted, prompts)
+}
+
+#[test]
+fn a_recurrent_group_without_checkpoint_states_serves_no_cached_prefix() {
+    // One state: one running sequence, no checkpoint.
+    let (d, admitted, _) = recurrent_run(1);
+    assert!(admitted.iter().all(|a| a.1 == 0), "{admitted:?}");
+    assert_eq!(d.sched.prefix_cache_stats().hits, 0);
+}
+
+#[test]
+fn a_recurrent_group_serves_a_shared_prefix_from_its_checkpoint() {
+    // Four states for at most 64 sequences: two running, two checkpoints. The first prompt
+    // is computed from its first token and saves its state at its last block boundary (40);
+    // every later one starts there, with the tokens each gets alone.
+    let (d, admitted, _) = recurrent_run(4);
+    assert_eq!(admitted[0], (0, 0));
+    assert!(admitted[2..].iter().all(|a| a.1 == 40), "{admitted:?}");
+    assert_eq!(d.sched.block_pools().num_checkpoints(0), Some(1));
+    assert!(d.sched.prefix_cache_stats().hits >= 4 * 40);
 }
 
 #[test]
@@ -553,7 +572,10 @@ fn every_group_gets_its_tables_in_the_step_batch() {
     };
     cfg.kv_groups = vec![
         window(windows[0]),
-        KvGroupSpec::Recurrent(RecurrentPool { num_states: 3 }),
+        KvGroupSpec::Recurrent(RecurrentPool {
+            num_states: 3,
+            num_checkpoints: 0,
+        }),
         window(windows[1]),
     ];
     let mut d = Driver::new(cfg);
@@ -566,7 +588,7 @@ fn every_group_gets_its_tables_in_the_step_batch() {
         d.sched.fill_step_batch(&mut d.batch);
         let b = &d.batch;
         assert_eq!(b.groups.len(), 3);
-        let GroupTables::Recurrent { states } = &b.groups[1] else {
+        let GroupTables::Recurrent { states, .. } = &b.groups[1] else {
             panic!("group 1 is recurrent");
         };
         assert_eq!(states.len(), b.sequences.len());

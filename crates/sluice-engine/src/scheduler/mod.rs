@@ -58,7 +58,7 @@ use std::collections::{HashMap, VecDeque};
 use sluice_model::{GroupTables, StepBatch};
 
 use crate::block_manager::AdapterKey;
-use crate::block_pools::{BlockPools, Holding, KvGroupSpec, WindowPool};
+use crate::block_pools::{BlockPools, Holding, KvGroupSpec, RecurrentPool, WindowPool};
 use crate::sequence::{RequestId, SeqId, Sequence, SequenceStatus};
 use crate::speculation::{next_draft_len, SpeculationConfig};
 
@@ -345,8 +345,19 @@ impl<R, S> Scheduler<R, S> {
                 ));
             }
         }
+        // A recurrent pool's states beyond one a running sequence keep prefix checkpoints.
+        let pools: Vec<KvGroupSpec> = config
+            .kv_groups
+            .iter()
+            .map(|g| match *g {
+                KvGroupSpec::Recurrent(r) => {
+                    KvGroupSpec::Recurrent(RecurrentPool::split(r.num_states, config.max_num_seqs))
+                }
+                other => other,
+            })
+            .collect();
         Ok(Self {
-            blocks: BlockPools::new(config.num_blocks, config.block_size, &config.kv_groups),
+            blocks: BlockPools::new(config.num_blocks, config.block_size, &pools),
             slots: Vec::new(),
             free_slots: Vec::new(),
             ids: HashMap::new(),
@@ -651,6 +662,8 @@ impl<R, S> Scheduler<R, S> {
                     {
                         break;
                     }
+                    self.blocks
+                        .plan_checkpoint(&mut seq.blocks, &seq.tokens, start);
                     (start, len)
                 };
                 seq.num_computed = start;
@@ -722,7 +735,11 @@ impl<R, S> Scheduler<R, S> {
             for (group, holding) in seq.blocks.holdings().enumerate() {
                 match holding {
                     Holding::Table(table) => batch.push_group_table(group, table),
-                    Holding::State(state) => batch.push_group_state(group, state),
+                    Holding::State(state) => {
+                        let step = self.blocks.checkpoint_step(&seq.blocks, s.start, s.len);
+                        let save = step.save.map(|(c, n)| (c, n as u32));
+                        batch.push_group_state_with(group, state, step.restore, save);
+                    }
                 }
             }
         }
