@@ -41,6 +41,31 @@ pub struct ModelShape {
     pub experts: Option<ShapeExperts>,
     /// gpt-oss's attention: a window on every other layer, sinks, biases and YaRN.
     pub gpt_oss: Option<GptOssAttention>,
+    /// The Qwen3.5/3.6 hybrids' Gated DeltaNet layers and gated attention.
+    pub hybrid: Option<HybridShape>,
+}
+
+/// What a Qwen3.5/3.6 hybrid's shape adds: its Gated DeltaNet layers (all but each
+/// `full_attention_interval`-th), the full-attention layers' output gate and partial rotary, and
+/// a mixture's shared expert.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HybridShape {
+    pub full_attention_interval: usize,
+    pub conv_kernel: usize,
+    /// Key and value heads' size (`ssm.state_size`).
+    pub state_size: usize,
+    pub k_heads: usize,
+    pub v_heads: usize,
+    /// Rotated dimensions of an attention head.
+    pub rotary_dim: usize,
+    /// The shared expert's size beside a mixture (0: none).
+    pub shared_expert_size: usize,
+}
+
+impl HybridShape {
+    fn is_recurrent(&self, layer: usize) -> bool {
+        !(layer + 1).is_multiple_of(self.full_attention_interval)
+    }
 }
 
 /// What gpt-oss's shape adds to the attention.
@@ -73,7 +98,7 @@ impl ModelShape {
 }
 
 /// The shapes `sluice synth --shape` knows, from each model's published config.
-pub const SHAPES: [ModelShape; 8] = [
+pub const SHAPES: [ModelShape; 10] = [
     ModelShape {
         name: "smollm2-135m",
         architecture: Architecture::Llama,
@@ -89,6 +114,7 @@ pub const SHAPES: [ModelShape; 8] = [
         head_dim: None,
         experts: None,
         gpt_oss: None,
+        hybrid: None,
     },
     ModelShape {
         name: "qwen2.5-0.5b",
@@ -105,6 +131,7 @@ pub const SHAPES: [ModelShape; 8] = [
         head_dim: None,
         experts: None,
         gpt_oss: None,
+        hybrid: None,
     },
     ModelShape {
         name: "qwen2.5-1.5b",
@@ -121,6 +148,7 @@ pub const SHAPES: [ModelShape; 8] = [
         head_dim: None,
         experts: None,
         gpt_oss: None,
+        hybrid: None,
     },
     ModelShape {
         name: "qwen2.5-7b",
@@ -137,6 +165,7 @@ pub const SHAPES: [ModelShape; 8] = [
         head_dim: None,
         experts: None,
         gpt_oss: None,
+        hybrid: None,
     },
     ModelShape {
         name: "llama-3.1-8b",
@@ -155,6 +184,7 @@ pub const SHAPES: [ModelShape; 8] = [
         head_dim: None,
         experts: None,
         gpt_oss: None,
+        hybrid: None,
     },
     // Qwen3-30B-A3B (and Qwen3-Coder-30B-A3B, the same shape): 128 experts of 768, 8 a token,
     // heads of 128 over a hidden size of 2048, QK-norm.
@@ -177,6 +207,7 @@ pub const SHAPES: [ModelShape; 8] = [
             intermediate_size: 768,
         }),
         gpt_oss: None,
+        hybrid: None,
     },
     // Mixtral-8x7B: llama with 8 experts of 14336, 2 a token.
     ModelShape {
@@ -198,6 +229,7 @@ pub const SHAPES: [ModelShape; 8] = [
             intermediate_size: 14336,
         }),
         gpt_oss: None,
+        hybrid: None,
     },
     // gpt-oss-20b: 24 layers of 64 query heads of 64 over 8 KV heads (hidden 2880), every other
     // layer a window of 128 keys, 32 experts of 2880, 4 a token, YaRN x32 over 4096 positions,
@@ -224,6 +256,69 @@ pub const SHAPES: [ModelShape; 8] = [
             window: 128,
             yarn_factor: 32.0,
             yarn_original_context: 4096,
+        }),
+        hybrid: None,
+    },
+    // Qwen3.6-35B-A3B (Qwen3.5-35B-A3B's shape), as its published config gives it (recalled:
+    // no hub is reachable where this was written): 40 layers, every fourth full attention (16
+    // query heads of 256 over 2 KV heads, a gate each, RoPE on 64 dimensions), the others Gated
+    // DeltaNet (16 key and 32 value heads of 128, a conv of 4); 256 experts of 512, 8 a token,
+    // beside a shared expert of 512; a vocabulary of 248,320.
+    ModelShape {
+        name: "qwen3.6-35b-a3b",
+        architecture: Architecture::Qwen35Moe,
+        hidden_size: 2048,
+        intermediate_size: 512,
+        num_layers: 40,
+        num_heads: 16,
+        num_kv_heads: 2,
+        head_dim: Some(256),
+        vocab_size: 248_320,
+        context_length: 262_144,
+        rope_theta: 10_000_000.0,
+        tie_word_embeddings: false,
+        experts: Some(ShapeExperts {
+            count: 256,
+            used: 8,
+            intermediate_size: 512,
+        }),
+        gpt_oss: None,
+        hybrid: Some(HybridShape {
+            full_attention_interval: 4,
+            conv_kernel: 4,
+            state_size: 128,
+            k_heads: 16,
+            v_heads: 32,
+            rotary_dim: 64,
+            shared_expert_size: 512,
+        }),
+    },
+    // Qwen3.6-27B (Qwen3.5-27B's shape), recalled likewise: 64 layers, every fourth full
+    // attention (24 query heads of 256 over 4 KV heads), the others Gated DeltaNet (16 key and
+    // 48 value heads of 128); dense SwiGLU of 17,408.
+    ModelShape {
+        name: "qwen3.6-27b",
+        architecture: Architecture::Qwen35,
+        hidden_size: 5120,
+        intermediate_size: 17_408,
+        num_layers: 64,
+        num_heads: 24,
+        num_kv_heads: 4,
+        head_dim: Some(256),
+        vocab_size: 248_320,
+        context_length: 262_144,
+        rope_theta: 10_000_000.0,
+        tie_word_embeddings: false,
+        experts: None,
+        gpt_oss: None,
+        hybrid: Some(HybridShape {
+            full_attention_interval: 4,
+            conv_kernel: 4,
+            state_size: 128,
+            k_heads: 16,
+            v_heads: 48,
+            rotary_dim: 64,
+            shared_expert_size: 0,
         }),
     },
 ];
@@ -486,24 +581,34 @@ impl SyntheticSpec {
         matrices("token_embd.weight".into(), 1, vocab, h, Role::Embedding, 0)?;
         for i in 0..layers {
             let p = |t: &str| format!("blk.{i}.{t}");
-            matrices(
-                p("attn_q.weight"),
-                1,
-                s.num_heads * head_dim,
-                h,
-                Role::Other,
-                i,
-            )?;
-            matrices(p("attn_k.weight"), 1, kvh * head_dim, h, Role::AttnK, i)?;
-            matrices(p("attn_v.weight"), 1, kvh * head_dim, h, Role::AttnV, i)?;
-            matrices(
-                p("attn_output.weight"),
-                1,
-                h,
-                s.num_heads * head_dim,
-                Role::AttnOutput,
-                i,
-            )?;
+            match s.hybrid.filter(|hy| hy.is_recurrent(i)) {
+                Some(hy) => {
+                    // A Gated DeltaNet layer: q, k, v (the conv's input), z, beta and alpha,
+                    // and the out-projection.
+                    let (key, value) = (hy.k_heads * hy.state_size, hy.v_heads * hy.state_size);
+                    matrices(p("attn_qkv.weight"), 1, 2 * key + value, h, Role::Other, i)?;
+                    matrices(p("attn_gate.weight"), 1, value, h, Role::Other, i)?;
+                    matrices(p("ssm_beta.weight"), 1, hy.v_heads, h, Role::Other, i)?;
+                    matrices(p("ssm_alpha.weight"), 1, hy.v_heads, h, Role::Other, i)?;
+                    matrices(p("ssm_out.weight"), 1, h, value, Role::AttnOutput, i)?;
+                }
+                None => {
+                    // A hybrid's query heads are each followed by their gate's rows.
+                    let gates = if s.hybrid.is_some() { 2 } else { 1 };
+                    let q_rows = gates * s.num_heads * head_dim;
+                    matrices(p("attn_q.weight"), 1, q_rows, h, Role::Other, i)?;
+                    matrices(p("attn_k.weight"), 1, kvh * head_dim, h, Role::AttnK, i)?;
+                    matrices(p("attn_v.weight"), 1, kvh * head_dim, h, Role::AttnV, i)?;
+                    matrices(
+                        p("attn_output.weight"),
+                        1,
+                        h,
+                        s.num_heads * head_dim,
+                        Role::AttnOutput,
+                        i,
+                    )?;
+                }
+            }
             match s.experts {
                 None => {
                     matrices(p("ffn_gate.weight"), 1, inter, h, Role::Other, i)?;
@@ -515,6 +620,12 @@ impl SyntheticSpec {
                     matrices(p("ffn_gate_exps.weight"), n, ei, h, Role::Experts, i)?;
                     matrices(p("ffn_up_exps.weight"), n, ei, h, Role::Experts, i)?;
                     matrices(p("ffn_down_exps.weight"), n, h, ei, Role::FfnDown, i)?;
+                    let shared = s.hybrid.map_or(0, |hy| hy.shared_expert_size);
+                    if shared > 0 {
+                        matrices(p("ffn_gate_shexp.weight"), 1, shared, h, Role::Other, i)?;
+                        matrices(p("ffn_up_shexp.weight"), 1, shared, h, Role::Other, i)?;
+                        matrices(p("ffn_down_shexp.weight"), 1, h, shared, Role::FfnDown, i)?;
+                    }
                 }
             }
         }
@@ -559,12 +670,38 @@ impl SyntheticSpec {
                 vector(p("attn_k.bias"), kvh * head_dim, 0.0, 0.1)?;
                 vector(p("attn_v.bias"), kvh * head_dim, 0.0, 0.1)?;
             }
-            if s.architecture.traits().qk_norm {
+            let recurrent = s.hybrid.filter(|hy| hy.is_recurrent(i));
+            if s.architecture.traits().qk_norm && recurrent.is_none() {
                 vector(p("attn_q_norm.weight"), head_dim, 1.0, 0.1)?;
                 vector(p("attn_k_norm.weight"), head_dim, 1.0, 0.1)?;
             }
+            if let Some(hy) = recurrent {
+                // Alpha's bias, -exp(A_log) in [-1.2, -0.1], the output norm (the conv's taps
+                // below).
+                vector(p("ssm_dt.bias"), hy.v_heads, 0.0, 0.5)?;
+                vector(p("ssm_a"), hy.v_heads, -0.65, 0.55)?;
+                vector(p("ssm_norm.weight"), hy.state_size, 1.0, 0.1)?;
+            }
+            if s.hybrid.is_some_and(|hy| hy.shared_expert_size > 0) {
+                vector(p("ffn_gate_inp_shexp.weight"), h, 0.0, 0.1)?;
+            }
         }
         vector("output_norm.weight".into(), h, 1.0, 0.1)?;
+        // A DeltaNet layer's conv taps: rows of `conv_kernel` values, too short for a
+        // quantized block, f32 as in llama.cpp's files.
+        if let Some(hy) = s.hybrid {
+            let conv_dim = (2 * hy.k_heads + hy.v_heads) * hy.state_size;
+            for i in (0..layers).filter(|&i| hy.is_recurrent(i)) {
+                let data: Vec<f32> = (0..conv_dim * hy.conv_kernel)
+                    .map(|_| 0.5 * rng.next_f32())
+                    .collect();
+                let t = Tensor::from_vec(data, (conv_dim, hy.conv_kernel), &Device::Cpu)?;
+                tensors.push((
+                    format!("blk.{i}.ssm_conv1d.weight"),
+                    QTensor::quantize(&t, GgmlDType::F32)?,
+                ));
+            }
+        }
         // gpt-oss: the router's bias, and every expert's biases (`[experts, n]`).
         if let (Some(_), Some(e)) = (s.gpt_oss, s.experts) {
             for i in 0..layers {
@@ -625,6 +762,29 @@ impl SyntheticSpec {
                 k("expert_feed_forward_length"),
                 Value::U32(e.intermediate_size as u32),
             ));
+        }
+        if let Some(hy) = s.hybrid {
+            let u = |n: usize| Value::U32(n as u32);
+            meta.extend([
+                (k("ssm.conv_kernel"), u(hy.conv_kernel)),
+                (k("ssm.state_size"), u(hy.state_size)),
+                (k("ssm.group_count"), u(hy.k_heads)),
+                (k("ssm.time_step_rank"), u(hy.v_heads)),
+                (k("ssm.inner_size"), u(hy.v_heads * hy.state_size)),
+                (k("full_attention_interval"), u(hy.full_attention_interval)),
+                (k("rope.dimension_count"), u(hy.rotary_dim)),
+                (
+                    k("rope.dimension_sections"),
+                    // Qwen3.5's default split of the rotated pairs (llama.cpp's converter).
+                    Value::Array([11, 11, 10, 0].map(Value::I32).to_vec()),
+                ),
+            ]);
+            if hy.shared_expert_size > 0 {
+                meta.push((
+                    k("expert_shared_feed_forward_length"),
+                    u(hy.shared_expert_size),
+                ));
+            }
         }
         meta.extend(tokenizer_metadata(
             vocabulary(vocab),

@@ -87,3 +87,33 @@ fn q4_k_m_keeps_llama_cpp_s_mix_where_rows_split_into_super_blocks() {
         "tied, as the real model"
     );
 }
+
+/// The Qwen3.6 hybrids' shapes: four layers (three Gated DeltaNet, one gated full attention)
+/// load as the real model's would and step with finite logits.
+#[test]
+fn a_synthetic_hybrid_loads_and_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen3.6-27b.gguf");
+    let spec = SyntheticSpec {
+        shape: "qwen3.6-27b".parse().unwrap(),
+        format: "q4_k_m".parse::<SyntheticFormat>().unwrap(),
+        num_layers: Some(4),
+        seed: 5,
+    };
+    spec.write_gguf(&path).unwrap();
+    let model = LlamaModel::load(&path, &LoadOptions::default()).unwrap();
+    let cfg = model.config();
+    let dn = cfg.delta_net.as_ref().expect("a hybrid");
+    assert_eq!(dn.layers(), [0, 1, 2]);
+    assert_eq!((dn.k_heads, dn.v_heads, dn.head_dim), (16, 48, 128));
+    assert_eq!((cfg.head_dim, cfg.rotary_dims()), (256, 64));
+    let mut kv = model.new_kv_cache(4, 16).unwrap();
+    let mut batch = StepBatch::new(16);
+    batch.groups = kv.step_groups();
+    batch.push_sequence(&[5, 6, 7, 8, 9], 0, &[0], true);
+    batch.push_group_state(kv.recurrent_group().unwrap(), 0);
+    let logits = model.forward(&batch, &mut kv).unwrap();
+    let logits = logits.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(logits.len(), 248_320);
+    assert!(logits.iter().all(|x| x.is_finite()));
+}

@@ -10,8 +10,9 @@ use sluice_model::synthetic::{ModelShape, SyntheticFormat, SyntheticSpec};
 
 #[derive(clap::Args)]
 pub struct SynthArgs {
-    /// The shape: smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, llama-3.1-8b, or the
-    /// mixtures of experts qwen3-30b-a3b, mixtral-8x7b and gpt-oss-20b.
+    /// The shape: smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, llama-3.1-8b, the
+    /// mixtures of experts qwen3-30b-a3b, mixtral-8x7b and gpt-oss-20b, or the hybrids (Gated
+    /// DeltaNet layers) qwen3.6-35b-a3b and qwen3.6-27b.
     #[arg(long)]
     shape: ModelShape,
     /// The weights' format: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k .. q6_k, or
