@@ -415,3 +415,20 @@ fn bad_hybrid_files_are_refused_naming_the_key_or_tensor() {
         std::fs::remove_file(&path).ok();
     }
 }
+
+/// A file with multi-token-prediction layers (`nextn_predict_layers`): the main layers load
+/// and run, the last blocks stay in the file unused (not refused).
+#[test]
+fn prediction_layers_are_kept_aside() {
+    use candle_core::quantized::gguf_file::Value;
+    let Some(path) = rewritten("nextn", |meta, _| {
+        meta.push(("qwen35.nextn_predict_layers".into(), Value::U32(1)))
+    }) else {
+        return;
+    };
+    let m = LlamaModel::load(&path, &LoadOptions::default()).unwrap();
+    assert_eq!(m.config().num_layers, 7, "block 7 is the prediction layer");
+    let logits = chunked_logits(&m, &[5, 6, 7, 8], 4, 0);
+    assert_eq!(logits.len(), 4);
+    std::fs::remove_file(&path).ok();
+}

@@ -46,8 +46,8 @@ static FAMILIES: &[&dyn Family] = &[
     &gemma3::Gemma3,
     &gpt_oss::GptOss,
     &smollm3::SmolLm3,
-    &qwen35::Qwen35,
-    &qwen35::Qwen35Moe,
+    &qwen35::QWEN35,
+    &qwen35::QWEN35MOE,
 ];
 
 impl Architecture {

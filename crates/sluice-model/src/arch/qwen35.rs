@@ -25,8 +25,24 @@ use crate::gguf_keys::{int_value, GgufKeys};
 use crate::hf_keys::HfKeys;
 use crate::load::Weight;
 
-pub(crate) struct Qwen35;
-pub(crate) struct Qwen35Moe;
+/// A Qwen3.5/3.6 hybrid family: its key, names and traits.
+pub(crate) struct Hybrid {
+    architecture: Architecture,
+    names: &'static [&'static str],
+    traits: &'static Traits,
+}
+
+pub(crate) static QWEN35: Hybrid = Hybrid {
+    architecture: Architecture::Qwen35,
+    names: &["qwen35", "qwen3_5", "qwen3_5_text"],
+    traits: &QWEN35_TRAITS,
+};
+
+pub(crate) static QWEN35MOE: Hybrid = Hybrid {
+    architecture: Architecture::Qwen35Moe,
+    names: &["qwen35moe", "qwen3_5_moe", "qwen3_5_moe_text"],
+    traits: &QWEN35MOE_TRAITS,
+};
 
 const QWEN35_TRAITS: Traits = Traits {
     attention_output_gate: true,
@@ -209,48 +225,18 @@ fn gguf_name(w: Weight) -> String {
     }
 }
 
-impl Family for Qwen35 {
+/// Both families: the same layers and keys; one has experts.
+impl Family for Hybrid {
     fn architecture(&self) -> Architecture {
-        Architecture::Qwen35
+        self.architecture
     }
 
     fn names(&self) -> &'static [&'static str] {
-        &["qwen35", "qwen3_5", "qwen3_5_text"]
+        self.names
     }
 
     fn traits(&self) -> &'static Traits {
-        &QWEN35_TRAITS
-    }
-
-    fn gguf_params(&self, keys: &GgufKeys<'_>, shared: &SharedParams) -> Result<FamilyParams> {
-        gguf_params(keys, shared, self.traits())
-    }
-
-    fn hf_params(&self, keys: &HfKeys<'_>, _: &SharedParams) -> Result<FamilyParams> {
-        Err(hf_refused(keys))
-    }
-
-    fn gguf_tensor_name(&self, w: Weight) -> String {
-        gguf_name(w)
-    }
-
-    #[cfg(any(test, feature = "testing"))]
-    fn hf_checkpoint(&self, _: &crate::config::ModelConfig) -> Option<super::export::HfCheckpoint> {
-        None
-    }
-}
-
-impl Family for Qwen35Moe {
-    fn architecture(&self) -> Architecture {
-        Architecture::Qwen35Moe
-    }
-
-    fn names(&self) -> &'static [&'static str] {
-        &["qwen35moe", "qwen3_5_moe", "qwen3_5_moe_text"]
-    }
-
-    fn traits(&self) -> &'static Traits {
-        &QWEN35MOE_TRAITS
+        self.traits
     }
 
     fn gguf_params(&self, keys: &GgufKeys<'_>, shared: &SharedParams) -> Result<FamilyParams> {

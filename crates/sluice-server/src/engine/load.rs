@@ -270,8 +270,9 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
                     full_blocks = paged.num_blocks(),
                     kv_cache_mib = paged.kv_cache_bytes() >> 20,
                     "Gated DeltaNet layers keep a fixed state a sequence: {group_blocks} states \
-                     of {state_mib:.1} MiB (at most --max-num-seqs, at most half of \
-                     --kv-cache-memory), the rest to the full-attention layers' KV blocks"
+                     of {state_mib:.1} MiB (up to twice --max-num-seqs, for running sequences \
+                     and prefix checkpoints, in at most half of --kv-cache-memory), the rest to \
+                     the full-attention layers' KV blocks"
                 )
             }
         }
