@@ -135,8 +135,8 @@ def tensors(arch):
             add(p + "ffn_up_shexp.weight", (N_FF_SHEXP, N_EMBD), s["up"])
             add(p + "ffn_down_shexp.weight", (N_EMBD, N_FF_SHEXP), s["down"])
     add("output_norm.weight", (N_EMBD,), s["norm"], 1.0)
-    # A spread of output-row norms (0.5x to 1.5x), or the first tokens tie (../shared notes on
-    # random hybrids): each row scaled by its own factor.
+    # A spread of output-row norms (0.5x to 1.5x), or the first tokens tie on random hybrids
+    # (tests/fixtures/qwen35/README.md): each row scaled by its own factor.
     out_w = tiny.draw(arch, "output.weight", (N_VOCAB, N_EMBD), s["output"])
     spread = tiny.draw(arch, "output.weight/spread", (N_VOCAB, 1), 0.5, 1.0)
     out_w = (out_w * spread).astype(np.float32)

@@ -128,12 +128,6 @@ impl BlockTable {
     }
 
     /// The leading entries that are placeholders for blocks out of the window.
-    /// The chain hash of block `i`, where the table has computed it (a lookup or a
-    /// registration did).
-    pub fn block_hash(&self, i: usize) -> Option<u64> {
-        self.hashes.get(i).copied()
-    }
-
     pub fn first_live(&self) -> usize {
         self.first_live
     }
@@ -469,12 +463,6 @@ impl BlockManager {
         }
     }
 
-    /// The chain hash of block `i` of `tokens` (the tokens `0..(i + 1) * block_size`), which
-    /// `table` memoises.
-    pub fn chain_hash_of(&self, table: &mut BlockTable, tokens: &[u32], i: usize) -> u64 {
-        self.ensure_hash(table, tokens, i)
-    }
-
     /// Whether a block of chain hash `hash` is in the prefix cache.
     pub fn is_cached(&self, hash: u64) -> bool {
         self.cache.contains_key(&hash)
@@ -753,7 +741,9 @@ impl BlockManager {
         }
     }
 
-    fn ensure_hash(&self, table: &mut BlockTable, tokens: &[u32], i: usize) -> u64 {
+    /// The chain hash of block `i` of `tokens` (its tokens `0..(i + 1) * block_size`), which
+    /// `table` memoises.
+    pub fn ensure_hash(&self, table: &mut BlockTable, tokens: &[u32], i: usize) -> u64 {
         let bs = self.block_size;
         while table.hashes.len() <= i {
             let j = table.hashes.len();

@@ -450,11 +450,13 @@ impl BlockPools {
         let mut limit = full.num_blocks;
         // The checkpoint found, and the blocks it ends.
         let mut restore: Option<(usize, StateId)> = None;
+        let full_pool = &self.full;
         for g in &mut self.groups {
             if let Group::Recurrent(p) = g {
-                // The deepest found block with a checkpoint of the state where it ends.
+                // The deepest found block with a checkpoint of the state where it ends (the
+                // lookup memoised the blocks' hashes).
                 let found = (1..=limit).rev().find_map(|k| {
-                    let hash = seq.full.block_hash(k - 1)?;
+                    let hash = full_pool.ensure_hash(&mut seq.full, tokens, k - 1);
                     let i = p.checkpoints.iter().position(|c| c.0 == hash)?;
                     Some((k, i))
                 });
@@ -596,7 +598,7 @@ impl BlockPools {
         let full = &self.full;
         for g in &mut self.groups {
             let Group::Recurrent(p) = g else { continue };
-            let hash = full.chain_hash_of(&mut seq.full, tokens, boundary / bs - 1);
+            let hash = full.ensure_hash(&mut seq.full, tokens, boundary / bs - 1);
             if p.checkpoints.iter().any(|c| c.0 == hash) {
                 return;
             }

@@ -335,7 +335,14 @@ impl ModelConfig {
 
     /// Layers that attend (and keep K/V): all but the DeltaNet layers.
     pub fn num_attention_layers(&self) -> usize {
-        self.num_layers - self.delta_net.as_ref().map_or(0, |d| d.layers().len())
+        let recurrent = self.delta_net.as_ref().map_or(0, |d| {
+            d.recurrent
+                .iter()
+                .take(self.num_layers)
+                .filter(|&&r| r)
+                .count()
+        });
+        self.num_layers - recurrent
     }
 
     /// Whether layer `i` is a DeltaNet layer.
