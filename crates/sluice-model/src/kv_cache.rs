@@ -186,12 +186,7 @@ pub fn cache_groups(config: &ModelConfig) -> Vec<CacheGroup> {
     let mut groups: Vec<CacheGroup> = Vec::new();
     let mut full = false;
     for layer in 0..config.num_layers {
-        let plan = config.layer_plan(layer);
-        let kind = if plan.mixer == crate::arch::Mixer::GatedDeltaNet {
-            CacheKind::Recurrent
-        } else if let Some(window) = plan.attention.window() {
-            CacheKind::SlidingWindow(window)
-        } else {
+        let Some(kind) = config.layer_plan(layer).cache_kind() else {
             full = true;
             continue;
         };

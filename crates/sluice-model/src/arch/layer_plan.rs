@@ -4,6 +4,7 @@ use sluice_kernels::cpu::swiglu::GatedActivation;
 
 use super::Traits;
 use crate::config::ModelConfig;
+use crate::kv_cache::CacheKind;
 
 /// One layer's kinds, as its family decides them ([`super::Family::layer_plan`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +77,19 @@ pub enum MlpKind {
 }
 
 impl LayerPlan {
+    /// The pool of its own this layer's cache needs beside the full-attention layers'
+    /// (`None`: the full pool). The family decides it; the cache reads it
+    /// ([`crate::kv_cache::cache_groups`]) without knowing mixers or attention kinds.
+    pub fn cache_kind(&self) -> Option<CacheKind> {
+        match (self.mixer, self.attention) {
+            (Mixer::GatedDeltaNet, _) => Some(CacheKind::Recurrent),
+            (Mixer::Attention, AttentionKind::SlidingWindow(w)) => {
+                Some(CacheKind::SlidingWindow(w))
+            }
+            (Mixer::Attention, AttentionKind::Full) => None,
+        }
+    }
+
     /// Layer `layer` of `config` as a family with `traits` builds it: its kinds from the
     /// traits, its window from the config's sliding window (a windowed layer rotates with the
     /// local tables), experts where the mixture makes the layer sparse, no rotary where the
