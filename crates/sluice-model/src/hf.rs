@@ -73,7 +73,7 @@ impl HfModelDir {
             &json,
             shards.contains(&Weight::Output.hf_name()),
         )?;
-        let config_eos = token_ids(json.get("eos_token_id"));
+        let config_eos = token_ids(crate::hf_config::text_config(&json).get("eos_token_id"));
         Ok(Self {
             dir,
             config,
@@ -129,6 +129,10 @@ impl LlamaModel {
 struct Shards {
     files: Vec<(PathBuf, MmapedSafetensors)>,
     routing: HashMap<String, usize>,
+    /// The text model's tensors are under `model.language_model.` (a multimodal checkpoint's
+    /// text part, as transformers 5 and the Qwen3.5 releases write it; the vision tower's
+    /// `model.visual.` is not read).
+    language_model: bool,
 }
 
 impl Shards {
@@ -207,11 +211,25 @@ impl Shards {
             }
             files.push((path, st));
         }
-        Ok(Self { files, routing })
+        let language_model = !routing.contains_key("model.embed_tokens.weight")
+            && routing.contains_key("model.language_model.embed_tokens.weight");
+        Ok(Self {
+            files,
+            routing,
+            language_model,
+        })
+    }
+
+    /// Where tensor `name` (a text model's name) is stored in this checkpoint.
+    fn stored_name(&self, name: &str) -> String {
+        match name.strip_prefix("model.") {
+            Some(rest) if self.language_model => format!("model.language_model.{rest}"),
+            _ => name.to_string(),
+        }
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.routing.contains_key(name)
+        self.routing.contains_key(&self.stored_name(name))
     }
 }
 
@@ -235,13 +253,19 @@ impl HfWeights<'_> {
     }
 
     /// `w` on the CPU in the file's element type, checked to have `shape`.
+    /// `w` on the CPU, made what the family's GGUF files hold (`Family::hf_to_gguf`), checked
+    /// to have `shape` as the checkpoint stores it.
     fn read(&self, w: Weight, shape: &[usize]) -> Result<Tensor> {
-        self.read_named(self.name(w), shape)
+        let config = &self.dir.config;
+        let family = config.architecture.family();
+        let t = self.read_named(self.name(w), &family.hf_stored_shape(w, shape))?;
+        family.hf_to_gguf(w, t, config)
     }
 
     /// Tensor `name` on the CPU in the file's element type, checked to have `shape`.
     fn read_named(&self, name: String, shape: &[usize]) -> Result<Tensor> {
         let shards = &self.dir.shards;
+        let name = shards.stored_name(&name);
         let Some(&i) = shards.routing.get(&name) else {
             return Err(ModelError::MissingTensor {
                 path: self.dir.dir.clone(),
@@ -274,6 +298,7 @@ impl HfWeights<'_> {
     /// and scales).
     fn bytes_named(&self, name: &str, shape: &[usize]) -> Result<&[u8]> {
         let shards = &self.dir.shards;
+        let name = &shards.stored_name(name);
         let Some(&i) = shards.routing.get(name) else {
             return Err(ModelError::MissingTensor {
                 path: self.dir.dir.clone(),

@@ -47,6 +47,8 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
             reason: "expected a JSON object".into(),
         });
     }
+    let text = text_config(json);
+    let json = text.as_ref();
     let f = Fields { path };
     let c: SharedJson = f.parse(json)?;
     let architecture = architecture(&f, &c)?;
@@ -65,8 +67,16 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
     if head_dim == 0 || !head_dim.is_multiple_of(2) {
         return Err(f.err("head_dim", format!("head_dim {head_dim} must be even")));
     }
-    let rope_theta = c.rope_theta.unwrap_or(10_000.0);
-    let rope_scaling = match &c.rope_scaling {
+    let rope_theta = c
+        .rope_theta
+        .or(c.rope_parameters.as_ref().and_then(|p| p.rope_theta))
+        .unwrap_or(10_000.0);
+    // `rope_parameters` without a type holds the theta alone.
+    let typed_parameters = c
+        .rope_parameters
+        .as_ref()
+        .filter(|p| p.rope_type.is_some() || p.legacy_type.is_some());
+    let rope_scaling = match c.rope_scaling.as_ref().or(typed_parameters) {
         Some(scaling) => rope_scaling(&f, scaling, head_dim, rope_theta)?,
         None => None,
     };
@@ -76,7 +86,14 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         num_heads,
         head_dim,
         num_layers: f.required("num_hidden_layers", c.num_hidden_layers)?,
-        intermediate_size: f.required("intermediate_size", c.intermediate_size)?,
+        // A mixture whose every layer is experts sized by `moe_intermediate_size` may leave
+        // it out (Qwen3.5's MoE configs do); checked once the family has said which layers
+        // are dense.
+        intermediate_size: match (c.intermediate_size, &traits.experts) {
+            (Some(n), _) => n,
+            (None, Some(e)) if !e.hf_experts_of_intermediate_size => 0,
+            (None, _) => return Err(f.err("intermediate_size", "not present")),
+        },
         rope_theta: rope_theta as f32,
     };
     let params = family.hf_params(
@@ -87,6 +104,13 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         },
         &shared,
     )?;
+    let dense_mlp = params
+        .moe
+        .as_ref()
+        .is_none_or(|m| !m.dense_layers.is_empty());
+    if c.intermediate_size.is_none() && dense_mlp {
+        return Err(f.err("intermediate_size", "not present"));
+    }
     // After the family's own checks (which refuse a whole kind of checkpoint first).
     if let Some(q) = &c.quantization_config {
         let method = q.quant_method.as_deref().unwrap_or("unnamed");
@@ -155,6 +179,27 @@ pub fn parse_config(path: &Path, json: &Json, has_lm_head: bool) -> Result<Model
         rotary_dim: params.rotary_dim,
         delta_net: params.delta_net,
     })
+}
+
+/// The config a multimodal checkpoint's text model reads (`...ForConditionalGeneration`): its
+/// `text_config`'s fields over the outer ones, as transformers' and llama.cpp's converter read
+/// them (the outer `architectures` and `quantization_config` stay); a text model's config as it
+/// is. The vision tower's fields are not read: such a checkpoint serves text.
+pub(crate) fn text_config(json: &Json) -> std::borrow::Cow<'_, Json> {
+    match (
+        json.as_object(),
+        json.get("text_config").and_then(Json::as_object),
+    ) {
+        (Some(outer), Some(text)) => {
+            let mut merged = outer.clone();
+            merged.remove("text_config");
+            for (k, v) in text {
+                merged.insert(k.clone(), v.clone());
+            }
+            std::borrow::Cow::Owned(Json::Object(merged))
+        }
+        _ => std::borrow::Cow::Borrowed(json),
+    }
 }
 
 /// `rope_scaling`: `default` for none; `linear` (`factor`); `llama3` (`factor`,
@@ -548,6 +593,11 @@ mod tests {
         // Gemma 3's multimodal wrapper: the text model's type named instead.
         let m = msg(format!(r#"{{"model_type": "gemma3", {BASE}}}"#));
         assert!(m.contains("`gemma3`") && m.contains("gemma3_text"), "{m}");
+        let m = msg(format!(
+            r#"{{"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                "text_config": {{"model_type": "gemma3_text", {BASE}}}}}"#
+        ));
+        assert!(m.contains("`gemma3`") && m.contains("gemma3_text"), "{m}");
         let m = msg(r#"{"model_type": "llama", "hidden_size": 64}"#.into());
         assert!(
             m.contains("intermediate_size") || m.contains("num_attention_heads"),
@@ -574,5 +624,125 @@ mod tests {
         assert!(m.contains("hidden_act"), "{m}");
         let m = msg(r#"{"model_type": "llama", "hidden_size": "big"}"#.into());
         assert!(m.contains("hidden_size"), "{m}");
+    }
+
+    fn parse(json: &serde_json::Value) -> Result<ModelConfig> {
+        parse_config(Path::new("/m/config.json"), json, true)
+    }
+
+    /// Qwen3.6-35B-A3B's config.json as its checkpoints lay it out (the fields sluice reads,
+    /// and some it ignores): the text model under `text_config`, no `intermediate_size`, the
+    /// rope in `rope_parameters`.
+    fn qwen36_moe() -> serde_json::Value {
+        let layer_types: Vec<&str> = (0..40)
+            .map(|i| {
+                if (i + 1) % 4 == 0 {
+                    "full_attention"
+                } else {
+                    "linear_attention"
+                }
+            })
+            .collect();
+        serde_json::json!({
+            "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+            "model_type": "qwen3_5_moe",
+            "tie_word_embeddings": false,
+            "text_config": {
+                "attn_output_gate": true, "eos_token_id": 248044, "full_attention_interval": 4,
+                "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048,
+                "layer_types": layer_types, "linear_conv_kernel_dim": 4,
+                "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+                "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+                "max_position_embeddings": 262144, "model_type": "qwen3_5_moe_text",
+                "moe_intermediate_size": 512, "mtp_num_hidden_layers": 1,
+                "num_attention_heads": 16, "num_experts": 256, "num_experts_per_tok": 8,
+                "num_hidden_layers": 40, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+                "rope_parameters": {
+                    "mrope_interleaved": true, "mrope_section": [11, 11, 10],
+                    "partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_type": "default"
+                },
+                "shared_expert_intermediate_size": 512, "vocab_size": 248320
+            },
+            "vision_config": {"depth": 27, "hidden_size": 1152, "model_type": "qwen3_5_moe"}
+        })
+    }
+
+    #[test]
+    fn a_multimodal_checkpoints_text_model_is_read() {
+        let c = parse(&qwen36_moe()).unwrap();
+        assert_eq!(c.architecture, Architecture::Qwen35Moe);
+        assert_eq!((c.hidden_size, c.num_layers, c.head_dim), (2048, 40, 256));
+        assert_eq!((c.vocab_size, c.rope_theta), (248320, 1e7));
+        assert_eq!(c.rotary_dim, Some(64));
+        let dn = c.delta_net.as_ref().unwrap();
+        assert_eq!(
+            (dn.k_heads, dn.v_heads, dn.head_dim, dn.conv_kernel),
+            (16, 32, 128, 4)
+        );
+        assert_eq!(dn.layers().len(), 30);
+        assert!(!dn.is_recurrent(3) && dn.is_recurrent(4));
+        let moe = c.moe.as_ref().unwrap();
+        assert_eq!((moe.num_experts, moe.num_experts_used), (256, 8));
+        assert_eq!(moe.shared_expert_intermediate_size, Some(512));
+        // Qwen3.5's router renormalises where the config does not say (as vLLM reads it).
+        assert!(moe.norm_topk_prob);
+        assert!(!c.tie_word_embeddings);
+    }
+
+    #[test]
+    fn bad_hybrid_configs_name_the_field() {
+        let cases: [(&str, serde_json::Value, &str); 8] = [
+            (
+                "linear_num_value_heads",
+                serde_json::Value::Null,
+                "linear_num_value_heads",
+            ),
+            (
+                "linear_num_value_heads",
+                24.into(),
+                "linear_num_value_heads",
+            ),
+            ("linear_conv_kernel_dim", 0.into(), "linear_conv_kernel_dim"),
+            ("linear_value_head_dim", 64.into(), "linear_value_head_dim"),
+            (
+                "layer_types",
+                serde_json::json!(["full_attention"]),
+                "layer_types",
+            ),
+            (
+                "layer_types",
+                serde_json::json!(vec!["linear_attention"; 40]),
+                "layer_types",
+            ),
+            ("attn_output_gate", false.into(), "attn_output_gate"),
+            (
+                "rope_parameters",
+                serde_json::json!({"partial_rotary_factor": 0.3}),
+                "partial_rotary_factor",
+            ),
+        ];
+        for (key, value, named) in cases {
+            let mut json = qwen36_moe();
+            json["text_config"][key] = value;
+            let m = parse(&json).unwrap_err().to_string();
+            assert!(m.contains(named), "{key}: {m}");
+        }
+        let mut json = qwen36_moe();
+        json["text_config"]["rope_parameters"]["mrope_section"] = serde_json::json!([24, 24, 24]);
+        let m = parse(&json).unwrap_err().to_string();
+        assert!(m.contains("mrope_section"), "{m}");
+        // A dense hybrid needs its MLP's size.
+        let mut json = qwen36_moe();
+        let text = json["text_config"].as_object_mut().unwrap();
+        text.insert("model_type".into(), "qwen3_5_text".into());
+        for k in [
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+        ] {
+            text.remove(k);
+        }
+        let m = parse(&json).unwrap_err().to_string();
+        assert!(m.contains("intermediate_size"), "{m}");
     }
 }

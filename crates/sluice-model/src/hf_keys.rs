@@ -31,6 +31,8 @@ pub(crate) struct SharedJson {
     pub(crate) rms_norm_eps: Option<f64>,
     pub(crate) rope_theta: Option<f64>,
     pub(crate) rope_scaling: Option<RopeScalingJson>,
+    /// transformers 5's place for the rope: its theta and its scaling in one object.
+    pub(crate) rope_parameters: Option<RopeScalingJson>,
     pub(crate) max_position_embeddings: Option<usize>,
     /// What a window means is the family's: Mistral's and qwen's windowed attention, Gemma's
     /// and gpt-oss's local layers.
@@ -49,6 +51,8 @@ pub(crate) struct QuantizationJson {
 /// `rope_scaling`; newer configs say `rope_type`, older ones `type`.
 #[derive(Debug, Deserialize)]
 pub(crate) struct RopeScalingJson {
+    /// `rope_parameters` only.
+    pub(crate) rope_theta: Option<f64>,
     pub(crate) rope_type: Option<String>,
     #[serde(rename = "type")]
     pub(crate) legacy_type: Option<String>,

@@ -399,6 +399,15 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             Weight::SharedUp(i),
             Weight::SharedDown(i),
             Weight::SharedRouter(i),
+            Weight::SsmQkv(i),
+            Weight::SsmGate(i),
+            Weight::SsmBeta(i),
+            Weight::SsmAlpha(i),
+            Weight::SsmConv(i),
+            Weight::SsmDtBias(i),
+            Weight::SsmA(i),
+            Weight::SsmNorm(i),
+            Weight::SsmOut(i),
         ]);
     }
     let checkpoint =
@@ -411,8 +420,20 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
     // Mixtral's own names, in the per-expert layout it was published in.
     let mixtral_names = checkpoint.mixtral_expert_names && export.experts == HfExperts::PerExpert;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    // A multimodal checkpoint's text part: its tensors under `model.language_model.`.
+    let stored = |name: String| match (checkpoint.text_model_type, name.strip_prefix("model.")) {
+        (Some(_), Some(rest)) => format!("model.language_model.{rest}"),
+        _ => name,
+    };
     for role in roles {
-        let name = role.gguf_name();
+        // Families without post-norms may name another norm as Gemma's post-norm is named
+        // (qwen35's `post_attention_norm` is its MLP's norm).
+        if !arch.traits().post_norms
+            && matches!(role, Weight::AttnPostNorm(_) | Weight::FfnPostNorm(_))
+        {
+            continue;
+        }
+        let name = arch.family().gguf_tensor_name(role);
         if !file.has_tensor(&name) {
             continue;
         }
@@ -427,6 +448,7 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             // transformers' Gemma norms hold `w - 1` (exact for the weights near 1 here).
             dense = (dense - 1.0)?;
         }
+        let dense = arch.family().gguf_to_hf(role, dense, &config)?;
         let mut dense = dense.to_dtype(export.dtype)?;
         let hf_name = match role {
             // `[hidden]` in GGUF, a one-output linear layer in transformers.
@@ -439,7 +461,7 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             }
             _ => arch.family().hf_tensor_name(role),
         };
-        tensors.push((hf_name, dense));
+        tensors.push((stored(hf_name), dense));
     }
     for i in 0..config.num_layers {
         let exps = |t: &str| format!("blk.{i}.ffn_{t}_exps.weight");
@@ -453,7 +475,7 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
                 .to_dtype(export.dtype)?)
         };
         let (gate, up, down) = (read(exps("gate"))?, read(exps("up"))?, read(exps("down"))?);
-        let at = |t: String| format!("model.layers.{i}.{t}");
+        let at = |t: String| stored(format!("model.layers.{i}.{t}"));
         match export.experts {
             HfExperts::Fused => {
                 tensors.push((
@@ -570,6 +592,21 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
     for (key, value) in checkpoint.fields.as_object().expect("an object") {
         config_json[key] = value.clone();
     }
+    if let Some(text_model_type) = checkpoint.text_model_type {
+        // The text fields nested, as a multimodal checkpoint's config holds them.
+        let mut text = config_json;
+        let outer = serde_json::json!({
+            "architectures": text["architectures"].take(),
+            "model_type": text["model_type"].take(),
+            "tie_word_embeddings": text["tie_word_embeddings"].clone(),
+        });
+        text["model_type"] = text_model_type.into();
+        text.as_object_mut()
+            .expect("an object")
+            .remove("architectures");
+        config_json = outer;
+        config_json["text_config"] = text;
+    }
     write_json(hf::CONFIG_FILE, config_json)?;
     let tokenizer_json = Tokenizer::hf_json_from_gguf(&file, gguf)?;
     let path = dir.join(hf::TOKENIZER_FILE);
@@ -588,6 +625,15 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
         hf::GENERATION_CONFIG_FILE,
         serde_json::json!({"bos_token_id": tokenizer.bos_token_id(), "eos_token_id": eos_ids}),
     )
+}
+
+/// What a hybrid's `ssm_a` (`-exp(A_log)`) becomes through its Hugging Face checkpoint:
+/// [`write_hf_from_gguf`] stores the nearest `A_log`, whose `-exp` is `a` or a neighbour of it
+/// (f32 cannot hold an `A_log` for every `a`). A GGUF file whose `ssm_a` went through this is
+/// the one a converter writes from that checkpoint, and loads to the directory's bits.
+pub fn delta_net_a_through_hf(a: f32) -> f32 {
+    use crate::arch::qwen35_hf::{a_from_a_log, a_log_from_a};
+    a_from_a_log(a_log_from_a(a))
 }
 
 impl TinyModelSpec {

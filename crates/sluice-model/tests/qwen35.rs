@@ -311,8 +311,20 @@ fn rewritten(
         &mut Vec<(String, candle_core::quantized::QTensor)>,
     ),
 ) -> Option<PathBuf> {
+    rewritten_from("qwen35-q8_0.gguf", name, edit)
+}
+
+/// The tiny file `file` rewritten by `edit` (its metadata and tensors), to `name`.
+fn rewritten_from(
+    file: &str,
+    name: &str,
+    edit: impl FnOnce(
+        &mut Vec<(String, candle_core::quantized::gguf_file::Value)>,
+        &mut Vec<(String, candle_core::quantized::QTensor)>,
+    ),
+) -> Option<PathBuf> {
     use candle_core::quantized::gguf_file;
-    let src = model("qwen35-q8_0.gguf")?;
+    let src = model(file)?;
     let mut file = std::fs::File::open(&src).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
     let mut meta: Vec<_> = content
@@ -340,6 +352,71 @@ fn rewritten(
         tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     gguf_file::write(&mut out, &meta_refs, &tensor_refs).unwrap();
     Some(path)
+}
+
+/// A hybrid's Hugging Face directory loads to its GGUF file's weights: the logits of every
+/// position of a 300-token prompt are the same bits, in f32 and under `auto`. qwen35 is written
+/// as `Qwen3_5ForCausalLM`; qwen35moe as the text part of `Qwen3_5MoeForConditionalGeneration`
+/// (config under `text_config`, tensors under `model.language_model.`), its experts one by one
+/// and fused; both with the value heads in the checkpoints' grouped order, `A_log`, the conv's
+/// `[channels, 1, taps]`, norms minus one and `rope_parameters`, which the loader turns back.
+/// The GGUF side is the F32 file with its `ssm_a` as that directory gives it
+/// (`delta_net_a_through_hf`): the file a converter writes from the directory.
+#[test]
+fn hf_directories_load_to_their_gguf_files_bits() {
+    use candle_core::quantized::QTensor;
+    use candle_core::Device;
+    use sluice_model::testing::{delta_net_a_through_hf, write_hf_from_gguf, HfExperts, HfExport};
+
+    for arch in ARCHS {
+        let Some(gguf) = rewritten_from(
+            &format!("{arch}-f32.gguf"),
+            &format!("{arch}-hf"),
+            |_, tensors| {
+                for (name, t) in tensors.iter_mut() {
+                    if name.ends_with(".ssm_a") {
+                        let a: Vec<f32> = t.dequantize(&Device::Cpu).unwrap().to_vec1().unwrap();
+                        let n = a.len();
+                        let a: Vec<f32> = a.into_iter().map(delta_net_a_through_hf).collect();
+                        let a = candle_core::Tensor::from_vec(a, n, &Device::Cpu).unwrap();
+                        *t = QTensor::quantize(&a, candle_core::quantized::GgmlDType::F32).unwrap();
+                    }
+                }
+            },
+        ) else {
+            return;
+        };
+        let tokens: Vec<u32> = (0..300).map(|i| (i * 131 + 17) % 40_000).collect();
+        let layouts: &[HfExperts] = if arch == "qwen35moe" {
+            &[HfExperts::PerExpert, HfExperts::Fused]
+        } else {
+            &[HfExperts::PerExpert]
+        };
+        for &experts in layouts {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join(arch);
+            let export = HfExport {
+                shards: 2,
+                experts,
+                ..HfExport::default()
+            };
+            write_hf_from_gguf(&gguf, &dir, &export).unwrap();
+            for weights in [WeightsKind::F32, WeightsKind::Auto] {
+                let options = LoadOptions {
+                    weights,
+                    ..LoadOptions::default()
+                };
+                let a = LlamaModel::load(&gguf, &options).unwrap();
+                let b = LlamaModel::load(&dir, &options).unwrap();
+                assert_eq!(a.config(), b.config(), "{arch}: configs differ");
+                assert!(
+                    chunked_logits(&a, &tokens, 64, 0) == chunked_logits(&b, &tokens, 64, 0),
+                    "{arch} ({experts:?} experts) as {weights}: the directory's logits differ from the GGUF file's"
+                );
+            }
+        }
+        std::fs::remove_file(&gguf).ok();
+    }
 }
 
 /// Bad files are start-up errors naming the key or the tensor, never a panic: a missing or

@@ -175,10 +175,10 @@ pub(crate) fn hf_moe(
     }
     // Mixtral's are always renormalised; gpt-oss's never (its softmax is over the chosen k
     // already); the qwen MoEs' as `norm_topk_prob` says.
-    let norm_topk_prob = match rules.default_norm_topk {
-        None => false,
-        Some(_) if rules.hf_norm_topk_from_config => c.norm_topk_prob.unwrap_or(false),
-        Some(default) => default,
+    let norm_topk_prob = match (rules.default_norm_topk, rules.hf_norm_topk_from_config) {
+        (None, _) => false,
+        (Some(_), Some(absent)) => c.norm_topk_prob.unwrap_or(absent),
+        (Some(default), None) => default,
     };
     let step = c.decoder_sparse_step.unwrap_or(1);
     if step == 0 {

@@ -16,6 +16,10 @@ pub(crate) struct HfCheckpoint {
     /// config.json's `architectures[0]`.
     pub class: &'static str,
     pub model_type: &'static str,
+    /// A multimodal checkpoint's text part (`...ForConditionalGeneration`): config.json's
+    /// text fields nested under `text_config` with this `model_type`, the tensors under
+    /// `model.language_model.`.
+    pub text_model_type: Option<&'static str>,
     /// The per-expert tensors named as Mixtral was published (`block_sparse_moe.experts.E.
     /// {w1,w3,w2}`, its router `block_sparse_moe.gate`), not `mlp.experts.E.{gate,up,down}_proj`.
     pub mixtral_expert_names: bool,
@@ -29,6 +33,7 @@ impl HfCheckpoint {
         Self {
             class,
             model_type,
+            text_model_type: None,
             mixtral_expert_names: false,
             fields: serde_json::json!({}),
         }

@@ -89,7 +89,17 @@ impl Family for Gemma3 {
     /// 10000), the query scale `query_pre_attn_scalar^-1/2` (256 by default, transformers'
     /// Gemma3TextConfig), and `final_logit_softcapping`.
     fn hf_params(&self, keys: &HfKeys<'_>, shared: &SharedParams) -> Result<FamilyParams> {
-        if keys.shared().model_type.as_deref() == Some("gemma3") {
+        // The multimodal checkpoint is refused whole (its `text_config` unwrapped still names
+        // Gemma3ForConditionalGeneration): its older layout keeps the text model under
+        // `language_model.model.`, which the loader does not read.
+        let shared_json = keys.shared();
+        let wrapper = shared_json.model_type.as_deref() == Some("gemma3")
+            || shared_json
+                .architectures
+                .iter()
+                .flatten()
+                .any(|a| a == "Gemma3ForConditionalGeneration");
+        if wrapper {
             return Err(keys.unsupported(
                 "Gemma 3's multimodal checkpoint (`model_type` `gemma3`, \
                  Gemma3ForConditionalGeneration): sluice serves the text model, `model_type` \

@@ -39,7 +39,7 @@ const GPT_OSS_TRAITS: Traits = Traits {
         // The softmax is over the chosen k already: never divided again (llama.cpp's rule,
         // whatever a file says).
         default_norm_topk: None,
-        hf_norm_topk_from_config: false,
+        hf_norm_topk_from_config: None,
         shared_expert: false,
         gguf_ff_divided_by_k: false,
         hf_experts_of_intermediate_size: true,

@@ -31,7 +31,7 @@ pub(super) const LLAMA_TRAITS: Traits = Traits {
         activation: ExpertActivation::Swiglu,
         biases: false,
         default_norm_topk: Some(true),
-        hf_norm_topk_from_config: false,
+        hf_norm_topk_from_config: None,
         shared_expert: false,
         gguf_ff_divided_by_k: false,
         hf_experts_of_intermediate_size: true,

@@ -20,6 +20,7 @@ mod llama;
 mod qwen2;
 mod qwen3;
 mod qwen35;
+pub(crate) mod qwen35_hf;
 mod qwen_moe;
 mod smollm3;
 mod windows;
@@ -28,6 +29,7 @@ pub use crate::config::{Architecture, ExpertActivation, ExpertGating};
 pub use layer_plan::{AttentionKind, LayerPlan, Mixer, MlpKind, Rotary};
 pub(crate) use windows::{LocalTheta, WindowRule};
 
+use candle_core::Tensor;
 use sluice_kernels::cpu::swiglu::GatedActivation;
 
 use crate::config::ModelConfig;
@@ -143,10 +145,11 @@ pub struct ExpertTraits {
     /// for each family); `None`: never, whatever the file says (gpt-oss, whose weights are
     /// the softmax of the chosen logits).
     pub default_norm_topk: Option<bool>,
-    /// Hugging Face: whether config.json's `norm_topk_prob` (default false) decides the
-    /// renormalisation (the qwen MoEs), rather than [`Self::default_norm_topk`] (Mixtral:
-    /// always; gpt-oss: never).
-    pub hf_norm_topk_from_config: bool,
+    /// Hugging Face: `Some(absent)`: config.json's `norm_topk_prob` decides the
+    /// renormalisation, `absent` where it does not say (the qwen MoEs: false, transformers'
+    /// default; Qwen3.5's: true, as vLLM reads those configs); `None`:
+    /// [`Self::default_norm_topk`] decides (Mixtral: always; gpt-oss: never).
+    pub hf_norm_topk_from_config: Option<bool>,
     /// A shared expert beside the routed ones, scaled by a sigmoid gate (qwen2moe).
     pub shared_expert: bool,
     /// Experts sized by `feed_forward_length / k` when a GGUF file gives no
@@ -234,6 +237,26 @@ pub(crate) trait Family: Sync {
     /// The tensor's name in the family's Hugging Face checkpoints.
     fn hf_tensor_name(&self, w: Weight) -> String {
         w.hf_name()
+    }
+
+    /// The shape `w` has in the family's Hugging Face checkpoints where it differs from the
+    /// layer's `shape` (its GGUF files'). The default: the same.
+    fn hf_stored_shape(&self, _w: Weight, shape: &[usize]) -> Vec<usize> {
+        shape.to_vec()
+    }
+
+    /// `w` as a Hugging Face checkpoint stores it, made what the family's GGUF files hold:
+    /// what llama.cpp's converter does to it (the norms' one of
+    /// [`Traits::hf_norms_minus_one`] aside). The default: nothing.
+    fn hf_to_gguf(&self, _w: Weight, t: Tensor, _config: &ModelConfig) -> Result<Tensor> {
+        Ok(t)
+    }
+
+    /// The inverse of [`Family::hf_to_gguf`], for the test writer
+    /// (`crate::testing::write_hf_from_gguf`).
+    #[cfg(any(test, feature = "testing"))]
+    fn gguf_to_hf(&self, _w: Weight, t: Tensor, _config: &ModelConfig) -> Result<Tensor> {
+        Ok(t)
     }
 
     /// Layer `layer`'s plan. The default: the traits, the config's sliding window, experts and
@@ -457,7 +480,7 @@ mod tests {
         assert_eq!(Architecture::from_name("bert"), None);
     }
 
-    fn tiny(architecture: Architecture) -> ModelConfig {
+    pub(super) fn tiny(architecture: Architecture) -> ModelConfig {
         ModelConfig {
             architecture,
             hidden_size: 64,

@@ -19,7 +19,10 @@ use candle_core::quantized::gguf_file::Value;
 
 use super::qwen_moe::QWEN_EXPERTS;
 use super::{Architecture, ExpertTraits, Family, FamilyParams, SharedParams, Traits};
-use crate::config::DeltaNetConfig;
+use candle_core::Tensor;
+
+use super::qwen35_hf;
+use crate::config::{DeltaNetConfig, ModelConfig};
 use crate::error::Result;
 use crate::gguf_keys::{int_value, GgufKeys};
 use crate::hf_keys::HfKeys;
@@ -46,12 +49,16 @@ pub(crate) static QWEN35MOE: Hybrid = Hybrid {
 
 const QWEN35_TRAITS: Traits = Traits {
     attention_output_gate: true,
+    // Qwen3.5's RMSNorms multiply by `1 + w` (`arch::qwen35_hf`).
+    hf_norms_minus_one: true,
     ..super::qwen3::QWEN3_TRAITS
 };
 
 const QWEN35MOE_TRAITS: Traits = Traits {
     experts: Some(ExpertTraits {
         shared_expert: true,
+        // Renormalised where config.json does not say (vLLM's reading; llama.cpp always).
+        hf_norm_topk_from_config: Some(true),
         ..QWEN_EXPERTS
     }),
     ..QWEN35_TRAITS
@@ -243,26 +250,44 @@ impl Family for Hybrid {
         gguf_params(keys, shared, self.traits())
     }
 
-    fn hf_params(&self, keys: &HfKeys<'_>, _: &SharedParams) -> Result<FamilyParams> {
-        Err(hf_refused(keys))
+    fn hf_params(&self, keys: &HfKeys<'_>, shared: &SharedParams) -> Result<FamilyParams> {
+        qwen35_hf::hf_params(keys, shared, self.architecture)
+    }
+
+    fn hf_stored_shape(&self, w: Weight, shape: &[usize]) -> Vec<usize> {
+        qwen35_hf::stored_shape(w, shape)
+    }
+
+    fn hf_to_gguf(&self, w: Weight, t: Tensor, config: &ModelConfig) -> Result<Tensor> {
+        qwen35_hf::to_gguf(w, t, config)
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    fn gguf_to_hf(&self, w: Weight, t: Tensor, config: &ModelConfig) -> Result<Tensor> {
+        qwen35_hf::to_hf(w, t, config)
     }
 
     fn gguf_tensor_name(&self, w: Weight) -> String {
         gguf_name(w)
     }
 
+    /// qwen35 as `Qwen3_5ForCausalLM`'s flat config; qwen35moe as the text part of
+    /// `Qwen3_5MoeForConditionalGeneration` (the released checkpoints' layout), so the tests
+    /// read both.
     #[cfg(any(test, feature = "testing"))]
-    fn hf_checkpoint(&self, _: &crate::config::ModelConfig) -> Option<super::export::HfCheckpoint> {
-        None
+    fn hf_checkpoint(&self, config: &ModelConfig) -> Option<super::export::HfCheckpoint> {
+        use super::export::HfCheckpoint;
+        let fields = qwen35_hf::checkpoint_fields(config)?;
+        Some(match self.architecture {
+            Architecture::Qwen35Moe => HfCheckpoint {
+                text_model_type: Some("qwen3_5_moe_text"),
+                fields,
+                ..HfCheckpoint::plain("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe")
+            },
+            _ => HfCheckpoint {
+                fields,
+                ..HfCheckpoint::plain("Qwen3_5ForCausalLM", "qwen3_5_text")
+            },
+        })
     }
-}
-
-/// A Hugging Face directory of a hybrid: not read yet (its DeltaNet tensors need llama.cpp's
-/// converter's rearrangement), refused with the way that works.
-fn hf_refused(keys: &HfKeys<'_>) -> crate::error::ModelError {
-    keys.unsupported(
-        "a Hugging Face directory of a Qwen3.5/3.6 hybrid (not read yet): serve its GGUF file \
-         (llama.cpp's convert_hf_to_gguf.py writes one)"
-            .into(),
-    )
 }

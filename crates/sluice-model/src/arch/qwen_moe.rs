@@ -18,7 +18,7 @@ pub(super) const QWEN_EXPERTS: ExpertTraits = ExpertTraits {
     activation: ExpertActivation::Swiglu,
     biases: false,
     default_norm_topk: Some(true),
-    hf_norm_topk_from_config: true,
+    hf_norm_topk_from_config: Some(false),
     shared_expert: false,
     gguf_ff_divided_by_k: true,
     hf_experts_of_intermediate_size: false,
