@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The tiny random-weight Qwen3.5 hybrids that tests/fixtures/qwen35/ was recorded on, in
-# models/tiny-qwen35/ (or $QWEN35_MODELS): for qwen35 and qwen35moe, ARCH-f32.gguf and
+# models/tiny-qwen35/ (or $QWEN35_MODELS): for qwen35, qwen35moe and qwen3next, ARCH-f32.gguf and
 # ARCH-q8_0.gguf (scripts/tiny-qwen35.py, pinned gguf and numpy in the venv of
 # scripts/lib/gguf-venv.sh), ARCH-q4_k_m.gguf (llama.cpp's llama-quantize on the F32 file,
 # scripts/llama-server.sh) and ARCH-q4_k_m-f32.gguf (that file dequantized back to F32).
@@ -26,7 +26,7 @@ python=$("$root/scripts/lib/gguf-venv.sh")
 mkdir -p "$out"
 
 files=()
-for arch in qwen35 qwen35moe; do
+for arch in qwen35 qwen35moe qwen3next; do
   for fmt in f32 q8_0; do
     files+=("$arch-$fmt.gguf")
     if stale "$arch-$fmt.gguf"; then
@@ -39,5 +39,6 @@ if [ "${QWEN35_KQUANTS:-1}" != 0 ]; then
   bin=$(LLAMA_TARGETS="llama-quantize" "$root/scripts/llama-server.sh")
   q4_k_m "$bin" qwen35
   q4_k_m "$bin" qwen35moe
+  q4_k_m "$bin" qwen3next
 fi
 check_sums

@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 from llama_oracle import PROMPTS, record_file  # noqa: E402
 
-FILES = [f"{arch}-{fmt}" for arch in ["qwen35", "qwen35moe"] for fmt in ["f32", "q8_0", "q4_k_m", "q4_k_m-f32"]]
+FILES = [f"{arch}-{fmt}" for arch in ["qwen35", "qwen35moe", "qwen3next"] for fmt in ["f32", "q8_0", "q4_k_m", "q4_k_m-f32"]]
 
 LONG = (
     "Minutes of the harbour board, third meeting of the autumn session. Present: the chair, the "

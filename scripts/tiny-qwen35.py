@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Tiny random-weight Qwen3.5 hybrids (llama.cpp's `qwen35` and `qwen35moe`): the weights that
+"""Tiny random-weight Qwen3.5 hybrids (llama.cpp's `qwen35` and `qwen35moe`) and Qwen3-Next
+(`qwen3next`): the weights that
 llama.cpp, the oracle, and sluice both run, so that tests/fixtures/qwen35/ tests the Gated
 DeltaNet layers, their recurrent state and the gated full-attention layers without a real
 checkpoint.
 
     python3 scripts/tiny-qwen35.py --tokenizer models/SmolLM2-135M-Instruct.Q4_1.gguf --out models/tiny-qwen35
 
-writes qwen35-f32.gguf, qwen35-q8_0.gguf, qwen35moe-f32.gguf and qwen35moe-q8_0.gguf. The shape
+writes ARCH-f32.gguf and ARCH-q8_0.gguf for the three architectures. The shape
 is the real models' at a small size (llama.cpp's src/models/qwen35.cpp, qwen35moe.cpp and
 delta-net-base.cpp read every key and tensor written here):
 
@@ -20,7 +21,11 @@ delta-net-base.cpp read every key and tensor written here):
   gate in `attn_q` (512 rows), QK-norm, RoPE on the first 16 dimensions of a head
   (`rope.dimension_count`, NEOX pairs; `rope.dimension_sections` [3, 3, 2, 0] for text);
 - the MLP: dense SwiGLU (qwen35), or 8 experts, 2 a token, softmax then renormalised, beside a
-  shared expert with a sigmoid gate (qwen35moe).
+  shared expert with a sigmoid gate (qwen35moe, qwen3next);
+- qwen3next (llama.cpp's src/models/qwen3next.cpp): qwen35moe's layers with the v heads in the
+  checkpoint's grouped order (v head h reads k head h div 2: its converter does not reorder
+  them), beta and alpha in one `ssm_ba` of `[b (2 rows), a (2 rows)]` a key head, and no
+  `rope.dimension_sections` (plain NEOX RoPE on `rope.dimension_count`).
 
 The conventions of scripts/tiny-moe.py, whose helpers this imports: each tensor drawn from its
 own PCG64 stream seeded by sha256("ARCH/TENSOR_NAME") (`draw`), the F32 file's matrices rounded
@@ -42,7 +47,7 @@ spec = importlib.util.spec_from_file_location("tiny_moe", os.path.join(HERE, "ti
 tiny = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tiny)
 
-ARCHS = ["qwen35", "qwen35moe"]
+ARCHS = ["qwen35", "qwen35moe", "qwen3next"]
 N_EMBD = 256
 N_LAYER = 8
 FULL_ATTENTION_INTERVAL = 4
@@ -111,6 +116,16 @@ def tensors(arch):
             add(p + "ssm_a", (H_V,), (s["a_hi"] - s["a_lo"]) / 2, -(s["a_hi"] + s["a_lo"]) / 2)
             add(p + "ssm_beta.weight", (H_V, N_EMBD), s["beta"])
             add(p + "ssm_alpha.weight", (H_V, N_EMBD), s["alpha"])
+            if arch == "qwen3next":
+                # One ssm_ba, each key head's beta rows then its alpha rows (Q8_0's rounding is
+                # a row's, so interleaving the rounded rows is rounding the interleaved ones).
+                (_, alpha), (_, beta) = out.pop(), out.pop()
+                per_key = H_V // H_K
+                rows = []
+                for kh in range(H_K):
+                    rows.append(beta[kh * per_key:(kh + 1) * per_key])
+                    rows.append(alpha[kh * per_key:(kh + 1) * per_key])
+                out.append((p + "ssm_ba.weight", np.concatenate(rows).astype(np.float32)))
             add(p + "ssm_norm.weight", (S,), s["ssm_norm"], 1.0)
             add(p + "ssm_out.weight", (N_EMBD, VALUE_DIM), s["ssm_out"])
         else:
@@ -159,7 +174,8 @@ def write(arch, fmt, tok, path):
     w.add_key_length(HEAD_DIM)
     w.add_value_length(HEAD_DIM)
     w.add_rope_dimension_count(N_ROT)
-    w.add_rope_dimension_sections(SECTIONS)
+    if arch != "qwen3next":
+        w.add_rope_dimension_sections(SECTIONS)
     w.add_rope_freq_base(1e7)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_vocab_size(N_VOCAB)
@@ -169,7 +185,7 @@ def write(arch, fmt, tok, path):
     w.add_ssm_time_step_rank(H_V)
     w.add_ssm_inner_size(VALUE_DIM)
     w.add_full_attention_interval(FULL_ATTENTION_INTERVAL)
-    if arch == "qwen35moe":
+    if arch != "qwen35":
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(N_EXPERT_USED)
         w.add_expert_feed_forward_length(N_FF_EXP)

@@ -28,6 +28,9 @@ pub enum Architecture {
     /// qwen35moe (Qwen3.5/3.6-A3B...): qwen35's layers, experts beside a gated shared expert
     /// (`arch::qwen35`).
     Qwen35Moe,
+    /// qwen3next (Qwen3-Next-80B-A3B, Qwen3-Coder-Next): qwen35moe's layers in another tensor
+    /// layout (`arch::qwen35`).
+    Qwen3Next,
 }
 
 /// The Gated DeltaNet layers of a hybrid (Qwen3.5/3.6): linear attention whose memory of a

@@ -21,7 +21,7 @@ use crate::error::{ModelError, Result};
 use crate::gguf_keys::{int_value, GgufKeys};
 use crate::load::{check_shape, ExpertMatrices, LoadOptions, Weight, WeightSource};
 use crate::model::LlamaModel;
-use crate::weights::{GgufMatrix, Linear, LinearOptions, WeightsKind};
+use crate::weights::{GgufMatrix, Linear, LinearOptions, RowOrder, WeightsKind};
 use sluice_kernels::QuantFormat;
 
 /// An opened GGUF file: the parsed header, and the file mapped into memory. Tensors are read
@@ -428,7 +428,7 @@ pub(crate) struct GgufWeights<'a> {
     file: &'a mut GgufFile,
     /// `Some(head_dim)` for llama files, whose Q/K rows llama.cpp permuted.
     unpermute_head_dim: Option<usize>,
-    architecture: Architecture,
+    config: ModelConfig,
 }
 
 impl<'a> GgufWeights<'a> {
@@ -443,12 +443,12 @@ impl<'a> GgufWeights<'a> {
                 .traits()
                 .gguf_qk_permuted
                 .then_some(config.head_dim),
-            architecture: config.architecture,
+            config: config.clone(),
         }
     }
 
     fn name(&self, w: Weight) -> String {
-        self.architecture.family().gguf_tensor_name(w)
+        self.config.architecture.family().gguf_tensor_name(w)
     }
 
     fn read(&mut self, w: Weight, shape: &[usize]) -> Result<QTensor> {
@@ -670,14 +670,21 @@ impl WeightSource for GgufWeights<'_> {
         let names: Vec<String> = parts.iter().map(|&(w, _)| self.name(w)).collect();
         let mut ms = Vec::with_capacity(parts.len());
         for (&(w, rows), name) in parts.iter().zip(&names) {
-            let mut m = matrix(self.file, name, rows, cols)?;
+            let order = self
+                .config
+                .architecture
+                .family()
+                .gguf_row_order(w, &self.config);
+            let mut m = matrix(self.file, name, order.stored_rows(rows), cols)?;
+            m.rows = rows;
+            m.order = order;
             if let (Some(head_dim), Weight::Q(_) | Weight::K(_)) = (self.unpermute_head_dim, w) {
                 if rows % head_dim != 0 {
                     return Err(ModelError::WeightLayout(format!(
                         "{name} has {rows} rows, not a whole number of heads of {head_dim}"
                     )));
                 }
-                m.unpermute = Some((rows / head_dim, head_dim));
+                m.order = RowOrder::UnpermuteQk { head_dim };
             }
             ms.push(m);
         }

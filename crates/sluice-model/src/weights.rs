@@ -127,8 +127,48 @@ pub(crate) struct GgufMatrix<'a> {
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
-    /// `Some((heads, head_dim))`: llama Q/K rows, read un-permuted (see [`unpermuted_row`]).
-    pub unpermute: Option<(usize, usize)>,
+    /// Which stored row each of the `rows` is.
+    pub order: RowOrder,
+}
+
+/// Where a matrix's rows lie in the tensor a file stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowOrder {
+    /// Row `r` is stored row `r`.
+    Stored,
+    /// llama Q/K rows, read un-permuted (see [`unpermuted_row`]).
+    UnpermuteQk { head_dim: usize },
+    /// `len` rows out of every `stride` stored rows, from `offset` in each: one of several
+    /// matrices interleaved in one tensor (qwen3next's `ssm_ba`, a key head's beta rows then
+    /// its alpha rows).
+    Strided {
+        len: usize,
+        stride: usize,
+        offset: usize,
+    },
+}
+
+impl RowOrder {
+    /// The stored row of row `r`.
+    fn stored_row(self, r: usize) -> usize {
+        match self {
+            Self::Stored => r,
+            Self::UnpermuteQk { head_dim } => unpermuted_row(r, head_dim),
+            Self::Strided {
+                len,
+                stride,
+                offset,
+            } => r / len * stride + offset + r % len,
+        }
+    }
+
+    /// The stored rows that hold `rows` rows.
+    pub(crate) fn stored_rows(self, rows: usize) -> usize {
+        match self {
+            Self::Strided { len, stride, .. } => rows / len * stride,
+            _ => rows,
+        }
+    }
 }
 
 impl<'a> GgufMatrix<'a> {
@@ -140,28 +180,29 @@ impl<'a> GgufMatrix<'a> {
             rows,
             cols,
             data,
-            unpermute: None,
+            order: RowOrder::Stored,
         }
     }
 
     fn row_bytes(&self) -> usize {
-        self.data.len() / self.rows
+        self.data.len() / self.order.stored_rows(self.rows)
+    }
+
+    /// The bytes of the matrix's own rows (another matrix may share its tensor).
+    fn bytes(&self) -> usize {
+        self.rows * self.row_bytes()
     }
 
     /// The bytes of output feature `r`, in the order the model uses.
     fn row(&self, r: usize) -> &'a [u8] {
-        let src = match self.unpermute {
-            Some((_, head_dim)) => unpermuted_row(r, head_dim),
-            None => r,
-        };
         let rb = self.row_bytes();
-        &self.data[src * rb..][..rb]
+        &self.data[self.order.stored_row(r) * rb..][..rb]
     }
 
     /// A candle tensor of the rows in model order (a copy), for candle's kernels and for
     /// dequantizing with candle's reference.
     fn qtensor(&self) -> Result<QTensor> {
-        let mut bytes = Vec::with_capacity(self.data.len());
+        let mut bytes = Vec::with_capacity(self.bytes());
         for r in 0..self.rows {
             bytes.extend_from_slice(self.row(r));
         }
@@ -184,7 +225,7 @@ fn run_row<'a>(group: &[GgufMatrix<'a>], mut r: usize) -> &'a [u8] {
 /// Consecutive matrices of one format stacked along their rows, their blocks copied as they
 /// are (rows in model order) onto `device`.
 fn stacked_blocks_on(group: &[GgufMatrix<'_>], device: &Device) -> Result<QTensor> {
-    let mut bytes = Vec::with_capacity(group.iter().map(|p| p.data.len()).sum());
+    let mut bytes = Vec::with_capacity(group.iter().map(GgufMatrix::bytes).sum());
     for part in group {
         for r in 0..part.rows {
             bytes.extend_from_slice(part.row(r));
@@ -367,7 +408,7 @@ impl Linear {
                         )))
                     }
                     None => {
-                        let bytes = group.iter().map(|p| p.data.len()).sum();
+                        let bytes = group.iter().map(GgufMatrix::bytes).sum();
                         Part::Candle(QMatMul::from_qtensor(stacked_qtensor(group)?)?, bytes)
                     }
                 };
@@ -443,13 +484,13 @@ impl Linear {
         let matrices = format_groups(parts)
             .map(|(_, group)| Ok(QMatMul::from_qtensor(stacked_blocks_on(group, device)?)?))
             .collect::<Result<Vec<_>>>()?;
-        let bytes = parts.iter().map(|p| p.data.len()).sum();
+        let bytes = parts.iter().map(GgufMatrix::bytes).sum();
         Ok(Weights::DeviceBlocks(matrices, bytes))
     }
 
     fn candle_quantized(parts: &[GgufMatrix<'_>]) -> Result<Weights> {
         let w = stacked_qtensor(parts)?;
-        let bytes = parts.iter().map(|p| p.data.len()).sum();
+        let bytes = parts.iter().map(GgufMatrix::bytes).sum();
         Ok(Weights::Candle(QMatMul::from_qtensor(w)?, bytes))
     }
 

@@ -128,7 +128,7 @@ fn cases() -> Vec<Case> {
     });
     // The Qwen3.5 hybrids' Gated DeltaNet layers, each sequence in a recurrent state of its
     // own (the tiny files of scripts/make-qwen35-models.sh: Q4_K, Q6_K, Q8_0 and Q5_0).
-    for arch in ["qwen35", "qwen35moe"] {
+    for arch in ["qwen35", "qwen35moe", "qwen3next"] {
         cases.push(Case {
             name: format!("{arch}-Q4_K_M"),
             source: Source::File(sluice_model::testing::optional_model(

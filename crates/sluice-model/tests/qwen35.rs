@@ -1,4 +1,5 @@
-//! The Qwen3.5/3.6 hybrids (`qwen35`, `qwen35moe`) against llama.cpp, an independent
+//! The Qwen3.5/3.6 hybrids (`qwen35`, `qwen35moe`) and Qwen3-Next (`qwen3next`) against
+//! llama.cpp, an independent
 //! implementation, on the tiny random-weight files `scripts/make-qwen35-models.sh` writes with
 //! the PyPI `gguf` package (F32, Q8_0) and llama.cpp's `llama-quantize` (Q4_K_M, and that file
 //! dequantized back to F32): 8 layers, six Gated DeltaNet and two gated full-attention ones,
@@ -26,7 +27,7 @@ use sluice_model::arch::Mixer;
 use sluice_model::testing::optional_model;
 use sluice_model::{LlamaModel, LoadOptions, StepBatch, WeightsKind};
 
-const ARCHS: [&str; 2] = ["qwen35", "qwen35moe"];
+const ARCHS: [&str; 3] = ["qwen35", "qwen35moe", "qwen3next"];
 
 /// Largest logprob difference of an agreeing token on the quantized files under `auto`.
 /// llama.cpp's own int8 run moves its F32 run's first-step margins by up to 1.16 nats on
@@ -37,6 +38,10 @@ const QUANTIZED_TOLERANCE: f32 = 1.0;
 /// (measured: once, at 0.33 nats, on qwen35moe Q4_K_M; llama.cpp's own int8 and F32 runs part
 /// at the first token once in 36 rows).
 const QUANTIZED_NEAR_TIE: f32 = 0.5;
+/// The same bound on qwen3next's files, whose int8 spread is wider: llama.cpp's own int8 run
+/// moves its F32 run's first-step margins by up to 1.76 nats there, and parts from it at the
+/// first token once where the F32 margin was 2.85 (`tests/fixtures/qwen35/README.md`).
+const QWEN3NEXT_QUANTIZED_NEAR_TIE: f32 = 1.0;
 
 fn model(name: &str) -> Option<PathBuf> {
     optional_model(
@@ -58,7 +63,11 @@ fn check(arch: &str, file: &str, fixture: &str, weights: WeightsKind, in_f32: bo
         });
     } else {
         let expect = Expect::RoundedNearTie {
-            near_tie: QUANTIZED_NEAR_TIE,
+            near_tie: if arch == "qwen3next" {
+                QWEN3NEXT_QUANTIZED_NEAR_TIE
+            } else {
+                QUANTIZED_NEAR_TIE
+            },
         };
         check_tiny_file_by(
             &path,
@@ -368,7 +377,8 @@ fn hf_directories_load_to_their_gguf_files_bits() {
     use candle_core::Device;
     use sluice_model::testing::{delta_net_a_through_hf, write_hf_from_gguf, HfExperts, HfExport};
 
-    for arch in ARCHS {
+    // qwen3next directories are refused (their fused projections are not read yet).
+    for arch in ["qwen35", "qwen35moe"] {
         let Some(gguf) = rewritten_from(
             &format!("{arch}-f32.gguf"),
             &format!("{arch}-hf"),
@@ -482,6 +492,30 @@ fn bad_hybrid_files_are_refused_naming_the_key_or_tensor() {
     ];
     for (name, edit, names) in cases {
         let Some(path) = rewritten(name, edit) else {
+            return;
+        };
+        let err = match LlamaModel::load(&path, &LoadOptions::default()) {
+            Ok(_) => panic!("{name}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(names), "{name}: {err}");
+        std::fs::remove_file(&path).ok();
+    }
+    // A qwen3next file of the converters before `attn_qkv` (one fused `ssm_in`), and one whose
+    // `ssm_ba` has another row count.
+    let legacy: Edit = Box::new(|_, t| {
+        for (n, _) in t.iter_mut() {
+            if n == "blk.0.attn_qkv.weight" {
+                *n = "blk.0.ssm_in.weight".into();
+            }
+        }
+    });
+    let ba: Edit = Box::new(|_, t| t.retain(|(n, _)| n != "blk.1.ssm_ba.weight"));
+    for (name, edit, names) in [
+        ("next-ssm-in", legacy, "blk.0.attn_qkv.weight"),
+        ("next-ba", ba, "blk.1.ssm_ba.weight"),
+    ] {
+        let Some(path) = rewritten_from("qwen3next-q8_0.gguf", name, edit) else {
             return;
         };
         let err = match LlamaModel::load(&path, &LoadOptions::default()) {

@@ -37,6 +37,7 @@ use crate::error::Result;
 use crate::gguf_keys::GgufKeys;
 use crate::hf_keys::HfKeys;
 use crate::load::Weight;
+use crate::weights::RowOrder;
 
 /// The registry: every family sluice runs, one line each.
 static FAMILIES: &[&dyn Family] = &[
@@ -50,6 +51,7 @@ static FAMILIES: &[&dyn Family] = &[
     &smollm3::SmolLm3,
     &qwen35::QWEN35,
     &qwen35::QWEN35MOE,
+    &qwen35::QWEN3NEXT,
 ];
 
 impl Architecture {
@@ -250,6 +252,13 @@ pub(crate) trait Family: Sync {
     /// [`Traits::hf_norms_minus_one`] aside). The default: nothing.
     fn hf_to_gguf(&self, _w: Weight, t: Tensor, _config: &ModelConfig) -> Result<Tensor> {
         Ok(t)
+    }
+
+    /// Where `w`'s rows lie in the tensor of the family's GGUF files that holds it
+    /// ([`Family::gguf_tensor_name`]). The default: as stored (llama's Q/K un-permuting is
+    /// the loader's, by [`Traits::gguf_qk_permuted`]).
+    fn gguf_row_order(&self, _w: Weight, _config: &ModelConfig) -> RowOrder {
+        RowOrder::Stored
     }
 
     /// The inverse of [`Family::hf_to_gguf`], for the test writer

@@ -1,5 +1,6 @@
 //! The Qwen3.5/3.6 hybrids (GGUF `qwen35`, `qwen35moe`; HF `Qwen3_5ForCausalLM`,
-//! `Qwen3_5MoeForCausalLM`, the text parts of their `...ForConditionalGeneration`): Gated
+//! `Qwen3_5MoeForCausalLM`, the text parts of their `...ForConditionalGeneration`) and
+//! Qwen3-Next (GGUF `qwen3next`, the same layers in another layout: [`QWEN3NEXT`]): Gated
 //! DeltaNet layers, three for each full-attention layer by default, whose memory of a
 //! sequence is a fixed-size state (`crate::config::DeltaNetConfig`); full-attention layers with
 //! QK-norm, an output gate per query head and RoPE on the first quarter of each head; the
@@ -27,6 +28,7 @@ use crate::error::Result;
 use crate::gguf_keys::{int_value, GgufKeys};
 use crate::hf_keys::HfKeys;
 use crate::load::Weight;
+use crate::weights::RowOrder;
 
 /// A Qwen3.5/3.6 hybrid family: its key, names and traits.
 pub(crate) struct Hybrid {
@@ -44,6 +46,17 @@ pub(crate) static QWEN35: Hybrid = Hybrid {
 pub(crate) static QWEN35MOE: Hybrid = Hybrid {
     architecture: Architecture::Qwen35Moe,
     names: &["qwen35moe", "qwen3_5_moe", "qwen3_5_moe_text"],
+    traits: &QWEN35MOE_TRAITS,
+};
+
+/// Qwen3-Next: qwen35moe's layers, its GGUF files laid out as llama.cpp's converter writes
+/// them for this family (`src/models/qwen3next.cpp`): the value heads in the checkpoint's
+/// grouped order (value head `h` reads key head `h / (v_heads / k_heads)`: the converter does
+/// not re-tile them), beta and alpha in one `ssm_ba` (each key head's beta rows, then its
+/// alpha rows), and RoPE without sections.
+pub(crate) static QWEN3NEXT: Hybrid = Hybrid {
+    architecture: Architecture::Qwen3Next,
+    names: &["qwen3next", "qwen3_next"],
     traits: &QWEN35MOE_TRAITS,
 };
 
@@ -74,6 +87,7 @@ fn gguf_params(
     keys: &GgufKeys<'_>,
     shared: &SharedParams,
     traits: &Traits,
+    tiled: bool,
 ) -> Result<FamilyParams> {
     let key = |k: &str| keys.key(k);
     let block_count = shared.num_layers;
@@ -136,7 +150,7 @@ fn gguf_params(
             k_heads,
             v_heads,
             recurrent,
-            tiled: true,
+            tiled,
         }),
         trunk_layers: (layers != block_count).then_some(layers),
         ..FamilyParams::default()
@@ -247,10 +261,18 @@ impl Family for Hybrid {
     }
 
     fn gguf_params(&self, keys: &GgufKeys<'_>, shared: &SharedParams) -> Result<FamilyParams> {
-        gguf_params(keys, shared, self.traits())
+        let tiled = self.architecture != Architecture::Qwen3Next;
+        gguf_params(keys, shared, self.traits(), tiled)
     }
 
     fn hf_params(&self, keys: &HfKeys<'_>, shared: &SharedParams) -> Result<FamilyParams> {
+        if self.architecture == Architecture::Qwen3Next {
+            return Err(keys.unsupported(
+                "a Hugging Face directory of Qwen3-Next (its fused `in_proj_qkvz` and \
+                 `in_proj_ba` are not read yet): serve its GGUF file"
+                    .into(),
+            ));
+        }
         qwen35_hf::hf_params(keys, shared, self.architecture)
     }
 
@@ -268,7 +290,39 @@ impl Family for Hybrid {
     }
 
     fn gguf_tensor_name(&self, w: Weight) -> String {
-        gguf_name(w)
+        match w {
+            Weight::SsmBeta(i) | Weight::SsmAlpha(i)
+                if self.architecture == Architecture::Qwen3Next =>
+            {
+                format!("blk.{i}.ssm_ba.weight")
+            }
+            _ => gguf_name(w),
+        }
+    }
+
+    /// Qwen3-Next's beta and alpha rows out of its `ssm_ba`: a key head's `v_heads / k_heads`
+    /// beta rows, then as many alpha rows.
+    fn gguf_row_order(&self, w: Weight, config: &ModelConfig) -> RowOrder {
+        let per_key = config
+            .delta_net
+            .as_ref()
+            .map_or(1, |dn| dn.v_heads / dn.k_heads);
+        match w {
+            Weight::SsmBeta(_) | Weight::SsmAlpha(_)
+                if self.architecture == Architecture::Qwen3Next =>
+            {
+                RowOrder::Strided {
+                    len: per_key,
+                    stride: 2 * per_key,
+                    offset: if matches!(w, Weight::SsmAlpha(_)) {
+                        per_key
+                    } else {
+                        0
+                    },
+                }
+            }
+            _ => RowOrder::Stored,
+        }
     }
 
     /// qwen35 as `Qwen3_5ForCausalLM`'s flat config; qwen35moe as the text part of
@@ -279,6 +333,7 @@ impl Family for Hybrid {
         use super::export::HfCheckpoint;
         let fields = qwen35_hf::checkpoint_fields(config)?;
         Some(match self.architecture {
+            Architecture::Qwen3Next => return None,
             Architecture::Qwen35Moe => HfCheckpoint {
                 text_model_type: Some("qwen3_5_moe_text"),
                 fields,
