@@ -258,7 +258,7 @@ impl HfWeights<'_> {
     fn read(&self, w: Weight, shape: &[usize]) -> Result<Tensor> {
         let config = &self.dir.config;
         let family = config.architecture.family();
-        let t = self.read_named(self.name(w), &family.hf_stored_shape(w, shape))?;
+        let t = self.read_named(self.name(w), &family.hf_stored_shape(w, shape, config))?;
         family.hf_to_gguf(w, t, config)
     }
 

@@ -420,6 +420,7 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
     // Mixtral's own names, in the per-expert layout it was published in.
     let mixtral_names = checkpoint.mixtral_expert_names && export.experts == HfExperts::PerExpert;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    let mut roles_of: Vec<Weight> = Vec::new();
     // A multimodal checkpoint's text part: its tensors under `model.language_model.`.
     let stored = |name: String| match (checkpoint.text_model_type, name.strip_prefix("model.")) {
         (Some(_), Some(rest)) => format!("model.language_model.{rest}"),
@@ -444,6 +445,13 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             }
         }
         let mut dense = t.dequantize(&Device::Cpu)?;
+        // A role stored among another's rows (qwen3next's beta and alpha in `ssm_ba`).
+        let order = arch.family().gguf_row_order(role, &config);
+        if order != crate::weights::RowOrder::Stored {
+            let rows = order.rows_in(dense.dim(0)?);
+            let index: Vec<u32> = (0..rows).map(|r| order.stored_row(r) as u32).collect();
+            dense = dense.index_select(&Tensor::from_vec(index, rows, &Device::Cpu)?, 0)?;
+        }
         if arch.traits().hf_norms_minus_one && role.is_norm() {
             // transformers' Gemma norms hold `w - 1` (exact for the weights near 1 here).
             dense = (dense - 1.0)?;
@@ -461,7 +469,23 @@ pub fn write_hf_from_gguf(gguf: &Path, dir: &Path, export: &HfExport) -> Result<
             }
             _ => arch.family().hf_tensor_name(role),
         };
+        roles_of.push(role);
         tensors.push((stored(hf_name), dense));
+    }
+    // Roles that one checkpoint tensor holds (Qwen3-Next's fused in-projections) as that one.
+    let mut merged: Vec<(String, Vec<(Weight, Tensor)>)> = Vec::new();
+    for ((name, t), role) in tensors.drain(..).zip(roles_of) {
+        match merged.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, parts)) => parts.push((role, t)),
+            None => merged.push((name, vec![(role, t)])),
+        }
+    }
+    for (name, mut parts) in merged {
+        let t = match parts.len() {
+            1 => parts.pop().expect("one part").1,
+            _ => arch.family().hf_fused(&parts, &config)?,
+        };
+        tensors.push((name, t));
     }
     for i in 0..config.num_layers {
         let exps = |t: &str| format!("blk.{i}.ffn_{t}_exps.weight");

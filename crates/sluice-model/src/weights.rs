@@ -150,7 +150,7 @@ pub(crate) enum RowOrder {
 
 impl RowOrder {
     /// The stored row of row `r`.
-    fn stored_row(self, r: usize) -> usize {
+    pub(crate) fn stored_row(self, r: usize) -> usize {
         match self {
             Self::Stored => r,
             Self::UnpermuteQk { head_dim } => unpermuted_row(r, head_dim),
@@ -167,6 +167,14 @@ impl RowOrder {
         match self {
             Self::Strided { len, stride, .. } => rows / len * stride,
             _ => rows,
+        }
+    }
+
+    /// The rows that `stored` stored rows hold.
+    pub(crate) fn rows_in(self, stored: usize) -> usize {
+        match self {
+            Self::Strided { len, stride, .. } => stored / stride * len,
+            _ => stored,
         }
     }
 }

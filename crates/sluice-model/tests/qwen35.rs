@@ -367,7 +367,8 @@ fn rewritten_from(
 /// position of a 300-token prompt are the same bits, in f32 and under `auto`. qwen35 is written
 /// as `Qwen3_5ForCausalLM`; qwen35moe as the text part of `Qwen3_5MoeForConditionalGeneration`
 /// (config under `text_config`, tensors under `model.language_model.`), its experts one by one
-/// and fused; both with the value heads in the checkpoints' grouped order, `A_log`, the conv's
+/// and fused; qwen3next as `Qwen3NextForCausalLM` (fused `in_proj_qkvz` and `in_proj_ba`, a
+/// key head's rows together; value heads grouped in its GGUF file too). The Qwen3.5 ones with the value heads in the checkpoints' grouped order, `A_log`, the conv's
 /// `[channels, 1, taps]`, norms minus one and `rope_parameters`, which the loader turns back.
 /// The GGUF side is the F32 file with its `ssm_a` as that directory gives it
 /// (`delta_net_a_through_hf`): the file a converter writes from the directory.
@@ -377,8 +378,7 @@ fn hf_directories_load_to_their_gguf_files_bits() {
     use candle_core::Device;
     use sluice_model::testing::{delta_net_a_through_hf, write_hf_from_gguf, HfExperts, HfExport};
 
-    // qwen3next directories are refused (their fused projections are not read yet).
-    for arch in ["qwen35", "qwen35moe"] {
+    for arch in ARCHS {
         let Some(gguf) = rewritten_from(
             &format!("{arch}-f32.gguf"),
             &format!("{arch}-hf"),
@@ -397,7 +397,7 @@ fn hf_directories_load_to_their_gguf_files_bits() {
             return;
         };
         let tokens: Vec<u32> = (0..300).map(|i| (i * 131 + 17) % 40_000).collect();
-        let layouts: &[HfExperts] = if arch == "qwen35moe" {
+        let layouts: &[HfExperts] = if arch != "qwen35" {
             &[HfExperts::PerExpert, HfExperts::Fused]
         } else {
             &[HfExperts::PerExpert]

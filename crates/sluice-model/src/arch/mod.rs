@@ -243,7 +243,7 @@ pub(crate) trait Family: Sync {
 
     /// The shape `w` has in the family's Hugging Face checkpoints where it differs from the
     /// layer's `shape` (its GGUF files'). The default: the same.
-    fn hf_stored_shape(&self, _w: Weight, shape: &[usize]) -> Vec<usize> {
+    fn hf_stored_shape(&self, _w: Weight, shape: &[usize], _config: &ModelConfig) -> Vec<usize> {
         shape.to_vec()
     }
 
@@ -266,6 +266,17 @@ pub(crate) trait Family: Sync {
     #[cfg(any(test, feature = "testing"))]
     fn gguf_to_hf(&self, _w: Weight, t: Tensor, _config: &ModelConfig) -> Result<Tensor> {
         Ok(t)
+    }
+
+    /// The one checkpoint tensor that several roles of the same [`Family::hf_tensor_name`]
+    /// come from (Qwen3-Next's `in_proj_qkvz`, `in_proj_ba`), from each role's tensor as
+    /// [`Family::gguf_to_hf`] made it, for the test writer. The default: none share a name.
+    #[cfg(any(test, feature = "testing"))]
+    fn hf_fused(&self, parts: &[(Weight, Tensor)], _config: &ModelConfig) -> Result<Tensor> {
+        Err(crate::error::ModelError::WeightLayout(format!(
+            "{:?} share a checkpoint tensor",
+            parts.iter().map(|(w, _)| *w).collect::<Vec<_>>()
+        )))
     }
 
     /// Layer `layer`'s plan. The default: the traits, the config's sliding window, experts and

@@ -266,18 +266,15 @@ impl Family for Hybrid {
     }
 
     fn hf_params(&self, keys: &HfKeys<'_>, shared: &SharedParams) -> Result<FamilyParams> {
-        if self.architecture == Architecture::Qwen3Next {
-            return Err(keys.unsupported(
-                "a Hugging Face directory of Qwen3-Next (its fused `in_proj_qkvz` and \
-                 `in_proj_ba` are not read yet): serve its GGUF file"
-                    .into(),
-            ));
-        }
         qwen35_hf::hf_params(keys, shared, self.architecture)
     }
 
-    fn hf_stored_shape(&self, w: Weight, shape: &[usize]) -> Vec<usize> {
-        qwen35_hf::stored_shape(w, shape)
+    fn hf_tensor_name(&self, w: Weight) -> String {
+        qwen35_hf::tensor_name(w, self.architecture == Architecture::Qwen3Next)
+    }
+
+    fn hf_stored_shape(&self, w: Weight, shape: &[usize], config: &ModelConfig) -> Vec<usize> {
+        qwen35_hf::stored_shape(w, shape, config)
     }
 
     fn hf_to_gguf(&self, w: Weight, t: Tensor, config: &ModelConfig) -> Result<Tensor> {
@@ -287,6 +284,11 @@ impl Family for Hybrid {
     #[cfg(any(test, feature = "testing"))]
     fn gguf_to_hf(&self, w: Weight, t: Tensor, config: &ModelConfig) -> Result<Tensor> {
         qwen35_hf::to_hf(w, t, config)
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    fn hf_fused(&self, parts: &[(Weight, Tensor)], config: &ModelConfig) -> Result<Tensor> {
+        qwen35_hf::fused(parts, config)
     }
 
     fn gguf_tensor_name(&self, w: Weight) -> String {
@@ -333,7 +335,10 @@ impl Family for Hybrid {
         use super::export::HfCheckpoint;
         let fields = qwen35_hf::checkpoint_fields(config)?;
         Some(match self.architecture {
-            Architecture::Qwen3Next => return None,
+            Architecture::Qwen3Next => HfCheckpoint {
+                fields,
+                ..HfCheckpoint::plain("Qwen3NextForCausalLM", "qwen3_next")
+            },
             Architecture::Qwen35Moe => HfCheckpoint {
                 text_model_type: Some("qwen3_5_moe_text"),
                 fields,

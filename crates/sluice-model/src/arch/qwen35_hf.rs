@@ -167,7 +167,8 @@ pub(super) fn hf_params(
             k_heads,
             v_heads,
             recurrent,
-            tiled: true,
+            // Qwen3-Next's GGUF files keep the checkpoint's grouped order; so does its load.
+            tiled: architecture != Architecture::Qwen3Next,
         }),
         ..FamilyParams::default()
     })
@@ -178,12 +179,107 @@ pub fn a_from_a_log(a_log: f32) -> f32 {
     -((a_log as f64).exp() as f32)
 }
 
-/// The conv's taps as the checkpoint stores them: `[channels, 1, taps]`.
-pub(super) fn stored_shape(w: Weight, shape: &[usize]) -> Vec<usize> {
-    match (w, shape) {
-        (Weight::SsmConv(_), &[channels, taps]) => vec![channels, 1, taps],
+/// The tensor's name: transformers' Qwen3.5 names, or Qwen3-Next's fused in-projections
+/// (`next`): `in_proj_qkvz` (q, k, v and z, a key head's rows together) and `in_proj_ba`.
+pub(super) fn tensor_name(w: Weight, next: bool) -> String {
+    match w {
+        Weight::SsmQkv(i) | Weight::SsmGate(i) if next => {
+            format!("model.layers.{i}.linear_attn.in_proj_qkvz.weight")
+        }
+        Weight::SsmBeta(i) | Weight::SsmAlpha(i) if next => {
+            format!("model.layers.{i}.linear_attn.in_proj_ba.weight")
+        }
+        _ => w.hf_name(),
+    }
+}
+
+/// Qwen3-Next's fused tensor holding `w`: the rows of all its parts.
+fn fused_rows(w: Weight, dn: &DeltaNetConfig) -> Option<usize> {
+    let value = dn.v_heads * dn.head_dim;
+    match w {
+        Weight::SsmQkv(_) | Weight::SsmGate(_) => Some(2 * dn.k_heads * dn.head_dim + 2 * value),
+        Weight::SsmBeta(_) | Weight::SsmAlpha(_) => Some(2 * dn.v_heads),
+        _ => None,
+    }
+}
+
+/// As the checkpoint stores `w`: the conv's taps `[channels, 1, taps]`; Qwen3-Next's fused
+/// in-projections whole.
+pub(super) fn stored_shape(w: Weight, shape: &[usize], config: &ModelConfig) -> Vec<usize> {
+    let fused = delta_net(config)
+        .filter(|_| config.architecture == Architecture::Qwen3Next)
+        .and_then(|dn| fused_rows(w, dn));
+    match (w, shape, fused) {
+        (Weight::SsmConv(_), &[channels, taps], _) => vec![channels, 1, taps],
+        (_, &[_, hidden], Some(rows)) => vec![rows, hidden],
         _ => shape.to_vec(),
     }
+}
+
+/// Row `s` of Qwen3-Next's fused tensor is row `index[s]` of its parts stacked in the kernel's
+/// order (q, k, v, z; or beta, alpha): the checkpoint keeps each key head's rows together
+/// (its `head_dim` q rows, `head_dim` k rows, then its value heads' v rows and z rows; its
+/// value heads' beta rows, then their alpha rows).
+fn fused_order(w: Weight, dn: &DeltaNetConfig) -> Vec<u32> {
+    let (hd, k, per_key) = (dn.head_dim, dn.k_heads, dn.v_heads / dn.k_heads);
+    // Each key head's span: (rows in the fused group, where the stacked part starts, its
+    // rows a key head).
+    let spans: Vec<(usize, usize)> = match w {
+        Weight::SsmQkv(_) | Weight::SsmGate(_) => {
+            let (key, value) = (k * hd, dn.v_heads * hd);
+            vec![
+                (0, hd),
+                (key, hd),
+                (2 * key, per_key * hd),
+                (2 * key + value, per_key * hd),
+            ]
+        }
+        _ => vec![(0, per_key), (dn.v_heads, per_key)],
+    };
+    let mut index = Vec::new();
+    for kh in 0..k {
+        for &(start, len) in &spans {
+            let first = start + kh * len;
+            index.extend((first..first + len).map(|r| r as u32));
+        }
+    }
+    index
+}
+
+/// Where role `w`'s rows lie among its fused group's stacked parts: from, rows.
+fn fused_part(w: Weight, dn: &DeltaNetConfig) -> (usize, usize) {
+    let conv = 2 * dn.k_heads * dn.head_dim + dn.v_heads * dn.head_dim;
+    match w {
+        Weight::SsmQkv(_) => (0, conv),
+        Weight::SsmGate(_) => (conv, dn.v_heads * dn.head_dim),
+        Weight::SsmBeta(_) => (0, dn.v_heads),
+        _ => (dn.v_heads, dn.v_heads),
+    }
+}
+
+/// `w`'s rows out of Qwen3-Next's fused tensor `t`.
+fn unfused(t: Tensor, w: Weight, dn: &DeltaNetConfig) -> Result<Tensor> {
+    let order = fused_order(w, dn);
+    let mut stored_of = vec![0u32; order.len()];
+    for (s, &m) in order.iter().enumerate() {
+        stored_of[m as usize] = s as u32;
+    }
+    let (from, rows) = fused_part(w, dn);
+    let index = Tensor::from_vec(stored_of[from..from + rows].to_vec(), rows, t.device())?;
+    Ok(t.index_select(&index, 0)?.contiguous()?)
+}
+
+/// Qwen3-Next's fused tensor from its roles' (`parts`, in any order), for the test writer.
+#[cfg(any(test, feature = "testing"))]
+pub(super) fn fused(parts: &[(Weight, Tensor)], config: &ModelConfig) -> Result<Tensor> {
+    let dn = delta_net(config).expect("a hybrid's config");
+    let mut sorted: Vec<&(Weight, Tensor)> = parts.iter().collect();
+    sorted.sort_by_key(|(w, _)| fused_part(*w, dn).0);
+    let stacked = Tensor::cat(&sorted.iter().map(|(_, t)| t).collect::<Vec<_>>(), 0)?;
+    let order = fused_order(sorted[0].0, dn);
+    let n = order.len();
+    let index = Tensor::from_vec(order, n, stacked.device())?;
+    Ok(stacked.index_select(&index, 0)?.contiguous()?)
 }
 
 /// Where a tensor's value heads lie: along `dim`, after `offset` rows of other things (q and k
@@ -238,6 +334,10 @@ fn reorder(t: Tensor, w: Weight, dn: &DeltaNetConfig, to_tiled: bool) -> Result<
     if dn.k_heads == dn.v_heads {
         return Ok(t);
     }
+    if !dn.tiled {
+        // The config keeps the checkpoint's grouped order (Qwen3-Next).
+        return Ok(t);
+    }
     // The shape was checked against the config on reading.
     let len = t.dim(at.dim)?;
     let index = head_order(dn, &at, len, to_tiled);
@@ -254,8 +354,10 @@ pub(super) fn to_gguf(w: Weight, t: Tensor, config: &ModelConfig) -> Result<Tens
     let Some(dn) = delta_net(config) else {
         return Ok(t);
     };
+    let next = config.architecture == Architecture::Qwen3Next;
     let t = match w {
         Weight::SsmConv(_) => t.squeeze(1)?,
+        _ if next && fused_rows(w, dn).is_some() => unfused(t, w, dn)?,
         Weight::SsmA(_) => {
             let a: Vec<f32> = t.to_dtype(DType::F32)?.to_vec1()?;
             let n = a.len();
@@ -306,6 +408,29 @@ pub(super) fn checkpoint_fields(config: &ModelConfig) -> Option<serde_json::Valu
         })
         .collect();
     let rotary = config.rotary_dim.unwrap_or(config.head_dim);
+    let factor = rotary as f64 / config.head_dim as f64;
+    if config.architecture == Architecture::Qwen3Next {
+        // Qwen3-Next's config: the rope at the top level, the layers by their interval.
+        let interval = (1..=config.num_layers).find(|&n| {
+            (0..config.num_layers).all(|i| dn.is_recurrent(i) != (i + 1).is_multiple_of(n))
+        })?;
+        let mut fields = serde_json::json!({
+            "linear_conv_kernel_dim": dn.conv_kernel,
+            "linear_key_head_dim": dn.head_dim,
+            "linear_value_head_dim": dn.head_dim,
+            "linear_num_key_heads": dn.k_heads,
+            "linear_num_value_heads": dn.v_heads,
+            "full_attention_interval": interval,
+            "partial_rotary_factor": factor,
+        });
+        for (k, v) in super::export::qwen_moe_fields(config.moe.as_ref()?)
+            .as_object()
+            .expect("an object")
+        {
+            fields[k] = v.clone();
+        }
+        return Some(fields);
+    }
     let mut fields = serde_json::json!({
         "linear_conv_kernel_dim": dn.conv_kernel,
         "linear_key_head_dim": dn.head_dim,
@@ -319,7 +444,7 @@ pub(super) fn checkpoint_fields(config: &ModelConfig) -> Option<serde_json::Valu
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": config.rope_theta,
-            "partial_rotary_factor": rotary as f64 / config.head_dim as f64,
+            "partial_rotary_factor": factor,
             "mrope_section": [rotary / 4, rotary / 4, rotary / 2 - 2 * (rotary / 4)],
             "mrope_interleaved": true,
         },
@@ -369,6 +494,22 @@ mod tests {
         assert_eq!(to[8..12], [8, 9, 14, 15]);
     }
 
+    /// Qwen3-Next's fused rows as llama.cpp's converter splits them (`Qwen3NextModel`:
+    /// `[q, k, v, z]` a key head, each `head_dim`, `head_dim`, and per-key value heads of
+    /// `head_dim`; `in_proj_ba` as `[b, a]` a key head): written out, not derived, since the
+    /// round trip through the test writer cannot tell a wrong layout from a right one.
+    #[test]
+    fn qwen3_next_fused_rows_are_the_converters() {
+        let mut dn = dn(2, 4);
+        dn.head_dim = 1;
+        // Stacked: q0 q1 | k0 k1 | v0..v3 (v0, v1 of key head 0) | z0..z3.
+        let qkvz = fused_order(Weight::SsmQkv(0), &dn);
+        assert_eq!(qkvz, [0, 2, 4, 5, 8, 9, 1, 3, 6, 7, 10, 11]);
+        // Stacked: b0..b3 | a0..a3.
+        let ba = fused_order(Weight::SsmBeta(0), &dn);
+        assert_eq!(ba, [0, 1, 4, 5, 2, 3, 6, 7]);
+    }
+
     #[test]
     fn a_log_round_trips_where_exp_allows() {
         for a in [-1.0f32, -0.5, -1.2, -0.75] {
@@ -390,7 +531,10 @@ mod tests {
             .reshape((conv_dim, 4))
             .unwrap();
         let hf = to_hf(Weight::SsmConv(0), conv.clone(), &config).unwrap();
-        assert_eq!(hf.dims(), stored_shape(Weight::SsmConv(0), &[conv_dim, 4]));
+        assert_eq!(
+            hf.dims(),
+            stored_shape(Weight::SsmConv(0), &[conv_dim, 4], &config)
+        );
         let back = to_gguf(Weight::SsmConv(0), hf, &config).unwrap();
         assert_eq!(
             back.to_vec2::<f32>().unwrap(),
