@@ -170,7 +170,8 @@ impl RowOrder {
         }
     }
 
-    /// The rows that `stored` stored rows hold.
+    /// The rows that `stored` stored rows hold (for the test writer).
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn rows_in(self, stored: usize) -> usize {
         match self {
             Self::Strided { len, stride, .. } => stored / stride * len,

@@ -494,12 +494,7 @@ fn bad_hybrid_files_are_refused_naming_the_key_or_tensor() {
         let Some(path) = rewritten(name, edit) else {
             return;
         };
-        let err = match LlamaModel::load(&path, &LoadOptions::default()) {
-            Ok(_) => panic!("{name}: loaded"),
-            Err(e) => e.to_string(),
-        };
-        assert!(err.contains(names), "{name}: {err}");
-        std::fs::remove_file(&path).ok();
+        assert_refused(&path, name, names);
     }
     // A qwen3next file of the converters before `attn_qkv` (one fused `ssm_in`), and one whose
     // `ssm_ba` has another row count.
@@ -518,13 +513,18 @@ fn bad_hybrid_files_are_refused_naming_the_key_or_tensor() {
         let Some(path) = rewritten_from("qwen3next-q8_0.gguf", name, edit) else {
             return;
         };
-        let err = match LlamaModel::load(&path, &LoadOptions::default()) {
-            Ok(_) => panic!("{name}: loaded"),
-            Err(e) => e.to_string(),
-        };
-        assert!(err.contains(names), "{name}: {err}");
-        std::fs::remove_file(&path).ok();
+        assert_refused(&path, name, names);
     }
+}
+
+/// `path` refused at load with an error naming `names` (the case `name`); the file removed.
+fn assert_refused(path: &std::path::Path, name: &str, names: &str) {
+    let err = match LlamaModel::load(path, &LoadOptions::default()) {
+        Ok(_) => panic!("{name}: loaded"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains(names), "{name}: {err}");
+    std::fs::remove_file(path).ok();
 }
 
 /// A file with multi-token-prediction layers (`nextn_predict_layers`): the main layers load

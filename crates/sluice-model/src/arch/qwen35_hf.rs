@@ -409,47 +409,41 @@ pub(super) fn checkpoint_fields(config: &ModelConfig) -> Option<serde_json::Valu
         .collect();
     let rotary = config.rotary_dim.unwrap_or(config.head_dim);
     let factor = rotary as f64 / config.head_dim as f64;
-    if config.architecture == Architecture::Qwen3Next {
-        // Qwen3-Next's config: the rope at the top level, the layers by their interval.
-        let interval = (1..=config.num_layers).find(|&n| {
-            (0..config.num_layers).all(|i| dn.is_recurrent(i) != (i + 1).is_multiple_of(n))
-        })?;
-        let mut fields = serde_json::json!({
-            "linear_conv_kernel_dim": dn.conv_kernel,
-            "linear_key_head_dim": dn.head_dim,
-            "linear_value_head_dim": dn.head_dim,
-            "linear_num_key_heads": dn.k_heads,
-            "linear_num_value_heads": dn.v_heads,
-            "full_attention_interval": interval,
-            "partial_rotary_factor": factor,
-        });
-        for (k, v) in super::export::qwen_moe_fields(config.moe.as_ref()?)
-            .as_object()
-            .expect("an object")
-        {
-            fields[k] = v.clone();
-        }
-        return Some(fields);
-    }
     let mut fields = serde_json::json!({
         "linear_conv_kernel_dim": dn.conv_kernel,
         "linear_key_head_dim": dn.head_dim,
         "linear_value_head_dim": dn.head_dim,
         "linear_num_key_heads": dn.k_heads,
         "linear_num_value_heads": dn.v_heads,
-        "layer_types": layer_types,
-        "attn_output_gate": true,
-        "rope_theta": null,
-        "rope_scaling": null,
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": config.rope_theta,
-            "partial_rotary_factor": factor,
-            "mrope_section": [rotary / 4, rotary / 4, rotary / 2 - 2 * (rotary / 4)],
-            "mrope_interleaved": true,
-        },
-        "mtp_num_hidden_layers": 0,
     });
+    let own = if config.architecture == Architecture::Qwen3Next {
+        // Qwen3-Next's config: the rope at the top level, the layers by their interval.
+        let interval = (1..=config.num_layers).find(|&n| {
+            (0..config.num_layers).all(|i| dn.is_recurrent(i) != (i + 1).is_multiple_of(n))
+        })?;
+        serde_json::json!({
+            "full_attention_interval": interval,
+            "partial_rotary_factor": factor,
+        })
+    } else {
+        serde_json::json!({
+            "layer_types": layer_types,
+            "attn_output_gate": true,
+            "rope_theta": null,
+            "rope_scaling": null,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": config.rope_theta,
+                "partial_rotary_factor": factor,
+                "mrope_section": [rotary / 4, rotary / 4, rotary / 2 - 2 * (rotary / 4)],
+                "mrope_interleaved": true,
+            },
+            "mtp_num_hidden_layers": 0,
+        })
+    };
+    for (k, v) in own.as_object().expect("an object") {
+        fields[k] = v.clone();
+    }
     if let Some(moe) = &config.moe {
         for (k, v) in super::export::qwen_moe_fields(moe)
             .as_object()
