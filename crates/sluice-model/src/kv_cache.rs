@@ -158,6 +158,26 @@ impl KvPools {
             group_blocks: Vec::new(),
         }
     }
+
+    /// [`KvPools::one`] for a model without recurrent layers; for one with them, the same
+    /// blocks for every attention layer and `num_states` states for its recurrent layers
+    /// (which cannot live in a paged pool).
+    pub fn one_with_states(config: &ModelConfig, num_blocks: usize, num_states: usize) -> Self {
+        let groups = cache_groups(config);
+        if !groups.iter().any(|g| g.kind == CacheKind::Recurrent) {
+            return Self::one(num_blocks);
+        }
+        Self {
+            num_blocks,
+            group_blocks: groups
+                .iter()
+                .map(|g| match g.kind {
+                    CacheKind::Recurrent => num_states,
+                    _ => num_blocks,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// What a group of layers keeps for a sequence beside the full-attention layers' paged K/V.

@@ -23,10 +23,16 @@ pub struct PagedLlama {
     decode: Option<crate::cuda_graph::DecodeSteps>,
 }
 
+/// The recurrent states of a cache given by its block count ([`PagedLlama::new`]): one
+/// sequence running and one prefix checkpoint, or one sequence that speculates.
+pub const STATES_OF_A_SMALL_CACHE: usize = 2;
+
 impl PagedLlama {
-    /// A cache of `num_blocks` blocks of `block_size` tokens, one pool for every layer.
+    /// A cache of `num_blocks` blocks of `block_size` tokens, one pool for every attention
+    /// layer (and [`STATES_OF_A_SMALL_CACHE`] states for a model's recurrent layers).
     pub fn new(model: LlamaModel, num_blocks: usize, block_size: usize) -> Result<Self> {
-        Self::with_pools(model, KvPools::one(num_blocks), block_size)
+        let pools = KvPools::one_with_states(model.config(), num_blocks, STATES_OF_A_SMALL_CACHE);
+        Self::with_pools(model, pools, block_size)
     }
 
     /// A cache with the pools `pools` (a second one for the sliding-window layers, if it has).
