@@ -3,8 +3,10 @@
 two gated full-attention layers, experts beside a shared expert; SmolLM2's real tokenizer and
 chat template). Chat and completion answer, streams carry the same text as whole answers,
 eight prompts together give what each gives alone, the cancellation storm of `test_storm.py`
-leaves the KV blocks and every recurrent state idle, `/metrics` counts the states, and what the
-hybrids cannot do yet is refused at start with a message saying why. Without the file the tests
+leaves the KV blocks and every recurrent state idle, `/metrics` counts the states, speculation
+gives the plain server's tokens (rejected drafts rolled back out of the state), and
+what the hybrids cannot do yet (a hybrid draft model) is refused at start with a message saying
+why. Without the file the tests
 are skipped, saying which script makes it (scripts/test.sh runs it, so CI does)."""
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from harness import BINARY, ROOT, SluiceServer, run_together, served
 from test_storm import storm
 
 HYBRID = ROOT / "models" / "tiny-qwen35" / "qwen35moe-q8_0.gguf"
+SMOLLM = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 USED = "sluice_recurrent_states_used"
 CAPACITY = "sluice_recurrent_states_capacity"
 
@@ -125,12 +128,68 @@ def test_the_cancellation_storm_leaves_every_state_free(hybrid_server):
     assert used == 0, f"{USED}={used} after the storm"
 
 
-def test_speculation_on_a_hybrid_is_refused_at_start():
-    """A recurrent state cannot give back rejected draft tokens yet: the server says so and
-    exits, rather than serving different tokens."""
+def test_speculation_on_a_hybrid_serves_the_plain_servers_tokens(hybrid_server):
+    """Speculation on the hybrid, guessed by SmolLM2 (the tiny file carries its tokenizer;
+    n-gram lookup finds nothing to guess in random text that never repeats): greedy answers,
+    alone and four at once, are the plain server's, though the guesses are rejected and each
+    rejection rolls the recurrent state back to its value before the drafts; no state is left
+    held. (Guesses kept and then rolled back over: `crates/sluice-engine/tests/
+    hybrid_speculation.rs`.)"""
+    prompts = [
+        "one two three four five six seven one two three four five six seven one two",
+        "red green blue red green blue red green blue red green blue red",
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef",
+        "The cat sat on the mat. The dog sat on the log. The cat sat on the",
+    ]
+
+    def complete(server: SluiceServer, prompt: str) -> str:
+        r = requests.post(f"{server.url}/v1/completions", json={
+            "model": HYBRID.stem, "prompt": prompt, "max_tokens": 48, "temperature": 0,
+        }, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    want = [complete(hybrid_server, p) for p in prompts]
+    speculative = SluiceServer("--kv-cache-memory", "64MiB", "--max-num-seqs", "16",
+                               "--speculative", f"draft:{SMOLLM}", name="qwen35-spec",
+                               model=HYBRID)
+    try:
+        speculative.start()
+        alone = [complete(speculative, p) for p in prompts]
+        together = run_together(lambda p: complete(speculative, p), prompts)
+        drafted = speculative.metric("sluice_spec_decode_draft_tokens_total")
+        accepted = speculative.metric("sluice_spec_decode_accepted_tokens_total") or 0
+        used = speculative.metric(USED)
+    finally:
+        speculative.close()
+    assert alone == want
+    assert together == want
+    assert drafted and drafted > accepted, (drafted, accepted)
+    assert used == 0, f"{USED}={used}"
+
+
+def test_a_hybrid_draft_model_is_refused_at_start():
+    """A draft model keeps no recurrent state of its own: a hybrid as the draft model is
+    refused, naming its layers, rather than served wrong."""
     r = subprocess.run(
-        [str(BINARY), "serve", "--model", str(HYBRID), "--port", "0", "--speculative", "ngram"],
+        [str(BINARY), "serve", "--model", str(HYBRID), "--port", "0",
+         "--speculative", f"draft:{HYBRID}"],
         capture_output=True, text=True, timeout=120,
     )
     assert r.returncode != 0
-    assert "speculative decoding on a model with recurrent (Gated DeltaNet) layers" in r.stderr, r.stderr
+    assert "has recurrent (Gated DeltaNet) layers" in r.stderr, r.stderr
+
+
+def test_generate_runs_the_hybrid(hybrid_server):
+    """`sluice generate` sizes its small cache with a state for the recurrent layers: its
+    greedy text is the server's."""
+    prompt = "red green blue red green blue"
+    r = subprocess.run(
+        [str(BINARY), "generate", "--model", str(HYBRID), "--prompt", prompt, "--max-tokens", "16"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    served_text = requests.post(f"{hybrid_server.url}/v1/completions", json={
+        "model": HYBRID.stem, "prompt": prompt, "max_tokens": 16, "temperature": 0,
+    }, timeout=120).json()["choices"][0]["text"]
+    assert r.stdout.strip() == served_text.strip(), (r.stdout, served_text)

@@ -29,6 +29,13 @@
 //! the cold run's bits, since a state moves token by token the same way in any chunking. A new
 //! checkpoint takes a free checkpoint state, else the one whose block left the full pool's
 //! cache, else the least recently used; a checkpoint whose block is gone is never used.
+//!
+//! With speculation, a recurrent state moves past every draft token a step verifies, and the
+//! rejected ones cannot be taken back out of it. So each running sequence holds a second
+//! state ([`RecurrentPool::rollback`]): a step with drafts saves the state after the
+//! sequence's known tokens into it, and when a draft is rejected the next step starts from it
+//! and computes the kept drafts again ([`BlockPools::roll_back`]): their K/V is rewritten
+//! with the same bits, and the state is the one plain decoding would hold.
 
 use std::sync::LazyLock;
 
@@ -72,26 +79,42 @@ impl WindowPool {
 pub struct RecurrentPool {
     /// States in the pool (the model's count): the running sequences' and the checkpoints'.
     pub num_states: usize,
-    /// Of those, the last this many hold prefix checkpoints (0: no prefix is served); at most
-    /// `num_states - num_checkpoints` sequences hold a state at once.
+    /// Of those, the last this many hold prefix checkpoints (0: no prefix is served); the
+    /// other `num_states - num_checkpoints` are the running sequences'.
     pub num_checkpoints: usize,
+    /// Each running sequence holds two states: its own, and its state before the draft tokens
+    /// of its step, which a rejected draft rolls back to (speculation; see the module docs).
+    pub rollback: bool,
 }
 
 impl RecurrentPool {
-    /// `num_states` states split between at most `max_seqs` running sequences and prefix
-    /// checkpoints: half each while that leaves fewer than `max_seqs` running (at least one),
-    /// and past `2 * max_seqs` every state beyond the running ones a checkpoint.
-    pub fn split(num_states: usize, max_seqs: usize) -> Self {
-        let running = max_seqs.min(num_states - num_states / 2).max(1);
+    /// `num_states` states split between at most `max_seqs` running sequences (each holding
+    /// two with `rollback`) and prefix checkpoints: half each while that leaves room for fewer
+    /// than `max_seqs` sequences (at least one), and past that every state beyond the running
+    /// sequences' a checkpoint.
+    pub fn split(num_states: usize, max_seqs: usize, rollback: bool) -> Self {
+        let per = Self::per_sequence(rollback);
+        let seqs = max_seqs.min((num_states - num_states / 2) / per).max(1);
         Self {
             num_states,
-            num_checkpoints: num_states.saturating_sub(running),
+            num_checkpoints: num_states.saturating_sub(seqs * per),
+            rollback,
         }
     }
 
     /// States for running sequences.
     pub fn running(&self) -> usize {
         self.num_states - self.num_checkpoints
+    }
+
+    /// Sequences that can hold their states at once.
+    pub fn running_sequences(&self) -> usize {
+        self.running() / Self::per_sequence(self.rollback)
+    }
+
+    /// States a running sequence holds.
+    pub fn per_sequence(rollback: bool) -> usize {
+        1 + usize::from(rollback)
     }
 }
 
@@ -134,6 +157,9 @@ pub struct SeqBlocks {
     restore: Option<StateId>,
     /// The checkpoint its state is saved into when its computed tokens reach the position.
     save: Option<PendingSave>,
+    /// Its second state in a recurrent pool with [`RecurrentPool::rollback`]: where a step
+    /// with drafts saves the state before them.
+    rollback: Option<StateId>,
 }
 
 /// A checkpoint a sequence's step will save.
@@ -204,6 +230,12 @@ impl SeqBlocks {
         self.full.is_empty()
     }
 
+    /// Whether its next step starts from the state saved before a rejected draft
+    /// ([`BlockPools::roll_back`]), computing the kept drafts again.
+    pub fn rolled_back(&self) -> bool {
+        self.restore.is_some() && self.restore == self.rollback
+    }
+
     /// Keys every table's blocks under `adapter` ([`BlockTable::set_adapter`]): set before the
     /// sequence holds anything.
     pub fn set_adapter(&mut self, adapter: Option<AdapterKey>) {
@@ -254,6 +286,8 @@ struct StatePool {
     num_states: usize,
     /// States for running sequences (the first ones; the rest are checkpoints').
     running: usize,
+    /// Each sequence takes a second state for rolling back drafts.
+    rollback: bool,
     free: Vec<StateId>,
     /// Checkpoint states no checkpoint or pending save holds.
     free_checkpoints: Vec<StateId>,
@@ -270,6 +304,7 @@ impl StatePool {
         Self {
             num_states: spec.num_states,
             running,
+            rollback: spec.rollback,
             free: (0..running as StateId).rev().collect(),
             free_checkpoints: (running as StateId..spec.num_states as StateId)
                 .rev()
@@ -322,7 +357,9 @@ impl BlockPools {
                 }
                 KvGroupSpec::Recurrent(r) => {
                     assert!(
-                        r.num_states > r.num_checkpoints && r.num_states <= u32::MAX as usize,
+                        r.running() >= RecurrentPool::per_sequence(r.rollback)
+                            && r.num_states > r.num_checkpoints
+                            && r.num_states <= u32::MAX as usize,
                         "a recurrent pool of {} states ({} checkpoints)",
                         r.num_states,
                         r.num_checkpoints
@@ -521,7 +558,9 @@ impl BlockPools {
                         None => blocks.can_allocate(table, num_tokens),
                     }
                 }
-                (Group::Recurrent(p), GroupHold::State(s)) => s.is_some() || !p.free.is_empty(),
+                (Group::Recurrent(p), GroupHold::State(s)) => {
+                    s.is_some() || p.free.len() >= RecurrentPool::per_sequence(p.rollback)
+                }
                 _ => unreachable!("a sequence's groups follow the pools'"),
             })
     }
@@ -533,7 +572,12 @@ impl BlockPools {
         num_tokens: usize,
         prefix: Option<&PoolsPrefix>,
     ) {
-        for (i, (g, hold)) in self.groups.iter_mut().zip(&mut seq.groups).enumerate() {
+        for (i, (g, hold)) in self
+            .groups
+            .iter_mut()
+            .zip(seq.groups.iter_mut())
+            .enumerate()
+        {
             let done = match (g, hold) {
                 (Group::Window { blocks, .. }, GroupHold::Window(table)) => {
                     match prefix.and_then(|p| p.groups[i].as_ref()) {
@@ -544,8 +588,11 @@ impl BlockPools {
                 (Group::Recurrent(p), GroupHold::State(s)) => {
                     if s.is_none() {
                         *s = p.free.pop();
+                        if p.rollback {
+                            seq.rollback = p.free.pop();
+                        }
                     }
-                    s.is_some()
+                    s.is_some() && (!p.rollback || seq.rollback.is_some())
                 }
                 _ => unreachable!("a sequence's groups follow the pools'"),
             };
@@ -614,16 +661,52 @@ impl BlockPools {
     }
 
     /// What `seq`'s recurrent state does in the step that computes its tokens `start..start +
-    /// len`: start from its checkpoint (its first step after a prefix hit), save one (the step
-    /// that crosses its planned checkpoint).
-    pub fn checkpoint_step(&self, seq: &SeqBlocks, start: usize, len: usize) -> StateStep {
+    /// len`, the last `draft` of them drafts: start from its checkpoint (its first step after a
+    /// prefix hit) or from its rollback state (after a rejected draft), save one (the step that
+    /// crosses its planned checkpoint), or save the state before the drafts into its rollback
+    /// state.
+    pub fn checkpoint_step(
+        &self,
+        seq: &SeqBlocks,
+        start: usize,
+        len: usize,
+        draft: usize,
+    ) -> StateStep {
+        let checkpoint = seq
+            .save
+            .filter(|s| start < s.tokens && s.tokens <= start + len)
+            .map(|s| (s.state, s.tokens - start));
+        // A sequence drafts only once its prompt is computed, past any checkpoint it plans.
+        debug_assert!(
+            checkpoint.is_none() || draft == 0,
+            "a checkpoint in a draft step"
+        );
+        let before_drafts = seq
+            .rollback
+            .filter(|_| draft > 0 && draft < len)
+            .map(|r| (r, len - draft));
         StateStep {
             restore: seq.restore,
-            save: seq
-                .save
-                .filter(|s| start < s.tokens && s.tokens <= start + len)
-                .map(|s| (s.state, s.tokens - start)),
+            save: checkpoint.or(before_drafts),
         }
+    }
+
+    /// After the commit of a step whose drafts were not all kept: `seq`'s next step starts
+    /// from the state saved before them (its kept drafts computed again). Returns false, and
+    /// changes nothing, when the pools hold no rollback state for it (no recurrent group, or
+    /// one without [`RecurrentPool::rollback`]): its state needs no rolling back then.
+    pub fn roll_back(&mut self, seq: &mut SeqBlocks) -> bool {
+        if seq.rollback.is_none() {
+            return false;
+        }
+        seq.restore = seq.rollback;
+        true
+    }
+
+    /// Whether a rejected draft of `seq` is rolled back by computing its kept drafts again
+    /// ([`BlockPools::roll_back`]).
+    pub fn rolls_back(&self, seq: &SeqBlocks) -> bool {
+        seq.rollback.is_some()
     }
 
     /// Grows `seq` to hold `num_tokens` tokens in every pool, or changes nothing and returns
@@ -649,11 +732,12 @@ impl BlockPools {
         self.full.free(&mut seq.full);
         seq.restore = None;
         let save = seq.save.take();
-        for (g, hold) in self.groups.iter_mut().zip(&mut seq.groups) {
+        for (g, hold) in self.groups.iter_mut().zip(seq.groups.iter_mut()) {
             match (g, hold) {
                 (Group::Window { blocks, .. }, GroupHold::Window(table)) => blocks.free(table),
                 (Group::Recurrent(p), GroupHold::State(s)) => {
                     p.free.extend(s.take());
+                    p.free.extend(seq.rollback.take());
                     p.free_checkpoints.extend(save.map(|s| s.state));
                 }
                 _ => unreachable!("a sequence's groups follow the pools'"),
@@ -741,6 +825,7 @@ impl BlockPools {
                             _ => None,
                         })
                         .chain(seqs.clone().filter_map(|s| s.save.map(|v| v.state)))
+                        .chain(seqs.clone().filter_map(|s| s.rollback))
                         .chain(p.free.iter().copied())
                         .chain(p.free_checkpoints.iter().copied())
                         .chain(p.checkpoints.iter().map(|c| c.1));
@@ -784,6 +869,7 @@ mod tests {
         KvGroupSpec::Recurrent(RecurrentPool {
             num_states,
             num_checkpoints: 0,
+            rollback: false,
         })
     }
 
@@ -851,6 +937,7 @@ mod tests {
         KvGroupSpec::Recurrent(RecurrentPool {
             num_states: running + checkpoints,
             num_checkpoints: checkpoints,
+            rollback: false,
         })
     }
 
@@ -862,7 +949,7 @@ mod tests {
         let start = p.num_tokens(BS);
         assert!(pools.allocate_with_prefix(&mut seq, &p, t.len()));
         pools.plan_checkpoint(&mut seq, t, start);
-        let step = pools.checkpoint_step(&seq, start, t.len() - start);
+        let step = pools.checkpoint_step(&seq, start, t.len() - start, 0);
         assert_eq!(step.save.map(|(_, n)| start + n), save_at);
         pools.register_computed(&mut seq, t, t.len());
         seq
@@ -881,10 +968,13 @@ mod tests {
         assert_eq!(p.num_tokens(BS), 28);
         assert!(pools.allocate_with_prefix(&mut again, &p, t.len()));
         pools.plan_checkpoint(&mut again, &t, 28);
-        let step = pools.checkpoint_step(&again, 28, 2);
+        let step = pools.checkpoint_step(&again, 28, 2, 0);
         assert!(step.restore.is_some() && step.save.is_none(), "{step:?}");
         pools.register_computed(&mut again, &t, t.len());
-        assert_eq!(pools.checkpoint_step(&again, 30, 1), StateStep::default());
+        assert_eq!(
+            pools.checkpoint_step(&again, 30, 1, 0),
+            StateStep::default()
+        );
         // A longer prompt sharing it: served to the checkpoint, and it plans its own further.
         let longer: Vec<u32> = t
             .iter()
@@ -897,7 +987,7 @@ mod tests {
         assert!(pools.allocate_with_prefix(&mut third, &p, longer.len()));
         pools.plan_checkpoint(&mut third, &longer, 28);
         assert_eq!(
-            pools.checkpoint_step(&third, 28, 22).save.map(|s| s.1),
+            pools.checkpoint_step(&third, 28, 22, 0).save.map(|s| s.1),
             Some(48 - 28)
         );
         pools
@@ -942,10 +1032,24 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Admit { seq: usize, len: usize },
-        Grow { seq: usize, extra: usize },
-        Compute { seq: usize },
-        Free { seq: usize },
+        Admit {
+            seq: usize,
+            len: usize,
+        },
+        Grow {
+            seq: usize,
+            extra: usize,
+        },
+        Compute {
+            seq: usize,
+        },
+        /// A rejected draft's rollback (with `rollback` states).
+        RollBack {
+            seq: usize,
+        },
+        Free {
+            seq: usize,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -953,6 +1057,7 @@ mod tests {
             (0..6usize, 1..40usize).prop_map(|(seq, len)| Op::Admit { seq, len }),
             (0..6usize, 1..9usize).prop_map(|(seq, extra)| Op::Grow { seq, extra }),
             (0..6usize).prop_map(|seq| Op::Compute { seq }),
+            (0..6usize).prop_map(|seq| Op::RollBack { seq }),
             (0..6usize).prop_map(|seq| Op::Free { seq }),
         ]
     }
@@ -968,8 +1073,17 @@ mod tests {
             states in 1..5usize,
             checkpoints in 0..3usize,
             window_tokens in 1..12usize,
+            rollback in any::<bool>(),
         ) {
-            let groups = [window(24, window_tokens), with_checkpoints(states, checkpoints)];
+            let running = if rollback { 2 * states } else { states };
+            let groups = [
+                window(24, window_tokens),
+                KvGroupSpec::Recurrent(RecurrentPool {
+                    num_states: running + checkpoints,
+                    num_checkpoints: checkpoints,
+                    rollback,
+                }),
+            ];
             let mut pools = BlockPools::new(40, BS, &groups);
             let mut seqs: Vec<(SeqBlocks, Vec<u32>, usize)> =
                 (0..6).map(|i| (SeqBlocks::default(), tokens(60 + i), 0)).collect();
@@ -1000,6 +1114,11 @@ mod tests {
                         let upto = (blocks.len() * BS).min(toks.len());
                         pools.register_computed(blocks, toks, upto.max(*computed));
                         *computed = upto.max(*computed);
+                        (None, seq)
+                    }
+                    Op::RollBack { seq } if !seqs[seq].0.is_empty() => {
+                        let (blocks, _, _) = &mut seqs[seq];
+                        prop_assert_eq!(pools.roll_back(blocks), rollback);
                         (None, seq)
                     }
                     Op::Free { seq } => {

@@ -147,25 +147,36 @@ impl Engine {
             KvGroupSpec::Recurrent(r) => Some(r.num_states),
             KvGroupSpec::SlidingWindow(_) => None,
         });
-        if let (Some(_), Some(_)) = (config.speculation, states) {
-            // Verifying k drafted tokens moves a recurrent state past all k; the rejected
-            // ones cannot be taken back out of it (yet: a checkpoint before verification).
+        if draft.as_ref().is_some_and(|d| {
+            d.kv_groups()
+                .iter()
+                .any(|g| matches!(g, KvGroupSpec::Recurrent(_)))
+        }) {
+            // The draft model's cache is one paged pool: it keeps no recurrent state.
             return Err(EngineError::Speculation(
-                "speculative decoding on a model with recurrent (Gated DeltaNet) layers: their \
-                 state cannot be rolled back past rejected draft tokens yet; serve it without \
-                 --speculative"
+                "a draft model with recurrent (Gated DeltaNet) layers: a draft model keeps no \
+                 recurrent state of its own; draft with a model without them, or use \
+                 --speculative ngram"
                     .into(),
             ));
         }
         if let Some(states) = states {
-            let split = crate::block_pools::RecurrentPool::split(states, config.max_num_seqs);
-            let (running, checkpoints) = (split.running(), split.num_checkpoints);
+            let rollback = config.speculation.is_some();
+            let split =
+                crate::block_pools::RecurrentPool::split(states, config.max_num_seqs, rollback);
+            let (running, checkpoints) = (split.running_sequences(), split.num_checkpoints);
             tracing::info!(
                 states,
                 running,
                 checkpoints,
-                "recurrent layers: {states} states from the KV budget, one a running sequence \
-                 ({running}) and {checkpoints} for prefix checkpoints{}",
+                "recurrent layers: {states} states from the KV budget, {} a running sequence \
+                 ({running}{}) and {checkpoints} for prefix checkpoints{}",
+                if rollback { "two" } else { "one" },
+                if rollback {
+                    ", the second to roll rejected drafts back"
+                } else {
+                    ""
+                },
                 if checkpoints == 0 {
                     " (none: no prefix of this model is served from the cache; raise \
                      --kv-cache-memory)"

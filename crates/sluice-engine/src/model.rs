@@ -106,6 +106,7 @@ impl Model for PagedLlama {
                 CacheKind::Recurrent => KvGroupSpec::Recurrent(RecurrentPool {
                     num_states: num_blocks,
                     num_checkpoints: 0,
+                    rollback: false,
                 }),
             })
             .collect()

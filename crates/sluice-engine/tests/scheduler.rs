@@ -347,8 +347,9 @@ fn recurrent_run(states: usize) -> (Driver, Vec<(u64, usize)>, Vec<Vec<u32>>) {
     cfg.kv_groups = vec![KvGroupSpec::Recurrent(RecurrentPool {
         num_states: states,
         num_checkpoints: 0,
+        rollback: false,
     })];
-    let running = RecurrentPool::split(states, cfg.max_num_seqs).running();
+    let running = RecurrentPool::split(states, cfg.max_num_seqs, false).running();
     let mut d = Driver::new(cfg);
     let shared = tokens(9, 40);
     let prompts: Vec<Vec<u32>> = (0..6)
@@ -575,6 +576,7 @@ fn every_group_gets_its_tables_in_the_step_batch() {
         KvGroupSpec::Recurrent(RecurrentPool {
             num_states: 3,
             num_checkpoints: 0,
+            rollback: false,
         }),
         window(windows[1]),
     ];

@@ -2,14 +2,17 @@
 //! the tokens plain decoding does (the oracle runs each alone, no cache, no drafts), whatever
 //! the crowd, the budget, the block size or the pool; drafts are kept and taken back at
 //! commit without leaving a wrong K/V slot, a wrong prefix-cache block or a leaked block.
+//! With recurrent layers a rejected draft rolls the state back to its value before the drafts
+//! (the mock checks every state against its sequence's tokens at every token).
 
 mod common;
 
 use common::{next_token_periodic, reference_generate_with, tokens, Driver};
 use proptest::prelude::*;
 use sluice_engine::{
-    KvGroupSpec, Scheduler, SchedulerConfig, SeqId, SpeculationConfig, WindowPool,
+    KvGroupSpec, RecurrentPool, Scheduler, SchedulerConfig, SeqId, SpeculationConfig, WindowPool,
 };
+use sluice_model::GroupTables;
 
 fn config(num_blocks: usize, block_size: usize, budget: usize, k: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -74,6 +77,72 @@ fn drafts_come_true_and_change_no_token() {
     );
 }
 
+fn recurrent(num_states: usize) -> KvGroupSpec {
+    KvGroupSpec::Recurrent(RecurrentPool {
+        num_states,
+        num_checkpoints: 0,
+        rollback: false,
+    })
+}
+
+#[test]
+fn a_rejected_draft_rolls_a_recurrent_state_back_and_changes_no_token() {
+    // Distinct prompts (no prefix hit): every restore a step makes is a rollback.
+    let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(20 + i, 40)).collect();
+    let mut c = config(256, 4, 256, 4);
+    c.kv_groups = vec![recurrent(8)];
+    let mut d = common::Driver::new(c);
+    d.periodic = true;
+    for (r, p) in prompts.iter().enumerate() {
+        d.sched.add_request(r as u64, p.clone(), 64, 1);
+        d.sched.allow_speculation(r as u64);
+    }
+    let (mut rollbacks, mut drafts) = (0, 0);
+    while d.sched.has_unfinished() {
+        let out = d.sched.schedule();
+        drafts += out.scheduled().iter().map(|s| s.draft).sum::<usize>();
+        d.sched.fill_step_batch(&mut d.batch);
+        let GroupTables::Recurrent { restore, save, .. } = &d.batch.groups[0] else {
+            panic!("group 0 is recurrent");
+        };
+        rollbacks += restore.iter().flatten().count();
+        // Every sequence with drafts saves its state before them (the others save only a
+        // prompt's prefix checkpoint).
+        for (s, save) in d.sched.output().scheduled().iter().zip(save) {
+            if s.draft > 0 {
+                assert_eq!(save.map(|(_, n)| n as usize), Some(s.len - s.draft));
+            }
+        }
+        d.execute();
+        assert!(d.steps < 1000, "not done");
+    }
+    assert!(
+        drafts > 0 && rollbacks > 0,
+        "{drafts} drafts, {rollbacks} rollbacks"
+    );
+    for (r, p) in prompts.iter().enumerate() {
+        let id = SeqId::new(r as u64, 0);
+        let want = reference_generate_with(next_token_periodic, id, p, 64, false);
+        assert_eq!(d.generated[&id], want, "request {r}");
+    }
+    assert_eq!(
+        d.sched.block_pools().num_used_states(0),
+        Some(0),
+        "a state leaked"
+    );
+}
+
+#[test]
+fn speculation_on_one_recurrent_state_is_refused() {
+    let mut c = config(256, 4, 256, 4);
+    c.kv_groups = vec![recurrent(1)];
+    let err = match Scheduler::<(), ()>::new(c) {
+        Ok(_) => panic!("speculation on one recurrent state was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("at least 2 states"), "{err}");
+}
+
 #[test]
 fn drafts_never_preempt_and_respect_budget_and_max_tokens() {
     // 12 blocks of 4 for three sequences of up to 16 + 24 tokens: the pool is tight, drafts
@@ -108,6 +177,7 @@ proptest! {
         eos in any::<bool>(),
         lens in proptest::collection::vec(1usize..40, 1..6),
         window in proptest::option::of((1usize..=24, 0usize..8)),
+        states in proptest::option::of(2usize..10),
     ) {
         let prompts: Vec<Vec<u32>> =
             lens.iter().enumerate().map(|(i, &len)| prompt(100 + i as u64, len)).collect();
@@ -128,6 +198,9 @@ proptest! {
             })
             .into_iter()
             .collect();
+        // A recurrent group (two states a running sequence: fewer running than prompts
+        // where states are few): a rejected draft rolls its state back.
+        c.kv_groups.extend(states.map(recurrent));
         run(c, &prompts, max_tokens, eos);
     }
 }

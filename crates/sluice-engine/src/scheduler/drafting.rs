@@ -72,11 +72,14 @@ impl<R, S> Scheduler<R, S> {
         config: &SpeculationConfig,
         budget: usize,
     ) -> Option<usize> {
+        // Decoding: one token to compute, or after a rejected draft on a model with recurrent
+        // layers the kept drafts again and the token after them (`BlockPools::roll_back`).
+        let pending = seq.tokens.len() - seq.num_computed;
         if !seq.speculative
             || seq.status != SequenceStatus::Running
-            || seq.num_computed + 1 != seq.tokens.len()
+            || !(pending == 1 || seq.blocks.rolled_back())
             || seq.reached_max_tokens()
-            || budget == 0
+            || budget <= pending
         {
             return None;
         }
@@ -88,7 +91,7 @@ impl<R, S> Scheduler<R, S> {
             Proposer::DraftModel => config.num_tokens,
         };
         let room = (seq.max_tokens() - seq.num_generated() - 1)
-            .min(budget - 1)
+            .min(budget - pending)
             .min(most);
         (room > 0).then_some(room)
     }

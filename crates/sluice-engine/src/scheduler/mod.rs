@@ -328,6 +328,12 @@ impl<R, S> Scheduler<R, S> {
                     if r.num_states == 0 || r.num_states >= u32::MAX as usize {
                         return invalid("a recurrent pool needs between 1 and u32::MAX - 1 states");
                     }
+                    if config.speculation.is_some() && r.num_states < 2 {
+                        return invalid(
+                            "speculation on a model with recurrent layers needs at least 2 \
+                             states: each running sequence holds a second to roll drafts back",
+                        );
+                    }
                     continue;
                 }
             };
@@ -345,14 +351,17 @@ impl<R, S> Scheduler<R, S> {
                 ));
             }
         }
-        // A recurrent pool's states beyond one a running sequence keep prefix checkpoints.
+        // A recurrent pool's states beyond the running sequences' keep prefix checkpoints;
+        // with speculation each running sequence holds two (one to roll rejected drafts back).
         let pools: Vec<KvGroupSpec> = config
             .kv_groups
             .iter()
             .map(|g| match *g {
-                KvGroupSpec::Recurrent(r) => {
-                    KvGroupSpec::Recurrent(RecurrentPool::split(r.num_states, config.max_num_seqs))
-                }
+                KvGroupSpec::Recurrent(r) => KvGroupSpec::Recurrent(RecurrentPool::split(
+                    r.num_states,
+                    config.max_num_seqs,
+                    config.speculation.is_some(),
+                )),
                 other => other,
             })
             .collect();
@@ -736,7 +745,9 @@ impl<R, S> Scheduler<R, S> {
                 match holding {
                     Holding::Table(table) => batch.push_group_table(group, table),
                     Holding::State(state) => {
-                        let step = self.blocks.checkpoint_step(&seq.blocks, s.start, s.len);
+                        let step =
+                            self.blocks
+                                .checkpoint_step(&seq.blocks, s.start, s.len, s.draft);
                         let save = step.save.map(|(c, n)| (c, n as u32));
                         batch.push_group_state_with(group, state, step.restore, save);
                     }
@@ -780,9 +791,16 @@ impl<R, S> Scheduler<R, S> {
                 .count();
             let rejected = seq.num_draft - kept;
             seq.tokens.truncate(first_draft + kept);
-            seq.num_computed = s.start + s.len - rejected;
+            // A recurrent state went past every draft: with one rejected it goes back to its
+            // value before them, and the kept drafts are computed again (their K/V rewritten
+            // with the same bits). Elsewhere the rejected drafts' K/V is just overwritten.
+            let roll_back = rejected > 0 && self.blocks.rolls_back(&seq.blocks);
+            seq.num_computed = s.start + s.len - if roll_back { seq.num_draft } else { rejected };
             self.blocks
                 .register_computed(&mut seq.blocks, &seq.tokens, seq.num_computed);
+            if roll_back {
+                self.blocks.roll_back(&mut seq.blocks);
+            }
             if let Some(&token) = rows.get(kept) {
                 seq.tokens.push(token);
                 s.accepted = kept + 1;

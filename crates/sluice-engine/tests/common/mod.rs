@@ -4,6 +4,10 @@
 //! sampled token depends on the exact contents of every block the sequence attends to: a wrong
 //! block table, a wrong position, a block overwritten while shared, or a bad prefix-cache hit
 //! all change the generated tokens, which [`reference_generate`] predicts without a cache.
+//! With a recurrent group it also keeps each state as a real hybrid does (moved by every token
+//! computed through it, started from a checkpoint, saved mid-step) and checks at every token
+//! that it is the chain of the sequence's tokens so far: a state left past a rejected draft, a
+//! wrong checkpoint or a wrong save fails there.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -12,7 +16,7 @@ use sluice_engine::{
     EngineHandle, KvGroupSpec, Request, RequestStream, Scheduler, SchedulerConfig, SeqId,
     WindowPool,
 };
-use sluice_model::StepBatch;
+use sluice_model::{GroupTables, StepBatch};
 
 pub const VOCAB: u32 = 1000;
 /// Tokens that end a sequence early when `eos` is on.
@@ -105,6 +109,9 @@ pub struct HashModel {
     /// scheduler has one: written through that group's tables, and checked at every read to
     /// hold what the full cache holds across each query's window.
     window: Option<(usize, usize, Vec<Option<u64>>)>,
+    /// A recurrent group's states (its index and each state's value), when the scheduler has
+    /// one.
+    recurrent: Option<(usize, Vec<Option<u64>>)>,
 }
 
 impl HashModel {
@@ -113,7 +120,14 @@ impl HashModel {
             block_size,
             kv: vec![None; num_blocks * block_size],
             window: None,
+            recurrent: None,
         }
+    }
+
+    /// This model with a recurrent group of `num_states` states, layer group `group`.
+    pub fn with_recurrent(mut self, group: usize, num_states: usize) -> Self {
+        self.recurrent = Some((group, vec![None; num_states]));
+        self
     }
 
     /// [`HashModel::new`] with a window pool of `pool.num_blocks` blocks, layer group `group`.
@@ -137,8 +151,27 @@ impl HashModel {
     /// position and all before it), so it depends on the whole context as the cache holds it.
     pub fn forward(&mut self, batch: &StepBatch) -> Vec<u64> {
         let mut logits = Vec::with_capacity(batch.logits_indices.len());
-        for seq in &batch.sequences {
+        for (i, seq) in batch.sequences.iter().enumerate() {
             let table = batch.block_table(seq);
+            // The sequence's recurrent state: started fresh, from a checkpoint, or where its
+            // last step left it.
+            let state = self.recurrent.as_mut().map(|(group, values)| {
+                let GroupTables::Recurrent {
+                    states,
+                    restore,
+                    save,
+                } = &batch.groups[*group]
+                else {
+                    panic!("group {group} is not recurrent in the step");
+                };
+                let own = states[i] as usize;
+                if let Some(c) = restore[i] {
+                    values[own] = Some(values[c as usize].expect("a checkpoint never saved"));
+                } else if seq.context_len == seq.query_len {
+                    values[own] = Some(SEED);
+                }
+                (own, save[i])
+            });
             for q in seq.query_start..seq.query_start + seq.query_len {
                 let pos = batch.positions[q] as usize;
                 if let Some((group, window, wkv)) = &self.window {
@@ -158,6 +191,17 @@ impl HashModel {
                     self.kv[self.slot(table, pos - 1)].expect("read of a K/V slot never written")
                 };
                 let value = Some(mix(prev, u64::from(batch.input_ids[q])));
+                if let (Some((own, save)), Some((_, values))) = (state, &mut self.recurrent) {
+                    let moved = values[own].map(|v| mix(v, u64::from(batch.input_ids[q])));
+                    assert_eq!(
+                        moved, value,
+                        "the recurrent state at position {pos} is not the chain of its tokens"
+                    );
+                    values[own] = moved;
+                    if let Some((c, _)) = save.filter(|s| q + 1 == seq.query_start + s.1 as usize) {
+                        values[c as usize] = moved;
+                    }
+                }
                 self.kv[batch.slot_mapping[q] as usize] = value;
                 if let Some((group, _, wkv)) = &mut self.window {
                     wkv[batch.tables(Some(*group)).0[q] as usize] = value;
@@ -197,12 +241,23 @@ impl Driver {
                 KvGroupSpec::SlidingWindow(pool) => Some((i, pool)),
                 KvGroupSpec::Recurrent(_) => None,
             });
-        let model = match window {
+        let mut model = match window {
             Some((group, pool)) => {
                 HashModel::with_window(config.num_blocks, config.block_size, group, pool)
             }
             None => HashModel::new(config.num_blocks, config.block_size),
         };
+        if let Some((group, pool)) = config
+            .kv_groups
+            .iter()
+            .enumerate()
+            .find_map(|(i, g)| match *g {
+                KvGroupSpec::Recurrent(pool) => Some((i, pool)),
+                KvGroupSpec::SlidingWindow(_) => None,
+            })
+        {
+            model = model.with_recurrent(group, pool.num_states);
+        }
         let batch = StepBatch::new(config.block_size);
         Self {
             sched: Scheduler::new(config).expect("valid config"),
