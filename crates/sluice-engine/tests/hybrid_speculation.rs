@@ -16,11 +16,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{mix, submit_all};
-use sluice_engine::{
-    Engine, EngineConfig, EngineHandle, Event, FinishReason, Model, ModelFailure, Request,
-    SpeculationConfig,
-};
+use common::{generate_alone, generate_together, mix};
+use sluice_engine::{Engine, EngineConfig, Model, ModelFailure, Request, SpeculationConfig};
 use sluice_model::testing::optional_model;
 use sluice_model::{LlamaModel, LoadOptions, ModelSource, PagedLlama, StepBatch, StepOutput};
 use sluice_tokenizer::Tokenizer;
@@ -126,36 +123,6 @@ impl Model for OracleDraft {
     }
 }
 
-fn run(h: &EngineHandle, r: &Request) -> Vec<u32> {
-    let mut tokens = Vec::new();
-    for e in h
-        .submit(h.validate(r.clone()).unwrap())
-        .unwrap()
-        .collect_blocking()
-    {
-        match e {
-            Event::Token(t) => tokens.push(t.token),
-            Event::Finished(f) => assert_ne!(f.reason, FinishReason::Error, "{:?}", f.error),
-        }
-    }
-    tokens
-}
-
-fn run_all(h: &EngineHandle, rs: &[Request]) -> Vec<Vec<u32>> {
-    submit_all(h, rs)
-        .into_iter()
-        .map(|s| {
-            s.collect_blocking()
-                .into_iter()
-                .filter_map(|e| match e {
-                    Event::Token(t) => Some(t.token),
-                    Event::Finished(_) => None,
-                })
-                .collect()
-        })
-        .collect()
-}
-
 /// Four short prompts.
 fn prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
     [
@@ -190,7 +157,10 @@ fn speculation_on_a_hybrid_changes_no_token() {
         let plain_model = paged(&target);
         let vocab = Model::vocab_size(&*plain_model);
         let plain = Engine::start(plain_model, tok.clone(), EngineConfig::default()).unwrap();
-        let want: Vec<Vec<u32>> = requests.iter().map(|r| run(&plain.handle(), r)).collect();
+        let want: Vec<Vec<u32>> = requests
+            .iter()
+            .map(|r| generate_alone(&plain.handle(), r))
+            .collect();
         drop(plain);
         let texts = || {
             prompts.iter().zip(&want).map(|(p, w)| {
@@ -221,12 +191,12 @@ fn speculation_on_a_hybrid_changes_no_token() {
             let h = engine.handle();
             for (i, r) in requests.iter().enumerate() {
                 assert_eq!(
-                    run(&h, r),
+                    generate_alone(&h, r),
                     want[i],
                     "{arch}, {drafter}, k = {k}, request {i} alone"
                 );
             }
-            let together = run_all(&h, &requests);
+            let together = generate_together(&h, &requests);
             for (i, want) in want.iter().enumerate() {
                 assert_eq!(
                     &together[i], want,

@@ -9,10 +9,8 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::submit_all;
-use sluice_engine::{
-    Engine, EngineConfig, EngineHandle, Event, FinishReason, Request, SpeculationConfig,
-};
+use common::{generate_alone, generate_together};
+use sluice_engine::{Engine, EngineConfig, Request, SpeculationConfig};
 use sluice_model::testing::optional_model;
 use sluice_model::{LlamaModel, LoadOptions, ModelSource, PagedLlama};
 use sluice_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -23,36 +21,6 @@ const DRAFT: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 fn paged(path: &Path) -> Box<PagedLlama> {
     let model = LlamaModel::load(path, &LoadOptions::default()).unwrap();
     Box::new(PagedLlama::new(model, 512, 16).unwrap())
-}
-
-fn run(h: &EngineHandle, r: &Request) -> Vec<u32> {
-    let mut tokens = Vec::new();
-    for e in h
-        .submit(h.validate(r.clone()).unwrap())
-        .unwrap()
-        .collect_blocking()
-    {
-        match e {
-            Event::Token(t) => tokens.push(t.token),
-            Event::Finished(f) => assert_ne!(f.reason, FinishReason::Error, "{:?}", f.error),
-        }
-    }
-    tokens
-}
-
-fn run_all(h: &EngineHandle, rs: &[Request]) -> Vec<Vec<u32>> {
-    submit_all(h, rs)
-        .into_iter()
-        .map(|s| {
-            s.collect_blocking()
-                .into_iter()
-                .filter_map(|e| match e {
-                    Event::Token(t) => Some(t.token),
-                    Event::Finished(_) => None,
-                })
-                .collect()
-        })
-        .collect()
 }
 
 fn chat_prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
@@ -94,7 +62,10 @@ fn speculation_on_qwen_1_5b_changes_no_token() {
         .map(|p| Request::new(p, 40))
         .collect();
     let plain = Engine::start(paged(&target), tok.clone(), EngineConfig::default()).unwrap();
-    let want: Vec<Vec<u32>> = requests.iter().map(|r| run(&plain.handle(), r)).collect();
+    let want: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| generate_alone(&plain.handle(), r))
+        .collect();
     drop(plain);
     for (method, k) in [("draft", 1), ("draft", 4), ("draft", 8), ("ngram", 4)] {
         let config = |speculation| EngineConfig {
@@ -122,9 +93,13 @@ fn speculation_on_qwen_1_5b_changes_no_token() {
         .unwrap();
         let h = engine.handle();
         for (i, r) in requests.iter().enumerate() {
-            assert_eq!(run(&h, r), want[i], "{method}, k = {k}, request {i} alone");
+            assert_eq!(
+                generate_alone(&h, r),
+                want[i],
+                "{method}, k = {k}, request {i} alone"
+            );
         }
-        let together = run_all(&h, &requests);
+        let together = generate_together(&h, &requests);
         for (i, want) in want.iter().enumerate() {
             assert_eq!(&together[i], want, "{method}, k = {k}, request {i} of four");
         }

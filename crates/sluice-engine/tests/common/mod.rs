@@ -13,8 +13,8 @@
 use std::collections::HashMap;
 
 use sluice_engine::{
-    EngineHandle, KvGroupSpec, Request, RequestStream, Scheduler, SchedulerConfig, SeqId,
-    WindowPool,
+    EngineHandle, Event, FinishReason, KvGroupSpec, Request, RequestStream, Scheduler,
+    SchedulerConfig, SeqId, WindowPool,
 };
 use sluice_model::{GroupTables, StepBatch};
 
@@ -361,5 +361,37 @@ pub fn submit_all(h: &EngineHandle, requests: &[Request]) -> Vec<RequestStream> 
     requests
         .iter()
         .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
+        .collect()
+}
+
+/// The tokens `r` generates alone on `h` (a failed finish fails the test).
+pub fn generate_alone(h: &EngineHandle, r: &Request) -> Vec<u32> {
+    let mut tokens = Vec::new();
+    for e in h
+        .submit(h.validate(r.clone()).unwrap())
+        .unwrap()
+        .collect_blocking()
+    {
+        match e {
+            Event::Token(t) => tokens.push(t.token),
+            Event::Finished(f) => assert_ne!(f.reason, FinishReason::Error, "{:?}", f.error),
+        }
+    }
+    tokens
+}
+
+/// The tokens each of `rs` generates, all submitted at once on `h`.
+pub fn generate_together(h: &EngineHandle, rs: &[Request]) -> Vec<Vec<u32>> {
+    submit_all(h, rs)
+        .into_iter()
+        .map(|s| {
+            s.collect_blocking()
+                .into_iter()
+                .filter_map(|e| match e {
+                    Event::Token(t) => Some(t.token),
+                    Event::Finished(_) => None,
+                })
+                .collect()
+        })
         .collect()
 }
