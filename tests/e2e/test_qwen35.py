@@ -177,7 +177,7 @@ def test_a_hybrid_draft_model_is_refused_at_start():
         capture_output=True, text=True, timeout=120,
     )
     assert r.returncode != 0
-    assert "has recurrent (Gated DeltaNet) layers" in r.stderr, r.stderr
+    assert "a draft model with recurrent (Gated DeltaNet) layers" in r.stderr, r.stderr
 
 
 def test_generate_runs_the_hybrid(hybrid_server):

@@ -230,6 +230,12 @@ impl SeqBlocks {
         self.full.is_empty()
     }
 
+    /// Whether it holds a rollback state ([`RecurrentPool::rollback`]): a rejected draft then
+    /// rolls its state back and its kept drafts are computed again ([`BlockPools::roll_back`]).
+    pub fn rolls_back(&self) -> bool {
+        self.rollback.is_some()
+    }
+
     /// Whether its next step starts from the state saved before a rejected draft
     /// ([`BlockPools::roll_back`]), computing the kept drafts again.
     pub fn rolled_back(&self) -> bool {
@@ -701,12 +707,6 @@ impl BlockPools {
         }
         seq.restore = seq.rollback;
         true
-    }
-
-    /// Whether a rejected draft of `seq` is rolled back by computing its kept drafts again
-    /// ([`BlockPools::roll_back`]).
-    pub fn rolls_back(&self, seq: &SeqBlocks) -> bool {
-        seq.rollback.is_some()
     }
 
     /// Grows `seq` to hold `num_tokens` tokens in every pool, or changes nothing and returns

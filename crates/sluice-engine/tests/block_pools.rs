@@ -37,7 +37,7 @@ fn with_rollback_a_sequence_holds_a_second_state_that_a_rejected_draft_restores(
         StateStep::default()
     );
     // A draft rejected: the next step starts from that state.
-    assert!(pools.rolls_back(&seqs[0]));
+    assert!(seqs[0].rolls_back());
     pools.register_computed(&mut seqs[0], &tokens, 6);
     assert!(pools.roll_back(&mut seqs[0]));
     assert!(seqs[0].rolled_back());
@@ -58,6 +58,6 @@ fn with_rollback_a_sequence_holds_a_second_state_that_a_rejected_draft_restores(
         &[KvGroupSpec::Recurrent(RecurrentPool::split(2, 8, false))],
     );
     assert!(plain.allocate(&mut seqs[1], 3));
-    assert!(!plain.rolls_back(&seqs[1]) && !plain.roll_back(&mut seqs[1]));
+    assert!(!seqs[1].rolls_back() && !plain.roll_back(&mut seqs[1]));
     assert_eq!(plain.checkpoint_step(&seqs[1], 2, 4, 3).save, None);
 }

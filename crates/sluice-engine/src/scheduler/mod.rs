@@ -794,7 +794,7 @@ impl<R, S> Scheduler<R, S> {
             // A recurrent state went past every draft: with one rejected it goes back to its
             // value before them, and the kept drafts are computed again (their K/V rewritten
             // with the same bits). Elsewhere the rejected drafts' K/V is just overwritten.
-            let roll_back = rejected > 0 && self.blocks.rolls_back(&seq.blocks);
+            let roll_back = rejected > 0 && seq.blocks.rolls_back();
             seq.num_computed = s.start + s.len - if roll_back { seq.num_draft } else { rejected };
             self.blocks
                 .register_computed(&mut seq.blocks, &seq.tokens, seq.num_computed);

@@ -414,15 +414,6 @@ fn load_draft_model(
         model, tokenizer, ..
     } = load_model(path, settings.weights, settings.kv_cache_dtype)
         .context("cannot load the draft model")?;
-    if model.config().delta_net.is_some() {
-        // The draft model's cache is one paged pool (`sluice_engine`'s draft_model module).
-        anyhow::bail!(
-            "the draft model {} has recurrent (Gated DeltaNet) layers: a draft model keeps no \
-             recurrent state of its own; draft with a model without them, or use \
-             --speculative ngram",
-            path.display()
-        );
-    }
     if let Some(difference) = target_tokenizer.vocabulary_difference(&tokenizer) {
         anyhow::bail!(
             "the draft model {} does not share the tokenizer of the model {} ({difference}): \
