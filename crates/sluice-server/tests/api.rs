@@ -583,3 +583,53 @@ async fn logprobs_name_control_tokens() {
     assert!(token.starts_with("<|"), "{entry}");
     assert_eq!(entry["bytes"], json!(token.as_bytes()));
 }
+
+#[tokio::test]
+async fn the_chat_page_is_served_with_its_policy_and_without_the_key() {
+    let t = mock_app(
+        sluice_server::HttpSettings {
+            api_key: Some("sk-page".into()),
+            ..settings()
+        },
+        EngineConfig::default(),
+    );
+    for (path, kind, marker) in [
+        ("/", "text/html", "/webui/app.js"),
+        ("/webui/app.js", "text/javascript", "/v1/chat/completions"),
+        ("/webui/style.css", "text/css", "{"),
+    ] {
+        let (status, headers, body) = t.get(path).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        let header = |name: &str| headers[name].to_str().unwrap().to_string();
+        assert!(header("content-type").starts_with(kind), "{path}");
+        assert_eq!(
+            header("content-security-policy"),
+            sluice_server::routes::webui::CSP,
+            "{path}"
+        );
+        assert!(header("content-security-policy").contains("script-src 'self';"));
+        assert_eq!(header("x-content-type-options"), "nosniff");
+        let text = std::str::from_utf8(&body).unwrap();
+        assert!(text.contains(marker), "{path} lacks {marker}");
+    }
+    // The page is open; what it calls is not.
+    let (status, _) = t.get_json("/v1/models").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(sluice_server::routes::webui::page_bytes() < 200 * 1024);
+}
+
+#[tokio::test]
+async fn the_chat_page_turned_off_is_a_404() {
+    let t = mock_app(
+        sluice_server::HttpSettings {
+            webui: false,
+            ..settings()
+        },
+        EngineConfig::default(),
+    );
+    for path in ["/", "/webui/app.js", "/webui/style.css"] {
+        let (status, v) = t.get_json(path).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
+        assert!(v["error"]["message"].is_string(), "{path}: {v}");
+    }
+}

@@ -18,6 +18,7 @@ pub mod render;
 pub mod responses;
 pub mod service;
 pub mod tokenize;
+pub mod webui;
 
 use std::any::Any;
 use std::time::Duration;
@@ -58,6 +59,8 @@ pub struct HttpSettings {
     /// Longest pause between two chunks of a request body (the whole body's deadline is the
     /// same duration, enforced by the JSON extractor).
     pub body_timeout: Duration,
+    /// Serve the chat page at `/` ([`webui`]).
+    pub webui: bool,
 }
 
 impl HttpSettings {
@@ -68,6 +71,7 @@ impl HttpSettings {
             cors_origins: config.cors_origins.0.clone(),
             body_limit: usize::try_from(config.body_limit.bytes()).unwrap_or(usize::MAX),
             body_timeout: config.request_timeout(),
+            webui: config.webui == crate::config::Switch::On,
         }
     }
 }
@@ -173,11 +177,16 @@ pub fn router(state: AppState, settings: &HttpSettings) -> Router {
     let metrics_key = key.filter(|_| settings.metrics_require_key);
     let limit = settings.body_limit;
     // `Router::layer` wraps each route: the last added runs first.
-    let mut app = api_routes()
+    let mut routes = api_routes()
         .keyed(key)
         .router
         .merge(metrics_routes().keyed(metrics_key).router)
-        .merge(open_routes().router)
+        .merge(open_routes().router);
+    if settings.webui {
+        // Not in `route_table`: the page is not part of the API its OpenAPI document describes.
+        routes = routes.merge(webui::router());
+    }
+    let mut app = routes
         .fallback(not_found)
         .with_state(state)
         // The Responses API's stored responses, one store per server (the routes' own state,

@@ -33,6 +33,7 @@ pub fn settings() -> HttpSettings {
         cors_origins: Vec::new(),
         body_limit: 1 << 20,
         body_timeout: Duration::from_secs(30),
+        webui: true,
     }
 }
 
