@@ -1,10 +1,11 @@
-//! The `sluice` command: `sluice serve` runs the OpenAI-compatible server; `sluice generate`
-//! runs one prompt through the model.
+//! The `sluice` command: `sluice serve` runs the OpenAI-compatible server; `sluice chat` talks
+//! to one (or to a model served in-process) in the terminal; `sluice generate` runs one prompt
+//! through the model.
 
 mod allocator;
 
 use clap::{Parser, Subcommand};
-use sluice_server::commands::{generate, hub_cache, synth};
+use sluice_server::commands::{chat, generate, hub_cache, synth};
 
 #[derive(Parser)]
 #[command(
@@ -22,6 +23,9 @@ enum Command {
     /// Serve the OpenAI-compatible HTTP API (flags override SLUICE_* variables, which override
     /// config/sluice.toml).
     Serve(Box<sluice_server::ServeArgs>),
+    /// Chat in the terminal with a running server (--url) or a model served in-process
+    /// (--model and serve's flags).
+    Chat(chat::ChatArgs),
     /// Generate a continuation of one prompt and print it as it is produced.
     Generate(generate::GenerateArgs),
     /// Write a random-weight GGUF model of a real model's shape, in any format, for benchmarks
@@ -39,6 +43,10 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         // The server sets up its own logging from its configuration.
         Command::Serve(args) => sluice_server::commands::serve::run(*args),
+        Command::Chat(args) => {
+            log_to_stderr("warn");
+            chat::run(args)
+        }
         Command::Generate(args) => {
             log_to_stderr("warn");
             generate::run(args)
@@ -62,4 +70,15 @@ fn log_to_stderr(level: &str) {
         )
         .with_writer(std::io::stderr)
         .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_flags_of_every_subcommand_are_consistent() {
+        // Catches two flags of one name (chat flattens serve's flags beside its own).
+        super::Cli::command().debug_assert();
+    }
 }

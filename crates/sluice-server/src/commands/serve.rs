@@ -28,13 +28,23 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .thread_name("sluice-http")
         .build()
         .context("cannot start the async runtime")?;
-    let result = runtime.block_on(serve(config));
+    // The signal handlers need the runtime.
+    let result = runtime.block_on(async {
+        let signals = Signals::new().context("cannot install signal handlers")?;
+        serve(config, signals, None).await
+    });
     // A model load still running on a blocking thread (signal during load) is abandoned.
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
+/// Serves `config` until `signals` says stop. `ready`, when given, hears the address once the
+/// default model has loaded (`sluice chat` serving a model in-process).
+pub async fn serve(
+    config: Config,
+    mut signals: Signals,
+    ready: Option<tokio::sync::oneshot::Sender<std::net::SocketAddr>>,
+) -> anyhow::Result<()> {
     // Before the engine starts: it registers its metrics with whatever recorder is installed.
     let metrics = crate::observe::metrics::install();
     let listener = TcpListener::bind((config.host.as_str(), config.port))
@@ -55,7 +65,6 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             metrics.run_upkeep();
         }
     });
-    let mut signals = Signals::new().context("cannot install signal handlers")?;
     // Bound before the model loads, so that a bad endpoint fails the start at once.
     let kv_events = match &config.kv_events {
         Some(endpoint) => Some(
@@ -206,6 +215,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         max_loaded_models = config.max_loaded_models,
         "ready"
     );
+    if let Some(ready) = ready {
+        // A caller that stopped waiting has nothing to hear.
+        let _ = ready.send(server.local_addr());
+    }
 
     let signal = signals.recv().await;
     tracing::info!(

@@ -8,31 +8,54 @@ use tokio::time::Instant;
 
 use crate::engine::state::AppState;
 
-/// SIGTERM or ctrl-c (SIGINT).
+/// SIGTERM or ctrl-c (SIGINT); or none, for a server inside another command (`sluice chat`
+/// keeps ctrl-c to stop an answer, and the server ends with the process).
 pub struct Signals {
     #[cfg(unix)]
-    term: tokio::signal::unix::Signal,
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(not(unix))]
+    listen: bool,
 }
 
 impl Signals {
     pub fn new() -> std::io::Result<Self> {
         Ok(Self {
             #[cfg(unix)]
-            term: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?,
+            term: Some(tokio::signal::unix::signal(
+                tokio::signal::unix::SignalKind::terminate(),
+            )?),
+            #[cfg(not(unix))]
+            listen: true,
         })
+    }
+
+    /// Signals that never come.
+    pub fn none() -> Self {
+        Self {
+            #[cfg(unix)]
+            term: None,
+            #[cfg(not(unix))]
+            listen: false,
+        }
     }
 
     /// Waits for the next signal; returns its name.
     pub async fn recv(&mut self) -> &'static str {
         #[cfg(unix)]
         {
+            let Some(term) = &mut self.term else {
+                return std::future::pending().await;
+            };
             tokio::select! {
-                _ = self.term.recv() => "SIGTERM",
+                _ = term.recv() => "SIGTERM",
                 _ = tokio::signal::ctrl_c() => "SIGINT",
             }
         }
         #[cfg(not(unix))]
         {
+            if !self.listen {
+                return std::future::pending().await;
+            }
             let _ = tokio::signal::ctrl_c().await;
             "ctrl-c"
         }
