@@ -25,7 +25,8 @@
 //! state of a sequence saved as its prefill crossed the last full block of its tokens (the
 //! model copies it, `StepBatch::push_group_state_with`), kept under that block's chain hash in
 //! states of their own ([`RecurrentPool::num_checkpoints`]). A prompt then starts from the
-//! deepest cached block that has a checkpoint, its state a copy of it, and computes the rest:
+//! deepest cached block that has a checkpoint and that every window pool serves too (else
+//! from a shallower one, or from nothing), its state a copy of it, and computes the rest:
 //! the cold run's bits, since a state moves token by token the same way in any chunking. A new
 //! checkpoint takes a free checkpoint state, else the one whose block left the full pool's
 //! cache, else the least recently used; a checkpoint whose block is gone is never used.
@@ -491,42 +492,43 @@ impl BlockPools {
         self.join(seq);
         let full = self.full.find_cached_prefix(&mut seq.full, tokens);
         let mut limit = full.num_blocks;
-        // The checkpoint found, and the blocks it ends.
-        let mut restore: Option<(usize, StateId)> = None;
-        let full_pool = &self.full;
-        for g in &mut self.groups {
-            if let Group::Recurrent(p) = g {
-                // The deepest found block with a checkpoint of the state where it ends (the
-                // lookup memoised the blocks' hashes).
-                let found = (1..=limit).rev().find_map(|k| {
-                    let hash = full_pool.ensure_hash(&mut seq.full, tokens, k - 1);
-                    let i = p.checkpoints.iter().position(|c| c.0 == hash)?;
-                    Some((k, i))
-                });
-                match found {
-                    Some((k, i)) => {
-                        p.clock += 1;
-                        p.checkpoints[i].2 = p.clock;
-                        limit = k;
-                        restore = Some((k, p.checkpoints[i].1));
-                    }
-                    None => limit = 0,
-                }
-            }
-        }
+        // Each pool serves a prefix no longer than the limit, and the limit falls to the
+        // shortest: a recurrent pool to its deepest checkpoint within it, a window pool to the
+        // blocks it holds for the window. Every pool is asked again until all serve the same
+        // length (it only falls, so this ends), as a window pool may serve less than a
+        // checkpoint's blocks and a recurrent pool then serves only a shallower checkpoint.
         let mut groups = [None; MAX_GROUPS];
-        // Each window pool serves a prefix no longer than the limit; the limit falls to the
-        // shortest, and the pools are asked again until every one serves the same length.
+        // Per recurrent group, the checkpoint that ends at the limit: (its index, its state).
+        let mut restore: [Option<(usize, StateId)>; MAX_GROUPS] = [None; MAX_GROUPS];
+        let full_pool = &self.full;
         loop {
             let before = limit;
             for (i, (g, hold)) in self.groups.iter_mut().zip(&mut seq.groups).enumerate() {
-                if let (Group::Window { blocks, tokens: w }, GroupHold::Window(table)) = (g, hold) {
-                    let found = blocks.find_cached_window(table, tokens, *w, limit);
-                    limit = limit.min(found.num_blocks);
-                    groups[i] = Some(found);
+                match (g, hold) {
+                    (Group::Window { blocks, tokens: w }, GroupHold::Window(table)) => {
+                        let found = blocks.find_cached_window(table, tokens, *w, limit);
+                        limit = limit.min(found.num_blocks);
+                        groups[i] = Some(found);
+                    }
+                    (Group::Recurrent(p), _) => {
+                        // The deepest block within the limit with a checkpoint of the state
+                        // where it ends (the lookup memoised the blocks' hashes).
+                        let found = (1..=limit).rev().find_map(|k| {
+                            let hash = full_pool.ensure_hash(&mut seq.full, tokens, k - 1);
+                            let c = p.checkpoints.iter().position(|c| c.0 == hash)?;
+                            Some((k, c))
+                        });
+                        limit = found.map_or(0, |(k, _)| k);
+                        restore[i] = found.map(|(_, c)| (c, p.checkpoints[c].1));
+                    }
+                    _ => unreachable!("a sequence's groups follow the pools'"),
                 }
             }
-            if limit == before && groups.iter().flatten().all(|p| p.num_blocks == limit) {
+            let settled = self.groups.iter().enumerate().all(|(i, g)| match g {
+                Group::Window { .. } => groups[i].is_some_and(|p| p.num_blocks == limit),
+                Group::Recurrent(_) => limit == 0 || restore[i].is_some(),
+            });
+            if limit == before && settled {
                 break;
             }
         }
@@ -536,12 +538,19 @@ impl BlockPools {
         } else {
             full
         };
+        // The checkpoint used is the most recently used one (a prefix of none uses none).
+        let mut state = None;
+        for (g, found) in self.groups.iter_mut().zip(restore) {
+            if let (Group::Recurrent(p), Some((c, s))) = (g, found.filter(|_| limit > 0)) {
+                p.clock += 1;
+                p.checkpoints[c].2 = p.clock;
+                state = Some(s);
+            }
+        }
         PoolsPrefix {
             full,
             groups,
-            // Only where every pool serves the checkpoint's blocks (a window pool may serve
-            // fewer, and then none of the state).
-            restore: restore.filter(|&(k, _)| k == limit).map(|(_, s)| s),
+            restore: state,
         }
     }
 
@@ -1000,6 +1009,54 @@ mod tests {
         assert_eq!(
             pools.find_cached_prefix(&mut other, &parted).num_tokens(BS),
             0
+        );
+    }
+
+    #[test]
+    fn a_prefix_that_a_window_pool_cuts_short_of_a_checkpoint_has_no_state_and_is_not_served() {
+        // A checkpoint at 28 of a 30-token prompt, then prompts that share some of its blocks
+        // or none and evict some of the window pool's. Where the window pool alone would then
+        // serve part of the prompt, short of the checkpoint's 7 blocks, no state of that length
+        // is kept: the prefix falls to 0, never to the window pool's length with the state
+        // left as it was.
+        let t = tokens(30);
+        let mut cut_short = 0;
+        for shared in [0, 8, 16, 24] {
+            // At most the window pool's 12 blocks in all.
+            for filler in 1..=48 - shared {
+                let mut pools = BlockPools::new(64, BS, &[window(12, 6), with_checkpoints(2, 2)]);
+                let mut first = computed_saving(&mut pools, &t, Some(28));
+                pools.free(&mut first);
+                let f: Vec<u32> = t[..shared]
+                    .iter()
+                    .copied()
+                    .chain(tokens(filler).iter().map(|x| x + 500))
+                    .collect();
+                let mut other = computed(&mut pools, &f);
+                pools.free(&mut other);
+                let Group::Window { blocks, tokens: w } = &mut pools.groups[0] else {
+                    panic!("group 0 is the window pool");
+                };
+                let window_alone = blocks
+                    .find_cached_window(&mut BlockTable::new(), &t, *w, usize::MAX)
+                    .num_tokens(BS);
+                let mut probe = SeqBlocks::default();
+                let p = pools.find_cached_prefix(&mut probe, &t);
+                let served = p.num_tokens(BS);
+                if (1..28).contains(&window_alone) {
+                    cut_short += 1;
+                    assert_eq!(served, 0, "shared {shared}, filler {filler}: {p:?}");
+                } else {
+                    assert!(
+                        served == 0 || (served == 28 && p.restore.is_some()),
+                        "shared {shared}, filler {filler}: {p:?}"
+                    );
+                }
+            }
+        }
+        assert!(
+            cut_short > 0,
+            "no prompt cut the window pool's prefix short"
         );
     }
 
