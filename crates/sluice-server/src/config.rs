@@ -1097,7 +1097,7 @@ mod tests {
         flags_sorted.sort();
         keys_sorted.sort();
         assert_eq!(flags_sorted, keys_sorted);
-        assert_eq!(flags.len(), 39, "{flags:?}");
+        assert_eq!(flags.len(), 40, "{flags:?}");
     }
 
     /// `[[model]]` tables set a model's own name, weights and KV memory; plain entries and the
