@@ -594,8 +594,12 @@ async fn the_chat_page_is_served_with_its_policy_and_without_the_key() {
         EngineConfig::default(),
     );
     for (path, kind, marker) in [
-        ("/", "text/html", "/webui/app.js"),
-        ("/webui/app.js", "text/javascript", "/v1/chat/completions"),
+        ("/", "text/html", "\"webui/app.js\""),
+        (
+            "/webui/app.js",
+            "text/javascript",
+            "\"v1/chat/completions\"",
+        ),
         ("/webui/style.css", "text/css", "{"),
     ] {
         let (status, headers, body) = t.get(path).await;
