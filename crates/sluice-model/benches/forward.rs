@@ -164,6 +164,15 @@ fn main() {
             .new_kv_cache((max_b * blocks_per_seq).max(prefill.div_ceil(BLOCK)), BLOCK)
             .unwrap();
         let mut batch = StepBatch::new(BLOCK);
+        // A hybrid's recurrent states: sequence `s` of a step in state `s` (the cache holds one
+        // a block).
+        batch.groups = kv.step_groups();
+        let recurrent = kv.recurrent_group();
+        let state = |batch: &mut StepBatch, s: usize| {
+            if let Some(g) = recurrent {
+                batch.push_group_state(g, s as u32);
+            }
+        };
         // Buffers kept across steps, as the engine keeps them.
         let mut scratch = StepScratch::default();
         for &b in &batches {
@@ -174,6 +183,7 @@ fn main() {
                     .map(|i| (s * blocks_per_seq + i) as u32)
                     .collect();
                 batch.push_sequence(&[(100 + s) as u32], CONTEXT, &table, true);
+                state(&mut batch, s);
             }
             let slots: Vec<u16> = (0..b).map(slot).collect();
             lora_rows(&mut batch, &slots);
@@ -192,6 +202,7 @@ fn main() {
             let tokens: Vec<u32> = (0..n as u32).map(|i| 100 + i).collect();
             let table: Vec<u32> = (0..blocks_per_seq as u32).collect();
             batch.push_sequence_rows(&tokens, CONTEXT - n, &table, n);
+            state(&mut batch, 0);
             lora_rows(&mut batch, &vec![slot(0); n]);
             time_step(
                 &model,
@@ -210,6 +221,7 @@ fn main() {
         let tokens: Vec<u32> = (0..prefill as u32).map(|i| 100 + i % 1000).collect();
         let table: Vec<u32> = (0..prefill.div_ceil(BLOCK) as u32).collect();
         batch.push_sequence(&tokens, 0, &table, true);
+        state(&mut batch, 0);
         lora_rows(&mut batch, &vec![slot(0); prefill]);
         time_step(
             &model,
