@@ -264,7 +264,7 @@ def timed_prompt(language: str) -> str:
 def median(xs: list[float]) -> float:
     xs = sorted(xs)
     mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+    return round(xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2, 1)
 
 
 def api_ttft(server, prompt: str, max_tokens: int) -> dict:
