@@ -31,6 +31,14 @@ def spawn(args: list[str], home) -> pexpect.spawn:
     return child
 
 
+def exit_zero(child: pexpect.spawn) -> None:
+    """`/exit` ends the program with status 0."""
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
 def running(server) -> float:
     return server.metric("vllm:num_requests_running") or 0.0
 
@@ -42,10 +50,7 @@ def test_a_question_is_answered_then_exit_leaves_with_0(server, tmp_path):
     assert int(child.match.group(1)) > 0
     child.expect(r"first token \d+ ms, (stop|length)\]")
     child.expect("> ")
-    child.sendline("/exit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    exit_zero(child)
     assert (tmp_path / ".local/state/sluice/chat_history").read_text().strip().endswith(
         "/exit"
     )
@@ -76,10 +81,7 @@ def test_ctrl_c_stops_the_answer_not_the_program(server, tmp_path):
     # Still alive and answering.
     child.sendline("/help")
     child.expect("/system TEXT")
-    child.sendline("/exit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    exit_zero(child)
 
 
 def test_history_is_recalled_and_a_backslash_continues_the_line(server, tmp_path):
@@ -116,7 +118,4 @@ def test_in_process_on_a_model(tmp_path):
     child.sendline("Say hello.")
     child.expect(r"\d+ tokens, ")
     child.expect("> ")
-    child.sendline("/exit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    exit_zero(child)
