@@ -494,8 +494,8 @@ impl BlockPools {
         let mut limit = full.num_blocks;
         // Each pool serves a prefix no longer than the limit, and the limit falls to the
         // shortest: a recurrent pool to its deepest checkpoint within it, a window pool to the
-        // blocks it holds for the window. Every pool is asked again until all serve the same
-        // length (it only falls, so this ends), as a window pool may serve less than a
+        // blocks it holds for the window. Every pool is asked again until a pass leaves the
+        // limit as it was (it only falls, so this ends), as a window pool may serve less than a
         // checkpoint's blocks and a recurrent pool then serves only a shallower checkpoint.
         let mut groups = [None; MAX_GROUPS];
         // Per recurrent group, the checkpoint that ends at the limit: (its index, its state).
@@ -524,11 +524,10 @@ impl BlockPools {
                     _ => unreachable!("a sequence's groups follow the pools'"),
                 }
             }
-            let settled = self.groups.iter().enumerate().all(|(i, g)| match g {
-                Group::Window { .. } => groups[i].is_some_and(|p| p.num_blocks == limit),
-                Group::Recurrent(_) => limit == 0 || restore[i].is_some(),
-            });
-            if limit == before && settled {
+            // A pass that left the limit as it was asked every pool at that limit, and each
+            // served at least it and never more: all serve it (a recurrent pool through the
+            // checkpoint that ends there, or none at 0).
+            if limit == before {
                 break;
             }
         }
