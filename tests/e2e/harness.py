@@ -7,6 +7,7 @@ Nothing here builds: `scripts/test.sh` runs `cargo build --release -p sluice-ser
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -45,11 +46,47 @@ def served(*args: str, name: str, model: Path | None = None):
         srv.close()
 
 
+def _ephemeral_ports() -> range:
+    """The ports the kernel gives outgoing connections as their source ports."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)  # Linux's default
+
+
+_EPHEMERAL = _ephemeral_ports()
+_handed_out: set[int] = set()
+_pick = random.Random(os.getpid())
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port that nothing is bound to right now, on any address, and that no outgoing
+    connection will take before a server binds it.
+
+    Not one the kernel picks (bind to port 0): those come from the ephemeral range, which
+    outgoing connections draw their source ports from. A server told to listen on such a port
+    fails with "address in use" when, between the choice and its bind, a connection (another
+    server's /health poll) took the port as its source; a source port stays bound in TIME_WAIT
+    for a minute after the connection closed, SO_REUSEADDR or not. CI failed so once."""
+    below = range(10000, min(_EPHEMERAL.start, 32768))
+    candidates = below if len(below) >= 1000 else range(
+        max(_EPHEMERAL.stop, 10000), 65536
+    )
+    for _ in range(1000):
+        port = _pick.choice(candidates)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                # The wildcard address: a bind to it conflicts with one to any address, so a
+                # port free here is free for `tcp://*:PORT` and for 127.0.0.1 alike.
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise AssertionError(f"no free TCP port in {candidates}")
 
 
 class SluiceServer:
@@ -106,6 +143,9 @@ class SluiceServer:
         # The server reads SLUICE_* variables as configuration: only the flags given here count.
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         env.setdefault("RUST_BACKTRACE", "1")
+        # A panic's backtrace, but not the one anyhow takes of an error that ends the start:
+        # that one fills the log's tail and hides the error's message.
+        env.setdefault("RUST_LIB_BACKTRACE", "0")
         env.update(self.env)
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
