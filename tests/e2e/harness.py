@@ -69,10 +69,8 @@ def free_port() -> int:
     fails with "address in use" when, between the choice and its bind, a connection (another
     server's /health poll) took the port as its source; a source port stays bound in TIME_WAIT
     for a minute after the connection closed, SO_REUSEADDR or not. CI failed so once."""
-    below = range(10000, min(_EPHEMERAL.start, 32768))
-    candidates = below if len(below) >= 1000 else range(
-        max(_EPHEMERAL.stop, 10000), 65536
-    )
+    below = range(10000, _EPHEMERAL.start)
+    candidates = below if len(below) >= 1000 else range(max(_EPHEMERAL.stop, 10000), 65536)
     for _ in range(1000):
         port = _pick.choice(candidates)
         if port in _handed_out:
