@@ -79,7 +79,16 @@ fn bench(
     let mut out = vec![0f32; q.len()];
     let seconds = median_seconds(|| {
         paged_attention(
-            &q, &k, &v, &layout, &slices, &tables, &shape, None, &mut out,
+            &q,
+            &k,
+            &v,
+            &layout,
+            &slices,
+            &[],
+            &tables,
+            &shape,
+            None,
+            &mut out,
         )
         .unwrap();
     });

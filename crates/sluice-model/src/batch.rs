@@ -1,6 +1,8 @@
 //! The flat description of one engine step: every token that is computed this step, from every
 //! sequence, laid end to end with no padding. The scheduler fills it; the model consumes it.
 
+use std::sync::Arc;
+
 pub use sluice_kernels::{RowSampling, SampledToken, SequenceSlice};
 
 /// Inputs of one batched forward. Reuse one value across steps ([`StepBatch::clear`]) so the
@@ -36,6 +38,34 @@ pub struct StepBatch {
     /// [`LlamaModel::set_adapter`](crate::LlamaModel::set_adapter) filled. Empty: no row has
     /// one (and the step pays nothing for adapters).
     pub lora_slots: Vec<u16>,
+    /// The encoded images whose tokens some rows of this step are, each
+    /// `[tokens_per_image, hidden_size]` row-major (the vision tower's output): what
+    /// [`ImageRows::image`] indexes. Empty in a step without image tokens.
+    pub images: Vec<Arc<[f32]>>,
+    /// Runs of rows that read an image's embeddings in place of their token's, in row order,
+    /// none overlapping. Those rows' `input_ids` are not read.
+    pub image_rows: Vec<ImageRows>,
+    /// `[T]` the end of the keys each row attends to, or empty: causal (its position + 1).
+    /// [`StepBatch::push_image_rows`] fills it: an image's tokens see the whole image.
+    pub key_ends: Vec<u32>,
+}
+
+/// Consecutive rows of one sequence in a step that are tokens `first..first + len` of one
+/// image. They see each other: every token of an image attends to all of the image's tokens
+/// (and, as any row, to its sequence's earlier ones), the bidirectional attention Gemma 3's
+/// image tokens have. The image's later tokens are in this step or already in the cache: the
+/// scheduler never ends a chunk inside an image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageRows {
+    /// The first of the rows in the flat batch.
+    pub row: u32,
+    pub len: u32,
+    /// Which of [`StepBatch::images`].
+    pub image: u32,
+    /// The image token the first row is (0 for the image's first).
+    pub first: u32,
+    /// The position after the image's last token: these rows attend to keys `0..end`.
+    pub end: u32,
 }
 
 /// What the sequences of a step hold in one layer group beside the full pool.
@@ -139,6 +169,68 @@ impl StepBatch {
         self.hidden_indices.clear();
         self.model_sampling.clear();
         self.lora_slots.clear();
+        self.images.clear();
+        self.image_rows.clear();
+        self.key_ends.clear();
+    }
+
+    /// Makes rows `row..row + len` (of a sequence already pushed) tokens `first..` of
+    /// `image`, whose last token is at position `end - 1`; the image is added to
+    /// [`StepBatch::images`] unless it is already the last one there (an image whose rows
+    /// continue from a cached prefix, or several runs of one image, take one entry).
+    ///
+    /// # Panics
+    /// If the rows are not the step's, overlap or precede rows already marked, or leave the
+    /// sequence they start in, or `end` is before the rows' positions.
+    pub fn push_image_rows(
+        &mut self,
+        image: &Arc<[f32]>,
+        row: usize,
+        len: usize,
+        first: usize,
+        end: usize,
+    ) {
+        assert!(
+            len > 0 && row + len <= self.input_ids.len(),
+            "image rows out of the step"
+        );
+        if let Some(last) = self.image_rows.last() {
+            assert!(
+                (last.row + last.len) as usize <= row,
+                "image rows overlap or go backwards"
+            );
+        }
+        let seq = self
+            .sequences
+            .iter()
+            .find(|s| s.query_start <= row && row < s.query_start + s.query_len)
+            .expect("image rows belong to a pushed sequence");
+        assert!(
+            row + len <= seq.query_start + seq.query_len,
+            "image rows leave their sequence"
+        );
+        assert!(
+            self.positions[row + len - 1] < end as u32 && end <= seq.context_len,
+            "an image's end is after its rows and within its sequence's context"
+        );
+        if self.key_ends.is_empty() {
+            self.key_ends.extend(self.positions.iter().map(|&p| p + 1));
+        }
+        self.key_ends[row..row + len].fill(end as u32);
+        let same = self
+            .images
+            .last()
+            .is_some_and(|last| Arc::ptr_eq(last, image));
+        if !same {
+            self.images.push(Arc::clone(image));
+        }
+        self.image_rows.push(ImageRows {
+            row: row as u32,
+            len: len as u32,
+            image: (self.images.len() - 1) as u32,
+            first: first as u32,
+            end: end as u32,
+        });
     }
 
     /// Adds `tokens` of one sequence, starting at absolute position `start_pos` (the number of
@@ -185,6 +277,10 @@ impl StepBatch {
         let query_start = self.input_ids.len();
         self.input_ids.extend_from_slice(tokens);
         self.positions.extend(start_pos as u32..context_len as u32);
+        if !self.key_ends.is_empty() {
+            self.key_ends
+                .extend(start_pos as u32 + 1..=context_len as u32);
+        }
         let bs = self.block_size;
         self.slot_mapping
             .extend((start_pos..context_len).map(|pos| slot(block_table, pos, bs)));

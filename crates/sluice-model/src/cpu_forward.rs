@@ -151,12 +151,7 @@ fn forward_on_pool(
         rotary_dim: cfg.rotary_dims(),
     };
     let x = sized(&mut s.x, t * hidden);
-    w.embed.lookup_into(&batch.input_ids, x)?;
-    if traits.scales_embeddings {
-        // Gemma: the rows times sqrt(hidden), in f32 as llama.cpp and transformers round it.
-        let scale = (hidden as f32).sqrt();
-        x.iter_mut().for_each(|v| *v *= scale);
-    }
+    input_rows(w, batch, traits.scales_embeddings, x)?;
     let normed = sized(&mut s.normed, t * hidden);
     let qkv = sized(&mut s.qkv, t * (h + 2 * kvh) * d);
     let gated = w.layers.iter().any(|l| l.output_gate);
@@ -361,6 +356,47 @@ fn forward_on_pool(
 }
 
 /// Layer `i`'s MLP (dense or experts) on `normed`, into `proj`.
+/// The step's input rows into `x` (`[T, hidden]`): each token's embedding (times
+/// sqrt(hidden) where the family scales them: Gemma, in f32 as llama.cpp and transformers round
+/// it), and for an image's tokens the vision tower's rows as they are (llama.cpp scales only
+/// token rows; their `input_ids` are cache keys, not tokens, and are not read).
+fn input_rows(w: &ModelWeights<'_>, batch: &StepBatch, scale: bool, x: &mut [f32]) -> Result<()> {
+    let hidden = w.config.hidden_size;
+    let scale = scale.then(|| (hidden as f32).sqrt());
+    let text = |rows: std::ops::Range<usize>, x: &mut [f32]| -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let out = &mut x[rows.start * hidden..rows.end * hidden];
+        w.embed.lookup_into(&batch.input_ids[rows], out)?;
+        if let Some(scale) = scale {
+            out.iter_mut().for_each(|v| *v *= scale);
+        }
+        Ok(())
+    };
+    let mut next = 0;
+    for run in &batch.image_rows {
+        let (row, len) = (run.row as usize, run.len as usize);
+        text(next..row, x)?;
+        let image = batch
+            .images
+            .get(run.image as usize)
+            .ok_or_else(|| ModelError::InvalidStep(format!("image {} of a step", run.image)))?;
+        let first = run.first as usize * hidden;
+        let src = image.get(first..first + len * hidden).ok_or_else(|| {
+            ModelError::InvalidStep(format!(
+                "tokens {}..{} of an image of {} rows of {hidden}",
+                run.first,
+                run.first as usize + len,
+                image.len() / hidden
+            ))
+        })?;
+        x[row * hidden..(row + len) * hidden].copy_from_slice(src);
+        next = row + len;
+    }
+    text(next..batch.num_tokens(), x)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_mlp(
     layer: &crate::layer::Layer,

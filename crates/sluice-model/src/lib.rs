@@ -50,7 +50,9 @@ pub mod testing;
 pub mod weights;
 
 pub use attention::AttentionBackend;
-pub use batch::{GroupTables, RowSampling, SampledToken, SequenceSlice, StepBatch, StepOutput};
+pub use batch::{
+    GroupTables, ImageRows, RowSampling, SampledToken, SequenceSlice, StepBatch, StepOutput,
+};
 pub use config::{Architecture, DeltaNetConfig, ModelConfig, MoeConfig, Pooling, RopeScaling};
 pub use cpu_forward::StepScratch;
 pub use error::{ModelError, Result};

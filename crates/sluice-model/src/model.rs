@@ -514,11 +514,23 @@ impl LlamaModel {
                 return err(format!("LoRA slot {slot} holds no adapter"));
             }
         }
-        if let Some(id) = batch
-            .input_ids
-            .iter()
-            .find(|&&id| id as usize >= self.config.vocab_size)
-        {
+        if !batch.image_rows.is_empty() {
+            // The GPU forward looks every row up as a token, and a recurrent layer has no
+            // bidirectional span: the loader refuses a vision tower for either, so a step with
+            // image rows here is the caller's mistake.
+            if self.attention == AttentionBackend::Cuda || self.config.delta_net.is_some() {
+                return err("image rows on a model that takes no images here".into());
+            }
+            check_image_rows(batch, self.config.hidden_size)?;
+        }
+        // An image's rows hold cache keys, not tokens: only the others are looked up.
+        let mut text_ids = batch.input_ids.iter().enumerate().filter(|(row, _)| {
+            !batch
+                .image_rows
+                .iter()
+                .any(|r| (r.row as usize..(r.row + r.len) as usize).contains(row))
+        });
+        if let Some((_, id)) = text_ids.find(|&(_, &id)| id as usize >= self.config.vocab_size) {
             return err(format!(
                 "token id {id} is outside the vocabulary of {}",
                 self.config.vocab_size
@@ -806,6 +818,33 @@ fn cuda_runs(_: &ModelConfig, _: &Device) -> bool {
 }
 
 /// A step's slots and block tables all inside `layout`'s pool (`what`, for the error).
+/// A step's image rows name its images, lie inside them and in row order, and its key ends
+/// are one a row where it has any.
+fn check_image_rows(batch: &StepBatch, hidden: usize) -> Result<()> {
+    let err = |m: String| Err(ModelError::InvalidStep(m));
+    if !batch.key_ends.is_empty() && batch.key_ends.len() != batch.num_tokens() {
+        return err(format!(
+            "{} key ends for {} rows",
+            batch.key_ends.len(),
+            batch.num_tokens()
+        ));
+    }
+    let mut next = 0;
+    for r in &batch.image_rows {
+        let image = batch.images.get(r.image as usize);
+        let fits = image.is_some_and(|i| {
+            i.len() % hidden == 0 && (r.first + r.len) as usize <= i.len() / hidden
+        });
+        if !fits || (r.row as usize) < next || (r.row + r.len) as usize > batch.num_tokens() {
+            return err(format!(
+                "image rows {r:?} do not fit the step's images and rows"
+            ));
+        }
+        next = (r.row + r.len) as usize;
+    }
+    Ok(())
+}
+
 fn check_pool(slots: &[u32], tables: &[u32], layout: &KvLayout, what: &str) -> Result<()> {
     if let Some(s) = slots.iter().find(|&&s| s as usize >= layout.num_slots()) {
         return Err(ModelError::InvalidStep(format!(

@@ -214,7 +214,10 @@ thread_local! {
 /// sequence at `query_start + i`, at position `context_len - query_len + i`), `k_cache` and
 /// `v_cache` one layer of the cache in [`KvLayout`] order, `block_tables` the concatenated
 /// tables the sequences index, and `out` `[T, num_heads * head_dim]`. Query `i` attends
-/// causally to keys `0..=position(i)` (within `shape.window` where it has one). `sinks`, one
+/// causally to keys `0..=position(i)` (within `shape.window` where it has one), or, where
+/// `key_ends` is not empty, to keys `0..key_ends[i]` (`[T]`: at least `position(i) + 1`, at
+/// most the sequence's `context_len`, never decreasing along a sequence: the tokens of an image
+/// see the whole image). `sinks`, one
 /// logit per query head (gpt-oss's attention sinks), joins each head's softmax denominator as
 /// a key without a value.
 #[allow(clippy::too_many_arguments)]
@@ -224,6 +227,7 @@ pub fn paged_attention<E: KvElem>(
     v_cache: &[E],
     layout: &KvLayout,
     sequences: &[SequenceSlice],
+    key_ends: &[u32],
     block_tables: &[u32],
     shape: &AttentionShape,
     sinks: Option<&[f32]>,
@@ -241,6 +245,7 @@ pub fn paged_attention<E: KvElem>(
         v_cache,
         layout,
         sequences,
+        key_ends,
         block_tables,
         shape,
         sinks,
@@ -258,6 +263,7 @@ fn run_items<E: KvElem>(
     v_cache: &[E],
     layout: &KvLayout,
     sequences: &[SequenceSlice],
+    key_ends: &[u32],
     block_tables: &[u32],
     shape: &AttentionShape,
     sinks: Option<&[f32]>,
@@ -278,7 +284,16 @@ fn run_items<E: KvElem>(
     }
     check_caches(layout, k_cache.len(), v_cache.len())?;
     let n = layout.values_per_layer();
-    let kernel = Kernel::checked(q, out, sequences, block_tables, layout, shape, sinks)?;
+    let kernel = Kernel::checked(
+        q,
+        out,
+        sequences,
+        key_ends,
+        block_tables,
+        layout,
+        shape,
+        sinks,
+    )?;
     kernel.for_each_item(out, |item, scratch, out| {
         if path == Path::Portable {
             let kv = portable::Plain {
@@ -346,6 +361,33 @@ fn check_sinks(sinks: Option<&[f32]>, shape: &AttentionShape) -> Result<(), Atte
     }
 }
 
+/// Key ends, where given, are one per token: from the causal end up to the sequence's
+/// context, never decreasing along a sequence (so the queries that see a key are always a
+/// run that ends at the sequence's last: the kernels' tiling rests on it).
+fn check_key_ends(sequences: &[SequenceSlice], key_ends: &[u32]) -> Result<(), AttentionError> {
+    if key_ends.is_empty() {
+        return Ok(());
+    }
+    for s in sequences {
+        let first_pos = s.context_len - s.query_len.min(s.context_len);
+        let ends = key_ends.get(s.query_start..s.query_start + s.query_len);
+        let fits = ends.is_some_and(|ends| {
+            ends.iter().enumerate().all(|(i, &e)| {
+                let e = e as usize;
+                e > first_pos + i && e <= s.context_len && (i == 0 || e >= ends[i - 1] as usize)
+            })
+        });
+        if !fits {
+            return Err(AttentionError::Shape(format!(
+                "key ends of sequence {s:?} are not each between its query's position + 1 and \
+                 the context, never decreasing ({} ends given)",
+                key_ends.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Every block a query reads must be in the cache: the kernels address it unchecked.
 fn check_tables(
     sequences: &[SequenceSlice],
@@ -395,6 +437,8 @@ fn work_items(sequences: &[SequenceSlice], kvh: usize) -> Vec<WorkItem> {
 struct Kernel<'a> {
     q: &'a [f32],
     sequences: &'a [SequenceSlice],
+    /// `[T]` the end of each query's keys, or empty: causal ([`paged_attention`]).
+    key_ends: &'a [u32],
     block_tables: &'a [u32],
     layout: &'a KvLayout,
     heads: usize,
@@ -413,6 +457,7 @@ impl<'a> Kernel<'a> {
         q: &'a [f32],
         out: &[f32],
         sequences: &'a [SequenceSlice],
+        key_ends: &'a [u32],
         block_tables: &'a [u32],
         layout: &'a KvLayout,
         shape: &AttentionShape,
@@ -420,13 +465,23 @@ impl<'a> Kernel<'a> {
     ) -> Result<Self, AttentionError> {
         check_queries(q, out, sequences, shape)?;
         check_tables(sequences, block_tables, layout)?;
+        check_key_ends(sequences, key_ends)?;
         check_sinks(sinks, shape)?;
-        Ok(Self::new(q, sequences, block_tables, layout, shape, sinks))
+        Ok(Self::new(
+            q,
+            sequences,
+            key_ends,
+            block_tables,
+            layout,
+            shape,
+            sinks,
+        ))
     }
 
     fn new(
         q: &'a [f32],
         sequences: &'a [SequenceSlice],
+        key_ends: &'a [u32],
         block_tables: &'a [u32],
         layout: &'a KvLayout,
         shape: &AttentionShape,
@@ -435,12 +490,21 @@ impl<'a> Kernel<'a> {
         Self {
             q,
             sequences,
+            key_ends,
             block_tables,
             layout,
             heads: shape.num_heads,
             scale: shape.scale,
             window: shape.window,
             sinks,
+        }
+    }
+
+    /// The end of the keys that token `token` (a row of the step), at position `pos`, sees.
+    fn key_end(&self, token: usize, pos: usize) -> usize {
+        match self.key_ends.get(token) {
+            Some(&end) => end as usize,
+            None => pos + 1,
         }
     }
 
@@ -562,8 +626,10 @@ impl Kernel<'_> {
             }
         }
 
-        let last_pos = first_pos + item.query_end - 1;
-        let num_blocks = last_pos / bs + 1;
+        // The last key any query of the item sees: the last query's (ends never decrease).
+        let last_query = item.query_end - 1;
+        let last_key = self.key_end(seq.query_start + last_query, first_pos + last_query) - 1;
+        let num_blocks = last_key / bs + 1;
         // The item's first query sees the earliest key any of them sees: blocks before it are
         // not read (a sliding window's old blocks).
         let lowest = self.window_start(first_pos + item.query_begin);
@@ -573,7 +639,7 @@ impl Kernel<'_> {
             }
             for chunk in (0..bs).step_by(LANES) {
                 let key0 = b * bs + chunk;
-                if key0 > last_pos {
+                if key0 > last_key {
                     break;
                 }
                 let chunk_keys = LANES.min(bs - chunk);
@@ -581,8 +647,15 @@ impl Kernel<'_> {
                 if chunk_end <= lowest {
                     continue;
                 }
-                // The first query that sees the chunk's first key.
+                // The first query that sees the chunk's first key: causally the one at its
+                // position; earlier ones too where their keys reach past themselves (an
+                // image's tokens), a run of them since ends never decrease.
                 let mut qi = item.query_begin.max(key0.saturating_sub(first_pos));
+                while qi > item.query_begin
+                    && self.key_end(seq.query_start + qi - 1, first_pos + qi - 1) > key0
+                {
+                    qi -= 1;
+                }
                 while qi < item.query_end {
                     let pos = first_pos + qi;
                     let start = self.window_start(pos);
@@ -591,7 +664,7 @@ impl Kernel<'_> {
                         break;
                     }
                     let first_key = start.saturating_sub(key0);
-                    let n_keys = chunk_keys.min(pos + 1 - key0);
+                    let n_keys = chunk_keys.min(self.key_end(seq.query_start + qi, pos) - key0);
                     let queries = if n_keys == chunk_keys && first_key == 0 {
                         // Consecutive queries that see every key of the chunk: up to the last
                         // whose window still starts at or before the chunk.

@@ -1,5 +1,6 @@
 //! Exact paged attention from candle ops: gather a sequence's K/V blocks out of the cache,
-//! repeat them over the query heads of each group, masked softmax (causal, and a sliding
+//! repeat them over the query heads of each group, masked softmax (causal or to an image's
+//! end, and a sliding
 //! window's start; a sink logit a head in the denominator where the layer has sinks). Simple
 //! enough to trust, so it is the
 //! oracle for the fast kernel.
@@ -72,8 +73,13 @@ pub fn paged_attention(
                 let start = shape
                     .window
                     .map_or(0, |w| (first_pos + i + 1).saturating_sub(w));
+                // An image's token sees the whole image (`StepBatch::key_ends`).
+                let end = batch
+                    .key_ends
+                    .get(seq.query_start + i)
+                    .map_or(first_pos + i + 1, |&e| e as usize);
                 (0..len).map(move |j| {
-                    if j > first_pos + i || j < start {
+                    if j >= end || j < start {
                         f32::NEG_INFINITY
                     } else {
                         0.0

@@ -51,9 +51,10 @@ impl Kernel<'_> {
         let group = self.heads / self.layout.num_kv_heads;
         let first_pos = s.context_len - s.query_len;
         // Keys `lowest..end` are the ones any query of the item sees (a sliding window's
-        // start for the first one, the causal end for the last one).
+        // start for the first one, the last one's end: ends never decrease).
         let lowest = self.window_start(first_pos + item.query_begin);
-        let end = first_pos + item.query_end;
+        let last = item.query_end - 1;
+        let end = self.key_end(s.query_start + last, first_pos + last);
         let keys = end - lowest;
         // This KV head's keys dimension-major (`kf[i * keys + j]`) and values key-major, in f32,
         // key `lowest + j` at `j`.
@@ -77,8 +78,8 @@ impl Kernel<'_> {
         for query in item.query_begin..item.query_end {
             let pos = first_pos + query;
             // This query's keys, as indices of the gathered ones.
-            let seen = self.window_start(pos) - lowest..pos + 1 - lowest;
             let token = s.query_start + query;
+            let seen = self.window_start(pos) - lowest..self.key_end(token, pos) - lowest;
             for g in 0..group {
                 let head = item.kv_head * group + g;
                 let q = &self.q[(token * self.heads + head) * d..][..d];

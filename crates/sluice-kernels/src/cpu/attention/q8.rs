@@ -151,6 +151,7 @@ pub fn paged_attention_q8(
     cache: &Q8Cache<'_>,
     layout: &KvLayout,
     sequences: &[SequenceSlice],
+    key_ends: &[u32],
     block_tables: &[u32],
     shape: &AttentionShape,
     sinks: Option<&[f32]>,
@@ -163,6 +164,7 @@ pub fn paged_attention_q8(
         cache,
         layout,
         sequences,
+        key_ends,
         block_tables,
         shape,
         sinks,
@@ -178,6 +180,7 @@ pub(super) fn run_q8_items(
     cache: &Q8Cache<'_>,
     layout: &KvLayout,
     sequences: &[SequenceSlice],
+    key_ends: &[u32],
     block_tables: &[u32],
     shape: &AttentionShape,
     sinks: Option<&[f32]>,
@@ -195,7 +198,16 @@ pub(super) fn run_q8_items(
     if avx2 && !(cpu_features().1 && (1..=MAX_GROUP).contains(&group)) {
         return Err(AttentionError::Unsupported { head_dim: d, group });
     }
-    let kernel = Kernel::checked(q, out, sequences, block_tables, layout, shape, sinks)?;
+    let kernel = Kernel::checked(
+        q,
+        out,
+        sequences,
+        key_ends,
+        block_tables,
+        layout,
+        shape,
+        sinks,
+    )?;
     let read = Q8Read {
         cache: *cache,
         layout,

@@ -21,6 +21,8 @@ struct Step {
     layout: KvLayout,
     shape: AttentionShape,
     sequences: Vec<SequenceSlice>,
+    /// `[T]` each query's key end, or empty: causal.
+    key_ends: Vec<u32>,
     block_tables: Vec<u32>,
     q: Vec<f32>,
     k: Vec<f32>,
@@ -35,38 +37,62 @@ struct Step {
 struct Masking {
     window: Option<usize>,
     sinks: bool,
+    /// A run of each sequence's queries that sees the whole run (an image's tokens).
+    images: bool,
 }
 
 /// Full attention, sliding windows that start inside 16-key chunks, on block edges and past
-/// every context, and sinks with and without a window.
-const MASKINGS: [Masking; 7] = [
+/// every context, sinks with and without a window, and image runs with and without both.
+const MASKINGS: [Masking; 10] = [
     Masking {
         window: None,
         sinks: false,
+        images: false,
     },
     Masking {
         window: Some(1),
         sinks: false,
+        images: false,
     },
     Masking {
         window: Some(13),
         sinks: false,
+        images: false,
     },
     Masking {
         window: Some(16),
         sinks: false,
+        images: false,
     },
     Masking {
         window: Some(40),
         sinks: false,
+        images: false,
     },
     Masking {
         window: None,
         sinks: true,
+        images: false,
     },
     Masking {
         window: Some(13),
         sinks: true,
+        images: false,
+    },
+    Masking {
+        window: None,
+        sinks: false,
+        images: true,
+    },
+    Masking {
+        window: Some(13),
+        sinks: false,
+        images: true,
+    },
+    Masking {
+        window: Some(40),
+        sinks: true,
+        images: true,
     },
 ];
 
@@ -91,7 +117,38 @@ fn step_with_window(
     s.sinks = masking
         .sinks
         .then(|| values(heads, 4).iter().map(|x| 2.5 * x + 0.5).collect());
+    if masking.images {
+        s.key_ends = image_key_ends(&s.sequences);
+    }
     s
+}
+
+/// Key ends where the queries from a quarter to three quarters of each sequence's chunk are
+/// an image (each sees up to the run's last); a run of one where the chunk is short. Queries
+/// before the run are causal; after it, too.
+fn image_key_ends(sequences: &[SequenceSlice]) -> Vec<u32> {
+    let t = sequences
+        .iter()
+        .map(|s| s.query_start + s.query_len)
+        .max()
+        .unwrap_or(0);
+    let mut ends = vec![0u32; t];
+    for s in sequences {
+        let first_pos = s.context_len - s.query_len;
+        let (a, b) = (
+            s.query_len / 4,
+            (3 * s.query_len / 4).max(s.query_len / 4 + 1),
+        );
+        for i in 0..s.query_len {
+            let end = if (a..b).contains(&i) {
+                first_pos + b
+            } else {
+                first_pos + i + 1
+            };
+            ends[s.query_start + i] = end as u32;
+        }
+    }
+    ends
 }
 
 fn step(heads: usize, kv_heads: usize, head_dim: usize, block_size: usize) -> Step {
@@ -152,6 +209,7 @@ fn step(heads: usize, kv_heads: usize, head_dim: usize, block_size: usize) -> St
         k: values(n, 2),
         v: values(n, 3),
         sequences,
+        key_ends: Vec::new(),
         block_tables,
         sinks: None,
     }
@@ -166,6 +224,7 @@ fn run<E: KvElem>(path: Path, s: &Step, k: &[E], v: &[E]) -> Vec<f32> {
         v,
         &s.layout,
         &s.sequences,
+        &s.key_ends,
         &s.block_tables,
         &s.shape,
         s.sinks.as_deref(),
@@ -244,8 +303,9 @@ fn vector_paths_match_portable() {
     }
 }
 
-/// The portable path against attention written out in f64 from its definition: causal,
-/// within the window, each sink a key without a value in its head's softmax.
+/// The portable path against attention written out in f64 from its definition: causal (or
+/// to an image's end), within the window, each sink a key without a value in its head's
+/// softmax.
 #[test]
 fn portable_path_matches_the_definition_with_windows_and_sinks() {
     for (heads, kv_heads) in [(1, 1), (4, 2), (9, 3)] {
@@ -261,10 +321,12 @@ fn portable_path_matches_the_definition_with_windows_and_sinks() {
                     let pos = seq.context_len - seq.query_len + i;
                     let first = masking.window.map_or(0, |w| (pos + 1).saturating_sub(w));
                     let token = seq.query_start + i;
+                    // Causal, or to the end of the image the token is in.
+                    let end = s.key_ends.get(token).map_or(pos + 1, |&e| e as usize);
                     for head in 0..heads {
                         let kv = head / group;
                         let q = &s.q[(token * heads + head) * head_dim..][..head_dim];
-                        let scores: Vec<f64> = (first..=pos)
+                        let scores: Vec<f64> = (first..end)
                             .map(|key| {
                                 let dot: f64 = (0..head_dim)
                                     .map(|d| {
@@ -285,7 +347,7 @@ fn portable_path_matches_the_definition_with_windows_and_sinks() {
                         for d in 0..head_dim {
                             let want: f64 = scores
                                 .iter()
-                                .zip(first..=pos)
+                                .zip(first..end)
                                 .map(|(x, key)| {
                                     (x - max).exp() / denom
                                         * f64::from(s.v[s.layout.v_offset(slot(key), kv, d)])
@@ -318,6 +380,7 @@ fn sinks_of_the_wrong_count_or_not_finite_are_refused() {
             &s.v,
             &s.layout,
             &s.sequences,
+            &s.key_ends,
             &s.block_tables,
             &s.shape,
             Some(&sinks),
@@ -347,16 +410,27 @@ fn prefill_rows_equal_their_queries_one_at_a_time() {
             let k16: Vec<f16> = s.k.iter().map(|&x| f16::from_f32(x)).collect();
             let v16: Vec<f16> = s.v.iter().map(|&x| f16::from_f32(x)).collect();
             // Every query token of every sequence as its own one-token sequence at its
-            // position, over the same block table.
-            let mut one_at_a_time = Vec::new();
+            // position, over the same block table; an image's tokens, which see each other,
+            // as one sequence of their own (a chunk that starts at the image and ends with
+            // it, as the scheduler may cut one).
+            let mut one_at_a_time: Vec<SequenceSlice> = Vec::new();
             for seq in &s.sequences {
-                for i in 0..seq.query_len {
+                let first_pos = seq.context_len - seq.query_len;
+                let mut i = 0;
+                while i < seq.query_len {
+                    let token = seq.query_start + i;
+                    let end = s
+                        .key_ends
+                        .get(token)
+                        .map_or(first_pos + i + 1, |&e| e as usize);
+                    let len = end - (first_pos + i);
                     one_at_a_time.push(SequenceSlice {
-                        query_start: seq.query_start + i,
-                        query_len: 1,
-                        context_len: seq.context_len - seq.query_len + i + 1,
+                        query_start: token,
+                        query_len: len,
+                        context_len: end,
                         ..*seq
                     });
+                    i += len;
                 }
             }
             let singles = Step {
@@ -366,18 +440,31 @@ fn prefill_rows_equal_their_queries_one_at_a_time() {
                 v: Vec::new(),
                 block_tables: s.block_tables.clone(),
                 sinks: s.sinks.clone(),
+                key_ends: s.key_ends.clone(),
                 ..s
             };
+            // The first output value that differs, as (token, head, dimension).
+            let first_difference = |a: Vec<f32>, b: Vec<f32>| {
+                a.iter()
+                    .zip(&b)
+                    .position(|(x, y)| x.to_bits() != y.to_bits())
+                    .map(|i| (i / (heads * head_dim), i / head_dim % heads, i % head_dim))
+            };
             for &path in &paths {
-                assert_eq!(
-                    run(path, &singles, &s.k, &s.v),
-                    run(path, &s, &s.k, &s.v),
-                    "{path:?} f32, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}"
+                let what = format!(
+                    "{path:?}, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}, {window:?}"
                 );
+                let f32_rows =
+                    first_difference(run(path, &singles, &s.k, &s.v), run(path, &s, &s.k, &s.v));
                 assert_eq!(
-                    run(path, &singles, &k16, &v16),
-                    run(path, &s, &k16, &v16),
-                    "{path:?} f16, heads {heads}/{kv_heads} of {head_dim}, blocks of {block_size}"
+                    f32_rows, None,
+                    "{what}, f32 cache: (token, head, dim) differs"
+                );
+                let f16_rows =
+                    first_difference(run(path, &singles, &k16, &v16), run(path, &s, &k16, &v16));
+                assert_eq!(
+                    f16_rows, None,
+                    "{what}, f16 cache: (token, head, dim) differs"
                 );
             }
         }
@@ -397,6 +484,7 @@ fn a_path_the_cpu_or_shape_lacks_is_refused() {
             &s.v,
             &s.layout,
             &s.sequences,
+            &s.key_ends,
             &s.block_tables,
             &s.shape,
             s.sinks.as_deref(),
@@ -495,6 +583,7 @@ fn run_q8_items_for_test(avx2: bool, s: &Step, cache: &Q8Cache<'_>, out: &mut [f
         cache,
         &s.layout,
         &s.sequences,
+        &s.key_ends,
         &s.block_tables,
         &s.shape,
         s.sinks.as_deref(),
@@ -543,6 +632,7 @@ fn q8_refuses_a_head_dim_off_its_groups() {
         &cache,
         &s.layout,
         &s.sequences,
+        &s.key_ends,
         &s.block_tables,
         &s.shape,
         s.sinks.as_deref(),
@@ -582,4 +672,38 @@ fn f16_write_lands_in_each_slot_and_refuses_bad_rows() {
     assert!(matches!(past, Err(AttentionError::Shape(_))));
     let short = write_kv(&layout, &slots, &k[..width], &v, &mut kc, &mut vc);
     assert!(matches!(short, Err(AttentionError::Shape(_))));
+}
+
+/// Key ends that are not one a token, that fall below a query's own position + 1, pass the
+/// context or decrease along a sequence are refused before any kernel reads with them.
+#[test]
+fn bad_key_ends_are_refused() {
+    let s = step(4, 2, 32, 16);
+    let good = image_key_ends(&s.sequences);
+    let seq = &s.sequences[5]; // 20 queries after 31 cached tokens
+    let first = seq.query_start;
+    let mut below = good.clone();
+    below[first + 1] = (seq.context_len - seq.query_len) as u32; // position + 1 is 33
+    let mut past = good.clone();
+    past[first + seq.query_len - 1] = seq.context_len as u32 + 1;
+    let mut decreasing = good.clone();
+    decreasing[first + 10] = decreasing[first + 9] - 1;
+    for ends in [good[..good.len() - 1].to_vec(), below, past, decreasing] {
+        let mut out = vec![0f32; s.q.len()];
+        let err = run_items(
+            Path::Portable,
+            &s.q,
+            &s.k,
+            &s.v,
+            &s.layout,
+            &s.sequences,
+            &ends,
+            &s.block_tables,
+            &s.shape,
+            None,
+            &mut out,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("key ends"), "{err}");
+    }
 }
