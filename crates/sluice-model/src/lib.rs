@@ -47,6 +47,7 @@ pub mod source;
 pub mod synthetic;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod vision;
 pub mod weights;
 
 pub use attention::AttentionBackend;
