@@ -51,6 +51,9 @@ fi
 # The tiny Qwen3.5 hybrids (qwen35, qwen35moe: Gated DeltaNet layers) of tests/fixtures/qwen35,
 # made and checked the same way.
 ./scripts/make-qwen35-models.sh >/dev/null
+# The tiny Gemma 3 with its vision tower (a gemma3 text model and its llama.cpp projector) of
+# tests/fixtures/vision, made and checked the same way.
+./scripts/make-vision-models.sh >/dev/null
 # The random LoRA adapter llama.cpp's fixtures in tests/fixtures/lora were made with (the PyPI
 # gguf package writes it, in llama.cpp's and PEFT's layouts): its tests skip without it.
 ./scripts/make-lora-adapters.sh >/dev/null
