@@ -195,6 +195,24 @@ impl Engine {
             kv_groups,
             max_loras: config.max_loras,
         })?;
+        let images = model.image_input();
+        if let Some(images) = images {
+            if images.tokens_per_image > config.max_num_batched_tokens {
+                // A chunk never ends inside an image, so an image must fit one step.
+                return Err(EngineError::Config(SchedulerError::InvalidConfig(format!(
+                    "an image takes {} tokens, more than a step's budget of {} \
+                     (max_num_batched_tokens): raise it",
+                    images.tokens_per_image, config.max_num_batched_tokens
+                ))));
+            }
+            if draft.is_some() {
+                // The draft model would read an image's cache keys as tokens.
+                return Err(EngineError::Speculation(
+                    "a draft model beside a model that takes images: use --speculative ngram"
+                        .into(),
+                ));
+            }
+        }
         let limits = ModelLimits {
             vocab_size: model.vocab_size(),
             max_model_len,
@@ -202,6 +220,7 @@ impl Engine {
             max_n: MAX_N.min(config.max_waiting),
             max_loras: config.max_loras,
             max_tokens_policy: config.max_tokens_policy,
+            images,
         };
         tracing::info!(
             num_blocks,

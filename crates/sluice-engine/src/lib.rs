@@ -13,6 +13,7 @@ mod engine_loop;
 pub mod events;
 pub mod grammar;
 pub mod handle;
+pub mod images;
 pub mod kv_events;
 pub mod logits;
 pub mod metrics;
@@ -44,6 +45,7 @@ pub use handle::{EngineHandle, EngineStats, LoraUsage, RequestStream, SubmitErro
 pub use kv_events::{
     kv_event_channel, CachedBlock, KvCacheEvent, KvCacheSnapshot, KvEventBatch, KvEventSender,
 };
+pub use images::{ImageLimits, ImageSpan, PromptImage};
 pub use model::{Model, ModelFailure};
 pub use params::{
     InvalidRequest, LoraRequest, MaxTokensPolicy, ModelLimits, Request, SamplingParams, StopParams,

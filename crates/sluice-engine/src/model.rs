@@ -9,6 +9,7 @@ use std::sync::Arc;
 use sluice_model::{CacheKind, LoraAdapter, ModelError, PagedLlama, StepBatch, StepOutput};
 
 use crate::block_pools::{KvGroupSpec, RecurrentPool, WindowPool};
+use crate::images::ImageLimits;
 
 /// A forward that did not produce logits. The engine fails the requests of that step and
 /// keeps serving.
@@ -62,6 +63,21 @@ pub trait Model: Send {
     /// that at least one row chose, over every layer's experts). `None` for a dense model.
     fn expert_share(&self) -> Option<f64> {
         None
+    }
+    /// What images the model takes (its vision tower's input); `None`, the default: text only.
+    fn image_input(&self) -> Option<ImageLimits> {
+        None
+    }
+    /// Runs the vision tower on `images` (each [`ImageLimits::pixels_per_image`] values, the
+    /// model's preprocessing of one image) in one batched call, replacing `out` with their
+    /// rows: `[images.len(), tokens_per_image, hidden_size]`, row-major. Each image's rows are
+    /// the same bits whatever else is in the call. A text model refuses.
+    fn encode_images(&mut self, images: &[&[f32]], out: &mut Vec<f32>) -> Result<(), ModelFailure> {
+        let _ = out;
+        Err(ModelFailure::new(format!(
+            "this model takes no images ({} given)",
+            images.len()
+        )))
     }
     /// Puts `adapter` in LoRA slot `slot` (1 and up) for the rows of later steps that name it
     /// ([`StepBatch::lora_slots`]). A model without adapters refuses.

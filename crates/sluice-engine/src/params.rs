@@ -9,6 +9,7 @@ use sluice_model::LoraAdapter;
 
 use crate::block_manager::AdapterKey;
 use crate::constraint::Constraint;
+use crate::images::{image_keys, ImageLimits, PromptImage};
 
 /// Temperatures below this are greedy, as in vLLM: dividing by a tiny temperature only turns
 /// the distribution into an argmax with extra rounding.
@@ -268,6 +269,10 @@ pub struct Request {
     pub constraint: Option<Constraint>,
     /// The LoRA adapter it runs with (the server's, by the `model` name); `None`: the base.
     pub lora: Option<LoraRequest>,
+    /// The images of the prompt, in prompt order: each takes `len` prompt positions, whose ids
+    /// may be any token (a placeholder); [`ValidRequest::new`] writes the image's cache keys
+    /// there ([`crate::images`]). Empty for text.
+    pub images: Vec<PromptImage>,
 }
 
 impl Request {
@@ -281,6 +286,7 @@ impl Request {
             stop: StopParams::default(),
             constraint: None,
             lora: None,
+            images: Vec::new(),
         }
     }
 }
@@ -332,6 +338,15 @@ impl ValidRequest {
         if let Some(lora) = &request.lora {
             limits.check_adapter(lora)?;
         }
+        if !request.images.is_empty() {
+            limits.check_images(&request.images, request.prompt.len())?;
+            for image in &request.images {
+                let span = &mut request.prompt[image.start..image.start + image.len];
+                for (id, key) in span.iter_mut().zip(image_keys(image.hash, image.len)) {
+                    *id = key;
+                }
+            }
+        }
         Ok(Self {
             request,
             limits: *limits,
@@ -360,6 +375,7 @@ impl ValidRequest {
                 stop: StopParams::default(),
                 constraint: None,
                 lora: None,
+                images: Vec::new(),
             },
             limits: *limits,
             embedding: true,
@@ -494,6 +510,8 @@ pub struct ModelLimits {
     pub max_loras: usize,
     /// A `max_tokens` past what the context leaves is lowered to it, or refused.
     pub max_tokens_policy: MaxTokensPolicy,
+    /// What images the model takes; `None`: text only.
+    pub images: Option<ImageLimits>,
 }
 
 impl ModelLimits {
@@ -507,6 +525,47 @@ impl ModelLimits {
                     lora.key.name
                 ),
             });
+        }
+        Ok(())
+    }
+
+    /// A prompt's images fit the model: it takes images, each has its tokens and pixels, and
+    /// they lie in the prompt in order without overlapping. The server builds them so; this is
+    /// the engine's own check.
+    pub fn check_images(
+        &self,
+        images: &[PromptImage],
+        prompt_len: usize,
+    ) -> Result<(), InvalidRequest> {
+        let bad = |reason: String| {
+            Err(InvalidRequest::Param {
+                param: "images",
+                reason,
+            })
+        };
+        let Some(limits) = self.images else {
+            return bad("this model takes no images".into());
+        };
+        let mut next = 0;
+        for (i, image) in images.iter().enumerate() {
+            if image.len != limits.tokens_per_image || image.pixels.len() != limits.pixels_per_image
+            {
+                return bad(format!(
+                    "image {i} has {} tokens and {} pixel values; this model's take {} and {}",
+                    image.len,
+                    image.pixels.len(),
+                    limits.tokens_per_image,
+                    limits.pixels_per_image
+                ));
+            }
+            if image.start < next || image.start + image.len > prompt_len {
+                return bad(format!(
+                    "image {i} at tokens {}..{} overlaps the one before or leaves the prompt of {prompt_len}",
+                    image.start,
+                    image.start + image.len
+                ));
+            }
+            next = image.start + image.len;
         }
         Ok(())
     }
@@ -646,6 +705,7 @@ mod tests {
         max_n: MAX_N,
         max_loras: 0,
         max_tokens_policy: MaxTokensPolicy::Strict,
+        images: None,
     };
 
     fn validate(r: &Request) -> Result<usize, InvalidRequest> {

@@ -4,6 +4,7 @@
 //! the scheduler, beside its own of the same request and sequence
 //! ([`crate::scheduler::Scheduler`]'s `R` and `S`), and leave with them.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use sluice_tokenizer::Tokenizer;
@@ -12,6 +13,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::constraint::SeqConstraint;
 use crate::events::{ErrorCause, Event, FinishEvent, Timing, Usage};
 use crate::handle::Submission;
+use crate::images::{is_image_key, ImageSpan};
 use crate::params::{LoraRequest, Request, SamplingParams};
 use crate::pooling::l2_normalize;
 use crate::rng::SeqRng;
@@ -50,6 +52,16 @@ pub(crate) struct RequestState {
     /// The LoRA adapter its sequences run with: the engine loads it into the model's slot
     /// when the scheduler gives it one.
     pub lora: Option<LoraRequest>,
+    /// Its prompt's images, in prompt order.
+    pub images: Vec<RequestImage>,
+}
+
+/// One image of a request's prompt: its pixels until the vision tower has run, then the
+/// tower's rows, kept while the request lives (a preempted sequence recomputes its prompt).
+pub(crate) struct RequestImage {
+    pub span: ImageSpan,
+    pub pixels: Option<Arc<[f32]>>,
+    pub rows: Option<Arc<[f32]>>,
 }
 
 impl RequestState {
@@ -69,10 +81,16 @@ impl RequestState {
             sampling,
             stop,
             constraint,
+            images,
             ..
         } = request;
         let prompt_set = if sampling.repetition_penalty != 1.0 {
-            let mut set = prompt.clone();
+            // An image's cache keys are not tokens to penalize.
+            let mut set: Vec<u32> = prompt
+                .iter()
+                .copied()
+                .filter(|&t| !is_image_key(t))
+                .collect();
             set.sort_unstable();
             set.dedup();
             set
@@ -106,6 +124,14 @@ impl RequestState {
             constrained: constraint.is_some(),
             pooled: embedding_size.map(|size| vec![0.0; size]),
             lora: None,
+            images: images
+                .into_iter()
+                .map(|image| RequestImage {
+                    span: image.span(),
+                    pixels: Some(image.pixels),
+                    rows: None,
+                })
+                .collect(),
         };
         (state, seqs, prompt)
     }

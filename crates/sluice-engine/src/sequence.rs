@@ -2,8 +2,10 @@
 //! cache, and the blocks holding that K/V. A request with `n > 1` owns `n` sequences.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::block_pools::SeqBlocks;
+use crate::images::ImageSpan;
 
 /// The engine's id for a request (the server maps its own ids onto these).
 pub type RequestId = u64;
@@ -68,6 +70,8 @@ pub struct Sequence<S = ()> {
     pub(crate) lora: u64,
     /// While it runs with an adapter: the model's adapter slot it uses (1 and up); 0 otherwise.
     pub(crate) lora_slot: u16,
+    /// Where its prompt's images are (sorted, disjoint): no prefill chunk ends inside one.
+    pub(crate) images: Arc<[ImageSpan]>,
     pub(crate) state: S,
 }
 
@@ -100,8 +104,17 @@ impl<S> Sequence<S> {
             proposal: Vec::new(),
             lora: 0,
             lora_slot: 0,
+            images: Arc::from([]),
             state,
         }
+    }
+
+    /// How many of its tokens from `start` (at most `budget`) a prefill chunk computes: up to
+    /// the known tokens' end, cut so that it does not end inside an image
+    /// ([`crate::images::chunk_len`]); 0 when the image it starts in does not fit `budget`.
+    pub(crate) fn chunk_len(&self, start: usize, budget: usize) -> usize {
+        let wanted = (self.tokens.len() - start).min(budget);
+        crate::images::chunk_len(&self.images, start, wanted, budget)
     }
 
     /// What the scheduler's user keeps for this sequence.

@@ -95,7 +95,11 @@ pub fn propose(tokens: &[u32], config: &SpeculationConfig, max: usize, draft: &m
         if let Some(start) = found {
             let from = start + n;
             let to = (from + max).min(tokens.len());
-            draft.extend_from_slice(&tokens[from..to]);
+            // An image's cache keys are no tokens to propose: the draft stops before them.
+            let taken = tokens[from..to]
+                .iter()
+                .take_while(|&&t| !crate::images::is_image_key(t));
+            draft.extend(taken);
             return;
         }
     }

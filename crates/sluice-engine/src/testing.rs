@@ -11,6 +11,7 @@ use sluice_model::sampling::sample_row;
 use sluice_model::{StepBatch, StepOutput};
 use sluice_tokenizer::{MetadataMap, MetadataValue, Tokenizer};
 
+use crate::images::ImageLimits;
 use crate::model::{Model, ModelFailure};
 
 fn mix(h: u64, x: u64) -> u64 {
@@ -41,6 +42,10 @@ pub struct MockModel {
     control: MockControl,
     /// Samples the rows the engine marks ([`Model::samples_rows`]), as a GPU model does.
     samples_rows: bool,
+    /// Takes images of this shape ([`MockModel::taking_images`]).
+    images: Option<ImageLimits>,
+    /// Images encoded, ever, and the calls that encoded them.
+    encoded: Arc<(AtomicUsize, AtomicUsize)>,
 }
 
 impl MockModel {
@@ -65,7 +70,24 @@ impl MockModel {
             base,
             control: MockControl::default(),
             samples_rows: false,
+            images: None,
+            encoded: Arc::default(),
         }
+    }
+
+    /// This model takes images of `limits`' shape: its "tower" gives each image token a row
+    /// that is a hash of the image's pixels and the token's place, and an image token's slot
+    /// chains that row's hash where a text token's chains its id, so the image reaches what
+    /// it predicts.
+    pub fn taking_images(mut self, limits: ImageLimits) -> Self {
+        self.images = Some(limits);
+        self
+    }
+
+    /// (images encoded, calls that encoded them) so far, readable while the engine owns the
+    /// model.
+    pub fn encoded(&self) -> Arc<(AtomicUsize, AtomicUsize)> {
+        self.encoded.clone()
     }
 
     /// This model samples the rows the engine lets it ([`Model::samples_rows`]), by the rule
@@ -94,6 +116,25 @@ impl MockModel {
     }
 }
 
+/// Row `row`'s image row (`width` values) where it is an image's token, from the step's image
+/// runs.
+fn image_row(batch: &StepBatch, row: usize, width: usize) -> Result<Option<&[f32]>, ModelFailure> {
+    let Some(run) = batch
+        .image_rows
+        .iter()
+        .find(|r| (r.row as usize..(r.row + r.len) as usize).contains(&row))
+    else {
+        return Ok(None);
+    };
+    let token = run.first as usize + row - run.row as usize;
+    batch
+        .images
+        .get(run.image as usize)
+        .and_then(|image| image.get(token * width..(token + 1) * width))
+        .map(Some)
+        .ok_or_else(|| ModelFailure::new(format!("image rows {run:?} past the step's images")))
+}
+
 impl Model for MockModel {
     fn vocab_size(&self) -> usize {
         self.vocab_size
@@ -117,6 +158,36 @@ impl Model for MockModel {
 
     fn samples_rows(&self) -> bool {
         self.samples_rows
+    }
+
+    fn image_input(&self) -> Option<ImageLimits> {
+        self.images
+    }
+
+    fn encode_images(&mut self, images: &[&[f32]], out: &mut Vec<f32>) -> Result<(), ModelFailure> {
+        let Some(limits) = self.images else {
+            return Err(ModelFailure::new("this mock takes no images"));
+        };
+        out.clear();
+        for pixels in images {
+            if pixels.len() != limits.pixels_per_image {
+                return Err(ModelFailure::new(format!(
+                    "an image of {} pixel values; this mock takes {}",
+                    pixels.len(),
+                    limits.pixels_per_image
+                )));
+            }
+            let h = pixels
+                .iter()
+                .fold(SEED, |h, p| mix(h, u64::from(p.to_bits())));
+            for token in 0..limits.tokens_per_image as u64 {
+                let row = mix(h, token);
+                out.extend((0..MOCK_HIDDEN_SIZE as u64).map(|j| (mix(row, j) >> 40) as f32));
+            }
+        }
+        self.encoded.0.fetch_add(images.len(), Ordering::SeqCst);
+        self.encoded.1.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 
     fn forward(&mut self, batch: &StepBatch, out: &mut StepOutput) -> Result<(), ModelFailure> {
@@ -148,7 +219,12 @@ impl Model for MockModel {
                 .iter()
                 .enumerate()
             {
-                h = mix(h, u64::from(token));
+                let row = s.query_start + i;
+                h = match image_row(batch, row, MOCK_HIDDEN_SIZE)? {
+                    // An image's token chains its row (all of it), not the cache key there.
+                    Some(values) => values.iter().fold(h, |h, v| mix(h, u64::from(v.to_bits()))),
+                    None => mix(h, u64::from(token)),
+                };
                 let slot = self.slot(batch, table, start + i)?;
                 self.kv[slot] = Some(h);
                 let row = (s.query_start + i) as u32;

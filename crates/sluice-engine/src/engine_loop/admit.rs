@@ -37,6 +37,7 @@ impl EngineLoop {
         );
         let adapter = lora.as_ref().map(|l| l.key.clone());
         state.lora = lora;
+        let image_spans: Vec<_> = state.images.iter().map(|i| i.span).collect();
         // Validated against this engine's limits (the handle checked they are its own), so
         // the scheduler can always run it.
         self.kinds.add(&state);
@@ -53,6 +54,9 @@ impl EngineLoop {
         }
         if let Some(adapter) = adapter {
             self.scheduler.assign_adapter(id, adapter);
+        }
+        if !image_spans.is_empty() {
+            self.scheduler.set_images(id, &image_spans);
         }
         if self.scheduler.config().speculation.is_some() {
             if speculative {

@@ -53,6 +53,7 @@ use crate::telemetry::Telemetry;
 
 mod admit;
 mod emit;
+mod images;
 mod pooling;
 mod sample;
 mod step;
@@ -78,6 +79,7 @@ pub(crate) struct EngineLoop {
     kinds: RequestKinds,
     embedding: EmbeddingShape,
     kv_events: KvEventOutlet,
+    images: images::StepImages,
 }
 
 /// The step's sampling: the sampler, and the buffers it fills and reads every step.
@@ -130,17 +132,20 @@ struct KvEventOutlet {
 struct RequestKinds {
     constrained: usize,
     embeddings: usize,
+    with_images: usize,
 }
 
 impl RequestKinds {
     fn add(&mut self, state: &RequestState) {
         self.constrained += usize::from(state.constrained);
         self.embeddings += usize::from(state.pooled.is_some());
+        self.with_images += usize::from(!state.images.is_empty());
     }
 
     fn remove(&mut self, state: &RequestState) {
         self.constrained -= usize::from(state.constrained);
         self.embeddings -= usize::from(state.pooled.is_some());
+        self.with_images -= usize::from(!state.images.is_empty());
     }
 }
 
@@ -197,6 +202,7 @@ impl EngineLoop {
             output: StepOutput::default(),
             outcomes: StepOutcomes::default(),
             kinds: RequestKinds::default(),
+            images: images::StepImages::default(),
             kv_events: KvEventOutlet {
                 sender: kv_events,
                 buffer: Vec::new(),

@@ -20,7 +20,8 @@ impl EngineLoop {
             return;
         };
         let forward_start = Instant::now();
-        let failure = self.forward();
+        // The vision tower runs in the forward's time: it is the step's compute too.
+        let failure = self.place_images().or_else(|| self.forward());
         let forward_time = forward_start.elapsed();
         if let Some(drafter) = &mut self.drafter {
             drafter.observe_target_step(num_tokens, forward_time);

@@ -54,11 +54,13 @@
 //! `records`.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use sluice_model::{GroupTables, StepBatch};
 
 use crate::block_manager::AdapterKey;
 use crate::block_pools::{BlockPools, Holding, KvGroupSpec, RecurrentPool, WindowPool};
+use crate::images::ImageSpan;
 use crate::sequence::{RequestId, SeqId, Sequence, SequenceStatus};
 use crate::speculation::{next_draft_len, SpeculationConfig};
 
@@ -440,6 +442,18 @@ impl<R, S> Scheduler<R, S> {
     ///
     /// # Panics
     /// If the request is not waiting, untouched, in the queue.
+    /// Marks where the images of a queued request's prompt are (sorted, disjoint), so that no
+    /// prefill chunk of its sequences ends inside one ([`crate::images`]).
+    pub fn set_images(&mut self, request: RequestId, spans: &[ImageSpan]) {
+        let spans: Arc<[ImageSpan]> = spans.into();
+        let n = self.requests.get(&request).map_or(0, |r| r.n);
+        for index in 0..n {
+            if let Some(&slot) = self.ids.get(&SeqId::new(request, index)) {
+                self.slots[slot].as_mut().expect("live slot").images = spans.clone();
+            }
+        }
+    }
+
     pub fn assign_adapter(&mut self, request: RequestId, adapter: AdapterKey) {
         debug_assert!(
             self.config.max_loras > 0,
@@ -610,7 +624,13 @@ impl<R, S> Scheduler<R, S> {
                 self.draft(slot, &config, budget);
             }
             let seq = self.slots[slot].as_ref().expect("running slot is live");
-            let len = (seq.tokens.len() - seq.num_computed).min(budget);
+            let len = seq.chunk_len(seq.num_computed, budget);
+            if len == 0 {
+                // Its next chunk is an image that does not fit what is left of the budget: a
+                // later step, with a fuller budget, takes it whole.
+                i += 1;
+                continue;
+            }
             let needed = seq.num_computed + len;
             let scheduled = loop {
                 let seq = self.slots[slot].as_mut().expect("running slot is live");
@@ -664,10 +684,13 @@ impl<R, S> Scheduler<R, S> {
                 } else {
                     let prefix = self.blocks.find_cached_prefix(&mut seq.blocks, &seq.tokens);
                     let start = prefix.num_tokens(self.config.block_size);
-                    let len = (seq.tokens.len() - start).min(budget);
-                    if !self
-                        .blocks
-                        .allocate_with_prefix(&mut seq.blocks, &prefix, start + len)
+                    let len = seq.chunk_len(start, budget);
+                    // An image that does not fit what is left waits for a fuller step; so does
+                    // everything behind it (arrival order).
+                    if len == 0
+                        || !self
+                            .blocks
+                            .allocate_with_prefix(&mut seq.blocks, &prefix, start + len)
                     {
                         break;
                     }

@@ -107,6 +107,10 @@ impl<R, S> Scheduler<R, S> {
         self.requests.get(&request).map(|r| &r.state)
     }
 
+    pub fn request_record_mut(&mut self, request: RequestId) -> Option<&mut R> {
+        self.requests.get_mut(&request).map(|r| &mut r.state)
+    }
+
     /// Every request's record.
     pub fn request_records(&self) -> impl Iterator<Item = (RequestId, &R)> + '_ {
         self.requests.iter().map(|(&id, r)| (id, &r.state))

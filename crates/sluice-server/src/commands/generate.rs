@@ -128,6 +128,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         },
         constraint: None,
         lora: None,
+        images: Vec::new(),
         stop: StopParams::default(),
     };
     // Checked like a server request (an empty prompt, a temperature out of [0, 2], ...).

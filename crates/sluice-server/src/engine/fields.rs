@@ -103,6 +103,7 @@ pub fn request(
         stop,
         constraint: None,
         lora: None,
+        images: Vec::new(),
     })
 }
 
