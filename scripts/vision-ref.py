@@ -26,7 +26,9 @@ image already the square's size is copied. Then `byte / 255` and `(x - mean) / s
 
 The forward follows tools/mtmd/clip.cpp (`build_vit`, `build_attn`, `build_ffn`) and
 models/siglip.cpp, in f64 from the f32 pixels and weights: the patch convolution (stride =
-patch size) plus bias, the learned position embeddings, per layer LayerNorm (mean and variance
+patch size) with both its operands rounded to f16 as llama.cpp's `ggml_conv_2d` rounds them
+(its im2col is f16 on every backend, and the CPU's f16 product converts the kernel to f16),
+plus bias, the learned position embeddings, per layer LayerNorm (mean and variance
 over the row, `/ sqrt(var + eps)`, weight, bias), attention with biases (heads of
 hidden/heads, scores scaled by 1/sqrt(head), softmax over every patch of the image: no mask),
 residual, LayerNorm, the MLP `down(gelu_tanh(up(x)))` with biases, residual; the final
@@ -197,6 +199,11 @@ class Mmproj:
         self.std = self.meta["clip.vision.image_std"]
 
 
+def f16(x):
+    """`x` rounded to f16's values (ties to even)."""
+    return x.astype(np.float16).astype(np.float64)
+
+
 def layer_norm(x, w, b, eps):
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
@@ -213,7 +220,11 @@ def encode(m, pixels):
     img = pixels.astype(np.float64).reshape(m.size, m.size, 3).transpose(2, 0, 1)  # [3, H, W]
     # im2col: patch (py, px) row-major, its values in the kernel's [3, p, p] order.
     cols = img.reshape(3, n, p, n, p).transpose(1, 3, 0, 2, 4).reshape(n * n, 3 * p * p)
-    x = cols @ t["v.patch_embd.weight"].reshape(m.embd, -1).T + t["v.patch_embd.bias"]
+    # llama.cpp's convolution multiplies in f16 (its im2col is f16, and the f16 product rounds
+    # the kernel to f16 too), summing in f32.
+    cols = f16(cols)
+    kernel = f16(t["v.patch_embd.weight"].reshape(m.embd, -1))
+    x = cols @ kernel.T + t["v.patch_embd.bias"]
     x = x + t["v.position_embd.weight"]
     d = m.embd // m.heads
     for i in range(m.layers):

@@ -4,8 +4,8 @@
 //! ([`super::attention`]). Every step computes each row (a patch, later a token) on its own,
 //! so an image's embeddings are the same bits whichever images share its call.
 //!
-//! Per image: the patch convolution (a matrix product over each patch's `3 x p x p` values)
-//! plus its bias and the learned position embeddings; per layer, pre-norm attention and a GELU
+//! Per image: the patch convolution (a matrix product over each patch's `3 x p x p` values,
+//! both operands rounded to f16 as llama.cpp's convolution rounds them) plus its bias and the learned position embeddings; per layer, pre-norm attention and a GELU
 //! MLP, each added to the residual; the final LayerNorm. Then Gemma 3's projector: the patch
 //! grid average-pooled in squares of `merge`, RMSNorm times `mm.soft_emb_norm.weight`, and
 //! `mm.input_projection` into the text model's width.
@@ -69,7 +69,7 @@ impl VisionTower {
         let (h, ff) = (config.hidden, config.ff);
         let p = config.spec.patch_size;
         let patch_bias = file.opt_vector("v.patch_embd.bias", h)?;
-        let patch = file.linear(&[("v.patch_embd.weight", &[h, 3, p, p][..])], &[patch_bias])?;
+        let patch = file.f16_linear("v.patch_embd.weight", &[h, 3, p, p], patch_bias)?;
         let position = file.values("v.position_embd.weight", &[config.patches(), h])?;
         let attn = config.heads * config.head_dim;
         let mut layers = Vec::with_capacity(config.layers);
@@ -252,7 +252,9 @@ fn norm(file: &mut MmprojFile, name: &str, h: usize) -> Result<Norm> {
 
 /// Each image's patches as rows of the convolution's inputs: patch `(py, px)` of an image at
 /// row `py * side + px`, its values in the kernel's `[channel][y][x]` order, read from the
-/// interleaved RGB pixels.
+/// interleaved RGB pixels and rounded to f16, as ggml's `im2col` for `ggml_conv_2d` writes
+/// them on every backend (the product then runs in f16 inputs with f32 sums: see
+/// `MmprojFile::f16_linear`).
 fn im2col(images: &[&[f32]], c: &TowerConfig) -> Vec<f32> {
     let (p, side, size) = (c.spec.patch_size, c.side(), c.spec.image_size);
     let cols = 3 * p * p;
@@ -264,7 +266,7 @@ fn im2col(images: &[&[f32]], c: &TowerConfig) -> Vec<f32> {
                 for y in 0..p {
                     for x in 0..p {
                         let (iy, ix) = (py * p + y, px * p + x);
-                        row[(ch * p + y) * p + x] = img[(iy * size + ix) * 3 + ch];
+                        row[(ch * p + y) * p + x] = to_f16(img[(iy * size + ix) * 3 + ch]);
                     }
                 }
             }
@@ -319,6 +321,11 @@ fn gelu(values: &mut [f32], width: usize) {
     } else {
         values.par_chunks_exact_mut(width).for_each(row);
     }
+}
+
+/// `v` rounded to the nearest f16 (ties to even), as an f32.
+fn to_f16(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
 }
 
 fn add(x: &mut [f32], delta: &[f32]) {
