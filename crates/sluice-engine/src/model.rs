@@ -151,4 +151,15 @@ impl Model for PagedLlama {
     ) -> Result<(), ModelFailure> {
         Ok(PagedLlama::set_adapter(self, slot, adapter)?)
     }
+
+    fn image_input(&self) -> Option<ImageLimits> {
+        self.vision().map(|spec| ImageLimits {
+            tokens_per_image: spec.tokens_per_image,
+            pixels_per_image: spec.pixels_per_image(),
+        })
+    }
+
+    fn encode_images(&mut self, images: &[&[f32]], out: &mut Vec<f32>) -> Result<(), ModelFailure> {
+        PagedLlama::encode_images(self, images, out).map_err(|e| ModelFailure::new(e.to_string()))
+    }
 }

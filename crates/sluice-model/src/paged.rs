@@ -9,6 +9,7 @@ use crate::kv_cache::{CacheKind, KvCache, KvPools, WindowDemand};
 use crate::load::CudaGraphs;
 use crate::model::LlamaModel;
 use crate::model_sampling::{copy_rows, split_rows, RowSampler};
+use crate::vision::{VisionError, VisionSpec, VisionTower};
 
 /// The real model and its KV cache.
 pub struct PagedLlama {
@@ -21,6 +22,8 @@ pub struct PagedLlama {
     /// Decode steps on static buffers and CUDA graphs, once enabled on a GPU.
     #[cfg(feature = "cuda")]
     decode: Option<crate::cuda_graph::DecodeSteps>,
+    /// The vision tower whose rows an image's tokens read ([`PagedLlama::attach_vision`]).
+    vision: Option<VisionTower>,
 }
 
 /// The recurrent states of a cache given by its block count ([`PagedLlama::new`]): one
@@ -45,6 +48,7 @@ impl PagedLlama {
             sampler: RowSampler::default(),
             #[cfg(feature = "cuda")]
             decode: None,
+            vision: None,
         })
     }
 
@@ -94,6 +98,75 @@ impl PagedLlama {
 
     pub fn model(&self) -> &LlamaModel {
         &self.model
+    }
+
+    /// Gives the model a vision tower (`--mmproj`), whose rows the tokens of a prompt's images
+    /// read. Refused where this model cannot take them: a tower whose embeddings are not the
+    /// text model's width, a text model of another family than the projector's (Gemma 3's
+    /// projector feeds Gemma 3, whose image tokens see the whole image), a model on a GPU (its
+    /// forward looks every row up as a token), or one with recurrent layers.
+    pub fn attach_vision(
+        &mut self,
+        tower: VisionTower,
+        path: &std::path::Path,
+    ) -> Result<(), VisionError> {
+        let config = self.model.config();
+        let spec = tower.spec();
+        let refuse = |what: String| {
+            Err(VisionError::Unsupported {
+                path: path.to_path_buf(),
+                what,
+            })
+        };
+        if spec.embedding_width != config.hidden_size {
+            return refuse(format!(
+                "a projector into {} values for a text model of hidden size {}: the pair does \
+                 not match",
+                spec.embedding_width, config.hidden_size
+            ));
+        }
+        if config.architecture != crate::Architecture::Gemma3 {
+            return refuse(format!(
+                "a `{}` projector beside a `{}` text model (it feeds Gemma 3)",
+                spec.projector.name(),
+                config.architecture.name()
+            ));
+        }
+        if self.model.device().is_cuda() {
+            return refuse(
+                "a vision tower on a GPU: images run on the CPU only for now (serve this model \
+                 with --device cpu, or without --mmproj)"
+                    .into(),
+            );
+        }
+        if config.delta_net.is_some() {
+            return refuse("a vision tower beside recurrent layers".into());
+        }
+        self.vision = Some(tower);
+        Ok(())
+    }
+
+    /// The attached vision tower's input and output, where there is one.
+    pub fn vision(&self) -> Option<&VisionSpec> {
+        self.vision.as_ref().map(VisionTower::spec)
+    }
+
+    /// The tower's rows for `images` (each preprocessed by [`crate::vision::preprocess`])
+    /// into `out`, replaced: `[images.len(), tokens_per_image, hidden_size]`, in one batched
+    /// forward.
+    pub fn encode_images(&self, images: &[&[f32]], out: &mut Vec<f32>) -> Result<(), VisionError> {
+        let Some(tower) = &self.vision else {
+            return Err(VisionError::InvalidInput(
+                "this model has no vision tower".into(),
+            ));
+        };
+        let spec = tower.spec();
+        out.clear();
+        out.resize(
+            images.len() * spec.tokens_per_image * spec.embedding_width,
+            0.0,
+        );
+        tower.encode(images, out)
     }
 
     pub fn vocab_size(&self) -> usize {
