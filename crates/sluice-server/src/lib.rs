@@ -9,6 +9,7 @@ pub mod commands;
 pub mod config;
 pub mod edge;
 pub mod engine;
+pub mod media;
 pub mod observe;
 pub mod openai;
 pub mod responses;
