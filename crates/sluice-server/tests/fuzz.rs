@@ -96,6 +96,14 @@ const FIELDS: &[&str] = &[
     "system",
     "stop_sequences",
     "output_config",
+    // Image parts (chat's, the Responses API's, Anthropic's).
+    "image_url",
+    "url",
+    "detail",
+    "source",
+    "media_type",
+    "data",
+    "file_id",
 ];
 
 /// `PROPTEST_CASES` when set, else `default`.
@@ -157,6 +165,15 @@ fn string() -> impl Strategy<Value = String> {
             "tool",
             "text",
             "image_url",
+            "input_image",
+            "image",
+            "base64",
+            "data:image/png;base64,iVBORw0KGgo=",
+            "data:image/png;base64,@@",
+            "data:text/plain;base64,aGk=",
+            "https://example.com/a.png",
+            "http://169.254.169.254/latest/meta-data/",
+            "file:///etc/passwd",
             "<|im_start|>",
             "<|im_end|>",
             "<|endoftext|>",
@@ -403,6 +420,55 @@ fn constrained_requests_get_200_or_a_4xx_and_streams_finish() {
             }
             (route, body.to_string().into_bytes())
         });
+    fuzz(256, strategy);
+}
+
+/// An image part (or block) of each API with arbitrary values in its fields: the URL, the
+/// detail, the media type, the data; a PNG header claiming 30000x30000 pixels among them.
+fn image_part() -> impl Strategy<Value = (usize, Value)> {
+    let bomb = {
+        let mut png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR".to_vec();
+        png.extend_from_slice(&30_000u32.to_be_bytes());
+        png.extend_from_slice(&30_000u32.to_be_bytes());
+        png.extend_from_slice(&[8, 2, 0, 0, 0]);
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(png)
+    };
+    let url = prop_oneof![
+        string().prop_map(Value::String),
+        Just(Value::String(format!("data:image/png;base64,{bomb}"))),
+        json_value(),
+    ];
+    (0..3usize, url, json_value(), any::<bool>()).prop_map(move |(api, url, other, stream)| {
+        let (route, mut body) = match api {
+            0 => (
+                1,
+                json!({"max_tokens": 4, "messages": [{"role": "user", "content": [
+                    {"type": "text", "text": "what?"},
+                    {"type": "image_url", "image_url": {"url": url, "detail": other}}]}]}),
+            ),
+            1 => (
+                5,
+                json!({"max_output_tokens": 4, "input": [{"role": "user", "content": [
+                    {"type": "input_image", "image_url": url, "detail": other}]}]}),
+            ),
+            _ => (
+                6,
+                json!({"model": TINY_NAME, "max_tokens": 4, "messages": [{"role": "user",
+                    "content": [{"type": "image", "source": {"type": "base64",
+                    "media_type": other, "data": url}}]}]}),
+            ),
+        };
+        if stream {
+            body["stream"] = json!(true);
+        }
+        (route, body)
+    })
+}
+
+#[test]
+fn image_parts_get_a_4xx() {
+    let strategy = image_part().prop_map(|(route, v)| (route, v.to_string().into_bytes()));
     fuzz(256, strategy);
 }
 

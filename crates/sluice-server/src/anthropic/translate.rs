@@ -9,13 +9,15 @@ use sluice_engine::{FinishEvent, FinishReason, Grammar, StopReason};
 use sluice_tokenizer::ChatTemplate;
 
 use super::types::{
-    ContentBlockIn, ContentBlockOut, ContextManagementIn, MessageContentIn, MessageIn,
-    OutputConfig, OutputFormat, TextContent, ThinkingIn, ToolChoiceIn, ToolIn,
+    ContentBlockIn, ContentBlockOut, ContextManagementIn, ImageSourceIn, MessageContentIn,
+    MessageIn, OutputConfig, OutputFormat, TextContent, ThinkingIn, ToolChoiceIn, ToolIn,
+    ToolResultBlock, ToolResultContent,
 };
 use crate::chat::grammar::RequestedGrammar;
 use crate::chat::thinking::{self, Effort, ThinkingRequest};
 use crate::edge::error::ApiError;
 use crate::edge::field_policy;
+use crate::media::{Detail, ImageInput, ImageSource};
 use crate::openai::chat::{ChatMessageIn, MessageContent};
 use crate::openai::structured::{ExtraFields, FunctionCallIn, ToolCallIn, ToolCallOut, ToolChoice};
 
@@ -129,15 +131,72 @@ pub fn output_grammar(config: Option<OutputConfig>) -> Result<Option<RequestedGr
         }))
 }
 
-fn chat_message(role: &str, content: String) -> ChatMessageIn {
+fn chat_message(role: &str, content: MessageContent) -> ChatMessageIn {
     ChatMessageIn {
         role: role.into(),
-        content: MessageContent(content),
+        content,
         name: None,
         tool_calls: None,
         tool_call_id: None,
         reasoning_content: None,
     }
+}
+
+/// The media types Anthropic's API takes for an image.
+const IMAGE_TYPES: [&str; 4] = ["image/jpeg", "image/png", "image/gif", "image/webp"];
+
+/// An image block's source as the image it names; `field` is the block's `source`
+/// (`messages[1].content[0].source`), which its errors name.
+fn image(source: ImageSourceIn, field: String) -> Result<ImageInput, ApiError> {
+    let source = match source {
+        ImageSourceIn::Base64 { media_type, data } => {
+            if !IMAGE_TYPES.contains(&media_type.as_str()) {
+                return Err(ApiError::invalid(
+                    format!("{field}.media_type"),
+                    format!(
+                        "media_type `{media_type}` is not one of {}.",
+                        IMAGE_TYPES.join(", ")
+                    ),
+                ));
+            }
+            ImageSource::from_base64(&media_type, &data)
+        }
+        ImageSourceIn::Url { url } => match ImageSource::parse(&url) {
+            Ok(ImageSource::Data { .. }) => Err(crate::media::MediaError::NotAUrl(
+                "a data URI (send it as a base64 source)".into(),
+            )),
+            other => other,
+        },
+    }
+    .map_err(|e| e.at(field.clone()))?;
+    Ok(ImageInput {
+        source,
+        detail: Detail::Auto,
+        field,
+    })
+}
+
+/// A `tool_result` block's content; `at` names the block (`messages[1].content[0]`).
+fn tool_result_content(
+    content: Option<ToolResultContent>,
+    at: &str,
+) -> Result<MessageContent, ApiError> {
+    let mut out = MessageContent::default();
+    match content {
+        None => {}
+        Some(ToolResultContent::Text(text)) => out.push_text(text),
+        Some(ToolResultContent::Blocks(blocks)) => {
+            for (k, block) in blocks.into_iter().enumerate() {
+                match block {
+                    ToolResultBlock::Text { text } => out.push_text(text),
+                    ToolResultBlock::Image { source } => {
+                        out.push_image(image(source, format!("{at}.content[{k}].source"))?)
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The text of a `system` message inside `messages`: text blocks only.
@@ -200,17 +259,26 @@ pub fn messages(
         };
         let blocks = match m.content {
             MessageContentIn::Text(text) => {
-                out.push(chat_message(role, text));
+                out.push(chat_message(role, MessageContent::text(text)));
                 continue;
             }
             MessageContentIn::Blocks(blocks) => blocks,
         };
-        let mut texts: Vec<String> = Vec::new();
+        let mut content = MessageContent::default();
         let mut calls: Vec<ToolCallIn> = Vec::new();
         for (j, block) in blocks.into_iter().enumerate() {
             let field = || format!("messages[{i}].content[{j}]");
             match block {
-                ContentBlockIn::Text { text } => texts.push(text),
+                ContentBlockIn::Text { text } => content.push_text(text),
+                ContentBlockIn::Image { source } => {
+                    if role != "user" {
+                        return Err(ApiError::invalid(
+                            field(),
+                            "image blocks belong in user messages.",
+                        ));
+                    }
+                    content.push_image(image(source, format!("{}.source", field()))?);
+                }
                 ContentBlockIn::ToolUse { id, name, input } => {
                     if role != "assistant" {
                         return Err(ApiError::invalid(
@@ -238,14 +306,12 @@ pub fn messages(
                             "tool_result blocks belong in user messages.",
                         ));
                     }
-                    let text = content.map(TextContent::into_text).unwrap_or_default();
+                    let mut result = tool_result_content(content, &field())?;
                     // Chat templates have no field for a failed call: the result says so.
-                    let text = if is_error == Some(true) {
-                        format!("Error: {text}")
-                    } else {
-                        text
-                    };
-                    let mut message = chat_message("tool", text);
+                    if is_error == Some(true) {
+                        result.prefix_text("Error: ");
+                    }
+                    let mut message = chat_message("tool", result);
                     message.tool_call_id = Some(tool_use_id);
                     out.push(message);
                 }
@@ -254,8 +320,8 @@ pub fn messages(
                 ContentBlockIn::Thinking { .. } | ContentBlockIn::RedactedThinking { .. } => {}
             }
         }
-        if !texts.is_empty() || !calls.is_empty() {
-            let mut message = chat_message(role, texts.join("\n"));
+        if !content.parts().is_empty() || !calls.is_empty() {
+            let mut message = chat_message(role, content);
             if !calls.is_empty() {
                 message.tool_calls = Some(calls);
             }
@@ -269,7 +335,10 @@ pub fn messages(
         ));
     }
     if !system.is_empty() {
-        out.insert(0, chat_message("system", system.join("\n\n")));
+        out.insert(
+            0,
+            chat_message("system", MessageContent::text(system.join("\n\n"))),
+        );
     }
     Ok(out)
 }
@@ -420,11 +489,11 @@ mod tests {
         .unwrap();
         let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
-        assert_eq!(m[2].content.0, "Checking.");
+        assert_eq!(m[2].content.template_text(), "Checking.");
         let call = &m[2].tool_calls.as_ref().unwrap()[0];
         assert_eq!(call.function.arguments, json!({"city": "Paris"}));
         assert_eq!(m[3].tool_call_id.as_deref(), Some("toolu_1"));
-        assert_eq!(m[3].content.0, "sunny");
+        assert_eq!(m[3].content.template_text(), "sunny");
     }
 
     #[test]
@@ -455,6 +524,97 @@ mod tests {
         assert!(bad.is_err());
     }
 
+    /// Image blocks keep their place among the text in user turns and tool results, each
+    /// named by its `source`; the bad ones are refused naming it.
+    #[test]
+    fn images_are_blocks_in_order() {
+        let m = messages(
+            None,
+            parse(json!([
+                {"role": "user", "content": [
+                    {"type": "text", "text": "Look:"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGk="}},
+                    {"type": "image", "source": {"type": "url", "url": "https://example.com/a.jpg"}}]},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "is_error": true, "content": [
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/gif", "data": "aGk="}},
+                        {"type": "text", "text": "blurry"}]}]}
+            ])),
+        )
+        .unwrap();
+        let marker = crate::media::marker::marker();
+        assert_eq!(
+            m[0].content.template_text(),
+            format!("Look:{marker}{marker}")
+        );
+        let fields: Vec<&str> = m[0].content.images().map(|i| i.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "messages[0].content[1].source",
+                "messages[0].content[2].source"
+            ]
+        );
+        assert_eq!(m[2].role, "tool");
+        assert_eq!(
+            m[2].content.template_text(),
+            format!("Error: {marker}blurry")
+        );
+        assert_eq!(
+            m[2].content.images().next().unwrap().field,
+            "messages[2].content[0].content[0].source"
+        );
+
+        let param = |content: Value, role: &str| {
+            let mut conversation = vec![json!({"role": role, "content": content})];
+            if role == "assistant" {
+                conversation.push(json!({"role": "user", "content": "and?"}));
+            }
+            messages(None, parse(Value::Array(conversation)))
+                .unwrap_err()
+                .param
+                .unwrap()
+        };
+        let png = json!({"type": "base64", "media_type": "image/png", "data": "aGk="});
+        assert_eq!(
+            param(json!([{"type": "image", "source": png}]), "assistant"),
+            "messages[0].content[0]"
+        );
+        assert_eq!(
+            param(
+                json!([{"type": "text", "text": "x"}, {"type": "image", "source":
+                    {"type": "base64", "media_type": "image/bmp", "data": "aGk="}}]),
+                "user"
+            ),
+            "messages[0].content[1].source.media_type"
+        );
+        assert_eq!(
+            param(
+                json!([{"type": "image", "source":
+                    {"type": "base64", "media_type": "image/png", "data": "!!"}}]),
+                "user"
+            ),
+            "messages[0].content[0].source"
+        );
+        assert_eq!(
+            param(
+                json!([{"type": "image", "source":
+                    {"type": "url", "url": "data:image/png;base64,aGk="}}]),
+                "user"
+            ),
+            "messages[0].content[0].source"
+        );
+        assert_eq!(
+            param(
+                json!([{"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}}]),
+                "user"
+            ),
+            "messages[0].content[0].source"
+        );
+    }
+
     /// Claude Code's shape: a system message after the user's, merged into the system prompt.
     #[test]
     fn system_messages_join_the_system_prompt() {
@@ -468,7 +628,7 @@ mod tests {
         .unwrap();
         let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(roles, ["system", "user"]);
-        assert_eq!(m[0].content.0, "Be brief.\n\n# Environment");
+        assert_eq!(m[0].content.template_text(), "Be brief.\n\n# Environment");
         let e = messages(
             None,
             parse(json!([{"role": "user", "content": "x"},

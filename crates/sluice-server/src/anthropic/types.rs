@@ -119,7 +119,7 @@ pub enum OutputFormat {
     },
 }
 
-/// `system`, or a tool result's `content`: a string, or a list of text blocks.
+/// `system`: a string, or a list of text blocks.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum TextContent {
@@ -148,7 +148,7 @@ pub struct TextBlock {
     pub text: String,
 }
 
-/// The only block type a system prompt or tool result may hold here.
+/// The only block type a system prompt may hold.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TextKind {
@@ -168,13 +168,17 @@ pub enum MessageContentIn {
     Blocks(Vec<ContentBlockIn>),
 }
 
-/// A block of a message in the conversation. Images and documents are refused (the model
-/// reads text); earlier thinking is dropped, as the chat templates of thinking models drop it.
+/// A block of a message in the conversation. Images are taken in user turns (refused, naming
+/// them, for a model that reads text only); documents are refused; earlier thinking is
+/// dropped, as the chat templates of thinking models drop it.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentBlockIn {
     Text {
         text: String,
+    },
+    Image {
+        source: ImageSourceIn,
     },
     ToolUse {
         id: String,
@@ -183,7 +187,7 @@ pub enum ContentBlockIn {
     },
     ToolResult {
         tool_use_id: String,
-        content: Option<TextContent>,
+        content: Option<ToolResultContent>,
         is_error: Option<bool>,
     },
     Thinking {
@@ -192,6 +196,29 @@ pub enum ContentBlockIn {
     RedactedThinking {
         data: String,
     },
+}
+
+/// An image block's `source`: base64 data with its media type, or a URL to fetch.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ImageSourceIn {
+    Base64 { media_type: String, data: String },
+    Url { url: String },
+}
+
+/// A tool result's `content`: a string, or text and image blocks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ToolResultContent {
+    Text(String),
+    Blocks(Vec<ToolResultBlock>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToolResultBlock {
+    Text { text: String },
+    Image { source: ImageSourceIn },
 }
 
 /// A client tool. Anthropic's server tools (`web_search_...`, `bash_...`) carry a `type` other

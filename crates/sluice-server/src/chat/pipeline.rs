@@ -1,7 +1,9 @@
 //! One conversation through the chat pipeline, whichever API it came in by (chat completions,
 //! Anthropic's Messages, the Responses API): the tools planned ([`crate::chat::tools`]), the one
 //! output grammar chosen (a forced call's or the request's format, [`crate::chat::grammar`]),
-//! the template rendered and tokenized off the async workers, and the sequences submitted.
+//! the images checked against the model and decoded ([`crate::media`]), the template rendered
+//! (a marker where each image was) and tokenized off the async workers, and the sequences
+//! submitted.
 //! What comes back is read by [`crate::chat::output`], as a stream or collected here whole.
 
 use std::sync::Arc;
@@ -20,12 +22,16 @@ use crate::edge::error::{ApiError, ParamNames};
 use crate::engine::blocking::tokenize_blocking;
 use crate::engine::generation::{self, Generation, Item};
 use crate::engine::state::{AppState, ServedModel};
+use crate::media::marker::split_checked;
+use crate::media::{DecodedImage, ImageInput, Media};
 use crate::openai::chat::ChatMessageIn;
 use crate::openai::structured::{ToolCallOut, ToolChoice};
 
 /// A conversation and how to continue it, in chat completions' terms (the other APIs
 /// translate theirs into this).
 pub struct ChatJob {
+    /// Its images are in their messages' content, in order ([`ChatJob::images`]), each
+    /// naming the field it came in; [`prepare`] decodes them.
     pub messages: Vec<ChatMessageIn>,
     /// As the client sent them (chat completions' shape); checked by [`tools::plan`].
     pub tools: Option<Vec<Value>>,
@@ -39,6 +45,17 @@ pub struct ChatJob {
     pub request: Request,
     /// What the endpoint calls the fields the engine's errors name.
     pub names: ParamNames,
+}
+
+impl ChatJob {
+    /// The conversation's images, in the order the rendered prompt's markers stand for them.
+    pub fn images(&self) -> impl Iterator<Item = &ImageInput> {
+        conversation_images(&self.messages)
+    }
+}
+
+fn conversation_images(messages: &[ChatMessageIn]) -> impl Iterator<Item = &ImageInput> {
+    messages.iter().flat_map(|m| m.content.images())
 }
 
 /// A conversation submitted: its sequences, and how their text is to be read.
@@ -63,7 +80,7 @@ pub async fn start(
         output,
         names,
         ..
-    } = prepare(&model, job).await?;
+    } = prepare(&model, state.media(), job).await?;
     let generation = Generation::start(state, model, id, endpoint, started, vec![request], &names)?;
     Ok(ChatRun { generation, output })
 }
@@ -73,8 +90,11 @@ pub async fn start(
 /// `POST /v1/chat/completions/render` shows.
 pub struct PreparedChat {
     /// The template's text: the conversation, the tools as the template shows them, and the
-    /// opening of the assistant's turn.
+    /// opening of the assistant's turn; [`crate::media::marker::marker`] where each image is
+    /// ([`crate::media::split_at_markers`] cuts it there).
     pub text: String,
+    /// The conversation's images, decoded, in the order of their markers in `text`.
+    pub images: Vec<DecodedImage>,
     /// The engine's request: its prompt the text's tokens, its constraint the output grammar.
     pub request: Request,
     /// How the output is to be read (reasoning, tool calls).
@@ -82,9 +102,14 @@ pub struct PreparedChat {
     pub names: ParamNames,
 }
 
-/// Plans the tools, chooses the one output grammar and compiles it, renders the template and
-/// tokenizes it (off the async workers).
-pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedChat, ApiError> {
+/// Plans the tools, chooses the one output grammar and compiles it, checks and decodes the
+/// images (with `media`'s limits), renders the template and tokenizes it (off the async
+/// workers).
+pub async fn prepare(
+    model: &Arc<ServedModel>,
+    media: &Media,
+    job: ChatJob,
+) -> Result<PreparedChat, ApiError> {
     let ChatJob {
         messages,
         tools,
@@ -95,7 +120,12 @@ pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedC
         mut request,
         names,
     } = job;
+    check_images(model, &messages)?;
     let plan = plan_tools(model, tools, tool_choice, parallel_tool_calls)?;
+    // Fetched and decoded once the request is otherwise known to be good.
+    let images: Vec<&ImageInput> = conversation_images(&messages).collect();
+    let images = media.resolve(&images).await?;
+    let image_count = images.len();
     // A Harmony model's whole output is read by channel, whether or not it may call tools.
     let harmony = model
         .chat_template
@@ -134,6 +164,7 @@ pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedC
         let (text, prompt) = render_prompt(
             &render_model,
             &messages,
+            image_count,
             template_tools.as_deref(),
             chat_template_kwargs.as_ref(),
         )?;
@@ -148,6 +179,7 @@ pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedC
     request.constraint = constraint;
     Ok(PreparedChat {
         text,
+        images,
         request,
         output: OutputFormat {
             reasoning: thinks.then_some(opens_thinking),
@@ -157,6 +189,20 @@ pub async fn prepare(model: &Arc<ServedModel>, job: ChatJob) -> Result<PreparedC
         },
         names,
     })
+}
+
+/// Refuses images, naming the first, when the model reads text only.
+fn check_images(model: &ServedModel, messages: &[ChatMessageIn]) -> Result<(), ApiError> {
+    match conversation_images(messages).next() {
+        Some(image) if model.image_input.is_none() => Err(ApiError::invalid(
+            image.field.clone(),
+            format!(
+                "the model `{}` reads text only; it takes no images.",
+                model.name
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The tools planned for `model` ([`tools::plan`]); none without a chat template, whose
@@ -191,21 +237,32 @@ fn plan_tools(
     Ok(plan)
 }
 
-/// The conversation rendered with the model's template (ending with the assistant's turn) and
-/// its tokens. The template writes any BOS the model wants itself.
+/// The conversation rendered with the model's template (ending with the assistant's turn),
+/// each of its `images` a marker, and its tokens. The template writes any BOS the model wants
+/// itself.
 fn render_prompt(
     model: &ServedModel,
     messages: &[ChatMessageIn],
+    images: usize,
     template_tools: Option<&[Value]>,
     kwargs: Option<&Map<String, Value>>,
 ) -> Result<(String, Vec<u32>), ApiError> {
-    let text = template::render_chat(
+    let text = template::render_chat_with_images(
         model.chat_template.as_ref(),
         messages,
         true,
         template_tools,
         kwargs,
     )?;
+    if images > 0 {
+        split_checked(&text, images).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+        // The engine takes no image embeddings yet (issue 72's engine wiring, next): no model
+        // is served with `image_input` today, so `check_images` has refused every image
+        // before this.
+        return Err(ApiError::internal(
+            "image prompts are not tokenized yet: the engine takes no image embeddings",
+        ));
+    }
     let prompt = model
         .tokenizer()
         .encode(&text)
@@ -223,11 +280,14 @@ pub async fn count_prompt_tokens(
     parallel_tool_calls: Option<bool>,
     chat_template_kwargs: Option<Map<String, Value>>,
 ) -> Result<usize, ApiError> {
+    check_images(&model, &messages)?;
     let plan = plan_tools(&model, tools, tool_choice, parallel_tool_calls)?;
+    let images = conversation_images(&messages).count();
     tokenize_blocking(move || {
         let (_, prompt) = render_prompt(
             &model,
             &messages,
+            images,
             plan.template_tools.as_deref(),
             chat_template_kwargs.as_ref(),
         )?;

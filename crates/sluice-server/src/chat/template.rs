@@ -1,6 +1,7 @@
 //! A conversation as the model's chat template renders it: roles checked, a `tool` message's
-//! call id and an assistant turn's calls carried (their JSON arguments parsed), and the text
-//! the template makes of it.
+//! call id and an assistant turn's calls carried (their JSON arguments parsed), each image a
+//! marker in its message's text ([`crate::media::marker`]) or refused, and the text the
+//! template makes of it.
 
 use serde_json::{Map, Value};
 use sluice_tokenizer::{ChatMessage, ChatTemplate, ChatToolCall, RenderOptions, ToolCallFormat};
@@ -8,10 +9,24 @@ use sluice_tokenizer::{ChatMessage, ChatTemplate, ChatToolCall, RenderOptions, T
 use crate::edge::error::ApiError;
 use crate::openai::chat::ChatMessageIn;
 
+/// What becomes of a conversation's images on the way to the template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Images {
+    /// Each is its marker in its message's text: the chat pipeline has checked that the
+    /// model takes them and decoded them.
+    Marked,
+    /// Each is a 400 naming it: a route that renders text only (`/tokenize`).
+    Refused,
+}
+
 /// The conversation as the chat template sees it: roles checked, a `tool` message's call id
 /// and an assistant turn's calls carried, each call's arguments parsed from the JSON text
-/// OpenAI clients send (templates print them with `tojson`).
-pub fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+/// OpenAI clients send (templates print them with `tojson`). Images may be in user and tool
+/// messages only (OpenAI's rule: a model is not shown images it or the system sent).
+pub fn chat_messages(
+    messages: &[ChatMessageIn],
+    images: Images,
+) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
             "messages",
@@ -43,7 +58,22 @@ pub fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, Api
                     "a tool message needs the tool_call_id of the call it answers.",
                 ));
             }
-            let mut message = ChatMessage::new(role, m.content.0.clone());
+            if let Some(image) = m.content.images().next() {
+                if images == Images::Refused {
+                    return Err(ApiError::invalid(
+                        image.field.clone(),
+                        "this route renders text only; images are taken by /v1/chat/completions, \
+                         /v1/messages and /v1/responses, for a model that reads them.",
+                    ));
+                }
+                if !matches!(role, "user" | "tool") {
+                    return Err(ApiError::invalid(
+                        image.field.clone(),
+                        format!("images go in user messages (or tool results), not {role} ones."),
+                    ));
+                }
+            }
+            let mut message = ChatMessage::new(role, m.content.template_text());
             message.name = m.name.clone();
             message.tool_call_id = m.tool_call_id.clone();
             if role == "assistant" {
@@ -83,6 +113,8 @@ pub fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, Api
 
 /// Renders the conversation with the model's template (shown the request's tools and
 /// `chat_template_kwargs`); with `add_generation_prompt` it ends with the assistant's turn.
+/// Images are refused ([`Images::Refused`]); the chat pipeline renders them with
+/// [`render_chat_with_images`].
 pub fn render_chat(
     template: Option<&ChatTemplate>,
     messages: &[ChatMessageIn],
@@ -90,13 +122,49 @@ pub fn render_chat(
     tools: Option<&[Value]>,
     kwargs: Option<&Map<String, Value>>,
 ) -> Result<String, ApiError> {
+    render(
+        template,
+        messages,
+        add_generation_prompt,
+        tools,
+        kwargs,
+        Images::Refused,
+    )
+}
+
+/// [`render_chat`], each image its marker in the text ([`Images::Marked`]).
+pub fn render_chat_with_images(
+    template: Option<&ChatTemplate>,
+    messages: &[ChatMessageIn],
+    add_generation_prompt: bool,
+    tools: Option<&[Value]>,
+    kwargs: Option<&Map<String, Value>>,
+) -> Result<String, ApiError> {
+    render(
+        template,
+        messages,
+        add_generation_prompt,
+        tools,
+        kwargs,
+        Images::Marked,
+    )
+}
+
+fn render(
+    template: Option<&ChatTemplate>,
+    messages: &[ChatMessageIn],
+    add_generation_prompt: bool,
+    tools: Option<&[Value]>,
+    kwargs: Option<&Map<String, Value>>,
+    images: Images,
+) -> Result<String, ApiError> {
     let template = template.ok_or_else(|| {
         ApiError::invalid(
             "messages",
             "This model has no chat template; use /v1/completions instead.",
         )
     })?;
-    let mut messages = chat_messages(messages)?;
+    let mut messages = chat_messages(messages, images)?;
     if template.tool_call_format() == ToolCallFormat::Harmony {
         for m in &mut messages {
             // gpt-oss's template refuses a call turn with both an answer and its reasoning
@@ -132,7 +200,7 @@ mod tests {
             {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
         ]))
         .unwrap();
-        let m = chat_messages(&messages).unwrap();
+        let m = chat_messages(&messages, Images::Marked).unwrap();
         assert_eq!(m[1].tool_calls[0].function.name, "w");
         assert_eq!(
             m[1].tool_calls[0].function.arguments,
@@ -144,7 +212,10 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(
-            chat_messages(&bad).unwrap_err().param.as_deref(),
+            chat_messages(&bad, Images::Marked)
+                .unwrap_err()
+                .param
+                .as_deref(),
             Some("messages[0].tool_calls[0].function.arguments")
         );
     }
@@ -153,25 +224,73 @@ mod tests {
     fn roles_are_checked() {
         let msg = |role: &str| ChatMessageIn {
             role: role.into(),
-            content: crate::openai::chat::MessageContent("x".into()),
+            content: crate::openai::chat::MessageContent::text("x"),
             name: None,
             tool_calls: None,
             tool_call_id: None,
             reasoning_content: None,
         };
-        assert!(chat_messages(&[msg("system"), msg("user"), msg("assistant")]).is_ok());
+        assert!(chat_messages(
+            &[msg("system"), msg("user"), msg("assistant")],
+            Images::Marked
+        )
+        .is_ok());
         assert_eq!(
-            chat_messages(&[msg("developer")]).unwrap()[0].role,
+            chat_messages(&[msg("developer")], Images::Marked).unwrap()[0].role,
             "system"
         );
-        let e = chat_messages(&[msg("user"), msg("wizard")]).unwrap_err();
+        let e = chat_messages(&[msg("user"), msg("wizard")], Images::Marked).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[1].role"));
-        let e = chat_messages(&[msg("tool")]).unwrap_err();
+        let e = chat_messages(&[msg("tool")], Images::Marked).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[0].tool_call_id"));
         assert_eq!(
-            chat_messages(&[]).unwrap_err().param.as_deref(),
+            chat_messages(&[], Images::Marked)
+                .unwrap_err()
+                .param
+                .as_deref(),
             Some("messages")
         );
+    }
+
+    /// Images reach the template as markers in user and tool messages, joined as llama.cpp
+    /// joins parts; elsewhere, or on a text-only route, each is refused naming it.
+    #[test]
+    fn images_are_markers_where_they_may_be() {
+        let template = ChatTemplate::new(
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}",
+            None,
+            None,
+        )
+        .unwrap();
+        let messages: Vec<ChatMessageIn> = serde_json::from_value(serde_json::json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [
+                {"type": "text", "text": "What is"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}},
+                {"type": "text", "text": "?"},
+                {"type": "text", "text": "Short answer."}]}
+        ]))
+        .unwrap();
+        let marker = crate::media::marker::marker();
+        let text = render_chat_with_images(Some(&template), &messages, false, None, None).unwrap();
+        assert_eq!(
+            text,
+            format!("<system>Be brief.</system><user>What is{marker}?\nShort answer.</user>")
+        );
+        // Parsed alone, a message names its image from its content; the request names the
+        // message (`openai::chat::messages_naming_images`).
+        let e = render_chat(Some(&template), &messages, false, None, None).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("content[1].image_url"));
+        assert!(e.message.contains("text only"), "{}", e.message);
+        for role in ["system", "assistant"] {
+            let m: Vec<ChatMessageIn> = serde_json::from_value(serde_json::json!([
+                {"role": role, "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}}]}
+            ]))
+            .unwrap();
+            let e = chat_messages(&m, Images::Marked).unwrap_err();
+            assert!(e.message.contains("user messages"), "{role}: {}", e.message);
+        }
     }
 
     /// An assistant turn's reasoning sent back (`reasoning_content`, or `reasoning`) reaches
@@ -196,7 +315,7 @@ mod tests {
             ]))
             .unwrap()
         };
-        let m = chat_messages(&history("")).unwrap();
+        let m = chat_messages(&history(""), Images::Marked).unwrap();
         assert_eq!(
             m[1].reasoning_content.as_deref(),
             Some("Need the weather tool.")

@@ -36,6 +36,18 @@ pub struct ServedModel {
     pub facts: Option<ModelFacts>,
     /// The LoRA adapters served beside it; `None` when requests may name none.
     pub loras: Option<Arc<LoraRegistry>>,
+    /// How the model reads images, when it does (a vision tower loaded beside it); `None`: it
+    /// reads text only, and a request with an image is a 400 naming it.
+    pub image_input: Option<ImageInputSpec>,
+}
+
+/// What a model that reads images needs of them: the loader fills it from its vision tower.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageInputSpec {
+    /// The side of the square every image is resized to (Gemma 3's SigLIP: 896).
+    pub image_size: u32,
+    /// The tokens one image takes in the prompt (Gemma 3: 256).
+    pub tokens_per_image: usize,
 }
 
 /// What `/v1/models` and `/metrics` say of the served model's shape.
@@ -80,6 +92,7 @@ impl ServedModel {
             vllm_metrics,
             facts: None,
             loras: None,
+            image_input: None,
         }
     }
 

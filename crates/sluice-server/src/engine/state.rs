@@ -10,7 +10,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::edge::error::ApiError;
 use crate::engine::registry::ModelRegistry;
-pub use crate::engine::served::{unix_now, ModelFacts, ServedModel};
+pub use crate::engine::served::{unix_now, ImageInputSpec, ModelFacts, ServedModel};
+use crate::media::{Media, MediaLimits};
 
 struct Inner {
     models: OnceLock<Arc<ModelRegistry>>,
@@ -21,6 +22,8 @@ struct Inner {
     /// Longest time a client may take to send its request body.
     body_timeout: Duration,
     metrics: PrometheusHandle,
+    /// The image limits and URL fetcher ([`AppState::set_media`]).
+    media: OnceLock<Media>,
 }
 
 #[derive(Clone)]
@@ -38,6 +41,7 @@ impl AppState {
                 in_flight: AtomicUsize::new(0),
                 body_timeout,
                 metrics,
+                media: OnceLock::new(),
             }),
         }
     }
@@ -108,6 +112,21 @@ impl AppState {
 
     pub fn metrics(&self) -> &PrometheusHandle {
         &self.inner.metrics
+    }
+
+    /// The configuration's image limits, set once at start.
+    pub fn set_media(&self, media: Media) {
+        if self.inner.media.set(media).is_err() {
+            tracing::warn!("image limits were already set; keeping the first");
+        }
+    }
+
+    /// The image limits and fetcher: those set at start, else the configuration's defaults
+    /// (a server built without a configuration, as tests build one).
+    pub fn media(&self) -> &Media {
+        self.inner
+            .media
+            .get_or_init(|| Media::new(MediaLimits::default()))
     }
 
     /// Counts a generation request as in flight until the guard is dropped (its response

@@ -2,11 +2,11 @@
 
 use std::collections::HashMap;
 
-use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use super::common::{Seed, StopList, StreamOptions, Usage};
+pub use super::content::{ContentPart, MessageContent};
 use super::structured::{
     ConstraintFields, ExtraFields, ResponseFormat, StructuredOutputs, ToolCallDelta, ToolCallIn,
     ToolCallOut, ToolChoice,
@@ -16,6 +16,7 @@ with_sampling_fields!(generation_request! {
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
     pub model: Option<String>,
+    #[serde(deserialize_with = "messages_naming_images")]
     pub messages: Vec<ChatMessageIn>,
     /// Defaults to what is left of the context.
     pub max_tokens: Option<usize>,
@@ -61,6 +62,33 @@ impl ChatRequest {
     }
 }
 
+/// `messages`, each image named by its whole path (`messages[1].content[0].image_url`), which
+/// its errors give.
+pub fn messages_naming_images<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<ChatMessageIn>, D::Error> {
+    let mut messages = Vec::<ChatMessageIn>::deserialize(d)?;
+    name_images(&mut messages);
+    Ok(messages)
+}
+
+/// [`messages_naming_images`] for an optional `messages` (`/tokenize`'s).
+pub fn some_messages_naming_images<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<ChatMessageIn>>, D::Error> {
+    let mut messages = Option::<Vec<ChatMessageIn>>::deserialize(d)?;
+    if let Some(messages) = &mut messages {
+        name_images(messages);
+    }
+    Ok(messages)
+}
+
+fn name_images(messages: &mut [ChatMessageIn]) {
+    for (i, m) in messages.iter_mut().enumerate() {
+        m.content.name_images(&format!("messages[{i}]"));
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatMessageIn {
     pub role: String,
@@ -77,46 +105,6 @@ pub struct ChatMessageIn {
     /// its newer name): shown to templates that render it.
     #[serde(default, alias = "reasoning")]
     pub reasoning_content: Option<String>,
-}
-
-/// A message's `content`: a string, or a list of parts of which only `{"type": "text"}` ones
-/// can be served by a text model.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MessageContent(pub String);
-
-impl<'de> Deserialize<'de> for MessageContent {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        const SHAPE: &str =
-            "expected a string or a list of {\"type\": \"text\", \"text\": ...} parts";
-        match Value::deserialize(d)? {
-            Value::Null => Ok(Self::default()),
-            Value::String(s) => Ok(Self(s)),
-            Value::Array(parts) => {
-                let mut texts = Vec::with_capacity(parts.len());
-                for part in parts {
-                    let Value::Object(fields) = part else {
-                        return Err(D::Error::custom(SHAPE));
-                    };
-                    match fields.get("type").and_then(Value::as_str) {
-                        Some("text") => match fields.get("text") {
-                            Some(Value::String(t)) => texts.push(t.clone()),
-                            _ => return Err(D::Error::custom("a text part needs a string `text`")),
-                        },
-                        Some(other) => {
-                            return Err(D::Error::custom(format!(
-                                "content parts of type `{other}` are not supported; this model \
-                                 reads text only"
-                            )))
-                        }
-                        None => return Err(D::Error::custom(SHAPE)),
-                    }
-                }
-                // Text parts are joined with newlines, as vLLM does.
-                Ok(Self(texts.join("\n")))
-            }
-            _ => Err(D::Error::custom(SHAPE)),
-        }
-    }
 }
 
 /// One entry of a chat choice's `logprobs.content`.
@@ -205,33 +193,4 @@ pub struct ChatChunk {
     /// Only with `stream_options.include_usage`: null on every chunk but the last.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<Usage>>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn content_is_a_string_or_text_parts() {
-        let c = |s: &str| serde_json::from_str::<MessageContent>(s);
-        assert_eq!(c(r#""hi""#).unwrap().0, "hi");
-        assert_eq!(
-            c(r#"[{"type":"text","text":"a"},{"type":"text","text":"b"}]"#)
-                .unwrap()
-                .0,
-            "a\nb"
-        );
-        assert_eq!(c("null").unwrap().0, "");
-        for bad in [
-            "5",
-            "{}",
-            "[5]",
-            r#"[{"type":"image_url","image_url":{}}]"#,
-            r#"[{"type":"text"}]"#,
-            r#"[{"text":"a"}]"#,
-            r#"[[[[]]]]"#,
-        ] {
-            assert!(c(bad).is_err(), "{bad}");
-        }
-    }
 }

@@ -73,6 +73,7 @@ with_sampling_fields!(sampling_fields_struct! {});
 pub mod chat;
 pub mod common;
 pub mod completions;
+pub mod content;
 pub mod embeddings;
 pub mod render;
 pub mod structured;

@@ -9,6 +9,7 @@ use super::chat::ChatMessageIn;
 pub struct TokenizeRequest {
     pub model: Option<String>,
     pub prompt: Option<String>,
+    #[serde(default, deserialize_with = "super::chat::some_messages_naming_images")]
     pub messages: Option<Vec<ChatMessageIn>>,
     /// With `prompt`: add BOS when the model wants it. Default true.
     pub add_special_tokens: Option<bool>,

@@ -55,7 +55,7 @@ impl ResponseStore {
             .conversation
             .iter()
             .map(|m| {
-                m.content.0.len()
+                m.content.size_bytes()
                     + m.tool_calls.as_ref().map_or(0, |calls| {
                         calls
                             .iter()
@@ -160,7 +160,12 @@ mod tests {
         }
         assert_eq!(store.len(), 2);
         assert!(store.get("a").is_none());
-        assert_eq!(store.get("c").unwrap().conversation[0].content.0, "hello");
+        assert_eq!(
+            store.get("c").unwrap().conversation[0]
+                .content
+                .template_text(),
+            "hello"
+        );
 
         let one = ResponseStore::size(&stored("x", &"y".repeat(1000)));
         let store = ResponseStore::with_limits(100, one * 2 + 10);

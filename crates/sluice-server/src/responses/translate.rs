@@ -4,6 +4,7 @@
 //! `tool_choice` to chat completions' (checked by [`crate::chat::tools::plan`]), `text.format`
 //! to the structured-output grammar, and the engine's finish to the response's status.
 
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use sluice_engine::FinishReason;
 
@@ -15,6 +16,7 @@ use crate::chat::grammar::{self, ConstraintFields, RequestedGrammar};
 use crate::chat::thinking::ThinkingRequest;
 use crate::edge::error::ApiError;
 use crate::edge::ids::random_id;
+use crate::media::{Detail, ImageInput, ImageSource};
 use crate::openai::chat::{ChatMessageIn, MessageContent};
 use crate::openai::structured::{
     FunctionCallIn, JsonSchemaFormat, ResponseFormat, ToolCallIn, ToolCallOut, ToolChoice,
@@ -107,10 +109,10 @@ pub struct ItemStyle {
     pub names: ToolNames,
 }
 
-fn message(role: &str, content: String) -> ChatMessageIn {
+fn message(role: &str, content: MessageContent) -> ChatMessageIn {
     ChatMessageIn {
         role: role.into(),
-        content: MessageContent(content),
+        content,
         name: None,
         tool_calls: None,
         tool_call_id: None,
@@ -128,20 +130,57 @@ fn string_field(item: &Map<String, Value>, key: &str, at: &str) -> Result<String
     }
 }
 
-/// A message's `content`: a string, or text parts (`input_text`, `output_text`) joined with
-/// newlines. Images, files and audio are refused: the model reads text.
-fn content_text(content: Option<&Value>, at: &str) -> Result<String, ApiError> {
+/// An `input_image` part (`at` names it): `image_url` (a data URI or an http(s) URL) and
+/// `detail`; `file_id` is refused, there being no files API here.
+fn input_image(part: &Value, at: &str) -> Result<ImageInput, ApiError> {
+    if part.get("file_id").is_some_and(|f| !f.is_null()) {
+        return Err(ApiError::invalid(
+            format!("{at}.file_id"),
+            "`file_id` names an uploaded file, and this server has no files API; send the \
+             image as `image_url` (a data URI or an http(s) URL).",
+        ));
+    }
+    let field = format!("{at}.image_url");
+    let url =
+        match part.get("image_url") {
+            Some(Value::String(url)) => url,
+            _ => return Err(ApiError::invalid(
+                field,
+                "an input_image part needs an `image_url` string (a data URI or an http(s) URL).",
+            )),
+        };
+    let detail = match part.get("detail") {
+        None | Some(Value::Null) => Detail::Auto,
+        Some(d) => Detail::deserialize(d).map_err(|_| {
+            ApiError::invalid(
+                format!("{at}.detail"),
+                "`detail` must be one of auto, low or high.",
+            )
+        })?,
+    };
+    let source = ImageSource::parse(url).map_err(|e| e.at(field.clone()))?;
+    Ok(ImageInput {
+        source,
+        detail,
+        field,
+    })
+}
+
+/// A message's `content` (or a call output's `output`; `at` names that field): a string, or
+/// text parts (`input_text`, `output_text`) and `input_image` parts, in order. Files and
+/// audio are refused.
+fn content_parts(content: Option<&Value>, at: &str) -> Result<MessageContent, ApiError> {
     match content {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
+        None | Some(Value::Null) => Ok(MessageContent::default()),
+        Some(Value::String(s)) => Ok(MessageContent::text(s.clone())),
         Some(Value::Array(parts)) => {
-            let mut texts = Vec::with_capacity(parts.len());
+            let mut out = MessageContent::default();
             for (j, part) in parts.iter().enumerate() {
-                let at = format!("{at}.content[{j}]");
+                let at = format!("{at}[{j}]");
                 let kind = part.get("type").and_then(Value::as_str);
                 match kind {
                     Some("input_text" | "output_text" | "text") => match part.get("text") {
-                        Some(Value::String(t)) => texts.push(t.clone()),
+                        Some(Value::String(t)) => out.push_text(t.clone()),
                         _ => {
                             return Err(ApiError::invalid(
                                 format!("{at}.text"),
@@ -149,13 +188,19 @@ fn content_text(content: Option<&Value>, at: &str) -> Result<String, ApiError> {
                             ))
                         }
                     },
-                    Some("refusal") => {
-                        texts.push(string_field(part.as_object().unwrap_or(&Map::new()), "refusal", &at)?)
-                    }
+                    Some("refusal") => out.push_text(string_field(
+                        part.as_object().unwrap_or(&Map::new()),
+                        "refusal",
+                        &at,
+                    )?),
+                    Some("input_image") => out.push_image(input_image(part, &at)?),
                     Some(other) => {
                         return Err(ApiError::invalid(
                             format!("{at}.type"),
-                            format!("content parts of type `{other}` are not supported; this model reads text only."),
+                            format!(
+                                "content parts of type `{other}` are not supported; send \
+                                 input_text and input_image parts."
+                            ),
                         ))
                     }
                     None => {
@@ -166,10 +211,10 @@ fn content_text(content: Option<&Value>, at: &str) -> Result<String, ApiError> {
                     }
                 }
             }
-            Ok(texts.join("\n"))
+            Ok(out)
         }
         Some(_) => Err(ApiError::invalid(
-            format!("{at}.content"),
+            at,
             "content must be a string or a list of parts.",
         )),
     }
@@ -178,7 +223,7 @@ fn content_text(content: Option<&Value>, at: &str) -> Result<String, ApiError> {
 /// The `input` as chat messages (without `instructions`).
 pub fn input_messages(input: ResponseInput) -> Result<Vec<ChatMessageIn>, ApiError> {
     let items = match input {
-        ResponseInput::Text(text) => return Ok(vec![message("user", text)]),
+        ResponseInput::Text(text) => return Ok(vec![message("user", MessageContent::text(text))]),
         ResponseInput::Items(items) => items,
     };
     let mut out: Vec<ChatMessageIn> = Vec::with_capacity(items.len());
@@ -211,7 +256,8 @@ pub fn input_messages(input: ResponseInput) -> Result<Vec<ChatMessageIn>, ApiErr
                         ))
                     }
                 };
-                out.push(message(&role, content_text(item.get("content"), &at)?));
+                let content = content_parts(item.get("content"), &format!("{at}.content"))?;
+                out.push(message(&role, content));
             }
             "function_call" => {
                 let name = string_field(item, "name", &at)?;
@@ -233,7 +279,7 @@ pub fn input_messages(input: ResponseInput) -> Result<Vec<ChatMessageIn>, ApiErr
                         last.tool_calls.get_or_insert_with(Vec::new).push(call)
                     }
                     _ => {
-                        let mut turn = message("assistant", String::new());
+                        let mut turn = message("assistant", MessageContent::default());
                         turn.tool_calls = Some(vec![call]);
                         out.push(turn);
                     }
@@ -242,12 +288,14 @@ pub fn input_messages(input: ResponseInput) -> Result<Vec<ChatMessageIn>, ApiErr
             "function_call_output" => {
                 let call_id = string_field(item, "call_id", &at)?;
                 let output = match item.get("output") {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(parts @ Value::Array(_)) => content_text(Some(parts), &at)?,
+                    Some(Value::String(s)) => MessageContent::text(s.clone()),
+                    Some(parts @ Value::Array(_)) => {
+                        content_parts(Some(parts), &format!("{at}.output"))?
+                    }
                     _ => {
                         return Err(ApiError::invalid(
                             format!("{at}.output"),
-                            "`output` must be a string or a list of text parts.",
+                            "`output` must be a string or a list of text and image parts.",
                         ))
                     }
                 };
@@ -545,15 +593,19 @@ pub fn output_items(
 
 /// The assistant's turn that `items` make, for a response that continues this one.
 pub fn conversation_turn(items: &[OutputItem]) -> Option<ChatMessageIn> {
-    let mut turn = message("assistant", String::new());
+    let mut turn = message("assistant", MessageContent::default());
+    let mut text = String::new();
     let mut any = false;
     for item in items {
         match item {
             OutputItem::Reasoning { .. } => {}
             OutputItem::Message { content, .. } => {
                 for part in content {
-                    if let ContentPart::OutputText { text, .. } = part {
-                        turn.content.0.push_str(text);
+                    if let ContentPart::OutputText {
+                        text: part_text, ..
+                    } = part
+                    {
+                        text.push_str(part_text);
                         any = true;
                     }
                 }
@@ -582,6 +634,7 @@ pub fn conversation_turn(items: &[OutputItem]) -> Option<ChatMessageIn> {
             }
         }
     }
+    turn.content = MessageContent::text(text);
     any.then_some(turn)
 }
 
@@ -627,7 +680,7 @@ mod tests {
         .unwrap();
         let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "tool"]);
-        assert_eq!(m[1].content.0, "Weather?");
+        assert_eq!(m[1].content.template_text(), "Weather?");
         assert_eq!(m[2].tool_calls.as_ref().unwrap().len(), 2);
         assert_eq!(m[3].tool_call_id.as_deref(), Some("call_1"));
         assert_eq!(
@@ -644,9 +697,7 @@ mod tests {
             "input[0].role"
         );
         assert_eq!(
-            param(
-                json!([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
-            ),
+            param(json!([{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}])),
             "input[0].content[0].type"
         );
         assert_eq!(
@@ -655,6 +706,62 @@ mod tests {
         );
         assert_eq!(param(json!([{"type": "web_search_call"}])), "input[0].type");
         assert_eq!(param(json!([5])), "input[0]");
+    }
+
+    /// `input_image` parts keep their place among the text, in messages and in a call's
+    /// output; each bad one is refused naming its field.
+    #[test]
+    fn images_are_parts_in_order() {
+        let m = input_messages(items(json!([
+            {"role": "user", "content": [
+                {"type": "input_text", "text": "Compare"},
+                {"type": "input_image", "image_url": "data:image/png;base64,aGk=", "detail": "high"},
+                {"type": "input_image", "image_url": "https://example.com/b.png"}]},
+            {"type": "function_call", "call_id": "c", "name": "shot", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c", "output": [
+                {"type": "input_image", "image_url": "data:image/png;base64,aGk="}]}
+        ])))
+        .unwrap();
+        let images: Vec<_> = m[0].content.images().collect();
+        assert_eq!(images.len(), 2);
+        assert_eq!(images[0].field, "input[0].content[1].image_url");
+        assert_eq!(images[0].detail, crate::media::Detail::High);
+        assert_eq!(images[1].field, "input[0].content[2].image_url");
+        let marker = crate::media::marker::marker();
+        assert_eq!(
+            m[0].content.template_text(),
+            format!("Compare{marker}{marker}")
+        );
+        assert_eq!(
+            m[2].content.images().next().unwrap().field,
+            "input[2].output[0].image_url"
+        );
+
+        let param = |part: Value| {
+            input_messages(items(json!([{"role": "user", "content": [part]}])))
+                .unwrap_err()
+                .param
+                .unwrap()
+        };
+        assert_eq!(
+            param(json!({"type": "input_image", "file_id": "file-1"})),
+            "input[0].content[0].file_id"
+        );
+        assert_eq!(
+            param(json!({"type": "input_image", "image_url": "x"})),
+            "input[0].content[0].image_url"
+        );
+        assert_eq!(
+            param(json!({"type": "input_image"})),
+            "input[0].content[0].image_url"
+        );
+        assert_eq!(
+            param(
+                json!({"type": "input_image", "image_url": "data:image/png;base64,aGk=",
+                         "detail": "ultra"})
+            ),
+            "input[0].content[0].detail"
+        );
     }
 
     #[test]
@@ -810,7 +917,7 @@ mod tests {
             matches!(&items[2], OutputItem::FunctionCall { call_id, .. } if call_id == "call_1")
         );
         let turn = conversation_turn(&items).unwrap();
-        assert_eq!(turn.content.0, "Checking.");
+        assert_eq!(turn.content.template_text(), "Checking.");
         assert_eq!(turn.tool_calls.unwrap()[0].function.name, "w");
     }
 }

@@ -44,7 +44,7 @@ pub async fn chat(
 ) -> Result<Json<RenderedRequest>, ApiError> {
     let model = state.model_for(req.model.as_deref()).await?;
     let (job, delivery) = chat::job(&model, req)?;
-    let prepared = pipeline::prepare(&model, job).await?;
+    let prepared = pipeline::prepare(&model, state.media(), job).await?;
     let options = stream_options(delivery.stream, delivery.include_usage);
     let request = generation::validate(&model, vec![prepared.request], &prepared.names)?
         .into_iter()

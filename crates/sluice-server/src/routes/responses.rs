@@ -179,7 +179,7 @@ pub async fn create(
     if let Some(instructions) = &req.instructions {
         messages.push(ChatMessageIn {
             role: "system".into(),
-            content: MessageContent(instructions.clone()),
+            content: MessageContent::text(instructions.clone()),
             name: None,
             tool_calls: None,
             tool_call_id: None,

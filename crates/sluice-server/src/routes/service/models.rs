@@ -42,6 +42,10 @@ pub struct ModelCard {
     /// dense model.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mixture_of_experts: Option<Option<MixtureOfExperts>>,
+    /// What the model reads: `text`, and `image` when it takes images; absent while it is
+    /// not loaded. The chat page shows its attach button by it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_modalities: Option<Vec<&'static str>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -76,6 +80,11 @@ fn card(model: &ServedModel) -> ModelCard {
                     experts_per_token,
                 })
         }),
+        input_modalities: Some(if model.image_input.is_some() {
+            vec!["text", "image"]
+        } else {
+            vec!["text"]
+        }),
     }
 }
 
@@ -105,6 +114,7 @@ fn unloaded_card(name: String, state: ModelState) -> ModelCard {
         parameters: None,
         active_parameters: None,
         mixture_of_experts: None,
+        input_modalities: None,
     }
 }
 
