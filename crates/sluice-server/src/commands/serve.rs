@@ -13,6 +13,7 @@ use crate::engine::hub;
 use crate::engine::load::{self, ModelSettings};
 use crate::engine::registry::{Loader, ModelRegistry};
 use crate::engine::state::AppState;
+use crate::media::Media;
 use crate::observe::kv_events::{KvEventPublisher, Medium, PublisherSettings};
 use crate::routes::{self, HttpSettings};
 
@@ -51,6 +52,7 @@ pub async fn serve(
         .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
     let state = AppState::new(config.request_timeout(), metrics.clone());
+    state.set_media(Media::new(config.media_limits()));
     let app = routes::router(state.clone(), &HttpSettings::from_config(&config));
     let server = HttpServer::spawn(listener, app, config.request_timeout());
     tracing::info!(
