@@ -357,19 +357,52 @@ type Tensors = Vec<(String, QTensor)>;
 /// A small valid `gemma3` projector: hidden 32, 2 heads, MLP 64, one layer, 28x28 pixels in
 /// patches of 14, merged 2x2 into one token of 16.
 fn small_mmproj() -> (Metadata, Tensors) {
+    mmproj_of(&Shape {
+        hidden: 32,
+        heads: 2,
+        ff: 64,
+        layers: 1,
+        image: 28,
+        merge: 2,
+        width: 16,
+    })
+}
+
+/// The shape of a written projector (patches of 14).
+struct Shape {
+    hidden: usize,
+    heads: u32,
+    ff: usize,
+    layers: usize,
+    image: usize,
+    merge: u32,
+    width: usize,
+}
+
+/// A `gemma3` projector of `shape` with small pseudo-random weights.
+fn mmproj_of(shape: &Shape) -> (Metadata, Tensors) {
+    let &Shape {
+        hidden: h,
+        heads,
+        ff,
+        layers,
+        image,
+        merge,
+        width,
+    } = shape;
     let u = Value::U32;
     let meta = vec![
         ("general.architecture".into(), Value::String("clip".into())),
         ("clip.has_vision_encoder".into(), Value::Bool(true)),
         ("clip.projector_type".into(), Value::String("gemma3".into())),
         ("clip.use_gelu".into(), Value::Bool(true)),
-        ("clip.vision.projection_dim".into(), u(16)),
-        ("clip.vision.image_size".into(), u(28)),
+        ("clip.vision.projection_dim".into(), u(width as u32)),
+        ("clip.vision.image_size".into(), u(image as u32)),
         ("clip.vision.patch_size".into(), u(14)),
-        ("clip.vision.embedding_length".into(), u(32)),
-        ("clip.vision.feed_forward_length".into(), u(64)),
-        ("clip.vision.block_count".into(), u(1)),
-        ("clip.vision.attention.head_count".into(), u(2)),
+        ("clip.vision.embedding_length".into(), u(h as u32)),
+        ("clip.vision.feed_forward_length".into(), u(ff as u32)),
+        ("clip.vision.block_count".into(), u(layers as u32)),
+        ("clip.vision.attention.head_count".into(), u(heads)),
         (
             "clip.vision.attention.layer_norm_epsilon".into(),
             Value::F32(1e-6),
@@ -382,7 +415,7 @@ fn small_mmproj() -> (Metadata, Tensors) {
             "clip.vision.image_std".into(),
             Value::Array(vec![Value::F32(0.5); 3]),
         ),
-        ("clip.vision.projector.scale_factor".into(), u(2)),
+        ("clip.vision.projector.scale_factor".into(), u(merge)),
     ];
     let mut seed = 1u64;
     let mut tensor = |dims: &[usize]| {
@@ -398,27 +431,30 @@ fn small_mmproj() -> (Metadata, Tensors) {
         let t = Tensor::from_vec(values, dims, &Device::Cpu).unwrap();
         QTensor::quantize(&t, GgmlDType::F32).unwrap()
     };
+    let patches = (image / 14) * (image / 14);
     let mut tensors = vec![
-        ("v.patch_embd.weight".to_string(), tensor(&[32, 3, 14, 14])),
-        ("v.patch_embd.bias".into(), tensor(&[32])),
-        ("v.position_embd.weight".into(), tensor(&[4, 32])),
+        ("v.patch_embd.weight".to_string(), tensor(&[h, 3, 14, 14])),
+        ("v.patch_embd.bias".into(), tensor(&[h])),
+        ("v.position_embd.weight".into(), tensor(&[patches, h])),
     ];
-    for t in ["attn_q", "attn_k", "attn_v", "attn_out"] {
-        tensors.push((format!("v.blk.0.{t}.weight"), tensor(&[32, 32])));
-        tensors.push((format!("v.blk.0.{t}.bias"), tensor(&[32])));
+    for i in 0..layers {
+        for t in ["attn_q", "attn_k", "attn_v", "attn_out"] {
+            tensors.push((format!("v.blk.{i}.{t}.weight"), tensor(&[h, h])));
+            tensors.push((format!("v.blk.{i}.{t}.bias"), tensor(&[h])));
+        }
+        for t in ["ln1", "ln2"] {
+            tensors.push((format!("v.blk.{i}.{t}.weight"), tensor(&[h])));
+            tensors.push((format!("v.blk.{i}.{t}.bias"), tensor(&[h])));
+        }
+        tensors.push((format!("v.blk.{i}.ffn_up.weight"), tensor(&[ff, h])));
+        tensors.push((format!("v.blk.{i}.ffn_up.bias"), tensor(&[ff])));
+        tensors.push((format!("v.blk.{i}.ffn_down.weight"), tensor(&[h, ff])));
+        tensors.push((format!("v.blk.{i}.ffn_down.bias"), tensor(&[h])));
     }
-    for t in ["ln1", "ln2"] {
-        tensors.push((format!("v.blk.0.{t}.weight"), tensor(&[32])));
-        tensors.push((format!("v.blk.0.{t}.bias"), tensor(&[32])));
-    }
-    tensors.push(("v.blk.0.ffn_up.weight".into(), tensor(&[64, 32])));
-    tensors.push(("v.blk.0.ffn_up.bias".into(), tensor(&[64])));
-    tensors.push(("v.blk.0.ffn_down.weight".into(), tensor(&[32, 64])));
-    tensors.push(("v.blk.0.ffn_down.bias".into(), tensor(&[32])));
-    tensors.push(("v.post_ln.weight".into(), tensor(&[32])));
-    tensors.push(("v.post_ln.bias".into(), tensor(&[32])));
-    tensors.push(("mm.soft_emb_norm.weight".into(), tensor(&[32])));
-    tensors.push(("mm.input_projection.weight".into(), tensor(&[32, 16])));
+    tensors.push(("v.post_ln.weight".into(), tensor(&[h])));
+    tensors.push(("v.post_ln.bias".into(), tensor(&[h])));
+    tensors.push(("mm.soft_emb_norm.weight".into(), tensor(&[h])));
+    tensors.push(("mm.input_projection.weight".into(), tensor(&[h, width])));
     (meta, tensors)
 }
 
@@ -586,4 +622,46 @@ fn llama_cpps_image_prompts_have_the_documented_layout() {
             "{name}: {prompt:?}"
         );
     }
+}
+
+/// The time to encode images on Gemma 3's real tower shape (SigLIP so400m at 896 pixels: 4096
+/// patches of 1152, 16 heads, MLP 4304, into 256 tokens of 2560) with `VISION_BENCH_LAYERS`
+/// layers (default 1; the real tower has 27) and `VISION_BENCH_IMAGES` images (default 1).
+/// Not a check: `cargo test --release -p sluice-model --test vision -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn time_a_real_size_tower() {
+    let var = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (layers, images) = (var("VISION_BENCH_LAYERS", 1), var("VISION_BENCH_IMAGES", 1));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mmproj.gguf");
+    let (meta, tensors) = mmproj_of(&Shape {
+        hidden: 1152,
+        heads: 16,
+        ff: 4304,
+        layers,
+        image: 896,
+        merge: 4,
+        width: 2560,
+    });
+    write(&path, &meta, &tensors);
+    let t0 = std::time::Instant::now();
+    let tower = VisionTower::open(&path).unwrap();
+    let opened = t0.elapsed();
+    let pixels = vec![0.1f32; tower.spec().pixels_per_image()];
+    let all: Vec<&[f32]> = (0..images).map(|_| pixels.as_slice()).collect();
+    let t1 = std::time::Instant::now();
+    let out = encode(&tower, &all);
+    let took = t1.elapsed();
+    assert!(out.iter().all(|v| v.is_finite()));
+    eprintln!(
+        "{layers} layer(s), {images} image(s) of {} tokens: opened in {opened:.2?}, encoded in {took:.2?} on {} threads",
+        tower.spec().tokens_per_image,
+        rayon::current_num_threads()
+    );
 }

@@ -65,15 +65,30 @@ fn one_head(rows: &[f32], shape: AttentionShape, head: usize, scale: f32) -> Vec
             vt[c * n + p] = v;
         }
     }
-    let mut scores = vec![0f32; n * n];
-    PackedMatrix::pack(&k, n, d).matmul(&q, n, &mut scores);
-    for row in scores.chunks_exact_mut(n) {
-        softmax(row, scale);
-    }
+    let (k, vt) = (PackedMatrix::pack(&k, n, d), PackedMatrix::pack(&vt, d, n));
     let mut out = vec![0f32; n * d];
-    PackedMatrix::pack(&vt, d, n).matmul(&scores, n, &mut out);
+    // Queries a block at a time: a block's scores are `QUERY_BLOCK x patches`, not the whole
+    // `patches x patches` (64 MiB a head for Gemma 3's 4096 patches, held by every task at
+    // once). Each query row is computed alone whatever its block, so the blocking changes no
+    // bit.
+    let mut scores = vec![0f32; QUERY_BLOCK.min(n) * n];
+    for (q, out) in q
+        .chunks(QUERY_BLOCK * d)
+        .zip(out.chunks_mut(QUERY_BLOCK * d))
+    {
+        let rows = q.len() / d;
+        let scores = &mut scores[..rows * n];
+        k.matmul(q, rows, scores);
+        for row in scores.chunks_exact_mut(n) {
+            softmax(row, scale);
+        }
+        vt.matmul(scores, rows, out);
+    }
     out
 }
+
+/// Query rows whose scores one task holds at a time.
+const QUERY_BLOCK: usize = 256;
 
 /// `row = softmax(row * scale)` in place, as ggml's `soft_max` computes it: the scaled
 /// scores' maximum subtracted, the exponentials summed in f64, each multiplied by the sum's
@@ -107,12 +122,19 @@ mod tests {
             eprintln!("skipped: no packed kernel on this CPU");
             return;
         }
-        let shape = AttentionShape {
-            images: 2,
-            patches: 7,
-            heads: 3,
-            head_dim: 5,
-        };
+        // The second shape has more patches than a query block, and a last block shorter
+        // than the others.
+        for (images, patches, heads, head_dim) in [(2, 7, 3, 5), (1, QUERY_BLOCK + 44, 2, 8)] {
+            check_formula(AttentionShape {
+                images,
+                patches,
+                heads,
+                head_dim,
+            });
+        }
+    }
+
+    fn check_formula(shape: AttentionShape) {
         let width = shape.width();
         let qkv: Vec<f32> = (0..shape.images * shape.patches * 3 * width)
             .map(|i| ((i * 7919) % 1001) as f32 / 500.0 - 1.0)

@@ -319,6 +319,13 @@ impl MmprojFile {
                 format!("{projection_dim}, but `{INPUT_PROJECTION}` projects to {embedding_width}"),
             ));
         }
+        let image_std = self.rgb("clip.vision.image_std")?;
+        if image_std.iter().any(|s| !(s.is_finite() && *s != 0.0)) {
+            return Err(self.bad(
+                "clip.vision.image_std",
+                format!("{image_std:?}: each must be finite and not 0"),
+            ));
+        }
         Ok(TowerConfig {
             spec: VisionSpec {
                 projector,
@@ -327,7 +334,7 @@ impl MmprojFile {
                 tokens_per_image: (side / merge) * (side / merge),
                 embedding_width,
                 image_mean: self.rgb("clip.vision.image_mean")?,
-                image_std: self.rgb("clip.vision.image_std")?,
+                image_std,
             },
             hidden,
             heads,
