@@ -665,3 +665,15 @@ fn time_a_real_size_tower() {
         rayon::current_num_threads()
     );
 }
+
+#[test]
+fn a_text_model_given_as_the_projector_is_named() {
+    let Some(text) = model("text-f32.gguf") else {
+        return;
+    };
+    let err = VisionTower::open(&text).err().expect("refused").to_string();
+    assert!(
+        err.contains("`general.architecture` is `gemma3`, a projector's"),
+        "{err}"
+    );
+}

@@ -229,6 +229,18 @@ impl MmprojFile {
     /// The tower's configuration from the keys, each checked; the embedding width from
     /// `mm.input_projection.weight`'s columns, as llama.cpp takes it.
     pub fn config(&self) -> Result<TowerConfig> {
+        // A text model handed over as the projector: say so, rather than name a missing key.
+        if let Some(arch) = self.get_string("general.architecture")? {
+            if arch != "clip" {
+                return Err(VisionError::Unsupported {
+                    path: self.path(),
+                    what: format!(
+                        "file for a vision tower: `general.architecture` is `{arch}`, a \
+                         projector's (llama.cpp's `--mmproj` file) is `clip`"
+                    ),
+                });
+            }
+        }
         if !self.get_bool("clip.has_vision_encoder")? {
             return Err(VisionError::Unsupported {
                 path: self.path(),
