@@ -42,10 +42,10 @@ pub use engine::{Engine, EngineConfig, EngineError, ShutdownReport};
 pub use events::{ErrorCause, Event, FinishEvent, Timing, TokenEvent, Usage};
 pub use grammar::{FunctionSpec, GbnfError, Grammar, GrammarError};
 pub use handle::{EngineHandle, EngineStats, LoraUsage, RequestStream, SubmitError};
+pub use images::{ImageLimits, ImageSpan, PromptImage};
 pub use kv_events::{
     kv_event_channel, CachedBlock, KvCacheEvent, KvCacheSnapshot, KvEventBatch, KvEventSender,
 };
-pub use images::{ImageLimits, ImageSpan, PromptImage};
 pub use model::{Model, ModelFailure};
 pub use params::{
     InvalidRequest, LoraRequest, MaxTokensPolicy, ModelLimits, Request, SamplingParams, StopParams,

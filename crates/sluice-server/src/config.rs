@@ -106,6 +106,12 @@ config_keys! {
     revision: String = sluice_hub::DEFAULT_REVISION.into();
     flag String, #[arg(long, env = "SLUICE_REVISION", value_name = "REV")]
 
+    /// A vision tower for the (default) model: llama.cpp's projector GGUF (`mmproj-*.gguf`,
+    /// published beside a model's GGUF files), with which the model takes images on every
+    /// API; on the CPU, for Gemma 3's `gemma3` projector [default: none, text only].
+    mmproj: Option<PathBuf> = None;
+    flag PathBuf, #[arg(long, env = "SLUICE_MMPROJ", value_name = "PATH")]
+
     /// Model id clients use and `/v1/models` lists [default: the model file name without
     /// extension, or the directory name].
     served_model_name: Option<String> = None;
@@ -458,6 +464,11 @@ impl Config {
                 },
                 weights: e.weights.map_or(*self.weights, |w| *w),
                 kv_cache_memory: e.kv_cache_memory.unwrap_or(self.kv_cache_memory),
+                mmproj: match (&e.mmproj, i) {
+                    (Some(path), _) => Some(path.clone()),
+                    (None, 0) => self.mmproj.clone(),
+                    (None, _) => None,
+                },
                 lora_modules: match i {
                     0 => self
                         .lora_modules

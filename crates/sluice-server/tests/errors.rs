@@ -252,8 +252,9 @@ async fn invalid_parameters_are_400_naming_the_param() {
         ),
         (
             "/v1/chat/completions",
+            // An image part without its `image_url`: the part itself is named.
             chat(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})),
-            Some("messages[0].content"),
+            Some("messages[0].content[0]"),
         ),
         (
             "/v1/chat/completions",

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{Map, Value};
-use sluice_engine::{FinishEvent, FinishReason, Request, TokenEvent};
+use sluice_engine::{FinishEvent, FinishReason, PromptImage, Request, TokenEvent};
 use sluice_tokenizer::tool_parser::ToolCallFormat;
 use sluice_tokenizer::ChatTemplate;
 
@@ -22,7 +22,7 @@ use crate::edge::error::{ApiError, ParamNames};
 use crate::engine::blocking::tokenize_blocking;
 use crate::engine::generation::{self, Generation, Item};
 use crate::engine::state::{AppState, ServedModel};
-use crate::media::marker::split_checked;
+use crate::media::marker::{split_checked, Piece};
 use crate::media::{DecodedImage, ImageInput, Media};
 use crate::openai::chat::ChatMessageIn;
 use crate::openai::structured::{ToolCallOut, ToolChoice};
@@ -93,9 +93,9 @@ pub struct PreparedChat {
     /// opening of the assistant's turn; [`crate::media::marker::marker`] where each image is
     /// ([`crate::media::split_at_markers`] cuts it there).
     pub text: String,
-    /// The conversation's images, decoded, in the order of their markers in `text`.
-    pub images: Vec<DecodedImage>,
-    /// The engine's request: its prompt the text's tokens, its constraint the output grammar.
+    /// The engine's request: its prompt the text's tokens (each image the positions the
+    /// model gives it, [`tokenize`]), its images preprocessed for the model's tower, its
+    /// constraint the output grammar.
     pub request: Request,
     /// How the output is to be read (reasoning, tool calls).
     pub output: OutputFormat,
@@ -160,26 +160,27 @@ pub async fn prepare(
 
     let render_model = model.clone();
     let template_tools = plan.template_tools.clone();
-    let (text, prompt, opens_thinking, constraint) = tokenize_blocking(move || {
-        let (text, prompt) = render_prompt(
+    let (text, prompt, images, opens_thinking, constraint) = tokenize_blocking(move || {
+        let (text, prompt, starts) = render_prompt(
             &render_model,
             &messages,
             image_count,
             template_tools.as_deref(),
             chat_template_kwargs.as_ref(),
         )?;
+        let images = prompt_images(&render_model, images, &starts)?;
         let opens_thinking = ChatTemplate::prompt_opens_thinking(&text);
         let constraint = grammar
             .map(|(g, param)| render_model.compile_constraint(g, param))
             .transpose()?;
-        Ok((text, prompt, opens_thinking, constraint))
+        Ok((text, prompt, images, opens_thinking, constraint))
     })
     .await?;
     request.prompt = prompt;
+    request.images = images;
     request.constraint = constraint;
     Ok(PreparedChat {
         text,
-        images,
         request,
         output: OutputFormat {
             reasoning: thinks.then_some(opens_thinking),
@@ -238,15 +239,15 @@ fn plan_tools(
 }
 
 /// The conversation rendered with the model's template (ending with the assistant's turn),
-/// each of its `images` a marker, and its tokens. The template writes any BOS the model wants
-/// itself.
+/// each of its `images` a marker, its tokens ([`tokenize`]) and where each image's positions
+/// start in them. The template writes any BOS the model wants itself.
 fn render_prompt(
     model: &ServedModel,
     messages: &[ChatMessageIn],
     images: usize,
     template_tools: Option<&[Value]>,
     kwargs: Option<&Map<String, Value>>,
-) -> Result<(String, Vec<u32>), ApiError> {
+) -> Result<(String, Vec<u32>, Vec<usize>), ApiError> {
     let text = template::render_chat_with_images(
         model.chat_template.as_ref(),
         messages,
@@ -254,20 +255,82 @@ fn render_prompt(
         template_tools,
         kwargs,
     )?;
-    if images > 0 {
-        split_checked(&text, images).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-        // The engine takes no image embeddings yet (issue 72's engine wiring, next): no model
-        // is served with `image_input` today, so `check_images` has refused every image
-        // before this.
-        return Err(ApiError::internal(
-            "image prompts are not tokenized yet: the engine takes no image embeddings",
-        ));
+    let (prompt, starts) = tokenize(model, &text, images)?;
+    Ok((text, prompt, starts))
+}
+
+/// The tokens of a rendered prompt, and where each image's positions start. Without images,
+/// the text's tokens. With them, the sequence llama.cpp's mtmd builds
+/// (`tests/fixtures/vision/README.md`): the text cut at its markers, each piece tokenized on
+/// its own (no token spans an image), and each image the model's opening token, its
+/// `tokens_per_image` positions (placeholders here: the engine writes the image's cache keys
+/// there) and its closing token.
+fn tokenize(
+    model: &ServedModel,
+    text: &str,
+    images: usize,
+) -> Result<(Vec<u32>, Vec<usize>), ApiError> {
+    let encode = |piece: &str| {
+        model
+            .tokenizer()
+            .encode(piece)
+            .map_err(|e| ApiError::invalid("messages", e.to_string()))
+    };
+    if images == 0 {
+        return Ok((encode(text)?, Vec::new()));
     }
-    let prompt = model
-        .tokenizer()
-        .encode(&text)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    Ok((text, prompt))
+    let spec = model.image_input.as_ref().ok_or_else(|| {
+        ApiError::internal("images for a model that takes none got past the check")
+    })?;
+    let pieces =
+        split_checked(text, images).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let (mut prompt, mut starts) = (Vec::new(), Vec::with_capacity(images));
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => prompt.extend(encode(t)?),
+            Piece::Image(_) => {
+                prompt.push(spec.open);
+                starts.push(prompt.len());
+                prompt.extend(std::iter::repeat_n(spec.open, spec.vision.tokens_per_image));
+                prompt.push(spec.close);
+            }
+        }
+    }
+    Ok((prompt, starts))
+}
+
+/// The engine's images: each decoded image preprocessed for the model's tower (llama.cpp's
+/// resize and normalisation, [`sluice_model::vision::preprocess`]) at its place in the prompt,
+/// keyed by its content hash. CPU work: run off the async workers.
+fn prompt_images(
+    model: &ServedModel,
+    images: Vec<DecodedImage>,
+    starts: &[usize],
+) -> Result<Vec<PromptImage>, ApiError> {
+    let Some(spec) = model.image_input.as_ref() else {
+        return Ok(Vec::new());
+    };
+    images
+        .into_iter()
+        .zip(starts)
+        .map(|(image, &start)| {
+            let pixels = sluice_model::vision::preprocess(
+                &spec.vision,
+                &image.rgb,
+                image.width as usize,
+                image.height as usize,
+            )
+            .map_err(|e| ApiError::internal(format!("cannot preprocess an image: {e}")))?;
+            let mut hash = [0u8; 8];
+            hash.copy_from_slice(&image.sha256[..8]);
+            Ok(PromptImage {
+                start,
+                len: spec.vision.tokens_per_image,
+                hash: u64::from_le_bytes(hash),
+                pixels: pixels.into(),
+            })
+        })
+        .collect()
 }
 
 /// The tokens of the prompt that [`start`] would render for this conversation (tools planned
@@ -284,7 +347,7 @@ pub async fn count_prompt_tokens(
     let plan = plan_tools(&model, tools, tool_choice, parallel_tool_calls)?;
     let images = conversation_images(&messages).count();
     tokenize_blocking(move || {
-        let (_, prompt) = render_prompt(
+        let (_, prompt, _) = render_prompt(
             &model,
             &messages,
             images,

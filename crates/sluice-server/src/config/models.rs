@@ -32,6 +32,10 @@ pub struct ModelEntry {
     /// beside `lora_modules`') [default: none].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora_modules: Option<LoraModules>,
+    /// Its vision tower, a projector GGUF (for the default model, in place of `mmproj`')
+    /// [default: none].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<PathBuf>,
 }
 
 impl ModelEntry {
@@ -42,6 +46,7 @@ impl ModelEntry {
             weights: None,
             kv_cache_memory: None,
             lora_modules: None,
+            mmproj: None,
         }
     }
 
@@ -50,6 +55,7 @@ impl ModelEntry {
             && self.weights.is_none()
             && self.kv_cache_memory.is_none()
             && self.lora_modules.is_none()
+            && self.mmproj.is_none()
     }
 
     /// The adapters its table lists.
@@ -120,4 +126,6 @@ pub struct ModelChoice {
     pub kv_cache_memory: ByteSize,
     /// Its LoRA adapters, `(name, path)`.
     pub lora_modules: Vec<(String, PathBuf)>,
+    /// Its vision tower (`mmproj`).
+    pub mmproj: Option<PathBuf>,
 }

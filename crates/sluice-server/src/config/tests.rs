@@ -274,7 +274,7 @@ fn every_flag_is_a_file_key_and_back() {
     flags_sorted.sort();
     keys_sorted.sort();
     assert_eq!(flags_sorted, keys_sorted);
-    assert_eq!(flags.len(), 46, "{flags:?}");
+    assert_eq!(flags.len(), 47, "{flags:?}");
 }
 
 /// `[[model]]` tables set a model's own name, weights and KV memory; plain entries and the
@@ -324,6 +324,31 @@ fn model_tables_set_their_own_name_weights_and_cache() {
         err.contains("two models or adapters would be served as `a`"),
         "{err}"
     );
+}
+
+/// `mmproj` is the default model's tower, a `[[model]]` table's its own; other models have
+/// none.
+#[test]
+fn mmproj_belongs_to_its_model() {
+    let c = Config::from_layers(
+        None,
+        &args(&["--model", "a.gguf", "--model", "b.gguf", "--mmproj", "p.gguf"]),
+    )
+    .unwrap();
+    let towers: Vec<_> = c.models().into_iter().map(|m| m.mmproj).collect();
+    assert_eq!(towers, vec![Some("p.gguf".into()), None]);
+    let file = Toml::string(
+        r#"
+        [[model]]
+        model = "a.gguf"
+        [[model]]
+        model = "b.gguf"
+        mmproj = "vision.gguf"
+        "#,
+    );
+    let c = Config::from_layers(Some(file), &ServeArgs::default()).unwrap();
+    let towers: Vec<_> = c.models().into_iter().map(|m| m.mmproj).collect();
+    assert_eq!(towers, vec![None, Some("vision.gguf".into())]);
 }
 
 /// A hub name is served as written; a path by its file's stem.

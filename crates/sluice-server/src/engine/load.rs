@@ -11,6 +11,7 @@ use std::time::Instant;
 use anyhow::Context;
 use candle_core::Device;
 use sluice_engine::{Engine, EngineConfig, SpeculationConfig};
+use sluice_model::vision::{ProjectorKind, VisionTower};
 use sluice_model::{
     CacheKind, CudaGraphs, LlamaModel, LoadOptions, ModelSource, PagedLlama, Pooling, WeightsKind,
     WindowDemand,
@@ -19,7 +20,7 @@ use sluice_tokenizer::{ChatTemplate, TemplateDate, Tokenizer};
 
 use crate::config::{Config, KvCacheDtype, ModelChoice, Speculative};
 use crate::engine::lora::LoraRegistry;
-use crate::engine::state::{ModelFacts, ServedModel};
+use crate::engine::state::{ImageInputSpec, ModelFacts, ServedModel};
 
 /// What [`load`] needs from the configuration.
 #[derive(Debug, Clone)]
@@ -43,6 +44,8 @@ pub struct ModelSettings {
     pub draft_model: Option<PathBuf>,
     /// LoRA adapters, when requests may name them (`engine.max_loras` is then their slots).
     pub lora: Option<LoraSettings>,
+    /// `--mmproj`: the vision tower the model takes images with.
+    pub mmproj: Option<PathBuf>,
     pub engine: EngineConfig,
 }
 
@@ -78,6 +81,7 @@ impl ModelSettings {
                 max_rank: c.max_lora_rank,
                 runtime_updates: c.allow_runtime_lora_updating,
             }),
+            mmproj: default.mmproj.clone(),
             engine: EngineConfig {
                 max_num_seqs: c.max_num_seqs,
                 max_num_batched_tokens: c.max_num_batched_tokens,
@@ -121,6 +125,7 @@ impl ModelSettings {
         settings.engine.metrics_model = name.clone();
         settings.served_model_name = name;
         settings.draft_model = None;
+        settings.mmproj = choice.mmproj.clone();
         settings.lora = (!choice.lora_modules.is_empty()).then(|| LoraSettings {
             modules: choice.lora_modules.clone(),
             max_rank: max_lora_rank,
@@ -246,6 +251,11 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     let mut paged =
         PagedLlama::with_memory_budget(model, settings.kv_cache_bytes, settings.block_size, demand)
             .context("cannot allocate the KV cache")?;
+    let image_input = settings
+        .mmproj
+        .as_deref()
+        .map(|path| attach_vision(&mut paged, path, &tokenizer))
+        .transpose()?;
     let groups = paged.kv_groups();
     for &(kind, group_blocks) in &groups {
         match kind {
@@ -334,7 +344,57 @@ pub fn load(settings: &ModelSettings) -> anyhow::Result<Loaded> {
     model.root = source_name(&settings.model);
     model.facts = Some(facts);
     model.loras = loras.map(Arc::new);
+    model.image_input = image_input;
     Ok(Loaded { engine, model })
+}
+
+/// Opens `--mmproj` and gives its tower to `paged` ([`PagedLlama::attach_vision`], which
+/// refuses a pair that cannot work, naming why); returns what requests' images need: the
+/// tower's spec and the tokens the projector wraps an image in, from the model's vocabulary.
+fn attach_vision(
+    paged: &mut PagedLlama,
+    path: &Path,
+    tokenizer: &Tokenizer,
+) -> anyhow::Result<ImageInputSpec> {
+    let start = Instant::now();
+    let tower = VisionTower::open(path)
+        .with_context(|| format!("cannot load the vision tower --mmproj {}", path.display()))?;
+    let vision = tower.spec().clone();
+    let weight_mib = tower.weight_bytes() >> 20;
+    // llama.cpp's mtmd writes these around a Gemma 3 image's positions.
+    let (open, close) = match vision.projector {
+        ProjectorKind::Gemma3 => ("<start_of_image>", "<end_of_image>"),
+    };
+    let id = |token: &str| {
+        tokenizer.token_to_id(token).with_context(|| {
+            format!(
+                "--mmproj {}: the model's vocabulary has no `{token}`, which a `{}` projector's \
+                 images are written between",
+                path.display(),
+                vision.projector.name()
+            )
+        })
+    };
+    let (open, close) = (id(open)?, id(close)?);
+    paged
+        .attach_vision(tower, path)
+        .with_context(|| format!("--mmproj {}", path.display()))?;
+    tracing::info!(
+        mmproj = %path.display(),
+        projector = vision.projector.name(),
+        image_size = vision.image_size,
+        tokens_per_image = vision.tokens_per_image,
+        weight_mib,
+        load_ms = start.elapsed().as_millis() as u64,
+        "vision tower loaded: images of {0}x{0} pixels, {1} tokens each",
+        vision.image_size,
+        vision.tokens_per_image
+    );
+    Ok(ImageInputSpec {
+        vision,
+        open,
+        close,
+    })
 }
 
 /// The adapters of `--lora-modules`, each read and checked against `model`; the first that
@@ -535,6 +595,7 @@ mod tests {
             block_size: 16,
             draft_model: None,
             lora: None,
+            mmproj: None,
             engine: EngineConfig::default(),
         };
         let loaded = load(&settings).unwrap();
@@ -568,6 +629,7 @@ mod tests {
             kv_cache_dtype: KvCacheDtype::F32,
             block_size: 16,
             lora: None,
+            mmproj: None,
             engine: EngineConfig {
                 speculation: draft_model
                     .is_some()

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sluice_engine::{Constraint, ConstraintCompiler, EngineHandle, Grammar, ModelLimits};
+use sluice_model::vision::VisionSpec;
 use sluice_tokenizer::tool_parser::ToolCallFormat;
 use sluice_tokenizer::{ChatTemplate, Tokenizer};
 
@@ -42,12 +43,15 @@ pub struct ServedModel {
 }
 
 /// What a model that reads images needs of them: the loader fills it from its vision tower.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ImageInputSpec {
-    /// The side of the square every image is resized to (Gemma 3's SigLIP: 896).
-    pub image_size: u32,
-    /// The tokens one image takes in the prompt (Gemma 3: 256).
-    pub tokens_per_image: usize,
+    /// The tower's input and output: the square images are resized to (Gemma 3's SigLIP:
+    /// 896), its normalisation, the tokens one image takes in the prompt (Gemma 3: 256).
+    pub vision: VisionSpec,
+    /// The tokens the projector wraps an image's positions in, as llama.cpp's mtmd places
+    /// them (Gemma 3: `<start_of_image>` and `<end_of_image>`).
+    pub open: u32,
+    pub close: u32,
 }
 
 /// What `/v1/models` and `/metrics` say of the served model's shape.

@@ -140,6 +140,7 @@ fn tiny_app_with(
         block_size: 16,
         draft_model: None,
         lora,
+        mmproj: None,
         engine: EngineConfig {
             max_num_seqs: 32,
             max_loras,
