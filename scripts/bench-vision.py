@@ -42,6 +42,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is in this picture?"
+# The 270M file has no chat template: sluice falls back to Gemma's turns, llama.cpp to ChatML
+# unless given this copy of sluice's fallback (tests/fixtures/vision/README.md).
+TEMPLATE = ROOT / "tests/fixtures/vision/gemma.jinja"
 
 
 def png(width: int, height: int, pixel) -> bytes:
@@ -219,7 +222,7 @@ def main() -> None:
         run("llama.cpp", [f"{bin_dir}/llama-server", "-m", args.model, "--mmproj", args.mmproj,
                           "-t", str(args.threads), "-tb", str(args.threads),
                           "-np", str(args.clients), "-c", str(ctx), "--port", str(port),
-                          "--host", "127.0.0.1"],
+                          "--host", "127.0.0.1", "--chat-template-file", str(TEMPLATE)],
             dict(os.environ, LD_LIBRARY_PATH=bin_dir), f"http://127.0.0.1:{port}", args, uris,
             results)
     if args.only != "llama.cpp":
