@@ -23,6 +23,7 @@ pub mod gemm;
 pub mod int8_matmul;
 pub mod rows;
 mod simd;
+pub mod softmax;
 pub mod swiglu;
 
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -79,9 +79,10 @@ fn one_head(rows: &[f32], shape: AttentionShape, head: usize, scale: f32) -> Vec
         let rows = q.len() / d;
         let scores = &mut scores[..rows * n];
         k.matmul(q, rows, scores);
-        for row in scores.chunks_exact_mut(n) {
-            softmax(row, scale);
-        }
+        // In vectors, one arithmetic on every tier (a scalar `expf` a score was half of the
+        // tower's time): the scaled scores' maximum subtracted, the exponentials summed in 16
+        // lanes, each times the sum's reciprocal, as ggml's `soft_max` does but for its f64 sum.
+        sluice_kernels::cpu::softmax::softmax_rows(scores, n, scale);
         vt.matmul(scores, rows, out);
     }
     out
@@ -89,26 +90,6 @@ fn one_head(rows: &[f32], shape: AttentionShape, head: usize, scale: f32) -> Vec
 
 /// Query rows whose scores one task holds at a time.
 const QUERY_BLOCK: usize = 256;
-
-/// `row = softmax(row * scale)` in place, as ggml's `soft_max` computes it: the scaled
-/// scores' maximum subtracted, the exponentials summed in f64, each multiplied by the sum's
-/// reciprocal.
-fn softmax(row: &mut [f32], scale: f32) {
-    let mut max = f32::NEG_INFINITY;
-    for v in row.iter_mut() {
-        *v *= scale;
-        max = max.max(*v);
-    }
-    let mut sum = 0f64;
-    for v in row.iter_mut() {
-        *v = (*v - max).exp();
-        sum += f64::from(*v);
-    }
-    let inv = (1.0 / sum) as f32;
-    for v in row.iter_mut() {
-        *v *= inv;
-    }
-}
 
 #[cfg(test)]
 mod tests {
