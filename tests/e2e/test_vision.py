@@ -132,6 +132,21 @@ def test_the_openai_and_anthropic_sdks_send_images(vision_server):
     assert reply.content[0].text == text and streamed == text, (reply, streamed, text)
 
 
+def test_the_responses_api_takes_an_input_image(vision_server):
+    """`/v1/responses` with an `input_image`: the chat completion's answer to the same turn."""
+    text = chat(vision_server, ask("gradient.png", "Describe it."), max_tokens=12)[
+        "choices"][0]["message"]["content"]
+    body = {"model": TEXT.stem, "max_output_tokens": 12, "temperature": 0, "store": False,
+            "input": [{"role": "user", "content": [
+                {"type": "input_text", "text": "Describe it."},
+                {"type": "input_image", "image_url": data_uri("gradient.png")}]}]}
+    r = requests.post(f"{vision_server.base_url}/responses", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    out = [c["text"] for item in r.json()["output"] if item["type"] == "message"
+           for c in item["content"] if c["type"] == "output_text"]
+    assert out == [text], (out, text)
+
+
 def test_a_resent_image_is_served_from_the_cache_and_another_never(vision_server):
     """An agent resends its screenshot with the history: the first turn's blocks, image
     included, come from the prefix cache. The same history with another image shares no block
