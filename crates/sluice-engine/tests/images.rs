@@ -74,6 +74,17 @@ fn run(h: &EngineHandle, r: Request) -> (Vec<u32>, usize) {
     (tokens, cached.expect("a finish"))
 }
 
+/// The tokens of a request's events.
+fn tokens_of(events: Vec<Event>) -> Vec<u32> {
+    events
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Token(t) => Some(t.token),
+            Event::Finished(_) => None,
+        })
+        .collect()
+}
+
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
@@ -101,14 +112,7 @@ fn the_image_decides_and_batching_and_chunking_change_nothing() {
         .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
         .collect();
     for (stream, want) in streams.into_iter().zip(&alone) {
-        let got: Vec<u32> = stream
-            .collect_blocking()
-            .into_iter()
-            .filter_map(|e| match e {
-                Event::Token(t) => Some(t.token),
-                Event::Finished(_) => None,
-            })
-            .collect();
+        let got = tokens_of(stream.collect_blocking());
         assert_eq!(&got, want, "a request's tokens changed in a crowd");
     }
     drop(e);
@@ -125,14 +129,7 @@ fn the_image_decides_and_batching_and_chunking_change_nothing() {
             .map(|r| h.submit(h.validate(r.clone()).unwrap()).unwrap())
             .collect();
         for (stream, want) in streams.into_iter().zip(&alone) {
-            let got: Vec<u32> = stream
-                .collect_blocking()
-                .into_iter()
-                .filter_map(|e| match e {
-                    Event::Token(t) => Some(t.token),
-                    Event::Finished(_) => None,
-                })
-                .collect();
+            let got = tokens_of(stream.collect_blocking());
             assert_eq!(
                 &got, want,
                 "a request's tokens changed under a budget of {budget}"

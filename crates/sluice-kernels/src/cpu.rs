@@ -61,6 +61,29 @@ pub(crate) fn allows(tier: KernelTier) -> bool {
     LIMIT.load(Ordering::Relaxed) >= tier as u8
 }
 
+/// The vector width of the kernels written for AVX-512F or else AVX2 with FMA (the gated
+/// activations, the softmax): `Some(true)` for AVX-512 (unless [`limit_kernels`] caps it),
+/// `Some(false)` for AVX2, `None` for neither.
+pub(crate) fn vector_path() -> Option<bool> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static PATH: OnceLock<Option<bool>> = OnceLock::new();
+        let path = *PATH.get_or_init(|| {
+            if is_x86_feature_detected!("avx512f") {
+                Some(true)
+            } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                Some(false)
+            } else {
+                None
+            }
+        });
+        path.map(|wide| wide && allows(KernelTier::Avx512))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 impl KernelTier {
     /// The tiers this CPU has, lowest first (empty without AVX2).
     pub fn available() -> Vec<KernelTier> {

@@ -10,34 +10,13 @@
 
 /// Whether [`softmax_rows`] runs on this CPU: it needs AVX-512F, or AVX2 with FMA.
 pub fn available() -> bool {
-    path().is_some()
-}
-
-/// `Some(true)` for AVX-512, `Some(false)` for AVX2 (AVX-512 capped by `limit_kernels`).
-fn path() -> Option<bool> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static PATH: OnceLock<Option<bool>> = OnceLock::new();
-        let path = *PATH.get_or_init(|| {
-            if is_x86_feature_detected!("avx512f") {
-                Some(true)
-            } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                Some(false)
-            } else {
-                None
-            }
-        });
-        path.map(|wide| wide && super::allows(super::KernelTier::Avx512))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    None
+    super::vector_path().is_some()
 }
 
 /// Each `width`-long row of `scores` replaced by the softmax of its values times `scale`.
 /// Panics if `scores` is not whole rows or [`available`] is false.
 pub fn softmax_rows(scores: &mut [f32], width: usize, scale: f32) {
-    let avx512 = path().expect("the softmax kernel needs AVX-512, or AVX2 and FMA");
+    let avx512 = super::vector_path().expect("the softmax kernel needs AVX-512, or AVX2 and FMA");
     if width == 0 {
         return;
     }

@@ -29,28 +29,7 @@ pub fn sigmoid_argument(activation: GatedActivation, g: f32) -> f32 {
 
 /// Whether [`swiglu_rows`] runs on this CPU: it needs AVX-512F, or AVX2 with FMA.
 pub fn available() -> bool {
-    path().is_some()
-}
-
-/// Which vector width this CPU runs: `Some(true)` for AVX-512, `Some(false)` for AVX2.
-fn path() -> Option<bool> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static PATH: OnceLock<Option<bool>> = OnceLock::new();
-        let path = *PATH.get_or_init(|| {
-            if is_x86_feature_detected!("avx512f") {
-                Some(true)
-            } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                Some(false)
-            } else {
-                None
-            }
-        });
-        path.map(|wide| wide && super::allows(super::KernelTier::Avx512))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    None
+    super::vector_path().is_some()
 }
 
 /// `out[t] = silu(gate[t]) * up[t]` for rows `gate_up: [T, 2 * inter]` holding gate then up,
@@ -62,7 +41,8 @@ pub fn swiglu_rows(gate_up: &[f32], inter: usize, out: &mut [f32]) {
 /// `out[t] = act(gate[t]) * up[t]` for rows `gate_up: [T, 2 * inter]` holding gate then up,
 /// into `out: [T, inter]`. Panics if the sizes disagree or [`available`] is false.
 pub fn glu_rows(activation: GatedActivation, gate_up: &[f32], inter: usize, out: &mut [f32]) {
-    let avx512 = path().expect("the fused gated activation needs AVX-512, or AVX2 and FMA");
+    let avx512 =
+        super::vector_path().expect("the fused gated activation needs AVX-512, or AVX2 and FMA");
     let gelu = activation == GatedActivation::GeluTanh;
     assert_eq!(
         gate_up.len(),

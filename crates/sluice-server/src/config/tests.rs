@@ -332,7 +332,9 @@ fn model_tables_set_their_own_name_weights_and_cache() {
 fn mmproj_belongs_to_its_model() {
     let c = Config::from_layers(
         None,
-        &args(&["--model", "a.gguf", "--model", "b.gguf", "--mmproj", "p.gguf"]),
+        &args(&[
+            "--model", "a.gguf", "--model", "b.gguf", "--mmproj", "p.gguf",
+        ]),
     )
     .unwrap();
     let towers: Vec<_> = c.models().into_iter().map(|m| m.mmproj).collect();
