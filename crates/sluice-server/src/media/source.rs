@@ -60,7 +60,12 @@ impl ImageSource {
     /// no local files, and raw base64 is not OpenAI's shape.
     pub fn parse(url: &str) -> Result<Self, MediaError> {
         let trimmed = url.trim();
-        if trimmed.len() >= 5 && trimmed[..5].eq_ignore_ascii_case("data:") {
+        // By bytes: the first five need not end on a character boundary (a fuzzer's URL).
+        if trimmed
+            .as_bytes()
+            .get(..5)
+            .is_some_and(|b| b.eq_ignore_ascii_case(b"data:"))
+        {
             return Self::parse_data_uri(&trimmed[5..]);
         }
         match Url::parse(trimmed) {
@@ -144,6 +149,17 @@ fn shorten(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A URL whose fifth byte is inside a character is refused, not a panic (the fuzzer's).
+    #[test]
+    fn non_ascii_urls_are_refused() {
+        for url in ["::\u{1FBAF}\u{10FEA}%$", "dat\u{e9}:x", "\u{1F600}"] {
+            assert!(
+                matches!(ImageSource::parse(url), Err(MediaError::NotAUrl(_))),
+                "{url}"
+            );
+        }
+    }
 
     #[test]
     fn data_uris_and_urls_parse() {
