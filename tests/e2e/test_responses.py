@@ -179,8 +179,10 @@ def test_unserved_fields_are_refused_by_name(client, model_name):
         ({"not_a_field": 1}, "not_a_field"),
         ({"tools": [{"type": "custom", "name": "x"}]}, "tools[0].type"),
         ({"truncation": "auto"}, "truncation"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-         "input[0].content[0].type"),
+        # An image for a model that reads text only: the image's own field is named.
+        ({"input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]}]},
+         "input[0].content[0].image_url"),
     ]:
         body = {"model": model_name, "input": "hi", "max_output_tokens": 4, **extra}
         with pytest.raises(openai.BadRequestError) as e:
