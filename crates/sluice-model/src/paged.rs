@@ -125,11 +125,15 @@ impl PagedLlama {
                 spec.embedding_width, config.hidden_size
             ));
         }
-        if config.architecture != crate::Architecture::Gemma3 {
+        if crate::arch::vision_projector(config.architecture) != Some(spec.projector.name()) {
             return refuse(format!(
-                "a `{}` projector beside a `{}` text model (it feeds Gemma 3)",
+                "a `{}` projector beside a `{}` text model, which reads {}",
                 spec.projector.name(),
-                config.architecture.name()
+                config.architecture.name(),
+                crate::arch::vision_projector(config.architecture)
+                    .map_or("no images".to_string(), |p| format!(
+                        "a `{p}` projector's images"
+                    ))
             ));
         }
         if self.model.device().is_cuda() {

@@ -677,3 +677,49 @@ fn a_text_model_given_as_the_projector_is_named() {
         "{err}"
     );
 }
+
+/// `PagedLlama::attach_vision` pairs the tower with the text model it feeds and refuses the
+/// others, naming why: a text model of another family, or of another width.
+#[test]
+fn a_tower_pairs_only_with_the_text_model_it_feeds() {
+    let (Some(mmproj), Some(text)) = (model("mmproj-f32.gguf"), model("text-f32.gguf")) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let paged = |path: &Path| {
+        let m =
+            sluice_model::LlamaModel::load(path, &sluice_model::LoadOptions::default()).unwrap();
+        sluice_model::PagedLlama::new(m, 8, 16).unwrap()
+    };
+    let attach = |path: &Path| {
+        let tower = VisionTower::open(&mmproj).unwrap();
+        paged(path).attach_vision(tower, &mmproj).map(|_| ())
+    };
+    attach(&text).expect("the pair it was made for");
+    let others = [
+        (
+            "llama",
+            sluice_model::Architecture::Llama,
+            64,
+            "reads no images",
+        ),
+        (
+            "gemma3-wide",
+            sluice_model::Architecture::Gemma3,
+            128,
+            "does not match",
+        ),
+    ];
+    for (name, architecture, hidden_size, says) in others {
+        let path = dir.path().join(format!("{name}.gguf"));
+        sluice_model::testing::TinyModelSpec {
+            architecture,
+            hidden_size,
+            ..Default::default()
+        }
+        .write_gguf(&path)
+        .unwrap();
+        let err = attach(&path).unwrap_err().to_string();
+        assert!(err.contains(says), "{name}: {err}");
+    }
+}

@@ -411,6 +411,16 @@ pub enum Backend {
     Cuda,
 }
 
+/// The vision projector (llama.cpp's `clip.projector_type`) whose images a text model of
+/// `architecture` reads: its image tokens' attention and embedding rules are that family's
+/// (Gemma 3's bidirectional image tokens, unscaled rows). `None`: it takes no images here.
+pub fn vision_projector(architecture: Architecture) -> Option<&'static str> {
+    match architecture {
+        Architecture::Gemma3 => Some("gemma3"),
+        _ => None,
+    }
+}
+
 /// Whether `backend` runs every layer kind of `config`; `Err` names the first missing piece.
 /// The CPU forward runs every kind; the CUDA forward runs full attention with the global
 /// rotary, QKV biases, QK-norm and dense SwiGLU MLPs.
