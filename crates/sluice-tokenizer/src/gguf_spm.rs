@@ -146,6 +146,101 @@ pub(crate) fn build(meta: &Metadata) -> Result<TokenizerParts> {
     })
 }
 
+/// A SentencePiece vocabulary as a Hugging Face `tokenizer.json`, the way transformers
+/// converts one (its `SpmConverter`): a BPE model with byte fallback whose merges are every
+/// split of a normal piece into two normal pieces, ranked by the merged piece's score (the
+/// highest first, as SentencePiece merges); the space prefix as a `Prepend("▁")` normalizer,
+/// which runs on each stretch of text between special tokens as llama.cpp prefixes each
+/// fragment after one; control, unknown and user-defined tokens as added tokens cut out before
+/// normalization. [`build`] validates the vocabulary first.
+pub(crate) fn to_hf_json(meta: &Metadata) -> Result<String> {
+    use tokenizers::models::bpe::{Vocab, BPE};
+    use tokenizers::normalizers::{Prepend, Replace, Sequence};
+    use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper};
+
+    let parts = build(meta)?;
+    let path = meta.path;
+    let err = |reason: String| TokenizerError::Build {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let tokens = meta.tokens()?;
+    let n = tokens.len();
+    let scores = meta.float_array(KEY_SCORES)?.unwrap_or_default();
+    let types: Vec<TokenType> = meta.int_array(KEY_TYPES)?.map_or_else(
+        || vec![TokenType::Normal; n],
+        |t| t[..n].iter().map(|&t| TokenType::from_gguf(t)).collect(),
+    );
+    let add_space_prefix = meta.optional_bool(KEY_ADD_SPACE_PREFIX)?.unwrap_or(true);
+    let unk = meta
+        .token_id("unknown_token_id", n)?
+        .or((n > 0).then_some(0));
+
+    let normal: ahash::AHashMap<&str, u32> = tokens
+        .iter()
+        .zip(&types)
+        .enumerate()
+        .filter(|(_, (_, t))| **t == TokenType::Normal)
+        .map(|(id, (text, _))| (*text, id as u32))
+        .collect();
+    // (merged piece's score, merged id, left id) orders the merges: SentencePiece merges the
+    // adjacent pair whose union scores highest.
+    let mut ranked: Vec<(f32, u32, u32, &str, &str)> = Vec::new();
+    for (&piece, &id) in &normal {
+        for (cut, _) in piece.char_indices().skip(1) {
+            let (left, right) = piece.split_at(cut);
+            if let (Some(&l), Some(_)) = (normal.get(left), normal.get(right)) {
+                ranked.push((scores[id as usize], id, l, left, right));
+            }
+        }
+    }
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let merges: Vec<(String, String)> = ranked
+        .into_iter()
+        .map(|(_, _, _, l, r)| (l.to_string(), r.to_string()))
+        .collect();
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| (t.to_string(), id as u32))
+        .collect();
+    let mut bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true)
+        .fuse_unk(true);
+    if let Some(unk) = unk {
+        bpe = bpe.unk_token(tokens[unk as usize].to_string());
+    }
+    let mut hf = tokenizers::Tokenizer::new(bpe.build().map_err(|e| err(e.to_string()))?);
+    let space = Replace::new(" ", ESCAPED_SPACE).map_err(|e| err(e.to_string()))?;
+    let mut steps: Vec<NormalizerWrapper> = Vec::new();
+    if add_space_prefix {
+        steps.push(Prepend::new(ESCAPED_SPACE.to_string()).into());
+    }
+    steps.push(space.into());
+    hf.with_normalizer(Some(Sequence::new(steps)));
+    let unescape = tokenizers::decoders::sequence::Sequence::new(vec![
+        DecoderWrapper::Replace(
+            Replace::new(ESCAPED_SPACE.to_string(), " ").map_err(|e| err(e.to_string()))?,
+        ),
+        DecoderWrapper::ByteFallback(tokenizers::decoders::byte_fallback::ByteFallback::new()),
+        DecoderWrapper::Fuse(tokenizers::decoders::fuse::Fuse::new()),
+    ]);
+    hf.with_decoder(Some(unescape));
+    let added = |kind: TokenKind| -> Vec<AddedToken> {
+        (0..n)
+            .filter(|&id| parts.table.kind(id as u32) == Some(kind))
+            .map(|id| {
+                AddedToken::from(tokens[id].to_string(), kind == TokenKind::Special)
+                    .normalized(false)
+            })
+            .collect()
+    };
+    hf.add_special_tokens(&added(TokenKind::Special));
+    hf.add_tokens(&added(TokenKind::Literal));
+    hf.to_string(false).map_err(|e| err(e.to_string()))
+}
+
 /// The byte each byte-type token stands for (`None` for other tokens). Every byte token must be
 /// spelled `<0xAB>`, and when a vocabulary has byte tokens at all they must cover all 256
 /// bytes: SentencePiece's byte fallback relies on them, and a gap would leave some text without

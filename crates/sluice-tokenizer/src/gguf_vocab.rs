@@ -148,13 +148,18 @@ pub(crate) fn to_hf_json(metadata: &dyn GgufMetadata, path: &Path) -> Result<Str
     use tokenizers::models::bpe::{Vocab, BPE};
     let meta = Metadata { metadata, path };
     let model = meta.required_str(KEY_MODEL)?;
-    if model != "gpt2" {
-        return Err(TokenizerError::Unsupported {
-            path: path.to_path_buf(),
-            what: format!(
-                "tokenizer model `{model}` ({KEY_MODEL}) as a tokenizer.json; supported: `gpt2`"
-            ),
-        });
+    match model {
+        "gpt2" => {}
+        "llama" => return gguf_spm::to_hf_json(&meta),
+        _ => {
+            return Err(TokenizerError::Unsupported {
+                path: path.to_path_buf(),
+                what: format!(
+                    "tokenizer model `{model}` ({KEY_MODEL}) as a tokenizer.json; supported: \
+                     `gpt2`, `llama`"
+                ),
+            })
+        }
     }
     // Validates everything and gives each id its kind.
     let parts = build(metadata, path)?;

@@ -58,6 +58,25 @@ fn llama_spm_matches_llama_cpp_test_cases() {
     check_extra_cases(&tok, "llama-spm");
 }
 
+/// The vocabulary as a Hugging Face `tokenizer.json` (`Tokenizer::hf_json_from_gguf`, which
+/// an HF checkpoint exported from a GGUF file carries) encodes every case as llama.cpp does.
+#[test]
+fn llama_spm_as_a_tokenizer_json_matches_llama_cpp_test_cases() {
+    let path = fixture("ggml-vocab-llama-spm.gguf");
+    let json = Tokenizer::hf_json_from_gguf(&read_gguf_metadata(&path), &path).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokenizer.json");
+    std::fs::write(&file, json).unwrap();
+    let tok = Tokenizer::from_file(&file).unwrap();
+    let n = check_cases(
+        &tok,
+        &fixture("ggml-vocab-llama-spm.gguf.inp"),
+        &fixture("ggml-vocab-llama-spm.gguf.out"),
+    );
+    assert_eq!(n, 46);
+    check_extra_cases(&tok, "llama-spm");
+}
+
 /// The inputs of `spm-extra.inp` (30) and `spm-random.inp` (300 random mixes of words, special
 /// token texts, whitespace runs and other scripts) against llama.cpp's ids on `vocab`.
 fn check_extra_cases(tok: &Tokenizer, vocab: &str) {
