@@ -82,10 +82,12 @@ impl Tokenizer {
         hf_json::build(path).map(Self::assemble)
     }
 
-    /// The tokenizer a GGUF file describes, written as a Hugging Face `tokenizer.json` (BPE
-    /// vocabulary and merges, the pre-tokenizer its `tokenizer.ggml.pre` names, ByteLevel
-    /// decoding, control tokens as special added tokens). [`Tokenizer::from_file`] on it
-    /// encodes as [`Tokenizer::from_gguf`] does. `path` is only used in errors.
+    /// The tokenizer a GGUF file describes, written as a Hugging Face `tokenizer.json`: for a
+    /// byte-level BPE vocabulary (`gpt2`) its merges, the pre-tokenizer `tokenizer.ggml.pre`
+    /// names and ByteLevel decoding; for a SentencePiece one (`llama`) merges ranked by its
+    /// scores, byte fallback and the space prefix, as transformers converts one. Control
+    /// tokens become special added tokens. [`Tokenizer::from_file`] on it encodes as
+    /// [`Tokenizer::from_gguf`] does. `path` is only used in errors.
     pub fn hf_json_from_gguf(metadata: &dyn GgufMetadata, path: &Path) -> Result<String> {
         gguf_vocab::to_hf_json(metadata, path)
     }
