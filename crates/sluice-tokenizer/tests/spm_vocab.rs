@@ -49,13 +49,7 @@ fn llama_spm() -> Tokenizer {
 #[test]
 fn llama_spm_matches_llama_cpp_test_cases() {
     let tok = llama_spm();
-    let n = check_cases(
-        &tok,
-        &fixture("ggml-vocab-llama-spm.gguf.inp"),
-        &fixture("ggml-vocab-llama-spm.gguf.out"),
-    );
-    assert_eq!(n, 46);
-    check_extra_cases(&tok, "llama-spm");
+    check_llama_spm_cases(&tok);
 }
 
 /// The vocabulary as a Hugging Face `tokenizer.json` (`Tokenizer::hf_json_from_gguf`, which
@@ -68,13 +62,18 @@ fn llama_spm_as_a_tokenizer_json_matches_llama_cpp_test_cases() {
     let file = dir.path().join("tokenizer.json");
     std::fs::write(&file, json).unwrap();
     let tok = Tokenizer::from_file(&file).unwrap();
+    check_llama_spm_cases(&tok);
+}
+
+/// llama.cpp's 46 cases for the llama-spm vocabulary and the 330 extra ones.
+fn check_llama_spm_cases(tok: &Tokenizer) {
     let n = check_cases(
-        &tok,
+        tok,
         &fixture("ggml-vocab-llama-spm.gguf.inp"),
         &fixture("ggml-vocab-llama-spm.gguf.out"),
     );
     assert_eq!(n, 46);
-    check_extra_cases(&tok, "llama-spm");
+    check_extra_cases(tok, "llama-spm");
 }
 
 /// The inputs of `spm-extra.inp` (30) and `spm-random.inp` (300 random mixes of words, special
