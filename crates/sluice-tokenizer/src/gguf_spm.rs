@@ -52,12 +52,23 @@ impl TokenType {
     }
 }
 
-pub(crate) fn build(meta: &Metadata) -> Result<TokenizerParts> {
-    let path = meta.path;
+/// What a SentencePiece vocabulary's keys say, validated: the tokens with their scores and
+/// types, the unknown token and whether text gets a space prefix.
+struct SpmVocab<'a> {
+    tokens: Vec<&'a str>,
+    scores: Vec<f32>,
+    types: Vec<TokenType>,
+    /// The byte each byte-type token stands for.
+    byte_values: Vec<Option<u8>>,
+    unk: Option<u32>,
+    add_space_prefix: bool,
+}
+
+fn read_vocab<'a>(meta: &Metadata<'a>) -> Result<SpmVocab<'a>> {
     let tokens = meta.tokens()?;
     let n = tokens.len();
     // llama.cpp reads the first `n` entries of longer arrays, and so do we.
-    let scores = meta.float_array(KEY_SCORES)?.ok_or_else(|| {
+    let mut scores = meta.float_array(KEY_SCORES)?.ok_or_else(|| {
         meta.invalid(
             KEY_SCORES,
             "not present; a SentencePiece vocabulary merges by score",
@@ -69,6 +80,7 @@ pub(crate) fn build(meta: &Metadata) -> Result<TokenizerParts> {
             &format!("{} scores for {n} tokens", scores.len()),
         ));
     }
+    scores.truncate(n);
     let types: Vec<TokenType> = match meta.int_array(KEY_TYPES)? {
         Some(types) if types.len() >= n => types[..n]
             .iter()
@@ -79,13 +91,38 @@ pub(crate) fn build(meta: &Metadata) -> Result<TokenizerParts> {
         }
         None => vec![TokenType::Normal; n],
     };
-
     let byte_values = byte_token_values(meta, &tokens, &types)?;
-    let default_id = |id: u32| ((id as usize) < n).then_some(id);
+    let unk = meta.token_id("unknown_token_id", n)?.or(default_id(0, n));
+    let add_space_prefix = meta.optional_bool(KEY_ADD_SPACE_PREFIX)?.unwrap_or(true);
+    Ok(SpmVocab {
+        tokens,
+        scores,
+        types,
+        byte_values,
+        unk,
+        add_space_prefix,
+    })
+}
+
+/// llama.cpp's default for a special id, when the vocabulary has that many tokens.
+fn default_id(id: u32, n: usize) -> Option<u32> {
+    ((id as usize) < n).then_some(id)
+}
+
+pub(crate) fn build(meta: &Metadata) -> Result<TokenizerParts> {
+    let SpmVocab {
+        tokens,
+        scores,
+        types,
+        byte_values,
+        unk,
+        add_space_prefix,
+    } = read_vocab(meta)?;
+    let n = tokens.len();
+    let path = meta.path;
     // llama.cpp's defaults for these vocabularies, which a named id in range replaces.
-    let bos = meta.token_id("bos_token_id", n)?.or(default_id(1));
-    let eos = meta.token_id("eos_token_id", n)?.or(default_id(2));
-    let unk = meta.token_id("unknown_token_id", n)?.or(default_id(0));
+    let bos = meta.token_id("bos_token_id", n)?.or(default_id(1, n));
+    let eos = meta.token_id("eos_token_id", n)?.or(default_id(2, n));
     let pad = meta.token_id("padding_token_id", n)?;
     let extra_eog: Vec<u32> = [
         meta.token_id("eot_token_id", n)?,
@@ -96,7 +133,6 @@ pub(crate) fn build(meta: &Metadata) -> Result<TokenizerParts> {
     .collect();
     let add_bos = meta.optional_bool(KEY_ADD_BOS)?.unwrap_or(true);
     let add_eos = meta.optional_bool(KEY_ADD_EOS)?.unwrap_or(false);
-    let add_space_prefix = meta.optional_bool(KEY_ADD_SPACE_PREFIX)?.unwrap_or(true);
     let chat_template = meta.optional_str(KEY_TEMPLATE)?.map(str::to_string);
 
     let table = TokenTable::with_bytes(
@@ -120,7 +156,7 @@ pub(crate) fn build(meta: &Metadata) -> Result<TokenizerParts> {
     let specials = special_tokens(meta, &tokens, &types)?;
     let spm = SentencePiece::new(
         &tokens,
-        &scores[..n],
+        &scores,
         byte_fallback,
         unk,
         add_space_prefix,
@@ -152,29 +188,26 @@ pub(crate) fn build(meta: &Metadata) -> Result<TokenizerParts> {
 /// highest first, as SentencePiece merges); the space prefix as a `Prepend("▁")` normalizer,
 /// which runs on each stretch of text between special tokens as llama.cpp prefixes each
 /// fragment after one; control, unknown and user-defined tokens as added tokens cut out before
-/// normalization. [`build`] validates the vocabulary first.
+/// normalization. The vocabulary is validated as [`build`] validates it.
 pub(crate) fn to_hf_json(meta: &Metadata) -> Result<String> {
     use tokenizers::models::bpe::{Vocab, BPE};
     use tokenizers::normalizers::{Prepend, Replace, Sequence};
     use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper};
 
-    let parts = build(meta)?;
+    let SpmVocab {
+        tokens,
+        scores,
+        types,
+        unk,
+        add_space_prefix,
+        ..
+    } = read_vocab(meta)?;
     let path = meta.path;
     let err = |reason: String| TokenizerError::Build {
         path: path.to_path_buf(),
         reason,
     };
-    let tokens = meta.tokens()?;
     let n = tokens.len();
-    let scores = meta.float_array(KEY_SCORES)?.unwrap_or_default();
-    let types: Vec<TokenType> = meta.int_array(KEY_TYPES)?.map_or_else(
-        || vec![TokenType::Normal; n],
-        |t| t[..n].iter().map(|&t| TokenType::from_gguf(t)).collect(),
-    );
-    let add_space_prefix = meta.optional_bool(KEY_ADD_SPACE_PREFIX)?.unwrap_or(true);
-    let unk = meta
-        .token_id("unknown_token_id", n)?
-        .or((n > 0).then_some(0));
 
     let normal: ahash::AHashMap<&str, u32> = tokens
         .iter()
@@ -229,7 +262,7 @@ pub(crate) fn to_hf_json(meta: &Metadata) -> Result<String> {
     hf.with_decoder(Some(unescape));
     let added = |kind: TokenKind| -> Vec<AddedToken> {
         (0..n)
-            .filter(|&id| parts.table.kind(id as u32) == Some(kind))
+            .filter(|&id| types[id].kind() == kind)
             .map(|id| {
                 AddedToken::from(tokens[id].to_string(), kind == TokenKind::Special)
                     .normalized(false)
